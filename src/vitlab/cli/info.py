@@ -1,0 +1,62 @@
+"""`vitlab info CHECKPOINT`: what a checkpoint holds."""
+
+from __future__ import annotations
+
+import json
+
+HELP = "show a checkpoint's format, config, parameter count and classes"
+DESCRIPTION = """\
+Read a checkpoint in any format vitlab knows (its own .safetensors, and the other formats
+listed by `vitlab convert --help`) and print what it holds: the detected format, the model
+config vitlab infers, the parameter count and the class names.
+
+examples:
+  vitlab info runs/digits/checkpoints/last.safetensors
+  vitlab info ViT-B_16.npz --json
+"""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("checkpoint", help="a checkpoint file or folder, or a pretrained name")
+    p.add_argument("--format", help="the checkpoint's format, when detection cannot tell")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from vitlab import checkpoints
+    from vitlab.config import model_flops
+
+    path = args.checkpoint
+    if not Path(path).exists() and ":" in path:
+        from vitlab.checkpoints import pretrained
+
+        path = pretrained.fetch(path)
+    imported = checkpoints.read_checkpoint(path, args.format)
+    cfg = imported.config
+    params = sum(t.numel() for t in imported.state.values() if t.is_floating_point())
+    info = {
+        "path": str(path),
+        "format": imported.source_format,
+        "params": params,
+        "gflops": model_flops(cfg) / 1e9,
+        "config": cfg.to_dict(),
+        "class_names": imported.class_names,
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"checkpoint   {info['path']}")
+    print(f"format       {info['format']}")
+    print(f"model        {cfg.name}  ({params:,} parameters, {info['gflops']:.2f} GFLOPs at {cfg.image_size[0]}x{cfg.image_size[1]})")
+    print("config")
+    for k, v in cfg.to_dict().items():
+        print(f"  {k:<20} {v}")
+    names = imported.class_names
+    if names:
+        shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+        print(f"classes      {shown}")
+    else:
+        print(f"classes      {cfg.num_classes} (no names stored)")
+    return 0

@@ -1,0 +1,72 @@
+"""`vitlab models`: the registered variants with their size and cost."""
+
+from __future__ import annotations
+
+import json
+
+HELP = "list the model variants with parameters and GFLOPs"
+DESCRIPTION = """\
+List every registered model variant in the paper's notation, with its width, depth, heads,
+MLP size, default resolution, parameter count (at its default number of classes) and the
+forward cost of one image in GFLOPs (2 x multiply-accumulates of the matrix products).
+
+examples:
+  vitlab models
+  vitlab models --image-size 384 --num-classes 1000
+  vitlab models --json
+"""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--image-size", type=int, help="count at this resolution instead of each model's default")
+    p.add_argument("--num-classes", type=int, help="count with this many classes instead of each default")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def rows(image_size=None, num_classes=None) -> list[dict]:
+    import torch
+
+    from vitlab.api import create_model, list_models
+    from vitlab.config import model_flops
+
+    out = []
+    for name in list_models():
+        overrides = {}
+        if image_size:
+            overrides["image_size"] = image_size
+        if num_classes is not None:
+            overrides["num_classes"] = num_classes
+        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+            model = create_model(name, **overrides)
+        cfg = model.config
+        out.append(
+            {
+                "name": name,
+                "image_size": f"{cfg.image_size[0]}x{cfg.image_size[1]}",
+                "width": cfg.hidden_size,
+                "depth": cfg.depth,
+                "heads": cfg.num_heads,
+                "mlp": cfg.mlp_dim,
+                "tokens": cfg.num_tokens,
+                "classes": cfg.num_classes,
+                "params": sum(p.numel() for p in model.parameters()),
+                "gflops": model_flops(cfg) / 1e9,
+            }
+        )
+    return out
+
+
+def run(args) -> int:
+    table = rows(args.image_size, args.num_classes)
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return 0
+    head = f"{'model':<14} {'image':>7} {'width':>5} {'depth':>5} {'heads':>5} {'mlp':>5} {'tokens':>6} {'classes':>7} {'params':>13} {'GFLOPs':>8}"
+    print(head)
+    print("-" * len(head))
+    for r in table:
+        print(
+            f"{r['name']:<14} {r['image_size']:>7} {r['width']:>5} {r['depth']:>5} {r['heads']:>5} {r['mlp']:>5} "
+            f"{r['tokens']:>6} {r['classes']:>7} {r['params']:>13,} {r['gflops']:>8.2f}"
+        )
+    return 0

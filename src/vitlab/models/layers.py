@@ -1,0 +1,168 @@
+"""Building blocks of the encoder (paper §3.1, Eq. 2-3): attention, MLP, pre-LN block."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitlab.models.pos_embed import resize_line
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a whole residual branch per sample while training."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class PatchEmbed(nn.Module):
+    """x_p E of Eq. 1: a P x P convolution with stride P is the linear map of flattened patches."""
+
+    def __init__(self, in_channels: int, dim: int, patch_size: int):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+        # LeCun normal on the flattened patch, as the official embedding initialiser.
+        fan_in = in_channels * patch_size * patch_size
+        nn.init.trunc_normal_(self.proj.weight, std=(1.0 / fan_in) ** 0.5)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        x = self.proj(x)  # (B, D, gh, gw)
+        grid = (x.shape[2], x.shape[3])
+        return x.flatten(2).transpose(1, 2), grid  # (B, N, D), raster order
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with fused q/k/v.
+
+    Two paths compute the same function: PyTorch's fused `scaled_dot_product_attention`
+    (fast, probabilities stay inside the kernel) and an exact path that materialises the
+    softmax probabilities and can return them. With `num_relative` set, 1D relative attention
+    (App. D.4) adds q . r_{i-j} to the logits before the softmax: the query attends to one
+    learned embedding per token offset, used as keys.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attention_dropout: float = 0.0,
+        dropout: float = 0.0,
+        num_tokens_relative: Optional[int] = None,
+    ):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)  # q, k, v along the output axis
+        self.proj = nn.Linear(dim, dim)
+        self.attention_dropout = attention_dropout
+        self.proj_drop = nn.Dropout(dropout)
+        self.rel_embedding: Optional[nn.Parameter] = None
+        if num_tokens_relative is not None:
+            # One embedding per offset p_q - p_k in [-(T-1), T-1].
+            self.rel_embedding = nn.Parameter(torch.empty(2 * num_tokens_relative - 1, dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.qkv.weight)
+        nn.init.xavier_uniform_(self.proj.weight)
+        if self.qkv.bias is not None:
+            nn.init.zeros_(self.qkv.bias)
+        nn.init.zeros_(self.proj.bias)
+        if self.rel_embedding is not None:
+            nn.init.normal_(self.rel_embedding, std=0.02)
+
+    def relative_logits(self, q: Tensor) -> Tensor:
+        """(B, h, T, T) logits q_i . r_{i-j}, scaled like the content logits."""
+        B, h, T, dh = q.shape
+        table = self.rel_embedding
+        if table.shape[0] != 2 * T - 1:  # another input size: resample the offsets
+            table = resize_line(table, 2 * T - 1, "bilinear_aligned")
+        r = table.reshape(2 * T - 1, h, dh).transpose(0, 1)  # (h, 2T-1, dh)
+        logits = (q * self.scale) @ r.transpose(1, 2).unsqueeze(0)  # (B, h, T, 2T-1)
+        pos = torch.arange(T, device=q.device)
+        index = (pos[:, None] - pos[None, :] + T - 1).expand(B, h, T, T)
+        return torch.gather(logits, 3, index)
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (B, h, T, dh)
+        bias = self.relative_logits(q) if self.rel_embedding is not None else None
+        p_drop = self.attention_dropout if self.training else 0.0
+        attn = None
+        if return_attention:
+            logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, T, T)
+            if bias is not None:
+                logits = logits + bias
+            attn = logits.softmax(dim=-1)
+            out = F.dropout(attn, p_drop, self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p_drop)
+        out = out.transpose(1, 2).reshape(B, T, D)  # heads back on the feature axis
+        return self.proj_drop(self.proj(out)), attn
+
+
+class Mlp(nn.Module):
+    """Dense -> GELU -> dropout -> Dense -> dropout (the paper's MLP block)."""
+
+    def __init__(self, dim: int, hidden: int, gelu: str = "exact", dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(dropout)
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.normal_(fc.bias, std=1e-6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """One pre-LN encoder block: Eq. 2 then Eq. 3."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_dim: int,
+        *,
+        qkv_bias: bool,
+        gelu: str,
+        layer_norm_eps: float,
+        dropout: float,
+        attention_dropout: float,
+        drop_path: float,
+        num_tokens_relative: Optional[int] = None,
+    ):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.attn = Attention(dim, num_heads, qkv_bias, attention_dropout, dropout, num_tokens_relative)
+        self.norm2 = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.mlp = Mlp(dim, mlp_dim, gelu, dropout)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+        y, attn = self.attn(self.norm1(x), return_attention)
+        x = x + self.drop_path(y)  # Eq. 2: z' = MSA(LN(z)) + z
+        x = x + self.drop_path(self.mlp(self.norm2(x)))  # Eq. 3: z = MLP(LN(z')) + z'
+        return x, attn

@@ -1,0 +1,76 @@
+"""Named model variants in the paper's notation ("ViT-B/16": Base size, 16x16 patches).
+
+Sizes follow Table 1 (B, L, H) and later work (Ti, S). A hybrid is a base config with a BiT
+ResNet in front and patch size 1 on its feature map: three stages of the ResNet give stride
+16, four give stride 32, which is what the "/16" or "/32" of the name counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vitlab.config import ResNetConfig, ViTConfig
+
+#                  width, depth, heads, mlp
+SIZES = {
+    "Ti": (192, 12, 3, 768),
+    "S": (384, 12, 6, 1536),
+    "B": (768, 12, 12, 3072),
+    "L": (1024, 24, 16, 4096),
+    "H": (1280, 32, 16, 5120),
+    # CPU-sized: the CIFAR-scale model of the benchmarks (9 blocks of width 192).
+    "C": (192, 9, 3, 384),
+}
+
+
+def _vit(size: str, patch: int, image_size: int = 224, **extra) -> ViTConfig:
+    width, depth, heads, mlp = SIZES[size]
+    return ViTConfig(
+        name=f"ViT-{size}/{patch}",
+        image_size=(image_size, image_size),
+        patch_size=patch,
+        hidden_size=width,
+        depth=depth,
+        num_heads=heads,
+        mlp_dim=mlp,
+        **extra,
+    )
+
+
+def _hybrid(name: str, base: ViTConfig, layers: tuple[int, ...]) -> ViTConfig:
+    # Patch size 1 on the ResNet map: the map's stride (16 for 3 stages, 32 for 4) is the
+    # effective patch size the name reports.
+    return replace(base, name=name, patch_size=1, resnet=ResNetConfig(layers=layers))
+
+
+MODELS: dict[str, ViTConfig] = {
+    "ViT-Ti/16": _vit("Ti", 16),
+    "ViT-S/16": _vit("S", 16),
+    "ViT-S/32": _vit("S", 32),
+    "ViT-B/32": _vit("B", 32),
+    "ViT-B/16": _vit("B", 16),
+    "ViT-B/8": _vit("B", 8),
+    "ViT-L/32": _vit("L", 32),
+    "ViT-L/16": _vit("L", 16),
+    "ViT-H/14": _vit("H", 14),
+    # Hybrids (§3.1, §4.1). R50 with stage 4 folded into stage 3 (3, 4, 9) gives /16.
+    "R50+ViT-B/16": _hybrid("R50+ViT-B/16", _vit("B", 16), (3, 4, 9)),
+    "R50+ViT-L/32": _hybrid("R50+ViT-L/32", _vit("L", 32), (3, 4, 6, 3)),
+    "R26+ViT-S/32": _hybrid("R26+ViT-S/32", _vit("S", 32), (2, 2, 2, 2)),
+    # Small models for 32x32 images (CIFAR) that train on a laptop CPU.
+    "ViT-Ti/4": _vit("Ti", 4, image_size=32, num_classes=10),
+    "ViT-S/4": _vit("S", 4, image_size=32, num_classes=10),
+    "ViT-C/4": _vit("C", 4, image_size=32, num_classes=10),
+}
+
+
+def resolve_name(name: str) -> str:
+    """Accept the paper's spelling and a few common variants ("vit-b/16", "ViT-B-16")."""
+    if name in MODELS:
+        return name
+    key = name.strip().lower().replace("_", "-")
+    for canonical in MODELS:
+        spelled = canonical.lower()
+        if key in (spelled, spelled.replace("/", "-"), spelled.replace("/", "")):
+            return canonical
+    raise KeyError(name)

@@ -1,0 +1,184 @@
+"""The Vision Transformer, as the paper writes it (§3.1, Eq. 1-4, Appendix D).
+
+    z0  = [x_class; x_p^1 E; ...; x_p^N E] + E_pos          (Eq. 1)
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                       (Eq. 2)
+    z_l  = MLP(LN(z'_l)) + z'_l                              (Eq. 3)
+    y    = LN(z_L^0)                                         (Eq. 4)
+
+then an optional pre-logits layer (Dense + tanh) and the classification head.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from vitlab.config import ViTConfig
+from vitlab.models.layers import Block, PatchEmbed
+from vitlab.models.pos_embed import PositionEmbedding
+from vitlab.models.resnet import ResNetStem
+
+PatchFn = Callable[[Tensor], Tensor]
+
+
+class VisionTransformer(nn.Module):
+    """A ViT built from a `ViTConfig`.
+
+    Input: an NCHW float tensor already normalised as `config.mean`/`config.std` say.
+    `model(x)` returns logits (or pooled features when `num_classes == 0`);
+    `model(x, return_intermediates=True)` returns a dict with the logits, the tokens after
+    each block and each block's attention probabilities (B, heads, T, T), computed by the
+    exact attention path.
+    """
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = config
+        self.class_names: Optional[list[str]] = None  # carried into checkpoints
+        cfg = config
+        d = cfg.hidden_size
+
+        # Hybrid (§3.1): patches of a ResNet feature map instead of raw pixels.
+        self.backbone = ResNetStem(cfg.resnet, cfg.in_channels) if cfg.resnet else None
+        embed_in = self.backbone.out_channels if self.backbone else cfg.in_channels
+        self.patch_embed = PatchEmbed(embed_in, d, cfg.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.has_class_token else None
+        self.pos_embed = PositionEmbedding(cfg)
+        self.pos_drop = nn.Dropout(cfg.dropout)
+
+        relative = cfg.num_tokens if cfg.pos_embed == "relative" else None
+        # Stochastic depth grows linearly with depth, from 0 at the first block.
+        drop_rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+        self.blocks = nn.ModuleList(
+            Block(
+                d,
+                cfg.num_heads,
+                cfg.mlp_dim,
+                qkv_bias=cfg.qkv_bias,
+                gelu=cfg.gelu,
+                layer_norm_eps=cfg.layer_norm_eps,
+                dropout=cfg.dropout,
+                attention_dropout=cfg.attention_dropout,
+                drop_path=rate,
+                num_tokens_relative=relative,
+            )
+            for rate in drop_rates
+        )
+        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+
+        self.pre_logits: Optional[nn.Linear] = None
+        if cfg.representation_size:
+            self.pre_logits = nn.Linear(d, cfg.representation_size)
+            nn.init.xavier_uniform_(self.pre_logits.weight)
+            nn.init.zeros_(self.pre_logits.bias)
+        self.head: nn.Module = nn.Identity()
+        self.reset_classifier(cfg.num_classes)
+
+    # The head ----------------------------------------------------------------------------
+    def reset_classifier(self, num_classes: int, init: Optional[str] = None) -> None:
+        """Replace the head with a fresh one (zero-initialised by default, as for fine-tuning)."""
+        init = init or self.config.head_init
+        if num_classes:
+            head = nn.Linear(self.config.feature_dim, num_classes)
+            if init == "zeros":
+                nn.init.zeros_(head.weight)
+            else:
+                nn.init.xavier_uniform_(head.weight)
+            nn.init.zeros_(head.bias)
+            self.head = head.to(self.norm.weight.device, self.norm.weight.dtype)
+        else:
+            self.head = nn.Identity()
+        if num_classes != self.config.num_classes or init != self.config.head_init:
+            self.config = self.config.replace(num_classes=num_classes, head_init=init)
+
+    # Eq. 1 -------------------------------------------------------------------------------
+    def embed(self, x: Tensor, patch_fn: Optional[PatchFn] = None) -> tuple[Tensor, tuple[int, int]]:
+        """Pixels to the token sequence z0 (before dropout).
+
+        `patch_fn` may rewrite the patch embeddings x_p E (B, N, D) before the class token
+        and the position embedding join them: where masked patch prediction (§4.6) corrupts.
+        """
+        self._check_input(x)
+        if self.backbone is not None:
+            x = self.backbone(x)  # (B, C, H/s, W/s)
+        x, grid = self.patch_embed(x)  # (B, N, D)
+        if patch_fn is not None:
+            x = patch_fn(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D)
+        return self.pos_embed(x, grid), grid
+
+    def _check_input(self, x: Tensor) -> None:
+        cfg = self.config
+        if x.dim() != 4:
+            raise ValueError(f"expected an NCHW image batch, got a tensor of shape {tuple(x.shape)}")
+        if x.shape[1] != cfg.in_channels:
+            raise ValueError(
+                f"{cfg.name} expects {cfg.in_channels} input channels, got {x.shape[1]} "
+                f"(shape {tuple(x.shape)}); convert the images (e.g. greyscale to RGB) first"
+            )
+        size = tuple(x.shape[2:])
+        if cfg.dynamic_image_size:
+            s = cfg.total_stride
+            if size[0] % s or size[1] % s:
+                raise ValueError(f"input size {size[0]}x{size[1]} is not divisible by the patch stride {s}")
+        elif size != cfg.image_size:
+            raise ValueError(
+                f"{cfg.name} was built for {cfg.image_size[0]}x{cfg.image_size[1]} images, got "
+                f"{size[0]}x{size[1]}; resize the input, create the model with image_size={size}, "
+                "or pass dynamic_image_size=True"
+            )
+
+    # Eq. 2-4 -----------------------------------------------------------------------------
+    def forward_features(self, x: Tensor, patch_fn: Optional[PatchFn] = None) -> Tensor:
+        """All tokens after the final LayerNorm, (B, T, D)."""
+        z, _ = self.embed(x, patch_fn)
+        z = self.pos_drop(z)
+        for block in self.blocks:
+            z, _ = block(z)
+        return self.norm(z)
+
+    def pool(self, feats: Tensor) -> Tensor:
+        """The image representation: the class token (Eq. 4) or the mean of the tokens (GAP)."""
+        if self.config.classifier == "token":
+            return feats[:, 0]
+        return feats.mean(dim=1)
+
+    def forward_head(self, feats: Tensor, pre_logits: bool = False) -> Tensor:
+        """Tokens to logits; `pre_logits=True` stops at the representation the head reads."""
+        x = self.pool(feats)
+        if self.pre_logits is not None:
+            x = torch.tanh(self.pre_logits(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor, return_intermediates: bool = False) -> Any:
+        if not return_intermediates:
+            return self.forward_head(self.forward_features(x))
+        z, grid = self.embed(x)
+        embeddings = z
+        z = self.pos_drop(z)
+        tokens, attentions = [], []
+        for block in self.blocks:
+            z, attn = block(z, return_attention=True)
+            tokens.append(z)
+            attentions.append(attn)
+        feats = self.norm(z)
+        representation = self.forward_head(feats, pre_logits=True)
+        return {
+            "logits": self.head(representation),
+            "embeddings": embeddings,  # z0, (B, T, D)
+            "tokens": tokens,  # per block, (B, T, D)
+            "attentions": attentions,  # per block, (B, heads, T, T)
+            "features": feats,  # after the final norm, (B, T, D)
+            "pre_logits": representation,  # what the head reads, (B, feature_dim)
+            "grid": grid,
+        }
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.cls_token is not None)
+
+    def extra_repr(self) -> str:
+        return f"name={self.config.name!r}, image_size={self.config.image_size}"
