@@ -50,6 +50,9 @@ def read_checkpoint(path: str | os.PathLike, format: Optional[str] = None) -> Im
 
 def build_model(imported: Imported, source: str, **overrides: Any) -> VisionTransformer:
     """A model of the imported config (with overrides), holding the imported weights."""
+    if overrides.get("num_classes", imported.config.num_classes) != imported.config.num_classes:
+        # A new head means transfer: the paper's fine-tuning head starts at zero (§3.1).
+        overrides.setdefault("head_init", "zeros")
     try:
         config = imported.config.replace(**overrides)
     except (ConfigError, TypeError) as e:

@@ -29,7 +29,9 @@ def resize_grid(grid: Tensor, new_size: tuple[int, int], mode: str) -> Tensor:
         raise ValueError(f"resize mode {mode!r} is not one of {RESIZE_MODES}")
     if tuple(grid.shape[:2]) == tuple(new_size):
         return grid
-    x = grid.permute(2, 0, 1).unsqueeze(0).float()  # (1, C, gh, gw)
+    x = grid.permute(2, 0, 1).unsqueeze(0)  # (1, C, gh, gw)
+    if x.dtype not in (torch.float32, torch.float64):  # half types: resample in float32
+        x = x.float()
     if mode == "bilinear_aligned":
         x = F.interpolate(x, size=new_size, mode="bilinear", align_corners=True)
     elif mode == "bilinear":

@@ -1,0 +1,63 @@
+"""`vitlab models`, `vitlab info`, and the CLI's handling of errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.cli import COMMANDS, build_parser, main
+
+
+def test_models_lists_every_variant_with_counts(capsys):
+    assert main(["models", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_name = {r["name"]: r for r in rows}
+    assert list(by_name) == vitlab.list_models()
+    assert by_name["ViT-B/16"]["params"] == 86_567_656
+    assert by_name["ViT-B/16"]["gflops"] == pytest.approx(35.1, abs=0.1)  # 17.6 GMACs at 224
+    assert main(["models"]) == 0
+    assert "R50+ViT-B/16" in capsys.readouterr().out
+
+
+def test_info_on_a_checkpoint(tmp_path, capsys):
+    model = vitlab.create_model("ViT-C/4", depth=1)
+    model.class_names = [str(i) for i in range(10)]
+    vitlab.save(model, tmp_path / "m.safetensors")
+    assert main(["info", str(tmp_path / "m.safetensors"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "vitlab"
+    assert info["params"] == sum(p.numel() for p in model.parameters())
+    assert info["class_names"] == model.class_names
+
+
+def test_a_bad_file_is_one_clear_line(tmp_path, capsys):
+    bad = tmp_path / "x.safetensors"
+    bad.write_text("nope")
+    assert main(["info", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitlab info: error:") and "x.safetensors" in err and "Traceback" not in err
+
+
+def test_every_command_has_help_with_examples():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert list(sub.choices) == list(COMMANDS)
+    for name, p in sub.choices.items():
+        assert p.description and "example" in p.description, f"`vitlab {name} --help` has no examples"
+
+
+def test_console_entry_point_runs():
+    out = subprocess.run([sys.executable, "-m", "vitlab", "models"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ViT-H/14" in out.stdout
+
+
+def test_import_does_no_work():
+    code = "import sys, vitlab; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False" and out.stderr == ""
+    assert torch.nn.Module  # the test process itself may have torch loaded

@@ -1,0 +1,219 @@
+"""The model family (issue: the ViT model): counts, options, both attention paths, hybrids."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.config import ConfigError, ResNetConfig
+from vitlab.models.resnet import StdConv2d, same_padding
+
+# Exact parameter counts with 1000 classes at 224x224. The ones the paper and the official
+# code publish (B/16 86,567,656; R50+ViT-B/16 98,659,112) pin the architecture; every
+# registered variant must have an entry, so a new variant cannot land without one.
+PINNED_PARAMS = {
+    "ViT-Ti/16": 5_717_416,
+    "ViT-S/16": 22_050_664,
+    "ViT-S/32": 22_878_952,
+    "ViT-B/32": 88_224_232,
+    "ViT-B/16": 86_567_656,
+    "ViT-B/8": 86_576_872,
+    "ViT-L/32": 306_535_400,
+    "ViT-L/16": 304_326_632,
+    "ViT-H/14": 632_045_800,
+    "R50+ViT-B/16": 98_659_112,
+    "R50+ViT-L/32": 328_994_856,
+    "R26+ViT-S/32": 36_431_912,
+    "ViT-Ti/4": 6_143_656,
+    "ViT-S/4": 22_903_144,
+    "ViT-C/4": 3_478_504,
+}
+
+
+@pytest.mark.parametrize("name", vitlab.list_models())
+def test_parameter_count_is_pinned(name):
+    assert name in PINNED_PARAMS, f"variant {name} has no pinned parameter count"
+    with torch.device("meta"):
+        model = vitlab.create_model(name, num_classes=1000, image_size=224)
+    assert sum(p.numel() for p in model.parameters()) == PINNED_PARAMS[name]
+
+
+def test_names_in_paper_notation_resolve():
+    assert vitlab.create_model("vit-c/4").config.name == "ViT-C/4"
+    with pytest.raises(ConfigError, match="known models"):
+        vitlab.create_model("ViT-Q/16")
+
+
+def small(**overrides):
+    base = dict(image_size=16, num_classes=5, head_init="xavier", depth=2)
+    base.update(overrides)
+    return vitlab.create_model("ViT-C/4", **base)
+
+
+OPTIONS = [
+    {},
+    {"classifier": "gap"},
+    {"pos_embed": "learned_2d"},
+    {"pos_embed": "sincos_2d"},
+    {"pos_embed": "relative"},
+    {"pos_embed": "none"},
+    {"representation_size": 24},
+    {"gelu": "exact", "layer_norm_eps": 1e-5, "qkv_bias": False},
+    {"image_size": (16, 24)},
+    {"image_size": (24, 16), "pos_embed": "learned_2d", "classifier": "gap"},
+    {"num_classes": 0},
+]
+
+
+@pytest.mark.parametrize("overrides", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_every_option_forward_backward_and_gradients(overrides):
+    torch.manual_seed(0)
+    model = small(**overrides).train()
+    cfg = model.config
+    x = torch.randn(3, 3, *cfg.image_size)
+    out = model(x)
+    width = cfg.num_classes or cfg.feature_dim
+    assert out.shape == (3, width)
+    out.square().sum().backward()
+    # Every parameter takes part in the function, so every one must receive a gradient.
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+    if cfg.pos_embed in ("sincos_2d", "none"):
+        assert not any("pos_embed" in n for n, _ in model.named_parameters())
+
+
+def test_dropout_attention_dropout_and_drop_path_act_only_in_training():
+    torch.manual_seed(0)
+    model = small(dropout=0.2, attention_dropout=0.2, drop_path=0.3)
+    x = torch.randn(4, 3, 16, 16)
+    model.train()
+    assert not torch.equal(model(x), model(x))  # randomness while training
+    model.eval()
+    assert torch.equal(model(x), model(x))  # deterministic at evaluation
+    assert model.blocks[0].drop_path.p == 0.0 and model.blocks[-1].drop_path.p == pytest.approx(0.3)
+
+
+def test_head_is_zero_initialised_by_default():
+    model = vitlab.create_model("ViT-C/4", depth=1)
+    assert model.head.weight.abs().sum() == 0 and model.head.bias.abs().sum() == 0
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(model(x), torch.zeros(2, 10))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pos_embed": "relative"}, {"classifier": "gap", "pos_embed": "learned_2d"}])
+def test_fused_and_exact_attention_agree(overrides):
+    torch.manual_seed(0)
+    model = small(depth=3, **overrides).eval()
+    x = torch.randn(2, 3, 16, 16)
+    fused = model(x)
+    out = model(x, return_intermediates=True)
+    torch.testing.assert_close(out["logits"], fused, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["features"], model.forward_features(x), atol=1e-5, rtol=1e-5)
+    T = model.config.num_tokens
+    assert len(out["attentions"]) == len(out["tokens"]) == 3
+    for attn in out["attentions"]:
+        assert attn.shape == (2, model.config.num_heads, T, T)
+        torch.testing.assert_close(attn.sum(-1), torch.ones(2, model.config.num_heads, T))
+    assert out["tokens"][0].shape == (2, T, model.config.hidden_size)
+
+
+def test_relative_attention_adds_query_dot_offset_embedding():
+    """App. D.4: the extra logits are q_i . r_{p_i - p_k}, added before the softmax."""
+    torch.manual_seed(0)
+    model = small(pos_embed="relative", depth=1, num_heads=3).eval()
+    attn = model.blocks[0].attn
+    q = torch.randn(1, 3, 5, 64)
+    table = torch.randn(2 * 5 - 1, 192)
+    with torch.no_grad():
+        attn.rel_embedding = torch.nn.Parameter(table)
+        got = attn.relative_logits(q)
+    r = table.reshape(9, 3, 64)
+    for i in range(5):
+        for k in range(5):
+            want = (q[0, :, i] * r[i - k + 4]).sum(-1) * 64**-0.5
+            torch.testing.assert_close(got[0, :, i, k], want)
+
+
+def test_api_of_the_usual_shape():
+    torch.manual_seed(0)
+    model = small(representation_size=8).eval()
+    x = torch.randn(2, 3, 16, 16)
+    feats = model.forward_features(x)
+    assert feats.shape == (2, 17, 192)
+    torch.testing.assert_close(model.pool(feats), feats[:, 0])
+    assert model.forward_head(feats, pre_logits=True).shape == (2, 8)
+    torch.testing.assert_close(model.forward_head(feats), model(x))
+    model.reset_classifier(7, init="zeros")
+    assert model(x).shape == (2, 7) and model.config.num_classes == 7
+    assert torch.equal(model(x), torch.zeros(2, 7))  # a fresh fine-tuning head is zero
+    model.reset_classifier(0)
+    assert model(x).shape == (2, 8)
+
+
+def test_gap_pools_the_mean_of_all_tokens_and_has_no_class_token():
+    model = small(classifier="gap").eval()
+    assert model.cls_token is None and model.config.num_tokens == 16
+    feats = model.forward_features(torch.randn(2, 3, 16, 16))
+    torch.testing.assert_close(model.pool(feats), feats.mean(1))
+
+
+def test_dynamic_image_size():
+    torch.manual_seed(0)
+    fixed = small().eval()
+    dynamic = small(dynamic_image_size=True).eval()
+    dynamic.load_state_dict(fixed.state_dict())
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(dynamic(x), fixed(x))  # native size: nothing resampled
+    assert dynamic(torch.randn(1, 3, 24, 32)).shape == (1, 5)
+    with pytest.raises(ValueError, match="built for 16x16"):
+        fixed(torch.randn(1, 3, 24, 32))
+
+
+def test_bad_inputs_are_named():
+    model = small().eval()
+    with pytest.raises(ValueError, match="expects 3 input channels, got 1"):
+        model(torch.randn(1, 1, 16, 16))
+    with pytest.raises(ValueError, match="NCHW"):
+        model(torch.randn(3, 16, 16))
+    with pytest.raises(ConfigError, match="not divisible by the patch stride 16"):
+        vitlab.create_model("ViT-B/16", image_size=225)
+    with pytest.raises(ConfigError, match="not divisible by num_heads"):
+        vitlab.create_model("ViT-C/4", num_heads=5)
+    with pytest.raises(ConfigError, match="pos_embed='learnt'"):
+        vitlab.create_model("ViT-C/4", pos_embed="learnt")
+    with pytest.raises(ConfigError, match="unknown model option"):
+        vitlab.create_model("ViT-C/4", widht=3)
+
+
+# Hybrids ----------------------------------------------------------------------------------
+def test_hybrid_forward_and_feature_map_stride():
+    torch.manual_seed(0)
+    model = vitlab.create_model(
+        "R50+ViT-B/16", image_size=64, num_classes=3, depth=1, hidden_size=64, num_heads=2, mlp_dim=64,
+        resnet=ResNetConfig(layers=(1, 1, 1)), head_init="xavier",
+    ).eval()
+    assert model.config.grid_size == (4, 4)  # three stages: stride 16
+    out = model(torch.randn(2, 3, 64, 64), return_intermediates=True)
+    assert out["logits"].shape == (2, 3) and out["tokens"][0].shape == (2, 17, 64)
+    four = vitlab.create_model("R26+ViT-S/32", image_size=64, depth=1, num_classes=2)
+    assert four.config.grid_size == (2, 2)  # four stages: stride 32
+    assert four(torch.randn(1, 3, 64, 64)).shape == (1, 2)
+
+
+def test_tf_same_padding_is_asymmetric():
+    assert same_padding(224, 7, 2) == (2, 3)  # out 112: total 5, one more after
+    assert same_padding(112, 3, 2) == (0, 1)
+    assert same_padding(56, 3, 1) == (1, 1)
+    assert same_padding(7, 1, 1) == (0, 0)
+
+
+@pytest.mark.parametrize("mode", ["std", "var"])
+def test_weight_standardisation_matches_its_definition(mode):
+    torch.manual_seed(0)
+    conv = StdConv2d(4, 6, 3, eps=1e-5, mode=mode)
+    w = conv.weight.detach().double()
+    mean = w.mean(dim=(1, 2, 3), keepdim=True)
+    var = ((w - mean) ** 2).mean(dim=(1, 2, 3), keepdim=True)  # population variance
+    want = (w - mean) / (var.sqrt() + 1e-5) if mode == "std" else (w - mean) / (var + 1e-5).sqrt()
+    torch.testing.assert_close(conv.standardized_weight().double(), want, rtol=1e-6, atol=1e-7)
