@@ -272,3 +272,315 @@ __all__ = [
     "GELUS",
     "RESIZE_MODES",
 ]
+
+
+# =========================================================================================
+# Training runs: data, optimiser, loop (issue 4). A run is four sections -- model, data,
+# optim, train -- read from a YAML recipe, changed by "section.key=value" overrides, and
+# written back as the resolved `config.yaml` of the run folder. Defaults live here only.
+# =========================================================================================
+OPTIMIZERS = ("adamw", "adam", "sgd")
+DECAYS = ("cosine", "linear", "constant")
+PRECISIONS = ("fp32", "bf16")
+PARALLEL = ("ddp", "fsdp")
+
+
+def _coerce(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """Turn YAML/command-line values into the field's type ("1e-3" -> 0.001, [a, b] -> tuple).
+
+    The type is read from the field's default, so a typo such as lr="fast" fails here with the
+    field's name instead of deep inside the optimiser.
+    """
+    out = {}
+    by_name = {f.name: f for f in fields(cls)}
+    for k, v in d.items():
+        default = by_name[k].default
+        try:
+            if v is None or isinstance(default, str) and default != "" and isinstance(v, str):
+                out[k] = v
+            elif isinstance(default, bool):
+                if isinstance(v, str) and v.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+                    v = v.lower() in ("true", "yes", "on", "1")
+                if not isinstance(v, bool):
+                    raise ValueError
+                out[k] = v
+            elif isinstance(default, float):
+                out[k] = float(v)
+            elif isinstance(default, int):
+                if isinstance(v, float) and not v.is_integer():
+                    raise ValueError
+                out[k] = int(v)
+            elif isinstance(default, tuple):
+                out[k] = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+            else:
+                out[k] = v
+        except (TypeError, ValueError):
+            raise ConfigError(f"{cls.SECTION}.{k}={v!r} is not a valid {type(default).__name__}") from None
+    return out
+
+
+def _section_from_dict(cls: type, d: Optional[dict[str, Any]]) -> Any:
+    d = dict(d or {})
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {', '.join(cls.SECTION + '.' + k for k in unknown)}; "
+            f"valid {cls.SECTION} keys: {', '.join(known)}"
+        )
+    return cls(**_coerce(cls, d))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the images come from and how they are augmented (§4.1, Appendix B.1)."""
+
+    SECTION = "data"
+    name: str = "digits"  # a spec for vitlab.data.open_dataset: digits, cifar10:DIR, wds:PATTERN, ...
+    train_split: str = "train"
+    eval_splits: tuple[str, ...] = ("test",)
+    eval_data: str = ""  # another spec for evaluation (e.g. the test shards of a wds set); "" = name
+    num_workers: int = 0
+    # Inception-style crop (the paper's training preprocessing): area and aspect-ratio ranges.
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (0.75, 1.3333333333333333)
+    hflip: bool = True
+    randaugment: int = 0  # number of RandAugment ops per image; 0 = off
+    randaugment_magnitude: int = 9
+    dev_fraction: float = -1.0  # held-out dev share; < 0: the dataset's paper value (2% CIFAR, 10% else)
+    skip_bad_images: bool = False
+    shuffle_buffer: int = 2000  # samples held for shuffling a streamed (wds) set
+    classes: tuple[str, ...] = ()  # class names of a wds set (else classes.txt beside the shards, else 0..K-1)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eval_splits", tuple(self.eval_splits))
+        object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
+        if self.num_workers < 0 or self.randaugment < 0:
+            raise ConfigError("data.num_workers and data.randaugment must be >= 0")
+        if len(self.crop_scale) != 2 or not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
+            raise ConfigError(f"data.crop_scale must be (low, high) with 0 < low <= high <= 1, got {self.crop_scale}")
+        if self.dev_fraction >= 1:
+            raise ConfigError(f"data.dev_fraction must be below 1, got {self.dev_fraction}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser and learning-rate schedule (Appendix B.1, Table 3 and 4)."""
+
+    SECTION = "optim"
+    name: str = "adamw"  # adamw (decoupled weight decay), adam, sgd
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    momentum: float = 0.9  # sgd only
+    weight_decay: float = 0.0  # applied to matrices only (dim >= 2, not embeddings or tokens)
+    clip_grad_norm: float = 1.0  # global norm; 0 = off
+    warmup_steps: int = 0  # linear warm-up from 0
+    decay: str = "cosine"  # after warm-up: cosine or linear to end_lr, or constant
+    end_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        _choice(self.name, "optim.name", OPTIMIZERS)
+        _choice(self.decay, "optim.decay", DECAYS)
+        if self.lr <= 0 or self.weight_decay < 0 or self.clip_grad_norm < 0 or self.warmup_steps < 0:
+            raise ConfigError("optim.lr must be > 0; weight_decay, clip_grad_norm and warmup_steps >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The loop: length, batch, checkpoints, precision, regularisers, objective."""
+
+    SECTION = "train"
+    objective: str = "supervised"  # a name in vitlab.train.objectives.OBJECTIVES
+    steps: int = 0  # optimiser steps; 0 = from epochs
+    epochs: float = 0.0  # used when steps is 0
+    batch_size: int = 128  # global: across processes and accumulation steps
+    micro_batch_size: int = 0  # per process and forward pass; 0 = the whole per-process batch
+    seed: int = 0
+    eval_every: int = 0  # steps; 0 = only at the end
+    log_every: int = 10
+    ckpt_every: int = 500  # steps; a checkpoint is always written at the end
+    keep_checkpoints: int = 3
+    ema: float = 0.0  # Polyak averaging factor (the paper's 0.9999); 0 = off
+    label_smoothing: float = 0.0
+    mixup: float = 0.0  # Beta(alpha, alpha) of torchvision's MixUp; 0 = off
+    cutmix: float = 0.0
+    precision: str = "fp32"  # bf16 = autocast to bfloat16
+    grad_checkpointing: bool = False
+    compile: bool = False  # torch.compile the objective
+    parallel: str = "ddp"  # with torchrun: ddp or fsdp
+    device: str = "auto"  # auto = cuda when available, else cpu
+    eval_batch_size: int = 0  # 0 = batch_size
+
+    def __post_init__(self) -> None:
+        _choice(self.precision, "train.precision", PRECISIONS)
+        _choice(self.parallel, "train.parallel", PARALLEL)
+        if self.steps < 0 or self.epochs < 0 or self.batch_size < 1 or self.micro_batch_size < 0:
+            raise ConfigError("train.steps/epochs must be >= 0 and train.batch_size >= 1")
+        if self.ckpt_every < 1 or self.keep_checkpoints < 1 or self.log_every < 1:
+            raise ConfigError("train.ckpt_every, train.keep_checkpoints and train.log_every must be >= 1")
+        if not 0.0 <= self.ema < 1.0:
+            raise ConfigError(f"train.ema must be in [0, 1), got {self.ema}")
+
+
+# Keys of the model section besides ViTConfig's fields.
+MODEL_EXTRA_KEYS = ("checkpoint",)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run. `model` is a dict: `name` (a registered variant, or the name a
+    checkpoint gives) plus any ViTConfig field to change; `checkpoint` starts from saved weights."""
+
+    model: dict[str, Any] = dataclasses.field(default_factory=lambda: {"name": "ViT-Ti/4"})
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    # Options of the objective named by train.objective (e.g. masked patch prediction's mask
+    # rate); the objective's own config class checks them when the trainer builds it.
+    objective: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
+
+    def __post_init__(self) -> None:
+        valid = sorted({f.name for f in fields(ViTConfig)} | set(MODEL_EXTRA_KEYS))
+        unknown = sorted(set(self.model) - set(valid))
+        if unknown:
+            raise ConfigError(
+                f"unknown key(s) {', '.join('model.' + k for k in unknown)}; valid model keys: {', '.join(valid)}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        def plain(v: Any) -> Any:
+            if isinstance(v, tuple):
+                return [plain(x) for x in v]
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            return v
+
+        out: dict[str, Any] = {"model": plain(dict(self.model))}
+        for name in self.SECTIONS:
+            out[name] = {f.name: plain(getattr(getattr(self, name), f.name)) for f in fields(self.SECTIONS[name])}
+        out["objective"] = plain(dict(self.objective))
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"a recipe must be a mapping of sections, got {type(d).__name__}")
+        unknown = sorted(set(d) - {"model", "objective", *cls.SECTIONS})
+        if unknown:
+            raise ConfigError(
+                f"unknown section(s) {unknown}; valid sections: model, {', '.join(cls.SECTIONS)}, objective"
+            )
+        model = dict(d.get("model") or {"name": "ViT-Ti/4"})
+        sections = {k: _section_from_dict(c, d.get(k)) for k, c in cls.SECTIONS.items()}
+        return cls(model=model, objective=dict(d.get("objective") or {}), **sections)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "RunConfig":
+        """Apply {"optim.lr": 0.01, "model.dropout": 0.1, ...}; a wrong key names the valid ones."""
+        d = self.to_dict()
+        for key, value in overrides.items():
+            section, _, name = key.partition(".")
+            if section not in d or not name:
+                raise ConfigError(
+                    f"bad override key {key!r}: write SECTION.KEY=VALUE with SECTION one of "
+                    f"model, {', '.join(self.SECTIONS)}, objective (e.g. optim.lr=0.001)"
+                )
+            if section not in ("model", "objective") and name not in d[section]:
+                raise ConfigError(f"unknown key {key!r}; valid {section} keys: {', '.join(d[section])}")
+            d[section][name] = value
+        return RunConfig.from_dict(d)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """"optim.lr=1e-3" -> ("optim.lr", 0.001); values are read as YAML (lists, null, true)."""
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"bad override {text!r}: write SECTION.KEY=VALUE, e.g. optim.weight_decay=0.05")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def load_recipe(path_or_name: str) -> RunConfig:
+    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...)."""
+    import yaml
+    from pathlib import Path
+
+    path = Path(path_or_name)
+    if not path.is_file():
+        shipped = Path(__file__).parent / "configs" / f"{path_or_name}.yaml"
+        if not shipped.is_file():
+            names = sorted(p.stem for p in (Path(__file__).parent / "configs").glob("*.yaml"))
+            raise ConfigError(f"no recipe file {path_or_name!r}; shipped recipes: {', '.join(names)}")
+        path = shipped
+    try:
+        d = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    try:
+        return RunConfig.from_dict(d)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+__all__ += ["DataConfig", "OptimConfig", "TrainConfig", "RunConfig", "load_recipe", "parse_override"]
+
+
+# =========================================================================================
+# Masked patch prediction (issue 6, §4.6, Appendix B.1.2): the options of objective "mpp",
+# read from a recipe's `objective:` section or `objective.KEY=VALUE` overrides.
+# =========================================================================================
+MPP_TARGETS = ("mean_color", "color_grid", "pixels")
+
+
+@dataclass(frozen=True)
+class MPPConfig:
+    """Masked patch prediction; every default is the paper's."""
+
+    SECTION = "objective"
+    mask_rate: float = 0.5  # share of each image's patches that are corrupted
+    mask_token_frac: float = 0.8  # of the corrupted: replaced by the learnable [mask] embedding
+    random_patch_frac: float = 0.1  # of the corrupted: replaced by a random other patch; rest kept
+    target: str = "mean_color"  # mean_color (1 x 512 classes), color_grid (4x4 x 512), pixels (L2)
+    bits: int = 3  # per colour channel: 3 bits -> 8^3 = 512 RGB classes
+    grid: int = 4  # cells per patch side for target=color_grid
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_rate <= 1.0:
+            raise ConfigError(f"objective.mask_rate must be in (0, 1], got {self.mask_rate} (the paper: 0.5)")
+        for k in ("mask_token_frac", "random_patch_frac"):
+            if not 0.0 <= getattr(self, k) <= 1.0:
+                raise ConfigError(f"objective.{k} must be in [0, 1], got {getattr(self, k)}")
+        if self.mask_token_frac + self.random_patch_frac > 1.0 + 1e-9:
+            raise ConfigError(
+                f"objective.mask_token_frac + objective.random_patch_frac = "
+                f"{self.mask_token_frac + self.random_patch_frac:g} exceeds 1; lower one of them "
+                "(the rest, 0.1 in the paper, is the share of corrupted patches left unchanged)"
+            )
+        _choice(self.target, "objective.target", MPP_TARGETS)
+        if not 1 <= self.bits <= 4:
+            raise ConfigError(f"objective.bits must be 1 to 4, got {self.bits} (the paper: 3, i.e. 512 colours)")
+        if self.grid < 1:
+            raise ConfigError(f"objective.grid must be at least 1, got {self.grid} (the paper: 4)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "MPPConfig":
+        return _section_from_dict(cls, d)
+
+
+__all__ += ["MPPConfig", "MPP_TARGETS"]

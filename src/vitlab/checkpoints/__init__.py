@@ -18,7 +18,11 @@ from vitlab.models.vit import VisionTransformer
 
 # name -> module; detection tries them in this order.
 FORMATS: dict[str, str] = {
-    "vitlab": "vitlab.checkpoints.io",
+    "vitlab": "vitlab.checkpoints.io",  # .safetensors with vitlab metadata
+    "hf": "vitlab.checkpoints.hf",  # a save_pretrained folder (config.json)
+    "npz": "vitlab.checkpoints.npz",  # the official JAX archives
+    "torchvision": "vitlab.checkpoints.torchvision",  # state dicts, told apart by their keys
+    "timm": "vitlab.checkpoints.timm",
 }
 
 

@@ -1,11 +1,80 @@
-"""`vitlab bench`: placeholder until its issue lands (replaced whole by that work)."""
+"""`vitlab bench`: throughput against timm, Hugging Face and torchvision, interleaved."""
 
-HELP = "bench (not built yet)"
+from __future__ import annotations
+
+HELP = "measure inference and training throughput against timm, Hugging Face and torchvision"
+DESCRIPTION = """\
+Time vitlab beside the peer libraries (the same model sizes, built by each library) in one
+interleaved run: images per second (median over rounds, with the spread), the matrix-product
+ceiling of the model's own shapes measured in the same run and each figure as a percentage of
+it, the ratio to the fastest fp32 peer taken within each round, working memory and compile
+time. Each sample records other processes' CPU use; contended samples are dropped while clean
+ones exist (see docs/performance.md).
+
+Precisions: fp32; bf16-autocast (fp32 weights, bf16 matrix products); bf16 (weights and
+activations in bf16); int8 (vitlab only: int8 Dense layers). A training step is fp32 or
+bf16-autocast, AdamW, cross-entropy.
+
+--suite quick (about 2-4 minutes on 2 quiet cores) or --suite full (about 10) run the standard
+settings; otherwise --model/--batch-size/--task/--precision pick a subset.
+
+examples:
+  vitlab bench --model ViT-B/16 --batch-size 8
+  vitlab bench --model ViT-Ti/16 --batch-size 1 16 --precision fp32 bf16 int8 --peers timm
+  vitlab bench --model ViT-C/4 --batch-size 128 --task train --compile
+  vitlab bench --suite full --out benchmarks/results
+"""
 
 
 def add_arguments(p) -> None:
-    pass
+    from vitlab.deploy.bench import SYSTEM_PRECISIONS, TASKS
+
+    p.add_argument("--suite", choices=("quick", "full"), help="run a standard suite instead of a subset")
+    p.add_argument("--model", nargs="+", default=["ViT-B/16"], help="variant name(s) (default ViT-B/16)")
+    p.add_argument("--batch-size", nargs="+", type=int, default=[1], help="batch size(s) (default 1)")
+    p.add_argument("--task", nargs="+", choices=TASKS, default=["infer"], help="infer and/or train")
+    p.add_argument("--precision", nargs="+", choices=SYSTEM_PRECISIONS, default=["fp32", "bf16", "int8"],
+                   help="precisions to time (default fp32 bf16 int8)")
+    p.add_argument("--peers", nargs="*", default=["timm", "hf", "torchvision"],
+                   help="peer libraries to time beside vitlab (none: --peers with no names)")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile'd vitlab")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds per sample (default 1)")
+    p.add_argument("--max-wait", type=float, default=3.0, help="seconds to wait for a quiet machine per sample")
+    p.add_argument("--contended", type=float, default=0.1,
+                   help="others' CPU use (cores) above which a sample is dropped (default 0.1)")
+    p.add_argument("--out", help="folder for NAME.csv and NAME.md (default: print only)")
+    p.add_argument("--name", help="result file name (default: the suite name, or 'bench')")
 
 
 def run(args) -> int:
-    raise NotImplementedError("vitlab bench is not built yet")
+    import sys
+
+    from vitlab.api import get_config
+    from vitlab.cli import UsageError
+    from vitlab.deploy import bench
+    from vitlab.deploy.peers import PEERS
+
+    unknown = sorted(set(args.peers) - set(PEERS))
+    if unknown:
+        raise UsageError(f"unknown peer(s) {unknown}; choose from {', '.join(PEERS)}")
+    if args.rounds < 1 or args.min_time < 0 or any(b < 1 for b in args.batch_size):
+        raise UsageError("--rounds and --batch-size must be at least 1 and --min-time at least 0")
+    if args.suite:
+        plan = bench.suite(args.suite)
+    else:
+        plan = []
+        for name in args.model:
+            cfg = get_config(name)  # ConfigError names the known models
+            for task in args.task:
+                systems = bench.standard_systems(task, args.peers, args.compile, args.precision)
+                plan += [(bench.Setting(cfg, b, task), systems) for b in args.batch_size]
+    config = bench.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,
+                               contended_cores=args.contended)
+    info = bench.machine_info()
+    rows = bench.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(bench.markdown(rows, info, config))
+    if args.out:
+        csv_path, md_path = bench.write_results(rows, args.out, args.name or args.suite or "bench", info, config)
+        print(f"wrote {csv_path} and {md_path}")
+    return 0

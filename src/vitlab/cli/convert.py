@@ -1,11 +1,104 @@
-"""`vitlab convert`: placeholder until its issue lands (replaced whole by that work)."""
+"""`vitlab convert SRC DST --to FORMAT`: weights from one ecosystem to another."""
 
-HELP = "convert (not built yet)"
+from __future__ import annotations
+
+HELP = "convert a checkpoint between vitlab, official .npz, timm, Hugging Face and torchvision"
+DESCRIPTION = """\
+Read a checkpoint in any format vitlab knows (detected from the file, or named with --from),
+or a pretrained name such as ViT-B/16:imagenet21k, and write it in another format:
+
+  vitlab       one .safetensors file with the config and class names (vitlab.load reads it)
+  npz          the official JAX layout (the official code and timm's npz reader load it)
+  timm         a timm VisionTransformer state dict (.safetensors or .pth)
+  hf           a Hugging Face save_pretrained folder (ViTForImageClassification / ViTModel)
+  torchvision  a torchvision VisionTransformer state dict (.pth)
+
+A model the target cannot represent exactly (a GAP model for Hugging Face, a pre-logits
+layer for timm, ...) is refused with the feature named. When only the numerics differ (the
+target's GELU form or weight standardisation), --allow-numerics-change writes anyway. The
+written file is read back and compared tensor by tensor. DST is never overwritten without
+--force.
+
+examples:
+  vitlab convert ViT-B_16.npz vit_b16_hf --to hf
+  vitlab convert vit_b16_hf model.safetensors --to vitlab
+  vitlab convert timm_vit_small.pth small.npz --to npz --allow-numerics-change
+  vitlab convert runs/digits/checkpoints/last.safetensors last_tv.pth --to torchvision
+"""
+
+TARGETS = ("vitlab", "npz", "timm", "hf", "torchvision")
 
 
 def add_arguments(p) -> None:
-    pass
+    p.add_argument("src", help="a checkpoint file or folder, or a pretrained name (ViT-B/16:imagenet21k)")
+    p.add_argument("dst", help="the file or folder to write")
+    p.add_argument("--to", choices=TARGETS, help="the format to write (default: from DST's suffix, .npz or .safetensors)")
+    p.add_argument("--from", dest="source_format", metavar="FORMAT", help="the format of SRC, when detection cannot tell")
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument(
+        "--allow-numerics-change",
+        action="store_true",
+        help="write even when the target computes a slightly different function (GELU form, epsilon)",
+    )
+    p.add_argument("--no-verify", action="store_true", help="skip reading DST back")
+
+
+def _target(args) -> str:
+    from pathlib import Path
+
+    from vitlab.cli import UsageError
+
+    if args.to:
+        return args.to
+    suffix = Path(args.dst).suffix
+    if suffix == ".npz":
+        return "npz"
+    if suffix == ".safetensors":
+        return "vitlab"
+    raise UsageError(f"cannot tell the format to write from {args.dst!r}; pass --to ({', '.join(TARGETS)})")
 
 
 def run(args) -> int:
-    raise NotImplementedError("vitlab convert is not built yet")
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from vitlab import checkpoints
+    from vitlab.checkpoints.io import CheckpointError
+    from vitlab.cli import UsageError
+
+    target = _target(args)
+    src, dst = args.src, Path(args.dst)
+    if not Path(src).exists() and ":" in src:
+        from vitlab.checkpoints import pretrained
+
+        src = str(pretrained.fetch(src))
+    if dst.exists() and Path(src).resolve() == dst.resolve():
+        raise UsageError(f"{dst} is the source itself; write to another path")
+    if dst.exists() and not args.force:
+        raise UsageError(f"{dst} exists; pass --force to replace it, or pick another path")
+    imported = checkpoints.read_checkpoint(src, args.source_format)
+    model = checkpoints.build_model(imported, src)
+    kwargs = {} if target == "vitlab" else {"allow_numerics_change": args.allow_numerics_change}
+    checkpoints.save(model, dst, target, **kwargs)
+    cfg = model.config
+    params = sum(p.numel() for p in model.parameters())
+    print(f"read   {src}  ({imported.source_format}: {cfg.name}, {params:,} parameters, {cfg.image_size[0]}x{cfg.image_size[1]})")
+    print(f"wrote  {dst}  ({target})")
+
+    if not args.no_verify:
+        back = checkpoints.read_checkpoint(dst, target).state
+        ours = model.state_dict()
+        bad = [k for k in ours if k not in back or not torch.equal(back[k], ours[k].detach().cpu())]
+        if bad or set(back) != set(ours):
+            raise CheckpointError(f"{dst}: reading it back does not give the same tensors ({', '.join(bad[:5])})")
+        print(f"verified: {len(ours)} tensors read back bit-exact")
+    if target == "timm":
+        from vitlab.checkpoints.timm import timm_model_args
+
+        print(f"timm arguments: {json.dumps(timm_model_args(cfg))}")
+        print("  (vitlab.checkpoints.timm.create_timm_model(config) builds the matching timm model)")
+    if target == "torchvision":
+        print("torchvision model: vitlab.checkpoints.torchvision.create_torchvision_model(config) builds it")
+    return 0

@@ -1,11 +1,81 @@
-"""`vitlab linear-probe`: placeholder until its issue lands (replaced whole by that work)."""
+"""`vitlab linear-probe CHECKPOINT --data ...`: logistic regression and k-NN on frozen features."""
 
-HELP = "linear-probe (not built yet)"
+from __future__ import annotations
+
+import json
+import sys
+
+HELP = "logistic-regression and k-NN accuracy of frozen features (full training set)"
+DESCRIPTION = """\
+Fit a multinomial logistic regression (L2-penalised, standardised features, full-batch
+L-BFGS; `--C` as in scikit-learn) on the frozen representations of the whole training
+split and report test accuracy, together with cosine k-NN accuracy. Features are cached
+like `vitlab fewshot`'s (the same cache entries are shared when the caps agree).
+
+examples:
+  vitlab linear-probe runs/cifar10/checkpoints/last.safetensors --data cifar10:../shared/data/cifar10
+  vitlab linear-probe model.safetensors --data digits --C 0.1 --k 10 --json
+"""
 
 
 def add_arguments(p) -> None:
-    pass
+    from vitlab.cli.predict import add_checkpoint_arguments
+
+    add_checkpoint_arguments(p)
+    p.add_argument("--data", required=True, help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN")
+    p.add_argument("--train-split", default="train")
+    p.add_argument("--test-split", default="test")
+    p.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the logistic regression (default 1.0)")
+    p.add_argument("--k", type=int, default=20, help="neighbours of the k-NN vote (default 20)")
+    p.add_argument("--max-per-class", type=int, default=0, help="training images per class (default 0: all)")
+    p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
+    p.add_argument("--max-iter", type=int, default=500, help="L-BFGS iterations (default 500)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--no-cache", action="store_true", help="recompute features, do not read or write the cache")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--out", help="also write the JSON result to this file")
 
 
 def run(args) -> int:
-    raise NotImplementedError("vitlab linear-probe is not built yet")
+    from vitlab.cli import UsageError
+    from vitlab.cli.fewshot import frozen_features
+    from vitlab.cli.predict import open_checkpoint, write_json
+    from vitlab.eval.features import model_fingerprint
+    from vitlab.eval.linear_probe import knn_accuracy, logistic_probe
+
+    if args.C <= 0:
+        raise UsageError(f"--C must be positive, got {args.C}")
+    if args.k < 1:
+        raise UsageError(f"--k must be at least 1, got {args.k}")
+    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init)
+    fp = model_fingerprint(model)
+    print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
+    (tr_x, tr_y), _ = frozen_features(args, model, args.train_split, args.max_per_class, 0, fp)
+    (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
+    probe = logistic_probe(tr_x, tr_y, te_x, te_y, C=args.C, max_iter=args.max_iter)
+    knn = knn_accuracy(tr_x, tr_y, te_x, te_y, k=args.k)
+    result = {
+        "checkpoint": args.checkpoint,
+        "model": model.config.name,
+        "random_init": args.random_init,
+        "data": args.data,
+        "num_train": int(len(tr_y)),
+        "num_test": int(len(te_y)),
+        "feature_dim": int(tr_x.shape[1]),
+        "logistic": probe,
+        "knn": {"k": args.k, "test_accuracy": knn},
+        "weights_sha256": fp,
+    }
+    if args.out:
+        write_json(args.out, result)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    what = "random init" if args.random_init is not None else args.checkpoint
+    print(f"linear probe  {model.config.name} ({what})  on {args.data}")
+    print(f"train {result['num_train']} images, test {result['num_test']}, {result['feature_dim']}-d features")
+    print(f"logistic regression (C={args.C})  test {100 * probe['test_accuracy']:.2f}%  (train {100 * probe['train_accuracy']:.2f}%)")
+    print(f"{args.k}-NN (cosine)                 test {100 * knn:.2f}%")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,127 @@
+"""Datasets by name or path, the paper's preprocessing, and loaders that resume exactly.
+
+The API other parts of vitlab (and users) call:
+
+    open_dataset(spec, split, *, image_size, in_channels=3, mean=(0.5,)*3, std=(0.5,)*3,
+                 train=False, seed=0, **options) -> dataset
+        Items are (image, label): image a normalised float tensor (C, H, W), label an int.
+        The dataset has `.class_names` (list[str]) and a length.
+        spec:   digits                 scikit-learn's 8x8 digits, shipped inside vitlab (offline)
+                fashion-mnist[:FOLDER] IDX files (gz or not); default Debian's
+                                       /usr/share/datasets/fashion-mnist; downloaded when absent
+                cifar10[:FOLDER]       torchvision's format (cifar-10-batches-py); downloaded
+                cifar100[:FOLDER]        by torchvision when absent and no FOLDER is given
+                imagefolder:PATH       PATH/CLASS/IMAGE, with PATH/train + PATH/val|test
+                                       splits, or a fixed 20% held out as "test"
+                wds:PATTERN            WebDataset tar shards (.tar, .tar.gz), brace patterns or
+                                       a folder of train-*/test-* shards; streamed (an
+                                       IterableDataset split across loader workers and processes)
+        split:  "train", "test" (= "val"), "dev" (a held-out part of train, fixed seed: 2% of
+                CIFAR, 10% of others, as the paper) or "train-minus-dev" (the rest).
+        train:  True = training augmentation (inception crop + flip, optional RandAugment).
+        options: crop_scale, crop_ratio, hflip, randaugment, randaugment_magnitude (training
+                transform); dev_fraction; skip_bad_images (unreadable images are dropped and
+                counted instead of raising BadImageError); shuffle_buffer and classes (wds);
+                download (default True: fetch a missing named set when online).
+    read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
+    make_loader(dataset, batch_size, epoch=, seed=, rank=, world=, start_batch=, train=,
+                num_workers=) -> DataLoader of (images, labels, bad_count)
+    transforms.eval_transform / transforms.train_transform
+
+This package never imports vitlab.models: data knows nothing about the network.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from vitlab.data.datasets import BadImageError, DataError, read_image
+from vitlab.data.loader import batches_per_epoch, collate, make_loader
+
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds")
+DEV_FRACTIONS = {"cifar10": 0.02, "cifar100": 0.02}  # Appendix B.1.1; 10% elsewhere
+
+
+def _base_split(split: str) -> str:
+    if split in ("train", "dev", "train-minus-dev"):
+        return "train"
+    if split in ("test", "val"):
+        return "test"
+    raise DataError(f"unknown split {split!r}; use train, test (or val), dev or train-minus-dev")
+
+
+def open_dataset(
+    spec: str,
+    split: str,
+    *,
+    image_size: int | Sequence[int],
+    in_channels: int = 3,
+    mean: Sequence[float] = (0.5, 0.5, 0.5),
+    std: Sequence[float] = (0.5, 0.5, 0.5),
+    train: bool = False,
+    seed: int = 0,
+    **options: Any,
+):
+    """A dataset by spec and split; see the module docstring."""
+    from vitlab.data import datasets as ds
+    from vitlab.data import transforms as T
+
+    name, _, arg = spec.partition(":")
+    name = name.strip().lower()
+    if name not in NAMED:
+        raise DataError(
+            f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
+            "cifar100[:FOLDER], imagefolder:PATH, wds:PATTERN"
+        )
+    if name in ("imagefolder", "wds") and not arg:
+        raise DataError(f"{name} needs a path: --data {name}:PATH")
+    base = _base_split(split)
+    if len(mean) != in_channels or len(std) != in_channels:
+        raise DataError(f"mean/std need one value per channel ({in_channels}), got {tuple(mean)} and {tuple(std)}")
+    known = {
+        "crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "dev_fraction",
+        "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
+    }
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"open_dataset got unknown option(s) {unknown}; known: {', '.join(sorted(known))}")
+    dev_fraction = options.get("dev_fraction")
+    if dev_fraction is None or dev_fraction < 0:
+        dev_fraction = DEV_FRACTIONS.get(name, 0.1)
+    if train:
+        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude") if k in options}
+        transform = T.train_transform(image_size, mean, std, in_channels, **aug)
+    else:
+        transform = T.eval_transform(image_size, mean, std, in_channels)
+    skip = bool(options.get("skip_bad_images", False))
+    download = bool(options.get("download", True))
+
+    if name == "wds":
+        from vitlab.data.wds import WebDataset
+
+        return WebDataset(
+            arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", 2000)),
+            skip_bad_images=skip, dev_fraction=dev_fraction, classes=options.get("classes"),
+        )
+    common = dict(seed=seed, skip_bad_images=skip)
+    if name == "imagefolder":
+        dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
+    else:
+        if name == "digits":
+            arrays, classes = ds.digits_arrays(), [str(i) for i in range(10)]
+        elif name == "fashion-mnist":
+            mirror = options.get("mirror", ds.FASHION_MNIST_URL)
+            arrays, classes = ds.fashion_mnist_arrays(arg or None, download, mirror), ds.FASHION_MNIST_CLASSES
+        else:
+            arrays, classes = ds.cifar_arrays(name, arg or None, download)
+        images, labels = arrays[base]
+        dataset = ds.ArrayDataset(images, labels, classes, transform, **common)
+    if split in ("dev", "train-minus-dev"):
+        dev, rest = ds.dev_split(len(dataset), dev_fraction)
+        dataset = dataset.select(dev if split == "dev" else rest)
+    return dataset
+
+
+__all__ = [
+    "BadImageError", "DataError", "open_dataset", "read_image", "make_loader", "collate", "batches_per_epoch",
+]

@@ -140,6 +140,23 @@ class VisionTransformer(nn.Module):
             z, _ = block(z)
         return self.norm(z)
 
+    def _forward_pooled_tokens(self, x: Tensor) -> Tensor:
+        """`forward_features` trimmed to what the head reads: the same logits, less work.
+
+        Eq. 4 reads only the class token of the last block, z_L^0. In that block every token
+        is still a key and value of attention, but the query, attention output, MLP and final
+        LayerNorm are needed at the class token alone: for ViT-B/16 at 224 this skips about
+        7% of the model's FLOPs (11% for a 9-block model). Returns (B, 1, D) in that case.
+        """
+        if self.config.classifier != "token" or self.config.pos_embed == "relative":
+            return self.forward_features(x)
+        z, _ = self.embed(x)
+        z = self.pos_drop(z)
+        for block in self.blocks[:-1]:
+            z, _ = block(z)
+        z, _ = self.blocks[-1](z, queries=1)  # (B, 1, D): z_L^0
+        return self.norm(z)
+
     def pool(self, feats: Tensor) -> Tensor:
         """The image representation: the class token (Eq. 4) or the mean of the tokens (GAP)."""
         if self.config.classifier == "token":
@@ -155,7 +172,7 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: Tensor, return_intermediates: bool = False) -> Any:
         if not return_intermediates:
-            return self.forward_head(self.forward_features(x))
+            return self.forward_head(self._forward_pooled_tokens(x))
         z, grid = self.embed(x)
         embeddings = z
         z = self.pos_drop(z)

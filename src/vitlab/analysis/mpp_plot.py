@@ -1,0 +1,89 @@
+"""The `vitlab inspect` figure of a masked-patch-prediction checkpoint (§4.6).
+
+Per image: the input, the corruption the encoder saw, the true colours of the corrupted
+patches and the colours the prediction head gave them. Draws with the helpers of
+`plots.py`, which owns the matplotlib import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from torch import Tensor
+
+from vitlab.analysis.mpp import MPPPredictions, mpp_predictions, objective_from_extras, summary_numbers
+
+# Outline colours per corruption kind (codes of vitlab.train.mpp).
+KIND_COLORS = {1: ("#d62728", "[mask]"), 2: ("#1f77b4", "random patch"), 3: ("#2ca02c", "unchanged")}
+MASK_GREY = 0.5
+
+
+def _expand(kind: np.ndarray, factor: int) -> np.ndarray:
+    return np.kron(kind, np.ones((factor, factor), dtype=kind.dtype))
+
+
+def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = "") -> Path:
+    from vitlab.analysis.plots import _figure, _save
+    from matplotlib.patches import Patch, Rectangle
+
+    n = min(max_images, result.images.shape[0])
+    h, w = result.images.shape[1:3]
+    gh, gw = result.kind.shape[1:]
+    p = h // gh
+    fig = _figure(4 * 1.6 + 0.3, n * 1.6 + 0.9)
+    titles = ("input", "what the encoder sees", "true colour (corrupted)", "predicted colour")
+    for i in range(n):
+        img = result.images[i]
+        if img.shape[-1] == 1:
+            img = np.repeat(img, 3, axis=-1)
+        selected_px = _expand(result.kind[i] != 0, p)[..., None]  # (H, W, 1)
+        masked_px = _expand(result.kind[i] == 1, p)[..., None]
+        seen = np.where(masked_px, MASK_GREY, img)
+        faded = 0.25 * img + 0.75  # untouched patches: a pale copy of the input, for context
+        panels = [img, seen]
+        for colours in (result.true[i], result.predicted[i]):
+            scale = h // colours.shape[0]
+            full = np.kron(colours, np.ones((scale, scale, 1)))
+            if full.shape[-1] == 1:
+                full = np.repeat(full, 3, axis=-1)
+            panels.append(np.where(selected_px, full, faded))
+        for j, panel in enumerate(panels):
+            ax = fig.add_subplot(n, 4, i * 4 + j + 1)
+            ax.imshow(np.clip(panel, 0, 1), interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_title(titles[j], fontsize=7)
+            if j == 1:  # outline each corrupted patch by what was done to it
+                for (r, c), code in np.ndenumerate(result.kind[i]):
+                    if code:
+                        ax.add_patch(
+                            Rectangle((c * p - 0.5, r * p - 0.5), p, p, fill=False, lw=0.6, ec=KIND_COLORS[code][0])
+                        )
+    handles = [Patch(facecolor="none", edgecolor=col, label=label) for col, label in KIND_COLORS.values()]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=6, frameon=False)
+    acc = "" if result.target == "pixels" else f", colour accuracy {100 * result.accuracy:.1f}%"
+    fig.suptitle(f"Masked patch prediction ({result.target}){acc}\n{source}", fontsize=8)
+    return _save(fig, path)
+
+
+def mpp_figures(model, metadata: dict[str, str], extras: dict[str, Tensor], images: Tensor, out_dir: Path) -> list:
+    """The hook of `vitlab.analysis.extras.extra_figures` for MPP checkpoints."""
+    from vitlab.analysis.extras import Figure
+
+    if "mask_token" not in extras:
+        return []
+    objective = objective_from_extras(model, metadata, extras)
+    device = next(objective.parameters()).device
+    result = mpp_predictions(objective, images.to(device))
+    png = plot_mpp(result, Path(out_dir) / "mpp_predictions.png", source=model.config.name)
+    caption = (
+        "Masked patch prediction (§4.6): half of each image's patches are corrupted (outlined: red "
+        "[mask], blue a random other patch, green unchanged but still predicted); the head "
+        "predicts each corrupted patch's 3-bit mean colour from the encoder's output token."
+    )
+    return [Figure("mpp", "Masked patch prediction", png, caption, summary_numbers(result))]
+
+
+__all__ = ["plot_mpp", "mpp_figures"]

@@ -1,0 +1,52 @@
+"""One self-contained HTML page for `vitlab inspect`: every PNG inlined as base64, so the
+page can be mailed or attached without its folder."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Sequence
+
+from vitlab.analysis.extras import Figure
+
+
+def _img(png: Path) -> str:
+    data = base64.b64encode(Path(png).read_bytes()).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(Path(png).name)}">'
+
+
+def write_html(path: str | Path, title: str, facts: dict, figures: Sequence[Figure]) -> Path:
+    """Write the page: a table of facts (checkpoint, model, images), then each figure with
+    its caption. Returns the path."""
+    rows = "\n".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts.items()
+    )
+    sections = "\n".join(
+        f'<section id="{html.escape(f.name)}"><h2>{html.escape(f.title)}</h2>{_img(f.png)}'
+        f"<p>{html.escape(f.caption)}</p></section>"
+        for f in figures
+    )
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: sans-serif; max-width: 60em; margin: 2em auto; padding: 0 1em; color: #222; }}
+table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
+th, td {{ text-align: left; padding: 0.15em 0.8em; border-bottom: 1px solid #ddd; font-size: 0.9em; }}
+img {{ max-width: 100%; }}
+section {{ margin-bottom: 2em; }}
+p {{ font-size: 0.9em; }}
+</style></head><body>
+<h1>{html.escape(title)}</h1>
+<table>
+{rows}
+</table>
+{sections}
+</body></html>
+"""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path

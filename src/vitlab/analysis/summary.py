@@ -1,0 +1,136 @@
+"""Run all four analyses of §4.5 on a model and a stream of image batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vitlab.analysis.attention_distance import AttentionDistance, distance_depth_trend
+from vitlab.analysis.filters import FilterPCs, embedding_filters
+from vitlab.analysis.pos_similarity import NoPositionTable, cosine_similarity_grid, position_table, similarity_vs_distance
+from vitlab.analysis.rollout import attention_rollout
+
+
+@dataclass
+class Analysis:
+    filters: FilterPCs
+    pos_similarity: Optional[np.ndarray]  # (gh, gw, gh, gw), None when there is no table
+    pos_note: str  # what the similarity shows, or why there is none
+    pos_summary: dict
+    distances: np.ndarray  # (layers, heads), pixels
+    prefix_fraction: np.ndarray  # (layers, heads) attention patches give the class token
+    distance_summary: dict
+    num_images: int
+    rollout_images: Tensor  # (R, C, H, W) normalised inputs of the rollout figure
+    rollout_maps: np.ndarray  # (R, gh, gw)
+    rollout_labels: list = field(default_factory=list)
+    grid: tuple = (0, 0)
+    patch_pixels: int = 0
+
+    def numbers(self) -> dict:
+        """Everything as JSON-ready numbers."""
+        return {
+            "embedding_filters": {
+                "source": self.filters.source,
+                "explained_variance_ratio": self.filters.explained.tolist(),
+            },
+            "position_similarity": {
+                "note": self.pos_note,
+                "grid": list(self.grid),
+                "summary": self.pos_summary,
+                "similarity": None if self.pos_similarity is None else self.pos_similarity.round(4).tolist(),
+            },
+            "attention_distance": {
+                "num_images": self.num_images,
+                "pixels_per_patch": self.patch_pixels,
+                "class_token": "excluded as query and key; patch rows renormalised",
+                "distance_px": self.distances.round(3).tolist(),
+                "attention_to_class_token": self.prefix_fraction.round(4).tolist(),
+                "summary": self.distance_summary,
+            },
+            "rollout": {
+                "labels": self.rollout_labels,
+                "maps": self.rollout_maps.round(4).tolist(),
+            },
+        }
+
+
+@torch.no_grad()
+def analyse_model(
+    model,
+    batches: Iterable,
+    max_images: int = 128,
+    rollout_images: int = 8,
+    num_components: int = 28,
+) -> Analysis:
+    """Filters, position similarity, attention distance over up to `max_images` images
+    (the paper: 128), and the rollout of the first `rollout_images`; `num_components`
+    principal components of the embedding filters (Fig. 7 shows 28).
+
+    `batches` yields image tensors (B, C, H, W), normalised as the model expects, or
+    (images, labels) pairs.
+    """
+    model.eval()
+    cfg = model.config
+    filters = embedding_filters(model, num_components)
+    grid = cfg.grid_size
+    try:
+        table = position_table(model, grid)
+        sim = cosine_similarity_grid(table, grid)
+        pos_note = f"pos_embed={cfg.pos_embed!r}: cosine similarity of the patch position embeddings"
+        pos_summary = similarity_vs_distance(sim)
+    except NoPositionTable as e:
+        sim, pos_note, pos_summary = None, str(e), {}
+
+    acc: Optional[AttentionDistance] = None
+    roll_x, roll_maps, roll_labels = [], [], []
+    seen = 0
+    device = next(model.parameters()).device
+    for batch in batches:
+        x, labels = (batch[0], batch[1]) if isinstance(batch, (tuple, list)) else (batch, None)
+        x = x[: max_images - seen].to(device)
+        if not len(x):
+            break
+        out = model(x, return_intermediates=True)
+        attns, g = out["attentions"], out["grid"]
+        if acc is None:
+            acc = AttentionDistance(g, cfg.total_stride, model.num_prefix_tokens)
+        acc.update(attns)
+        need = rollout_images - sum(len(t) for t in roll_x)
+        if need > 0:
+            roll_x.append(x[:need].cpu())
+            roll_maps.append(attention_rollout([a[:need] for a in attns], g, model.num_prefix_tokens))
+            if labels is not None:
+                roll_labels.extend(int(v) for v in labels[:need])
+        seen += len(x)
+        if seen >= max_images:
+            break
+    if acc is None:
+        raise ValueError("no images to analyse: give at least one image")
+    distances = acc.result()
+    return Analysis(
+        filters=filters,
+        pos_similarity=sim,
+        pos_note=pos_note,
+        pos_summary=pos_summary,
+        distances=distances,
+        prefix_fraction=acc.prefix_fraction(),
+        distance_summary=distance_depth_trend(distances),
+        num_images=acc.count,
+        rollout_images=torch.cat(roll_x) if roll_x else torch.empty(0),
+        rollout_maps=np.concatenate(roll_maps) if roll_maps else np.empty((0,) + tuple(grid)),
+        rollout_labels=roll_labels,
+        grid=tuple(grid),
+        patch_pixels=cfg.total_stride,
+    )
+
+
+def display_images(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """Undo the model's normalisation: (B, C, H, W) -> (B, H, W, C) in [0, 1] for drawing."""
+    m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return (x.detach().float().cpu() * s + m).clamp(0, 1).permute(0, 2, 3, 1).numpy()

@@ -1,0 +1,292 @@
+"""Hugging Face transformers `save_pretrained` folders of `ViTModel` / `ViTForImageClassification`.
+
+A folder holds config.json and the weights (model.safetensors, a sharded index, or
+pytorch_model.bin). HF keeps q, k and v as separate Linear layers (vitlab fuses them on the
+output axis). Its ViT has a class token and a learned 1D position table only; `ViTModel`'s
+pooler (Dense + tanh on the class token) is the paper's pre-logits layer. The config's own
+`layer_norm_eps` and `hidden_act` are honoured ("gelu" is exact, "gelu_pytorch_tanh" and
+"gelu_new" the tanh form); HF resizes position embeddings bicubically.
+
+vitlab writes the classic key spelling (`encoder.layer.N.attention.attention.query`) that
+every transformers version reads (v5 renames it on load), and reads that spelling and v5's
+(`layers.N.attention.q_proj`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.tables import (
+    Rule,
+    copy,
+    expected_shapes,
+    export_state,
+    fused,
+    import_state,
+    read_tensors,
+    refuse,
+    variant_name,
+)
+from vitlab.config import ViTConfig
+
+FORMAT_NAME = "hf"
+ACTS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# transformers v5 names -> the classic ones the table uses.
+V5_NAMES = [
+    (".attention.q_proj.", ".attention.attention.query."),
+    (".attention.k_proj.", ".attention.attention.key."),
+    (".attention.v_proj.", ".attention.attention.value."),
+    (".attention.o_proj.", ".attention.output.dense."),
+    (".mlp.fc1.", ".intermediate.dense."),
+    (".mlp.fc2.", ".output.dense."),
+]
+
+
+def rules(cfg: ViTConfig, prefix: str = "vit.") -> list[Rule]:
+    e = prefix + "embeddings."
+    table = [
+        copy("cls_token", e + "cls_token"),
+        copy("pos_embed.pos_embedding", e + "position_embeddings"),
+        copy("patch_embed.proj.weight", e + "patch_embeddings.projection.weight"),
+        copy("patch_embed.proj.bias", e + "patch_embeddings.projection.bias"),
+        copy("norm.weight", prefix + "layernorm.weight"),
+        copy("norm.bias", prefix + "layernorm.bias"),
+    ]
+    for i in range(cfg.depth):
+        o, t = f"blocks.{i}.", f"{prefix}encoder.layer.{i}."
+        a = t + "attention.attention."
+        params = ("weight", "bias") if cfg.qkv_bias else ("weight",)
+        table += [fused(f"{o}attn.qkv.{p}", [f"{a}{n}.{p}" for n in ("query", "key", "value")]) for p in params]
+        for ours, theirs in (
+            ("norm1", "layernorm_before"),
+            ("attn.proj", "attention.output.dense"),
+            ("norm2", "layernorm_after"),
+            ("mlp.fc1", "intermediate.dense"),
+            ("mlp.fc2", "output.dense"),
+        ):
+            table += [copy(f"{o}{ours}.{p}", f"{t}{theirs}.{p}") for p in ("weight", "bias")]
+    if cfg.representation_size:
+        table += [copy("pre_logits.weight", prefix + "pooler.dense.weight"), copy("pre_logits.bias", prefix + "pooler.dense.bias")]
+    if cfg.num_classes:
+        table += [copy("head.weight", "classifier.weight"), copy("head.bias", "classifier.bias")]
+    return table
+
+
+# Reading --------------------------------------------------------------------------------
+def _config_json(path: Path) -> Optional[dict[str, Any]]:
+    f = path / "config.json"
+    if not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def detect(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    c = _config_json(path)
+    return c is not None and c.get("model_type") == "vit"
+
+
+def _weights(folder: Path) -> dict:
+    if (folder / "model.safetensors").is_file():
+        return read_tensors(folder / "model.safetensors")[0]
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict = {}
+        for name in files:
+            state.update(read_tensors(folder / name)[0])
+        return state
+    if (folder / "pytorch_model.bin").is_file():
+        return read_tensors(folder / "pytorch_model.bin")[0]
+    raise CheckpointError(f"{folder}: no weights file ({', '.join(WEIGHT_FILES)})")
+
+
+def _classic_names(state: dict) -> dict:
+    out = {}
+    for k, v in state.items():
+        if ".layers." in k or k.startswith("layers."):
+            k = k.replace("layers.", "encoder.layer.", 1)
+            for new, old in V5_NAMES:
+                k = k.replace(new, old)
+        out[k] = v
+    return out
+
+
+def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig, Optional[list[str]]]:
+    act = c.get("hidden_act", "gelu")
+    if act not in ACTS:
+        raise CheckpointError(f"{source}: hidden_act={act!r} has no vitlab equivalent (known: {', '.join(ACTS)})")
+    if c.get("pooler_act", "tanh") != "tanh" and any("pooler." in k for k in state):
+        raise CheckpointError(f"{source}: pooler_act={c['pooler_act']!r}; vitlab's pre-logits layer is Dense + tanh")
+    image = c.get("image_size", 224)
+    prefix = "vit." if any(k.startswith("vit.") for k in state) else ""
+    classes = state["classifier.weight"].shape[0] if "classifier.weight" in state else 0
+    pooler = state.get(prefix + "pooler.dense.weight")
+    rep = pooler.shape[0] if pooler is not None and not classes else None
+    names = None
+    labels = c.get("id2label") or {}
+    if classes and len(labels) == classes:
+        names = [str(labels.get(str(i), labels.get(i, ""))) for i in range(classes)]
+        if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+            names = None  # transformers' placeholders, not names
+    mean, std = (0.5,) * c.get("num_channels", 3), (0.5,) * c.get("num_channels", 3)
+    cfg = ViTConfig(
+        name="hf",
+        image_size=tuple(image) if isinstance(image, (list, tuple)) else image,
+        patch_size=c.get("patch_size", 16),
+        in_channels=c.get("num_channels", 3),
+        hidden_size=c["hidden_size"],
+        depth=c["num_hidden_layers"],
+        num_heads=c["num_attention_heads"],
+        mlp_dim=c["intermediate_size"],
+        num_classes=classes,
+        representation_size=rep,
+        gelu=ACTS[act],
+        layer_norm_eps=c.get("layer_norm_eps", 1e-12),
+        qkv_bias=c.get("qkv_bias", True),
+        resize_mode="bicubic",
+        mean=mean,
+        std=std,
+    )
+    return cfg.replace(name=variant_name(cfg)), names
+
+
+def _preprocessing(folder: Path, cfg: ViTConfig) -> ViTConfig:
+    f = folder / "preprocessor_config.json"
+    if not f.is_file():
+        return cfg
+    try:
+        p = json.loads(f.read_text())
+        return cfg.replace(mean=tuple(p["image_mean"]), std=tuple(p["image_std"]))
+    except Exception:
+        return cfg
+
+
+def read(path: str | os.PathLike) -> Imported:
+    folder = Path(path)
+    c = _config_json(folder)
+    if c is None or c.get("model_type") != "vit":
+        raise CheckpointError(f"{folder}: not a Hugging Face ViT folder (config.json with model_type 'vit')")
+    state = _classic_names(_weights(folder))
+    cfg, names = infer_config(c, state, str(folder))
+    cfg = _preprocessing(folder, cfg)
+    prefix = "vit." if any(k.startswith("vit.") for k in state) else ""
+    if prefix == "" and cfg.representation_size is None and "pooler.dense.weight" in state:
+        state = {k: v for k, v in state.items() if not k.startswith("pooler.")}
+    ours = import_state(rules(cfg, prefix), state, expected_shapes(cfg), str(folder))
+    return Imported(cfg, ours, names, source_format=FORMAT_NAME, metadata={"architectures": json.dumps(c.get("architectures"))})
+
+
+# Writing --------------------------------------------------------------------------------
+def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
+    features: list[str] = []
+    if cfg.classifier != "token":
+        features.append("classifier='gap' (HF's ViT reads the class token)")
+    if cfg.pos_embed != "learned":
+        features.append(f"pos_embed={cfg.pos_embed!r} (HF's ViT has a learned 1D table)")
+    if cfg.resnet is not None:
+        features.append("a ResNet hybrid stem (vitlab writes plain ViTs for HF)")
+    if cfg.representation_size and cfg.num_classes:
+        features.append(
+            f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification "
+            "has no pre-logits layer; only a headless ViTModel has one, its pooler)"
+        )
+    refuse("Hugging Face transformers", features, [], allow_numerics_change)
+
+
+def hf_config(model) -> dict[str, Any]:
+    cfg = model.config
+    act = "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh"
+    h, w = cfg.image_size
+    names = model.class_names or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    return {
+        "architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"],
+        "model_type": "vit",
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.depth,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_dim,
+        "hidden_act": act,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "initializer_range": 0.02,
+        "layer_norm_eps": cfg.layer_norm_eps,
+        "image_size": h if h == w else [h, w],
+        "patch_size": cfg.patch_size,
+        "num_channels": cfg.in_channels,
+        "qkv_bias": cfg.qkv_bias,
+        "encoder_stride": cfg.patch_size,
+        "pooler_output_size": cfg.representation_size or cfg.hidden_size,
+        "pooler_act": "tanh",
+        "id2label": {str(i): n for i, n in enumerate(names)},
+        "label2id": {n: i for i, n in enumerate(names)},
+        "torch_dtype": "float32",
+    }
+
+
+def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
+    """A save_pretrained folder: config.json, model.safetensors, preprocessor_config.json.
+    Written beside the target and renamed into place; an existing folder is replaced only
+    when it is itself a Hugging Face model folder (has config.json) or empty."""
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    check_writable(cfg, allow_numerics_change)
+    prefix = "vit." if cfg.num_classes else ""
+    theirs = export_state(rules(cfg, prefix), model.state_dict(), f"{path} (hf)")
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise CheckpointError(f"{target}: exists and is a file; a Hugging Face checkpoint is a folder")
+    if target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file():
+        raise CheckpointError(f"{target}: a non-empty folder that is not a model folder; pick a new path")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n")
+        pre = {
+            "image_processor_type": "ViTImageProcessor",
+            "do_resize": True,
+            "size": {"height": cfg.image_size[0], "width": cfg.image_size[1]},
+            "do_rescale": True,
+            "rescale_factor": 1 / 255,
+            "do_normalize": True,
+            "image_mean": list(cfg.mean),
+            "image_std": list(cfg.std),
+        }
+        (tmp / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
+        state = {k: v.contiguous() for k, v in theirs.items()}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def create_hf_model(cfg: ViTConfig):
+    """An untrained transformers model of this architecture (for tests and comparisons)."""
+    from transformers import ViTConfig as HFConfig, ViTForImageClassification, ViTModel
+
+    check_writable(cfg)
+
+    class _M:  # hf_config reads .config and .class_names only
+        config, class_names = cfg, None
+
+    c = HFConfig(**{k: v for k, v in hf_config(_M).items() if k not in ("architectures", "model_type", "torch_dtype")})
+    return ViTForImageClassification(c) if cfg.num_classes else ViTModel(c, add_pooling_layer=bool(cfg.representation_size))

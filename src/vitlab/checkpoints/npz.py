@@ -1,0 +1,276 @@
+"""The official JAX/Flax checkpoints (`.npz`) of the paper and of AugReg, both ways.
+
+This is the only file that knows the official parameter names (see
+../shared/docs/official-checkpoints.md for the layout). The architecture is inferred from
+the arrays alone, and the config records the official numerics (tanh GELU, LayerNorm eps
+1e-6, TF "SAME" padding and (w - mean) / (std + 1e-5) weight standardisation in the ResNet,
+GroupNorm eps 1e-6, order-1 zoom of position embeddings), so an imported model computes
+what the official code computes.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from vitlab.checkpoints.io import CheckpointError, Imported, atomic_write
+from vitlab.checkpoints.tables import (
+    Rule,
+    copy,
+    expected_shapes,
+    export_state,
+    fused,
+    import_state,
+    permuted,
+    refuse,
+    square_grid,
+    transposed,
+    variant_name,
+)
+from vitlab.config import ResNetConfig, ViTConfig
+
+FORMAT_NAME = "npz"
+HWIO_TO_OIHW = (3, 2, 0, 1)  # conv kernels: TF stores (kh, kw, in, out)
+POS = "Transformer/posembed_input/pos_embedding"
+# The two spellings of the modules inside an encoder block: (LN before attention,
+# attention, LN before the MLP, MLP). "original" is what the paper's release (and timm's npz
+# reader) uses; vitlab writes it. "linen" is the later Flax Linen numbering.
+SPELLINGS = {
+    "original": ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),
+    "linen": ("LayerNorm_0", "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0"),
+}
+
+
+def official_numerics(cfg: ViTConfig) -> ViTConfig:
+    """The official code's forward, as config values (official-checkpoints.md)."""
+    resnet = cfg.resnet
+    if resnet is not None:
+        resnet = ResNetConfig(layers=resnet.layers, width_factor=resnet.width_factor, ws_eps=1e-5, ws_mode="std", gn_eps=1e-6)
+    return cfg.replace(
+        gelu="tanh", layer_norm_eps=1e-6, resize_mode="bilinear_aligned", resnet=resnet,
+        mean=(0.5,) * cfg.in_channels, std=(0.5,) * cfg.in_channels, head_init="zeros",
+    )
+
+
+# The table ------------------------------------------------------------------------------
+def rules(cfg: ViTConfig, spelling: str = "original") -> list[Rule]:
+    d, h, dh = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    ln1, mha, ln2, mlp = SPELLINGS[spelling]
+    # q/k/v kernels are (D, heads, head_dim); heads are the major axis of the output index.
+    qkv_kernel = Rule("", ("",), lambda t: t.reshape(d, h * dh).t(), lambda t: (t.t().reshape(d, h, dh),))
+    qkv_bias = Rule("", ("",), lambda t: t.reshape(h * dh), lambda t: (t.reshape(h, dh),))
+    out_kernel = Rule("", ("",), lambda t: t.reshape(h * dh, d).t(), lambda t: (t.t().reshape(h, dh, d),))
+
+    table = [
+        permuted("patch_embed.proj.weight", "embedding/kernel", HWIO_TO_OIHW),
+        copy("patch_embed.proj.bias", "embedding/bias"),
+        copy("pos_embed.pos_embedding", POS),
+    ]
+    if cfg.has_class_token:
+        table.append(copy("cls_token", "cls"))
+    for i in range(cfg.depth):
+        b, o = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
+        a = f"{b}{mha}/"
+        table += [
+            copy(o + "norm1.weight", f"{b}{ln1}/scale"),
+            copy(o + "norm1.bias", f"{b}{ln1}/bias"),
+            fused(o + "attn.qkv.weight", [f"{a}{n}/kernel" for n in ("query", "key", "value")], qkv_kernel),
+            Rule(o + "attn.proj.weight", (f"{a}out/kernel",), out_kernel.to_ours, out_kernel.to_theirs),
+            copy(o + "attn.proj.bias", f"{a}out/bias"),
+            copy(o + "norm2.weight", f"{b}{ln2}/scale"),
+            copy(o + "norm2.bias", f"{b}{ln2}/bias"),
+            transposed(o + "mlp.fc1.weight", f"{b}{mlp}/Dense_0/kernel"),
+            copy(o + "mlp.fc1.bias", f"{b}{mlp}/Dense_0/bias"),
+            transposed(o + "mlp.fc2.weight", f"{b}{mlp}/Dense_1/kernel"),
+            copy(o + "mlp.fc2.bias", f"{b}{mlp}/Dense_1/bias"),
+        ]
+        if cfg.qkv_bias:
+            table.append(fused(o + "attn.qkv.bias", [f"{a}{n}/bias" for n in ("query", "key", "value")], qkv_bias))
+    table += [copy("norm.weight", "Transformer/encoder_norm/scale"), copy("norm.bias", "Transformer/encoder_norm/bias")]
+    if cfg.representation_size:
+        table += [transposed("pre_logits.weight", "pre_logits/kernel"), copy("pre_logits.bias", "pre_logits/bias")]
+    if cfg.num_classes:
+        table += [transposed("head.weight", "head/kernel"), copy("head.bias", "head/bias")]
+    if cfg.resnet is not None:
+        table += _resnet_rules(cfg.resnet)
+    return table
+
+
+def _resnet_rules(r: ResNetConfig) -> list[Rule]:
+    table = [
+        permuted("backbone.root_conv.weight", "conv_root/kernel", HWIO_TO_OIHW),
+        copy("backbone.root_gn.weight", "gn_root/scale"),
+        copy("backbone.root_gn.bias", "gn_root/bias"),
+    ]
+    for s, units in enumerate(r.layers):
+        for u in range(units):
+            b, o = f"block{s + 1}/unit{u + 1}/", f"backbone.stages.{s}.{u}."
+            for n in (1, 2, 3):
+                table += [
+                    permuted(f"{o}conv{n}.weight", f"{b}conv{n}/kernel", HWIO_TO_OIHW),
+                    copy(f"{o}gn{n}.weight", f"{b}gn{n}/scale"),
+                    copy(f"{o}gn{n}.bias", f"{b}gn{n}/bias"),
+                ]
+            if u == 0:  # the first unit of every stage changes width (or stride): projection
+                table += [
+                    permuted(f"{o}downsample.0.weight", f"{b}conv_proj/kernel", HWIO_TO_OIHW),
+                    copy(f"{o}downsample.1.weight", f"{b}gn_proj/scale"),
+                    copy(f"{o}downsample.1.bias", f"{b}gn_proj/bias"),
+                ]
+    return table
+
+
+# Reading --------------------------------------------------------------------------------
+def detect(path: Path) -> bool:
+    """A zip archive of .npy arrays (whatever the file is called)."""
+    if not path.is_file() or not zipfile.is_zipfile(path):
+        return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return bool(names) and all(n.endswith(".npy") for n in names)
+
+
+def load_arrays(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Every array of the archive as a tensor. `allow_pickle=False`: an object array (which
+    would need unpickling, i.e. running code from the file) is refused."""
+    import numpy as np
+
+    try:
+        with np.load(str(path), allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except ValueError as e:  # numpy: "Object arrays cannot be loaded when allow_pickle=False"
+        raise CheckpointError(f"{path}: refused: the archive holds pickled objects ({e}); vitlab never unpickles") from None
+    except (OSError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: not a readable .npz archive ({e})") from None
+    out = {}
+    for k, a in arrays.items():
+        if a.dtype.kind != "f":
+            raise CheckpointError(f"{path}: array {k!r} has dtype {a.dtype}; an official checkpoint holds floats only")
+        if a.ndim == 4 and a.shape[:3] == (1, 1, 1):  # old hybrid releases: GroupNorm as (1, 1, 1, C)
+            a = a.reshape(-1)
+        out[k] = torch.from_numpy(np.ascontiguousarray(a))
+    return out
+
+
+def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
+    """The architecture, from the arrays' names and shapes alone."""
+    if "embedding/kernel" not in a:
+        hint = ""
+        if any(k.startswith(("params/", "opt/target/")) for k in a):
+            hint = " (this looks like a big_vision or training-state archive, which vitlab does not read)"
+        raise CheckpointError(
+            f"{source}: no 'embedding/kernel' array, so not an official ViT checkpoint{hint}; "
+            f"found {', '.join(sorted(a)[:6])}"
+        )
+    ph, pw, cin, d = a["embedding/kernel"].shape
+    if ph != pw:
+        raise CheckpointError(f"{source}: embedding/kernel {tuple(a['embedding/kernel'].shape)} has non-square patches")
+    depth = 0
+    while f"Transformer/encoderblock_{depth}/LayerNorm_0/scale" in a:
+        depth += 1
+    spelling = next(
+        (s for s, names in SPELLINGS.items() if f"Transformer/encoderblock_0/{names[1]}/query/kernel" in a), None
+    )
+    if depth == 0 or spelling is None:
+        raise CheckpointError(
+            f"{source}: no Transformer/encoderblock_0/... arrays in either known spelling "
+            f"({', '.join(n[1] for n in SPELLINGS.values())})"
+        )
+    _, mha, _, mlp = SPELLINGS[spelling]
+    _, heads, _ = a[f"Transformer/encoderblock_0/{mha}/query/kernel"].shape
+    mlp_dim = a[f"Transformer/encoderblock_0/{mlp}/Dense_0/kernel"].shape[1]
+
+    resnet = None
+    in_channels = cin
+    if "conv_root/kernel" in a:
+        _, _, in_channels, width = a["conv_root/kernel"].shape
+        layers = []
+        while f"block{len(layers) + 1}/unit1/conv1/kernel" in a:
+            s, units = len(layers) + 1, 0
+            while f"block{s}/unit{units + 1}/conv1/kernel" in a:
+                units += 1
+            layers.append(units)
+        resnet = ResNetConfig(layers=tuple(layers), width_factor=width // 64)
+
+    token = "cls" in a
+    if POS not in a:
+        raise CheckpointError(f"{source}: no {POS} array; official models always have one")
+    tokens = a[POS].shape[1]
+    side = square_grid(tokens - int(token), source)
+    stride = ph * (resnet.stride if resnet else 1)
+    cfg = ViTConfig(
+        name="npz",
+        image_size=side * stride,
+        patch_size=ph,
+        in_channels=in_channels,
+        hidden_size=d,
+        depth=depth,
+        num_heads=heads,
+        mlp_dim=mlp_dim,
+        num_classes=a["head/kernel"].shape[1] if "head/kernel" in a else 0,
+        classifier="token" if token else "gap",
+        representation_size=a["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in a else None,
+        qkv_bias=f"Transformer/encoderblock_0/{mha}/query/bias" in a,
+        resnet=resnet,
+        mean=(0.5,) * in_channels,
+        std=(0.5,) * in_channels,
+    )
+    cfg = official_numerics(cfg)
+    return cfg.replace(name=variant_name(cfg)), spelling
+
+
+def read(path: str | os.PathLike) -> Imported:
+    arrays = load_arrays(path)
+    cfg, spelling = infer_config(arrays, str(path))
+    state = import_state(rules(cfg, spelling), arrays, expected_shapes(cfg), str(path))
+    return Imported(cfg, state, None, source_format=FORMAT_NAME, metadata={"spelling": spelling})
+
+
+# Writing --------------------------------------------------------------------------------
+def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
+    features, numerics = [], []
+    if cfg.pos_embed != "learned":
+        features.append(f"pos_embed={cfg.pos_embed!r} (the official models have learned 1D position embeddings)")
+    gh, gw = cfg.grid_size
+    if gh != gw:
+        features.append(f"a {gh}x{gw} token grid (readers assume a square grid)")
+    if not cfg.qkv_bias:
+        features.append("qkv_bias=False (the official attention always has biases)")
+    if cfg.resnet is not None and cfg.resnet.gn_groups != 32:
+        features.append(f"resnet.gn_groups={cfg.resnet.gn_groups} (the official ResNet uses 32)")
+    if cfg.gelu != "tanh":
+        numerics.append(f"gelu={cfg.gelu!r} (official: tanh approximation)")
+    if cfg.layer_norm_eps != 1e-6:
+        numerics.append(f"layer_norm_eps={cfg.layer_norm_eps:g} (official: 1e-6)")
+    r = cfg.resnet
+    if r is not None and (r.ws_mode, r.ws_eps, r.gn_eps) != ("std", 1e-5, 1e-6):
+        numerics.append(
+            f"ResNet ws_mode={r.ws_mode!r} ws_eps={r.ws_eps:g} gn_eps={r.gn_eps:g} "
+            "(official: (w-mean)/(std+1e-5), GroupNorm eps 1e-6)"
+        )
+    refuse("the official .npz format", features, numerics, allow_numerics_change)
+
+
+def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
+    """The official layout in the original spelling (`MultiHeadDotProductAttention_1`,
+    `MlpBlock_3`), GroupNorm parameters flat (C,), float arrays only. Class names have no
+    place in the format and are not written."""
+    import numpy as np
+
+    cfg = model.config
+    check_writable(cfg, allow_numerics_change)
+    theirs = export_state(rules(cfg, "original"), model.state_dict(), f"{path} (npz)")
+    arrays = {k: v.numpy() for k, v in theirs.items()}
+
+    def save(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
+            np.savez(f, **arrays)
+
+    atomic_write(path, save)

@@ -1,0 +1,306 @@
+"""Published ViT checkpoints by name, downloaded once into a cache.
+
+Names are `MODEL:WEIGHTS`, MODEL in the paper's notation:
+- the paper's release (§4.1, Table 2): `:imagenet21k` (pre-trained, 224 px, 21,843 classes,
+  with the pre-logits layer) and `:imagenet2012` (then fine-tuned on ImageNet at 384 px);
+  `:imagenet2012-224` where a 224 px fine-tune was published too;
+- AugReg ("How to train your ViT", Steiner et al. 2021): `:augreg-in21k` (224 px, 21,843
+  classes, no pre-logits), `:augreg-in21k-ft-in1k` (fine-tuned at 224 px),
+  `:augreg-in21k-ft-in1k-384`, and `:augreg-in1k` for the ImageNet-1k-only runs.
+All expect pixels scaled to [-1, 1] (mean = std = 0.5).
+
+`fetch(name)` returns a local path: from the cache ($VITLAB_CACHE, default ~/.cache/vitlab,
+laid out like the official bucket) or after one download, written atomically and checked
+against its sha256 — the published one when the table has it, otherwise the one recorded at
+the first download. $VITLAB_OFFLINE=1 never touches the network; $VITLAB_BASE_URL replaces
+the official storage (a mirror).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from vitlab.checkpoints.io import CheckpointError
+
+BASE_URL = "https://storage.googleapis.com/vit_models"
+TIMEOUT_S = 10.0  # the first bytes must come this fast; offline machines fail at once
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    name: str
+    model: str  # the variant, e.g. "ViT-B/16"
+    path: str  # path in the official bucket, e.g. "imagenet21k/ViT-B_16.npz"
+    resolution: int
+    num_classes: int
+    dataset: str
+    hf_hub_id: Optional[str] = None  # the same weights converted for transformers
+    timm_name: Optional[str] = None
+    sha256: Optional[str] = None  # None: the first download's digest is recorded and enforced
+    crop_pct: float = 1.0  # eval: resize to resolution / crop_pct, centre-crop resolution
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    @property
+    def url(self) -> str:
+        return f"{os.environ.get('VITLAB_BASE_URL', BASE_URL).rstrip('/')}/{self.path}"
+
+
+IN21K, IN1K = "ImageNet-21k", "ImageNet-21k, fine-tuned on ImageNet-1k"
+
+
+def _paper() -> list[Pretrained]:
+    # (model, file stem, HF hub id of the 21k weights, of the 384 px fine-tune)
+    models = [
+        ("ViT-B/16", "ViT-B_16", "google/vit-base-patch16-224-in21k", "google/vit-base-patch16-384"),
+        ("ViT-B/32", "ViT-B_32", "google/vit-base-patch32-224-in21k", "google/vit-base-patch32-384"),
+        ("ViT-L/16", "ViT-L_16", "google/vit-large-patch16-224-in21k", "google/vit-large-patch16-384"),
+        ("ViT-L/32", "ViT-L_32", "google/vit-large-patch32-224-in21k", "google/vit-large-patch32-384"),
+        ("R50+ViT-B/16", "R50+ViT-B_16", None, None),
+    ]
+    out = []
+    for model, stem, hf21k, hf384 in models:
+        out.append(Pretrained(f"{model}:imagenet21k", model, f"imagenet21k/{stem}.npz", 224, 21843, IN21K, hf21k, crop_pct=0.875))
+        out.append(Pretrained(f"{model}:imagenet2012", model, f"imagenet21k+imagenet2012/{stem}.npz", 384, 1000, IN1K, hf384))
+    # ViT-H/14 was published pre-trained on ImageNet-21k only.
+    out.append(Pretrained("ViT-H/14:imagenet21k", "ViT-H/14", "imagenet21k/ViT-H_14.npz", 224, 21843, IN21K, "google/vit-huge-patch14-224-in21k", crop_pct=0.875))
+    for model, stem, hf in (("ViT-B/16", "ViT-B_16", "google/vit-base-patch16-224"), ("ViT-L/16", "ViT-L_16", "google/vit-large-patch16-224")):
+        out.append(Pretrained(f"{model}:imagenet2012-224", model, f"imagenet21k+imagenet2012/{stem}-224.npz", 224, 1000, IN1K, hf, crop_pct=0.875))
+    return out
+
+
+# AugReg files: model -> (timm model stem, {kind: file name}); file names as published.
+_I21K = "i21k-300ep-lr_0.001-"
+_AUGREG = {
+    "ViT-Ti/16": ("vit_tiny_patch16", "Ti_16-" + _I21K + "aug_none-wd_0.03-do_0.0-sd_0.0", {
+        "ft224": "--imagenet2012-steps_20k-lr_0.03-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.03-res_384"}),
+    "ViT-S/16": ("vit_small_patch16", "S_16-" + _I21K + "aug_light1-wd_0.03-do_0.0-sd_0.0", {
+        "ft224": "--imagenet2012-steps_20k-lr_0.03-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.03-res_384"}),
+    "ViT-S/32": ("vit_small_patch32", "S_32-" + _I21K + "aug_light1-wd_0.03-do_0.0-sd_0.0", {
+        "ft224": "--imagenet2012-steps_20k-lr_0.03-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.03-res_384"}),
+    "ViT-B/8": ("vit_base_patch8", "B_8-" + _I21K + "aug_medium1-wd_0.1-do_0.0-sd_0.0", {
+        "ft224": "--imagenet2012-steps_20k-lr_0.01-res_224"}),
+    "ViT-B/16": ("vit_base_patch16", "B_16-" + _I21K + "aug_medium1-wd_0.1-do_0.0-sd_0.0", {
+        "ft224": "--imagenet2012-steps_20k-lr_0.01-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.01-res_384"}),
+    "ViT-B/32": ("vit_base_patch32", "B_32-" + _I21K + "aug_medium1-wd_0.03-do_0.0-sd_0.0", {
+        "ft224": "--imagenet2012-steps_20k-lr_0.03-res_224"}),
+    "ViT-L/16": ("vit_large_patch16", "L_16-" + _I21K + "aug_medium1-wd_0.1-do_0.1-sd_0.1", {
+        "ft224": "--imagenet2012-steps_20k-lr_0.01-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.01-res_384"}),
+    "R26+ViT-S/32": ("vit_small_r26_s32", "R26_S_32-" + _I21K + "aug_medium2-wd_0.03-do_0.0-sd_0.0", {
+        "ft384": "--imagenet2012-steps_20k-lr_0.03-res_384"}),
+    "R50+ViT-L/32": ("vit_large_r50_s32", "R50_L_32-" + _I21K + "aug_medium2-wd_0.1-do_0.0-sd_0.0", {
+        "ft384": "--imagenet2012-steps_20k-lr_0.01-res_384"}),
+}
+# Fine-tunes whose pre-training run differs from the 21k checkpoint published for the model.
+_AUGREG_OTHER = {
+    ("ViT-B/32", "ft384"): "B_32-" + _I21K + "aug_light1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384",
+    ("R26+ViT-S/32", "ft224"): "R26_S_32-" + _I21K + "aug_light0-wd_0.03-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.03-res_224",
+    ("R50+ViT-L/32", "ft224"): "R50_L_32-" + _I21K + "aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224",
+}
+_AUGREG_IN1K = {
+    "ViT-S/16": "S_16-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224",
+    "ViT-B/16": "B_16-i1k-300ep-lr_0.001-aug_strong2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224",
+    "ViT-B/32": "B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224",
+}
+
+
+def _augreg() -> list[Pretrained]:
+    out = []
+    for model, (timm_stem, stem, fts) in _AUGREG.items():
+        out.append(Pretrained(f"{model}:augreg-in21k", model, f"augreg/{stem}.npz", 224, 21843, IN21K,
+                              timm_name=f"{timm_stem}_224.augreg_in21k", crop_pct=0.9))
+        for kind, res in (("ft224", 224), ("ft384", 384)):
+            file = (stem + fts[kind]) if kind in fts else _AUGREG_OTHER.get((model, kind))
+            if file is None:
+                continue
+            suffix = "" if res == 224 else "-384"
+            out.append(Pretrained(f"{model}:augreg-in21k-ft-in1k{suffix}", model, f"augreg/{file}.npz", res, 1000, IN1K,
+                                  timm_name=f"{timm_stem}_{res}.augreg_in21k_ft_in1k", crop_pct=0.9 if res == 224 else 1.0))
+    for model, file in _AUGREG_IN1K.items():
+        timm_stem = _AUGREG[model][0]
+        out.append(Pretrained(f"{model}:augreg-in1k", model, f"augreg/{file}.npz", 224, 1000, "ImageNet-1k",
+                              timm_name=f"{timm_stem}_224.augreg_in1k", crop_pct=0.9))
+    return out
+
+
+PRETRAINED: dict[str, Pretrained] = {p.name: p for p in _paper() + _augreg()}
+
+
+def list_pretrained() -> list[str]:
+    return list(PRETRAINED)
+
+
+def lookup(name: str) -> Pretrained:
+    if name in PRETRAINED:
+        return PRETRAINED[name]
+    folded = {k.lower().replace("_", "/"): k for k in PRETRAINED}
+    key = name.strip().lower().replace("_", "/")
+    if key in folded:
+        return PRETRAINED[folded[key]]
+    close = difflib.get_close_matches(name, list(PRETRAINED), n=4, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise CheckpointError(
+        f"unknown pretrained name {name!r}{hint} Names are MODEL:WEIGHTS, e.g. ViT-B/16:imagenet21k; "
+        "vitlab.checkpoints.pretrained.list_pretrained() lists them all (see docs/converting.md). "
+        "A local file loads by its path"
+    )
+
+
+# The cache --------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    return Path(os.environ.get("VITLAB_CACHE") or Path.home() / ".cache" / "vitlab")
+
+
+def cache_path(entry: Pretrained) -> Path:
+    return cache_dir() / entry.path
+
+
+def _digests_file() -> Path:
+    return cache_dir() / "sha256.json"
+
+
+def _recorded() -> dict[str, dict]:
+    try:
+        return json.loads(_digests_file().read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _record(entry: Pretrained, digest: str, path: Path) -> None:
+    from vitlab.checkpoints.io import atomic_write
+
+    table = _recorded()
+    st = path.stat()
+    table[entry.path] = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    text = json.dumps(table, indent=1, sort_keys=True)
+    atomic_write(_digests_file(), lambda tmp: Path(tmp).write_text(text))
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _verify_cached(entry: Pretrained, path: Path) -> None:
+    """Check the cached file against the published digest, or the first download's. A file
+    unchanged (size, mtime) since it was last verified is not hashed again."""
+    rec = _recorded().get(entry.path)
+    st = path.stat()
+    if rec and (rec.get("size"), rec.get("mtime_ns")) == (st.st_size, st.st_mtime_ns) and (
+        entry.sha256 is None or rec.get("sha256") == entry.sha256
+    ):
+        return
+    want = entry.sha256 or (rec or {}).get("sha256")
+    digest = sha256_of(path)
+    if want is not None and digest != want:
+        raise CheckpointError(
+            f"{path}: sha256 {digest[:16]}... does not match the expected {want[:16]}... for {entry.name}; "
+            "the file is corrupt or not the published one. Delete it and load the name again to re-download"
+        )
+    _record(entry, digest, path)
+
+
+def fetch(name: str, progress: Optional[bool] = None) -> Path:
+    """The local path of a pretrained checkpoint, downloading it on first use."""
+    entry = lookup(name)
+    path = cache_path(entry)
+    if path.is_file():
+        _verify_cached(entry, path)
+        return path
+    if os.environ.get("VITLAB_OFFLINE"):
+        raise CheckpointError(_offline_message(entry, path, "VITLAB_OFFLINE is set"))
+    _download(entry, path, progress)
+    return path
+
+
+def _offline_message(entry: Pretrained, path: Path, reason: str) -> str:
+    file = entry.path.rsplit("/", 1)[-1]
+    return (
+        f"cannot download {entry.name} from {entry.url} ({reason}). Offline, load a local copy by its path, "
+        f"e.g. vitlab.load(\"path/to/{file}\"), or put the file at {path} and load the name again"
+    )
+
+
+def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        response = urllib.request.urlopen(entry.url, timeout=TIMEOUT_S)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise CheckpointError(_offline_message(entry, path, str(reason))) from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    total = int(response.headers.get("Content-Length") or 0)
+    show = _Progress(entry.name, total, sys.stderr.isatty() if progress is None else progress)
+    h = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, response:
+            while True:
+                try:
+                    block = response.read(1 << 20)
+                except OSError as e:
+                    raise CheckpointError(_offline_message(entry, path, f"connection lost: {e}")) from None
+                if not block:
+                    break
+                out.write(block)
+                h.update(block)
+                show.update(len(block))
+            out.flush()
+            os.fsync(out.fileno())
+        show.done()
+        digest = h.hexdigest()
+        if total and os.path.getsize(tmp) != total:
+            raise CheckpointError(f"{entry.url}: download incomplete ({os.path.getsize(tmp)} of {total} bytes); try again")
+        if entry.sha256 is not None and digest != entry.sha256:
+            raise CheckpointError(
+                f"{entry.url}: sha256 {digest[:16]}... does not match the published {entry.sha256[:16]}...; "
+                "nothing was written to the cache"
+            )
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _record(entry, digest, path)
+
+
+class _Progress:
+    """A bar on a terminal; plain lines every 10% (or 100 MB when the size is unknown) otherwise."""
+
+    def __init__(self, name: str, total: int, tty: bool):
+        self.name, self.total, self.tty = name, total, tty
+        self.seen, self.next_mark, self.start = 0, 0.1, time.time()
+        print(f"downloading {name} ({total / 1e6:.0f} MB)" if total else f"downloading {name}", file=sys.stderr)
+
+    def update(self, n: int) -> None:
+        self.seen += n
+        mb = self.seen / 1e6
+        if self.tty and self.total:
+            frac = self.seen / self.total
+            bar = "#" * int(30 * frac)
+            print(f"\r  [{bar:<30}] {frac:6.1%} {mb:8.1f} MB", end="", file=sys.stderr, flush=True)
+        elif self.total and self.seen / self.total >= self.next_mark:
+            print(f"  {self.seen / self.total:.0%} ({mb:.0f} MB)", file=sys.stderr, flush=True)
+            self.next_mark = (int(self.seen / self.total * 10) + 1) / 10
+        elif not self.total and mb >= self.next_mark * 1000:
+            print(f"  {mb:.0f} MB", file=sys.stderr, flush=True)
+            self.next_mark += 0.1
+
+    def done(self) -> None:
+        if self.tty and self.total:
+            print(file=sys.stderr)
+        rate = self.seen / 1e6 / max(time.time() - self.start, 1e-6)
+        print(f"  done: {self.seen / 1e6:.1f} MB at {rate:.1f} MB/s", file=sys.stderr, flush=True)

@@ -1,0 +1,293 @@
+"""What the foreign formats share: conversion tables, tensor files, and the checks around them.
+
+A converter is a table of `Rule`s, one per vitlab parameter: which of their tensors it comes
+from and how (copy, transpose, reshape, split a fused q/k/v). The same table runs both ways,
+so every transform is exact (transposes, reshapes and concatenations only) and a round trip
+reproduces every bit. Applying a table fails on any key left over on either side and checks
+every shape, naming the file, the keys and the shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from vitlab.checkpoints.io import CheckpointError, atomic_write
+from vitlab.config import ViTConfig
+
+ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
+ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
+
+
+@dataclass(frozen=True)
+class Rule:
+    ours: str
+    theirs: tuple[str, ...]
+    to_ours: ToOurs
+    to_theirs: ToTheirs
+
+
+def copy(ours: str, theirs: str) -> Rule:
+    return Rule(ours, (theirs,), lambda t: t, lambda t: (t,))
+
+
+def transposed(ours: str, theirs: str) -> Rule:
+    """A Dense kernel stored (in, out): torch's Linear.weight is its transpose."""
+    return Rule(ours, (theirs,), lambda t: t.t(), lambda t: (t.t(),))
+
+
+def reshaped(ours: str, theirs: str, our_shape: Sequence[int], their_shape: Sequence[int]) -> Rule:
+    """The same numbers in another shape (e.g. a (1, 1, D) token stored as (D,))."""
+    o, t_ = tuple(our_shape), tuple(their_shape)
+    return Rule(ours, (theirs,), lambda t: t.reshape(o), lambda t: (t.reshape(t_),))
+
+
+def permuted(ours: str, theirs: str, perm: Sequence[int]) -> Rule:
+    """Axes reordered, e.g. a conv kernel HWIO -> OIHW is (3, 2, 0, 1)."""
+    perm = tuple(perm)
+    inverse = tuple(sorted(range(len(perm)), key=perm.__getitem__))
+    return Rule(ours, (theirs,), lambda t: t.permute(perm), lambda t: (t.permute(inverse),))
+
+
+def fused(ours: str, theirs: Sequence[str], part: Optional[Rule] = None) -> Rule:
+    """Our fused tensor (q, k, v concatenated on the output axis, dim 0) from their separate
+    ones; `part` (a rule with dummy names) converts each piece before the concatenation."""
+    to_ours = part.to_ours if part else (lambda t: t)
+    to_theirs = part.to_theirs if part else (lambda t: (t,))
+    n = len(theirs)
+
+    def join(*ts: Tensor) -> Tensor:
+        return torch.cat([to_ours(t) for t in ts], dim=0)
+
+    def split(t: Tensor) -> tuple[Tensor, ...]:
+        return tuple(to_theirs(p)[0] for p in t.chunk(n, dim=0))
+
+    return Rule(ours, tuple(theirs), join, split)
+
+
+def _shape(t: Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _few(keys: Sequence[str], n: int = 8) -> str:
+    keys = list(keys)
+    return ", ".join(keys[:n]) + (f", ... ({len(keys)} in all)" if len(keys) > n else "")
+
+
+def import_state(
+    rules: Sequence[Rule], theirs: dict[str, Tensor], expected: dict[str, tuple[int, ...]], source: str
+) -> dict[str, Tensor]:
+    """Their state dict -> ours. Every one of their keys must be used, every shape must fit."""
+    missing = [k for r in rules for k in r.theirs if k not in theirs]
+    used = {k for r in rules for k in r.theirs}
+    unused = sorted(k for k in theirs if k not in used)
+    if missing or unused:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {_few(missing)}")
+        if unused:
+            parts.append(f"unexpected keys {_few(f'{k} {_shape(theirs[k])}' for k in unused)}")
+        raise CheckpointError(f"{source}: the tensors do not fit the layout vitlab inferred: " + "; ".join(parts))
+    out, wrong = {}, []
+    for r in rules:
+        parts = [theirs[k] for k in r.theirs]
+        want = expected.get(r.ours)
+        try:
+            t = r.to_ours(*parts)
+        except RuntimeError:  # a reshape or concatenation that the shapes do not allow
+            t = None
+        if t is None or want is None or _shape(t) != want:
+            got = ", ".join(f"{k} {_shape(p)}" for k, p in zip(r.theirs, parts))
+            wrong.append(f"{got} -> {r.ours} needs {want}")
+            continue
+        out[r.ours] = t.contiguous()
+    if wrong:
+        raise CheckpointError(f"{source}: wrong shapes: " + "; ".join(wrong[:8]))
+    return out
+
+
+def export_state(rules: Sequence[Rule], ours: dict[str, Tensor], target: str) -> dict[str, Tensor]:
+    """Our state dict -> theirs. A parameter no rule covers means the target cannot hold it."""
+    used = {r.ours for r in rules}
+    left = sorted(k for k in ours if k not in used)
+    missing = [r.ours for r in rules if r.ours not in ours]
+    if left or missing:
+        raise CheckpointError(
+            f"{target}: no place for vitlab parameters {_few(left)}"
+            if left
+            else f"{target}: the model lacks parameters {_few(missing)} that the layout needs"
+        )
+    out: dict[str, Tensor] = {}
+    for r in rules:
+        for k, t in zip(r.theirs, r.to_theirs(ours[r.ours].detach().cpu())):
+            out[k] = t.contiguous()
+    return out
+
+
+def expected_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of a model of `cfg`, built on the meta device (no memory, no init cost)."""
+    from vitlab.models.vit import VisionTransformer
+
+    with torch.device("meta"):
+        model = VisionTransformer(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+# Naming and guessing ---------------------------------------------------------------------
+# Head counts of the published widths (ViT-H has 16 heads of 80); other widths get heads of 64.
+KNOWN_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+
+def guess_num_heads(width: int) -> int:
+    """Formats that fuse q/k/v (timm, torchvision) do not store the head count."""
+    if width in KNOWN_HEADS:
+        return KNOWN_HEADS[width]
+    return width // 64 if width % 64 == 0 else 1
+
+
+def square_grid(patch_tokens: int, source: str) -> int:
+    side = round(patch_tokens**0.5)
+    if side * side != patch_tokens:
+        raise CheckpointError(
+            f"{source}: the position embedding has {patch_tokens} patch rows, not a square grid; "
+            "pass image_size=(H, W) to vitlab.load to say which grid it is"
+        )
+    return side
+
+
+def variant_name(cfg: ViTConfig) -> str:
+    """The registered variant with the same architecture ("ViT-B/16"), else a descriptive name."""
+    from vitlab.models.variants import MODELS
+
+    for name, v in MODELS.items():
+        same = (v.hidden_size, v.depth, v.num_heads, v.mlp_dim, v.patch_size) == (
+            cfg.hidden_size, cfg.depth, cfg.num_heads, cfg.mlp_dim, cfg.patch_size
+        )
+        same_stem = (v.resnet.layers if v.resnet else None) == (cfg.resnet.layers if cfg.resnet else None)
+        if same and same_stem:
+            return name
+    stem = f"R{len(cfg.resnet.layers)}stage+" if cfg.resnet else ""
+    return f"{stem}ViT-D{cfg.hidden_size}-L{cfg.depth}/{cfg.total_stride}"
+
+
+# Tensor files (.safetensors, .pth/.pt/.bin), never unpickled ------------------------------
+STATE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+
+
+def read_tensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """A flat state dict and the file's metadata (safetensors only). `.pth` files are read
+    with `weights_only=True`: PyTorch's restricted unpickler, which runs no code from the file."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = dict(f.metadata() or {})
+            return load_file(str(path)), meta
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{path}: not a readable .safetensors file ({e})") from None
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError for anything but tensors and plain containers
+        raise CheckpointError(
+            f"{path}: refused: not a plain tensor file ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+            "vitlab never runs pickled code; re-save the weights as a state dict of tensors"
+        ) from None
+    # Training scripts often wrap the weights: {"state_dict": ...} or {"model": ...}.
+    for key in ("state_dict", "model", "module"):
+        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path}: expected a state dict of tensors, found {type(obj).__name__}")
+    return dict(obj), {}
+
+
+def peek_keys(path: Path) -> Optional[set[str]]:
+    """The tensor names of a state-dict file, or None when it is not one (for detection)."""
+    if not path.is_file():
+        return None
+    if path.suffix not in STATE_SUFFIXES and not _is_torch_zip(path):
+        return None
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return set(f.keys())
+        except Exception:
+            return None
+    try:
+        return set(read_tensors(path)[0])
+    except CheckpointError:
+        return None
+
+
+def _is_torch_zip(path: Path) -> bool:
+    """torch.save's zip layout (a `data.pkl` member), for files without a telling suffix."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: dict[str, str]) -> None:
+    """`.safetensors` (with metadata) or, for any other suffix, a plain `torch.save` state dict."""
+    path = Path(path)
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
+    else:
+        atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def stored_config(meta: dict[str, str]) -> Optional[ViTConfig]:
+    """The full vitlab config a vitlab writer left in a file's metadata (None if absent).
+    The tensors are still checked against it, shape by shape, when they are imported."""
+    raw = meta.get("vitlab.config")
+    if not raw:
+        return None
+    try:
+        return ViTConfig.from_dict(json.loads(raw))
+    except Exception:
+        return None
+
+
+def class_names_from(meta: dict[str, str], num_classes: int) -> Optional[list[str]]:
+    try:
+        names = json.loads(meta.get("vitlab.class_names") or "null")
+    except json.JSONDecodeError:
+        return None
+    return names if isinstance(names, list) and len(names) == num_classes else None
+
+
+def writer_metadata(model, fmt: str) -> dict[str, str]:
+    return {
+        "format": fmt,
+        "vitlab.config": model.config.to_json(),
+        "vitlab.class_names": json.dumps(model.class_names),
+    }
+
+
+def refuse(target: str, features: list[str], numerics: list[str], allow_numerics_change: bool) -> None:
+    """Stop before writing anything the target cannot hold exactly (see docs/converting.md)."""
+    if features:
+        raise CheckpointError(f"{target} cannot represent {'; '.join(features)}: not written")
+    if numerics and not allow_numerics_change:
+        raise CheckpointError(
+            f"{target} computes differently: {'; '.join(numerics)}. Not written; pass "
+            "allow_numerics_change=True (CLI: --allow-numerics-change) to write the weights anyway"
+        )

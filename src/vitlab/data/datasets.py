@@ -1,0 +1,315 @@
+"""Datasets by name: digits, Fashion-MNIST, CIFAR-10/100, image folders (map-style).
+
+Every dataset here yields `(image, label)` with the image a normalised float tensor (C, H, W)
+and carries `class_names`. Items can be asked for by index, or by `(index, seed)`: the seed
+fixes the random augmentation of that one item, which is how a run gets the same pixels
+whichever data-loader worker or process reads it, and after a resume.
+
+Splits: "train", "test" (alias "val"), and a dev split carved from the training set with a
+fixed seed, as the paper's fine-tuning protocol holds out 2% of CIFAR and 10% of other sets
+to choose the learning rate (Appendix B.1.1): "dev" and "train-minus-dev".
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+# The dev split is always drawn with this seed, independent of the run's seed, so that every
+# run of a learning-rate sweep holds out the same images.
+DEV_SPLIT_SEED = 2020
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]
+FASHION_MNIST_URL = "https://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+FASHION_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+class BadImageError(ValueError):
+    """An image file that cannot be decoded; the message names the file."""
+
+
+class DataError(FileNotFoundError):
+    """A dataset that cannot be found or read; the message says where it looked and the fix."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VITLAB_DATA", Path.home() / ".cache" / "vitlab" / "data"))
+
+
+def read_image(path: str | os.PathLike) -> Image.Image:
+    """Open and fully decode an image file, or raise BadImageError naming it."""
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return im.copy() if im.mode != "P" else im.convert("RGBA" if "transparency" in im.info else "RGB")
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # PIL raises many types for broken files
+        raise BadImageError(
+            f"{path}: cannot read this image ({type(e).__name__}: {e}); "
+            "fix or remove the file, or pass --skip-bad-images to skip and count such files"
+        ) from None
+
+
+def item_seed(seed: int, epoch: int, key: int | str) -> int:
+    """The augmentation seed of one item: a hash of (run seed, epoch, the item's identity)."""
+    return zlib.crc32(f"{seed}/{epoch}/{key}".encode()) & 0x7FFFFFFF
+
+
+def apply_seeded(transform: Callable, image: Image.Image, seed: Optional[int]) -> torch.Tensor:
+    """Run `transform` with torch's CPU generator seeded for this item, then put it back."""
+    if seed is None:
+        return transform(image)
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        return transform(image)
+
+
+def dev_split(n: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(dev, rest) indices of a training set of size n, by a fixed seed."""
+    order = np.random.default_rng(DEV_SPLIT_SEED).permutation(n)
+    k = max(1, int(round(n * fraction)))
+    return np.sort(order[:k]), np.sort(order[k:])
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    """Base of the map-style sets: subclasses implement `_load(i) -> PIL image` and `_name(i)`."""
+
+    def __init__(
+        self,
+        labels: np.ndarray,
+        class_names: list[str],
+        transform: Callable,
+        seed: int = 0,
+        skip_bad_images: bool = False,
+        indices: Optional[np.ndarray] = None,
+    ):
+        self.all_labels = np.asarray(labels, dtype=np.int64)
+        self.class_names = list(class_names)
+        self.transform = transform
+        self.seed = seed
+        self.skip_bad_images = skip_bad_images
+        self.indices = np.arange(len(self.all_labels)) if indices is None else np.asarray(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.all_labels[self.indices]
+
+    def select(self, indices: np.ndarray) -> "ImageDataset":
+        """A view on some of the items (positions in this dataset), sharing the storage."""
+        import copy
+
+        view = copy.copy(self)
+        view.indices = self.indices[np.asarray(indices)]
+        return view
+
+    def _load(self, i: int) -> Image.Image:
+        raise NotImplementedError
+
+    def _name(self, i: int) -> str:
+        return f"item {i}"
+
+    def __getitem__(self, key: int | tuple[int, int]):
+        index, seed = key if isinstance(key, tuple) else (key, item_seed(self.seed, 0, key))
+        i = int(self.indices[index])
+        try:
+            image = self._load(i)
+        except BadImageError:
+            if self.skip_bad_images:
+                return None  # dropped and counted by the collate function
+            raise
+        return apply_seeded(self.transform, image, seed), int(self.all_labels[i])
+
+
+class ArrayDataset(ImageDataset):
+    """Images held in memory as a uint8 array (N, H, W) or (N, H, W, C)."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, class_names: list[str], transform: Callable, **kw: Any):
+        super().__init__(labels, class_names, transform, **kw)
+        self.images = images
+
+    def _load(self, i: int) -> Image.Image:
+        return Image.fromarray(self.images[i])
+
+
+class FileDataset(ImageDataset):
+    """One image file per item (ImageFolder)."""
+
+    def __init__(self, files: Sequence[Path], labels: np.ndarray, class_names: list[str], transform: Callable, **kw: Any):
+        super().__init__(labels, class_names, transform, **kw)
+        self.files = list(files)
+
+    def _load(self, i: int) -> Image.Image:
+        return read_image(self.files[i])
+
+    def _name(self, i: int) -> str:
+        return str(self.files[i])
+
+
+# Sources ---------------------------------------------------------------------------------
+def digits_arrays(split_seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """scikit-learn's 8x8 digits (1,797 images, 0-16 scaled to 0-255), shipped in the package.
+
+    The set has no test split; a fixed 20% (360 images) is held out as "test".
+    """
+    with np.load(Path(__file__).with_name("digits.npz")) as f:
+        images, labels = f["images"], f["labels"].astype(np.int64)
+    order = np.random.default_rng(split_seed).permutation(len(labels))
+    test, train = np.sort(order[:360]), np.sort(order[360:])
+    return {"train": (images[train], labels[train]), "test": (images[test], labels[test])}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (the MNIST format), gzipped or not: big-endian dims, then uint8 data."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype != 0x08:
+        raise DataError(f"{path}: not an IDX file of unsigned bytes (header {data[:4].hex()})")
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if array.size != int(np.prod(dims)):
+        raise DataError(f"{path}: truncated IDX file ({array.size} bytes of {int(np.prod(dims))})")
+    return array.reshape(dims)
+
+
+def _find_idx(folder: Path, stem: str) -> Optional[Path]:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def download_fashion_mnist(folder: Path, mirror: str = FASHION_MNIST_URL, timeout: float = 20.0) -> None:
+    """Fetch the four IDX files into `folder` (used only when no local copy exists)."""
+    import urllib.request
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for stems in FASHION_MNIST_FILES.values():
+        for stem in stems:
+            target = folder / f"{stem}.gz"
+            if target.exists():
+                continue
+            tmp = target.with_suffix(".gz.part")
+            with urllib.request.urlopen(mirror + f"{stem}.gz", timeout=timeout) as r, open(tmp, "wb") as f:
+                f.write(r.read())
+            os.replace(tmp, target)
+
+
+def fashion_mnist_arrays(folder: Optional[str], download: bool = True, mirror: str = FASHION_MNIST_URL) -> dict:
+    candidates = [Path(folder)] if folder else [DEBIAN_FASHION_MNIST, cache_dir() / "fashion-mnist"]
+    for c in candidates:
+        if _find_idx(c, FASHION_MNIST_FILES["train"][0]):
+            break
+    else:
+        looked = ", ".join(str(c) for c in candidates)
+        if folder or not download:
+            raise DataError(
+                f"Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) not found in {looked}; "
+                "install Debian's dataset-fashion-mnist or pass fashion-mnist:FOLDER"
+            )
+        c = cache_dir() / "fashion-mnist"
+        try:
+            download_fashion_mnist(c, mirror)
+        except OSError as e:
+            raise DataError(
+                f"Fashion-MNIST not found in {looked} and the download from {mirror} failed ({e}); "
+                "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) "
+                "or pass fashion-mnist:FOLDER with the IDX files"
+            ) from None
+    out = {}
+    for split, (img_stem, lbl_stem) in FASHION_MNIST_FILES.items():
+        img, lbl = _find_idx(c, img_stem), _find_idx(c, lbl_stem)
+        if img is None or lbl is None:
+            raise DataError(f"{c}: {img_stem} or {lbl_stem} (optionally .gz) is missing")
+        out[split] = (read_idx(img), read_idx(lbl).astype(np.int64))
+    return out
+
+
+def cifar_arrays(kind: str, folder: Optional[str], download: bool = True) -> tuple[dict, list[str]]:
+    """torchvision's CIFAR format (the python pickles of cifar-10-batches-py /
+    cifar-100-python), read by torchvision's own class, which unpickles them: the standard
+    distribution of CIFAR. Downloaded by torchvision when absent and allowed."""
+    from torchvision import datasets
+
+    cls = datasets.CIFAR10 if kind == "cifar10" else datasets.CIFAR100
+    root = Path(folder) if folder else cache_dir()
+    if root.name == cls.base_folder:
+        root = root.parent  # given the batches folder itself
+    have = (root / cls.base_folder).is_dir()
+    if not have and (folder or not download):
+        raise DataError(
+            f"{kind}: no {cls.base_folder} folder in {root}; pass {kind}:FOLDER holding torchvision's "
+            f"{cls.base_folder} (or the folder itself)"
+        )
+    out = {}
+    try:
+        for split in ("train", "test"):
+            ds = cls(str(root), train=split == "train", download=not have)
+            have = True
+            out[split] = (np.asarray(ds.data), np.asarray(ds.targets, dtype=np.int64))
+    except (OSError, RuntimeError) as e:
+        raise DataError(
+            f"{kind}: not found in {root} and the download failed ({e}); copy torchvision's "
+            f"{cls.base_folder} there or pass {kind}:FOLDER"
+        ) from None
+    return out, list(ds.classes)
+
+
+def scan_image_folder(root: Path, class_names: Optional[list[str]] = None) -> tuple[list[Path], np.ndarray, list[str]]:
+    """One sub-folder per class; files with image extensions, sorted for a stable order."""
+    if class_names is None:
+        class_names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not class_names:
+        raise DataError(f"{root}: no class sub-folders; imagefolder:PATH wants PATH/CLASS/IMAGE files")
+    files, labels = [], []
+    for label, name in enumerate(class_names):
+        folder = root / name
+        if not folder.is_dir():
+            continue
+        for f in sorted(folder.rglob("*")):
+            if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file():
+                files.append(f)
+                labels.append(label)
+    if not files:
+        raise DataError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS)}) under the class folders")
+    return files, np.asarray(labels, dtype=np.int64), class_names
+
+
+def image_folder(path: str, split: str, transform: Callable, test_fraction: float = 0.2, **kw: Any) -> FileDataset:
+    """PATH/train + PATH/val (or PATH/test), or PATH/CLASS/... with `test_fraction` held out."""
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"imagefolder: {root} is not a folder")
+    if (root / "train").is_dir():
+        train_files, _, class_names = scan_image_folder(root / "train")
+        if split == "train":
+            files, labels, _ = scan_image_folder(root / "train", class_names)
+        else:
+            held = next((root / n for n in ("val", "test") if (root / n).is_dir()), None)
+            if held is None:
+                raise DataError(f"imagefolder: {root} has train/ but neither val/ nor test/")
+            files, labels, _ = scan_image_folder(held, class_names)
+        return FileDataset(files, labels, class_names, transform, **kw)
+    files, labels, class_names = scan_image_folder(root)
+    full = FileDataset(files, labels, class_names, transform, **kw)
+    test, train = dev_split(len(files), test_fraction)
+    return full.select(train if split == "train" else test)

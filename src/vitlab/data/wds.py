@@ -1,0 +1,335 @@
+"""WebDataset shards: tar files (.tar, .tar.gz) of samples `KEY.png`/`KEY.jpg` + `KEY.cls`,
+read as a stream -- the format of data that outgrows one disk (ImageNet-21k, JFT-scale).
+
+`wds:PATTERN` takes brace patterns (`train-{000000..000009}.tar.gz`), globs, or a folder
+holding `train-*.tar*` and `test-*.tar*` (or `val-*`) shards.
+
+Order and splitting. Every process reads the same stream: shards in an order shuffled per
+epoch, then a shuffle buffer of encoded samples, both seeded by (seed, epoch). Position p of
+that stream belongs to global batch p // G (G = global batch), and within it to process
+(p % G) // b (b = per-process batch): the same layout as the map-style sampler, so a run on
+two processes sees exactly the samples of a one-process run. Data-loader workers take
+whole batches in turn. Only the owner of a sample decodes it, and a resumed run skips
+the batches it has done without decoding them. Each process decompresses every shard
+(cheap next to image decoding), the price of exact, process-count-independent batches.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import random
+import re
+import tarfile
+import zlib
+from io import BytesIO
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+from PIL import Image
+
+from vitlab.data.datasets import BadImageError, DataError, apply_seeded, cache_dir, item_seed
+
+IMAGE_KEYS = ("png", "jpg", "jpeg", "webp", "ppm", "bmp", "tif", "tiff")
+LABEL_KEYS = ("cls", "cls.txt", "label")
+DEV_BUCKETS = 1000
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """`a{000..002}b` -> a000b a001b a002b (zero padding kept); `{x,y}` -> alternatives."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    head, tail, body = pattern[: m.start()], pattern[m.end() :], m.group(1)
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if r:
+        lo, hi = r.group(1), r.group(2)
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        options = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+    else:
+        options = body.split(",")
+    return [p for o in options for p in expand_braces(head + o + tail)]
+
+
+def resolve_shards(pattern: str, split: str) -> list[Path]:
+    path = Path(pattern)
+    if path.is_dir():
+        prefixes = ("train",) if split in ("train", "dev", "train-minus-dev") else ("test", "val")
+        for prefix in prefixes:
+            shards = sorted(p for p in path.glob(f"{prefix}*.tar*") if p.is_file())
+            if shards:
+                return shards
+        raise DataError(f"wds: {path} holds no {' or '.join(p + '*.tar[.gz]' for p in prefixes)} shards for split {split!r}")
+    shards = []
+    for p in expand_braces(pattern):
+        found = sorted(glob.glob(p)) if any(c in p for c in "*?[") else ([p] if os.path.exists(p) else [])
+        if not found:
+            raise DataError(f"wds: no shard {p} (from the pattern {pattern})")
+        shards += [Path(f) for f in found]
+    return shards
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """WebDataset convention: the key is the path up to the first dot of the file name."""
+    folder, _, base = name.rpartition("/")
+    stem, _, ext = base.partition(".")
+    return (folder + "/" + stem if folder else stem), ext.lower()
+
+
+def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """The samples of one shard, in tar order: (key, {extension: bytes})."""
+    try:
+        with tarfile.open(path, "r|*") as tf:
+            key, parts = None, {}
+            for member in tf:
+                if not member.isfile():
+                    continue
+                k, ext = split_key(member.name)
+                if k != key and parts:
+                    yield key, parts
+                    parts = {}
+                key = k
+                f = tf.extractfile(member)
+                parts[ext] = f.read() if f else b""
+            if parts:
+                yield key, parts
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise DataError(f"wds: cannot read the shard {path} ({type(e).__name__}: {e})") from None
+
+
+def sample_label(path: Path, key: str, parts: dict[str, bytes]) -> int:
+    for k in LABEL_KEYS:
+        if k in parts:
+            try:
+                return int(parts[k].decode().strip())
+            except ValueError:
+                raise DataError(f"wds: {path}: sample {key} has a label that is not an integer: {parts[k][:20]!r}") from None
+    raise DataError(f"wds: {path}: sample {key} has no label ({', '.join('.' + k for k in LABEL_KEYS)})")
+
+
+def dev_bucket(key: str) -> int:
+    return zlib.crc32(key.encode()) % DEV_BUCKETS
+
+
+def shard_index(path: Path) -> dict[str, Any]:
+    """Per shard: how many samples in each dev bucket, and the largest label. Cached on disk,
+    keyed by the shard's path, size and modification time, so a stream knows its length."""
+    st = path.stat()
+    tag = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    cache = cache_dir() / "wds-index" / f"{tag}.json"
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        pass
+    buckets = [0] * DEV_BUCKETS
+    max_label = -1
+    for key, parts in iter_shard(path):
+        buckets[dev_bucket(key)] += 1
+        max_label = max(max_label, sample_label(path, key, parts))
+    index = {"buckets": buckets, "max_label": max_label}
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index))
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only home only costs a rescan
+    return index
+
+
+def read_class_names(shards: Sequence[Path], classes: Any, max_label: int) -> list[str]:
+    if classes:
+        if isinstance(classes, (list, tuple)):
+            return [str(c) for c in classes]
+        if Path(str(classes)).is_file():
+            return [line.strip() for line in Path(str(classes)).read_text().splitlines() if line.strip()]
+        return [c.strip() for c in str(classes).split(",")]
+    beside = shards[0].parent / "classes.txt"
+    if beside.is_file():
+        return [line.strip() for line in beside.read_text().splitlines() if line.strip()]
+    return [str(i) for i in range(max_label + 1)]
+
+
+class WebDataset(torch.utils.data.IterableDataset):
+    """A stream of (image tensor, label) from tar shards; see the module docstring."""
+
+    def __init__(
+        self,
+        pattern: str,
+        split: str,
+        transform: Callable,
+        train: bool = False,
+        seed: int = 0,
+        shuffle_buffer: int = 2000,
+        skip_bad_images: bool = False,
+        dev_fraction: float = 0.1,
+        classes: Any = None,
+    ):
+        super().__init__()
+        self.shards = resolve_shards(pattern, split)
+        self.transform = transform
+        self.train = train
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer if train else 0
+        self.skip_bad_images = skip_bad_images
+        self.dev_cut = round(dev_fraction * DEV_BUCKETS)
+        self.subset = {"dev": "dev", "train-minus-dev": "rest"}.get(split)
+        self.epoch = 0
+        self.bad_images = 0
+        indexes = [shard_index(s) for s in self.shards]
+        self.num_samples = sum(sum(self._counted(ix["buckets"])) for ix in indexes)
+        self.class_names = read_class_names(self.shards, classes, max(ix["max_label"] for ix in indexes))
+
+    def _counted(self, buckets: list[int]) -> list[int]:
+        if self.subset == "dev":
+            return buckets[: self.dev_cut]
+        if self.subset == "rest":
+            return buckets[self.dev_cut :]
+        return buckets
+
+    def _keep(self, key: str) -> bool:
+        if self.subset is None:
+            return True
+        return (dev_bucket(key) < self.dev_cut) == (self.subset == "dev")
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    # The stream ---------------------------------------------------------------------------
+    def encoded(self, epoch: int) -> Iterator[tuple[Path, str, dict[str, bytes]]]:
+        """Every process's common stream of still-encoded samples for `epoch`."""
+        rng = random.Random(item_seed(self.seed, epoch, "wds-order"))
+        shards = list(self.shards)
+        if self.train:
+            rng.shuffle(shards)
+        buffer: list = []
+        for shard in shards:
+            for key, parts in iter_shard(shard):
+                if not self._keep(key):
+                    continue
+                if self.shuffle_buffer <= 1:
+                    yield shard, key, parts
+                    continue
+                buffer.append((shard, key, parts))
+                if len(buffer) >= self.shuffle_buffer:
+                    i = rng.randrange(len(buffer))
+                    buffer[i], buffer[-1] = buffer[-1], buffer[i]
+                    yield buffer.pop()
+        rng.shuffle(buffer)
+        yield from buffer
+
+    def decode(self, shard: Path, key: str, parts: dict[str, bytes], epoch: int) -> Optional[tuple[torch.Tensor, int]]:
+        label = sample_label(shard, key, parts)
+        data = next((parts[k] for k in IMAGE_KEYS if k in parts), None)
+        try:
+            if data is None:
+                raise ValueError(f"no image member ({', '.join('.' + k for k in IMAGE_KEYS)})")
+            with Image.open(BytesIO(data)) as im:
+                im.load()
+                image = im.copy()
+        except Exception as e:  # PIL raises many types for broken data
+            if self.skip_bad_images:
+                return None
+            raise BadImageError(
+                f"{shard}: sample {key}: cannot read the image ({type(e).__name__}: {e}); "
+                "fix the shard, or pass --skip-bad-images to skip and count such samples"
+            ) from None
+        seed = item_seed(self.seed, epoch, key) if self.train else None
+        return apply_seeded(self.transform, image, seed), label
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        """Plain iteration: samples split across data-loader workers and processes."""
+        rank, world = _rank_world()
+        info = torch.utils.data.get_worker_info()
+        w, nw = (info.id, info.num_workers) if info else (0, 1)
+        slot, stride = rank * nw + w, world * nw
+        for p, (shard, key, parts) in enumerate(self.encoded(self.epoch)):
+            if p % stride == slot:
+                item = self.decode(shard, key, parts, self.epoch)
+                if item is None:
+                    self.bad_images += 1
+                else:
+                    yield item
+
+    def batches(self, **layout: Any) -> "WebDatasetBatches":
+        return WebDatasetBatches(self, **layout)
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class WebDatasetBatches(torch.utils.data.IterableDataset):
+    """Collated batches (images, labels, bad_count) of one process, for DataLoader(batch_size=None).
+
+    train: global batch j = stream positions [j*G, (j+1)*G), this process's part
+    [j*G + rank*b, j*G + (rank+1)*b); incomplete global batches are dropped.
+    eval: positions p with p % world == rank, in batches of b; all of them.
+    """
+
+    def __init__(
+        self,
+        data: WebDataset,
+        batch_size: int,
+        epoch: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        start_batch: int = 0,
+        train: bool = True,
+    ):
+        super().__init__()
+        self.data, self.b, self.epoch, self.rank, self.world = data, batch_size, epoch, rank, world
+        self.start, self.train = start_batch, train
+
+    def __len__(self) -> int:
+        n, g = self.data.num_samples, self.b * self.world
+        if self.train:
+            return n // g - self.start
+        mine = (n - self.rank + self.world - 1) // self.world
+        return (mine + self.b - 1) // self.b - self.start
+
+    def _place(self, p: int) -> Optional[int]:
+        """The batch (of this process) that stream position p belongs to, or None."""
+        if self.train:
+            j, within = divmod(p, self.b * self.world)
+            return j if within // self.b == self.rank else None
+        if p % self.world != self.rank:
+            return None
+        return (p // self.world) // self.b
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+        info = torch.utils.data.get_worker_info()
+        w, nw = (info.id, info.num_workers) if info else (0, 1)
+        end = self.start + len(self)
+        current, items, bad = None, [], 0
+        for p, (shard, key, parts) in enumerate(self.data.encoded(self.epoch)):
+            j = self._place(p)
+            if j is None or j < self.start or (j - self.start) % nw != w:
+                continue
+            if j >= end:
+                break
+            if current is not None and j != current:
+                yield _collate(items, bad)
+                items, bad = [], 0
+            current = j
+            item = self.data.decode(shard, key, parts, self.epoch)
+            if item is None:
+                bad += 1
+            else:
+                items.append(item)
+        if current is not None:
+            yield _collate(items, bad)
+
+
+def _collate(items: list, bad: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    if not items:
+        return torch.empty(0), torch.empty(0, dtype=torch.long), bad
+    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.long), bad

@@ -1,0 +1,36 @@
+"""Deployment on CPUs: reduced-precision serving copies, export, and the benchmark suite.
+
+    from vitlab import deploy
+    fast = deploy.to_bfloat16(model)            # or deploy.quantize_int8(model)
+    print(deploy.agreement(model, fast, images))
+    deploy.export_onnx(model, "model.onnx"); deploy.check_onnx("model.onnx", model)
+
+`vitlab.deploy.bench` measures throughput against timm, Hugging Face and torchvision.
+"""
+
+from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program
+from vitlab.deploy.serving import (
+    PRECISIONS,
+    Agreement,
+    Int8Linear,
+    Serving,
+    agreement,
+    for_precision,
+    quantize_int8,
+    to_bfloat16,
+)
+
+__all__ = [
+    "PRECISIONS",
+    "Agreement",
+    "Int8Linear",
+    "Serving",
+    "agreement",
+    "check_onnx",
+    "check_program",
+    "export_onnx",
+    "export_program",
+    "for_precision",
+    "quantize_int8",
+    "to_bfloat16",
+]

@@ -1,0 +1,111 @@
+"""The same ViT built by the peer libraries, for the benchmarks.
+
+Each builder takes a vitlab `ViTConfig` and returns an eval-mode `nn.Module` that maps
+(B, C, H, W) images to logits, with the same layer sizes (and so the same parameter count)
+as `VisionTransformer(cfg)`. Weights are the peers' own random initialisation: speed does
+not depend on the values. The GELU follows the config where the peer allows it
+(torchvision's is always the exact one).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import Tensor, nn
+
+from vitlab.config import ViTConfig
+
+PEERS = ("timm", "hf", "torchvision")
+
+
+def _check_plain(cfg: ViTConfig) -> None:
+    if cfg.resnet is not None or cfg.pos_embed != "learned" or cfg.representation_size or not cfg.num_classes:
+        raise ValueError(
+            f"{cfg.name}: the peer models are built only for plain ViTs (learned 1D position "
+            "embedding, no hybrid stem, no pre-logits, a classification head)"
+        )
+
+
+def timm_vit(cfg: ViTConfig) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    _check_plain(cfg)
+    return TimmViT(
+        img_size=cfg.image_size,
+        patch_size=cfg.patch_size,
+        in_chans=cfg.in_channels,
+        num_classes=cfg.num_classes,
+        global_pool="token" if cfg.classifier == "token" else "avg",
+        class_token=cfg.has_class_token,
+        embed_dim=cfg.hidden_size,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=cfg.mlp_dim / cfg.hidden_size,
+        qkv_bias=cfg.qkv_bias,
+        act_layer="gelu_tanh" if cfg.gelu == "tanh" else "gelu",
+    ).eval()
+
+
+class _Logits(nn.Module):
+    """Hugging Face models return an output object; the benchmark wants the logits tensor."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(pixel_values=x).logits
+
+
+def hf_vit(cfg: ViTConfig) -> nn.Module:
+    from transformers import ViTConfig as HFConfig
+    from transformers import ViTForImageClassification
+
+    _check_plain(cfg)
+    if cfg.classifier != "token" or cfg.image_size[0] != cfg.image_size[1]:
+        raise ValueError(f"{cfg.name}: Hugging Face's ViT needs a class token and square images")
+    hf_cfg = HFConfig(
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.depth,
+        num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.mlp_dim,
+        hidden_act="gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
+        layer_norm_eps=cfg.layer_norm_eps,
+        image_size=cfg.image_size[0],
+        patch_size=cfg.patch_size,
+        num_channels=cfg.in_channels,
+        qkv_bias=cfg.qkv_bias,
+        num_labels=cfg.num_classes,
+        attn_implementation="sdpa",
+    )
+    return _Logits(ViTForImageClassification(hf_cfg)).eval()
+
+
+def torchvision_vit(cfg: ViTConfig) -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer as TvViT
+
+    _check_plain(cfg)
+    if cfg.classifier != "token" or cfg.image_size[0] != cfg.image_size[1]:
+        raise ValueError(f"{cfg.name}: torchvision's ViT needs a class token and square images")
+    return TvViT(
+        image_size=cfg.image_size[0],
+        patch_size=cfg.patch_size,
+        num_layers=cfg.depth,
+        num_heads=cfg.num_heads,
+        hidden_dim=cfg.hidden_size,
+        mlp_dim=cfg.mlp_dim,
+        num_classes=cfg.num_classes,
+    ).eval()
+
+
+BUILDERS: dict[str, Callable[[ViTConfig], nn.Module]] = {
+    "timm": timm_vit,
+    "hf": hf_vit,
+    "torchvision": torchvision_vit,
+}
+
+
+def build_peer(name: str, cfg: ViTConfig) -> nn.Module:
+    if name not in BUILDERS:
+        raise ValueError(f"unknown peer {name!r}; known peers: {', '.join(BUILDERS)}")
+    return BUILDERS[name](cfg)

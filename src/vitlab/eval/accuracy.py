@@ -1,0 +1,138 @@
+"""Classification accuracy: top-1, top-5, loss, per-class accuracy and the confusion matrix.
+
+Counts are kept as sums (not means) so that batches, and processes under torchrun, can be
+added before dividing: `batch_counts` per batch, add them up, `metrics_from_counts` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def batch_counts(logits: Tensor, labels: Tensor, num_classes: int) -> dict[str, Tensor]:
+    """Summable statistics of one batch: loss sum, top-1/top-5 hits, count, confusion (K, K)."""
+    labels = labels.to(logits.device)
+    k = min(5, logits.shape[-1])
+    topk = logits.topk(k, dim=-1).indices  # (B, k)
+    hits = topk == labels[:, None]
+    pred = topk[:, 0]
+    # confusion[i, j]: images of class i predicted as j.
+    confusion = torch.bincount(labels * num_classes + pred, minlength=num_classes * num_classes)
+    return {
+        "loss": F.cross_entropy(logits, labels, reduction="sum").double(),
+        "correct1": hits[:, 0].sum().double(),
+        "correct5": hits.any(-1).sum().double(),
+        "count": torch.tensor(float(labels.numel()), dtype=torch.float64, device=logits.device),
+        "confusion": confusion.reshape(num_classes, num_classes).double(),
+    }
+
+
+def add_counts(total: Optional[dict[str, Tensor]], new: dict[str, Tensor]) -> dict[str, Tensor]:
+    if total is None:
+        return {k: v.detach().clone() for k, v in new.items()}
+    for k, v in new.items():
+        total[k] += v
+    return total
+
+
+def metrics_from_counts(sums: dict[str, Tensor]) -> dict[str, Any]:
+    count = max(float(sums["count"]), 1.0)
+    confusion = sums["confusion"].cpu()
+    per_class_total = confusion.sum(1)
+    per_class = (confusion.diagonal() / per_class_total.clamp(min=1)).tolist()
+    return {
+        "loss": float(sums["loss"]) / count,
+        "top1": float(sums["correct1"]) / count,
+        "top5": float(sums["correct5"]) / count,
+        "count": int(count),
+        "per_class": [a if n > 0 else None for a, n in zip(per_class, per_class_total.tolist())],
+        "confusion": confusion.long().tolist(),
+    }
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    batches: Iterable,
+    num_classes: int,
+    device: str | torch.device = "cpu",
+    autocast_dtype: Optional[torch.dtype] = None,
+) -> dict[str, Any]:
+    """Top-1/top-5/loss/per-class/confusion of `model` over `batches` of (images, labels, ...)."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    total = None
+    try:
+        for batch in batches:
+            images, labels = batch[0].to(device), batch[1].to(device)
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+                logits = model(images)
+            total = add_counts(total, batch_counts(logits.float(), labels, num_classes))
+    finally:
+        model.train(was_training)
+    if total is None:
+        raise ValueError("the evaluation data is empty")
+    return metrics_from_counts(total)
+
+
+def plot_confusion(confusion: list[list[int]], class_names: list[str], path: str | os.PathLike) -> bool:
+    """Write the row-normalised confusion matrix as a PNG; False (and no file) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    m = torch.tensor(confusion, dtype=torch.float64)
+    m = (m / m.sum(1, keepdim=True).clamp(min=1)).numpy()
+    k = len(class_names)
+    size = min(4 + 0.35 * k, 20)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(m, cmap="Blues", vmin=0, vmax=1)
+    if k <= 40:
+        ax.set_xticks(range(k), class_names, rotation=90, fontsize=8)
+        ax.set_yticks(range(k), class_names, fontsize=8)
+        if k <= 20:
+            for i in range(k):
+                for j in range(k):
+                    if m[i, j] >= 0.01:
+                        ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                                color="white" if m[i, j] > 0.5 else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title("confusion matrix (rows sum to 1)")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def report(metrics: dict[str, Any], class_names: list[str]) -> str:
+    """A plain-text table: overall top-1/top-5/loss, then accuracy per class."""
+    lines = [
+        f"top-1 {metrics['top1']:.2%}   top-5 {metrics['top5']:.2%}   loss {metrics['loss']:.4f}   "
+        f"({metrics['count']} images)",
+        "",
+        f"{'class':<24} {'accuracy':>9} {'images':>7}",
+    ]
+    totals = [sum(row) for row in metrics["confusion"]]
+    for name, acc, n in zip(class_names, metrics["per_class"], totals):
+        lines.append(f"{name[:24]:<24} {'-' if acc is None else f'{acc:.2%}':>9} {n:>7}")
+    return "\n".join(lines)
+
+
+def to_json(metrics: dict[str, Any], class_names: list[str]) -> str:
+    out = dict(metrics)
+    out["per_class"] = dict(zip(class_names, metrics["per_class"]))
+    out["class_names"] = class_names
+    return json.dumps(out, indent=2)

@@ -1,0 +1,130 @@
+"""What a run tells its user: metrics.jsonl, TensorBoard events, a progress bar or plain
+log lines, and the learning-curve PNG. Only rank 0 builds one of these."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+
+class MetricsLog:
+    """Appends one JSON object per line to metrics.jsonl (and TensorBoard when installed)."""
+
+    def __init__(self, folder: Path, tensorboard: bool = True):
+        self.path = folder / "metrics.jsonl"
+        self.file = open(self.path, "a", buffering=1)
+        self.writer = None
+        self.tb_note = ""
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(folder / "tensorboard"))
+            except Exception:  # tensorboard missing or broken: the JSON lines are enough
+                self.tb_note = "tensorboard is not installed: no event files (pip install tensorboard)"
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            split, step = record.get("split", "train"), record["step"]
+            for k, v in record.items():
+                if k not in ("step", "split", "epoch") and isinstance(v, (int, float)) and math.isfinite(v):
+                    self.writer.add_scalar(f"{split}/{k}", v, step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Drop metrics lines written after `step` (by a run killed before its next checkpoint),
+    so a resumed run's metrics.jsonl reads as if it had never stopped."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+
+
+class Progress:
+    """A one-line bar (throughput, loss, ETA) on a terminal; plain lines every `log_every`
+    steps elsewhere (a log file, CI)."""
+
+    def __init__(self, total: int, start: int = 0, stream: TextIO = sys.stderr, tty: Optional[bool] = None):
+        self.total, self.start = total, start
+        self.stream = stream
+        self.tty = stream.isatty() if tty is None else tty
+        self.t0 = time.perf_counter()
+
+    def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool) -> None:
+        done = step - self.start
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / max(done, 1) * (self.total - step)
+        text = f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {images_per_s:,.0f} img/s  ETA {_fmt(eta)}"
+        if self.tty:
+            width = 24
+            filled = int(width * step / max(self.total, 1))
+            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\033[K")
+            self.stream.flush()
+        elif log_line:
+            print(text, file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+        print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _fmt(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def plot_learning_curve(metrics_path: Path, out: Path) -> Optional[str]:
+    """Loss and accuracy against step, train and evaluation splits. Returns a note instead of
+    writing the file when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no learning-curve PNG (pip install matplotlib)"
+    series: dict[str, dict[str, list]] = {}
+    for line in metrics_path.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        s = series.setdefault(r.get("split", "train"), {"step": [], "loss": [], "accuracy": []})
+        s["step"].append(r["step"])
+        s["loss"].append(r.get("loss", float("nan")))
+        s["accuracy"].append(r.get("accuracy", r.get("top1", float("nan"))))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for split, s in series.items():
+        style = "-" if split == "train" else "o-"
+        a1.plot(s["step"], s["loss"], style, label=split)
+        a2.plot(s["step"], s["accuracy"], style, label=split)
+    a1.set_xlabel("step")
+    a1.set_ylabel("loss")
+    a1.set_yscale("log")
+    a2.set_xlabel("step")
+    a2.set_ylabel("accuracy (top-1)")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        a.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,157 @@
+"""Training state on disk without pickle: tensors in safetensors, everything else in JSON.
+
+A checkpoint at step N is two files, each written atomically (temporary file + rename):
+
+    step-0000N.safetensors         the model in vitlab's checkpoint format (vitlab.load reads it),
+                                   with the objective's extra tensors under "objective."
+    step-0000N.state.safetensors   optimiser state, EMA weights, random states; the step, the
+                                   optimiser's hyper-parameters and the RNG states that are not
+                                   tensors are JSON in the file's metadata
+
+plus `last.safetensors`, a hard link to the newest model file. The state file is written
+first and the model file last, so a checkpoint is complete when its model file exists; a
+crash at any point leaves the previous complete checkpoint untouched. Reading never
+unpickles: safetensors holds only tensors, and JSON only primitives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vitlab.checkpoints.io import CheckpointError, atomic_write
+
+STEP_FILE = re.compile(r"^step-(\d+)\.safetensors$")
+
+
+# Random states ---------------------------------------------------------------------------
+def capture_rng() -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Python, NumPy, torch CPU (and CUDA) generator states as (tensors, JSON-able)."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = s
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors["numpy"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    meta = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, int(pos), int(has_gauss), float(cached)],
+    }
+    return tensors, meta
+
+
+def restore_rng(tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch"])
+    cuda = sorted((k for k in tensors if k.startswith("cuda.")), key=lambda k: int(k.split(".")[1]))
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
+    version, internal, gauss = meta["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, pos, has_gauss, cached = meta["numpy"]
+    np.random.set_state((kind, tensors["numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+# Optimiser state ---------------------------------------------------------------------------
+def flatten_optimizer(state: dict) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """torch's optimiser state dict -> tensors "optim.KEY.NAME" + JSON for the rest."""
+    tensors, scalars = {}, {}
+    for key, per_param in state["state"].items():
+        for name, value in per_param.items():
+            if isinstance(value, Tensor):
+                tensors[f"optim.{key}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{key}.{name}"] = value
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def unflatten_optimizer(tensors: dict[str, Tensor], meta: dict[str, Any]) -> dict:
+    def key_of(k: str) -> Any:
+        return int(k) if k.isdigit() else k
+
+    state: dict[Any, dict[str, Any]] = {}
+    for full, value in tensors.items():
+        key, name = full[len("optim.") :].rsplit(".", 1)
+        state.setdefault(key_of(key), {})[name] = value
+    for full, value in meta["scalars"].items():
+        key, name = full.rsplit(".", 1)
+        state.setdefault(key_of(key), {})[name] = value
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+# Files -------------------------------------------------------------------------------------
+def step_paths(folder: Path, step: int) -> tuple[Path, Path]:
+    return folder / f"step-{step:08d}.safetensors", folder / f"step-{step:08d}.state.safetensors"
+
+
+def write_state(path: Path, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    metadata = {"format": "vitlab-train-state", "state": json.dumps(meta)}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def read_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != "vitlab-train-state":
+                raise CheckpointError(f"{path}: not a vitlab training-state file")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        return tensors, json.loads(meta["state"])
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{path}: unreadable training state ({type(e).__name__}: {e})") from None
+
+
+def link_last(folder: Path, model_file: Path, name: str = "last.safetensors") -> None:
+    """Point `name` at `model_file` atomically (hard link, or a copy where links fail)."""
+    target = folder / name
+    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    if tmp.exists():
+        tmp.unlink()
+    try:
+        os.link(model_file, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(model_file, tmp)
+    os.replace(tmp, target)
+
+
+def complete_steps(folder: Path) -> list[int]:
+    """Steps with both files present, oldest first."""
+    if not folder.is_dir():
+        return []
+    steps = []
+    for p in folder.iterdir():
+        m = STEP_FILE.match(p.name)
+        if m and step_paths(folder, int(m.group(1)))[1].exists():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Keep the newest `keep` checkpoints (and whatever last.safetensors points to)."""
+    for step in complete_steps(folder)[:-keep]:
+        for p in step_paths(folder, step):
+            p.unlink(missing_ok=True)
+
+
+def latest(folder: Path) -> Optional[int]:
+    steps = complete_steps(folder)
+    return steps[-1] if steps else None

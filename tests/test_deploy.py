@@ -1,0 +1,88 @@
+"""bf16 and int8 serving copies (vitlab.deploy.serving), checked on real CIFAR-10 images.
+
+What is checked: the int8 layer's arithmetic against a float computation of the same
+rounded numbers; that the serving copies leave the model untouched; and that bf16 and int8
+predict the same class as fp32 on 128 real CIFAR-10 test images for a ViT-C/4 with random
+weights (a head initialised with Xavier so the logits are spread). Random weights make this
+a check of the arithmetic, not of a trained model's robustness: with a trained model the
+benchmarks measure it on all 10,000 test images.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitlab
+from vitlab import deploy
+
+CIFAR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10"
+
+
+@pytest.fixture(scope="module")
+def cifar_images() -> torch.Tensor:
+    if not (CIFAR / "test-000000.tar.gz").exists():
+        pytest.skip(f"real CIFAR-10 shards not found at {CIFAR}")
+    from vitlab.data import open_dataset
+
+    data = open_dataset(f"wds:{CIFAR}", "test", image_size=32)
+    return torch.stack([x for x, _ in itertools.islice(iter(data), 128)])
+
+
+def model(**overrides) -> vitlab.VisionTransformer:
+    torch.manual_seed(0)
+    return vitlab.create_model("ViT-C/4", head_init="xavier", **overrides).eval()
+
+
+def test_int8_linear_is_the_rounded_product():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    q = deploy.Int8Linear(linear)
+    x = torch.randn(2, 5, 64)
+    # The same product in float64 from the rounded values: int32 accumulation is exact.
+    x2 = x.reshape(-1, 64).double()
+    sx = x2.abs().amax(1, keepdim=True) / 127
+    want = (torch.round(x2 / sx) @ q.weight_int8.double().t()) * sx * q.weight_scale.double() + linear.bias.double()
+    torch.testing.assert_close(q(x).double(), want.reshape(2, 5, 48), atol=1e-4, rtol=1e-5)
+    # And close to the float layer: two int8 roundings cost about 1% of the output scale.
+    ref = linear(x)
+    assert (q(x) - ref).abs().max() < 0.03 * ref.abs().max()
+
+
+def test_serving_copies_leave_the_model_alone():
+    m = model(depth=2)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    bf16, int8 = deploy.to_bfloat16(m), deploy.quantize_int8(m)
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    assert all(isinstance(b.mlp.fc1, torch.nn.Linear) for b in m.blocks)
+    assert all(isinstance(b.attn.qkv, deploy.Int8Linear) for b in int8.blocks)
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    x = torch.randn(2, 3, 32, 32)
+    assert bf16(x).dtype == torch.float32 and int8(x).shape == (2, 10)
+    with pytest.raises(ValueError, match="not one of"):
+        deploy.for_precision(m, "fp8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_reduced_precision_agrees_with_fp32_on_cifar(cifar_images, precision):
+    m = model()
+    result = deploy.agreement(m, deploy.for_precision(m, precision), cifar_images)
+    assert result.count == 128
+    assert result.top1 >= 0.95, str(result)
+    # Logit errors small against the logits' own spread.
+    with torch.inference_mode():
+        spread = m(cifar_images).std().item()
+    assert result.max_abs_diff < 0.25 * spread, str(result)
+
+
+def test_agreement_notices_a_different_model(cifar_images):
+    m = model()
+    other = model()
+    torch.manual_seed(1)
+    other.reset_classifier(10, init="xavier")  # a different head: predictions must differ
+    result = deploy.agreement(m, other, cifar_images)
+    assert result.top1 < 0.5

@@ -1,0 +1,108 @@
+"""`vitlab inspect`: the four figures, their numbers, one HTML page; any checkpoint format."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab.cli import main
+from vitlab.config import ViTConfig
+
+pytest.importorskip("matplotlib")
+
+
+def save_model(path, fmt="vitlab", **kw):
+    torch.manual_seed(0)
+    cfg = ViTConfig(name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=3, num_heads=2, mlp_dim=64,
+                    num_classes=10, **kw)
+    model = vitlab.VisionTransformer(cfg).eval()
+    model.class_names = [str(i) for i in range(10)]
+    vitlab.save(model, path, format=fmt)
+    return model
+
+
+@pytest.mark.slow
+def test_inspect_on_a_data_spec(tmp_path, capsys):
+    save_model(tmp_path / "m.safetensors")
+    out = tmp_path / "inspect"
+    rc = main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "20",
+               "--rollout-images", "3", "--batch-size", "8"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "attention distance" in text
+    for name in ("filters.png", "position_similarity.png", "attention_distance.png", "rollout.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG", name
+    numbers = json.loads((out / "analysis.json").read_text())
+    d = np.array(numbers["attention_distance"]["distance_px"])
+    assert d.shape == (3, 2) and numbers["attention_distance"]["num_images"] == 20
+    assert (d > 0).all() and (d < np.hypot(12, 12)).all()
+    assert np.array(numbers["position_similarity"]["similarity"]).shape == (4, 4, 4, 4)
+    assert len(numbers["rollout"]["maps"]) == 3
+    page = (out / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "src=\"filters.png\"" not in page
+
+
+@pytest.mark.slow
+def test_inspect_image_files_on_an_hf_folder(tmp_path, capsys):
+    save_model(tmp_path / "hf", fmt="hf")
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (24, 20, 3), dtype=np.uint8)).save(imgs / f"{i}.png")
+    Image.fromarray(rng.integers(0, 65535, (16, 16), dtype=np.uint16)).save(imgs / "deep.png")
+    (imgs / "bad.png").write_bytes(b"nope")
+    out = tmp_path / "out"
+    assert main(["inspect", str(tmp_path / "hf"), "--images", str(imgs), "--out", str(out)]) == 0
+    assert "bad.png: not an image" in capsys.readouterr().err
+    numbers = json.loads((out / "analysis.json").read_text())
+    assert numbers["checkpoint"]["format"] == "hf"
+    assert numbers["attention_distance"]["num_images"] == 4
+
+
+@pytest.mark.slow
+def test_no_position_table_is_explained(tmp_path, capsys):
+    save_model(tmp_path / "m.safetensors", pos_embed="none", classifier="gap")
+    out = tmp_path / "out"
+    assert main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"]) == 0
+    assert not (out / "position_similarity.png").exists()
+    numbers = json.loads((out / "analysis.json").read_text())
+    assert "no position embedding" in numbers["position_similarity"]["note"]
+    assert "no position embedding" in (out / "index.html").read_text()
+    assert "mean of the patch rows" in (out / "index.html").read_text()
+
+
+@pytest.mark.slow
+def test_extra_figures_hook(tmp_path, monkeypatch, capsys):
+    from vitlab import analysis
+
+    save_model(tmp_path / "m.safetensors")
+    seen = {}
+
+    def extra(model, metadata, extras, images, out_dir):
+        seen["format"] = metadata.get("format")
+        seen["images"] = tuple(images.shape)
+        png = out_dir / "extra.png"
+        png.write_bytes((out_dir / "filters.png").read_bytes())
+        return [analysis.Figure("mine", "My figure", png, "a caption", {"answer": 42})]
+
+    monkeypatch.setattr(analysis, "extra_figures", extra)
+    out = tmp_path / "out"
+    assert main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"]) == 0
+    assert seen == {"format": "vitlab", "images": (4, 3, 16, 16)}
+    assert json.loads((out / "analysis.json").read_text())["mine"] == {"answer": 42}
+    page = (out / "index.html").read_text()
+    assert "My figure" in page and page.count("data:image/png;base64,") == 5
+
+
+def test_bad_out(tmp_path, capsys):
+    save_model(tmp_path / "m.safetensors")
+    (tmp_path / "file").write_text("keep me")
+    assert main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(tmp_path / "file")]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "keep me"
