@@ -26,6 +26,7 @@ def source(tmp_path):
     return path, model
 
 
+@pytest.mark.slow
 def test_convert_to_every_format_and_info_reads_it(tmp_path, source, capsys):
     src, model = source
     for target, name in TARGETS.items():

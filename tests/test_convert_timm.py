@@ -43,7 +43,11 @@ def logits(model, x):
     return getattr(out, "logits", out)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+SLOW = {"ViT-B/32@384", "R+ViT hybrid"}
+PARAMS = [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES]
+
+
+@pytest.mark.parametrize("case", PARAMS)
 def test_timm_to_vitlab(tmp_path, case):
     name, overrides = CASES[case]
     cfg = vitlab.get_config(name, **overrides)
@@ -68,7 +72,7 @@ def test_timm_to_vitlab(tmp_path, case):
     assert all(torch.equal(back[k], orig[k]) for k in orig)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", PARAMS)
 def test_vitlab_to_timm(tmp_path, case):
     name, overrides = CASES[case]
     ours = perturb(vitlab.create_model(name, **overrides), seed=1)

@@ -83,3 +83,17 @@ def test_unknown_mpp_option_is_refused_by_name():
     model = vitlab.create_model("ViT-C/4")
     with pytest.raises(ConfigError, match="objective.mask_ratio.*mask_rate"):
         build_objective(model, cfg)
+
+
+@pytest.mark.parametrize("recipe", ["mpp-paper", "mpp-cifar10", "mpp-cifar10-finetune"])
+def test_shipped_mpp_recipes_read(recipe):
+    from vitlab.config import MPPConfig
+
+    cfg = load_recipe(recipe)
+    if recipe == "mpp-cifar10-finetune":
+        assert cfg.train.objective == "supervised"
+        return
+    assert cfg.train.objective == "mpp" and cfg.optim.name == "adam"
+    assert MPPConfig.from_dict(cfg.objective) == MPPConfig()  # the paper's values
+    if recipe == "mpp-paper":
+        assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.decay) == (2e-4, 10000, "cosine")

@@ -35,6 +35,7 @@ def test_crafted_pth_is_refused(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_crafted_legacy_pickle_and_hf_bin_are_refused(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "legacy.bin"

@@ -411,6 +411,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the objective
     parallel: str = "ddp"  # with torchrun: ddp or fsdp
     device: str = "auto"  # auto = cuda when available, else cpu
+    threads: int = 0  # torch CPU threads per process; 0 = torch's default (one per core)
     eval_batch_size: int = 0  # 0 = batch_size
 
     def __post_init__(self) -> None:

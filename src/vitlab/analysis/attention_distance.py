@@ -46,24 +46,24 @@ class AttentionDistance:
         self.count = 0
 
     def update(self, attentions: Sequence[Tensor]) -> None:
-        a = torch.stack([t.detach() for t in attentions]).double().cpu()  # (L, B, H, T, T)
         n = self.dist.shape[0]
         p = self.num_prefix
-        if a.shape[-1] != n + p:
-            raise ValueError(
-                f"attention over {a.shape[-1]} tokens does not match a {self.grid[0]}x{self.grid[1]} grid "
-                f"with {p} prefix token(s)"
-            )
-        patch = a[..., p:, p:]  # (L, B, H, N, N): patch queries, patch keys
-        mass = patch.sum(-1, keepdim=True)  # what the query gave to patches
-        weights = patch / mass.clamp_min(1e-30)
-        per_query = (weights * self.dist).sum(-1)  # (L, B, H, N)
-        per_image = per_query.mean(-1)  # (L, B, H)
-        to_prefix = (1.0 - mass[..., 0]).mean(-1)  # (L, B, H)
-        s, m = per_image.sum(1), to_prefix.sum(1)
+        dists, masses = [], []
+        for attn in attentions:  # one layer at a time: (B, H, T, T), float64 only per layer
+            if attn.shape[-1] != n + p:
+                raise ValueError(
+                    f"attention over {attn.shape[-1]} tokens does not match a {self.grid[0]}x{self.grid[1]} "
+                    f"grid with {p} prefix token(s)"
+                )
+            patch = attn.detach().cpu().double()[..., p:, p:]  # (B, H, N, N): patch queries and keys
+            mass = patch.sum(-1, keepdim=True)  # what each query gave to patches
+            per_query = ((patch / mass.clamp_min(1e-30)) * self.dist).sum(-1)  # (B, H, N)
+            dists.append(per_query.mean(-1).sum(0))  # per image mean over queries, summed over images
+            masses.append((1.0 - mass[..., 0]).mean(-1).sum(0))
+        s, m = torch.stack(dists), torch.stack(masses)  # (L, H)
         self.total = s if self.total is None else self.total + s
         self.prefix_mass = m if self.prefix_mass is None else self.prefix_mass + m
-        self.count += a.shape[1]
+        self.count += attentions[0].shape[0]
 
     def result(self) -> np.ndarray:
         if not self.count:

@@ -31,7 +31,7 @@ def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = ""
     h, w = result.images.shape[1:3]
     gh, gw = result.kind.shape[1:]
     p = h // gh
-    fig = _figure(4 * 1.6 + 0.3, n * 1.6 + 0.9)
+    fig = _figure(4 * 1.6 + 0.3, n * 1.6 + 0.6)
     titles = ("input", "what the encoder sees", "true colour (corrupted)", "predicted colour")
     for i in range(n):
         img = result.images[i]
@@ -40,7 +40,7 @@ def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = ""
         selected_px = _expand(result.kind[i] != 0, p)[..., None]  # (H, W, 1)
         masked_px = _expand(result.kind[i] == 1, p)[..., None]
         seen = np.where(masked_px, MASK_GREY, img)
-        faded = 0.25 * img + 0.75  # untouched patches: a pale copy of the input, for context
+        faded = 0.15 * img + 0.85  # untouched patches: a pale copy of the input, for context
         panels = [img, seen]
         for colours in (result.true[i], result.predicted[i]):
             scale = h // colours.shape[0]
@@ -55,7 +55,7 @@ def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = ""
             ax.set_yticks([])
             if i == 0:
                 ax.set_title(titles[j], fontsize=7)
-            if j == 1:  # outline each corrupted patch by what was done to it
+            if j >= 1:  # outline each corrupted patch by what was done to it
                 for (r, c), code in np.ndenumerate(result.kind[i]):
                     if code:
                         ax.add_patch(

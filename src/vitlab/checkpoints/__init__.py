@@ -41,7 +41,7 @@ def detect_format(path: str | os.PathLike) -> str:
             return name
     raise CheckpointError(
         f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
-        "Pass format=... if the file has an unusual name"
+        "pass the format explicitly (--format on the command line, format=... in Python) if the file has an unusual name"
     )
 
 

@@ -269,6 +269,7 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if target.exists():
             old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)  # left by an interrupted earlier write
             os.replace(target, old)
             os.replace(tmp, target)
             shutil.rmtree(old, ignore_errors=True)

@@ -217,6 +217,7 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
             "width_factor": cfg.resnet.width_factor,
             "ws_eps": cfg.resnet.ws_eps,
             "gn_eps": cfg.resnet.gn_eps,
+            "gn_groups": cfg.resnet.gn_groups,
         }
     args["layer_norm_eps"] = cfg.layer_norm_eps
     return args
@@ -247,7 +248,7 @@ def create_timm_model(cfg: ViTConfig):
             stem_type="same",
             width_factor=resnet["width_factor"],
             conv_layer=partial(StdConv2dSame, eps=resnet["ws_eps"]),
-            norm_layer=partial(GroupNormAct, num_groups=32, eps=resnet["gn_eps"]),
+            norm_layer=partial(GroupNormAct, num_groups=resnet["gn_groups"], eps=resnet["gn_eps"]),
         )
         args["embed_layer"] = partial(HybridEmbed, backbone=backbone)
     return TimmViT(norm_layer=partial(nn.LayerNorm, eps=eps), **args)

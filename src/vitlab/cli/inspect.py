@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
     p.add_argument("--num-images", type=int, default=128, help="images for the attention distance (default 128)")
     p.add_argument("--rollout-images", type=int, default=8, help="images shown in the rollout figure (default 8)")
     p.add_argument("--components", type=int, default=28, help="principal components of the filters shown (default 28)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=16)
 
 
 def _is_paths(text: str) -> bool:

@@ -24,8 +24,10 @@ The API other parts of vitlab (and users) call:
                 counted instead of raising BadImageError); shuffle_buffer and classes (wds);
                 download (default True: fetch a missing named set when online).
     read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
-    make_loader(dataset, batch_size, epoch=, seed=, rank=, world=, start_batch=, train=,
-                num_workers=) -> DataLoader of (images, labels, bad_count)
+    make_loader(dataset, batch_size, seed=, rank=, world=, train=, start_step=, num_steps=,
+                num_workers=) -> DataLoader of (images, labels, bad_count): a whole run's
+                training batches (exactly resumable, split over processes), or one
+                evaluation pass
     transforms.eval_transform / transforms.train_transform
 
 This package never imports vitlab.models: data knows nothing about the network.

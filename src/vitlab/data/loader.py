@@ -5,7 +5,8 @@ carry. Global batch j is positions [j*G, (j+1)*G) of that order (G = the global 
 process r of W takes the contiguous part [j*G + r*b, j*G + (r+1)*b), b = G / W. So W
 processes together see exactly the batches one process would, and a resumed run starts at
 batch j by arithmetic. Each item comes with its own augmentation seed (see
-`datasets.item_seed`), so which worker or process decodes it does not matter.
+`datasets.item_seed`), so which worker or process decodes it does not matter. One loader
+serves a whole run, crossing epochs, so its workers start once.
 """
 
 from __future__ import annotations
@@ -18,44 +19,53 @@ from vitlab.data.datasets import item_seed
 
 
 class EpochBatchSampler(torch.utils.data.Sampler):
-    """Lists of (index, augmentation seed) for one process and one epoch."""
+    """Lists of (index, augmentation seed) for one process.
+
+    Training: the batches of global steps [start_step, start_step + num_steps), crossing
+    epochs as needed (one DataLoader, and one set of workers, for the whole run).
+    Evaluation: one pass, this process's share (every world-th item).
+    """
 
     def __init__(
         self,
         n: int,
         batch_size: int,
-        epoch: int = 0,
         seed: int = 0,
         rank: int = 0,
         world: int = 1,
-        start_batch: int = 0,
+        start_step: int = 0,
+        num_steps: Optional[int] = None,
         train: bool = True,
     ):
-        self.n, self.b, self.epoch, self.seed = n, batch_size, epoch, seed
-        self.rank, self.world, self.start, self.train = rank, world, start_batch, train
+        self.n, self.b, self.seed = n, batch_size, seed
+        self.rank, self.world, self.start, self.train = rank, world, start_step, train
+        self.per_epoch = n // (batch_size * world)
+        self.num_steps = self.per_epoch - start_step % max(self.per_epoch, 1) if num_steps is None else num_steps
 
-    def order(self) -> torch.Tensor:
-        if not self.train:
-            return torch.arange(self.n)
-        g = torch.Generator().manual_seed(item_seed(self.seed, self.epoch, "order"))
+    def order(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(item_seed(self.seed, epoch, "order"))
         return torch.randperm(self.n, generator=g)
 
     def __len__(self) -> int:
         if self.train:
-            return self.n // (self.b * self.world) - self.start
+            return self.num_steps
         mine = (self.n - self.rank + self.world - 1) // self.world
-        return max((mine + self.b - 1) // self.b - self.start, 0)
+        return (mine + self.b - 1) // self.b
 
     def __iter__(self) -> Iterator[list[tuple[int, Optional[int]]]]:
-        order = self.order().tolist()
-        g = self.b * self.world
-        for j in range(self.start, self.start + len(self)):
-            if self.train:
-                part = order[j * g + self.rank * self.b : j * g + (self.rank + 1) * self.b]
-                yield [(i, item_seed(self.seed, self.epoch, i)) for i in part]
-            else:
-                mine = order[self.rank :: self.world]
+        if not self.train:
+            mine = list(range(self.rank, self.n, self.world))
+            for j in range(len(self)):
                 yield [(i, None) for i in mine[j * self.b : (j + 1) * self.b]]
+            return
+        g = self.b * self.world
+        epoch, order = -1, []
+        for step in range(self.start, self.start + self.num_steps):
+            e, j = divmod(step, self.per_epoch)
+            if e != epoch:
+                epoch, order = e, self.order(e).tolist()
+            part = order[j * g + self.rank * self.b : j * g + (self.rank + 1) * self.b]
+            yield [(i, item_seed(self.seed, epoch, i)) for i in part]
 
 
 def collate(items: list) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -72,28 +82,30 @@ def make_loader(
     dataset: Any,
     batch_size: int,
     *,
-    epoch: int = 0,
     seed: int = 0,
     rank: int = 0,
     world: int = 1,
-    start_batch: int = 0,
     train: bool = True,
+    start_step: int = 0,
+    num_steps: Optional[int] = None,
     num_workers: int = 0,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader of (images, labels, bad_count) batches for one process and one epoch.
+    """A DataLoader of (images, labels, bad_count) batches of one process: for training, the
+    global steps [start_step, start_step + num_steps) (default: to the end of that epoch);
+    for evaluation, one pass over this process's share.
 
     It gets its own torch.Generator: a DataLoader otherwise draws its worker seed from the
     global generator, which would shift dropout and Mixup after a resume.
     """
     from vitlab.data.wds import WebDataset
 
-    common = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed), persistent_workers=False)
+    common = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed))
     if isinstance(dataset, WebDataset):
         batches = dataset.batches(
-            batch_size=batch_size, epoch=epoch, rank=rank, world=world, start_batch=start_batch, train=train
+            batch_size=batch_size, rank=rank, world=world, start_step=start_step, num_steps=num_steps, train=train
         )
         return torch.utils.data.DataLoader(batches, batch_size=None, **common)
-    sampler = EpochBatchSampler(len(dataset), batch_size, epoch, seed, rank, world, start_batch, train)
+    sampler = EpochBatchSampler(len(dataset), batch_size, seed, rank, world, start_step, num_steps, train)
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **common)
 
 

@@ -270,34 +270,40 @@ def _rank_world() -> tuple[int, int]:
 class WebDatasetBatches(torch.utils.data.IterableDataset):
     """Collated batches (images, labels, bad_count) of one process, for DataLoader(batch_size=None).
 
-    train: global batch j = stream positions [j*G, (j+1)*G), this process's part
-    [j*G + rank*b, j*G + (rank+1)*b); incomplete global batches are dropped.
-    eval: positions p with p % world == rank, in batches of b; all of them.
+    train: global steps [start_step, start_step + num_steps), crossing epochs. Global batch j
+    of an epoch is stream positions [j*G, (j+1)*G), this process's part
+    [j*G + rank*b, j*G + (rank+1)*b); the incomplete last global batch is dropped.
+    eval: one pass; positions p with p % world == rank, in batches of b.
+    Worker w of W makes the batches w, w + W, ... (counted from the first), the order in
+    which DataLoader collects them.
     """
 
     def __init__(
         self,
         data: WebDataset,
         batch_size: int,
-        epoch: int = 0,
         rank: int = 0,
         world: int = 1,
-        start_batch: int = 0,
+        start_step: int = 0,
+        num_steps: Optional[int] = None,
         train: bool = True,
     ):
         super().__init__()
-        self.data, self.b, self.epoch, self.rank, self.world = data, batch_size, epoch, rank, world
-        self.start, self.train = start_batch, train
+        self.data, self.b, self.rank, self.world = data, batch_size, rank, world
+        self.start, self.train = start_step, train
+        self.per_epoch = data.num_samples // (batch_size * world)
+        if num_steps is None:
+            num_steps = self.per_epoch - start_step % max(self.per_epoch, 1)
+        self.num_steps = num_steps
 
     def __len__(self) -> int:
-        n, g = self.data.num_samples, self.b * self.world
         if self.train:
-            return n // g - self.start
-        mine = (n - self.rank + self.world - 1) // self.world
-        return (mine + self.b - 1) // self.b - self.start
+            return self.num_steps
+        mine = (self.data.num_samples - self.rank + self.world - 1) // self.world
+        return (mine + self.b - 1) // self.b
 
     def _place(self, p: int) -> Optional[int]:
-        """The batch (of this process) that stream position p belongs to, or None."""
+        """The batch of this process (within the epoch) that stream position p belongs to."""
         if self.train:
             j, within = divmod(p, self.b * self.world)
             return j if within // self.b == self.rank else None
@@ -308,19 +314,30 @@ class WebDatasetBatches(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
         info = torch.utils.data.get_worker_info()
         w, nw = (info.id, info.num_workers) if info else (0, 1)
-        end = self.start + len(self)
+        if not self.train:
+            yield from self._epoch(0, 0, len(self), 0, w, nw)
+            return
+        step, end = self.start, self.start + self.num_steps
+        while step < end:
+            epoch, j = divmod(step, self.per_epoch)
+            last = min(self.per_epoch, j + end - step)
+            yield from self._epoch(epoch, j, last, step - self.start, w, nw)
+            step += last - j
+
+    def _epoch(self, epoch: int, first: int, last: int, counted: int, w: int, nw: int):
+        """Batches [first, last) of one epoch; `counted` batches came before in this loader."""
         current, items, bad = None, [], 0
-        for p, (shard, key, parts) in enumerate(self.data.encoded(self.epoch)):
+        for p, (shard, key, parts) in enumerate(self.data.encoded(epoch)):
             j = self._place(p)
-            if j is None or j < self.start or (j - self.start) % nw != w:
+            if j is None or j < first or (counted + j - first) % nw != w:
                 continue
-            if j >= end:
+            if j >= last:
                 break
             if current is not None and j != current:
                 yield _collate(items, bad)
                 items, bad = [], 0
             current = j
-            item = self.data.decode(shard, key, parts, self.epoch)
+            item = self.data.decode(shard, key, parts, epoch)
             if item is None:
                 bad += 1
             else:

@@ -13,17 +13,20 @@ from vitlab.deploy.serving import (
     PRECISIONS,
     Agreement,
     Int8Linear,
+    PackedLinear,
     Serving,
     agreement,
     for_precision,
     quantize_int8,
     to_bfloat16,
+    to_packed_fp32,
 )
 
 __all__ = [
     "PRECISIONS",
     "Agreement",
     "Int8Linear",
+    "PackedLinear",
     "Serving",
     "agreement",
     "check_onnx",
@@ -33,4 +36,5 @@ __all__ = [
     "for_precision",
     "quantize_int8",
     "to_bfloat16",
+    "to_packed_fp32",
 ]

@@ -42,8 +42,10 @@ from torch import nn
 from vitlab.config import ViTConfig, model_flops
 
 TASKS = ("infer", "train")
-# fp32; bf16 autocast over fp32 weights; bf16 weights and activations; int8 Dense layers.
-SYSTEM_PRECISIONS = ("fp32", "bf16-autocast", "bf16", "int8")
+# fp32 (the model as it is); fp32 with oneDNN-packed Dense layers (vitlab.deploy); bf16
+# autocast over fp32 weights; bf16 weights and activations (vitlab's packed); int8 Dense layers.
+SYSTEM_PRECISIONS = ("fp32", "fp32-packed", "bf16-autocast", "bf16", "int8")
+VITLAB_ONLY = ("fp32-packed", "int8")
 IMPLS = ("vitlab", "timm", "hf", "torchvision")
 
 
@@ -58,7 +60,8 @@ class Setting:
     @property
     def label(self) -> str:
         h, w = self.config.image_size
-        return f"{self.config.name} {h}px b{self.batch} {self.task}"
+        gelu = " gelu=exact" if self.config.gelu == "exact" else ""  # the variants default to tanh
+        return f"{self.config.name}{gelu} {h}px b{self.batch} {self.task}"
 
 
 @dataclass(frozen=True)
@@ -224,14 +227,14 @@ def ceiling_runner(setting: Setting, precision: str) -> tuple[Runner, float]:
 
 
 def ceiling_precision(precision: str) -> str:
-    return {"fp32": "fp32", "bf16-autocast": "bf16", "bf16": "bf16", "int8": "int8"}[precision]
+    return {"fp32": "fp32", "fp32-packed": "fp32", "bf16-autocast": "bf16", "bf16": "bf16", "int8": "int8"}[precision]
 
 
 def build_runner(setting: Setting, system: System, warmup: int = 2) -> Runner:
     """Build the model for `system`, warm it up (timing the first call if compiled)."""
     cfg, b = setting.config, setting.batch
-    if system.impl != "vitlab" and system.precision == "int8":
-        raise ValueError("int8 is measured for vitlab only")
+    if system.impl != "vitlab" and system.precision in VITLAB_ONLY:
+        raise ValueError(f"{system.precision} is measured for vitlab only")
     torch.manual_seed(0)
     model = _build_model(system.impl, cfg)
     x = torch.randn(b, cfg.in_channels, *cfg.image_size)
@@ -240,7 +243,7 @@ def build_runner(setting: Setting, system: System, warmup: int = 2) -> Runner:
     )
     if setting.task == "infer":
         model.eval()
-        if system.precision in ("bf16", "int8"):
+        if system.precision in ("fp32-packed", "bf16", "int8"):
             if system.impl == "vitlab":
                 from vitlab.deploy.serving import for_precision
 

@@ -1,11 +1,14 @@
 """Reduced-precision inference copies of a model, and what they cost in accuracy.
 
 Every function here takes a trained `VisionTransformer` and returns a *copy* prepared for
-inference; the original model is never changed. Two reduced-precision modes:
+inference; the original model is never changed. The modes:
 
 - `to_bfloat16(model)`: weights and activations in bfloat16. On CPUs with AVX512-BF16 or AMX
   the matrix products (over 85% of a ViT's time, paper §3.1 Eq. 2-3 are all Dense layers)
   run 2-5x faster than fp32, and, unlike autocast, the weights are not re-cast on every call.
+  The Dense layers are also packed once for oneDNN, with the MLP's GELU fused in
+  (`PackedLinear`).
+- `to_packed_fp32(model)`: the same packing in fp32: the same numbers to float32 rounding.
 - `quantize_int8(model)`: the encoder's Dense layers (qkv, attention output, MLP) with int8
   weights (one scale per output channel) and int8 activations (one scale per token, chosen at
   run time), multiplied by `torch._int_mm`. PyTorch's own `quantize_dynamic` is deprecated
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -42,9 +46,71 @@ class Serving(nn.Module):
         return self.model(x.to(self.dtype)).float()
 
 
-def to_bfloat16(model: VisionTransformer) -> Serving:
-    """A bf16 copy of `model` for inference: takes fp32 images, returns fp32 logits."""
-    return Serving(copy.deepcopy(model).eval().to(torch.bfloat16), torch.bfloat16)
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class PackedLinear(nn.Module):
+    """A Dense layer whose weight is packed once into oneDNN's blocked layout.
+
+    `F.linear` on CPU re-lays the weight out for the matrix unit on every call; for a bf16
+    ViT at batch 1 that reorder costs as much as the product itself. Packing once removes
+    it. `activation="gelu_tanh"|"gelu"` fuses the MLP's GELU into the product's output
+    (Eq. 3's MLP is Dense -> GELU -> Dense), saving a pass over the (B, T, mlp) activations;
+    PyTorch's own tanh GELU kernel is several times slower than the fused one.
+    """
+
+    def __init__(self, linear: nn.Linear, activation: str = "none", batch_hint: Optional[int] = None):
+        super().__init__()
+        w = linear.weight.detach()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.activation = activation
+        self.register_buffer("weight_packed", torch.ops.mkldnn._reorder_linear_weight(w, batch_hint))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+        self._post = {"none": ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh")}[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight_packed, self.bias, self._post[0], [], self._post[1])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN, activation={self.activation}"
+
+
+def pack_linears(model: VisionTransformer, batch_hint: Optional[int] = None) -> VisionTransformer:
+    """Replace the encoder's Dense layers (in their current dtype) by `PackedLinear`, fusing
+    the MLP's GELU into its first layer. Inference only: packed weights have no gradient."""
+    for block in model.blocks:
+        mlp = block.mlp
+        act = "gelu_tanh" if getattr(mlp.act, "approximate", "none") == "tanh" else "gelu"
+        block.attn.qkv = PackedLinear(block.attn.qkv, batch_hint=batch_hint)
+        block.attn.proj = PackedLinear(block.attn.proj, batch_hint=batch_hint)
+        mlp.fc1 = PackedLinear(mlp.fc1, act, batch_hint)
+        mlp.act = nn.Identity()  # now inside fc1
+        mlp.fc2 = PackedLinear(mlp.fc2, batch_hint=batch_hint)
+    return model
+
+
+def to_bfloat16(model: VisionTransformer, packed: bool = True) -> Serving:
+    """A bf16 copy of `model` for inference: takes fp32 images, returns fp32 logits.
+
+    `packed` (default, where oneDNN is available) also packs the encoder's Dense layers once
+    and fuses the GELU (see `PackedLinear`).
+    """
+    m = copy.deepcopy(model).eval().to(torch.bfloat16)
+    if packed and onednn_available():
+        with torch.no_grad():
+            pack_linears(m)
+    return Serving(m, torch.bfloat16)
+
+
+def to_packed_fp32(model: VisionTransformer) -> VisionTransformer:
+    """An fp32 inference copy with oneDNN-packed Dense layers and fused GELU: the same
+    numbers as `model` to float32 rounding, without autograd."""
+    m = copy.deepcopy(model).eval()
+    if onednn_available():
+        with torch.no_grad():
+            pack_linears(m)
+    return m
 
 
 class Int8Linear(nn.Module):
@@ -117,13 +183,15 @@ def agreement(reference: nn.Module, candidate: nn.Module, images: Tensor, batch_
     return Agreement(same / max(len(images), 1), diff, len(images))
 
 
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "fp32-packed", "bf16", "int8")
 
 
 def for_precision(model: VisionTransformer, precision: str) -> nn.Module:
     """The inference copy of `model` for a precision name ("fp32" returns the model itself)."""
     if precision == "fp32":
         return model.eval()
+    if precision == "fp32-packed":
+        return to_packed_fp32(model)
     if precision == "bf16":
         return to_bfloat16(model)
     if precision == "int8":

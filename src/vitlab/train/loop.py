@@ -37,7 +37,7 @@ from vitlab.train.optim import EMA, build_optimizer, lr_at
 # Config keys that may change between a run and its resumption: none of them changes a number.
 RESUMABLE_CHANGES = {
     "data.num_workers", "train.log_every", "train.eval_batch_size", "train.keep_checkpoints",
-    "train.ckpt_every", "train.device",
+    "train.ckpt_every", "train.device", "train.threads",
 }
 
 
@@ -199,6 +199,8 @@ class Trainer:
         mode = distributed.broadcast_object(mode, ctx)
         if isinstance(mode, Exception):
             raise mode
+        if t.threads:
+            torch.set_num_threads(t.threads)
         random.seed(t.seed)
         np.random.seed(t.seed)
         torch.manual_seed(t.seed)
@@ -312,7 +314,10 @@ class Trainer:
         def save(step: int, seconds: float) -> Path:
             return self._save(step, model, objective, optimizer, ema, ctx, ckpt_dir, seconds, total)
 
-        loader_iter, epoch_of_iter = None, -1
+        loader_iter = iter(make_loader(
+            train_set, per_rank, seed=t.seed, rank=ctx.rank, world=ctx.world, train=True,
+            start_step=start, num_steps=total - start, num_workers=cfg.data.num_workers,
+        ))
         window = {"loss": 0.0, "acc": 0.0, "n": 0, "images": 0, "t": time.perf_counter()}
         bad_images = 0
         t_start = time.perf_counter()
@@ -320,13 +325,6 @@ class Trainer:
         last_good = state.step_paths(ckpt_dir, resume_from)[0] if resume_from is not None else None
         try:
             while step < total:
-                epoch, j = divmod(step, bpe)
-                if epoch != epoch_of_iter:
-                    loader = make_loader(
-                        train_set, per_rank, epoch=epoch, seed=t.seed, rank=ctx.rank, world=ctx.world,
-                        start_batch=j, train=True, num_workers=cfg.data.num_workers,
-                    )
-                    loader_iter, epoch_of_iter = iter(loader), epoch
                 images, labels, bad = next(loader_iter)
                 bad_images += bad
                 lr = lr_at(step, total, cfg.optim)
