@@ -10,7 +10,7 @@ from vitlab.api import get_config
 from vitlab.cli import main
 from vitlab.deploy import bench
 
-FAST = bench.BenchConfig(rounds=1, min_time=0.0, min_calls=1, max_wait=0.0)
+FAST = bench.BenchConfig(rounds=1, min_time=0.0, min_calls=1, max_wait=0.0, wait_budget=0.0)
 
 
 def tiny(batch: int = 2, task: str = "infer") -> bench.Setting:
@@ -72,7 +72,7 @@ def test_cpu_meter_sees_our_own_work_as_ours():
 
 def test_bench_cli(tmp_path, capsys):
     args = ["bench", "--model", "ViT-C/4", "--batch-size", "2", "--rounds", "1", "--min-time", "0",
-            "--max-wait", "0", "--precision", "fp32", "int8", "--peers", "--out", str(tmp_path), "--name", "x"]
+            "--wait-budget", "0", "--precision", "fp32", "int8", "--peers", "--out", str(tmp_path), "--name", "x"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "vitlab int8" in out and "matmul ceiling int8" in out

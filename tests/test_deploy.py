@@ -52,6 +52,21 @@ def test_int8_linear_is_the_rounded_product():
     assert (q(x) - ref).abs().max() < 0.03 * ref.abs().max()
 
 
+def test_packed_fp32_is_the_same_function():
+    if not deploy.serving.onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN")
+    m = model(depth=2)
+    packed = deploy.to_packed_fp32(m)
+    assert isinstance(packed.blocks[0].mlp.fc1, deploy.PackedLinear)
+    assert packed.blocks[0].mlp.fc1.activation == "gelu_tanh"  # the variant's GELU, fused
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), m(x), atol=1e-4, rtol=1e-4)
+    exact = model(depth=2, gelu="exact")
+    with torch.inference_mode():
+        torch.testing.assert_close(deploy.to_packed_fp32(exact)(x), exact(x), atol=1e-4, rtol=1e-4)
+
+
 def test_serving_copies_leave_the_model_alone():
     m = model(depth=2)
     before = {k: v.clone() for k, v in m.state_dict().items()}

@@ -11,9 +11,10 @@ it, the ratio to the fastest fp32 peer taken within each round, working memory a
 time. Each sample records other processes' CPU use; contended samples are dropped while clean
 ones exist (see docs/performance.md).
 
-Precisions: fp32; bf16-autocast (fp32 weights, bf16 matrix products); bf16 (weights and
-activations in bf16); int8 (vitlab only: int8 Dense layers). A training step is fp32 or
-bf16-autocast, AdamW, cross-entropy.
+Precisions: fp32 (the model as it is); fp32-packed (vitlab.deploy's copy with oneDNN-packed
+Dense layers and fused GELU); bf16-autocast (fp32 weights, bf16 matrix products); bf16
+(weights and activations in bf16; vitlab's copy is also packed); int8 (vitlab only: int8 Dense
+layers). A training step is fp32 or bf16-autocast, AdamW, cross-entropy.
 
 --suite quick (about 2-4 minutes on 2 quiet cores) or --suite full (about 10) run the standard
 settings; otherwise --model/--batch-size/--task/--precision pick a subset.
@@ -21,7 +22,7 @@ settings; otherwise --model/--batch-size/--task/--precision pick a subset.
 examples:
   vitlab bench --model ViT-B/16 --batch-size 8
   vitlab bench --model ViT-Ti/16 --batch-size 1 16 --precision fp32 bf16 int8 --peers timm
-  vitlab bench --model ViT-C/4 --batch-size 128 --task train --compile
+  vitlab bench --model ViT-C/4 --batch-size 128 --task train --compile bf16-autocast
   vitlab bench --suite full --out benchmarks/results
 """
 
@@ -33,14 +34,19 @@ def add_arguments(p) -> None:
     p.add_argument("--model", nargs="+", default=["ViT-B/16"], help="variant name(s) (default ViT-B/16)")
     p.add_argument("--batch-size", nargs="+", type=int, default=[1], help="batch size(s) (default 1)")
     p.add_argument("--task", nargs="+", choices=TASKS, default=["infer"], help="infer and/or train")
-    p.add_argument("--precision", nargs="+", choices=SYSTEM_PRECISIONS, default=["fp32", "bf16", "int8"],
-                   help="precisions to time (default fp32 bf16 int8)")
+    p.add_argument("--precision", nargs="+", choices=SYSTEM_PRECISIONS, help="precisions to time (default: fp32 fp32-packed bf16 int8 for inference, "
+                   "fp32 bf16-autocast for a training step)")
     p.add_argument("--peers", nargs="*", default=["timm", "hf", "torchvision"],
                    help="peer libraries to time beside vitlab (none: --peers with no names)")
-    p.add_argument("--compile", action="store_true", help="also time torch.compile'd vitlab")
+    p.add_argument("--compile", nargs="*", choices=SYSTEM_PRECISIONS, default=[],
+                   help="also time torch.compile'd vitlab at these precisions (compile time reported)")
+    p.add_argument("--gelu", choices=("tanh", "exact"),
+                   help="override the variant's GELU for every library (torchvision's is always exact)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds per sample (default 1)")
     p.add_argument("--max-wait", type=float, default=3.0, help="seconds to wait for a quiet machine per sample")
+    p.add_argument("--wait-budget", type=float, default=120.0,
+                   help="total seconds to spend waiting for quiet in the run (default 120)")
     p.add_argument("--contended", type=float, default=0.1,
                    help="others' CPU use (cores) above which a sample is dropped (default 0.1)")
     p.add_argument("--out", help="folder for NAME.csv and NAME.md (default: print only)")
@@ -65,12 +71,13 @@ def run(args) -> int:
     else:
         plan = []
         for name in args.model:
-            cfg = get_config(name)  # ConfigError names the known models
+            cfg = get_config(name, **({"gelu": args.gelu} if args.gelu else {}))  # ConfigError names the known models
             for task in args.task:
-                systems = bench.standard_systems(task, args.peers, args.compile, args.precision)
+                default = ["fp32", "fp32-packed", "bf16", "int8"] if task == "infer" else ["fp32", "bf16-autocast"]
+                systems = bench.standard_systems(task, args.peers, args.compile, args.precision or default)
                 plan += [(bench.Setting(cfg, b, task), systems) for b in args.batch_size]
     config = bench.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,
-                               contended_cores=args.contended)
+                               wait_budget=args.wait_budget, contended_cores=args.contended)
     info = bench.machine_info()
     rows = bench.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True))
     print(bench.markdown(rows, info, config))

@@ -1,11 +1,92 @@
-"""`vitlab eval`: placeholder until its issue lands (replaced whole by that work)."""
+"""`vitlab eval`: accuracy of a checkpoint on a dataset."""
 
-HELP = "eval (not built yet)"
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"
+DESCRIPTION = """\
+Classify a dataset split with any checkpoint vitlab.load reads and report top-1 and top-5
+accuracy, the loss, the accuracy of each class and the confusion matrix (a PNG when
+matplotlib is installed). Images are preprocessed as the model's config says (its
+resolution, channels, mean and std). Results go to OUT/eval-SPLIT.json (OUT defaults to the
+run folder of a checkpoint inside RUN/checkpoints/, else ./eval).
+
+examples:
+  vitlab eval runs/digits/checkpoints/last.safetensors --data digits
+  vitlab eval runs/cifar10/checkpoints/last.safetensors --data wds:../shared/data/cifar10 --json
+  vitlab eval model.safetensors --data imagefolder:~/pets --split val --out results/pets
+"""
 
 
-def add_arguments(p) -> None:
-    pass
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="a checkpoint file (any format vitlab.load reads)")
+    p.add_argument("--data", required=True, metavar="SPEC", help="dataset spec, as for vitlab train")
+    p.add_argument("--split", default="test", help="test (default), val, train, dev")
+    p.add_argument("--image-size", type=int, metavar="N", help="evaluate at this resolution (position embeddings resized)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=0, help="data-loader worker processes")
+    p.add_argument("--skip-bad-images", action="store_true", help="skip and count unreadable images")
+    p.add_argument("--device", default="auto", help="cpu, cuda (default: cuda when available)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
-def run(args) -> int:
-    raise NotImplementedError("vitlab eval is not built yet")
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import vitlab
+    from vitlab.cli import UsageError
+    from vitlab.data import make_loader, open_dataset
+    from vitlab.eval.accuracy import evaluate, plot_confusion, report, to_json
+
+    overrides = {"image_size": args.image_size} if args.image_size else {}
+    model = vitlab.load(args.checkpoint, **overrides)
+    cfg = model.config
+    if cfg.num_classes == 0:
+        raise UsageError(f"{args.checkpoint} has no classification head; evaluate it with vitlab fewshot or linear-probe")
+    dataset = open_dataset(
+        args.data, args.split, image_size=cfg.image_size, in_channels=cfg.in_channels, mean=cfg.mean, std=cfg.std,
+        skip_bad_images=args.skip_bad_images,
+    )
+    names = dataset.class_names
+    if len(names) != cfg.num_classes:
+        raise UsageError(
+            f"{args.checkpoint} predicts {cfg.num_classes} classes but {args.data} has {len(names)}; "
+            "fine-tune it first (vitlab finetune) or pick the dataset it was trained on"
+        )
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    model.to(device)
+    loader = make_loader(dataset, args.batch_size, train=False, num_workers=args.workers)
+    bad = 0
+
+    def batches():
+        nonlocal bad
+        for images, labels, n_bad in loader:
+            bad += n_bad
+            if labels.numel():
+                yield images, labels
+
+    metrics = evaluate(model, batches(), cfg.num_classes, device, torch.bfloat16 if args.bf16 else None)
+    metrics["bad_images_skipped"] = bad
+    ckpt = Path(args.checkpoint)
+    out = Path(args.out) if args.out else (ckpt.parent.parent / "eval" if ckpt.parent.name == "checkpoints" else Path("eval"))
+    out.mkdir(parents=True, exist_ok=True)
+    text = to_json(metrics, names)
+    json_path = out / f"eval-{args.split}.json"
+    json_path.write_text(text)
+    png = out / f"confusion-{args.split}.png"
+    drew = plot_confusion(metrics["confusion"], names, png)
+    if args.json:
+        print(json.dumps({k: v for k, v in json.loads(text).items() if k != "confusion"}, indent=2))
+    else:
+        print(report(metrics, names))
+        if bad:
+            print(f"skipped {bad} unreadable images")
+        print(f"\nresults: {json_path}")
+        print(f"confusion matrix: {png}" if drew else "no confusion-matrix PNG: matplotlib is not installed")
+    return 0

@@ -62,7 +62,7 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
     from vitlab.cli.predict import data_key, open_data
     from vitlab.eval.features import cached_features
 
-    dataset = open_data(args.data, split, model.config)
+    dataset = open_data(args.data, split, model.config, model.class_names)
     num_classes = len(getattr(dataset, "class_names", None) or []) or None
     log = lambda m: print(f"  {split}: {m}", file=sys.stderr)  # noqa: E731
     every = args.batch_size * 20

@@ -65,7 +65,7 @@ def _batches(args, model):
         names = [p.name for p, _ in loaded]
         batches = [x[i : i + args.batch_size] for i in range(0, len(x), args.batch_size)]
         return batches, names, f"{len(loaded)} image file(s) from {args.images}"
-    dataset = open_data(args.images, args.split, cfg)
+    dataset = open_data(args.images, args.split, cfg, model.class_names)
     class_names = getattr(dataset, "class_names", None)
 
     def gen():

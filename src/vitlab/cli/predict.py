@@ -75,10 +75,19 @@ def open_checkpoint(path: str, format: Optional[str] = None, random_init: Option
     return checkpoints.build_model(imported, path), imported
 
 
-def open_data(spec: str, split: str, config):
-    """A dataset of (normalised tensor, label) with the checkpoint's preprocessing."""
+def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = None):
+    """A dataset of (normalised tensor, label) with the checkpoint's preprocessing.
+
+    WebDataset shards carry class indices only; without a classes.txt beside them the
+    checkpoint's class names (when it has one per class) name them.
+    """
     from vitlab.data import open_dataset
 
+    options = {}
+    if spec.lower().startswith("wds:") and class_names and len(class_names) == config.num_classes:
+        shards = Path(spec[4:]).expanduser()
+        if not (shards.is_dir() and (shards / "classes.txt").is_file()):
+            options["classes"] = list(class_names)
     return open_dataset(
         spec,
         split,
@@ -87,6 +96,7 @@ def open_data(spec: str, split: str, config):
         mean=config.mean,
         std=config.std,
         train=False,
+        **options,
     )
 
 

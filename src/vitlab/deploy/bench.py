@@ -362,7 +362,23 @@ class BenchConfig:
     min_calls: int = 2
     contended_cores: float = 0.1  # others' CPU use above which a sample is contended
     max_wait: float = 3.0  # seconds to wait for quiet before each sample
+    wait_budget: float = 120.0  # seconds of waiting in the whole run; then samples go ahead
     seed: int = 0
+
+
+class _Waiter:
+    """Waits for quiet before samples, within a total budget so a busy machine cannot
+    stretch a run without bound (its samples are then marked contended instead)."""
+
+    def __init__(self, bench: BenchConfig):
+        self.bench, self.left = bench, bench.wait_budget
+
+    def __call__(self) -> None:
+        if self.left <= 0:
+            return
+        t0 = time.perf_counter()
+        wait_quiet(self.bench.contended_cores, min(self.bench.max_wait, self.left))
+        self.left -= time.perf_counter() - t0
 
 
 def run_setting(
@@ -370,8 +386,10 @@ def run_setting(
     systems: Sequence[System],
     bench: BenchConfig,
     log: Callable[[str], None] = lambda s: None,
+    waiter: Optional[_Waiter] = None,
 ) -> list[Row]:
     """Build every system, then time them in `bench.rounds` shuffled rounds with the ceilings."""
+    waiter = waiter or _Waiter(bench)
     rows: dict[System, Row] = {}
     runners: dict[System, Runner] = {}
     for system in systems:
@@ -394,7 +412,7 @@ def run_setting(
         order: list[tuple[str, object]] = [("sys", s) for s in runners] + [("gemm", p) for p in ceilings]
         rng.shuffle(order)
         for kind, key in order:
-            wait_quiet(bench.contended_cores, bench.max_wait)
+            waiter()
             if kind == "sys":
                 sec, others, _ = time_calls(runners[key].fn, bench.min_time, bench.min_calls)
                 sample = Sample(r, setting.batch / sec, others, others > bench.contended_cores)
@@ -448,9 +466,10 @@ def _median_ratio(row: Row, refs: list[Row]) -> Optional[float]:
 
 
 # Suites ----------------------------------------------------------------------------------
-def standard_systems(task: str, peers: Iterable[str] = ("timm", "hf", "torchvision"), compiled: bool = False,
-                     precisions: Iterable[str] = SYSTEM_PRECISIONS) -> list[System]:
-    """vitlab at each precision, each peer at fp32 and bf16 (autocast; timm also bf16 weights)."""
+def standard_systems(task: str, peers: Iterable[str] = ("timm", "hf", "torchvision"),
+                     compiled: Iterable[str] = (), precisions: Iterable[str] = SYSTEM_PRECISIONS) -> list[System]:
+    """vitlab at each precision; each peer at fp32 and bf16 autocast (timm also with bf16
+    weights); `compiled` lists the precisions at which torch.compile'd vitlab is timed too."""
     precisions = list(precisions)
     if task == "train":
         precisions = [p for p in precisions if p in ("fp32", "bf16-autocast")]
@@ -459,36 +478,33 @@ def standard_systems(task: str, peers: Iterable[str] = ("timm", "hf", "torchvisi
         systems += [System(peer, p) for p in precisions if p in ("fp32", "bf16-autocast")]
         if peer == "timm" and "bf16" in precisions and task == "infer":
             systems.append(System(peer, "bf16"))
-    if compiled:
-        best = "bf16-autocast" if task == "train" and "bf16-autocast" in precisions else None
-        best = best or ("bf16" if "bf16" in precisions and task == "infer" else "fp32")
-        systems += [System("vitlab", "fp32", compiled=True)]
-        if best != "fp32":
-            systems.append(System("vitlab", best, compiled=True))
+    systems += [System("vitlab", p, compiled=True) for p in compiled]
     return systems
 
 
 def suite(name: str) -> list[tuple[Setting, list[System]]]:
-    """The named suites: "quick" (about 2 minutes on 2 cores) and "full" (about 10)."""
+    """The named suites: "quick" (about 3 minutes on 2 quiet cores) and "full" (about 10)."""
     from vitlab.api import get_config
 
-    def s(model: str, batch: int, task: str = "infer") -> Setting:
-        return Setting(get_config(model), batch, task)
+    def s(model: str, batch: int, task: str = "infer", **overrides) -> Setting:
+        return Setting(get_config(model, **overrides), batch, task)
 
     if name == "quick":
-        fast = ["fp32", "bf16", "int8"]
+        fast = ["fp32", "fp32-packed", "bf16", "int8"]
         return [
-            (s("ViT-Ti/16", 1), standard_systems("infer", ("timm",), precisions=fast)),
-            (s("ViT-C/4", 128), standard_systems("infer", ("timm",), precisions=fast)),
+            (s("ViT-Ti/16", 1), standard_systems("infer", ("timm", "torchvision"), precisions=fast)),
             (s("ViT-B/16", 1), standard_systems("infer", ("timm",), precisions=fast)),
+            (s("ViT-C/4", 128), standard_systems("infer", ("timm",), precisions=fast)),
             (s("ViT-C/4", 128, "train"), standard_systems("train", ("timm",))),
         ]
     if name == "full":
         out = []
         for model, big in (("ViT-Ti/16", 16), ("ViT-S/16", 16), ("ViT-B/16", 8), ("ViT-C/4", 128)):
             out.append((s(model, 1), standard_systems("infer")))
-            out.append((s(model, big), standard_systems("infer", compiled=model in ("ViT-B/16", "ViT-C/4"))))
-        out.append((s("ViT-C/4", 128, "train"), standard_systems("train", ("timm", "hf", "torchvision"), compiled=True)))
+            out.append((s(model, big), standard_systems("infer", compiled=("fp32",) if model == "ViT-C/4" else ())))
+        # torchvision's GELU is always the exact one: the same comparison with every library on it.
+        out.append((s("ViT-Ti/16", 1, gelu="exact"), standard_systems("infer", precisions=("fp32", "fp32-packed"))))
+        out.append((s("ViT-C/4", 128, "train"), standard_systems("train", compiled=("bf16-autocast",))))
         return out
     raise ValueError(f"unknown suite {name!r}; choose 'quick' or 'full'")
 
@@ -499,15 +515,16 @@ def run(
     log: Callable[[str], None] = lambda s: None,
 ) -> list[Row]:
     rows: list[Row] = []
+    waiter = _Waiter(bench)
     for setting, systems in plan:
         log(f"{setting.label}: {len(systems)} systems")
-        rows += run_setting(setting, systems, bench, log)
+        rows += run_setting(setting, systems, bench, log, waiter)
     return rows
 
 
 # Reporting -------------------------------------------------------------------------------
 COLUMNS = [
-    "model", "image_size", "batch", "task", "impl", "precision", "compiled",
+    "model", "gelu", "image_size", "batch", "task", "impl", "precision", "compiled",
     "images_per_s", "min", "max", "clean_samples", "samples", "pct_of_ceiling", "ceiling_gflops",
     "x_best_fp32_peer", "x_timm_fp32", "work_mib", "compile_s", "error",
 ]
@@ -526,6 +543,7 @@ def row_dict(row: Row) -> dict[str, str]:
     frac = row.fraction
     return {
         "model": row.setting.config.name,
+        "gelu": row.setting.config.gelu,
         "image_size": str(row.setting.config.image_size[0]),
         "batch": str(row.setting.batch),
         "task": row.setting.task,
@@ -584,7 +602,7 @@ def markdown(rows: Sequence[Row], info: Optional[dict[str, str]] = None, bench: 
     ]
     for row in rows:
         d = row_dict(row)
-        setting = f"{d['model']} {d['image_size']}px b{d['batch']} {d['task']}"
+        setting = row.setting.label
         if row.error:
             lines.append(f"| {setting} | {row.system.label} | — | skipped: {row.error} | | | | | | |")
             continue

@@ -12,7 +12,8 @@ inference; the original model is never changed. The modes:
 - `quantize_int8(model)`: the encoder's Dense layers (qkv, attention output, MLP) with int8
   weights (one scale per output channel) and int8 activations (one scale per token, chosen at
   run time), multiplied by `torch._int_mm`. PyTorch's own `quantize_dynamic` is deprecated
-  as of torch 2.9+ (it points to torchao), so vitlab carries this small layer instead.
+  in torch 2.14 (it warns and points to torchao, not a vitlab dependency), so vitlab carries
+  this small layer instead.
 
 `agreement(reference, candidate, images)` measures what either mode costs in accuracy: the
 fraction of images whose top-1 class is unchanged, and the largest logit difference.
@@ -65,7 +66,8 @@ class PackedLinear(nn.Module):
         w = linear.weight.detach()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.activation = activation
-        self.register_buffer("weight_packed", torch.ops.mkldnn._reorder_linear_weight(w, batch_hint))
+        # Not persistent: a packed layout is for this process and machine, not for a file.
+        self.register_buffer("weight_packed", torch.ops.mkldnn._reorder_linear_weight(w, batch_hint), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
         self._post = {"none": ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh")}[activation]
 

@@ -87,6 +87,15 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().contiguous()
 
 
+def fresh_model(config: ViTConfig) -> nn.Module:
+    """A model to copy weights into. Built with the random state put back afterwards: its
+    initialisation must not shift the run's random stream (exact resume)."""
+    from vitlab.models.vit import VisionTransformer
+
+    with torch.random.fork_rng(devices=[]):
+        return VisionTransformer(config)
+
+
 def enable_grad_checkpointing(model: nn.Module) -> None:
     """Recompute each encoder block in the backward pass instead of storing its activations.
     The wrapper is set on the instances' `forward`: parameter names (the checkpoint contract)
@@ -312,13 +321,16 @@ class Trainer:
         params = [p for p in objective.parameters() if p.requires_grad]
 
         def save(step: int, seconds: float) -> Path:
-            return self._save(step, model, objective, optimizer, ema, ctx, ckpt_dir, seconds, total)
+            partial = {k: window[k] for k in ("loss", "acc", "n")}  # the unfinished log window
+            return self._save(step, model, objective, optimizer, ema, ctx, ckpt_dir, seconds, total, partial)
 
         loader_iter = iter(make_loader(
             train_set, per_rank, seed=t.seed, rank=ctx.rank, world=ctx.world, train=True,
             start_step=start, num_steps=total - start, num_workers=cfg.data.num_workers,
         ))
         window = {"loss": 0.0, "acc": 0.0, "n": 0, "images": 0, "t": time.perf_counter()}
+        if loaded_state is not None:
+            window.update(loaded_state[1].get("log_window", {}))
         bad_images = 0
         t_start = time.perf_counter()
         step = start
@@ -391,9 +403,8 @@ class Trainer:
         return summary
 
     # Pieces --------------------------------------------------------------------------------
-    def _save(self, step, model, objective, optimizer, ema, ctx, ckpt_dir, seconds, total) -> Path:
+    def _save(self, step, model, objective, optimizer, ema, ctx, ckpt_dir, seconds, total, log_window) -> Path:
         from vitlab.checkpoints.io import write as write_model
-        from vitlab.models.vit import VisionTransformer
 
         model_state = {k: _full(v) for k, v in model.state_dict().items()}
         extras = {k: _full(v) for k, v in objective.extra_tensors().items()}
@@ -411,18 +422,19 @@ class Trainer:
             meta = {
                 "step": step, "total_steps": total, "world": ctx.world, "optimizer": opt_meta,
                 "rng": [m for _, m in all_rng], "ema_updates": ema.updates if ema else 0, "train_seconds": seconds,
+                "log_window": log_window,
             }
             state.write_state(state_file, tensors, meta)
             to_save = model
             if ctx.parallel == "fsdp":  # a plain copy holding the gathered weights
-                to_save = VisionTransformer(model.config)
+                to_save = fresh_model(model.config)
                 to_save.load_state_dict(model_state)
                 to_save.class_names = model.class_names
             info = {"step": step, "objective": self.cfg.train.objective, "objective_options": self.cfg.objective}
             write_model(to_save, model_file, extra_metadata=info, extra_tensors=extras)
             state.link_last(ckpt_dir, model_file)
             if ema is not None:
-                averaged = VisionTransformer(model.config)
+                averaged = fresh_model(model.config)
                 averaged.load_state_dict({**model_state, **{k: v.to(model_state[k].dtype) for k, v in ema_state.items()}})
                 averaged.class_names = model.class_names
                 write_model(averaged, ckpt_dir / "ema.safetensors", extra_metadata={**info, "ema": self.cfg.train.ema})

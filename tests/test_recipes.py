@@ -1,0 +1,114 @@
+"""Recipes: every shipped file loads, the paper's optimiser/schedule/weight-decay groups, bad keys."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.config import ConfigError, OptimConfig, RunConfig, load_recipe, parse_override
+from vitlab.train.optim import build_optimizer, lr_at, param_groups
+
+CONFIGS = Path(vitlab.__file__).parent / "configs"
+
+
+def test_every_shipped_recipe_loads_and_says_how_to_run_it():
+    names = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+    assert {"digits", "fashion-mnist", "cifar10", "finetune", "vit-pretrain-imagenet21k", "vit-pretrain-imagenet"} <= set(names)
+    for name in names:
+        cfg = load_recipe(name)
+        text = (CONFIGS / f"{name}.yaml").read_text()
+        assert text.startswith("#") and "Runs with:" in text, name
+        assert "Measured:" in text or "Not run here" in text, name
+        assert RunConfig.from_dict(cfg.to_dict()) == cfg  # the resolved form reads back the same
+
+
+def small_model(**kw):
+    return vitlab.create_model("ViT-Ti/4", depth=2, num_classes=10, **kw)
+
+
+def test_pretraining_recipe_is_the_papers():
+    cfg = load_recipe("vit-pretrain-imagenet21k")
+    o, t, m = cfg.optim, cfg.train, cfg.model
+    assert (o.name, o.betas, o.weight_decay, o.clip_grad_norm) == ("adamw", (0.9, 0.999), 0.03, 1.0)
+    assert (o.warmup_steps, o.decay, o.lr) == (10_000, "linear", 1e-3)
+    assert t.batch_size == 4096 and 4096 % t.micro_batch_size == 0  # accumulation reaches 4096
+    assert m["dropout"] == 0.1 and m["representation_size"] == 768
+    opt = build_optimizer(small_model(representation_size=192), o)
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == (0.9, 0.999)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.03 and no_decay["weight_decay"] == 0.0
+
+
+def test_weight_decay_only_on_matrices():
+    model = small_model(representation_size=192)
+    decay, no_decay = param_groups(model, 0.1)
+    assert "patch_embed.proj.weight" in decay["names"] and "blocks.0.attn.qkv.weight" in decay["names"]
+    assert "pre_logits.weight" in decay["names"] and "head.weight" in decay["names"]
+    for name in ("cls_token", "pos_embed.pos_embedding", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "head.bias"):
+        assert name in no_decay["names"], name
+    assert all(p.ndim >= 2 for p in decay["params"])
+    total = sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == total
+    rel = vitlab.create_model("ViT-Ti/4", depth=1, pos_embed="relative", num_classes=10)
+    assert "blocks.0.attn.rel_embedding" in param_groups(rel, 0.1)[1]["names"]
+
+
+def test_finetuning_recipe_is_the_papers():
+    cfg = load_recipe("finetune")
+    o, t = cfg.optim, cfg.train
+    assert (o.name, o.momentum, o.weight_decay, o.decay, o.clip_grad_norm) == ("sgd", 0.9, 0.0, "cosine", 1.0)
+    assert t.batch_size == 512 and t.steps == 0  # 0: Table 4's count per dataset
+    assert cfg.model["representation_size"] is None
+    opt = build_optimizer(small_model(), o)
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9
+    from vitlab.train.finetune import TABLE4_LRS, TABLE4_STEPS, table4_dataset
+
+    assert TABLE4_STEPS["cifar10"] == 10_000 and TABLE4_STEPS["imagenet"] == 20_000 and TABLE4_STEPS["pets"] == 500
+    assert TABLE4_LRS["cifar100"] == (0.001, 0.003, 0.01, 0.03)
+    assert table4_dataset("cifar100:/x") == "cifar100" and table4_dataset("imagefolder:/data/oxford-pets") == "pets"
+
+
+def test_schedule_warmup_then_cosine_or_linear():
+    cos = OptimConfig(lr=1.0, warmup_steps=10, decay="cosine")
+    assert lr_at(0, 110, cos) == pytest.approx(0.1) and lr_at(9, 110, cos) == pytest.approx(1.0)
+    assert lr_at(60, 110, cos) == pytest.approx(0.5)  # half-way through the decay
+    assert lr_at(110, 110, cos) == pytest.approx(0.0, abs=1e-12)
+    lin = OptimConfig(lr=2.0, warmup_steps=0, decay="linear", end_lr=0.5)
+    assert [lr_at(s, 4, lin) for s in range(5)] == pytest.approx([2.0, 1.625, 1.25, 0.875, 0.5])
+    const = OptimConfig(lr=0.3, decay="constant", warmup_steps=2)
+    assert [lr_at(s, 10, const) for s in (0, 1, 5)] == pytest.approx([0.15, 0.3, 0.3])
+    values = [lr_at(s, 100, cos) for s in range(10, 100)]
+    assert all(a >= b for a, b in zip(values, values[1:])) and not any(math.isnan(v) for v in values)
+
+
+def test_bad_key_names_the_key_and_the_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"optim\.lrr.*valid optim keys: name, lr, betas"):
+        RunConfig().with_overrides({"optim.lrr": 0.1})
+    with pytest.raises(ConfigError, match=r"model\.dropot.*valid model keys:.*dropout"):
+        RunConfig().with_overrides({"model.dropot": 0.1})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  stepz: 10\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*train\.stepz.*valid train keys:.*steps"):
+        load_recipe(str(bad))
+    with pytest.raises(ConfigError, match="shipped recipes: .*digits"):
+        load_recipe("no-such-recipe")
+    with pytest.raises(ConfigError, match="optim.lr='fast' is not a valid float"):
+        RunConfig().with_overrides({"optim.lr": "fast"})
+    assert parse_override("optim.lr=1e-3") == ("optim.lr", 0.001)
+    assert parse_override("data.crop_scale=[0.5, 1]") == ("data.crop_scale", [0.5, 1])
+
+
+def test_cli_reports_a_bad_override_in_one_line(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "vitlab", "train", "--out", str(tmp_path / "run"), "optim.weight_decai=0.1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 2
+    assert "optim.weight_decai" in r.stderr and "weight_decay" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()
