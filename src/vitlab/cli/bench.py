@@ -49,6 +49,9 @@ def add_arguments(p) -> None:
                    help="total seconds to spend waiting for quiet in the run (default 120)")
     p.add_argument("--contended", type=float, default=0.1,
                    help="others' CPU use (cores) above which a sample is dropped (default 0.1)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall: real time with all threads (default; needs a quiet machine); cpu: one "
+                   "thread timed by its own CPU time, comparable on a busy machine")
     p.add_argument("--out", help="folder for NAME.csv and NAME.md (default: print only)")
     p.add_argument("--name", help="result file name (default: the suite name, or 'bench')")
 
@@ -77,7 +80,8 @@ def run(args) -> int:
                 systems = bench.standard_systems(task, args.peers, args.compile, args.precision or default)
                 plan += [(bench.Setting(cfg, b, task), systems) for b in args.batch_size]
     config = bench.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,
-                               wait_budget=args.wait_budget, contended_cores=args.contended)
+                               wait_budget=args.wait_budget, contended_cores=args.contended,
+                               clock=args.clock)
     info = bench.machine_info()
     rows = bench.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True))
     print(bench.markdown(rows, info, config))

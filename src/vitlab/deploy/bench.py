@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import ctypes
+import dataclasses
 import datetime as _dt
 import os
 import platform
@@ -303,16 +304,18 @@ class Sample:
     contended: bool
 
 
-def time_calls(fn: Callable[[], object], min_time: float, min_calls: int) -> tuple[float, float, int]:
+def time_calls(fn: Callable[[], object], min_time: float, min_calls: int, clock: str = "wall") -> tuple[float, float, int]:
     """Call `fn` at least `min_calls` times and for at least `min_time` s; (seconds per call,
-    others' CPU in cores, calls)."""
+    others' CPU in cores, calls). `clock="cpu"` counts this thread's CPU time instead of
+    wall time (see BenchConfig.clock)."""
+    timer = time.thread_time if clock == "cpu" else time.perf_counter
     calls = 0
     with CpuMeter() as meter:
-        t0 = time.perf_counter()
-        while calls < min_calls or time.perf_counter() - t0 < min_time:
+        t0, w0 = timer(), time.perf_counter()
+        while calls < min_calls or time.perf_counter() - w0 < min_time:
             fn()
             calls += 1
-        elapsed = time.perf_counter() - t0
+        elapsed = timer() - t0
     return elapsed / calls, meter.others, calls
 
 
@@ -364,6 +367,11 @@ class BenchConfig:
     max_wait: float = 3.0  # seconds to wait for quiet before each sample
     wait_budget: float = 120.0  # seconds of waiting in the whole run; then samples go ahead
     seed: int = 0
+    # "wall": wall-clock time with PyTorch's threads (the real figures; needs a quiet machine).
+    # "cpu": one thread, timed by its own CPU time, which other processes cannot inflate: the
+    # figures are single-core ones, but the comparisons hold on a busy machine. Samples are
+    # then never dropped (others' CPU use is still recorded).
+    clock: str = "wall"
 
 
 class _Waiter:
@@ -414,13 +422,13 @@ def run_setting(
         for kind, key in order:
             waiter()
             if kind == "sys":
-                sec, others, _ = time_calls(runners[key].fn, bench.min_time, bench.min_calls)
-                sample = Sample(r, setting.batch / sec, others, others > bench.contended_cores)
+                sec, others, _ = time_calls(runners[key].fn, bench.min_time, bench.min_calls, bench.clock)
+                sample = Sample(r, setting.batch / sec, others, bench.clock == "wall" and others > bench.contended_cores)
                 rows[key].samples.append(sample)
             else:
                 runner, flops = ceilings[key]
-                sec, others, _ = time_calls(runner.fn, bench.min_time / 2, 3)
-                ceiling_samples[key].append(Sample(r, flops / sec, others, others > bench.contended_cores))
+                sec, others, _ = time_calls(runner.fn, bench.min_time / 2, 3, bench.clock)
+                ceiling_samples[key].append(Sample(r, flops / sec, others, bench.clock == "wall" and others > bench.contended_cores))
         log(f"  {setting.label}: round {r + 1}/{bench.rounds} done")
 
     for system, row in rows.items():
@@ -514,11 +522,20 @@ def run(
     bench: BenchConfig = BenchConfig(),
     log: Callable[[str], None] = lambda s: None,
 ) -> list[Row]:
+    if bench.clock not in ("wall", "cpu"):
+        raise ValueError(f"clock {bench.clock!r} is not 'wall' or 'cpu'")
     rows: list[Row] = []
-    waiter = _Waiter(bench)
-    for setting, systems in plan:
-        log(f"{setting.label}: {len(systems)} systems")
-        rows += run_setting(setting, systems, bench, log, waiter)
+    threads = torch.get_num_threads()
+    if bench.clock == "cpu":
+        torch.set_num_threads(1)
+        bench = dataclasses.replace(bench, wait_budget=0.0)  # waiting buys nothing here
+    try:
+        waiter = _Waiter(bench)
+        for setting, systems in plan:
+            log(f"{setting.label}: {len(systems)} systems")
+            rows += run_setting(setting, systems, bench, log, waiter)
+    finally:
+        torch.set_num_threads(threads)
     return rows
 
 
@@ -573,13 +590,13 @@ def write_csv(rows: Sequence[Row], path: str | os.PathLike) -> None:
             w.writerow(row_dict(row))
 
 
-def contention_summary(rows: Sequence[Row]) -> str:
+def contention_summary(rows: Sequence[Row], threshold: float, word: str = "contended") -> str:
     samples = [s for r in rows for s in r.samples]
     if not samples:
         return "no samples"
-    bad = sum(s.contended for s in samples)
+    bad = sum(s.others > threshold for s in samples)
     mean_others = statistics.fmean(s.others for s in samples)
-    return (f"{bad} of {len(samples)} samples contended ({bad / len(samples):.0%}); "
+    return (f"{bad} of {len(samples)} samples {word} ({bad / len(samples):.0%}); "
             f"other processes used {mean_others:.2f} cores on average during samples")
 
 
@@ -590,10 +607,15 @@ def markdown(rows: Sequence[Row], info: Optional[dict[str, str]] = None, bench: 
         lines.append("Measured " + info["date"] + " on " + info["cpu"] + f" ({info['cores']} cores, "
                      f"{info['threads']} threads; {info['isa']}); python {info['python']}, torch {info['torch']}, "
                      f"timm {info['timm']}, transformers {info['transformers']}, torchvision {info['torchvision']}.")
-    if bench:
+    if bench and bench.clock == "cpu":
+        lines.append(f"{bench.rounds} rounds, samples of at least {bench.min_time:g} s. **Single-thread CPU-time "
+                     "clock**: one PyTorch thread, each call timed by its own CPU time, so other processes "
+                     "cannot inflate it; figures are single-core rates, ceilings too. "
+                     + contention_summary(rows, bench.contended_cores, "taken while others were busy") + ".")
+    elif bench:
         lines.append(f"{bench.rounds} rounds, samples of at least {bench.min_time:g} s; a sample is contended "
                      f"when other processes used more than {bench.contended_cores:g} cores during it. "
-                     + contention_summary(rows) + ".")
+                     + contention_summary(rows, bench.contended_cores) + ".")
     if lines:
         lines.append("")
     lines += [
