@@ -212,8 +212,8 @@ def main() -> int:
     if "throughput" in args.only:
         name = "quick" if args.quick else "full"
         config = bench.BenchConfig(rounds=2 if args.quick else 3, min_time=0.5 if args.quick else 1.0)
-        rows = bench.run(bench.suite(name), config, log=log)
-        bench.write_results(rows, out, "throughput", info, config)
+        rows = bench.run(bench.suite(name), config, log=log,
+                         progress=lambda rows: bench.write_results(rows, out, "throughput", info, config))
         log(f"wrote {out / 'throughput'}.csv and .md")
     log(f"done in {time.perf_counter() - t0:.0f} s")
     return 0

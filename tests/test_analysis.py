@@ -15,8 +15,9 @@ from vitlab.models.vit import VisionTransformer
 
 
 def tiny(**kw) -> VisionTransformer:
-    base = dict(name="tiny", image_size=(16, 24), patch_size=4, hidden_size=32, depth=3, num_heads=2,
-                mlp_dim=64, num_classes=5)
+    base = dict(
+        name="tiny", image_size=(16, 24), patch_size=4, hidden_size=32, depth=3, num_heads=2, mlp_dim=64, num_classes=5
+    )
     torch.manual_seed(0)
     return VisionTransformer(ViTConfig(**{**base, **kw})).eval()
 
@@ -149,8 +150,8 @@ def test_sincos_similarity_is_higher_for_nearer_positions():
     np.testing.assert_allclose([sim[i, j, i, j] for i in range(8) for j in range(8)], 1.0, rtol=1e-5)
     for i in range(8):
         for j in range(8):
-            near = [sim[i, j, k, l] for k in range(8) for l in range(8) if abs(k - i) + abs(l - j) == 1]
-            far = [sim[i, j, k, l] for k in range(8) for l in range(8) if math.hypot(k - i, l - j) >= 3]
+            near = [sim[i, j, k, m] for k in range(8) for m in range(8) if abs(k - i) + abs(m - j) == 1]
+            far = [sim[i, j, k, m] for k in range(8) for m in range(8) if math.hypot(k - i, m - j) >= 3]
             assert min(near) > max(far), (i, j)
     summary = analysis.similarity_vs_distance(sim)
     assert summary["pearson_distance_similarity"] < -0.5
@@ -238,8 +239,12 @@ def test_plots_and_html(tmp_path):
         plots.plot_filters(res.filters.components, tmp_path / "f.png", res.filters.source, res.filters.explained),
         plots.plot_position_similarity(res.pos_similarity, tmp_path / "p.png"),
         plots.plot_attention_distance(res.distances, tmp_path / "d.png", 4),
-        plots.plot_rollout(analysis.display_images(x, model.config.mean, model.config.std),
-                           analysis.upsample_map(res.rollout_maps, (16, 24)), tmp_path / "r.png", ["a", "b"]),
+        plots.plot_rollout(
+            analysis.display_images(x, model.config.mean, model.config.std),
+            analysis.upsample_map(res.rollout_maps, (16, 24)),
+            tmp_path / "r.png",
+            ["a", "b"],
+        ),
     ]
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

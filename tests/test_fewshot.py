@@ -110,6 +110,7 @@ def test_loo_prefers_strong_regularisation_for_noise():
 
 
 # Linear probe and k-NN ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_logistic_matches_sklearn():
     sklearn = pytest.importorskip("sklearn.linear_model")
     x, y = clusters(3, 5, 40, 2.0, 3)
@@ -212,7 +213,9 @@ def digit_ckpts(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("fewshot")
     torch.manual_seed(0)
-    cfg = ViTConfig(name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
+    cfg = ViTConfig(
+        name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10
+    )
     model = VisionTransformer(cfg)
     model.class_names = [str(i) for i in range(10)]
     vitlab.save(model, root / "model.safetensors")
@@ -269,8 +272,22 @@ def test_linear_probe_command(digit_ckpts, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     for name in ("model.safetensors", "model.npz"):
-        assert main(["linear-probe", str(digit_ckpts / name), "--data", "digits", "--max-per-class", "40",
-                     "--k", "5", "--json"]) == 0
+        assert (
+            main(
+                [
+                    "linear-probe",
+                    str(digit_ckpts / name),
+                    "--data",
+                    "digits",
+                    "--max-per-class",
+                    "40",
+                    "--k",
+                    "5",
+                    "--json",
+                ]
+            )
+            == 0
+        )
         res = json.loads(capsys.readouterr().out)
         assert res["num_train"] == 400 and res["num_test"] == 360
         assert 0.2 < res["logistic"]["test_accuracy"] <= 1.0 and 0.2 < res["knn"]["test_accuracy"] <= 1.0

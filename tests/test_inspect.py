@@ -18,8 +18,9 @@ pytest.importorskip("matplotlib")
 
 def save_model(path, fmt="vitlab", **kw):
     torch.manual_seed(0)
-    cfg = ViTConfig(name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=3, num_heads=2, mlp_dim=64,
-                    num_classes=10, **kw)
+    cfg = ViTConfig(
+        name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=3, num_heads=2, mlp_dim=64, num_classes=10, **kw
+    )
     model = vitlab.VisionTransformer(cfg).eval()
     model.class_names = [str(i) for i in range(10)]
     vitlab.save(model, path, format=fmt)
@@ -30,8 +31,22 @@ def save_model(path, fmt="vitlab", **kw):
 def test_inspect_on_a_data_spec(tmp_path, capsys):
     save_model(tmp_path / "m.safetensors")
     out = tmp_path / "inspect"
-    rc = main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "20",
-               "--rollout-images", "3", "--batch-size", "8"])
+    rc = main(
+        [
+            "inspect",
+            str(tmp_path / "m.safetensors"),
+            "--images",
+            "digits",
+            "--out",
+            str(out),
+            "--num-images",
+            "20",
+            "--rollout-images",
+            "3",
+            "--batch-size",
+            "8",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "attention distance" in text
@@ -44,7 +59,7 @@ def test_inspect_on_a_data_spec(tmp_path, capsys):
     assert np.array(numbers["position_similarity"]["similarity"]).shape == (4, 4, 4, 4)
     assert len(numbers["rollout"]["maps"]) == 3
     page = (out / "index.html").read_text()
-    assert page.count("data:image/png;base64,") == 4 and "src=\"filters.png\"" not in page
+    assert page.count("data:image/png;base64,") == 4 and 'src="filters.png"' not in page
 
 
 @pytest.mark.slow
@@ -69,7 +84,10 @@ def test_inspect_image_files_on_an_hf_folder(tmp_path, capsys):
 def test_no_position_table_is_explained(tmp_path, capsys):
     save_model(tmp_path / "m.safetensors", pos_embed="none", classifier="gap")
     out = tmp_path / "out"
-    assert main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"]) == 0
+    assert (
+        main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"])
+        == 0
+    )
     assert not (out / "position_similarity.png").exists()
     numbers = json.loads((out / "analysis.json").read_text())
     assert "no position embedding" in numbers["position_similarity"]["note"]
@@ -93,7 +111,10 @@ def test_extra_figures_hook(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(analysis, "extra_figures", extra)
     out = tmp_path / "out"
-    assert main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"]) == 0
+    assert (
+        main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"])
+        == 0
+    )
     assert seen == {"format": "vitlab", "images": (4, 3, 16, 16)}
     assert json.loads((out / "analysis.json").read_text())["mine"] == {"answer": 42}
     page = (out / "index.html").read_text()
@@ -103,6 +124,8 @@ def test_extra_figures_hook(tmp_path, monkeypatch, capsys):
 def test_bad_out(tmp_path, capsys):
     save_model(tmp_path / "m.safetensors")
     (tmp_path / "file").write_text("keep me")
-    assert main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(tmp_path / "file")]) == 2
+    assert (
+        main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(tmp_path / "file")]) == 2
+    )
     assert "not a folder" in capsys.readouterr().err
     assert (tmp_path / "file").read_text() == "keep me"

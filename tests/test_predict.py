@@ -20,8 +20,18 @@ NAMES = ["zero", "one", "two", "three", "four"]
 
 def make_model(**kw):
     torch.manual_seed(0)
-    cfg = ViTConfig(name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64,
-                    num_classes=5, head_init="xavier", **kw)
+    cfg = ViTConfig(
+        name="tiny",
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        depth=2,
+        num_heads=2,
+        mlp_dim=64,
+        num_classes=5,
+        head_init="xavier",
+        **kw,
+    )
     model = vitlab.VisionTransformer(cfg).eval()
     model.class_names = list(NAMES)
     return model
@@ -71,13 +81,17 @@ def test_every_mode_and_a_bad_file(ckpts, images, capsys):
         probs = model(x).softmax(-1)[0]
         top = r["predictions"]
         assert [p["class"] for p in top] == [NAMES[i] for i in probs.argsort(descending=True).tolist()]
-        np.testing.assert_allclose([p["probability"] for p in top], probs.sort(descending=True).values.tolist(), rtol=1e-5)
+        np.testing.assert_allclose(
+            [p["probability"] for p in top], probs.sort(descending=True).values.tolist(), rtol=1e-5
+        )
         assert sum(p["probability"] for p in top) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_table_globs_and_top_k(ckpts, images, capsys):
     _, root = ckpts
-    rc = main(["predict", str(root / "model.safetensors"), str(images / "*.png"), str(images / "grey.jpg"), "--top-k", "2"])
+    rc = main(
+        ["predict", str(root / "model.safetensors"), str(images / "*.png"), str(images / "grey.jpg"), "--top-k", "2"]
+    )
     out = capsys.readouterr()
     assert rc == 1 and "rgb.png" in out.out and "grey.jpg" in out.out
     lines = [line for line in out.out.splitlines() if line.strip()]
@@ -93,14 +107,17 @@ def test_other_format_gives_the_same_predictions(ckpts, images, capsys):
     assert len(a["results"]) == 3
     for ra, rb in zip(a["results"], b["results"]):
         assert [p["index"] for p in ra["predictions"]] == [p["index"] for p in rb["predictions"]]
-        np.testing.assert_allclose([p["probability"] for p in ra["predictions"]],
-                                   [p["probability"] for p in rb["predictions"]], rtol=1e-5)
+        np.testing.assert_allclose(
+            [p["probability"] for p in ra["predictions"]], [p["probability"] for p in rb["predictions"]], rtol=1e-5
+        )
 
 
 def test_attention_overlays(ckpts, images, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     _, root = ckpts
-    rc, res, _ = run_json(capsys, root / "timm.safetensors", images / "rgb.png", images / "sub", "--attention", tmp_path)
+    rc, res, _ = run_json(
+        capsys, root / "timm.safetensors", images / "rgb.png", images / "sub", "--attention", tmp_path
+    )
     assert rc == 0
     written = sorted(tmp_path.glob("*.png"))
     assert len(written) == 3 and all(p.read_bytes()[:4] == b"\x89PNG" for p in written)

@@ -37,7 +37,9 @@ def _tile(img: np.ndarray) -> np.ndarray:
     return (img - lo) / (hi - lo) if hi > lo else np.zeros_like(img)
 
 
-def plot_filters(components: np.ndarray, path, source: str = "", explained: Optional[np.ndarray] = None, cols: int = 7) -> Path:
+def plot_filters(
+    components: np.ndarray, path, source: str = "", explained: Optional[np.ndarray] = None, cols: int = 7
+) -> Path:
     """Fig. 7 (left): components (k, P, P, C) as P x P tiles (colour for C = 3)."""
     k = len(components)
     cols = min(cols, k)

@@ -19,9 +19,7 @@ def _img(png: Path) -> str:
 def write_html(path: str | Path, title: str, facts: dict, figures: Sequence[Figure]) -> Path:
     """Write the page: a table of facts (checkpoint, model, images), then each figure with
     its caption. Returns the path."""
-    rows = "\n".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts.items()
-    )
+    rows = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts.items())
     sections = "\n".join(
         f'<section id="{html.escape(f.name)}"><h2>{html.escape(f.title)}</h2>{_img(f.png)}'
         f"<p>{html.escape(f.caption)}</p></section>"

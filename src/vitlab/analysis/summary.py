@@ -11,7 +11,12 @@ from torch import Tensor
 
 from vitlab.analysis.attention_distance import AttentionDistance, distance_depth_trend
 from vitlab.analysis.filters import FilterPCs, embedding_filters
-from vitlab.analysis.pos_similarity import NoPositionTable, cosine_similarity_grid, position_table, similarity_vs_distance
+from vitlab.analysis.pos_similarity import (
+    NoPositionTable,
+    cosine_similarity_grid,
+    position_table,
+    similarity_vs_distance,
+)
 from vitlab.analysis.rollout import attention_rollout
 
 

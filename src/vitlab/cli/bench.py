@@ -16,14 +16,17 @@ Dense layers and fused GELU); bf16-autocast (fp32 weights, bf16 matrix products)
 (weights and activations in bf16; vitlab's copy is also packed); int8 (vitlab only: int8 Dense
 layers). A training step is fp32 or bf16-autocast, AdamW, cross-entropy.
 
---suite quick (about 2-4 minutes on 2 quiet cores) or --suite full (about 10) run the standard
-settings; otherwise --model/--batch-size/--task/--precision pick a subset.
+--suite quick or --suite full run the standard settings (on 2 quiet cores, estimated: about 3
+and 10-15 minutes); otherwise --model/--batch-size/--task/--precision pick a subset. On a busy
+machine, --clock cpu times one thread by its own CPU time: single-core figures, but other
+processes cannot distort the comparisons.
 
 examples:
   vitlab bench --model ViT-B/16 --batch-size 8
   vitlab bench --model ViT-Ti/16 --batch-size 1 16 --precision fp32 bf16 int8 --peers timm
   vitlab bench --model ViT-C/4 --batch-size 128 --task train --compile bf16-autocast
   vitlab bench --suite full --out benchmarks/results
+  vitlab bench --suite full --clock cpu --out benchmarks/results --name throughput-cpu-clock
 """
 
 
@@ -83,9 +86,15 @@ def run(args) -> int:
                                wait_budget=args.wait_budget, contended_cores=args.contended,
                                clock=args.clock)
     info = bench.machine_info()
-    rows = bench.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True))
+    name = args.name or args.suite or "bench"
+
+    def save(rows):  # after every setting, so an interrupted run keeps what it measured
+        if args.out:
+            return bench.write_results(rows, args.out, name, info, config)
+
+    rows = bench.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True), progress=save)
     print(bench.markdown(rows, info, config))
     if args.out:
-        csv_path, md_path = bench.write_results(rows, args.out, args.name or args.suite or "bench", info, config)
+        csv_path, md_path = save(rows)
         print(f"wrote {csv_path} and {md_path}")
     return 0

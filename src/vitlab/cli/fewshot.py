@@ -31,13 +31,19 @@ def add_arguments(p) -> None:
     from vitlab.cli.predict import add_checkpoint_arguments
 
     add_checkpoint_arguments(p)
-    p.add_argument("--data", required=True, help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN",
+    )
     p.add_argument("--train-split", default="train", help="where the few-shot examples come from (default train)")
     p.add_argument("--test-split", default="test", help="what accuracy is measured on (default test)")
     p.add_argument("--shots", default="1,5,10,25", help="comma-separated shots per class (default 1,5,10,25)")
     p.add_argument("--seeds", type=int, default=3, help="draws per shot count (default 3)")
     p.add_argument("--l2", type=float, help="fix the L2 strength instead of choosing it by leave-one-out")
-    p.add_argument("--pool", type=int, default=100, help="training images per class to draw shots from (default 100; 0: all)")
+    p.add_argument(
+        "--pool", type=int, default=100, help="training images per class to draw shots from (default 100; 0: all)"
+    )
     p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--no-cache", action="store_true", help="recompute features, do not read or write the cache")
@@ -106,7 +112,13 @@ def run(args) -> int:
     (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
     try:
         result = fewshot_eval(
-            tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=args.l2,
+            tr_x,
+            tr_y,
+            te_x,
+            te_y,
+            shots=shots,
+            seeds=args.seeds,
+            l2=args.l2,
             num_classes=len(class_names) if class_names else None,
         )
     except ValueError as e:

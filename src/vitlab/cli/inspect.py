@@ -114,60 +114,79 @@ def run(args) -> int:
 
     figures = []
     f = result.filters
-    figures.append(analysis.Figure(
-        "filters", "Embedding filters (Fig. 7, left)",
-        plots.plot_filters(f.components, out / "filters.png", f.source, f.explained),
-        f"First {len(f.components)} principal components of the {f.source}; "
-        f"they explain {100 * f.explained.sum():.1f}% of the filters' variance (share per tile above it).",
-    ))
+    figures.append(
+        analysis.Figure(
+            "filters",
+            "Embedding filters (Fig. 7, left)",
+            plots.plot_filters(f.components, out / "filters.png", f.source, f.explained),
+            f"First {len(f.components)} principal components of the {f.source}; "
+            f"they explain {100 * f.explained.sum():.1f}% of the filters' variance (share per tile above it).",
+        )
+    )
     if result.pos_similarity is not None:
         s = result.pos_summary
-        figures.append(analysis.Figure(
-            "position_similarity", "Position embedding similarity (Fig. 7, centre)",
-            plots.plot_position_similarity(result.pos_similarity, out / "position_similarity.png",
-                                           f"Position embedding similarity ({cfg.pos_embed})"),
-            f"Each small map: cosine similarity of one patch position's embedding to all others. "
-            f"Mean similarity of grid neighbours {s['mean_similarity_neighbours']:.3f}, of far positions "
-            f"{s['mean_similarity_far']:.3f}; correlation of distance and similarity "
-            f"{s['pearson_distance_similarity']:.3f} (negative: nearer positions are more similar).",
-        ))
+        figures.append(
+            analysis.Figure(
+                "position_similarity",
+                "Position embedding similarity (Fig. 7, centre)",
+                plots.plot_position_similarity(
+                    result.pos_similarity,
+                    out / "position_similarity.png",
+                    f"Position embedding similarity ({cfg.pos_embed})",
+                ),
+                f"Each small map: cosine similarity of one patch position's embedding to all others. "
+                f"Mean similarity of grid neighbours {s['mean_similarity_neighbours']:.3f}, of far positions "
+                f"{s['mean_similarity_far']:.3f}; correlation of distance and similarity "
+                f"{s['pearson_distance_similarity']:.3f} (negative: nearer positions are more similar).",
+            )
+        )
     d = result.distance_summary
-    figures.append(analysis.Figure(
-        "attention_distance", "Mean attention distance (Fig. 7, right)",
-        plots.plot_attention_distance(result.distances, out / "attention_distance.png", cfg.total_stride),
-        f"Per head and layer, the attention-weighted distance in pixels between a query patch and the "
-        f"patches it attends to, averaged over {result.num_images} images. The class token is left out "
-        f"as query and key (rows renormalised over patches). Spearman correlation of depth and per-layer "
-        f"mean distance: {d['spearman_depth_distance']:.3f}.",
-    ))
+    figures.append(
+        analysis.Figure(
+            "attention_distance",
+            "Mean attention distance (Fig. 7, right)",
+            plots.plot_attention_distance(result.distances, out / "attention_distance.png", cfg.total_stride),
+            f"Per head and layer, the attention-weighted distance in pixels between a query patch and the "
+            f"patches it attends to, averaged over {result.num_images} images. The class token is left out "
+            f"as query and key (rows renormalised over patches). Spearman correlation of depth and per-layer "
+            f"mean distance: {d['spearman_depth_distance']:.3f}.",
+        )
+    )
     if len(result.rollout_maps):
         maps = analysis.upsample_map(result.rollout_maps, tuple(result.rollout_images.shape[2:]))
         imgs = analysis.display_images(result.rollout_images, cfg.mean, cfg.std)
         titles = _titles(labels, result.rollout_labels, len(imgs))
         how = "class token's row" if model.num_prefix_tokens else "mean of the patch rows (GAP model)"
-        figures.append(analysis.Figure(
-            "rollout", "Attention rollout (Fig. 6)",
-            plots.plot_rollout(imgs, maps, out / "rollout.png", titles),
-            f"Heads averaged, identity added for the residual path, rows renormalised, multiplied through "
-            f"all {cfg.depth} layers; the {how}, upsampled and multiplied into the image.",
-        ))
+        figures.append(
+            analysis.Figure(
+                "rollout",
+                "Attention rollout (Fig. 6)",
+                plots.plot_rollout(imgs, maps, out / "rollout.png", titles),
+                f"Heads averaged, identity added for the residual path, rows renormalised, multiplied through "
+                f"all {cfg.depth} layers; the {how}, upsampled and multiplied into the image.",
+            )
+        )
     extra = analysis.extra_figures(model, imported.metadata, imported.extras, result.rollout_images, out)
     figures.extend(extra)
 
     numbers = result.numbers()
     numbers["checkpoint"] = {
-        "path": args.checkpoint, "format": imported.source_format, "model": cfg.name,
-        "random_init": args.random_init, "images": source,
+        "path": args.checkpoint,
+        "format": imported.source_format,
+        "model": cfg.name,
+        "random_init": args.random_init,
+        "images": source,
     }
     for fig in extra:
         numbers[fig.name] = fig.numbers
     write_json(str(out / "analysis.json"), numbers)
     facts = {
-        "checkpoint": args.checkpoint + (f" (weights replaced: random init, seed {args.random_init})" if args.random_init is not None else ""),
+        "checkpoint": args.checkpoint
+        + (f" (weights replaced: random init, seed {args.random_init})" if args.random_init is not None else ""),
         "format": imported.source_format,
         "model": f"{cfg.name}: {cfg.depth} layers, width {cfg.hidden_size}, {cfg.num_heads} heads, "
-                 f"patch {cfg.total_stride}px, {cfg.image_size[0]}x{cfg.image_size[1]}, "
-                 f"classifier {cfg.classifier}, pos_embed {cfg.pos_embed}",
+        f"patch {cfg.total_stride}px, {cfg.image_size[0]}x{cfg.image_size[1]}, "
+        f"classifier {cfg.classifier}, pos_embed {cfg.pos_embed}",
         "images": source,
         "position embedding": result.pos_note,
     }
@@ -177,13 +196,18 @@ def run(args) -> int:
     print(f"  filters              {f.source}; top {len(f.components)} PCs explain {100 * f.explained.sum():.1f}%")
     if result.pos_similarity is not None:
         s = result.pos_summary
-        print(f"  position similarity  neighbours {s['mean_similarity_neighbours']:.3f}, far {s['mean_similarity_far']:.3f}, "
-              f"corr(distance, similarity) {s['pearson_distance_similarity']:.3f}")
+        print(
+            f"  position similarity  neighbours {s['mean_similarity_neighbours']:.3f}, "
+            f"far {s['mean_similarity_far']:.3f}, "
+            f"corr(distance, similarity) {s['pearson_distance_similarity']:.3f}"
+        )
     else:
         print(f"  position similarity  none: {result.pos_note}")
     per_layer = " ".join(f"{v:.1f}" for v in d["mean_per_layer"])
-    print(f"  attention distance   per layer (px, mean over heads): {per_layer}; "
-          f"Spearman(depth, distance) {d['spearman_depth_distance']:.3f}")
+    print(
+        f"  attention distance   per layer (px, mean over heads): {per_layer}; "
+        f"Spearman(depth, distance) {d['spearman_depth_distance']:.3f}"
+    )
     print(f"  rollout              {len(result.rollout_maps)} image(s)")
     for fig in extra:
         print(f"  {fig.name:<20} {fig.png.name}")

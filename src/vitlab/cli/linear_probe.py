@@ -22,7 +22,11 @@ def add_arguments(p) -> None:
     from vitlab.cli.predict import add_checkpoint_arguments
 
     add_checkpoint_arguments(p)
-    p.add_argument("--data", required=True, help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN",
+    )
     p.add_argument("--train-split", default="train")
     p.add_argument("--test-split", default="test")
     p.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the logistic regression (default 1.0)")
@@ -74,7 +78,10 @@ def run(args) -> int:
     what = "random init" if args.random_init is not None else args.checkpoint
     print(f"linear probe  {model.config.name} ({what})  on {args.data}")
     print(f"train {result['num_train']} images, test {result['num_test']}, {result['feature_dim']}-d features")
-    print(f"logistic regression (C={args.C})  test {100 * probe['test_accuracy']:.2f}%  (train {100 * probe['train_accuracy']:.2f}%)")
+    print(
+        f"logistic regression (C={args.C})  test {100 * probe['test_accuracy']:.2f}%  "
+        f"(train {100 * probe['train_accuracy']:.2f}%)"
+    )
     print(f"{args.k}-NN (cosine)                 test {100 * knn:.2f}%")
     if args.out:
         print(f"wrote {args.out}")

@@ -521,7 +521,9 @@ def run(
     plan: Sequence[tuple[Setting, Sequence[System]]],
     bench: BenchConfig = BenchConfig(),
     log: Callable[[str], None] = lambda s: None,
+    progress: Optional[Callable[[list[Row]], None]] = None,
 ) -> list[Row]:
+    """Run a plan setting by setting; `progress(rows_so_far)` after each (to save partial results)."""
     if bench.clock not in ("wall", "cpu"):
         raise ValueError(f"clock {bench.clock!r} is not 'wall' or 'cpu'")
     rows: list[Row] = []
@@ -534,6 +536,8 @@ def run(
         for setting, systems in plan:
             log(f"{setting.label}: {len(systems)} systems")
             rows += run_setting(setting, systems, bench, log, waiter)
+            if progress is not None:
+                progress(rows)
     finally:
         torch.set_num_threads(threads)
     return rows

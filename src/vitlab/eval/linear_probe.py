@@ -34,8 +34,13 @@ def fit_logistic(
     w = torch.zeros(x.shape[1], num_classes, dtype=torch.float64, requires_grad=True)
     b = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS(
-        [w, b], lr=1.0, max_iter=max_iter, tolerance_grad=tol, tolerance_change=1e-12,
-        history_size=20, line_search_fn="strong_wolfe",
+        [w, b],
+        lr=1.0,
+        max_iter=max_iter,
+        tolerance_grad=tol,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
     )
 
     def closure():
@@ -66,7 +71,9 @@ def logistic_probe(
 ) -> dict:
     """Top-1 test accuracy of logistic regression on standardised frozen features."""
     k = int(max(train_labels.max(), test_labels.max())) + 1
-    tr, te = _standardise(torch.as_tensor(train_feats, dtype=torch.float64), torch.as_tensor(test_feats, dtype=torch.float64))
+    tr, te = _standardise(
+        torch.as_tensor(train_feats, dtype=torch.float64), torch.as_tensor(test_feats, dtype=torch.float64)
+    )
     w, b = fit_logistic(tr.numpy(), train_labels, k, C, max_iter)
     train_acc = float(((tr @ w + b).argmax(1).numpy() == train_labels).mean())
     test_acc = float(((te @ w + b).argmax(1).numpy() == test_labels).mean())

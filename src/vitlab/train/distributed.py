@@ -64,8 +64,11 @@ def cleanup(ctx: Context) -> None:
         dist.destroy_process_group()
 
 
-def wrap(module: nn.Module, ctx: Context, blocks: list[nn.Module] | None = None) -> nn.Module:
-    """The module the training step calls: DDP or FSDP around the objective, or itself."""
+def wrap(module: nn.Module, ctx: Context, blocks: list[nn.Module] | None = None, inner: nn.Module | None = None) -> nn.Module:
+    """The module the training step calls: DDP or FSDP around the objective, or itself.
+
+    FSDP units: each encoder block, the backbone `inner` (so that calling it directly, as
+    evaluation does, gathers its weights) and the objective around it."""
     if ctx.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -76,6 +79,8 @@ def wrap(module: nn.Module, ctx: Context, blocks: list[nn.Module] | None = None)
 
         for block in blocks or []:
             fully_shard(block)
+        if inner is not None:
+            fully_shard(inner)
         fully_shard(module)
         return module
     return module

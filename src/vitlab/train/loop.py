@@ -271,7 +271,7 @@ class Trainer:
         objective.to(ctx.device)
         if t.grad_checkpointing:
             enable_grad_checkpointing(model)
-        wrapped = distributed.wrap(objective, ctx, blocks=list(model.blocks))
+        wrapped = distributed.wrap(objective, ctx, blocks=list(model.blocks), inner=model)
         optimizer = build_optimizer(objective, cfg.optim)
         ema = EMA(model, t.ema) if t.ema > 0 else None
         step_fn = torch.compile(wrapped) if t.compile else wrapped
