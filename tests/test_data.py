@@ -45,7 +45,7 @@ def cifar_samples(n: int) -> list[tuple[str, bytes, int]]:
 
 
 def decoded(sample_bytes: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(sample_bytes)).convert("RGB"))
+    return np.array(Image.open(io.BytesIO(sample_bytes)).convert("RGB"))
 
 
 # Sources ----------------------------------------------------------------------------------

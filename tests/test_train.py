@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -101,13 +100,8 @@ def test_crash_while_writing_a_checkpoint_keeps_the_last_one_and_resumes_exactly
     """A write that dies half-way leaves no partial file; the rerun continues bit-identically."""
     Trainer(tiny(), tmp_path / "straight", quiet=True).run()
 
-    import vitlab.checkpoints.io as io
-
     real_save = __import__("safetensors.torch", fromlist=["save_file"]).save_file
-    calls = {"n": 0}
-
     def dying_save(tensors, filename, metadata=None):
-        calls["n"] += 1
         if metadata and metadata.get("format") == "vitlab" and json.loads(metadata.get("step", "0")) == 10:
             Path(filename).write_bytes(b"half a file")  # the temporary file, mid-write
             raise OSError("disk died")
@@ -250,3 +244,24 @@ def test_finetune_at_a_higher_resolution_and_eval(tmp_path):
     assert result["top1"] == pytest.approx(summary["splits"]["test"]["top1"])
     assert set(result["per_class"]) == set("0123456789")
     assert (out / "eval" / "eval-test.json").is_file() and (out / "eval" / "confusion-test.png").is_file()
+
+
+def test_lr_sweep_picks_on_dev_then_trains_on_everything(tmp_path):
+    from vitlab.train.finetune import lr_sweep
+
+    cfg = tiny(train={"steps": 4, "ema": 0.0, "mixup": 0.0, "ckpt_every": 4})
+    seen = []
+
+    def train(c, out):
+        seen.append((c.optim.lr, c.data.train_split, c.data.eval_splits))
+        return Trainer(c, out, quiet=True).run()
+
+    result = lr_sweep(cfg, tmp_path, (1e-4, 3e-3), train, log=lambda _: None)
+    assert seen[:2] == [(1e-4, "train-minus-dev", ("dev",)), (3e-3, "train-minus-dev", ("dev",))]
+    scores = result["dev_top1"]
+    best = max((1e-4, 3e-3), key=lambda lr: (scores[f"{lr:g}"], -lr))
+    assert result["best_lr"] == best and seen[2] == (best, "train", ("test",))
+    assert json.loads((tmp_path / "sweep.json").read_text())["best_lr"] == best
+    assert (tmp_path / "final" / "summary.json").is_file() and (tmp_path / "sweep" / "lr-0.003" / "summary.json").is_file()
+    dev = json.loads((tmp_path / "sweep" / "lr-0.0001" / "summary.json").read_text())["splits"]["dev"]
+    assert dev["count"] == 144  # 10% of the 1,437 training digits

@@ -51,6 +51,10 @@ def atomic_write(path: str | os.PathLike, write_fn) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    # mkstemp makes the file private (0600); give it the permissions a plain open() would.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         write_fn(tmp)
         with open(tmp, "rb+") as f:

@@ -71,7 +71,12 @@ def run(args: argparse.Namespace) -> int:
             if labels.numel():
                 yield images, labels
 
-    metrics = evaluate(model, batches(), cfg.num_classes, device, torch.bfloat16 if args.bf16 else None)
+    from vitlab.data import BadImageError
+
+    try:
+        metrics = evaluate(model, batches(), cfg.num_classes, device, torch.bfloat16 if args.bf16 else None)
+    except BadImageError as e:
+        raise UsageError(str(e).strip().splitlines()[-1]) from None
     metrics["bad_images_skipped"] = bad
     ckpt = Path(args.checkpoint)
     out = Path(args.out) if args.out else (ckpt.parent.parent / "eval" if ckpt.parent.name == "checkpoints" else Path("eval"))

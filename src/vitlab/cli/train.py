@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def execute(cfg, out: Path, quiet: bool = False) -> int:
+    from vitlab.data import BadImageError
     from vitlab.train.loop import Trainer, TrainingDiverged
 
     try:
@@ -159,4 +160,7 @@ def execute(cfg, out: Path, quiet: bool = False) -> int:
     except TrainingDiverged as e:
         print(f"vitlab train: stopped: {e}", file=sys.stderr)
         return 3
+    except BadImageError as e:  # names the file; the checkpoints written so far are kept
+        print(f"vitlab train: error: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
+        return 2
     return 0

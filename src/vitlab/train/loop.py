@@ -182,7 +182,7 @@ class Trainer:
 
     # The run ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        cfg, t = self.cfg, self.cfg.train
+        t = self.cfg.train
         ctx = distributed.setup(t.device, t.parallel)
         self.ctx = ctx
         try:
@@ -311,9 +311,10 @@ class Trainer:
         log = MetricsLog(self.out) if ctx.is_main else None
         progress = Progress(total, start) if ctx.is_main and not self.quiet else None
         if ctx.is_main and not self.quiet:
-            n_params = sum(p.numel() for p in model.parameters())
+            n_params, mc = sum(p.numel() for p in model.parameters()), model.config
             self._say(
-                f"training {model.config.name} ({n_params:,} parameters) on {cfg.data.name}: {len(train_set):,} images, "
+                f"training {model.config.name} [width {mc.hidden_size}, depth {mc.depth}, {mc.image_size[0]}x{mc.image_size[1]} px, "
+                f"patch {mc.patch_size}] ({n_params:,} parameters) on {cfg.data.name}: {len(train_set):,} images, "
                 f"{len(class_names)} classes, {total} steps of {t.batch_size} ({bpe} per epoch), "
                 f"{ctx.world} process(es) on {ctx.device}"
             )
