@@ -236,7 +236,7 @@ def test_checkpoint_keeps_extras_and_finetuning_drops_the_head(tmp_path):
         assert torch.equal(back.extra_tensors()[k], v)
 
     model = vitlab.load(path, num_classes=10)  # the fine-tuning path
-    assert not any(k.startswith(io.EXTRA_PREFIX) or k.startswith("objective") for k in model.state_dict())
+    assert not any(k.startswith((io.EXTRA_PREFIX, "objective")) for k in model.state_dict())
     assert model.head.out_features == 10 and torch.count_nonzero(model.head.weight) == 0
     for k, v in obj.model.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k

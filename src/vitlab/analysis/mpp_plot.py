@@ -12,7 +12,12 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
-from vitlab.analysis.mpp import MPPPredictions, mpp_predictions, objective_from_extras, summary_numbers
+from vitlab.analysis.mpp import (
+    MPPPredictions,
+    mpp_predictions,
+    objective_from_extras,
+    summary_numbers,
+)
 
 # Outline colours per corruption kind (codes of vitlab.train.mpp).
 KIND_COLORS = {1: ("#d62728", "[mask]"), 2: ("#1f77b4", "random patch"), 3: ("#2ca02c", "unchanged")}
@@ -24,12 +29,13 @@ def _expand(kind: np.ndarray, factor: int) -> np.ndarray:
 
 
 def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = "") -> Path:
-    from vitlab.analysis.plots import _figure, _save
     from matplotlib.patches import Patch, Rectangle
 
+    from vitlab.analysis.plots import _figure, _save
+
     n = min(max_images, result.images.shape[0])
-    h, w = result.images.shape[1:3]
-    gh, gw = result.kind.shape[1:]
+    h = result.images.shape[1]
+    gh = result.kind.shape[1]
     p = h // gh
     fig = _figure(4 * 1.6 + 0.3, n * 1.6 + 0.6)
     titles = ("input", "what the encoder sees", "true colour (corrupted)", "predicted colour")
@@ -86,4 +92,4 @@ def mpp_figures(model, metadata: dict[str, str], extras: dict[str, Tensor], imag
     return [Figure("mpp", "Masked patch prediction", png, caption, summary_numbers(result))]
 
 
-__all__ = ["plot_mpp", "mpp_figures"]
+__all__ = ["mpp_figures", "plot_mpp"]

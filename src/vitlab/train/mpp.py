@@ -321,14 +321,14 @@ class MaskedPatchPrediction(Objective):
 OBJECTIVES["mpp"] = MaskedPatchPrediction
 
 __all__ = [
-    "MaskedPatchPrediction",
     "MPPConfig",
+    "MaskedPatchPrediction",
+    "apply_corruption",
+    "dequantise_colors",
     "draw_corruption",
     "draw_sources",
-    "apply_corruption",
-    "unnormalise",
-    "quantise_colors",
-    "dequantise_colors",
-    "patch_targets",
     "mpp_loss",
+    "patch_targets",
+    "quantise_colors",
+    "unnormalise",
 ]
