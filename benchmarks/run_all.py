@@ -121,7 +121,7 @@ def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
         vitlab.save(init, Path(tmp) / "init.safetensors", format="timm")
         timm_state = load_file(str(Path(tmp) / "init.safetensors"))
     images, labels = cifar("train", steps * batch, 32, cfg.mean, cfg.std, train=True, batch=batch)
-    log(f"training: {steps} steps of {batch} real CIFAR-10 training images, 3 systems")
+    log(f"training: {steps} steps of {batch} real CIFAR-10 training images, 4 systems")
 
     def make(system: str):
         if system.startswith("timm"):
@@ -135,6 +135,7 @@ def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
     systems = {"vitlab fp32": False, "vitlab bf16-autocast": True, "timm fp32": False, "timm bf16-autocast": True}
     losses: dict[str, list[float]] = {}
     seconds: dict[str, list[float]] = {}
+    busy = []  # other processes' CPU use (cores) during each step
     for name, autocast in systems.items():
         m = make(name)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.05)
@@ -142,13 +143,14 @@ def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
         for s in range(steps):
             x, y = images[s * batch : (s + 1) * batch], labels[s * batch : (s + 1) * batch]
             bench.wait_quiet(0.1, 0.5)
-            t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            seconds[name].append(time.perf_counter() - t0)
+            with bench.CpuMeter() as meter:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    loss = F.cross_entropy(m(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            seconds[name].append(meter.wall)
+            busy.append(meter.others)
             losses[name].append(loss.item())
         log(f"training {name}: loss {losses[name][0]:.3f} -> {losses[name][-1]:.3f}")
 
@@ -185,10 +187,14 @@ def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
     curves = "| step | " + " | ".join(systems) + " |\n|" + " --- |" * (len(systems) + 1) + "\n"
     for s in range(0, steps, max(steps // 10, 1)):
         curves += f"| {s} | " + " | ".join(f"{losses[n][s]:.4f}" for n in systems) + " |\n"
+    contended = sum(b > 0.1 for b in busy)
     notes = ("ViT-C/4 (D 192, depth 9, patch 4, 32 px), batch 128, AdamW lr 1e-3, the same initial "
              "weights (timm's copied with vitlab's timm converter) and the same real augmented batches "
-             "for every system; step times are medians after the first step, each step started on a "
-             "quiet machine where possible. Data rows: decoding and augmenting only, no model.\n\n"
+             "for every system; step times are wall-clock medians after the first step, each step "
+             f"started on a quiet machine where possible: {contended} of {len(busy)} steps ran while "
+             f"other processes used more than 0.1 cores (mean {statistics.fmean(busy):.2f} cores); "
+             "the interleaved figures are in throughput.md. Data rows: decoding and augmenting only, "
+             "no model.\n\n"
              "Loss curves:\n\n" + curves + "\n")
     write(out, "training", "Training step on the CIFAR-sized ViT", info, rows + data_rows, list(rows[0]), notes)
 

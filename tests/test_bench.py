@@ -80,3 +80,19 @@ def test_bench_cli(tmp_path, capsys):
     assert main(["bench", "--peers", "jax"]) == 2
     assert "unknown peer" in capsys.readouterr().err
     assert main(["bench", "--model", "ViT-Q/9"]) == 2
+
+
+def test_cpu_clock_runs_one_thread_and_restores_the_count():
+    import dataclasses
+
+    import torch
+
+    threads = torch.get_num_threads()
+    seen = []
+    config = dataclasses.replace(FAST, clock="cpu")
+    rows = bench.run([(tiny(), [bench.System("vitlab")])], config, progress=lambda rows: seen.append(torch.get_num_threads()))
+    assert seen == [1] and torch.get_num_threads() == threads
+    assert all(r.median > 0 and not r.samples[0].contended for r in rows)
+    assert "CPU-time clock" in bench.markdown(rows, None, config)
+    with pytest.raises(ValueError, match="clock"):
+        bench.run([], dataclasses.replace(FAST, clock="sundial"))

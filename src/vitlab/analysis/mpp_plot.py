@@ -31,13 +31,13 @@ def _expand(kind: np.ndarray, factor: int) -> np.ndarray:
 def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = "") -> Path:
     from matplotlib.patches import Patch, Rectangle
 
-    from vitlab.analysis.plots import _figure, _save
+    from vitlab.analysis.plots import new_figure, save_figure
 
     n = min(max_images, result.images.shape[0])
     h = result.images.shape[1]
     gh = result.kind.shape[1]
     p = h // gh
-    fig = _figure(4 * 1.6 + 0.3, n * 1.6 + 0.6)
+    fig = new_figure(4 * 1.6 + 0.3, n * 1.6 + 0.6)
     titles = ("input", "what the encoder sees", "true colour (corrupted)", "predicted colour")
     for i in range(n):
         img = result.images[i]
@@ -71,7 +71,7 @@ def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = ""
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=6, frameon=False)
     acc = "" if result.target == "pixels" else f", colour accuracy {100 * result.accuracy:.1f}%"
     fig.suptitle(f"Masked patch prediction ({result.target}){acc}\n{source}", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def mpp_figures(model, metadata: dict[str, str], extras: dict[str, Tensor], images: Tensor, out_dir: Path) -> list:

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -24,7 +24,7 @@ def _figure(width: float, height: float):
     return fig
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=fig.dpi, bbox_inches="tight")
@@ -44,7 +44,7 @@ def plot_filters(
     k = len(components)
     cols = min(cols, k)
     rows = -(-k // cols)
-    fig = _figure(cols * 0.9 + 0.4, rows * 0.9 + 0.7)
+    fig = new_figure(cols * 0.9 + 0.4, rows * 0.9 + 0.7)
     for i, comp in enumerate(components):
         ax = fig.add_subplot(rows, cols, i + 1)
         c = comp.shape[-1]
@@ -57,7 +57,7 @@ def plot_filters(
         if explained is not None:
             ax.set_title(f"{100 * explained[i]:.1f}%", fontsize=6, pad=1)
     fig.suptitle(f"RGB embedding filters (first {k} principal components)\n{source}", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_position_similarity(sim: np.ndarray, path, title: str = "Position embedding similarity") -> Path:
@@ -70,7 +70,7 @@ def plot_position_similarity(sim: np.ndarray, path, title: str = "Position embed
             y, x = i * (gh + pad), j * (gw + pad)
             big[y : y + gh, x : x + gw] = sim[i, j]
     size = min(7.0, 1.5 + 0.35 * max(gh, gw))
-    fig = _figure(size + 1.0, size)
+    fig = new_figure(size + 1.0, size)
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(big, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
     ax.set_xticks([(j * (gw + pad)) + gw / 2 - 0.5 for j in range(gw)], [str(j + 1) for j in range(gw)], fontsize=6)
@@ -79,13 +79,13 @@ def plot_position_similarity(sim: np.ndarray, path, title: str = "Position embed
     ax.set_ylabel("Input patch row")
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="Cosine similarity")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_attention_distance(distances: np.ndarray, path, pixels: Optional[int] = None) -> Path:
     """Fig. 7 (right): mean attention distance per head against network depth."""
     layers, heads = distances.shape
-    fig = _figure(4.5, 3.6)
+    fig = new_figure(4.5, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(1, layers + 1)
     for h in range(heads):
@@ -97,7 +97,7 @@ def plot_attention_distance(distances: np.ndarray, path, pixels: Optional[int] =
     if heads <= 16:
         ax.legend(fontsize=5, ncol=2, loc="lower right")
     ax.set_title("Mean attention distance" + (f" ({pixels} px patches)" if pixels else ""), fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Sequence[str]] = None) -> Path:
@@ -108,7 +108,7 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Se
     r = len(images)
     cols = min(r, 4)
     rows = -(-r // cols)
-    fig = _figure(cols * 2.4, rows * 1.35 + 0.3)
+    fig = new_figure(cols * 2.4, rows * 1.35 + 0.3)
     for i in range(r):
         img = images[i]
         if img.shape[-1] == 1:
@@ -123,14 +123,14 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Se
             elif k == 1:
                 ax.set_title("attention", fontsize=7, pad=2)
     fig.suptitle("Attention rollout", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_overlay(image: np.ndarray, amap: np.ndarray, path, title: str = "") -> Path:
     """One image, its rollout as a heat map over it, and the image weighted by the map."""
     if image.shape[-1] == 1:
         image = np.repeat(image, 3, -1)
-    fig = _figure(6.0, 2.3)
+    fig = new_figure(6.0, 2.3)
     for k in range(3):
         ax = fig.add_subplot(1, 3, k + 1)
         ax.set_xticks([])
@@ -145,4 +145,4 @@ def plot_overlay(image: np.ndarray, amap: np.ndarray, path, title: str = "") -> 
         else:
             ax.imshow(np.clip(image * amap[..., None], 0, 1))
             ax.set_title("image x rollout", fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
