@@ -1,7 +1,7 @@
 """Regenerate benchmarks/results/: throughput against the peers, serving accuracy, training.
 
-    python benchmarks/run_all.py            # full: about 12 minutes on 2 quiet cores
-    python benchmarks/run_all.py --quick    # about 3 minutes
+    python benchmarks/run_all.py            # full: about 20 minutes on 2 quiet cores
+    python benchmarks/run_all.py --quick    # about 6 minutes
 
 Writes, in --out (default benchmarks/results/):
   throughput.csv / .md   `vitlab bench --suite full|quick`: vitlab beside timm, Hugging Face

@@ -10,7 +10,7 @@ Importing vitlab does no work: the API is resolved on first use.
 __version__ = "0.1.0"
 
 _API = {"create_model", "list_models", "load", "save", "get_config"}
-_MODULES = {"analysis", "checkpoints", "config", "models", "data", "train", "eval"}
+_MODULES = {"analysis", "checkpoints", "config", "models", "data", "train", "eval", "deploy"}
 
 
 def __getattr__(name):

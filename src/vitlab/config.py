@@ -20,6 +20,13 @@ HEAD_INITS = ("zeros", "xavier")
 WS_MODES = ("std", "var")
 
 
+# What `vitlab bench` can time: fp32 (the model as it is); fp32 with oneDNN-packed Dense
+# layers (vitlab.deploy); bf16 autocast over fp32 weights; bf16 weights and activations
+# (vitlab's packed copy); int8 Dense layers.
+BENCH_TASKS = ("infer", "train")
+BENCH_PRECISIONS = ("fp32", "fp32-packed", "bf16-autocast", "bf16", "int8")
+
+
 class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the field and the fix."""
 

@@ -16,8 +16,8 @@ Dense layers and fused GELU); bf16-autocast (fp32 weights, bf16 matrix products)
 (weights and activations in bf16; vitlab's copy is also packed); int8 (vitlab only: int8 Dense
 layers). A training step is fp32 or bf16-autocast, AdamW, cross-entropy.
 
---suite quick or --suite full run the standard settings (on 2 quiet cores, estimated: about 3
-and 10-15 minutes); otherwise --model/--batch-size/--task/--precision pick a subset. On a busy
+--suite quick or --suite full run the standard settings (on 2 quiet cores: about 4 and 15
+minutes); otherwise --model/--batch-size/--task/--precision pick a subset. On a busy
 machine, --clock cpu times one thread by its own CPU time: single-core figures, but other
 processes cannot distort the comparisons.
 
@@ -31,7 +31,8 @@ examples:
 
 
 def add_arguments(p) -> None:
-    from vitlab.deploy.bench import SYSTEM_PRECISIONS, TASKS
+    from vitlab.config import BENCH_PRECISIONS as SYSTEM_PRECISIONS
+    from vitlab.config import BENCH_TASKS as TASKS
 
     p.add_argument("--suite", choices=("quick", "full"), help="run a standard suite instead of a subset")
     p.add_argument("--model", nargs="+", default=["ViT-B/16"], help="variant name(s) (default ViT-B/16)")

@@ -40,12 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.config import ViTConfig, model_flops
+from vitlab.config import BENCH_PRECISIONS, BENCH_TASKS, ViTConfig, model_flops
 
-TASKS = ("infer", "train")
-# fp32 (the model as it is); fp32 with oneDNN-packed Dense layers (vitlab.deploy); bf16
-# autocast over fp32 weights; bf16 weights and activations (vitlab's packed); int8 Dense layers.
-SYSTEM_PRECISIONS = ("fp32", "fp32-packed", "bf16-autocast", "bf16", "int8")
+# The names live in vitlab.config, so the command line can offer them without importing torch.
+TASKS = BENCH_TASKS
+SYSTEM_PRECISIONS = BENCH_PRECISIONS
 VITLAB_ONLY = ("fp32-packed", "int8")
 IMPLS = ("vitlab", "timm", "hf", "torchvision")
 
@@ -491,7 +490,7 @@ def standard_systems(task: str, peers: Iterable[str] = ("timm", "hf", "torchvisi
 
 
 def suite(name: str) -> list[tuple[Setting, list[System]]]:
-    """The named suites: "quick" (about 3 minutes on 2 quiet cores) and "full" (about 10)."""
+    """The named suites: "quick" (about 4 minutes on 2 quiet cores) and "full" (about 15)."""
     from vitlab.api import get_config
 
     def s(model: str, batch: int, task: str = "infer", **overrides) -> Setting:
