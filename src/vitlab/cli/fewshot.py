@@ -28,7 +28,7 @@ examples:
 
 
 def add_arguments(p) -> None:
-    from vitlab.cli.predict import add_checkpoint_arguments
+    from vitlab.cli.common import add_checkpoint_arguments
 
     add_checkpoint_arguments(p)
     p.add_argument(
@@ -65,7 +65,7 @@ def parse_shots(text: str) -> list[int]:
 
 def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):
     """Cached features of one split, with progress on stderr."""
-    from vitlab.cli.predict import data_key, open_data
+    from vitlab.cli.common import data_key, open_data
     from vitlab.eval.features import cached_features
 
     dataset = open_data(args.data, split, model.config, model.class_names)
@@ -94,7 +94,7 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
 
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.cli.predict import open_checkpoint, write_json
+    from vitlab.cli.common import open_checkpoint, write_json
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.fewshot import fewshot_eval
 

@@ -28,7 +28,7 @@ examples:
 
 
 def add_arguments(p) -> None:
-    from vitlab.cli.predict import add_checkpoint_arguments
+    from vitlab.cli.common import add_checkpoint_arguments
 
     add_checkpoint_arguments(p)
     p.add_argument("--images", required=True, metavar="PATH_OR_DATA", help="image files/folders/globs, or a data spec")
@@ -51,7 +51,7 @@ def _batches(args, model):
     import torch
 
     from vitlab.cli import UsageError
-    from vitlab.cli.predict import find_images, open_data, read_images
+    from vitlab.cli.common import find_images, open_data, read_images
 
     cfg = model.config
     if _is_paths(args.images):
@@ -95,7 +95,7 @@ def run(args) -> int:
     from vitlab.analysis import plots
     from vitlab.analysis.report import write_html
     from vitlab.cli import UsageError
-    from vitlab.cli.predict import open_checkpoint, write_json
+    from vitlab.cli.common import open_checkpoint, write_json
 
     for name in ("num_images", "rollout_images", "components", "batch_size"):
         if getattr(args, name) < 1:

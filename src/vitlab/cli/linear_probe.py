@@ -19,7 +19,7 @@ examples:
 
 
 def add_arguments(p) -> None:
-    from vitlab.cli.predict import add_checkpoint_arguments
+    from vitlab.cli.common import add_checkpoint_arguments
 
     add_checkpoint_arguments(p)
     p.add_argument(
@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.cli.fewshot import frozen_features
-    from vitlab.cli.predict import open_checkpoint, write_json
+    from vitlab.cli.common import open_checkpoint, write_json
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.linear_probe import knn_accuracy, logistic_probe
 

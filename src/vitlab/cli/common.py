@@ -1,0 +1,147 @@
+"""Helpers the evaluation commands share (predict, fewshot, linear-probe, inspect): opening a
+checkpoint with its metadata, opening data with its preprocessing, finding and reading image
+files, writing JSON atomically."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+from typing import Optional
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
+
+
+def add_checkpoint_arguments(p) -> None:
+    p.add_argument("checkpoint", help="a checkpoint in any format vitlab reads, or a pretrained name")
+    p.add_argument("--format", help="the checkpoint's format, when detection cannot tell")
+    p.add_argument(
+        "--random-init",
+        type=int,
+        metavar="SEED",
+        help="ignore the weights: a randomly initialised model of the checkpoint's shape (a baseline)",
+    )
+
+
+def open_checkpoint(path: str, format: Optional[str] = None, random_init: Optional[int] = None):
+    """(model in eval mode, Imported) for a checkpoint path or pretrained name."""
+    from vitlab import checkpoints
+
+    if not Path(path).exists() and ":" in path:
+        from vitlab.checkpoints import pretrained
+
+        path = str(pretrained.fetch(path))
+    imported = checkpoints.read_checkpoint(path, format)
+    if random_init is not None:
+        import torch
+
+        from vitlab.models.vit import VisionTransformer
+
+        torch.manual_seed(random_init)
+        model = VisionTransformer(imported.config)
+        model.class_names = imported.class_names
+        return model.eval(), imported
+    return checkpoints.build_model(imported, path), imported
+
+
+def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = None):
+    """A dataset of (normalised tensor, label) with the checkpoint's preprocessing.
+
+    WebDataset shards carry class indices only; without a classes.txt beside them the
+    checkpoint's class names (when it has one per class) name them.
+    """
+    from vitlab.data import open_dataset
+
+    options = {}
+    if spec.lower().startswith("wds:") and class_names and len(class_names) == config.num_classes:
+        shards = Path(spec[4:]).expanduser()
+        if not (shards.is_dir() and (shards / "classes.txt").is_file()):
+            options["classes"] = list(class_names)
+    return open_dataset(
+        spec,
+        split,
+        image_size=config.image_size,
+        in_channels=config.in_channels,
+        mean=config.mean,
+        std=config.std,
+        train=False,
+        **options,
+    )
+
+
+def data_key(spec: str, split: str, config) -> dict:
+    """What, besides the weights, decides the features: the data and the preprocessing."""
+    return {
+        "data": spec,
+        "split": split,
+        "image_size": list(config.image_size),
+        "in_channels": config.in_channels,
+        "mean": list(config.mean),
+        "std": list(config.std),
+    }
+
+
+def write_json(path: str, payload: dict) -> None:
+    """Write JSON atomically: an old file is replaced only by a complete new one."""
+    import os
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(tmp, target)
+
+
+def find_images(args: list[str]) -> list[Path]:
+    """Files as given, folders searched recursively for image suffixes, globs expanded."""
+    from vitlab.cli import UsageError
+
+    found: list[Path] = []
+    for a in args:
+        p = Path(a)
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+            if not files:
+                raise UsageError(f"{a}: the folder holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
+            found.extend(files)
+        elif p.exists():
+            found.append(p)
+        elif glob.has_magic(a):
+            files = sorted(Path(f) for f in glob.glob(a, recursive=True) if Path(f).is_file())
+            if not files:
+                raise UsageError(f"{a}: the pattern matches no files")
+            found.extend(files)
+        else:
+            raise FileNotFoundError(f"{a}: no such file or folder")
+    return found
+
+
+def image_loader(config):
+    """path -> normalised (C, H, W) tensor with the checkpoint's preprocessing."""
+    from vitlab.data import read_image
+    from vitlab.data.transforms import eval_transform
+
+    transform = eval_transform(config.image_size, config.mean, config.std, config.in_channels)
+    return lambda path: transform(read_image(path))
+
+
+def read_images(paths: list[Path], config) -> tuple[list[tuple[Path, object]], list[tuple[Path, str]]]:
+    """([(path, tensor)], [(path, why it failed)]) — a bad file never stops the others."""
+    load = image_loader(config)
+    ok, failed = [], []
+    for p in paths:
+        try:
+            ok.append((p, load(p)))
+        except Exception as e:  # PIL raises many types for a file that is not an image
+            failed.append((p, _why(e, p)))
+    return ok, failed
+
+
+def _why(e: Exception, path: Path) -> str:
+    text = str(e)
+    if text.startswith(f"{path}: "):  # read_image names the file; we print it once
+        text = text[len(f"{path}: ") :]
+    text = text.split("; fix or remove")[0]  # its advice is for datasets, not for these files
+    if "cannot identify image" in text:
+        return "not an image file vitlab can read (PIL cannot identify it)"
+    return text if "cannot read" in text else f"cannot read it as an image ({type(e).__name__}: {text})"
