@@ -1,4 +1,5 @@
-"""Drawing the analyses (Figures 6 and 7). The only module of vitlab that imports matplotlib.
+"""Drawing the analyses (Figures 6 and 7) and the training and evaluation figures (learning
+curve, confusion matrix). The only module of vitlab that imports matplotlib.
 
 Each function takes the numbers the analysis functions return and writes one PNG. Figures
 are built with matplotlib's object API (no pyplot), so nothing global changes and no
@@ -145,4 +146,42 @@ def plot_overlay(image: np.ndarray, amap: np.ndarray, path, title: str = "") -> 
         else:
             ax.imshow(np.clip(image * amap[..., None], 0, 1))
             ax.set_title("image x rollout", fontsize=7)
+    return save_figure(fig, path)
+
+
+def plot_learning_curve(series: dict[str, dict[str, list]], path) -> Path:
+    """Loss (log scale) and top-1 accuracy against step, one line per split.
+
+    `series[split]` holds equal-length lists "step", "loss" and "accuracy"."""
+    fig = new_figure(10, 4)
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    for split, s in series.items():
+        style = ".-" if split == "train" else "o-"  # a marker, so a one-point series shows
+        loss_ax.plot(s["step"], s["loss"], style, label=split)
+        acc_ax.plot(s["step"], s["accuracy"], style, label=split)
+    loss_ax.set(xlabel="step", ylabel="loss", yscale="log")
+    acc_ax.set(xlabel="step", ylabel="accuracy (top-1)")
+    for ax in (loss_ax, acc_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return save_figure(fig, path)
+
+
+def plot_confusion(matrix: np.ndarray, class_names: Sequence[str], path) -> Path:
+    """A row-normalised confusion matrix; names on the axes up to 40 classes, values up to 20."""
+    k = len(class_names)
+    size = min(4 + 0.35 * k, 20)
+    fig = new_figure(size, size)
+    ax = fig.subplots()
+    ax.imshow(matrix, cmap="Blues", vmin=0, vmax=1)
+    if k <= 40:
+        ax.set_xticks(range(k), class_names, rotation=90, fontsize=8)
+        ax.set_yticks(range(k), class_names, fontsize=8)
+        if k <= 20:
+            for i in range(k):
+                for j in range(k):
+                    if matrix[i, j] >= 0.01:
+                        color = "white" if matrix[i, j] > 0.5 else "black"
+                        ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color=color)
+    ax.set(xlabel="predicted", ylabel="true", title="confusion matrix (rows sum to 1)")
     return save_figure(fig, path)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import torch
@@ -85,35 +84,14 @@ def evaluate(
 
 def plot_confusion(confusion: list[list[int]], class_names: list[str], path: str | os.PathLike) -> bool:
     """Write the row-normalised confusion matrix as a PNG; False (and no file) without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
     m = torch.tensor(confusion, dtype=torch.float64)
     m = (m / m.sum(1, keepdim=True).clamp(min=1)).numpy()
-    k = len(class_names)
-    size = min(4 + 0.35 * k, 20)
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(m, cmap="Blues", vmin=0, vmax=1)
-    if k <= 40:
-        ax.set_xticks(range(k), class_names, rotation=90, fontsize=8)
-        ax.set_yticks(range(k), class_names, fontsize=8)
-        if k <= 20:
-            for i in range(k):
-                for j in range(k):
-                    if m[i, j] >= 0.01:
-                        ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
-                                color="white" if m[i, j] > 0.5 else "black")
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    ax.set_title("confusion matrix (rows sum to 1)")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        from vitlab.analysis.plots import plot_confusion as draw
+
+        draw(m, class_names, path)
+    except ImportError:
+        return False
     return True
 
 

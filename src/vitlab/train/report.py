@@ -95,13 +95,6 @@ def _fmt(seconds: float) -> str:
 def plot_learning_curve(metrics_path: Path, out: Path) -> Optional[str]:
     """Loss and accuracy against step, train and evaluation splits. Returns a note instead of
     writing the file when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed: no learning-curve PNG (pip install matplotlib)"
     series: dict[str, dict[str, list]] = {}
     for line in metrics_path.read_text().splitlines():
         if not line.strip():
@@ -111,20 +104,10 @@ def plot_learning_curve(metrics_path: Path, out: Path) -> Optional[str]:
         s["step"].append(r["step"])
         s["loss"].append(r.get("loss", float("nan")))
         s["accuracy"].append(r.get("accuracy", r.get("top1", float("nan"))))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    for split, s in series.items():
-        style = "-" if split == "train" else "o-"
-        a1.plot(s["step"], s["loss"], style, label=split)
-        a2.plot(s["step"], s["accuracy"], style, label=split)
-    a1.set_xlabel("step")
-    a1.set_ylabel("loss")
-    a1.set_yscale("log")
-    a2.set_xlabel("step")
-    a2.set_ylabel("accuracy (top-1)")
-    for a in (a1, a2):
-        a.grid(alpha=0.3)
-        a.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        from vitlab.analysis.plots import plot_learning_curve as draw
+
+        draw(series, out)
+    except ImportError:
+        return "matplotlib is not installed: no learning-curve PNG (pip install matplotlib)"
     return None
