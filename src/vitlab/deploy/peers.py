@@ -27,23 +27,12 @@ def _check_plain(cfg: ViTConfig) -> None:
 
 
 def timm_vit(cfg: ViTConfig) -> nn.Module:
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    # The converter's builder: the timm model that computes what vitlab's does (GELU form,
+    # epsilon, GAP without timm's extra fc_norm), so the two are timed on the same function.
+    from vitlab.checkpoints.timm import create_timm_model
 
     _check_plain(cfg)
-    return TimmViT(
-        img_size=cfg.image_size,
-        patch_size=cfg.patch_size,
-        in_chans=cfg.in_channels,
-        num_classes=cfg.num_classes,
-        global_pool="token" if cfg.classifier == "token" else "avg",
-        class_token=cfg.has_class_token,
-        embed_dim=cfg.hidden_size,
-        depth=cfg.depth,
-        num_heads=cfg.num_heads,
-        mlp_ratio=cfg.mlp_dim / cfg.hidden_size,
-        qkv_bias=cfg.qkv_bias,
-        act_layer="gelu_tanh" if cfg.gelu == "tanh" else "gelu",
-    ).eval()
+    return create_timm_model(cfg).eval()
 
 
 class _Logits(nn.Module):
