@@ -123,8 +123,10 @@ class Attention(nn.Module):
         attn = None
         # The fused kernel is the faster forward on CPU, but its bf16 backward is 2-5x slower
         # than the backward of the plain matmul-softmax (torch 2.14, measured at ViT shapes):
-        # a bf16 graph that will be differentiated takes the exact path.
-        exact = return_attention or (q.requires_grad and q.dtype == torch.bfloat16)
+        # a bf16 graph that will be differentiated on the CPU takes the exact path. On a GPU
+        # the fused (flash) kernel stays: it is fast there and never stores (T, T) matrices.
+        slow_fused_backward = q.requires_grad and q.dtype == torch.bfloat16 and q.device.type == "cpu"
+        exact = return_attention or slow_fused_backward
         if exact:
             logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, T, T)
             if bias is not None:
