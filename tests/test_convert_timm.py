@@ -14,6 +14,8 @@ import torch
 import vitlab
 from vitlab.checkpoints.io import CheckpointError
 
+from conftest import logits, perturb
+
 timm = pytest.importorskip("timm")
 
 from vitlab.checkpoints.timm import create_timm_model  # noqa: E402
@@ -27,20 +29,6 @@ CASES = {
     "R+ViT hybrid": ("R50+ViT-B/16", dict(depth=2, hidden_size=192, num_heads=3, mlp_dim=768, gelu="exact",
                                           image_size=64, num_classes=10, resnet=HYBRID)),
 }
-
-
-def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model.eval()
-
-
-def logits(model, x):
-    with torch.no_grad():
-        out = model(x)
-    return getattr(out, "logits", out)
 
 
 SLOW = {"ViT-B/32@384", "R+ViT hybrid"}

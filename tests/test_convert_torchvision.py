@@ -6,16 +6,9 @@ import pytest
 import torch
 
 import vitlab
+from conftest import perturb
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.torchvision import create_torchvision_model
-
-
-def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model.eval()
 
 
 @pytest.mark.parametrize("representation", [None, 96])

@@ -182,7 +182,7 @@ def test_bad_inputs_are_named():
         vitlab.create_model("ViT-C/4", num_heads=5)
     with pytest.raises(ConfigError, match="pos_embed='learnt'"):
         vitlab.create_model("ViT-C/4", pos_embed="learnt")
-    with pytest.raises(ConfigError, match="unknown model option"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) model.widht; valid model keys: .*hidden_size"):
         vitlab.create_model("ViT-C/4", widht=3)
 
 

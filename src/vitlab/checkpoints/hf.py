@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,10 +33,18 @@ from vitlab.checkpoints.tables import (
     variant_name,
 )
 from vitlab.config import ViTConfig
+from vitlab.files import replace_folder
 
 FORMAT_NAME = "hf"
 ACTS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# What `write` owns in a folder: these are replaced, everything else is left alone.
+WRITTEN_FILES = ("config.json", "preprocessor_config.json", *WEIGHT_FILES)
+
+
+def written_by_us(name: str) -> bool:
+    """A file of the kind `write` produces, or stale weights of an earlier save (shards)."""
+    return name in WRITTEN_FILES or bool(re.fullmatch(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)", name))
 # transformers v5 names -> the classic ones the table uses.
 V5_NAMES = [
     (".attention.q_proj.", ".attention.attention.query."),
@@ -236,9 +243,9 @@ def hf_config(model) -> dict[str, Any]:
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
-    """A save_pretrained folder: config.json, model.safetensors, preprocessor_config.json.
-    Written beside the target and renamed into place; an existing folder is replaced only
-    when it is itself a Hugging Face model folder (has config.json) or empty."""
+    """A save_pretrained folder: config.json, model.safetensors, preprocessor_config.json,
+    each written beside the target and renamed into place. In an existing folder only those
+    files (and stale weight files of an earlier save) are replaced; nothing else is touched."""
     from safetensors.torch import save_file
 
     cfg = model.config
@@ -248,46 +255,25 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target}: exists and is a file; a Hugging Face checkpoint is a folder")
-    if target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file():
-        raise CheckpointError(f"{target}: a non-empty folder that is not a model folder; pick a new path")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        (tmp / "config.json").write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n")
-        pre = {
-            "image_processor_type": "ViTImageProcessor",
-            "do_resize": True,
-            "size": {"height": cfg.image_size[0], "width": cfg.image_size[1]},
-            "do_rescale": True,
-            "rescale_factor": 1 / 255,
-            "do_normalize": True,
-            "image_mean": list(cfg.mean),
-            "image_std": list(cfg.std),
-        }
-        (tmp / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
-        state = {k: v.contiguous() for k, v in theirs.items()}
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)  # left by an interrupted earlier write
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    def fill(folder: Path) -> None:
+        (folder / "config.json").write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n")
+        (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(cfg), indent=2) + "\n")
+        save_file({k: v.contiguous() for k, v in theirs.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+    # Only the files a Hugging Face folder's weights and configs live in are replaced; a
+    # README, a .git or anything else already there stays.
+    replace_folder(target, fill, owned=written_by_us)
 
 
-def create_hf_model(cfg: ViTConfig):
-    """An untrained transformers model of this architecture (for tests and comparisons)."""
-    from transformers import ViTConfig as HFConfig, ViTForImageClassification, ViTModel
-
-    check_writable(cfg)
-
-    class _M:  # hf_config reads .config and .class_names only
-        config, class_names = cfg, None
-
-    c = HFConfig(**{k: v for k, v in hf_config(_M).items() if k not in ("architectures", "model_type", "torch_dtype")})
-    return ViTForImageClassification(c) if cfg.num_classes else ViTModel(c, add_pooling_layer=bool(cfg.representation_size))
+def preprocessor_config(cfg: ViTConfig) -> dict[str, Any]:
+    return {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": cfg.image_size[0], "width": cfg.image_size[1]},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(cfg.mean),
+        "image_std": list(cfg.std),
+    }

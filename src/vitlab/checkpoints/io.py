@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -18,6 +17,7 @@ import torch
 from torch import Tensor
 
 from vitlab.config import ConfigError, ViTConfig
+from vitlab.files import atomic_write
 from vitlab.models.pos_embed import resize_position_state
 from vitlab.models.vit import VisionTransformer
 
@@ -45,26 +45,6 @@ class Imported:
 
 
 # Writing ---------------------------------------------------------------------------------
-def atomic_write(path: str | os.PathLike, write_fn) -> None:
-    """Call `write_fn(tmp_path)`, then rename over `path`: a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    # mkstemp makes the file private (0600); give it the permissions a plain open() would.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    try:
-        write_fn(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def contiguous_state(model: torch.nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
 

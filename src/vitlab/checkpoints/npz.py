@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, Imported, atomic_write
+from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.files import atomic_write
 from vitlab.checkpoints.tables import (
     Rule,
     copy,

@@ -23,13 +23,13 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from vitlab.checkpoints.io import CheckpointError
+from vitlab.files import atomic_write, atomic_write_text, cache_dir
 
 BASE_URL = "https://storage.googleapis.com/vit_models"
 TIMEOUT_S = 10.0  # the first bytes must come this fast; offline machines fail at once
@@ -156,10 +156,6 @@ def lookup(name: str) -> Pretrained:
 
 
 # The cache --------------------------------------------------------------------------------
-def cache_dir() -> Path:
-    return Path(os.environ.get("VITLAB_CACHE") or Path.home() / ".cache" / "vitlab")
-
-
 def cache_path(entry: Pretrained) -> Path:
     return cache_dir() / entry.path
 
@@ -176,13 +172,10 @@ def _recorded() -> dict[str, dict]:
 
 
 def _record(entry: Pretrained, digest: str, path: Path) -> None:
-    from vitlab.checkpoints.io import atomic_write
-
     table = _recorded()
     st = path.stat()
     table[entry.path] = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    text = json.dumps(table, indent=1, sort_keys=True)
-    atomic_write(_digests_file(), lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(_digests_file(), json.dumps(table, indent=1, sort_keys=True))
 
 
 def sha256_of(path: Path) -> str:
@@ -242,13 +235,12 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
         raise CheckpointError(_offline_message(entry, path, str(reason))) from None
-    path.parent.mkdir(parents=True, exist_ok=True)
     total = int(response.headers.get("Content-Length") or 0)
     show = _Progress(entry.name, total, sys.stderr.isatty() if progress is None else progress)
     h = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, response:
+
+    def stream(tmp: str) -> None:  # a failure here leaves no file in the cache
+        with open(tmp, "wb") as out, response:
             while True:
                 try:
                     block = response.read(1 << 20)
@@ -259,22 +251,17 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
                 out.write(block)
                 h.update(block)
                 show.update(len(block))
-            out.flush()
-            os.fsync(out.fileno())
         show.done()
-        digest = h.hexdigest()
         if total and os.path.getsize(tmp) != total:
             raise CheckpointError(f"{entry.url}: download incomplete ({os.path.getsize(tmp)} of {total} bytes); try again")
-        if entry.sha256 is not None and digest != entry.sha256:
+        if entry.sha256 is not None and h.hexdigest() != entry.sha256:
             raise CheckpointError(
-                f"{entry.url}: sha256 {digest[:16]}... does not match the published {entry.sha256[:16]}...; "
+                f"{entry.url}: sha256 {h.hexdigest()[:16]}... does not match the published {entry.sha256[:16]}...; "
                 "nothing was written to the cache"
             )
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    _record(entry, digest, path)
+
+    atomic_write(path, stream)
+    _record(entry, h.hexdigest(), path)
 
 
 class _Progress:

@@ -18,7 +18,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, atomic_write
+from vitlab.checkpoints.io import CheckpointError
+from vitlab.files import atomic_write
 from vitlab.config import ViTConfig
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor

@@ -31,8 +31,8 @@ examples:
 
 
 def add_arguments(p) -> None:
-    from vitlab.config import BENCH_PRECISIONS as SYSTEM_PRECISIONS
-    from vitlab.config import BENCH_TASKS as TASKS
+    from vitlab.bench import PRECISIONS as SYSTEM_PRECISIONS
+    from vitlab.bench import TASKS
 
     p.add_argument("--suite", choices=("quick", "full"), help="run a standard suite instead of a subset")
     p.add_argument("--model", nargs="+", default=["ViT-B/16"], help="variant name(s) (default ViT-B/16)")

@@ -83,13 +83,9 @@ def data_key(spec: str, split: str, config) -> dict:
 
 def write_json(path: str, payload: dict) -> None:
     """Write JSON atomically: an old file is replaced only by a complete new one."""
-    import os
+    from vitlab.files import atomic_write_text
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, target)
+    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
 def find_images(args: list[str]) -> list[Path]:

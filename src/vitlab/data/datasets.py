@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vitlab.files import atomic_write_bytes, cache_dir
+
 # The dev split is always drawn with this seed, independent of the run's seed, so that every
 # run of a learning-rate sweep holds out the same images.
 DEV_SPLIT_SEED = 2020
@@ -46,8 +48,9 @@ class DataError(FileNotFoundError):
     """A dataset that cannot be found or read; the message says where it looked and the fix."""
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("VITLAB_DATA", Path.home() / ".cache" / "vitlab" / "data"))
+def data_cache() -> Path:
+    """Where downloaded datasets and shard indexes go: $VITLAB_DATA, else vitlab's cache."""
+    return Path(os.environ["VITLAB_DATA"]) if os.environ.get("VITLAB_DATA") else cache_dir("data")
 
 
 def read_image(path: str | os.PathLike) -> Image.Image:
@@ -208,14 +211,12 @@ def download_fashion_mnist(folder: Path, mirror: str = FASHION_MNIST_URL, timeou
             target = folder / f"{stem}.gz"
             if target.exists():
                 continue
-            tmp = target.with_suffix(".gz.part")
-            with urllib.request.urlopen(mirror + f"{stem}.gz", timeout=timeout) as r, open(tmp, "wb") as f:
-                f.write(r.read())
-            os.replace(tmp, target)
+            with urllib.request.urlopen(mirror + f"{stem}.gz", timeout=timeout) as r:
+                atomic_write_bytes(target, r.read())
 
 
 def fashion_mnist_arrays(folder: Optional[str], download: bool = True, mirror: str = FASHION_MNIST_URL) -> dict:
-    candidates = [Path(folder)] if folder else [DEBIAN_FASHION_MNIST, cache_dir() / "fashion-mnist"]
+    candidates = [Path(folder)] if folder else [DEBIAN_FASHION_MNIST, data_cache() / "fashion-mnist"]
     for c in candidates:
         if _find_idx(c, FASHION_MNIST_FILES["train"][0]):
             break
@@ -226,7 +227,7 @@ def fashion_mnist_arrays(folder: Optional[str], download: bool = True, mirror: s
                 f"Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) not found in {looked}; "
                 "install Debian's dataset-fashion-mnist or pass fashion-mnist:FOLDER"
             )
-        c = cache_dir() / "fashion-mnist"
+        c = data_cache() / "fashion-mnist"
         try:
             download_fashion_mnist(c, mirror)
         except OSError as e:
@@ -267,7 +268,7 @@ def cifar_arrays(kind: str, folder: Optional[str], download: bool = True) -> tup
             self.classes = data[self.meta["key"]]
             self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
-    root = Path(folder) if folder else cache_dir()
+    root = Path(folder) if folder else data_cache()
     if root.name == cls.base_folder:
         root = root.parent  # given the batches folder itself
     have = (root / cls.base_folder).is_dir()

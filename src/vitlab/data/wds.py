@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from PIL import Image
 
-from vitlab.data.datasets import BadImageError, DataError, apply_seeded, cache_dir, item_seed
+from vitlab.data.datasets import BadImageError, DataError, apply_seeded, data_cache, item_seed
+from vitlab.files import atomic_write_text
 
 IMAGE_KEYS = ("png", "jpg", "jpeg", "webp", "ppm", "bmp", "tif", "tiff")
 LABEL_KEYS = ("cls", "cls.txt", "label")
@@ -119,7 +120,7 @@ def shard_index(path: Path) -> dict[str, Any]:
     keyed by the shard's path, size and modification time, so a stream knows its length."""
     st = path.stat()
     tag = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
-    cache = cache_dir() / "wds-index" / f"{tag}.json"
+    cache = data_cache() / "wds-index" / f"{tag}.json"
     try:
         return json.loads(cache.read_text())
     except (OSError, ValueError):
@@ -131,10 +132,7 @@ def shard_index(path: Path) -> dict[str, Any]:
         max_label = max(max_label, sample_label(path, key, parts))
     index = {"buckets": buckets, "max_label": max_label}
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(index))
-        os.replace(tmp, cache)
+        atomic_write_text(cache, json.dumps(index))
     except OSError:
         pass  # a read-only home only costs a rescan
     return index

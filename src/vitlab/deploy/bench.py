@@ -40,7 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.config import BENCH_PRECISIONS, BENCH_TASKS, ViTConfig, model_flops
+from vitlab.bench import PRECISIONS as BENCH_PRECISIONS
+from vitlab.bench import TASKS as BENCH_TASKS
+from vitlab.config import ViTConfig, model_flops
 
 # The names live in vitlab.config, so the command line can offer them without importing torch.
 TASKS = BENCH_TASKS

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from vitlab.checkpoints.io import atomic_write
+from vitlab.files import atomic_write
 from vitlab.models.vit import VisionTransformer
 
 

@@ -21,11 +21,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 import torch
 
-
-def cache_dir() -> Path:
-    root = os.environ.get("VITLAB_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "vitlab"
-    return base / "features"
+from vitlab.files import atomic_write, cache_dir
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -149,7 +145,7 @@ def cached_features(
     `extract_features` and are part of the key where they change the result."""
     keyed = {k: kwargs.get(k) for k in ("max_per_class", "limit")}
     key = cache_key(model_hash or model_fingerprint(model), **spec, **keyed)
-    path = cache_dir() / f"{key}.npz"
+    path = cache_dir("features") / f"{key}.npz"
     if use_cache and path.exists():
         try:
             with np.load(path) as z:
@@ -160,10 +156,13 @@ def cached_features(
             pass  # a damaged entry is recomputed and replaced
     feats, labels = extract_features(model, dataset, **kwargs)
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, features=feats, labels=labels, spec=json.dumps({**spec, **keyed}, default=str))
-        os.replace(tmp, path)
+        described = json.dumps({**spec, **keyed}, default=str)
+
+        def save(tmp: str) -> None:
+            with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
+                np.savez(f, features=feats, labels=labels, spec=described)
+
+        atomic_write(path, save)
         if log:
             log(f"features cached in {path}")
     return feats, labels

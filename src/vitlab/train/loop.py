@@ -49,25 +49,19 @@ def model_config(cfg: RunConfig) -> tuple[ViTConfig, Optional[str]]:
     """The architecture a run trains (before the class count is known) and its start checkpoint."""
     from vitlab.api import get_config
 
-    m = dict(cfg.model)
-    checkpoint = m.pop("checkpoint", None)
-    name = m.pop("name", None)
+    m, checkpoint = dict(cfg.model.changes), cfg.model.checkpoint or None
     if checkpoint:
         from vitlab import checkpoints
 
         base = checkpoints.read_checkpoint(checkpoint).config
         return base.replace(**m), checkpoint
-    if not name:
-        raise ConfigError("the model section needs a name (a variant, see `vitlab models`) or a checkpoint")
-    return get_config(name, **m), None
+    return get_config(cfg.model.name, **m), None
 
 
 def build_model(cfg: RunConfig, num_classes: int, class_names: list[str]) -> nn.Module:
     import vitlab
 
-    m = dict(cfg.model)
-    checkpoint = m.pop("checkpoint", None)
-    name = m.pop("name", None)
+    m, checkpoint, name = dict(cfg.model.changes), cfg.model.checkpoint, cfg.model.name
     m.setdefault("num_classes", num_classes)
     if checkpoint:
         # Fine-tuning (§3.2): position embeddings resized to the new resolution, the head
@@ -431,7 +425,7 @@ class Trainer:
                 to_save = fresh_model(model.config)
                 to_save.load_state_dict(model_state)
                 to_save.class_names = model.class_names
-            info = {"step": step, "objective": self.cfg.train.objective, "objective_options": self.cfg.objective}
+            info = {"step": step, "objective": self.cfg.train.objective, "objective_options": self.cfg.objective.to_dict()}
             write_model(to_save, model_file, extra_metadata=info, extra_tensors=extras)
             state.link_last(ckpt_dir, model_file)
             if ema is not None:

@@ -218,7 +218,7 @@ class MaskedPatchPrediction(Objective):
 
     @classmethod
     def from_config(cls, model: VisionTransformer, config: RunConfig) -> "MaskedPatchPrediction":
-        return cls(model, MPPConfig.from_dict(config.objective))
+        return cls(model, config.objective)
 
     def corrupt(
         self, batch: int, num_patches: int, generator: Optional[torch.Generator] = None

@@ -49,8 +49,6 @@ class Objective(nn.Module):
 
     @classmethod
     def from_config(cls, model: VisionTransformer, config: RunConfig) -> "Objective":
-        if config.objective:
-            raise ConfigError(f"objective {config.train.objective!r} takes no options, got {sorted(config.objective)}")
         return cls(model)
 
     def forward(self, images: Tensor, labels: Tensor) -> tuple[Tensor, dict[str, Any]]:
@@ -97,11 +95,6 @@ class Supervised(Objective):
 
     @classmethod
     def from_config(cls, model: VisionTransformer, config: RunConfig) -> "Supervised":
-        if config.objective:
-            raise ConfigError(
-                f"objective 'supervised' takes no objective.* options (got {sorted(config.objective)}); "
-                "its regularisers are train.label_smoothing, train.mixup and train.cutmix"
-            )
         t = config.train
         return cls(model, t.label_smoothing, t.mixup, t.cutmix)
 

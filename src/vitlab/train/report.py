@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from vitlab.files import atomic_write_text
+
 
 class MetricsLog:
     """Appends one JSON object per line to metrics.jsonl (and TensorBoard when installed)."""
@@ -48,9 +50,7 @@ def truncate_after(path: Path, step: int) -> None:
     if not path.exists():
         return
     keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 
 class Progress:

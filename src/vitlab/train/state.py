@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, atomic_write
+from vitlab.checkpoints.io import CheckpointError
+from vitlab.files import atomic_write
 
 STEP_FILE = re.compile(r"^step-(\d+)\.safetensors$")
 

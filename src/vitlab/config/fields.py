@@ -1,0 +1,212 @@
+"""What every config dataclass shares: one check per field, one unknown-key check.
+
+A field declares its rule where it is defined (`lr: float = setting(1e-3, above=0)`); the
+dataclass's `__post_init__` calls `check_fields(self)`, which checks each field's type from
+its annotation and then its rule, and fails on the first bad one with a message that names
+that field alone. This runs however the config is built: from Python, from a recipe file,
+from command-line overrides, from a checkpoint's metadata.
+
+Values read from text (YAML recipes, `key=value` overrides) may arrive as strings where a
+number is meant (YAML 1.1 reads `1e-3` as a string); `from_text` converts those before the
+check. Values built in Python are taken as they are: `num_classes="10"` is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import MISSING, field, fields
+from functools import lru_cache
+from typing import Any, Callable, Optional, Union
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the field and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """Bounds and choices of one field; `check` is a function for anything else."""
+
+    above: Optional[float] = None  # value > above
+    at_least: Optional[float] = None  # value >= at_least
+    below: Optional[float] = None  # value < below
+    at_most: Optional[float] = None  # value <= at_most
+    one_of: Optional[tuple] = None
+    check: Optional[Callable[[Any], Optional[str]]] = None  # returns what is wrong, or None
+    hint: str = ""  # appended to the message: what the field means, or a usual value
+
+
+def setting(default: Any = MISSING, *, default_factory: Any = MISSING, **rule: Any) -> Any:
+    """A dataclass field with a rule: `setting(0.0, at_least=0)`, `setting("adamw", one_of=(...))`."""
+    if "one_of" in rule:
+        rule["one_of"] = tuple(rule["one_of"])
+    return field(default=default, default_factory=default_factory, metadata={"rule": Rule(**rule)})
+
+
+@lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _label(section: str, name: str) -> str:
+    return f"{section}.{name}" if section else name
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union:
+        inner = [a for a in args if a is not type(None)]
+        return _describe(inner[0]) + " or null"
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            plural = {bool: "flags", int: "whole numbers", float: "numbers", str: "strings"}.get(args[0], "values")
+            return f"a list of {plural}"
+        return f"a list of {len(args)} values"
+    return {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}.get(
+        hint, getattr(hint, "__name__", str(hint))
+    )
+
+
+def check_type(value: Any, hint: Any, label: str) -> Any:
+    """`value` as the annotated type (list -> tuple, 3 -> 3.0), or a ConfigError naming `label`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is object:
+        return value
+    if origin is Union:
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return check_type(value, inner[0], label)
+    if value is None:
+        raise ConfigError(f"{label} cannot be null: give {_describe(hint)}, or leave the key out for its default")
+    bad = ConfigError(f"{label}={value!r} is not {_describe(hint)}")
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        if isinstance(value, float) and not value.is_integer():
+            raise bad
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        if not math.isfinite(value):
+            raise ConfigError(f"{label}={value!r} is not a finite number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(check_type(v, args[0], f"{label}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{label}={list(value)!r} needs {len(args)} values, got {len(value)}")
+        return tuple(check_type(v, a, f"{label}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if origin in (dict, typing.Mapping) or hint is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return value
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):
+            return value
+        if isinstance(value, dict):
+            return hint.from_dict(value) if hasattr(hint, "from_dict") else hint(**check_keys(hint, value, label))
+        raise bad
+    return value
+
+
+def _apply_rule(value: Any, rule: Rule, label: str) -> None:
+    if value is None:
+        return
+    hint = f" ({rule.hint})" if rule.hint else ""
+    if rule.one_of is not None and value not in rule.one_of:
+        raise ConfigError(f"{label}={value!r} is not one of {', '.join(repr(c) for c in rule.one_of)}{hint}")
+    for bound, ok, words in (
+        (rule.above, lambda v, b: v > b, "must be > {}"),
+        (rule.at_least, lambda v, b: v >= b, "must be >= {}"),
+        (rule.below, lambda v, b: v < b, "must be < {}"),
+        (rule.at_most, lambda v, b: v <= b, "must be <= {}"),
+    ):
+        if bound is not None and not ok(value, bound):
+            raise ConfigError(f"{label} {words.format(f'{bound:g}')}, got {value!r}{hint}")
+    if rule.check is not None:
+        problem = rule.check(value)
+        if problem:
+            raise ConfigError(f"{label}={value!r}: {problem}{hint}")
+
+
+def check_fields(obj: Any, section: str = "") -> None:
+    """Check (and normalise) every field of a frozen dataclass instance in place."""
+    hints = _hints(type(obj))
+    for f in fields(obj):
+        label = _label(section, f.name)
+        value = check_type(getattr(obj, f.name), hints[f.name], label)
+        rule = f.metadata.get("rule")
+        if rule is not None:
+            _apply_rule(value, rule, label)
+        object.__setattr__(obj, f.name, value)
+
+
+def check_keys(cls: type, d: dict[str, Any], section: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The one unknown-key check: fail on a key that is not a field of `cls` (or in `extra`)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"the {section or 'config'} section must be a mapping of keys to values, got {d!r}")
+    known = [f.name for f in fields(cls)] + list(extra)
+    unknown = [k for k in d if k not in known]
+    if unknown:
+        where = f"{section}." if section else ""
+        raise ConfigError(
+            f"unknown key(s) {', '.join(where + str(k) for k in unknown)}; "
+            f"valid {section + ' ' if section else ''}keys: {', '.join(known)}"
+        )
+    return dict(d)
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def from_text(value: Any, hint: Any) -> Any:
+    """A value read from text, converted where its field wants a number or a flag."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return from_text(value, [a for a in args if a is not type(None)][0])
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis and value is not None and not isinstance(value, (list, tuple)):
+        value = [value]  # one value where a list is meant: data.eval_splits=test
+    if not isinstance(value, str):
+        if origin is tuple and isinstance(value, (list, tuple)):
+            inner = args[0] if len(args) == 2 and args[1] is Ellipsis else None
+            return [from_text(v, inner if inner is not None else (args[i] if i < len(args) else Any)) for i, v in enumerate(value)]
+        return value
+    text = value.strip()
+    try:
+        if hint is float:
+            return float(text)
+        if hint is int:
+            number = float(text)
+            return int(number) if number.is_integer() else number
+    except ValueError:
+        return value
+    if hint is bool and text.lower() in _TRUE + _FALSE:
+        return text.lower() in _TRUE
+    return value
+
+
+def section_from_text(cls: type, d: Optional[dict[str, Any]], section: str) -> Any:
+    """A config section read from text: keys checked, values converted, then built (and checked)."""
+    d = check_keys(cls, d or {}, section)
+    hints = _hints(cls)
+    return cls(**{k: from_text(v, hints[k]) for k, v in d.items()})
+
+
+def field_hint(cls: type, name: str) -> Any:
+    return _hints(cls)[name]

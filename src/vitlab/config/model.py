@@ -1,0 +1,219 @@
+"""The model's configuration: `ViTConfig` (with the hybrid's `ResNetConfig`) and its FLOP count.
+
+Every default of the model lives here. A config is data: it can be written to JSON (inside a
+checkpoint, into a run folder) and read back to rebuild exactly the same model. Each field is
+checked where it is declared (see `fields.py`), whichever way the config is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any, Optional
+
+from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
+
+CLASSIFIERS = ("token", "gap")
+POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "relative", "none")
+GELUS = ("exact", "tanh")
+RESIZE_MODES = ("bilinear_aligned", "bilinear", "bicubic", "bicubic_antialias")
+HEAD_INITS = ("zeros", "xavier")
+WS_MODES = ("std", "var")
+
+
+def as_pair(value: Any) -> Any:
+    """An int or (height, width) as a (height, width) pair; other values are left for the type check."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (value, value)
+    return value
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    """The BiT ResNet stem of a hybrid (paper §3.1): weight-standardised convs, GroupNorm.
+
+    `layers` counts bottleneck units per stage. Three stages give a stride-16 feature map
+    (root /4, then /2 per later stage), four give stride 32.
+    """
+
+    layers: tuple[int, ...] = setting((3, 4, 9), check=lambda v: None if 1 <= len(v) <= 4 and min(v) >= 1
+                                      else "needs 1 to 4 stages of at least one unit each")
+    width_factor: int = setting(1, at_least=1)
+    # Weight standardisation: "std" is the official (w - mean) / (std + eps) with eps 1e-5;
+    # "var" is (w - mean) / sqrt(var + eps), the form timm uses (with eps 1e-8).
+    ws_eps: float = setting(1e-5, above=0)
+    ws_mode: str = setting("std", one_of=WS_MODES)
+    gn_eps: float = setting(1e-6, above=0)
+    gn_groups: int = setting(32, at_least=1)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "resnet")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ResNetConfig":
+        return cls(**check_keys(cls, d, "resnet"))
+
+    @property
+    def stride(self) -> int:
+        return 4 * 2 ** (len(self.layers) - 1)
+
+    @property
+    def out_channels(self) -> int:
+        return 64 * self.width_factor * 4 * 2 ** (len(self.layers) - 1)
+
+
+def _unit_interval(v: float) -> Optional[str]:
+    return None if 0.0 <= v < 1.0 else "must be in [0, 1)"
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Everything that defines a Vision Transformer (paper §3.1, Table 1, Appendix D)."""
+
+    name: str = "custom"
+    image_size: tuple[int, int] = setting((224, 224), check=lambda v: None if min(v) > 0 else "must be positive")
+    patch_size: int = setting(16, at_least=1)
+    in_channels: int = setting(3, at_least=1)
+    hidden_size: int = setting(768, at_least=1)  # D
+    depth: int = setting(12, at_least=1)  # L
+    num_heads: int = setting(12, at_least=1)
+    mlp_dim: int = setting(3072, at_least=1)
+    num_classes: int = setting(1000, at_least=0, hint="0 = no head, the model returns pooled features")
+    classifier: str = setting("token", one_of=CLASSIFIERS)  # "token" (Eq. 4) or "gap" (App. D.3)
+    pos_embed: str = setting("learned", one_of=POS_EMBEDS)  # App. D.4
+    representation_size: Optional[int] = setting(None, at_least=1)  # pre-logits Dense + tanh
+    gelu: str = setting("tanh", one_of=GELUS)  # the official code's GELU (the JAX default); "exact" is erf
+    layer_norm_eps: float = setting(1e-6, above=0)
+    qkv_bias: bool = True
+    dropout: float = setting(0.0, check=_unit_interval)
+    attention_dropout: float = setting(0.0, check=_unit_interval)
+    drop_path: float = setting(0.0, check=_unit_interval)
+    head_init: str = setting("zeros", one_of=HEAD_INITS)  # the paper's fine-tuning head is zero-initialised
+    resize_mode: str = setting("bilinear_aligned", one_of=RESIZE_MODES)  # how position embeddings follow a new size
+    dynamic_image_size: bool = False  # resize position embeddings per forward to the input
+    resnet: Optional[ResNetConfig] = None  # hybrid stem; the patch size then applies to its map
+    # Preprocessing the weights expect: (pixel/255 - mean) / std. 0.5/0.5 maps to [-1, 1].
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = setting((0.5, 0.5, 0.5), check=lambda v: None if min(v, default=1) > 0 else "must be positive")
+    # Evaluation crop: resize to image_size / crop_fraction, then centre-crop image_size.
+    # 1.0 (no crop) is the paper's evaluation; ImageNet checkpoints often use 0.875 or 0.9.
+    crop_fraction: float = setting(1.0, above=0, at_most=1)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", as_pair(self.image_size))
+        check_fields(self)
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
+                "pick a head count that divides the width"
+            )
+        if self.pos_embed in ("learned_2d", "sincos_2d") and self.hidden_size % 4:
+            raise ConfigError(f"pos_embed={self.pos_embed!r} needs hidden_size divisible by 4")
+        if len(self.mean) != self.in_channels or len(self.std) != self.in_channels:
+            raise ConfigError(
+                f"mean/std need one value per input channel ({self.in_channels}), "
+                f"got {len(self.mean)} and {len(self.std)}"
+            )
+        stride = self.total_stride
+        h, w = self.image_size
+        if h % stride or w % stride:
+            fix_h, fix_w = max(stride, round(h / stride) * stride), max(stride, round(w / stride) * stride)
+            raise ConfigError(
+                f"image_size {h}x{w} is not divisible by the patch stride {stride} of {self.name}; "
+                f"use a multiple of {stride}, e.g. image_size=({fix_h}, {fix_w})"
+            )
+
+    # Derived quantities ------------------------------------------------------------------
+    @property
+    def total_stride(self) -> int:
+        """Pixels per token side: the patch size, times the ResNet stride for a hybrid."""
+        return self.patch_size * (self.resnet.stride if self.resnet else 1)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        h, w = self.image_size
+        return h // self.total_stride, w // self.total_stride
+
+    @property
+    def num_patches(self) -> int:
+        gh, gw = self.grid_size
+        return gh * gw
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.classifier == "token"
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_patches + int(self.has_class_token)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def feature_dim(self) -> int:
+        """Width of the representation the head sees (pre-logits if present)."""
+        return self.representation_size or self.hidden_size
+
+    # Serialisation -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["image_size"] = list(self.image_size)
+        d["mean"], d["std"] = list(self.mean), list(self.std)
+        if self.resnet is not None:
+            d["resnet"]["layers"] = list(self.resnet.layers)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
+        return cls(**check_keys(cls, d, "model"))
+
+    def replace(self, **overrides: Any) -> "ViTConfig":
+        """`dataclasses.replace` with a clear error for a misspelt field; `resnet` may be a dict."""
+        return replace(self, **check_keys(ViTConfig, overrides, "model"))
+
+
+def model_flops(cfg: ViTConfig) -> float:
+    """Multiply-accumulates x 2 of one forward pass of one image (matrix products only)."""
+    t, d, n = cfg.num_tokens, cfg.hidden_size, cfg.num_patches
+    per_block = 2 * t * d * 3 * d + 2 * 2 * t * t * d + 2 * t * d * d + 2 * 2 * t * d * cfg.mlp_dim
+    if cfg.pos_embed == "relative":
+        per_block += 2 * t * (2 * t - 1) * d
+    in_dim = cfg.in_channels * cfg.patch_size**2
+    if cfg.resnet is not None:
+        in_dim = cfg.resnet.out_channels * cfg.patch_size**2
+    flops = cfg.depth * per_block + 2 * n * in_dim * d
+    if cfg.resnet is not None:
+        flops += resnet_flops(cfg.resnet, cfg.image_size, cfg.in_channels)
+    if cfg.representation_size:
+        flops += 2 * d * cfg.representation_size
+    if cfg.num_classes:
+        flops += 2 * cfg.feature_dim * cfg.num_classes
+    return float(flops)
+
+
+def resnet_flops(r: ResNetConfig, image_size: tuple[int, int], in_channels: int) -> float:
+    """Convolution FLOPs of a BiT ResNet (root and bottleneck stages) on one image."""
+    h, w = image_size
+    h, w = math.ceil(h / 2), math.ceil(w / 2)
+    width = 64 * r.width_factor
+    flops = 2 * h * w * 7 * 7 * in_channels * width
+    h, w = math.ceil(h / 2), math.ceil(w / 2)
+    cin = width
+    for s, units in enumerate(r.layers):
+        mid = width * 2**s
+        out = mid * 4
+        for u in range(units):
+            stride = 2 if (s > 0 and u == 0) else 1
+            ho, wo = math.ceil(h / stride), math.ceil(w / stride)
+            flops += 2 * h * w * cin * mid + 2 * ho * wo * 9 * mid * mid + 2 * ho * wo * mid * out
+            if u == 0:
+                flops += 2 * ho * wo * cin * out
+            h, w, cin = ho, wo, out
+    return float(flops)

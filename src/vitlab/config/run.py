@@ -1,0 +1,271 @@
+"""A training run's configuration: model, data, optim, train and objective sections.
+
+A run is read from a YAML recipe, changed by "section.key=value" overrides, and written back
+as the resolved `config.yaml` of the run folder. Defaults live in these dataclasses only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import yaml
+
+from vitlab.config.fields import (
+    ConfigError,
+    check_fields,
+    check_keys,
+    check_type,
+    field_hint,
+    from_text,
+    section_from_text,
+    setting,
+)
+from vitlab.config.model import ViTConfig, as_pair
+from vitlab.config.mpp import MPPConfig
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+DECAYS = ("cosine", "linear", "constant")
+PRECISIONS = ("fp32", "bf16")
+PARALLEL = ("ddp", "fsdp")
+RECIPES = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _device(value: str) -> Optional[str]:
+    if re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+        return None
+    return "not a device; use auto, cpu, cuda or cuda:N"
+
+
+def _crop_range(v: tuple[float, float]) -> Optional[str]:
+    return None if 0 < v[0] <= v[1] <= 1 else "must be (low, high) with 0 < low <= high <= 1"
+
+
+def _ratio_range(v: tuple[float, float]) -> Optional[str]:
+    return None if 0 < v[0] <= v[1] else "must be (low, high) with 0 < low <= high"
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """Which network a run trains: a registered variant (`vitlab models`) or the one a
+    checkpoint holds (fine-tuning), with any ViTConfig field changed. In a recipe the changes
+    sit beside `name` and `checkpoint`: `model: {name: ViT-Ti/4, depth: 4, dropout: 0.1}`."""
+
+    name: str = "ViT-Ti/4"  # "" when the network comes from `checkpoint`
+    checkpoint: str = ""  # start from these weights; the head is replaced for the new classes
+    changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # ViTConfig fields
+
+    def __post_init__(self) -> None:
+        check_fields(self, "model")
+        if not self.name and not self.checkpoint:
+            raise ConfigError("the model section needs a name (a variant, see `vitlab models`) or a checkpoint")
+        check_keys(ViTConfig, dict(self.changes), "model", extra=("name", "checkpoint"))
+        changes = dict(self.changes)
+        if "image_size" in changes:
+            changes["image_size"] = as_pair(changes["image_size"])
+        changes = {k: check_type(v, field_hint(ViTConfig, k), f"model.{k}") for k, v in changes.items()}
+        object.__setattr__(self, "changes", changes)
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "ModelSection":
+        d = check_keys(ViTConfig, dict(d or {}), "model", extra=("name", "checkpoint"))
+        name = d.pop("name", "" if d.get("checkpoint") else cls.name)
+        checkpoint = d.pop("checkpoint", cls.checkpoint)
+        changes = {k: from_text(v, field_hint(ViTConfig, k)) for k, v in d.items()}
+        return cls(name=name or "", checkpoint=checkpoint or "", changes=changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        head = {k: v for k, v in (("name", self.name), ("checkpoint", self.checkpoint)) if v}
+        return {**head, **self.changes}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the images come from and how they are augmented (§4.1, Appendix B.1)."""
+
+    name: str = "digits"  # a spec for vitlab.data.open_dataset: digits, cifar10:DIR, wds:PATTERN, ...
+    train_split: str = "train"
+    eval_splits: tuple[str, ...] = ("test",)
+    eval_data: str = ""  # another spec for evaluation (e.g. the test shards of a wds set); "" = name
+    num_workers: int = setting(0, at_least=0)
+    # Inception-style crop (the paper's training preprocessing): area and aspect-ratio ranges.
+    crop_scale: tuple[float, float] = setting((0.08, 1.0), check=_crop_range)
+    crop_ratio: tuple[float, float] = setting((0.75, 1.3333333333333333), check=_ratio_range)
+    hflip: bool = True
+    randaugment: int = setting(0, at_least=0, hint="RandAugment ops per image; 0 = off")
+    randaugment_magnitude: int = setting(9, at_least=0, at_most=30)
+    # Held-out dev share; < 0: the dataset's paper value (2% of CIFAR, 1% of ImageNet, 10% else).
+    dev_fraction: float = setting(-1.0, below=1)
+    skip_bad_images: bool = False
+    shuffle_buffer: int = setting(2000, at_least=0)  # samples held for shuffling a streamed (wds) set
+    classes: tuple[str, ...] = ()  # class names of a wds set (else classes.txt beside the shards, else 0..K-1)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "data")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser and learning-rate schedule (Appendix B.1, Table 3 and 4)."""
+
+    name: str = setting("adamw", one_of=OPTIMIZERS)  # adamw (decoupled weight decay), adam, sgd
+    lr: float = setting(1e-3, above=0)
+    betas: tuple[float, float] = setting((0.9, 0.999), check=lambda b: None if all(0 <= x < 1 for x in b) else "must be in [0, 1)")
+    eps: float = setting(1e-8, above=0)
+    momentum: float = setting(0.9, at_least=0, below=1)  # sgd only
+    weight_decay: float = setting(0.0, at_least=0)  # applied to matrices only (dim >= 2, not embeddings or tokens)
+    clip_grad_norm: float = setting(1.0, at_least=0, hint="global norm; 0 = off")
+    warmup_steps: int = setting(0, at_least=0)  # linear warm-up from 0
+    decay: str = setting("cosine", one_of=DECAYS)  # after warm-up: cosine or linear to end_lr, or constant
+    end_lr: float = setting(0.0, at_least=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "optim")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The loop: length, batch, checkpoints, precision, regularisers, objective."""
+
+    objective: str = setting("supervised", check=lambda v: None if v in OBJECTIVE_OPTIONS
+                             else f"not an objective; known: {', '.join(OBJECTIVE_OPTIONS)}")
+    steps: int = setting(0, at_least=0, hint="optimiser steps; 0 = from epochs")
+    epochs: float = setting(0.0, at_least=0)  # used when steps is 0
+    batch_size: int = setting(128, at_least=1)  # global: across processes and accumulation steps
+    micro_batch_size: int = setting(0, at_least=0)  # per process and forward pass; 0 = the whole per-process batch
+    seed: int = 0
+    eval_every: int = setting(0, at_least=0)  # steps; 0 = only at the end
+    log_every: int = setting(10, at_least=1)
+    ckpt_every: int = setting(500, at_least=1)  # steps; a checkpoint is always written at the end
+    keep_checkpoints: int = setting(3, at_least=1)
+    ema: float = setting(0.0, at_least=0, below=1, hint="Polyak averaging factor, the paper's 0.9999; 0 = off")
+    label_smoothing: float = setting(0.0, at_least=0, below=1)
+    mixup: float = setting(0.0, at_least=0)  # Beta(alpha, alpha) of torchvision's MixUp; 0 = off
+    cutmix: float = setting(0.0, at_least=0)
+    precision: str = setting("fp32", one_of=PRECISIONS)  # bf16 = autocast to bfloat16
+    grad_checkpointing: bool = False
+    compile: bool = False  # torch.compile the objective
+    parallel: str = setting("ddp", one_of=PARALLEL)  # with torchrun: ddp or fsdp
+    device: str = setting("auto", check=_device)  # auto = cuda when available, else cpu
+    threads: int = setting(0, at_least=0, hint="torch CPU threads per process; 0 = one per core")
+    eval_batch_size: int = setting(0, at_least=0)  # 0 = batch_size
+
+    def __post_init__(self) -> None:
+        check_fields(self, "train")
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of an objective that takes none (supervised: its regularisers are
+    train.label_smoothing, train.mixup and train.cutmix)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {}
+
+
+# train.objective -> the dataclass of its `objective:` section. vitlab.train.objectives maps
+# the same names to the objectives themselves.
+OBJECTIVE_OPTIONS: dict[str, type] = {"supervised": NoOptions, "mpp": MPPConfig}
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run: the model section, three plain sections, and the objective's options."""
+
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    objective: Any = dataclasses.field(default_factory=NoOptions)  # OBJECTIVE_OPTIONS[train.objective]
+
+    def __post_init__(self) -> None:
+        want = OBJECTIVE_OPTIONS[self.train.objective]
+        if not isinstance(self.objective, want):
+            raise ConfigError(
+                f"the objective section of train.objective={self.train.objective!r} must be a {want.__name__}, "
+                f"got {type(self.objective).__name__}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        def plain(v: Any) -> Any:
+            if isinstance(v, tuple):
+                return [plain(x) for x in v]
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            return v
+
+        out: dict[str, Any] = {"model": plain(self.model.to_dict())}
+        for name, cls in SECTIONS.items():
+            out[name] = {f.name: plain(getattr(getattr(self, name), f.name)) for f in fields(cls)}
+        out["objective"] = plain(self.objective.to_dict())
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "RunConfig":
+        """A run from plain values (a recipe, a config.yaml, overrides), numbers read from text."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a recipe must be a mapping of sections, got {type(d).__name__}")
+        valid = ("model", *SECTIONS, "objective")
+        unknown = [k for k in d if k not in valid]
+        if unknown:
+            raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(valid)}")
+        sections = {k: section_from_text(c, d.get(k), k) for k, c in SECTIONS.items()}
+        options = section_from_text(OBJECTIVE_OPTIONS[sections["train"].objective], d.get("objective"), "objective")
+        return cls(model=ModelSection.from_dict(d.get("model")), objective=options, **sections)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "RunConfig":
+        """Apply {"optim.lr": 0.01, "model.dropout": 0.1, ...}; a wrong key names the valid ones."""
+        d = self.to_dict()
+        objective_changed = "train.objective" in overrides and overrides["train.objective"] != self.train.objective
+        if objective_changed:
+            d["objective"] = {}  # the old objective's options belong to it
+        for key, value in overrides.items():
+            section, _, name = key.partition(".")
+            if section not in d or not name:
+                raise ConfigError(
+                    f"bad override key {key!r}: write SECTION.KEY=VALUE with SECTION one of "
+                    f"{', '.join(d)} (e.g. optim.lr=0.001)"
+                )
+            d[section][name] = value
+        return RunConfig.from_dict(d)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """ "optim.lr=1e-3" -> ("optim.lr", "1e-3" read as YAML); the section's types convert it."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"bad override {text!r}: write SECTION.KEY=VALUE, e.g. optim.weight_decay=0.05")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def shipped_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
+
+
+def load_recipe(path_or_name: str) -> RunConfig:
+    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...)."""
+    path = Path(path_or_name)
+    if not path.is_file():
+        shipped = RECIPES / f"{path_or_name}.yaml"
+        if not shipped.is_file():
+            raise ConfigError(f"no recipe file {path_or_name!r}; shipped recipes: {', '.join(shipped_recipes())}")
+        path = shipped
+    try:
+        d = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the recipe ({e.strerror})") from None
+    try:
+        return RunConfig.from_dict(d)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
