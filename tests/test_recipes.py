@@ -100,7 +100,9 @@ def test_bad_key_names_the_key_and_the_valid_ones(tmp_path):
         load_recipe("no-such-recipe")
     with pytest.raises(ConfigError, match="optim.lr='fast' is not a number"):
         RunConfig().with_overrides({"optim.lr": "fast"})
-    assert parse_override("optim.lr=1e-3") == ("optim.lr", 0.001)
+    # YAML 1.1 reads 1e-3 as a string; the field's type turns it into the number.
+    assert RunConfig().with_overrides(dict([parse_override("optim.lr=1e-3")])).optim.lr == 0.001
+    assert RunConfig().with_overrides(dict([parse_override("data.name=1e3")])).data.name == "1e3"
     assert parse_override("data.crop_scale=[0.5, 1]") == ("data.crop_scale", [0.5, 1])
 
 
