@@ -30,9 +30,9 @@ from vitlab.checkpoints.tables import (
     refuse,
     square_grid,
     transposed,
-    variant_name,
 )
 from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.models.variants import describe
 
 FORMAT_NAME = "npz"
 HWIO_TO_OIHW = (3, 2, 0, 1)  # conv kernels: TF stores (kh, kw, in, out)
@@ -224,7 +224,7 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
         std=(0.5,) * in_channels,
     )
     cfg = official_numerics(cfg)
-    return cfg.replace(name=variant_name(cfg)), spelling
+    return cfg.replace(name=describe(cfg)), spelling
 
 
 def read(path: str | os.PathLike) -> Imported:

@@ -21,6 +21,7 @@ from torch import Tensor
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import atomic_write
 from vitlab.config import ViTConfig
+from vitlab.models.vit import VisionTransformer
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
 ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
@@ -133,8 +134,6 @@ def export_state(rules: Sequence[Rule], ours: dict[str, Tensor], target: str) ->
 
 def expected_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of a model of `cfg`, built on the meta device (no memory, no init cost)."""
-    from vitlab.models.vit import VisionTransformer
-
     with torch.device("meta"):
         model = VisionTransformer(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -160,21 +159,6 @@ def square_grid(patch_tokens: int, source: str) -> int:
             "pass image_size=(H, W) to vitlab.load to say which grid it is"
         )
     return side
-
-
-def variant_name(cfg: ViTConfig) -> str:
-    """The registered variant with the same architecture ("ViT-B/16"), else a descriptive name."""
-    from vitlab.models.variants import MODELS
-
-    for name, v in MODELS.items():
-        same = (v.hidden_size, v.depth, v.num_heads, v.mlp_dim, v.patch_size) == (
-            cfg.hidden_size, cfg.depth, cfg.num_heads, cfg.mlp_dim, cfg.patch_size
-        )
-        same_stem = (v.resnet.layers if v.resnet else None) == (cfg.resnet.layers if cfg.resnet else None)
-        if same and same_stem:
-            return name
-    stem = f"R{len(cfg.resnet.layers)}stage+" if cfg.resnet else ""
-    return f"{stem}ViT-D{cfg.hidden_size}-L{cfg.depth}/{cfg.total_stride}"
 
 
 # Tensor files (.safetensors, .pth/.pt/.bin), never unpickled ------------------------------

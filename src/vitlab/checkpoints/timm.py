@@ -33,11 +33,11 @@ from vitlab.checkpoints.tables import (
     refuse,
     square_grid,
     stored_config,
-    variant_name,
     write_tensors,
     writer_metadata,
 )
 from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.models.variants import describe
 
 FORMAT_NAME = "timm"
 BACKBONE = "patch_embed.backbone."
@@ -156,7 +156,7 @@ def infer_config(s: dict, source: str) -> ViTConfig:
         std=(0.5,) * cin,
     )
     cfg = timm_numerics(cfg)
-    return cfg.replace(name=variant_name(cfg))
+    return cfg.replace(name=describe(cfg))
 
 
 def read(path: str | os.PathLike) -> Imported:

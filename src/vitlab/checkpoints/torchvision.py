@@ -28,11 +28,11 @@ from vitlab.checkpoints.tables import (
     refuse,
     square_grid,
     stored_config,
-    variant_name,
     write_tensors,
     writer_metadata,
 )
 from vitlab.config import ViTConfig
+from vitlab.models.variants import describe
 
 FORMAT_NAME = "torchvision"
 LAYER = "encoder.layers.encoder_layer_{}."
@@ -112,7 +112,7 @@ def infer_config(s: dict, source: str) -> ViTConfig:
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
     )
-    return cfg.replace(name=variant_name(cfg))
+    return cfg.replace(name=describe(cfg))
 
 
 def read(path: str | os.PathLike) -> Imported:

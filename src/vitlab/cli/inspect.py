@@ -166,7 +166,7 @@ def run(args) -> int:
                 f"all {cfg.depth} layers; the {how}, upsampled and multiplied into the image.",
             )
         )
-    extra = analysis.extra_figures(model, imported.metadata, imported.extras, result.rollout_images, out)
+    extra = analysis.objective_figures(model, imported.metadata, imported.extras, result.rollout_images, out)
     figures.extend(extra)
 
     numbers = result.numbers()
