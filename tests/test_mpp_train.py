@@ -77,7 +77,6 @@ def test_finetune_and_fewshot_from_an_mpp_checkpoint(tmp_path, capsys):
 
 
 def test_unknown_mpp_option_is_refused_by_name():
-    from vitlab.train.objectives import build_objective
 
     # The typed objective section refuses it as soon as the run config is built.
     with pytest.raises(ConfigError, match="objective.mask_ratio.*mask_rate"):

@@ -23,7 +23,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
 
     from vitlab import checkpoints
     from vitlab.config import model_flops
