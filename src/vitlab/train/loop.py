@@ -352,6 +352,7 @@ class Trainer:
                 entry["per_class"] = dict(zip(names, entry["per_class"]))
             splits[split] = entry
         summary = {
+            "model": run.model.config.name,
             "steps": run.plan.total, "epochs": round(run.plan.total / run.plan.per_epoch, 3), "splits": splits,
             "checkpoint": str(ckpt), "ema": self.cfg.train.ema or None, "train_seconds": round(seconds, 1),
             "bad_images_skipped": int(bad["bad"].item()), "world_size": run.ctx.world,
