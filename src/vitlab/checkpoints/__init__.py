@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
+from vitlab.checkpoints import io
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.checkpoints.pretrained import is_pretrained_name, resolve
 from vitlab.config import ConfigError
@@ -33,12 +34,31 @@ def format_module(name: str) -> ModuleType:
     return importlib.import_module(FORMATS[name])
 
 
-def detect_format(path: str | os.PathLike) -> str:
+# What reading a malformed file raises inside a reader (a missing key, an array of the wrong
+# rank, a value of the wrong type): every one becomes a CheckpointError naming the file.
+MALFORMED = (KeyError, IndexError, ValueError, TypeError, AttributeError, RuntimeError, OverflowError,
+             UnicodeDecodeError, RecursionError)
+
+
+def check_path(path: str | os.PathLike) -> Path:
+    """A checkpoint is a regular file or a folder; anything else (a FIFO, a device) is refused
+    before a reader opens it and blocks."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or folder")
+    if not p.is_dir():
+        io.regular_file(p)
+    return p
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    p = check_path(path)
     for name in FORMATS:
-        if format_module(name).detect(p):
+        try:
+            found = format_module(name).detect(p)
+        except MALFORMED + (CheckpointError, OSError):  # a detector that chokes on a file: not that format
+            found = False
+        if found:
             return name
     raise CheckpointError(
         f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
@@ -49,8 +69,16 @@ def detect_format(path: str | os.PathLike) -> str:
 def read_checkpoint(path: str | os.PathLike, format: Optional[str] = None) -> Imported:
     """Any checkpoint file or folder, or a published name, read into vitlab's names."""
     path = resolve(path)
+    check_path(path)
     name = format or detect_format(path)
-    imported = format_module(name).read(path)
+    try:
+        imported = format_module(name).read(path)
+    except CheckpointError:
+        raise
+    except ConfigError as e:  # the file describes a model no config can hold
+        raise CheckpointError(f"{path}: not a valid {name} checkpoint: {e}") from None
+    except MALFORMED as e:
+        raise CheckpointError(f"{path}: a malformed {name} checkpoint ({type(e).__name__}: {e})") from None
     imported.source_format = name
     return imported
 

@@ -18,10 +18,9 @@ from typing import Callable, Collection, Optional, Sequence
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, Imported
-from vitlab.files import atomic_write
+from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, parse_class_names, regular_file
 from vitlab.config import ViTConfig
-from vitlab.models.vit import VisionTransformer
+from vitlab.files import atomic_write
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
 ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
@@ -132,13 +131,6 @@ def export_state(rules: Sequence[Rule], ours: dict[str, Tensor], target: str) ->
     return out
 
 
-def expected_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of a model of `cfg`, built on the meta device (no memory, no init cost)."""
-    with torch.device("meta"):
-        model = VisionTransformer(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
 # The hybrid's BiT ResNet stem, in any format -----------------------------------------------
 ResNetName = Callable[..., str]  # (part, stage=0, unit=0, n=0) -> their key or key prefix
 
@@ -209,7 +201,7 @@ STATE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 def read_tensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, str]]:
     """A flat state dict and the file's metadata (safetensors only). `.pth` files are read
     with `weights_only=True`: PyTorch's restricted unpickler, which runs no code from the file."""
-    path = Path(path)
+    path = regular_file(path)
     if path.suffix == ".safetensors":
         from safetensors import safe_open
         from safetensors.torch import load_file
@@ -232,7 +224,7 @@ def read_tensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, 
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]
             break
-    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
         raise CheckpointError(f"{path}: expected a state dict of tensors, found {type(obj).__name__}")
     return dict(obj), {}
 
@@ -280,7 +272,7 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
         atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def stored_config(meta: dict[str, str]) -> Optional[ViTConfig]:
+def stored_config(meta: dict[str, str], source: str) -> Optional[ViTConfig]:
     """The full vitlab config a vitlab writer left in a file's metadata (None if absent).
     The tensors are still checked against it, shape by shape, when they are imported."""
     raw = meta.get("vitlab.config")
@@ -288,16 +280,8 @@ def stored_config(meta: dict[str, str]) -> Optional[ViTConfig]:
         return None
     try:
         return ViTConfig.from_dict(json.loads(raw))
-    except Exception:
-        return None
-
-
-def class_names_from(meta: dict[str, str], num_classes: int) -> Optional[list[str]]:
-    try:
-        names = json.loads(meta.get("vitlab.class_names") or "null")
-    except json.JSONDecodeError:
-        return None
-    return names if isinstance(names, list) and len(names) == num_classes else None
+    except (ValueError, TypeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
+        raise CheckpointError(f"{source}: the vitlab.config metadata is invalid ({e}); the file is damaged") from None
 
 
 def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[ViTConfig], list[Rule]],
@@ -307,9 +291,10 @@ def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[ViT
     (else inferred from the tensors), the table applied with every key and shape checked."""
     state, meta = read_tensors(path)
     state = rename(state)
-    cfg = stored_config(meta) or infer(state, str(path))
+    cfg = stored_config(meta, str(path)) or infer(state, str(path))
     ours = import_state(rules(cfg), state, expected_shapes(cfg), str(path))
-    return Imported(cfg, ours, class_names_from(meta, cfg.num_classes), source_format=fmt, metadata=meta)
+    names = parse_class_names(meta.get("vitlab.class_names"), cfg.num_classes, str(path), "vitlab.class_names")
+    return Imported(cfg, ours, names, source_format=fmt, metadata=meta)
 
 
 def writer_metadata(model, fmt: str) -> dict[str, str]:

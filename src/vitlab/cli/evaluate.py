@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     def batches():
         nonlocal bad
-        for images, labels, n_bad in loader:
-            bad += n_bad
+        for images, labels, skipped in loader:
+            bad += len(skipped)  # one evaluation pass: each file once
             if labels.numel():
                 yield images, labels
 

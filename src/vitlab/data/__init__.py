@@ -25,7 +25,7 @@ The API other parts of vitlab (and users) call:
                 download (default True: fetch a missing named set when online).
     read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
     make_loader(dataset, batch_size, seed=, rank=, world=, train=, start_step=, num_steps=,
-                num_workers=) -> DataLoader of (images, labels, bad_count): a whole run's
+                num_workers=) -> DataLoader of (images, labels, skipped names): a whole run's
                 training batches (exactly resumable, split over processes), or one
                 evaluation pass
     transforms.eval_transform / transforms.train_transform
@@ -113,10 +113,12 @@ def open_dataset(
     if name == "wds":
         from vitlab.data.wds import WebDataset
 
-        return WebDataset(
+        stream = WebDataset(
             arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", 2000)),
             skip_bad_images=skip, dev_fraction=dev_fraction, classes=options.get("classes"),
         )
+        check_classes(spec, stream.class_names)
+        return stream
     common = dict(seed=seed, skip_bad_images=skip)
     if name == "imagefolder":
         dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
@@ -129,11 +131,28 @@ def open_dataset(
         else:
             arrays, classes = ds.cifar_arrays(name, arg or None, download)
         images, labels = arrays[base]
+        if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
+            raise DataError(f"{spec}: {base} labels run from {labels.min()} to {labels.max()}, outside the "
+                            f"{len(classes)} classes; the label file is damaged")
         dataset = ds.ArrayDataset(images, labels, classes, transform, **common)
+    check_classes(spec, dataset.class_names)
     if split in ("dev", "train-minus-dev"):
         dev, rest = ds.dev_split(len(dataset), dev_fraction)
         dataset = dataset.select(dev if split == "dev" else rest)
     return dataset
+
+
+def check_classes(spec: str, class_names: Sequence[str]) -> None:
+    """Classification needs two classes at least: with one, every prediction is right and
+    the loss is zero from the first step, a run that looks perfect and learns nothing."""
+    if len(class_names) < 2:
+        raise DataError(
+            f"{spec}: {len(class_names)} class{'' if len(class_names) == 1 else 'es'} ({', '.join(class_names)}); "
+            "classification needs at least two: check the data's class folders or labels"
+        )
+    if len(set(class_names)) != len(class_names):
+        twice = sorted({c for c in class_names if list(class_names).count(c) > 1})
+        raise DataError(f"{spec}: the class names {', '.join(twice[:5])} appear more than once; each class needs its own name")
 
 
 __all__ = [

@@ -78,7 +78,7 @@ class Run:
     log: Optional[MetricsLog] = None
     progress: Optional[Progress] = None
     window: dict[str, float] = field(default_factory=dict)
-    bad_images: int = 0
+    bad_images: set[str] = field(default_factory=set)  # names of the unreadable files skipped
 
 
 def new_window() -> dict[str, float]:
@@ -192,6 +192,7 @@ class Trainer:
             if note:
                 self._say(f"note: {note}")
             run.window.update(saved.meta.get("log_window", {}))
+            run.bad_images.update(saved.meta.get("bad_images", []))
             self._say(f"resuming {self.out} from step {run.start} of {run.plan.total}")
         elif ctx.rank > 0:
             torch.manual_seed(t.seed + 7919 * ctx.rank)  # different dropout/Mixup draws per process
@@ -213,7 +214,7 @@ class Trainer:
         try:
             while step < run.plan.total:
                 images, labels, bad = next(loader)
-                run.bad_images += bad
+                run.bad_images.update(bad)
                 lr = lr_at(step, run.plan.total, cfg.optim)
                 loss, acc = self._step(run, step, images, labels, lr)
                 step += 1
@@ -338,12 +339,13 @@ class Trainer:
     def _save(self, run: Run, step: int, seconds: float) -> None:
         info = {"step": step, **run.objective.checkpoint_metadata()}
         partial = {k: run.window[k] for k in ("loss", "acc", "n")}  # the unfinished log window
-        extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial}
+        extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial,
+                 "bad_images": sorted(run.bad_images)}
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
 
     def _finish(self, run: Run, results: dict[str, dict[str, Any]], seconds: float) -> dict[str, Any]:
         names = run.model.class_names
-        bad = distributed.sum_tensors({"bad": torch.tensor([float(run.bad_images)], device=run.ctx.device)}, run.ctx)
+        bad = set().union(*distributed.gather_objects(sorted(run.bad_images), run.ctx))  # files, not reads
         ckpt = self.folder.checkpoint_file("ema.safetensors" if run.ema is not None else "last.safetensors")
         splits = {}
         for split, m in results.items():
@@ -355,7 +357,7 @@ class Trainer:
             "model": run.model.config.name,
             "steps": run.plan.total, "epochs": round(run.plan.total / run.plan.per_epoch, 3), "splits": splits,
             "checkpoint": str(ckpt), "ema": self.cfg.train.ema or None, "train_seconds": round(seconds, 1),
-            "bad_images_skipped": int(bad["bad"].item()), "world_size": run.ctx.world,
+            "bad_images_skipped": len(bad), "world_size": run.ctx.world,
         }
         if not run.ctx.is_main:
             return summary
