@@ -107,7 +107,7 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
     if not probe_in.is_dir():
         raise NotADirectoryError(f"{path}: cannot be written, {probe_in} is a file, not a folder")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".vitlab-write-check.", dir=probe_in)
+        fd, tmp = tempfile.mkstemp(prefix=".vitlab-write-check.", suffix=".tmp", dir=probe_in)
     except OSError as e:
         raise OSError(e.errno, f"cannot write {path}: no file can be created in {probe_in} ({e.strerror})") from None
     os.close(fd)

@@ -130,16 +130,14 @@ def command_line() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
-
     from vitlab.cli import UsageError
-    from vitlab.config import RunConfig
+    from vitlab.train.run_folder import RunFolder
 
     if isinstance(args.resume, str):
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
             raise UsageError(f"--resume {run_dir}: no config.yaml there; give a run folder written by vitlab train")
-        cfg = RunConfig.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+        cfg = RunFolder(run_dir).read_config()
         if args.overrides:
             raise UsageError("--resume RUN_DIR takes the run's own config; drop the SECTION.KEY=VALUE overrides")
         out = run_dir

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vitlab.config import ConfigError
+
 
 @dataclass
 class Context:
@@ -51,6 +53,8 @@ def setup(device: str = "auto", parallel: str = "ddp") -> Context:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={device!r}: no CUDA GPU is visible on this machine; use cpu (or auto)")
     if dev.type == "cuda":
         dev = torch.device("cuda", local_rank if dev.index is None else dev.index)
         torch.cuda.set_device(dev)

@@ -113,6 +113,7 @@ class Trainer:
             results = self._evaluate(run, run.plan.total, final=True)
             return self._finish(run, results, train_seconds)
         finally:
+            self.folder.release()
             distributed.cleanup(ctx)
 
     def _say(self, text: str) -> None:
