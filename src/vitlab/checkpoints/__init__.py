@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
-from vitlab.checkpoints import io
+from vitlab.checkpoints import io, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.checkpoints.pretrained import is_pretrained_name, resolve
 from vitlab.config import ConfigError
@@ -106,10 +107,24 @@ def load(path: str | os.PathLike, format: Optional[str] = None, **overrides: Any
 
 
 def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
-    format_module(format).write(model, path, **kwargs)
+    """Write `model` in `format`; warns when the name lacks the suffix the format's readers
+    look for, and when the file cannot carry a preprocessing setting."""
+    module = format_module(format)
+    note = verify.suffix_warning(path, format)
+    if note:
+        warnings.warn(note)
+    module.write(model, path, **kwargs)
+
+
+def save_verified(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", verify_logits: bool = True,
+                  **kwargs: Any) -> verify.Verified:
+    """`save`, proven: written beside `path`, loaded back as a model, its logits compared with
+    the original's on a probe batch, and only then moved into place (see checkpoints.verify)."""
+    owned = getattr(format_module(format), "written_by_us", None)
+    return verify.write_verified(model, path, format, load, save, owned=owned, verify=verify_logits, **kwargs)
 
 
 __all__ = [
     "FORMATS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
-    "read_checkpoint", "resolve", "save",
+    "read_checkpoint", "resolve", "save", "save_verified",
 ]

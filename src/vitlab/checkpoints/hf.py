@@ -23,6 +23,7 @@ from typing import Any, Optional
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.tables import (
     Rule,
+    check_carried,
     copy,
     expected_shapes,
     export_state,
@@ -208,6 +209,10 @@ def _preprocessing(folder: Path, cfg: ViTConfig) -> ViTConfig:
         p = json.loads(f.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{f}: not readable JSON ({e})") from None
+    return apply_preprocessing(p, cfg, str(f))
+
+
+def apply_preprocessing(p: Any, cfg: ViTConfig, f: str) -> ViTConfig:
     if not isinstance(p, dict):
         raise CheckpointError(f"{f}: must hold a JSON object")
     n = cfg.in_channels
@@ -296,6 +301,8 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     check_writable(cfg, allow_numerics_change)
     prefix = "vit." if cfg.num_classes else ""
     theirs = export_state(rules(cfg, prefix), model.state_dict(), f"{path} (hf)")
+    back = apply_preprocessing(preprocessor_config(cfg), infer_config(hf_config(model), theirs, str(path))[0], str(path))
+    check_carried(f"{path} (Hugging Face)", cfg, back, allow_numerics_change)
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target}: exists and is a file; a Hugging Face checkpoint is a folder")

@@ -21,6 +21,7 @@ from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.files import atomic_write
 from vitlab.checkpoints.tables import (
     Rule,
+    check_carried,
     copy,
     count_indexed,
     expected_shapes,
@@ -219,7 +220,8 @@ def read(path: str | os.PathLike) -> Imported:
 
 
 # Writing --------------------------------------------------------------------------------
-def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
+def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[str]:
+    """Refuse what the official format cannot represent; returns the allowed numerics changes."""
     features, numerics = [], []
     if cfg.pos_embed != "learned":
         features.append(f"pos_embed={cfg.pos_embed!r} (the official models have learned 1D position embeddings)")
@@ -241,6 +243,7 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
             "(official: (w-mean)/(std+1e-5), GroupNorm eps 1e-6)"
         )
     refuse("the official .npz format", features, numerics, allow_numerics_change)
+    return numerics
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
@@ -250,8 +253,10 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     import numpy as np
 
     cfg = model.config
-    check_writable(cfg, allow_numerics_change)
+    numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses
     theirs = export_state(rules(cfg, "original"), model.state_dict(), f"{path} (npz)")
+    # The archive holds arrays only: a reader infers the config from them, with official numerics.
+    check_carried(f"{path} (npz)", cfg, infer_config(theirs, str(path))[0], allow_numerics_change, numerics)
     arrays = {k: v.numpy() for k, v in theirs.items()}
 
     def save(tmp: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Optional, Sequence
@@ -314,3 +315,53 @@ def refuse(target: str, features: list[str], numerics: list[str], allow_numerics
             f"{target} computes differently: {'; '.join(numerics)}. Not written; pass "
             "allow_numerics_change=True (CLI: --allow-numerics-change) to write the weights anyway"
         )
+
+
+# What a written file carries back ---------------------------------------------------------
+# Settings that decide the logits for a given input: a reader that cannot recover one builds
+# another function from the same weights.
+COMPUTE_FIELDS = ("image_size", "patch_size", "in_channels", "hidden_size", "depth", "num_heads", "mlp_dim",
+                  "num_classes", "classifier", "pos_embed", "representation_size", "gelu", "layer_norm_eps",
+                  "qkv_bias", "resnet")
+# Settings around the network: how images are prepared, how position embeddings follow a new size.
+PREPARE_FIELDS = ("mean", "std", "crop_fraction", "resize_mode", "dynamic_image_size")
+
+
+def _short(v: object) -> str:
+    if isinstance(v, tuple) and v and all(isinstance(x, float) for x in v):
+        return "(" + ", ".join(f"{x:g}" for x in v) + ")"
+    return repr(v)
+
+
+def lost_settings(ours: ViTConfig, back: ViTConfig, named: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """(settings of the network, settings around it) that a reader of the written file gets
+    wrong: "num_heads=2 reads back as 1". Fields already named in `named` (a format's own
+    refusals) are not repeated."""
+    def differ(fields: Sequence[str]) -> list[str]:
+        return [f"{f}={_short(getattr(ours, f))} reads back as {_short(getattr(back, f))}"
+                for f in fields if getattr(ours, f) != getattr(back, f) and not any(re.search(rf"\b{f}\b", n, re.I) for n in named)]
+
+    return differ(COMPUTE_FIELDS), differ(PREPARE_FIELDS)
+
+
+def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_change: bool,
+                  numerics: Sequence[str] = ()) -> None:
+    """Refuse to write a file from which a reader would build another network: the format's
+    own numerics changes (`numerics`, from its check_writable) and the settings the file
+    cannot carry (`back` is the config a reader infers from what is written). Allowed, each
+    is said in a warning; settings around the network (preprocessing) are always said."""
+    import warnings
+
+    compute, prepare = lost_settings(ours, back, numerics)
+    if (numerics or compute) and not allow_numerics_change:
+        parts = ([f"computes differently: {'; '.join(numerics)}"] if numerics else []) + \
+            ([f"cannot carry {'; '.join(compute)} (a reader would build another model)"] if compute else [])
+        fix = "write a .safetensors file (it carries vitlab's config), or pass" if compute else "pass"
+        raise CheckpointError(
+            f"{target} {' and '.join(parts)}. Not written; {fix} allow_numerics_change=True "
+            "(CLI: --allow-numerics-change) to write the weights anyway"
+        )
+    if numerics or compute:
+        warnings.warn(f"{target}: the reloaded model will differ: {'; '.join([*numerics, *compute])}")
+    if prepare:
+        warnings.warn(f"{target} does not carry {'; '.join(prepare)}: a reader prepares images its own way")

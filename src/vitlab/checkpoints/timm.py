@@ -22,6 +22,7 @@ from typing import Any
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.tables import (
     Rule,
+    check_carried,
     copy,
     count_indexed,
     export_state,
@@ -146,7 +147,8 @@ def read(path: str | os.PathLike) -> Imported:
 
 
 # Writing --------------------------------------------------------------------------------
-def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
+def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[str]:
+    """Refuse what timm cannot represent; returns the numerics changes that were allowed."""
     features, numerics = [], []
     if cfg.pos_embed != "learned":
         features.append(f"pos_embed={cfg.pos_embed!r} (timm's VisionTransformer has a learned 1D table)")
@@ -157,6 +159,7 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
             f"ResNet ws_mode={cfg.resnet.ws_mode!r}: (w-mean)/(std+eps) (timm's StdConv2dSame computes (w-mean)/sqrt(var+eps))"
         )
     refuse("timm", features, numerics, allow_numerics_change)
+    return numerics
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
@@ -165,8 +168,11 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     import json
 
     cfg = model.config
-    check_writable(cfg, allow_numerics_change)
+    numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses
     theirs = export_state(rules(cfg), model.state_dict(), f"{path} (timm)")
+    # A torch.save file holds the tensors and nothing else: a reader infers the config from them.
+    back = cfg if Path(path).suffix == ".safetensors" else infer_config(theirs, str(path))
+    check_carried(f"{path} ({'timm' if back is cfg else 'a timm state dict'})", cfg, back, allow_numerics_change, numerics)
     meta = writer_metadata(model, FORMAT_NAME)
     meta["timm.model_args"] = json.dumps(timm_model_args(cfg))
     write_tensors(path, theirs, meta)
