@@ -192,9 +192,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"vitlab {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        if not isinstance(e, expected_errors()):
+        # torch reports a failed allocation as a plain RuntimeError ("can't allocate memory")
+        out_of_memory = isinstance(e, RuntimeError) and "allocate" in str(e)
+        if not (isinstance(e, expected_errors()) or out_of_memory):
             raise
-        print(f"vitlab {args.command}: error: {one_line(e)}", file=sys.stderr)
+        hint = " (out of memory: a smaller model, batch or image size would fit)" if out_of_memory else ""
+        print(f"vitlab {args.command}: error: {one_line(e)}{hint}", file=sys.stderr)
         return 2
 
 

@@ -13,6 +13,7 @@ check. Values built in Python are taken as they are: `num_classes="10"` is an er
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import typing
@@ -110,7 +111,7 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
         if len(value) != len(args):
             raise ConfigError(f"{label}={list(value)!r} needs {len(args)} values, got {len(value)}")
         return tuple(check_type(v, a, f"{label}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if origin in (dict, typing.Mapping) or hint is dict:
+    if origin in (dict, typing.Mapping, collections.abc.Mapping) or hint is dict:
         if not isinstance(value, dict):
             raise bad
         return value

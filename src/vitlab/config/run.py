@@ -71,7 +71,7 @@ class ModelSection:
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "ModelSection":
-        d = check_keys(ViTConfig, dict(d or {}), "model", extra=("name", "checkpoint"))
+        d = check_keys(ViTConfig, {} if d is None else d, "model", extra=("name", "checkpoint"))
         name = d.pop("name", "" if d.get("checkpoint") else cls.name)
         checkpoint = d.pop("checkpoint", cls.checkpoint)
         changes = {k: from_text(v, field_hint(ViTConfig, k)) for k, v in d.items()}
@@ -184,6 +184,7 @@ class RunConfig:
     objective: Any = dataclasses.field(default_factory=NoOptions)  # OBJECTIVE_OPTIONS[train.objective]
 
     def __post_init__(self) -> None:
+        check_fields(self)  # each section is its dataclass (a dict is built into one), whoever builds the run
         want = OBJECTIVE_OPTIONS[self.train.objective]
         if not isinstance(self.objective, want):
             raise ConfigError(
