@@ -93,3 +93,36 @@ def cifar_dir() -> Path:
     if not any(path.glob("train-*.tar*")):
         pytest.skip(f"needs the CIFAR-10 shards in {path}")
     return path
+
+
+# The reliability suite (tests/test_reliability_*.py) -----------------------------------------
+def vitlab_cli(*args: str, cwd=None, timeout: float = 180, preexec_fn=None, env=None) -> subprocess.CompletedProcess:
+    """`python -m vitlab ARGS` in a child process (for what needs one: a signal, a resource
+    limit, a hang, two processes at once)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "vitlab", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, preexec_fn=preexec_fn, env=env)
+
+
+def assert_one_line_error(rc: int, err: str, command: str, code: int = 2, mentions: tuple[str, ...] = ()) -> str:
+    """A refusal as vitlab promises it: exit status `code`, no traceback, and exactly one line
+    of error on stderr (warnings may come before it), naming what it says it names."""
+    assert rc == code, f"exit {rc}, expected {code}; stderr:\n{err[-3000:]}"
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("vitlab: warning:")]
+    assert len(lines) == 1 and lines[0].startswith(f"vitlab {command}: error: "), err[-3000:]
+    for word in mentions:
+        assert word in lines[0], f"{word!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def tree_state(root: Path, skip: tuple[Path, ...] = ()) -> dict[str, tuple[str, int]]:
+    """Every file under `root` (but under `skip`): relative path -> (sha1 of the bytes, mode).
+    Compared before and after a case: nothing outside the target may change."""
+    import hashlib
+
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_file() and not p.is_symlink() and not any(p == s or s in p.parents for s in skip):
+            out[str(p.relative_to(root))] = (hashlib.sha1(p.read_bytes()).hexdigest(), p.stat().st_mode & 0o777)
+    return out

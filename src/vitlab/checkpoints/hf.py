@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.io import CheckpointError, Imported, head_names
 from vitlab.checkpoints.tables import (
     Rule,
     check_carried,
@@ -265,7 +265,7 @@ def hf_config(model) -> dict[str, Any]:
     cfg = model.config
     act = "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh"
     h, w = cfg.image_size
-    names = model.class_names or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    names = head_names(cfg, model.class_names) or [f"LABEL_{i}" for i in range(cfg.num_classes)]
     return {
         "architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"],
         "model_type": "vit",

@@ -75,7 +75,7 @@ def write_state(
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "config": config.to_json(),
-        "class_names": json.dumps(class_names),
+        "class_names": json.dumps(head_names(config, class_names)),
     }
     for k, v in (extra_metadata or {}).items():
         metadata[k] = v if isinstance(v, str) else json.dumps(v)
@@ -83,6 +83,14 @@ def write_state(
     for k, v in (extra_tensors or {}).items():
         state[EXTRA_PREFIX + k] = v.detach().cpu().contiguous()
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
+
+
+def head_names(config: ViTConfig, class_names: Optional[list[str]]) -> Optional[list[str]]:
+    """The class names to store: one per class of the head, else none (names left over from
+    another head, after `reset_classifier`, describe nothing in this file)."""
+    if class_names is None or len(class_names) != config.num_classes:
+        return None
+    return [str(n) for n in class_names]
 
 
 # Reading ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Callable, Collection, Optional, Sequence
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, parse_class_names, regular_file
+from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, head_names, parse_class_names, regular_file
 from vitlab.config import ViTConfig
 from vitlab.files import atomic_write
 
@@ -302,7 +302,7 @@ def writer_metadata(model, fmt: str) -> dict[str, str]:
     return {
         "format": fmt,
         "vitlab.config": model.config.to_json(),
-        "vitlab.class_names": json.dumps(model.class_names),
+        "vitlab.class_names": json.dumps(head_names(model.config, model.class_names)),
     }
 
 

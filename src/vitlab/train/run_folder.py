@@ -31,6 +31,18 @@ from vitlab.files import atomic_write_text, is_temporary, require_regular_file
 from vitlab.train import state as checkpoint_state
 
 LOCK_FILE = ".vitlab.lock"
+# Lock descriptors this process holds. A forked child (a data-loader worker) would share the
+# lock, and keep the folder locked after a kill -9 of its parent: children close them.
+_HELD: set[int] = set()
+
+
+def _close_in_child() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
 
 # Config keys that may change between a run and its resumption: none of them changes a number.
 RESUMABLE_CHANGES = {
@@ -131,11 +143,16 @@ class RunFolder:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if not _HELD and not getattr(_close_in_child, "registered", False):
+            os.register_at_fork(after_in_child=_close_in_child)
+            _close_in_child.registered = True  # type: ignore[attr-defined]
+        _HELD.add(fd)
         self._lock_fd = fd
 
     def release(self) -> None:
         """Let go of the folder (the lock file stays: removing it would race with a new claim)."""
         if self._lock_fd is not None:
+            _HELD.discard(self._lock_fd)
             os.close(self._lock_fd)
             self._lock_fd = None
 
