@@ -16,9 +16,13 @@ the batches it has done without decoding them. Each process decompresses every s
 
 from __future__ import annotations
 
+import bz2
 import glob
+import gzip
 import hashlib
+import io
 import json
+import lzma
 import os
 import random
 import re
@@ -88,30 +92,82 @@ def split_key(name: str) -> tuple[str, str]:
     return (folder + "/" + stem if folder else stem), ext.lower()
 
 
+class _Tail(io.RawIOBase):
+    """A reader that counts the bytes it hands out and keeps the last KEEP of them: enough
+    to look at the block where tarfile stopped (see `iter_shard`)."""
+
+    KEEP = 64 * 1024
+
+    def __init__(self, f: Any):
+        self.f, self.total, self.tail = f, 0, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        data = self.f.read(len(b))
+        b[: len(data)] = data
+        self.total += len(data)
+        self.tail = (self.tail + data)[-self.KEEP :]
+        return len(data)
+
+
+def _open_stream(path: Path) -> Any:
+    """The shard's tar bytes: decompressed by its magic number (gzip, bzip2, xz) or as they are."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic[:2] == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    if magic[:3] == b"BZh":
+        return bz2.open(path, "rb")
+    if magic == b"\xfd7zXZ\x00":
+        return lzma.open(path, "rb")
+    return open(path, "rb")
+
+
 def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """The samples of one shard, in tar order: (key, {extension: bytes})."""
+    """The samples of one shard, in tar order: (key, {extension: bytes}).
+
+    tarfile ends a stream quietly at a truncated or garbled header, which would make a damaged
+    shard a shorter one; here the block it stopped at must be the end-of-archive marker (zeros),
+    and every member must be read whole, or the shard is named as damaged."""
     try:
-        with tarfile.open(path, "r|*") as tf:
-            key, parts = None, {}
-            for member in tf:
-                if not member.isfile():  # links and folders carry no sample (and are never followed)
-                    continue
-                if member.size > MAX_MEMBER_BYTES:
-                    raise DataError(f"wds: {path}: member {member.name} claims {member.size:,} bytes, more than "
-                                    f"any sample ({MAX_MEMBER_BYTES:,}); not read")
-                k, ext = split_key(member.name)
-                if k != key and parts:
+        with _open_stream(path) as stream:
+            raw = _Tail(stream)
+            with tarfile.open(fileobj=raw, mode="r|") as tf:
+                key, parts = None, {}
+                for member in tf:
+                    if not member.isfile():  # links and folders carry no sample (and are never followed)
+                        continue
+                    if member.size > MAX_MEMBER_BYTES:
+                        raise DataError(f"wds: {path}: member {member.name} claims {member.size:,} bytes, more than "
+                                        f"any sample ({MAX_MEMBER_BYTES:,}); not read")
+                    k, ext = split_key(member.name)
+                    if k != key and parts:
+                        yield key, parts
+                        parts = {}
+                    key = k
+                    f = tf.extractfile(member)
+                    parts[ext] = f.read() if f else b""
+                    if len(parts[ext]) != member.size:
+                        raise DataError(f"wds: {path}: member {member.name} is cut short; the shard is truncated")
+                _check_end(path, raw, tf.offset, key)
+                if parts:
                     yield key, parts
-                    parts = {}
-                key = k
-                f = tf.extractfile(member)
-                parts[ext] = f.read() if f else b""
-            if parts:
-                yield key, parts
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as e:
         if isinstance(e, DataError):
             raise
         raise DataError(f"wds: cannot read the shard {path} ({type(e).__name__}: {e})") from None
+
+
+def _check_end(path: Path, raw: _Tail, end: int, last: Optional[str]) -> None:
+    start = raw.total - len(raw.tail)
+    block = raw.tail[end - start : end - start + tarfile.BLOCKSIZE] if end >= start else None
+    after = f" after sample {last}" if last else ""
+    if block is not None and len(block) < tarfile.BLOCKSIZE:
+        raise DataError(f"wds: cannot read the shard {path}: it is truncated{after} (no end-of-archive marker)")
+    if block is not None and block.count(0) != tarfile.BLOCKSIZE:
+        raise DataError(f"wds: cannot read the shard {path}: a damaged header at byte {end:,}{after}")
 
 
 def sample_label(path: Path, key: str, parts: dict[str, bytes]) -> int:
