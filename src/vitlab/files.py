@@ -5,6 +5,7 @@ The bottom layer: it imports nothing else of vitlab, so every package may use it
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -30,7 +31,10 @@ def atomic_write(path: PathLike, write_fn: Callable[[str], object]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        write_fn(tmp)
+        try:
+            write_fn(tmp)
+        except Exception as e:
+            raise _as_os_error(e, path) from None
         os.chmod(tmp, 0o666 & ~_umask())  # after writing: some writers (safetensors) recreate the file
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
@@ -38,6 +42,23 @@ def atomic_write(path: PathLike, write_fn: Callable[[str], object]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# What a failed write says, whoever reports it: safetensors and torch.save wrap the OS's error
+# in their own exception types, with the OS's words inside.
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+
+
+def _as_os_error(e: Exception, path: Path) -> Exception:
+    """`e` if it is an OSError or not about the disk; else an OSError naming `path` and the
+    OS's reason (a full disk inside safetensors' or torch's own error types)."""
+    if isinstance(e, OSError):
+        return e
+    text = str(e)
+    for code in _WRITE_ERRNOS:
+        if os.strerror(code).lower() in text.lower():
+            return OSError(code, f"cannot write {path}: {os.strerror(code)}")
+    return e
 
 
 def atomic_write_text(path: PathLike, text: str) -> None:

@@ -9,6 +9,7 @@ every shape, naming the file, the keys and the shapes.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, head_names, parse_class_names, regular_file
 from vitlab.config import ViTConfig
-from vitlab.files import atomic_write
+from vitlab.files import atomic_write, atomic_write_bytes
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
 ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
@@ -270,7 +271,11 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
 
         atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
     else:
-        atomic_write(path, lambda tmp: torch.save(state, tmp))
+        # Into memory first: torch.save reports a full disk as "unexpected pos", a plain write
+        # as the OS's own error.
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        atomic_write_bytes(path, buffer.getvalue())
 
 
 def stored_config(meta: dict[str, str], source: str) -> Optional[ViTConfig]:
