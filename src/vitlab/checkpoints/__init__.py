@@ -36,9 +36,9 @@ def format_module(name: str) -> ModuleType:
 
 
 # What reading a malformed file raises inside a reader (a missing key, an array of the wrong
-# rank, a value of the wrong type): every one becomes a CheckpointError naming the file.
-MALFORMED = (KeyError, IndexError, ValueError, TypeError, AttributeError, RuntimeError, OverflowError,
-             UnicodeDecodeError, RecursionError)
+# rank, a value of the wrong type, a third-party parser's own error): every one becomes a
+# CheckpointError naming the file. Only running out of memory is left as it is.
+MALFORMED = (Exception,)
 
 
 def check_path(path: str | os.PathLike) -> Path:
@@ -57,7 +57,9 @@ def detect_format(path: str | os.PathLike) -> str:
     for name in FORMATS:
         try:
             found = format_module(name).detect(p)
-        except MALFORMED + (CheckpointError, OSError):  # a detector that chokes on a file: not that format
+        except MemoryError:
+            raise
+        except MALFORMED:  # a detector that chokes on a file: not that format
             found = False
         if found:
             return name
@@ -78,6 +80,8 @@ def read_checkpoint(path: str | os.PathLike, format: Optional[str] = None) -> Im
         raise
     except ConfigError as e:  # the file describes a model no config can hold
         raise CheckpointError(f"{path}: not a valid {name} checkpoint: {e}") from None
+    except (MemoryError, OSError):  # not the file's content: no memory, no permission
+        raise
     except MALFORMED as e:
         raise CheckpointError(f"{path}: a malformed {name} checkpoint ({type(e).__name__}: {e})") from None
     imported.source_format = name

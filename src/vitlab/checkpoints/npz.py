@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.io import CheckpointError, Imported, regular_file
 from vitlab.files import atomic_write
 from vitlab.checkpoints.tables import (
     Rule,
@@ -135,13 +135,16 @@ def load_arrays(path: str | os.PathLike) -> dict[str, Tensor]:
     would need unpickling, i.e. running code from the file) is refused."""
     import numpy as np
 
+    regular_file(path)
     try:
         with np.load(str(path), allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-    except ValueError as e:  # numpy: "Object arrays cannot be loaded when allow_pickle=False"
-        raise CheckpointError(f"{path}: refused: the archive holds pickled objects ({e}); vitlab never unpickles") from None
-    except (OSError, zipfile.BadZipFile) as e:
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # numpy: "Object arrays cannot be loaded when allow_pickle=False"
+            raise CheckpointError(f"{path}: refused: the archive holds pickled objects ({e}); vitlab never unpickles") from None
         raise CheckpointError(f"{path}: not a readable .npz archive ({e})") from None
+    except Exception as e:  # a damaged archive: zipfile, zlib and numpy's header parser raise many types
+        raise CheckpointError(f"{path}: not a readable .npz archive ({type(e).__name__}: {e})") from None
     out = {}
     for k, a in arrays.items():
         if a.dtype.kind != "f":
