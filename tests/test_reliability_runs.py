@@ -203,6 +203,20 @@ def test_a_corrupt_config_yaml_on_resume_is_one_line_and_keeps_the_checkpoints(k
     assert tree_state(out, skip=(out / LOCK_FILE,)) == before
 
 
+def test_a_log_line_cut_short_and_a_damaged_summary(killed_at_40, tmp_path, capsys):
+    """A crash or a full disk can cut the last metrics line: the resumed run drops it. A
+    finished run's damaged summary.json is one line, not a traceback."""
+    out = killed_at_40
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 41, "split": "tr')
+    rc, _, err = finish(start(out))
+    assert rc == 0, err
+    assert metric_steps(out) == list(range(5, 65, 5))
+    (out / "summary.json").write_text("{not json")
+    refused = main(["train", "--out", str(out), *RUN])
+    assert_one_line_error(refused, capsys.readouterr().err, "train", mentions=("summary.json",))
+
+
 def test_a_run_that_died_before_its_first_checkpoint_reruns_with_another_flag(tmp_path, capsys):
     out = tmp_path / "run"
     folder = RunFolder(out)

@@ -70,8 +70,10 @@ def read_image(path: str | os.PathLike) -> Image.Image:
         raise BadImageError(f"{path}: cannot read this image: it is {e.kind}, not a regular file; "
                             "fix or remove it, or pass --skip-bad-images to skip and count such files") from None
     try:
-        with Image.open(path) as im:
-            return decoded(im)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused, not decoded
+            with Image.open(path) as im:
+                return decoded(im)
     except FileNotFoundError:
         raise
     except Exception as e:  # PIL raises many types for broken files

@@ -27,6 +27,7 @@ import os
 import random
 import re
 import tarfile
+import warnings
 import zlib
 from io import BytesIO
 from pathlib import Path
@@ -319,8 +320,10 @@ class WebDataset(torch.utils.data.IterableDataset):
         try:
             if data is None:
                 raise ValueError(f"no image member ({', '.join('.' + k for k in IMAGE_KEYS)})")
-            with Image.open(BytesIO(data)) as im:
-                image = decoded(im)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused
+                with Image.open(BytesIO(data)) as im:
+                    image = decoded(im)
         except Exception as e:  # PIL raises many types for broken data
             if self.skip_bad_images:
                 return Skipped(f"{shard}:{key}")

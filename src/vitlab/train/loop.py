@@ -107,7 +107,7 @@ class Trainer:
             if resume_from == run.plan.total and self.folder.summary.exists():
                 self._say(f"{self.out}: this run is already complete ({run.plan.total} steps); "
                           f"its results are in {self.folder.summary}")
-                return json.loads(self.folder.summary.read_text())
+                return self.folder.read_summary()
             self._restore(run, resume_from)
             train_seconds = self._train(run)
             results = self._evaluate(run, run.plan.total, final=True)

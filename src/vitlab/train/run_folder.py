@@ -19,6 +19,7 @@ A folder belongs to one process at a time: `claim` takes an exclusive `flock` on
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -175,6 +176,15 @@ class RunFolder:
             raise ConfigError(f"{self.config}: cannot be read ({e})") from None
         except ConfigError as e:
             raise ConfigError(f"{self.config}: {e}") from None
+
+    def read_summary(self) -> dict:
+        try:
+            summary = json.loads(require_regular_file(self.summary, "summary.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{self.summary}: unreadable ({e}); remove it to evaluate the finished run again") from None
+        if not isinstance(summary, dict):
+            raise ConfigError(f"{self.summary}: not a JSON object; remove it to evaluate the finished run again")
+        return summary
 
     def write_config(self, cfg: RunConfig, command: str = "") -> None:
         header = "# Resolved config of this run (vitlab train --config this-file reruns it)\n"
