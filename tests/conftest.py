@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import contextlib
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -126,3 +126,48 @@ def tree_state(root: Path, skip: tuple[Path, ...] = ()) -> dict[str, tuple[str, 
         if p.is_file() and not p.is_symlink() and not any(p == s or s in p.parents for s in skip):
             out[str(p.relative_to(root))] = (hashlib.sha1(p.read_bytes()).hexdigest(), p.stat().st_mode & 0o777)
     return out
+
+
+@contextlib.contextmanager
+def unchanged(root: Path, skip: tuple[Path, ...] = ()):
+    """The block creates, changes and removes no file under `root` (but under `skip`)."""
+    before = tree_state(root, skip)
+    yield
+    assert tree_state(root, skip) == before
+
+
+PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2  # linux/prctl.h, linux/capability.h
+
+
+def obey_permissions() -> None:
+    """preexec_fn for a child that obeys file permissions even when the tests run as root (CI
+    does): the capabilities that let root write anywhere leave the bounding set, so the
+    python the child execs does not have them. Not root: nothing to drop."""
+    if os.geteuid() != 0:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) refused")
+
+
+@pytest.fixture
+def read_only(tmp_path) -> Path:
+    """An empty folder with mode 0555 that a child started with `obey_permissions` cannot
+    write into; a skip where this machine cannot make one (no capability to drop)."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        probe = subprocess.run([sys.executable, "-c", f"open({str(folder / 'x')!r}, 'w')"], capture_output=True,
+                               text=True, timeout=60, preexec_fn=obey_permissions)
+    except subprocess.SubprocessError as e:
+        pytest.skip(f"cannot start a child without root's file capabilities: {e}")
+    if "PermissionError" not in probe.stderr:
+        pytest.skip("a folder of mode 0555 is writable here even without root's file capabilities")
+    yield folder
+    for p in [folder, *folder.rglob("*")]:
+        if p.is_dir():
+            p.chmod(0o755)

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import vitlab
-from conftest import assert_one_line_error, tiny_model, tree_state, vitlab_cli
+from conftest import assert_one_line_error, tiny_model, tree_state, unchanged, vitlab_cli
 from vitlab.checkpoints import CheckpointError
 from vitlab.cli import main
 
@@ -123,8 +123,9 @@ def test_fuzzed_hf_configs_never_crash(tmp_path, written, config):
 def test_empty_and_garbage_files(tmp_path, capsys, content, suffix):
     path = tmp_path / f"x{suffix}"
     path.write_bytes(content)
-    load_fails_cleanly(path)
-    assert main(["info", str(path)]) == 2
+    with unchanged(tmp_path):
+        load_fails_cleanly(path)
+        assert main(["info", str(path)]) == 2
     assert_one_line_error(2, capsys.readouterr().err, "info", mentions=(str(path),))
 
 
@@ -178,7 +179,8 @@ def set_config(key, value):
 def test_vitlab_metadata_is_checked_against_the_tensors(tmp_path, written, capsys, case, change, words):
     target = tmp_path / "bad.safetensors"
     rewrite(one_file(written, "vitlab"), target, **change)
-    assert main(["info", str(target)]) == 2
+    with unchanged(tmp_path):
+        assert main(["info", str(target)]) == 2
     assert_one_line_error(2, capsys.readouterr().err, "info", mentions=words)
 
 
@@ -216,7 +218,8 @@ def test_hf_config_with_a_missing_key_or_a_wrong_type(tmp_path, written, capsys,
     else:
         config[key] = value
     (folder / "config.json").write_text(json.dumps(config))
-    assert main(["info", str(folder)]) == 2
+    with unchanged(tmp_path):
+        assert main(["info", str(folder)]) == 2
     assert_one_line_error(2, capsys.readouterr().err, "info", mentions=(words,))
 
 
@@ -247,7 +250,8 @@ def test_arrays_of_the_wrong_rank(tmp_path, written, capsys, fmt, key, shape):
         state[key] = torch.zeros(shape)
         target = tmp_path / "bad.pth"
         torch.save(state, target)
-    assert main(["info", str(target), "--format", fmt]) == 2
+    with unchanged(tmp_path):
+        assert main(["info", str(target), "--format", fmt]) == 2
     assert_one_line_error(2, capsys.readouterr().err, "info", mentions=(str(target),))
 
 

@@ -4,6 +4,7 @@ go anywhere among the flags; a closed pipe is not a traceback. The config parser
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import vitlab
-from conftest import assert_one_line_error, tiny_model, tree_state, vitlab_cli
+from conftest import assert_one_line_error, obey_permissions, tiny_model, tree_state, unchanged, vitlab_cli
 from vitlab.cli import main
 from vitlab.config import ConfigError, RunConfig, ViTConfig, parse_override
 from vitlab.config.run import DataConfig, ModelSection, OptimConfig, TrainConfig
+from vitlab.train.run_folder import LOCK_FILE
 
 FUZZ = settings(max_examples=int(os.environ.get("VITLAB_FUZZ_EXAMPLES", "60")), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -106,8 +108,9 @@ def test_a_device_this_machine_lacks(tmp_path, ckpt, image, capsys, device):
     ("model.hidden_size=30", "not divisible"), ("data.name=nowhere:x", "unknown dataset"),
 ])
 def test_a_bad_override_is_one_line_naming_the_field(tmp_path, capsys, override, words):
-    refused(capsys, ["train", "--steps", "1", "--out", str(tmp_path / "run"), override], "train", words)
-    assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "config.yaml").exists()
+    run = tmp_path / "run"
+    with unchanged(tmp_path, skip=(run / LOCK_FILE,)):  # a run refused once it holds its folder leaves the lock file
+        refused(capsys, ["train", "--steps", "1", "--out", str(run), override], "train", words)
 
 
 def test_overrides_may_sit_between_flags(tmp_path, capsys):
@@ -118,12 +121,32 @@ def test_overrides_may_sit_between_flags(tmp_path, capsys):
     assert (cfg.model.changes["depth"], cfg.model.changes["hidden_size"], cfg.train.batch_size) == (1, 32, 16)
 
 
+@pytest.mark.parametrize("build, words", [
+    (lambda: ViTConfig(patch_size="abc"), "patch_size='abc' is not a whole number"),
+    (lambda: ViTConfig(num_classes="10"), "num_classes='10' is not a whole number"),
+    (lambda: ViTConfig(depth=1.7), "depth=1.7 is not a whole number"), (lambda: ViTConfig(depth=True), "depth=True"),
+    (lambda: ViTConfig(drop_path="0.1"), "drop_path='0.1' is not a number"),
+    (lambda: ViTConfig(drop_path=float("nan")), "drop_path=nan"), (lambda: ViTConfig(image_size=(16,)), "image_size"),
+    (lambda: TrainConfig(device="tpu"), "train.device='tpu'"), (lambda: TrainConfig(threads=-3), "train.threads must be >= 0"),
+    (lambda: TrainConfig(batch_size=0), "train.batch_size must be >= 1"), (lambda: OptimConfig(lr="1e-3"), "optim.lr='1e-3'"),
+    (lambda: DataConfig(classes=None), "data.classes cannot be null"), (lambda: DataConfig(name=5), "data.name=5"),
+    (lambda: ModelSection(changes={"depth": "two"}), "model.depth"), (lambda: RunConfig(model="ViT-B/16"), "not ModelSection"),
+], ids=lambda v: "" if callable(v) else v.split("=")[0].split()[0])
+def test_config_fields_of_the_wrong_type_built_in_python(build, words):
+    """The dataclasses check their own fields: a config built in Python, not parsed from text,
+    is refused as a ConfigError naming the field, not accepted to fail later inside torch."""
+    with pytest.raises(ConfigError) as e:
+        build()
+    assert words in str(e.value)
+
+
 @pytest.mark.parametrize("text", ["model: [1, 2", "- a list\n- of things", "42", "model: {depth: 'two'}",
                                   "train: {steps: 5, steps: 6, batch_size: {a: 1}}", "\x00\x01binary"])
 def test_a_bad_recipe_file_is_one_line(tmp_path, capsys, text):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text)
-    refused(capsys, ["train", "--config", str(recipe), "--out", str(tmp_path / "run")], "train", "recipe.yaml")
+    with unchanged(tmp_path):
+        refused(capsys, ["train", "--config", str(recipe), "--out", str(tmp_path / "run")], "train", "recipe.yaml")
 
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True),
@@ -198,16 +221,48 @@ def test_attention_pointing_at_a_file(tmp_path, ckpt, image, capsys):
     assert a_file.read_text() == "not a folder"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders (the /proc and /sys cases cover it)")
-def test_a_read_only_folder(tmp_path, ckpt, image, capsys):
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    try:
-        refused(capsys, ["eval", str(ckpt), "--data", "digits", "--out", str(folder / "eval")], "eval", "ro")
-        refused(capsys, ["convert", str(ckpt), str(folder / "m.npz"), "--allow-numerics-change"], "convert", "ro")
-    finally:
-        folder.chmod(0o755)
+def test_a_read_only_folder_is_refused_before_the_work(tmp_path, ckpt, image, read_only):
+    """Each command writing into a folder of mode 0555 (in a child that obeys permissions,
+    even as root): one line naming the place, nothing created, nothing else changed."""
+    cases = [
+        ["train", "--steps", "1", "--out", str(read_only / "run")],
+        ["eval", str(ckpt), "--data", "digits", "--out", str(read_only / "eval")],
+        ["fewshot", str(ckpt), "--data", "digits", "--out", str(read_only / "fewshot.json")],
+        ["inspect", str(ckpt), "--images", str(image), "--out", str(read_only / "insp")],
+        ["predict", str(ckpt), str(image), "--attention", str(read_only / "att")],
+        ["export", str(ckpt), "--format", "torch-export", "--out", str(read_only / "m.pt2")],
+        ["convert", str(ckpt), str(read_only / "m.npz"), "--allow-numerics-change"],
+        ["convert", str(ckpt), str(read_only / "hf"), "--to", "hf"],
+    ]
+    before = tree_state(tmp_path)
+    for argv, (rc, err) in zip(cases, in_one_child(cases, preexec_fn=obey_permissions)):
+        assert_one_line_error(rc, err, argv[0], mentions=("read-only", "Permission denied"))
+    assert tree_state(tmp_path) == before and not list(read_only.iterdir())
+
+
+IN_ONE_CHILD = """
+import contextlib, io, json, sys
+from vitlab.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # an argparse usage error
+            rc = e.code
+    results.append((rc, err.getvalue()))
+print(json.dumps(results))
+"""
+
+
+def in_one_child(cases: list[list[str]], preexec_fn=None) -> list[tuple[int, str]]:
+    """`main(argv)` for each case, in one child process (one start-up for them all): the
+    exit status and the stderr of each."""
+    r = subprocess.run([sys.executable, "-c", IN_ONE_CHILD, json.dumps(cases)], capture_output=True, text=True,
+                       timeout=300, preexec_fn=preexec_fn, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [tuple(x) for x in json.loads(r.stdout.splitlines()[-1])]
 
 
 # Pipes and signals -------------------------------------------------------------------------------------

@@ -17,9 +17,10 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import assert_one_line_error, tree_state, vitlab_cli
+from conftest import assert_one_line_error, tree_state, unchanged, vitlab_cli
 from vitlab.cli import main
 from vitlab.data import BadImageError, DataError, make_loader, open_dataset, read_image
+from vitlab.train.run_folder import LOCK_FILE
 
 GREY16 = dict(image_size=16)
 
@@ -120,9 +121,10 @@ def test_broken_shards_are_named_in_one_line(tmp_path, capsys, damage):
         "truncated gzip": blob[: len(blob) // 3],
     }[damage]
     path.write_bytes(blob)
-    with pytest.raises(DataError, match="cannot read the shard"):
-        list(open_dataset(f"wds:{path}", "train", classes=["a", "b"], **GREY16))
-    rc = main(["train", "--data", f"wds:{path}", "--steps", "1", "--out", str(tmp_path / "run"), "--quiet"])
+    with unchanged(tmp_path, skip=(tmp_path / "cache", tmp_path / "run" / LOCK_FILE)):  # the refused run's lock only
+        with pytest.raises(DataError, match="cannot read the shard"):
+            list(open_dataset(f"wds:{path}", "train", classes=["a", "b"], **GREY16))
+        rc = main(["train", "--data", f"wds:{path}", "--steps", "1", "--out", str(tmp_path / "run"), "--quiet"])
     assert_one_line_error(rc, capsys.readouterr().err, "train", mentions=(str(path),))
 
 
@@ -141,10 +143,11 @@ def test_labels_out_of_range_name_the_shard_and_key(tmp_path, capsys, label, wor
     samples[3] = (samples[3][0], samples[3][1], label)
     shard(root / "train-000000.tar", samples)
     (root / "classes.txt").write_text("\n".join(f"c{i}" for i in range(10)))
-    with pytest.raises(DataError, match=f"train-000000.tar: sample s003 {words}"):
-        open_dataset(f"wds:{root}", "train", **GREY16)
-    rc = main(["train", "--data", f"wds:{root}", "--steps", "1", "--batch-size", "2", "--out", str(tmp_path / "run"),
-               "--quiet", "model.image_size=16"])
+    with unchanged(tmp_path, skip=(tmp_path / "cache", tmp_path / "run" / LOCK_FILE)):  # the refused run's lock only
+        with pytest.raises(DataError, match=f"train-000000.tar: sample s003 {words}"):
+            open_dataset(f"wds:{root}", "train", **GREY16)
+        rc = main(["train", "--data", f"wds:{root}", "--steps", "1", "--batch-size", "2", "--out", str(tmp_path / "run"),
+                   "--quiet", "model.image_size=16"])
     assert_one_line_error(rc, capsys.readouterr().err, "train", mentions=("train-000000.tar", "s003"))
 
 

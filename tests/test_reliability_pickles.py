@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import vitlab
-from conftest import assert_one_line_error, tree_state
+from conftest import assert_one_line_error, tree_state, unchanged
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.cli import main
 from vitlab.data import DataError, open_dataset
@@ -94,7 +94,7 @@ def test_crafted_cifar_pickles_of_every_protocol_run_nothing(tmp_path, protocol,
     data, labels = batch(4, 0)
     blob = pickle.dumps({b"data": data, b"labels": labels, b"x": payload(str(marker))}, protocol)
     write_cifar(tmp_path / "cifar-10-batches-py", poison={where: blob})
-    with pytest.raises(DataError, match=f"{where}: refused to load .*nothing in it was run"):
+    with unchanged(tmp_path), pytest.raises(DataError, match=f"{where}: refused to load .*nothing in it was run"):
         open_dataset(f"cifar10:{tmp_path}", "train", image_size=32)
     assert not marker.exists()
 

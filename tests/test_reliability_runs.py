@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from conftest import assert_one_line_error, tree_state, vitlab_cli
+from conftest import assert_one_line_error, obey_permissions, tree_state, vitlab_cli
 from vitlab.cli import main
 from vitlab.config import RunConfig
 from vitlab.train import state
@@ -265,6 +265,25 @@ def test_a_full_disk_in_convert_keeps_the_old_file(tmp_path):
     assert_one_line_error(r.returncode, r.stderr, "convert", mentions=("File too large",))
     assert dst.read_bytes() == b"an earlier file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors", "out.safetensors"]
+
+
+def test_a_read_only_checkpoint_folder_is_found_before_the_work(killed_at_40, read_only):
+    """Resuming into a run whose checkpoints/ has mode 0555 (a child that obeys permissions,
+    even as root) stops at once, naming the folder, not 20 steps later at the next
+    checkpoint; nothing in the run changes."""
+    out = killed_at_40
+    for p in out.rglob("*.tmp"):
+        p.unlink()
+    (out / "checkpoints").chmod(0o555)
+    before = tree_state(out, skip=(out / LOCK_FILE,))
+    try:
+        for args in (["--out", str(out), *RUN], ["--resume", str(out), "--quiet"]):
+            r = vitlab_cli("train", *args, preexec_fn=obey_permissions)
+            assert_one_line_error(r.returncode, r.stderr, "train",
+                                  mentions=(f"cannot write {out / 'checkpoints'}", "Permission denied"))
+    finally:
+        (out / "checkpoints").chmod(0o755)
+    assert tree_state(out, skip=(out / LOCK_FILE,)) == before
 
 
 def test_what_a_run_writes_has_normal_permissions(straight):

@@ -151,8 +151,11 @@ def run(args: argparse.Namespace) -> int:
 
 def execute(cfg, out: Path, quiet: bool = False) -> int:
     from vitlab.data import BadImageError
+    from vitlab.files import check_writable
     from vitlab.train.loop import Trainer, TrainingDiverged
 
+    for folder in (out, out / "checkpoints"):  # a resumed run writes into both: found now, not at its next checkpoint
+        check_writable(folder, folder=True)
     try:
         Trainer(cfg, out, command=command_line(), quiet=quiet).run()
     except TrainingDiverged as e:
