@@ -106,6 +106,8 @@ def test_a_device_this_machine_lacks(tmp_path, ckpt, image, capsys, device):
     ("bogus.key=1", "bad override key"), ("train.bogus=1", "unknown key(s) train.bogus"), ("=3", "bad override"),
     ("model", "bad override"), ("model.name=ViT-Q/99", "unknown model"), ("train.objective=magic", "not an objective"),
     ("model.hidden_size=30", "not divisible"), ("data.name=nowhere:x", "unknown dataset"),
+    ("train.steps=1e30", "too large to be an exact whole number"), ("data.classes=[a]", "two or more distinct"),
+    ("data.classes=[a, b, a]", "two or more distinct"),
 ])
 def test_a_bad_override_is_one_line_naming_the_field(tmp_path, capsys, override, words):
     run = tmp_path / "run"
@@ -130,6 +132,8 @@ def test_overrides_may_sit_between_flags(tmp_path, capsys):
     (lambda: TrainConfig(device="tpu"), "train.device='tpu'"), (lambda: TrainConfig(threads=-3), "train.threads must be >= 0"),
     (lambda: TrainConfig(batch_size=0), "train.batch_size must be >= 1"), (lambda: OptimConfig(lr="1e-3"), "optim.lr='1e-3'"),
     (lambda: DataConfig(classes=None), "data.classes cannot be null"), (lambda: DataConfig(name=5), "data.name=5"),
+    (lambda: TrainConfig(steps=1e30), "too large to be an exact whole number"),
+    (lambda: DataConfig(name="wds:/x/train-{0..9}.tar", classes=("cat",)), "two or more distinct"),
     (lambda: ModelSection(changes={"depth": "two"}), "model.depth"), (lambda: RunConfig(model="ViT-B/16"), "not ModelSection"),
 ], ids=lambda v: "" if callable(v) else v.split("=")[0].split()[0])
 def test_config_fields_of_the_wrong_type_built_in_python(build, words):

@@ -105,6 +105,10 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "data")
+        if self.classes and (len(self.classes) < 2 or len(set(self.classes)) != len(self.classes)):
+            # One class trains to 100% with loss 0; a name twice makes two labels print alike.
+            raise ConfigError(f"data.classes={list(self.classes)!r}: give two or more distinct class names, "
+                              "or leave the key out for the dataset's own")
 
 
 @dataclass(frozen=True)
