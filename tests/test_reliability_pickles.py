@@ -11,13 +11,15 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import vitlab
 from conftest import assert_one_line_error, tree_state, unchanged
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.cli import main
 from vitlab.data import DataError, open_dataset
-from vitlab.data.cifar import SafeUnpickler, UnsafePickleError
+from vitlab.data.cifar import SafeUnpickler, UnsafePickleError, read_batch, read_names
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -130,6 +132,34 @@ def test_the_payloads_are_live(tmp_path):
     for protocol in PROTOCOLS:
         pickle.loads(pickle.dumps(MakeDir(str(tmp_path / f"p{protocol}")), protocol))
         assert (tmp_path / f"p{protocol}").exists()
+
+
+FUZZ = settings(max_examples=int(os.environ.get("VITLAB_FUZZ_EXAMPLES", "40")), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_cifar_pickles_raise_data_errors_only_and_run_nothing(tmp_path, data):
+    """A CIFAR batch, benign or carrying a payload, in any protocol, with bytes changed, cut or
+    appended: it reads, or raises DataError; the payload's marker never appears, whatever the
+    mutation did to the globals it names."""
+    marker = tmp_path / "pwned"
+    images, labels = batch(3, 0)
+    content = {b"data": images, b"labels": labels, **({b"x": MakeDir(str(marker))} if data.draw(st.booleans()) else {})}
+    blob = bytearray(pickle.dumps(content, data.draw(st.sampled_from(list(PROTOCOLS)))))
+    for _ in range(data.draw(st.integers(1, 6))):
+        blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        blob = blob[: data.draw(st.integers(0, len(blob)))] + data.draw(st.binary(max_size=16))
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(bytes(blob))
+    for read in (lambda: read_batch(path, "labels", DataError), lambda: read_names(path, "label_names", DataError)):
+        try:
+            read()
+        except DataError:
+            pass
+    assert not marker.exists()
 
 
 def test_the_unpickler_itself_refuses_every_other_global():
