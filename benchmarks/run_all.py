@@ -27,8 +27,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from safetensors.torch import load_file
+
 import vitlab
-from vitlab.deploy import bench, serving
+from vitlab.bench import machine, report, runner, suites
+from vitlab.checkpoints.timm import create_timm_model
+from vitlab.data import make_loader, open_dataset
+from vitlab.deploy import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
@@ -39,33 +44,13 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def header(info: dict[str, str]) -> str:
-    return (f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores, {info['threads']} threads; "
-            f"{info['isa']}); python {info['python']}, torch {info['torch']}, timm {info['timm']}, "
-            f"transformers {info['transformers']}, torchvision {info['torchvision']}.\n")
-
-
-def table(rows: list[dict], columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def write(out: Path, name: str, title: str, info: dict, rows: list[dict], columns: list[str], notes: str = "") -> None:
-    import csv
-
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, columns)
-        w.writeheader()
-        w.writerows([{c: r.get(c, "") for c in columns} for r in rows])
-    (out / f"{name}.md").write_text(f"# {title}\n\n{header(info)}\n{notes}\n{table(rows, columns)}")
+    report.write_table(out, name, title, info, rows, columns, notes)
     log(f"wrote {out / name}.csv and .md")
 
 
 def cifar(split: str, n: int, image_size: int, mean, std, train: bool = False, batch: int = 256):
     """The first n images of a real CIFAR-10 split, as (images, labels) tensors."""
-    from vitlab.data import make_loader, open_dataset
-
     data = open_dataset(f"wds:{CIFAR}", split, image_size=image_size, mean=mean, std=std, train=train, seed=0)
     xs, ys = [], []
     for x, y, _ in itertools.islice(make_loader(data, batch, train=train, seed=0), (n + batch - 1) // batch):
@@ -109,41 +94,41 @@ def serving_accuracy(out: Path, info: dict, checkpoint: Path, n: int) -> None:
 
 
 # Training --------------------------------------------------------------------------------
-def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
-    from safetensors.torch import load_file
+TRAINING_SYSTEMS = {"vitlab fp32": False, "vitlab bf16-autocast": True, "timm fp32": False, "timm bf16-autocast": True}
 
-    from vitlab.checkpoints.timm import create_timm_model
 
-    cfg = vitlab.get_config("ViT-C/4")
+def same_start(cfg) -> dict[str, torch.nn.Module]:
+    """vitlab and timm models with the same initial weights (timm's through vitlab's converter)."""
     torch.manual_seed(0)
     init = vitlab.create_model(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         vitlab.save(init, Path(tmp) / "init.safetensors", format="timm")
         timm_state = load_file(str(Path(tmp) / "init.safetensors"))
-    images, labels = cifar("train", steps * batch, 32, cfg.mean, cfg.std, train=True, batch=batch)
-    log(f"training: {steps} steps of {batch} real CIFAR-10 training images, 4 systems")
-
-    def make(system: str):
-        if system.startswith("timm"):
+    models = {}
+    for name in TRAINING_SYSTEMS:
+        if name.startswith("timm"):
             m = create_timm_model(init.config)
             m.load_state_dict(timm_state)
         else:
             m = vitlab.create_model(init.config)
             m.load_state_dict(init.state_dict())
-        return m.train()
+        models[name] = m.train()
+    return models
 
-    systems = {"vitlab fp32": False, "vitlab bf16-autocast": True, "timm fp32": False, "timm bf16-autocast": True}
+
+def loss_curves(models: dict, images, labels, steps: int, batch: int):
+    """Train each model on the same batches: (losses, step seconds, others' CPU per step)."""
     losses: dict[str, list[float]] = {}
     seconds: dict[str, list[float]] = {}
     busy = []  # other processes' CPU use (cores) during each step
-    for name, autocast in systems.items():
-        m = make(name)
+    for name, autocast in TRAINING_SYSTEMS.items():
+        m = models[name]
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.05)
         losses[name], seconds[name] = [], []
         for s in range(steps):
             x, y = images[s * batch : (s + 1) * batch], labels[s * batch : (s + 1) * batch]
-            bench.wait_quiet(0.1, 0.5)
-            with bench.CpuMeter() as meter:
+            machine.wait_quiet(0.1, 0.5)
+            with machine.CpuMeter() as meter:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                     loss = F.cross_entropy(m(x), y)
                 loss.backward()
@@ -153,11 +138,34 @@ def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
             busy.append(meter.others)
             losses[name].append(loss.item())
         log(f"training {name}: loss {losses[name][0]:.3f} -> {losses[name][-1]:.3f}")
+    return losses, seconds, busy
 
+
+def data_pipeline_rates(cfg, batch: int) -> list[dict]:
+    """The data pipeline alone: decode + inception crop + flip of the training shards."""
+    rows = []
+    for workers in (0, 2):
+        data = open_dataset(f"wds:{CIFAR}", "train", image_size=32, mean=cfg.mean, std=cfg.std, train=True, seed=1)
+        it = iter(make_loader(data, batch, train=True, seed=1, num_workers=workers))
+        next(it)  # start-up (workers, first shard) is not throughput
+        t0, n = time.perf_counter(), 0
+        for x, _, _ in itertools.islice(it, 12):
+            n += len(x)
+        rate = n / (time.perf_counter() - t0)
+        rows.append({"system": f"data pipeline, {workers} workers", "images_per_s_median_step": f"{rate:.0f}"})
+        log(f"data pipeline with {workers} workers: {rate:.0f} images/s")
+    return rows
+
+
+def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
+    cfg = vitlab.get_config("ViT-C/4")
+    images, labels = cifar("train", steps * batch, 32, cfg.mean, cfg.std, train=True, batch=batch)
+    log(f"training: {steps} steps of {batch} real CIFAR-10 training images, {len(TRAINING_SYSTEMS)} systems")
+    losses, seconds, busy = loss_curves(same_start(cfg), images, labels, steps, batch)
     rows = []
     timm_rate = batch / statistics.median(seconds["timm fp32"][1:])
     ref = losses["vitlab fp32"]
-    for name in systems:
+    for name in TRAINING_SYSTEMS:
         rate = batch / statistics.median(seconds[name][1:])
         tail = losses[name][-max(steps // 4, 1):]
         rows.append({
@@ -169,24 +177,9 @@ def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
             "images_per_s_median_step": f"{rate:.1f}",
             "x_timm_fp32": f"{rate / timm_rate:.2f}",
         })
-    # The data pipeline alone: decode + inception crop + flip of the training shards.
-    from vitlab.data import make_loader, open_dataset
-
-    data_rows = []
-    for workers in (0, 2):
-        data = open_dataset(f"wds:{CIFAR}", "train", image_size=32, mean=cfg.mean, std=cfg.std, train=True, seed=1)
-        loader = make_loader(data, batch, train=True, seed=1, num_workers=workers)
-        it = iter(loader)
-        next(it)  # start-up (workers, first shard) is not throughput
-        t0, n = time.perf_counter(), 0
-        for x, _, _ in itertools.islice(it, 12):
-            n += len(x)
-        rate = n / (time.perf_counter() - t0)
-        data_rows.append({"system": f"data pipeline, {workers} workers", "images_per_s_median_step": f"{rate:.0f}"})
-        log(f"data pipeline with {workers} workers: {rate:.0f} images/s")
-    curves = "| step | " + " | ".join(systems) + " |\n|" + " --- |" * (len(systems) + 1) + "\n"
+    curves = "| step | " + " | ".join(TRAINING_SYSTEMS) + " |\n|" + " --- |" * (len(TRAINING_SYSTEMS) + 1) + "\n"
     for s in range(0, steps, max(steps // 10, 1)):
-        curves += f"| {s} | " + " | ".join(f"{losses[n][s]:.4f}" for n in systems) + " |\n"
+        curves += f"| {s} | " + " | ".join(f"{losses[n][s]:.4f}" for n in TRAINING_SYSTEMS) + " |\n"
     contended = sum(b > 0.1 for b in busy)
     notes = ("ViT-C/4 (D 192, depth 9, patch 4, 32 px), batch 128, AdamW lr 1e-3, the same initial "
              "weights (timm's copied with vitlab's timm converter) and the same real augmented batches "
@@ -196,7 +189,8 @@ def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
              "the interleaved figures are in throughput.md. Data rows: decoding and augmenting only, "
              "no model.\n\n"
              "Loss curves:\n\n" + curves + "\n")
-    write(out, "training", "Training step on the CIFAR-sized ViT", info, rows + data_rows, list(rows[0]), notes)
+    rows += data_pipeline_rates(cfg, batch)
+    write(out, "training", "Training step on the CIFAR-sized ViT", info, rows, list(rows[0]), notes)
 
 
 def main() -> int:
@@ -209,7 +203,7 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    info = bench.machine_info()
+    info = machine.machine_info()
     t0 = time.perf_counter()
     if "serving" in args.only:
         serving_accuracy(out, info, Path(args.checkpoint), 2000 if args.quick else 10000)
@@ -217,9 +211,9 @@ def main() -> int:
         training(out, info, 10 if args.quick else 30)
     if "throughput" in args.only:
         name = "quick" if args.quick else "full"
-        config = bench.BenchConfig(rounds=2 if args.quick else 3, min_time=0.5 if args.quick else 1.0)
-        rows = bench.run(bench.suite(name), config, log=log,
-                         progress=lambda rows: bench.write_results(rows, out, "throughput", info, config))
+        config = runner.BenchConfig(rounds=2 if args.quick else 3, min_time=0.5 if args.quick else 1.0)
+        rows = runner.run(suites.suite(name), config, log=log,
+                          progress=lambda rows: report.write_results(rows, out, "throughput", info, config))
         log(f"wrote {out / 'throughput'}.csv and .md")
     log(f"done in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -31,18 +31,17 @@ examples:
 
 
 def add_arguments(p) -> None:
-    from vitlab.bench import PRECISIONS as SYSTEM_PRECISIONS
-    from vitlab.bench import TASKS
+    from vitlab.bench import PRECISIONS, SUITES, TASKS
 
-    p.add_argument("--suite", choices=("quick", "full"), help="run a standard suite instead of a subset")
+    p.add_argument("--suite", choices=SUITES, help="run a standard suite instead of a subset")
     p.add_argument("--model", nargs="+", default=["ViT-B/16"], help="variant name(s) (default ViT-B/16)")
     p.add_argument("--batch-size", nargs="+", type=int, default=[1], help="batch size(s) (default 1)")
     p.add_argument("--task", nargs="+", choices=TASKS, default=["infer"], help="infer and/or train")
-    p.add_argument("--precision", nargs="+", choices=SYSTEM_PRECISIONS, help="precisions to time (default: fp32 fp32-packed bf16 int8 for inference, "
+    p.add_argument("--precision", nargs="+", choices=PRECISIONS, help="precisions to time (default: fp32 fp32-packed bf16 int8 for inference, "
                    "fp32 bf16-autocast for a training step)")
     p.add_argument("--peers", nargs="*", default=["timm", "hf", "torchvision"],
                    help="peer libraries to time beside vitlab (none: --peers with no names)")
-    p.add_argument("--compile", nargs="*", choices=SYSTEM_PRECISIONS, default=[],
+    p.add_argument("--compile", nargs="*", choices=PRECISIONS, default=[],
                    help="also time torch.compile'd vitlab at these precisions (compile time reported)")
     p.add_argument("--gelu", choices=("tanh", "exact"),
                    help="override the variant's GELU for every library (torchvision's is always exact)")
@@ -64,9 +63,9 @@ def run(args) -> int:
     import sys
 
     from vitlab.api import get_config
+    from vitlab.bench import machine, report, runner, suites, systems
+    from vitlab.bench.peers import PEERS
     from vitlab.cli import UsageError
-    from vitlab.deploy import bench
-    from vitlab.deploy.peers import PEERS
 
     unknown = sorted(set(args.peers) - set(PEERS))
     if unknown:
@@ -74,27 +73,27 @@ def run(args) -> int:
     if args.rounds < 1 or args.min_time < 0 or any(b < 1 for b in args.batch_size):
         raise UsageError("--rounds and --batch-size must be at least 1 and --min-time at least 0")
     if args.suite:
-        plan = bench.suite(args.suite)
+        plan = suites.suite(args.suite)
     else:
         plan = []
         for name in args.model:
             cfg = get_config(name, **({"gelu": args.gelu} if args.gelu else {}))  # ConfigError names the known models
             for task in args.task:
-                default = ["fp32", "fp32-packed", "bf16", "int8"] if task == "infer" else ["fp32", "bf16-autocast"]
-                systems = bench.standard_systems(task, args.peers, args.compile, args.precision or default)
-                plan += [(bench.Setting(cfg, b, task), systems) for b in args.batch_size]
-    config = bench.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,
-                               wait_budget=args.wait_budget, contended_cores=args.contended,
-                               clock=args.clock)
-    info = bench.machine_info()
+                default = suites.FAST if task == "infer" else list(systems.TRAIN_PRECISIONS)
+                chosen = systems.standard_systems(task, args.peers, args.compile, args.precision or default)
+                plan += [(systems.Setting(cfg, b, task), chosen) for b in args.batch_size]
+    config = runner.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,
+                                wait_budget=args.wait_budget, contended_cores=args.contended,
+                                clock=args.clock)
+    info = machine.machine_info()
     name = args.name or args.suite or "bench"
 
     def save(rows):  # after every setting, so an interrupted run keeps what it measured
         if args.out:
-            return bench.write_results(rows, args.out, name, info, config)
+            return report.write_results(rows, args.out, name, info, config)
 
-    rows = bench.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True), progress=save)
-    print(bench.markdown(rows, info, config))
+    rows = runner.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True), progress=save)
+    print(report.markdown(rows, info, config))
     if args.out:
         csv_path, md_path = save(rows)
         print(f"wrote {csv_path} and {md_path}")

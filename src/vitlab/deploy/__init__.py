@@ -1,11 +1,11 @@
-"""Deployment on CPUs: reduced-precision serving copies, export, and the benchmark suite.
+"""Deployment on CPUs: reduced-precision serving copies and export.
 
     from vitlab import deploy
     fast = deploy.to_bfloat16(model)            # or deploy.quantize_int8(model)
     print(deploy.agreement(model, fast, images))
     deploy.export_onnx(model, "model.onnx"); deploy.check_onnx("model.onnx", model)
 
-`vitlab.deploy.bench` measures throughput against timm, Hugging Face and torchvision.
+Throughput against timm, Hugging Face and torchvision is measured by `vitlab.bench`.
 """
 
 from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program

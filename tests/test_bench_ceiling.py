@@ -1,0 +1,33 @@
+"""vitlab.bench.ceiling: the products timed are the model's own Dense layers."""
+
+from __future__ import annotations
+
+import pytest
+
+from vitlab.api import create_model, get_config
+from vitlab.bench import PRECISIONS
+from vitlab.bench.ceiling import CEILING_OF, ceiling_call, gemm_shapes
+
+
+def test_the_shapes_are_one_blocks_dense_layers():
+    assert gemm_shapes(get_config("ViT-B/16")) == [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
+    cfg = get_config("ViT-C/4", depth=1)
+    block = create_model(cfg).blocks[0]
+    dense = [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
+    assert gemm_shapes(cfg) == [(fc.in_features, fc.out_features) for fc in dense]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_flops_count_every_row_of_every_product(precision):
+    cfg = get_config("ViT-C/4", depth=1, image_size=16)  # 16 patches + class token
+    fn, flops = ceiling_call(cfg, 3, precision)
+    m = 3 * 17
+    assert flops == sum(2 * m * k * n for k, n in gemm_shapes(cfg))
+    fn()
+
+
+def test_every_precision_has_a_product_dtype():
+    assert set(PRECISIONS) <= set(CEILING_OF)
+    assert CEILING_OF["bf16-autocast"] == "bf16" and CEILING_OF["fp32-packed"] == "fp32"
+    with pytest.raises(KeyError):
+        ceiling_call(get_config("ViT-C/4", depth=1), 1, "fp8")
