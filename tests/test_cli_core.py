@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import vitlab
 from vitlab.cli import COMMANDS, build_parser, main
@@ -60,4 +59,3 @@ def test_import_does_no_work():
     code = "import sys, vitlab; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False" and out.stderr == ""
-    assert torch.nn.Module  # the test process itself may have torch loaded

@@ -27,10 +27,7 @@ def open_checkpoint(path: str, format: Optional[str] = None, random_init: Option
     """(model in eval mode, Imported) for a checkpoint path or pretrained name."""
     from vitlab import checkpoints
 
-    if not Path(path).exists() and ":" in path:
-        from vitlab.checkpoints import pretrained
-
-        path = str(pretrained.fetch(path))
+    path = str(checkpoints.resolve(path))
     imported = checkpoints.read_checkpoint(path, format)
     if random_init is not None:
         import torch

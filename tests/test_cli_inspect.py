@@ -96,7 +96,7 @@ def test_no_position_table_is_explained(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_extra_figures_hook(tmp_path, monkeypatch, capsys):
+def test_objective_figures_hook(tmp_path, monkeypatch, capsys):
     from vitlab import analysis
 
     save_model(tmp_path / "m.safetensors")
@@ -109,7 +109,7 @@ def test_extra_figures_hook(tmp_path, monkeypatch, capsys):
         png.write_bytes((out_dir / "filters.png").read_bytes())
         return [analysis.Figure("mine", "My figure", png, "a caption", {"answer": 42})]
 
-    monkeypatch.setattr(analysis, "extra_figures", extra)
+    monkeypatch.setattr(analysis, "objective_figures", extra)
     out = tmp_path / "out"
     assert (
         main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"])

@@ -8,9 +8,23 @@ import torch
 
 from vitlab.config import ViTConfig
 from vitlab.eval import features as feats_mod
-from vitlab.eval.fewshot import L2_GRID, RidgeProblem, choose_l2, fewshot_eval, ridge_solve, sample_shots
+from vitlab.eval.fewshot import L2_GRID, RidgeProblem, choose_l2, fewshot_eval, sample_shots
 from vitlab.eval.linear_probe import fit_logistic, knn_accuracy, logistic_probe
 from vitlab.models.vit import VisionTransformer
+
+
+def ridge_solve(x: torch.Tensor, y: torch.Tensor, l2: float) -> torch.Tensor:
+    """The reference: W = argmin ||xW - y||² + l2 ||W||², in whichever form inverts the smaller
+    matrix (RidgeProblem's eigendecomposed solver is checked against it).
+
+    x: (N, D), y: (N, K) -> (D, K). No whitening, no bias: the bare algebra.
+    """
+    x, y = x.double(), y.double()
+    n, d = x.shape
+    if n >= d:  # primal: (XᵀX + λI)⁻¹ XᵀY
+        return torch.linalg.solve(x.T @ x + l2 * torch.eye(d, dtype=x.dtype), x.T @ y)
+    # dual (kernel) form: Xᵀ (XXᵀ + λI)⁻¹ Y
+    return x.T @ torch.linalg.solve(x @ x.T + l2 * torch.eye(n, dtype=x.dtype), y)
 
 
 def problem(n, d, k=3, seed=0):
