@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from vitlab.api import create_model, get_config
 from vitlab.bench import PRECISIONS
-from vitlab.bench.ceiling import CEILING_OF, ceiling_call, gemm_shapes
+from vitlab.bench.ceiling import CEILING_OF, ceiling_call, gemm_shapes, kernels
 
 
 def test_the_shapes_are_one_blocks_dense_layers():
@@ -20,10 +21,22 @@ def test_the_shapes_are_one_blocks_dense_layers():
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_flops_count_every_row_of_every_product(precision):
     cfg = get_config("ViT-C/4", depth=1, image_size=16)  # 16 patches + class token
-    fn, flops = ceiling_call(cfg, 3, precision)
     m = 3 * 17
-    assert flops == sum(2 * m * k * n for k, n in gemm_shapes(cfg))
-    fn()
+    for kernel in kernels(precision):
+        fn, flops = ceiling_call(cfg, 3, precision, kernel=kernel)
+        assert flops == sum(2 * m * k * n for k, n in gemm_shapes(cfg))
+        assert [tuple(y.shape) for y in fn()] == [(m, n) for _, n in gemm_shapes(cfg)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_every_kernel_computes_the_same_products(precision):
+    cfg = get_config("ViT-C/4", depth=1, image_size=16)
+    if len(kernels(precision)) < 2:
+        pytest.skip("only one kernel library here")
+    reference, _ = ceiling_call(cfg, 2, precision, kernel="F.linear")
+    packed, _ = ceiling_call(cfg, 2, precision, kernel="oneDNN")
+    for a, b in zip(reference(), packed()):
+        torch.testing.assert_close(b.float(), a.float(), rtol=1e-2 if precision == "bf16" else 1e-5, atol=1e-3)
 
 
 def test_every_precision_has_a_product_dtype():
@@ -31,3 +44,5 @@ def test_every_precision_has_a_product_dtype():
     assert CEILING_OF["bf16-autocast"] == "bf16" and CEILING_OF["fp32-packed"] == "fp32"
     with pytest.raises(KeyError):
         ceiling_call(get_config("ViT-C/4", depth=1), 1, "fp8")
+    with pytest.raises(ValueError, match="unknown kernel"):
+        ceiling_call(get_config("ViT-C/4", depth=1), 1, "fp32", kernel="cuBLAS")

@@ -20,7 +20,7 @@ def rows() -> list[Row]:
     ours = Row(s, System("vitlab", "bf16"), [Sample(0, 40.0, 0.0, False), Sample(1, 44.0, 0.0, False),
                                             Sample(2, 10.0, 1.5, True)])
     ours.ceiling, ours.vs_peer, ours.vs_timm, ours.work_mib = 2e12, 4.4, 4.5, 123.4
-    gemm = Row(s, System("gemm", "bf16"), [Sample(0, 1.0e12, 0.0, False)])
+    gemm = Row(s, System("gemm", "bf16", kernel="oneDNN"), [Sample(0, 1.0e12, 0.0, False)])
     broken = Row(s, System("hf", "fp32"), error="ValueError: no")
     return [ours, gemm, broken]
 
@@ -45,7 +45,7 @@ def test_files_are_written_with_every_column(tmp_path):
     assert text.startswith("# Benchmark: t\n\nMeasured 2026-12-01 10:00 on Test CPU (2 cores")
     assert "1 of 4 samples contended (25%)" in text
     assert "| ViT-B/16 224px b8 infer | vitlab bf16 | 42 | 40–44 | 2/3 | 74 | 4.40 | 4.50 | 123 |  |" in text
-    assert "matmul ceiling bf16 | 1000 GFLOP/s" in text and "skipped: ValueError: no" in text
+    assert "matmul ceiling bf16 (oneDNN) | 1000 GFLOP/s" in text and "skipped: ValueError: no" in text
     cpu = markdown(rows(), None, BenchConfig(clock="cpu"))
     assert "Single-thread CPU-time clock" in cpu and "taken while others were busy" in cpu
 

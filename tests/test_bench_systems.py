@@ -15,8 +15,8 @@ def tiny(batch: int = 2, task: str = "infer", **overrides) -> Setting:
 
 
 def test_labels_name_the_setting_and_the_system():
-    assert tiny().label == "ViT-C/4 16px b2 infer"
-    assert tiny(gelu="exact").label == "ViT-C/4 gelu=exact 16px b2 infer"
+    assert tiny().label == "ViT-C/4 (custom: depth 1) 16px b2 infer"
+    assert tiny(gelu="exact").label == "ViT-C/4 (custom: depth 1) gelu=exact 16px b2 infer"
     assert System("vitlab", "bf16", compiled=True).label == "vitlab bf16 compiled"
 
 

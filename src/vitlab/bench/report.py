@@ -17,7 +17,7 @@ from vitlab.bench.runner import BenchConfig, Row
 from vitlab.files import atomic_write_text
 
 COLUMNS = [
-    "model", "gelu", "image_size", "batch", "task", "impl", "precision", "compiled",
+    "model", "gelu", "image_size", "batch", "task", "impl", "precision", "compiled", "kernel",
     "images_per_s", "min", "max", "clean_samples", "samples", "pct_of_ceiling", "ceiling_gflops",
     "x_best_fp32_peer", "x_timm_fp32", "work_mib", "compile_s", "error",
 ]
@@ -43,6 +43,7 @@ def row_dict(row: Row) -> dict[str, str]:
         "impl": row.system.impl,
         "precision": row.system.precision,
         "compiled": "yes" if row.system.compiled else "",
+        "kernel": row.system.kernel,
         "images_per_s": fmt(row.median * scale if rates else None, ".4g"),
         "min": fmt(min(rates) * scale if rates else None, ".4g"),
         "max": fmt(max(rates) * scale if rates else None, ".4g"),
@@ -107,7 +108,7 @@ def markdown_line(row: Row) -> str:
     if row.error:
         return f"| {setting} | {row.system.label} | — | skipped: {row.error} | | | | | | |"
     if row.system.impl == "gemm":
-        return (f"| {setting} | matmul ceiling {row.system.precision} | {d['images_per_s']} GFLOP/s | "
+        return (f"| {setting} | {row.system.label} | {d['images_per_s']} GFLOP/s | "
                 f"{d['min']}–{d['max']} | {d['clean_samples']}/{d['samples']} | | | | | |")
     return (f"| {setting} | {row.system.label} | {d['images_per_s']} | {d['min']}–{d['max']} | "
             f"{d['clean_samples']}/{d['samples']} | {d['pct_of_ceiling']} | {d['x_best_fp32_peer']} | "

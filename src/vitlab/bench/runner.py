@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from vitlab.bench.ceiling import ceiling_call, ceiling_precision
+from vitlab.bench.ceiling import ceiling_call, ceiling_precision, kernels
 from vitlab.bench.machine import CpuMeter, Waiter
 from vitlab.bench.systems import Prepared, Setting, System, prepare
 from vitlab.config import model_flops
@@ -143,19 +143,25 @@ def prepare_all(setting: Setting, systems: Sequence[System], bench: BenchConfig,
     return rows, prepared
 
 
+def ceiling_systems(systems: Sequence[System], device: str) -> list[System]:
+    """One "gemm" system per product dtype the systems use and kernel that can run it."""
+    dtypes = sorted({ceiling_precision(s.precision) for s in systems})
+    return [System("gemm", p, kernel=k) for p in dtypes for k in kernels(p, device)]
+
+
 def run_setting(setting: Setting, systems: Sequence[System], bench: BenchConfig,
                 log: Log = lambda s: None, waiter: Optional[Waiter] = None) -> list[Row]:
     """Build every system, then time them in `bench.rounds` shuffled rounds with the ceilings."""
     waiter = waiter or bench.waiter()
     rows, prepared = prepare_all(setting, systems, bench, log)
-    ceilings = {ceiling_precision(s.precision) for s in prepared}
-    calls: dict[object, tuple[Callable[[], object], float, int]] = {}  # key: (fn, work per call, calls)
+    calls: dict[System, tuple[Callable[[], object], float, int]] = {}  # (fn, work per call, calls)
     for system, p in prepared.items():
         calls[system] = (p.fn, float(setting.batch), bench.min_calls)
-    for precision in sorted(ceilings):
-        fn, flops = ceiling_call(setting.config, setting.batch, precision, bench.device)
-        calls[precision] = (fn, flops, 3)
-    samples: dict[object, list[Sample]] = {key: [] for key in calls}
+    gemms = ceiling_systems(list(prepared), bench.device)
+    for g in gemms:
+        fn, flops = ceiling_call(setting.config, setting.batch, g.precision, bench.device, g.kernel)
+        calls[g] = (fn, flops, 3)
+    samples: dict[System, list[Sample]] = {key: [] for key in calls}
     sync, rng = device_sync(bench.device), random.Random(bench.seed)
     for r in range(bench.rounds):
         order = list(calls)
@@ -163,18 +169,18 @@ def run_setting(setting: Setting, systems: Sequence[System], bench: BenchConfig,
         for key in order:
             waiter()
             fn, work, min_calls = calls[key]
-            min_time = bench.min_time if isinstance(key, System) else bench.min_time / 2
+            min_time = bench.min_time / 2 if key.impl == "gemm" else bench.min_time
             sec, others, _ = time_calls(fn, min_time, min_calls, bench.clock, sync)
             contended = bench.clock == "wall" and others > bench.contended_cores
             samples[key].append(Sample(r, work / sec, others, contended))
         log(f"  {setting.label}: round {r + 1}/{bench.rounds} done")
-    gemm_rows = {p: Row(setting, System("gemm", p), samples[p]) for p in sorted(ceilings)}
+    gemm_rows = [Row(setting, g, samples[g]) for g in gemms]
     for system, row in rows.items():
         row.samples = samples.get(system, [])
-        if system in prepared:
-            row.ceiling = gemm_rows[ceiling_precision(system.precision)].median
+        if system in prepared:  # the fastest kernel for this dtype
+            row.ceiling = max(g.median for g in gemm_rows if g.system.precision == ceiling_precision(system.precision))
     ratios(list(rows.values()))
-    return list(rows.values()) + list(gemm_rows.values())
+    return list(rows.values()) + gemm_rows
 
 
 def ratios(rows: list[Row]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vitlab.api import get_config
+from vitlab.models.variants import variant_config
 from vitlab.bench import SUITES
 from vitlab.bench.systems import Setting, System, standard_systems
 
@@ -12,7 +12,7 @@ Plan = list[tuple[Setting, list[System]]]
 
 
 def setting(model: str, batch: int, task: str = "infer", **overrides) -> Setting:
-    return Setting(get_config(model, **overrides), batch, task)
+    return Setting(variant_config(model, **overrides), batch, task)
 
 
 def quick() -> Plan:

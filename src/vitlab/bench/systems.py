@@ -46,14 +46,18 @@ class Setting:
 
 @dataclass(frozen=True)
 class System:
-    """Who computes it: an implementation, a precision, eager or torch.compile."""
+    """Who computes it: an implementation, a precision, eager or torch.compile. A ceiling is
+    impl "gemm" with the kernel library that ran its products (see vitlab.bench.ceiling)."""
 
     impl: str
     precision: str = "fp32"
     compiled: bool = False
+    kernel: str = ""
 
     @property
     def label(self) -> str:
+        if self.impl == "gemm":
+            return f"matmul ceiling {self.precision} ({self.kernel})"
         return f"{self.impl} {self.precision}" + (" compiled" if self.compiled else "")
 
 

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.models.layers import onednn_available
 from vitlab.models.vit import VisionTransformer
 
 
@@ -45,10 +47,6 @@ class Serving(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x.to(self.dtype)).float()
-
-
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 class PackedLinear(nn.Module):
@@ -79,15 +77,14 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: VisionTransformer, batch_hint: Optional[int] = None) -> VisionTransformer:
-    """Replace the encoder's Dense layers (in their current dtype) by `PackedLinear`, fusing
-    the MLP's GELU into its first layer. Inference only: packed weights have no gradient."""
+    """Replace the encoder's Dense layers (in their current dtype) by `PackedLinear`, with the
+    MLP's GELU fused into its first layer. Inference only: packed weights have no gradient."""
     for block in model.blocks:
         mlp = block.mlp
-        act = "gelu_tanh" if getattr(mlp.act, "approximate", "none") == "tanh" else "gelu"
+        act = {"tanh": "gelu_tanh", "none": "gelu"}[mlp.fc1.gelu]
         block.attn.qkv = PackedLinear(block.attn.qkv, batch_hint=batch_hint)
         block.attn.proj = PackedLinear(block.attn.proj, batch_hint=batch_hint)
         mlp.fc1 = PackedLinear(mlp.fc1, act, batch_hint)
-        mlp.act = nn.Identity()  # now inside fc1
         mlp.fc2 = PackedLinear(mlp.fc2, batch_hint=batch_hint)
     return model
 
@@ -130,6 +127,7 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (out,)
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.gelu = getattr(linear, "gelu", None)  # the MLP's first Dense layer carries its GELU
         # Kept as (out, in); `_int_mm` takes its transposed view without a copy.
         self.register_buffer("weight_int8", q)
         self.register_buffer("weight_scale", scale)
@@ -144,6 +142,8 @@ class Int8Linear(nn.Module):
         y = acc.float().mul_(x_scale).mul_(self.weight_scale)
         if self.bias is not None:
             y.add_(self.bias)
+        if self.gelu is not None:
+            y = F.gelu(y, approximate=self.gelu)
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
