@@ -161,6 +161,14 @@ class Attention(nn.Module):
         still a key and a value. Not with relative attention (its offsets assume all queries)."""
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        # On the CPU, bf16 attention is faster as two oneDNN matrix products around a softmax
+        # than in the fused kernel: 2x forward at ViT-B/16's shapes, 2-5x backward (torch 2.14).
+        # In fp32 the fused kernel is the faster one. On a GPU the fused (flash) kernel stays:
+        # it is fast there and never stores (T, T) matrices.
+        cpu_bf16 = qkv.dtype == torch.bfloat16 and qkv.device.type == "cpu"
+        exact = return_attention or cpu_bf16
+        if exact:  # one copy to (3, B, h, T, dh), so the batched products read q, k, v in place
+            qkv = qkv.contiguous()
         q, k, v = qkv.unbind(0)  # each (B, h, T, dh)
         bias = self.relative_logits(q) if self.rel_embedding is not None else None
         if queries is not None:
@@ -169,12 +177,6 @@ class Attention(nn.Module):
             q, T = q[:, :, :queries], queries  # (B, h, n, dh)
         p_drop = self.attention_dropout if self.training else 0.0
         attn = None
-        # On the CPU, bf16 attention is faster as two oneDNN matrix products around a softmax
-        # than in the fused kernel: 2x forward at ViT-B/16's shapes, 2-5x backward (torch 2.14).
-        # In fp32 the fused kernel is the faster one. On a GPU the fused (flash) kernel stays:
-        # it is fast there and never stores (T, T) matrices.
-        cpu_bf16 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
-        exact = return_attention or cpu_bf16
         if exact:
             logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, T, T)
             if bias is not None:
