@@ -21,6 +21,7 @@ from vitlab.bench import PRECISIONS, TASKS
 from vitlab.bench.machine import peak_added_mib, reset_peak_rss
 from vitlab.bench.peers import build_peer
 from vitlab.config import ViTConfig
+from vitlab.deploy.int8 import available as int8_available
 from vitlab.deploy.serving import for_precision
 from vitlab.models.vit import VisionTransformer
 
@@ -87,8 +88,9 @@ def inference_call(model: nn.Module, system: System, x: Tensor) -> Callable[[], 
     cast to bf16 for "bf16" (the peers have no packed copy) or as it is."""
     model.eval()
     if system.precision in ("fp32-packed", "bf16", "int8"):
-        if system.impl == "vitlab":
-            model = for_precision(model, system.precision)
+        if system.impl == "vitlab":  # int8: oneDNN's kernels, calibrated on the timed batch
+            calibrate = system.precision == "int8" and int8_available() and x.device.type == "cpu"
+            model = for_precision(model, system.precision, calibration=x if calibrate else None)
         else:
             model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
     if system.compiled:

@@ -1,7 +1,7 @@
 """Deployment on CPUs: reduced-precision serving copies and export.
 
     from vitlab import deploy
-    fast = deploy.to_bfloat16(model)            # or deploy.quantize_int8(model)
+    fast = deploy.to_bfloat16(model)            # or deploy.quantize_int8(model, calibration=images)
     print(deploy.agreement(model, fast, images))
     deploy.export_onnx(model, "model.onnx"); deploy.check_onnx("model.onnx", model)
 
@@ -9,6 +9,7 @@ Throughput against timm, Hugging Face and torchvision is measured by `vitlab.ben
 """
 
 from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program
+from vitlab.deploy.int8 import CalibratedInt8Linear
 from vitlab.deploy.serving import (
     PRECISIONS,
     Agreement,
@@ -25,6 +26,7 @@ from vitlab.deploy.serving import (
 __all__ = [
     "PRECISIONS",
     "Agreement",
+    "CalibratedInt8Linear",
     "Int8Linear",
     "PackedLinear",
     "Serving",

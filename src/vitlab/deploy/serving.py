@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.deploy.int8 import quantize_calibrated
 from vitlab.models.layers import onednn_available
 from vitlab.models.vit import VisionTransformer
 
@@ -150,12 +151,17 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-def quantize_int8(model: VisionTransformer) -> VisionTransformer:
+def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None) -> nn.Module:
     """An inference copy of `model` whose encoder Dense layers run in int8.
 
-    The patch embedding, position embedding, LayerNorms, softmax and the head stay fp32:
-    they are a small share of the time and the most sensitive to rounding.
+    With `calibration` images (normalised as the model expects; a few hundred training
+    images): static scales, smoothed LayerNorm outliers and oneDNN's int8 kernels, bf16
+    elsewhere (`vitlab.deploy.int8`): the fast mode on x86 CPUs with VNNI or AMX. Without:
+    `Int8Linear` (scales per token at run time, `torch._int_mm`), which runs anywhere; the
+    patch embedding, position embedding, LayerNorms, softmax and the head then stay fp32.
     """
+    if calibration is not None:
+        return Serving(quantize_calibrated(model, calibration), torch.bfloat16)
     model = copy.deepcopy(model).eval()
     for block in model.blocks:
         for parent, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc1"), (block.mlp, "fc2")):
@@ -188,8 +194,9 @@ def agreement(reference: nn.Module, candidate: nn.Module, images: Tensor, batch_
 PRECISIONS = ("fp32", "fp32-packed", "bf16", "int8")
 
 
-def for_precision(model: VisionTransformer, precision: str) -> nn.Module:
-    """The inference copy of `model` for a precision name ("fp32" returns the model itself)."""
+def for_precision(model: VisionTransformer, precision: str, calibration: Optional[Tensor] = None) -> nn.Module:
+    """The inference copy of `model` for a precision name ("fp32" returns the model itself);
+    `calibration` images are for int8 (see `quantize_int8`)."""
     if precision == "fp32":
         return model.eval()
     if precision == "fp32-packed":
@@ -197,5 +204,5 @@ def for_precision(model: VisionTransformer, precision: str) -> nn.Module:
     if precision == "bf16":
         return to_bfloat16(model)
     if precision == "int8":
-        return quantize_int8(model)
+        return quantize_int8(model, calibration)
     raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
