@@ -59,3 +59,11 @@ def test_machine_info_names_the_machine_and_versions():
     assert set(info) >= {"date", "cpu", "cores", "threads", "isa", "device", "torch", "timm"}
     assert info["torch"] == torch.__version__ and info["device"] == "cpu"
     assert int(info["cores"]) >= 1 and info["cpu"]
+
+
+def test_device_peaks_for_mfu():
+    assert machine.device_peak_flops("cuda", "bf16", name="NVIDIA H200") == pytest.approx(989.4e12)
+    assert machine.device_peak_flops("cuda", "fp32", name="NVIDIA H100 PCIe") == pytest.approx(51.2e12)
+    assert machine.device_peak_flops("cuda", "bf16", name="Tesla V100-SXM2-16GB") is None  # no bf16 units
+    assert machine.device_peak_flops("cuda", "bf16", name="Some Future GPU") is None
+    assert machine.device_peak_flops("cpu", "bf16") is None  # a CPU's ceiling is measured instead

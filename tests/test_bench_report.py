@@ -45,9 +45,20 @@ def test_files_are_written_with_every_column(tmp_path):
     assert text.startswith("# Benchmark: t\n\nMeasured 2026-12-01 10:00 on Test CPU (2 cores")
     assert "1 of 4 samples contended (25%)" in text
     assert "| ViT-B/16 224px b8 infer | vitlab bf16 | 42 | 40–44 | 2/3 | 74 | 4.40 | 4.50 | 123 |  |" in text
-    assert "matmul ceiling bf16 (oneDNN) | 1000 GFLOP/s" in text and "skipped: ValueError: no" in text
+    assert "| ViT-B/16 224px b8 infer | matmul ceiling bf16 (oneDNN) | 1000 GFLOP/s | 1000–1000 | 1/1 | | | | | |\n" in text
+    assert "| ViT-B/16 224px b8 infer | hf fp32 | — | skipped: ValueError: no | | | | | | |\n" in text
+    assert "MFU" not in text  # no device peak on a CPU
     cpu = markdown(rows(), None, BenchConfig(clock="cpu"))
     assert "Single-thread CPU-time clock" in cpu and "taken while others were busy" in cpu
+
+
+def test_an_mfu_column_where_the_peak_is_known():
+    ours, gemm, broken = rows()
+    ours.peak = 1e13  # 35.15 GFLOPs x 42 img/s / 10 TFLOP/s = 14.8%
+    assert row_dict(ours)["mfu_pct"] == "14.8"
+    text = markdown([ours, gemm, broken])
+    assert "| % of ceiling | MFU % | × best fp32 peer |" in text and "| 74 | 14.8 | 4.40 |" in text
+    assert all(line.count("|") == 12 for line in text.splitlines()[2:])
 
 
 def test_any_table_gets_the_same_header(tmp_path):

@@ -21,3 +21,5 @@ def test_bad_inputs_are_one_line_errors(capsys):
     assert "unknown model" in capsys.readouterr().err
     assert main(["bench", "--rounds", "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
+    assert main(["bench", "--device", "tpu"]) == 2
+    assert "device" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import datetime as _dt
 import os
 import platform
 import time
+from typing import Callable, Optional
 
 import torch
 
@@ -116,6 +117,44 @@ def peak_added_mib(rss_before: int) -> float:
     return max(status_bytes("VmHWM") - rss_before, 0) / 2**20
 
 
+def reset_peak_memory(device: str) -> int:
+    """`reset_peak_rss()` on the CPU; on a GPU, reset the allocator's peak and return what
+    is allocated now."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    return reset_peak_rss()
+
+
+def peak_memory_added_mib(device: str, mark: int) -> float:
+    """The peak memory added since `reset_peak_memory(device)` returned `mark`, in MiB."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        return max(torch.cuda.max_memory_allocated(device) - mark, 0) / 2**20
+    return peak_added_mib(mark)
+
+
+def check_device(device: str) -> str:
+    """`device` if this process can run on it; a ValueError naming the fix otherwise."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r}; use cpu or cuda[:N]") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no CUDA device is visible to this process; use --device cpu")
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: the benchmark runs on cpu or cuda")
+    return device
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """A call that waits for the device's queued work (nothing to wait for on the CPU)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.synchronize
+    return lambda: None
+
+
 # What the machine is ---------------------------------------------------------------------
 ISA_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
 
@@ -134,6 +173,35 @@ def cpu_name_and_flags() -> tuple[str, set[str]]:
     return cpu, flags
 
 
+# Dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' data sheets, for MFU:
+# bf16 and fp16 with fp32 accumulation, fp32 on the CUDA cores (PyTorch's default keeps fp32
+# products off TF32), int8 in TOPS. Matched against torch.cuda.get_device_name in order.
+GPU_PEAKS: list[tuple[str, dict[str, float]]] = [
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9, "int8": 1978.9}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "fp32": 51.2, "int8": 1513.0}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9, "int8": 1978.9}),
+    ("B200", {"bf16": 2250.0, "fp16": 2250.0, "fp32": 80.0, "int8": 4500.0}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5, "int8": 624.0}),
+    ("L40S", {"bf16": 362.1, "fp16": 362.1, "fp32": 91.6, "int8": 733.0}),
+    ("L4", {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3, "int8": 242.5}),
+    ("A10", {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2, "int8": 250.0}),
+    ("RTX 4090", {"bf16": 165.2, "fp16": 165.2, "fp32": 82.6, "int8": 660.6}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),
+]
+
+
+def device_peak_flops(device: str, dtype: str, name: Optional[str] = None) -> Optional[float]:
+    """The device's nominal peak for a product dtype ("fp32", "bf16", "fp16", "int8") in
+    FLOP/s, or None where it is not in the table (CPUs: their ceiling is measured instead)."""
+    if torch.device(device).type != "cuda":
+        return None
+    name = name or torch.cuda.get_device_name(torch.device(device))
+    for key, peaks in GPU_PEAKS:
+        if key in name and dtype in peaks:
+            return peaks[dtype] * 1e12
+    return None
+
+
 def machine_info(device: str = "cpu") -> dict[str, str]:
     """Where and with what the figures were measured: CPU (or GPU), cores, ISA, versions."""
     cpu, flags = cpu_name_and_flags()
@@ -150,6 +218,10 @@ def machine_info(device: str = "cpu") -> dict[str, str]:
     }
     if device.startswith("cuda"):
         info["device"] = torch.cuda.get_device_name(torch.device(device))
+        kernels = [name for name, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
+                                         ("memory-efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
+                                         ("cuDNN", torch.backends.cuda.cudnn_sdp_enabled())) if on]
+        info["isa"] = f"CUDA {torch.version.cuda}, SDPA kernels {'/'.join(kernels) or 'math only'}"
     for lib in ("timm", "transformers", "torchvision"):
         try:
             info[lib] = __import__(lib).__version__

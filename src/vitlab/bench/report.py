@@ -17,8 +17,8 @@ from vitlab.bench.runner import BenchConfig, Row
 from vitlab.files import atomic_write_text
 
 COLUMNS = [
-    "model", "gelu", "image_size", "batch", "task", "impl", "precision", "compiled", "kernel",
-    "images_per_s", "min", "max", "clean_samples", "samples", "pct_of_ceiling", "ceiling_gflops",
+    "model", "gelu", "image_size", "batch", "task", "impl", "precision", "compiled", "checkpointing", "kernel",
+    "images_per_s", "min", "max", "clean_samples", "samples", "pct_of_ceiling", "ceiling_gflops", "mfu_pct",
     "x_best_fp32_peer", "x_timm_fp32", "work_mib", "compile_s", "error",
 ]
 
@@ -42,7 +42,8 @@ def row_dict(row: Row) -> dict[str, str]:
         "task": row.setting.task,
         "impl": row.system.impl,
         "precision": row.system.precision,
-        "compiled": "yes" if row.system.compiled else "",
+        "compiled": row.system.compile_mode if row.system.compiled else "",
+        "checkpointing": "yes" if row.system.checkpointing else "",
         "kernel": row.system.kernel,
         "images_per_s": fmt(row.median * scale if rates else None, ".4g"),
         "min": fmt(min(rates) * scale if rates else None, ".4g"),
@@ -51,6 +52,7 @@ def row_dict(row: Row) -> dict[str, str]:
         "samples": str(len(row.samples)),
         "pct_of_ceiling": fmt(100 * frac if frac is not None else None, ".0f"),
         "ceiling_gflops": fmt(row.ceiling * 1e-9 if row.ceiling else None, ".0f"),
+        "mfu_pct": fmt(100 * row.mfu if row.mfu is not None else None, ".1f"),
         "x_best_fp32_peer": fmt(row.vs_peer, ".2f"),
         "x_timm_fp32": fmt(row.vs_timm, ".2f"),
         "work_mib": fmt(row.work_mib, ".0f"),
@@ -102,29 +104,30 @@ def noise_line(rows: Sequence[Row], bench: BenchConfig) -> str:
             + contention_summary(rows, bench.contended_cores) + ".")
 
 
-def markdown_line(row: Row) -> str:
+def markdown_line(row: Row, with_mfu: bool = False) -> str:
     d = row_dict(row)
-    setting = row.setting.label
+    setting, mfu = row.setting.label, (f" {d['mfu_pct']} |" if with_mfu else "")
     if row.error:
-        return f"| {setting} | {row.system.label} | — | skipped: {row.error} | | | | | | |"
+        return f"| {setting} | {row.system.label} | — | skipped: {row.error} |" + " |" * (6 + with_mfu)
     if row.system.impl == "gemm":
         return (f"| {setting} | {row.system.label} | {d['images_per_s']} GFLOP/s | "
-                f"{d['min']}–{d['max']} | {d['clean_samples']}/{d['samples']} | | | | | |")
+                f"{d['min']}–{d['max']} | {d['clean_samples']}/{d['samples']} |" + " |" * (5 + with_mfu))
     return (f"| {setting} | {row.system.label} | {d['images_per_s']} | {d['min']}–{d['max']} | "
-            f"{d['clean_samples']}/{d['samples']} | {d['pct_of_ceiling']} | {d['x_best_fp32_peer']} | "
+            f"{d['clean_samples']}/{d['samples']} | {d['pct_of_ceiling']} |{mfu} {d['x_best_fp32_peer']} | "
             f"{d['x_timm_fp32']} | {d['work_mib']} | {d['compile_s']} |")
 
 
 def markdown(rows: Sequence[Row], info: Optional[dict[str, str]] = None, bench: Optional[BenchConfig] = None) -> str:
-    """The results as a Markdown table, headed by the machine, versions and noise."""
+    """The results as a Markdown table, headed by the machine, versions and noise; an MFU
+    column where the device's peak is known (GPUs)."""
     lines = ([header(info)] if info else []) + ([noise_line(rows, bench)] if bench else [])
     if lines:
         lines.append("")
-    lines += [
-        "| setting | system | img/s (median) | spread | clean/all | % of ceiling | × best fp32 peer | × timm fp32 | work MiB | compile s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    lines += [markdown_line(row) for row in rows]
+    with_mfu = any(r.mfu is not None for r in rows)
+    columns = ["setting", "system", "img/s (median)", "spread", "clean/all", "% of ceiling"]
+    columns += ["MFU %"] * with_mfu + ["× best fp32 peer", "× timm fp32", "work MiB", "compile s"]
+    lines += ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += [markdown_line(row, with_mfu) for row in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from vitlab.bench.ceiling import ceiling_call, ceiling_precision, kernels
-from vitlab.bench.machine import CpuMeter, Waiter
+from vitlab.bench.machine import CpuMeter, Waiter, device_peak_flops, device_sync
 from vitlab.bench.systems import Prepared, Setting, System, prepare
 from vitlab.config import model_flops
 
@@ -51,6 +51,7 @@ class Row:
     system: System
     samples: list[Sample] = field(default_factory=list)
     ceiling: Optional[float] = None  # FLOP/s of the setting's products in this dtype
+    peak: Optional[float] = None  # the device's nominal peak for the dtype (GPUs), for MFU
     vs_peer: Optional[float] = None  # median within-round ratio to the fastest fp32 eager peer
     vs_timm: Optional[float] = None
     compile_s: float = float("nan")
@@ -81,6 +82,13 @@ class Row:
         if self.ceiling is None or not self.samples:
             return None
         return self.flops_per_image * self.median / self.ceiling
+
+    @property
+    def mfu(self) -> Optional[float]:
+        """Model FLOPs utilisation: nominal FLOPs x images/s over the device's peak."""
+        if self.peak is None or not self.samples:
+            return None
+        return self.flops_per_image * self.median / self.peak
 
 
 @dataclass
@@ -119,12 +127,6 @@ def time_calls(fn: Callable[[], object], min_time: float, min_calls: int, clock:
         sync()
         elapsed = timer() - t0
     return elapsed / calls, meter.others, calls
-
-
-def device_sync(device: str) -> Callable[[], None]:
-    if torch.device(device).type == "cuda":
-        return torch.cuda.synchronize
-    return lambda: None
 
 
 def prepare_all(setting: Setting, systems: Sequence[System], bench: BenchConfig,
@@ -178,7 +180,9 @@ def run_setting(setting: Setting, systems: Sequence[System], bench: BenchConfig,
     for system, row in rows.items():
         row.samples = samples.get(system, [])
         if system in prepared:  # the fastest kernel for this dtype
-            row.ceiling = max(g.median for g in gemm_rows if g.system.precision == ceiling_precision(system.precision))
+            dtype = ceiling_precision(system.precision)
+            row.ceiling = max(g.median for g in gemm_rows if g.system.precision == dtype)
+            row.peak = device_peak_flops(bench.device, dtype)
     ratios(list(rows.values()))
     return list(rows.values()) + gemm_rows
 

@@ -38,9 +38,32 @@ def full() -> Plan:
     return plan
 
 
+def scaling() -> Plan:
+    """How cost grows: ViT-B/16 with resolution (224, 384, 512 px: 197, 577, 1,025 tokens) and
+    with batch size; the training step's memory with and without activation checkpointing."""
+    infer = [System("vitlab", "fp32"), System("vitlab", "bf16"), System("timm", "fp32"), System("timm", "bf16")]
+    plan = [(setting("ViT-B/16", 1, image_size=size), infer) for size in (224, 384, 512)]
+    plan += [(setting("ViT-B/16", b), infer[:2] + infer[3:]) for b in (2, 4, 8, 16)]
+    train = [System(impl, "bf16-autocast", checkpointing=c) for impl in ("vitlab", "timm") for c in (False, True)]
+    plan += [(setting("ViT-S/16", 32, "train"), train), (setting("ViT-C/4", 128, "train"), train)]
+    return plan
+
+
+def gpu() -> Plan:
+    """On a CUDA device, a few minutes: ViT-B/16 serving at batch 1 and 256 (fp32, bf16, fp16;
+    compiled with CUDA graphs) and its training step at batch 128 (bf16 autocast, eager and
+    compiled), beside timm; the table gains MFU against the device's peak."""
+    serve = [System("vitlab", p) for p in ("fp32", "bf16", "fp16")]
+    serve += [System("vitlab", "bf16", compiled=True, compile_mode="reduce-overhead")]
+    serve += [System("timm", p) for p in ("fp32", "bf16-autocast", "bf16", "fp16")]
+    train = [System("vitlab", "bf16-autocast"), System("vitlab", "bf16-autocast", compiled=True),
+             System("timm", "fp32"), System("timm", "bf16-autocast")]
+    return [(setting("ViT-B/16", 1), serve), (setting("ViT-B/16", 256), serve),
+            (setting("ViT-B/16", 128, "train"), train)]
+
+
 def suite(name: str) -> Plan:
-    if name == "quick":
-        return quick()
-    if name == "full":
-        return full()
-    raise ValueError(f"unknown suite {name!r}; choose from {', '.join(SUITES)}")
+    builders = {"quick": quick, "full": full, "scaling": scaling, "gpu": gpu}
+    if name not in builders:
+        raise ValueError(f"unknown suite {name!r}; choose from {', '.join(SUITES)}")
+    return builders[name]()

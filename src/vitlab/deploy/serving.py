@@ -90,24 +90,36 @@ def pack_linears(model: VisionTransformer, batch_hint: Optional[int] = None) -> 
     return model
 
 
+def _packable(model: nn.Module) -> bool:
+    """oneDNN's packed layout is for CPU tensors; on a GPU the copies stay plain."""
+    return onednn_available() and next(model.parameters()).device.type == "cpu"
+
+
+def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, packed: bool = True) -> Serving:
+    """A copy of `model` in `dtype` (bf16, or fp16 for GPUs) for inference: takes fp32
+    images, returns fp32 logits. On the CPU, `packed` (the default) also packs the
+    encoder's Dense layers once and fuses the GELU (see `PackedLinear`)."""
+    m = copy.deepcopy(model).eval().to(dtype)
+    if packed and dtype == torch.bfloat16 and _packable(m):  # oneDNN's fp16 wants AVX512-FP16
+        with torch.no_grad():
+            pack_linears(m)
+    return Serving(m, dtype)
+
+
 def to_bfloat16(model: VisionTransformer, packed: bool = True) -> Serving:
     """A bf16 copy of `model` for inference: takes fp32 images, returns fp32 logits.
 
     `packed` (default, where oneDNN is available) also packs the encoder's Dense layers once
     and fuses the GELU (see `PackedLinear`).
     """
-    m = copy.deepcopy(model).eval().to(torch.bfloat16)
-    if packed and onednn_available():
-        with torch.no_grad():
-            pack_linears(m)
-    return Serving(m, torch.bfloat16)
+    return to_reduced(model, torch.bfloat16, packed)
 
 
 def to_packed_fp32(model: VisionTransformer) -> VisionTransformer:
     """An fp32 inference copy with oneDNN-packed Dense layers and fused GELU: the same
-    numbers as `model` to float32 rounding, without autograd."""
+    numbers as `model` to float32 rounding, without autograd (on a GPU: a plain copy)."""
     m = copy.deepcopy(model).eval()
-    if onednn_available():
+    if _packable(m):
         with torch.no_grad():
             pack_linears(m)
     return m
@@ -191,7 +203,7 @@ def agreement(reference: nn.Module, candidate: nn.Module, images: Tensor, batch_
     return Agreement(same / max(len(images), 1), diff, len(images))
 
 
-PRECISIONS = ("fp32", "fp32-packed", "bf16", "int8")
+PRECISIONS = ("fp32", "fp32-packed", "bf16", "fp16", "int8")
 
 
 def for_precision(model: VisionTransformer, precision: str, calibration: Optional[Tensor] = None) -> nn.Module:
@@ -203,6 +215,8 @@ def for_precision(model: VisionTransformer, precision: str, calibration: Optiona
         return to_packed_fp32(model)
     if precision == "bf16":
         return to_bfloat16(model)
+    if precision == "fp16":
+        return to_reduced(model, torch.float16)
     if precision == "int8":
         return quantize_int8(model, calibration)
     raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
