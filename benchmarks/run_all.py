@@ -1,16 +1,20 @@
-"""Regenerate benchmarks/results/: throughput against the peers, serving accuracy, training.
+"""Regenerate benchmarks/results/: every table the performance goals are read from.
 
-    python benchmarks/run_all.py            # full: about 20 minutes on 2 quiet cores
-    python benchmarks/run_all.py --quick    # about 6 minutes
+    python benchmarks/run_all.py              # everything: about an hour on 2 quiet cores
+    python benchmarks/run_all.py --quick      # about 20 minutes
+    python benchmarks/run_all.py --only throughput --clock cpu   # one section, busy machine
 
 Writes, in --out (default benchmarks/results/):
-  throughput.csv / .md   `vitlab bench --suite full|quick`: vitlab beside timm, Hugging Face
-                          and torchvision, interleaved, with the matmul ceilings
-  serving.csv / .md      fp32, bf16 and int8 copies of the trained CIFAR-10 model on the real
-                          test set: accuracy, top-1 agreement with fp32, largest logit change
-  training.csv / .md     the CIFAR-sized training step: loss curves of vitlab fp32, vitlab bf16
-                          autocast and timm fp32 from the same weights on the same real batches,
-                          and the data pipeline's images/s beside the step's
+  end-to-end.md/.csv   `vitlab train` (benchmarks/train-c4-bf16.yaml) beside its bare step,
+                       measured before and after the run
+  serving.md/.csv      fp32, bf16 and int8 copies of the end-to-end run's model on the real
+                       CIFAR-10 test set: accuracy, top-1 agreement with fp32, logit change
+  training.md/.csv     the CIFAR-sized training step: loss curves of vitlab and timm from the
+                       same weights on the same real batches, and the data pipeline's rate
+  profiles.md          where the time goes: CPU-time profiles by kind of work
+  scaling.md/.csv      `vitlab bench --suite scaling`; scaling-summary.md, docs/figures/scaling.png
+  throughput.md/.csv   `vitlab bench --suite full|quick`: vitlab beside timm, Hugging Face
+                       and torchvision, interleaved, with the matmul ceilings
 Each Markdown file starts with the date, machine and library versions.
 """
 
@@ -35,9 +39,13 @@ from vitlab.checkpoints.timm import create_timm_model
 from vitlab.data import make_loader, open_dataset
 from vitlab.deploy import serving
 
+from endtoend import end_to_end  # noqa: E402 (this folder's modules; the script's folder is on sys.path)
+from profiles import profiles
+from scaling import scaling
+
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
-CHECKPOINT = ROOT / "runs" / "cifar10" / "checkpoints" / "last.safetensors"
+CHECKPOINT = ROOT / "runs" / "c4-bf16-t1w1" / "checkpoints" / "last.safetensors"  # from the end-to-end run
 
 
 def log(msg: str) -> None:
@@ -60,37 +68,44 @@ def cifar(split: str, n: int, image_size: int, mean, std, train: bool = False, b
 
 
 # Serving accuracy ------------------------------------------------------------------------
-def serving_accuracy(out: Path, info: dict, checkpoint: Path, n: int) -> None:
+SERVING = {  # name -> (precision, calibrated)
+    "fp32": ("fp32", False), "fp32-packed": ("fp32-packed", False), "bf16": ("bf16", False),
+    "int8 (calibrated, oneDNN)": ("int8", True), "int8 (per-token, _int_mm)": ("int8", False),
+}
+
+
+def serving_accuracy(out: Path, info: dict, checkpoint: Path, n: int, calibration_images: int = 512) -> None:
     if not checkpoint.exists():
         log(f"serving: no trained checkpoint at {checkpoint}; skipped")
         return
     model = vitlab.load(checkpoint).eval()
     cfg = model.config
     images, labels = cifar("test", n, cfg.image_size[0], cfg.mean, cfg.std)
+    calibration, _ = cifar("train", calibration_images, cfg.image_size[0], cfg.mean, cfg.std)
     rows = []
     with torch.inference_mode():
         ref = torch.cat([model(images[i : i + 500]) for i in range(0, len(images), 500)])
-    for precision in serving.PRECISIONS:
-        m = serving.for_precision(model, precision)
+    for name, (precision, calibrated) in SERVING.items():
+        m = serving.for_precision(model, precision, calibration=calibration if calibrated else None)
         t0 = time.perf_counter()
         with torch.inference_mode():
             logits = torch.cat([m(images[i : i + 500]).float() for i in range(0, len(images), 500)])
         seconds = time.perf_counter() - t0
         rows.append({
-            "precision": precision,
+            "precision": name,
             "images": len(images),
             "top1_accuracy": f"{(logits.argmax(1) == labels).float().mean().item():.4f}",
             "top1_agreement_with_fp32": f"{(logits.argmax(1) == ref.argmax(1)).float().mean().item():.4f}",
             "max_abs_logit_diff": f"{(logits - ref).abs().max().item():.3g}",
             "images_per_s_b500": f"{len(images) / seconds:.0f}",
         })
-        log(f"serving {precision}: {rows[-1]}")
-    notes = (f"Model: {checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint} "
-             f"({cfg.name}, {cfg.image_size[0]}px), the real CIFAR-10 test set (JPEG shards of "
-             f"/work/shared/data/cifar10). Throughput here is one pass in batches of 500, not an "
-             f"interleaved benchmark.\n")
-    write(out, "serving", "bf16 and int8 serving: accuracy against fp32", info, rows,
-          list(rows[0]), notes)
+        log(f"serving {name}: {rows[-1]}")
+    where = checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint
+    notes = (f"Model: {where} ({cfg.name}, {cfg.image_size[0]}px), the real CIFAR-10 test set (JPEG shards of "
+             f"../shared/data/cifar10). The calibrated int8 copy is calibrated on the first "
+             f"{calibration_images} training images (never the test images). Throughput here is one pass "
+             "in batches of 500 on a shared machine, not an interleaved benchmark.\n")
+    write(out, "serving", "bf16 and int8 serving: accuracy against fp32", info, rows, list(rows[0]), notes)
 
 
 # Training --------------------------------------------------------------------------------
@@ -193,25 +208,35 @@ def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
     write(out, "training", "Training step on the CIFAR-sized ViT", info, rows, list(rows[0]), notes)
 
 
+SECTIONS = ("end-to-end", "serving", "training", "profiles", "scaling", "throughput")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the quick suite and fewer images and steps")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--checkpoint", default=str(CHECKPOINT), help="trained model for the serving accuracy")
-    p.add_argument("--only", nargs="+", choices=("throughput", "serving", "training"),
-                   default=["throughput", "serving", "training"])
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="for the throughput and scaling tables")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = machine.machine_info()
+    config = runner.BenchConfig(rounds=2 if args.quick else 3, min_time=0.5 if args.quick else 1.0, clock=args.clock)
     t0 = time.perf_counter()
+    if "end-to-end" in args.only:
+        end_to_end(out, info, f"wds:{CIFAR}", ROOT / "runs", log, ((1, 1, 100 if args.quick else 0), (2, 1, 100)))
     if "serving" in args.only:
         serving_accuracy(out, info, Path(args.checkpoint), 2000 if args.quick else 10000)
     if "training" in args.only:
         training(out, info, 10 if args.quick else 30)
+    shares = {}
+    if "profiles" in args.only:
+        shares = profiles(out, info, log)
+    if "scaling" in args.only:
+        scaling(out, info, shares, ROOT / "docs" / "figures" / "scaling.png", log, config)
     if "throughput" in args.only:
         name = "quick" if args.quick else "full"
-        config = runner.BenchConfig(rounds=2 if args.quick else 3, min_time=0.5 if args.quick else 1.0)
         rows = runner.run(suites.suite(name), config, log=log,
                           progress=lambda rows: report.write_results(rows, out, "throughput", info, config))
         log(f"wrote {out / 'throughput'}.csv and .md")
