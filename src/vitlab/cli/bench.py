@@ -17,7 +17,7 @@ Dense layers and fused GELU); bf16-autocast (fp32 weights, bf16 matrix products)
 same in fp16, for GPUs); int8 (vitlab only: int8 Dense layers, calibrated for oneDNN's
 kernels on x86). A training step is fp32 or an autocast precision, AdamW, cross-entropy.
 
---suite quick or --suite full run the standard settings (on 2 quiet cores: about 4 and 15
+--suite quick or --suite full run the standard settings (on 2 quiet cores: about 10 and 15
 minutes), --suite scaling the resolution, batch and memory table of docs/performance.md,
 --suite gpu (with --device cuda) a few minutes on a GPU with MFU against its peak; otherwise
 --model/--batch-size/--task/--precision pick a subset. On a busy machine, --clock cpu times
