@@ -6,23 +6,17 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 import vitlab
+from conftest import tiny_model
 from vitlab.cli import main
-from vitlab.config import ViTConfig
 
 pytest.importorskip("matplotlib")
 
 
 def save_model(path, fmt="vitlab", **kw):
-    torch.manual_seed(0)
-    cfg = ViTConfig(
-        name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=3, num_heads=2, mlp_dim=64, num_classes=10, **kw
-    )
-    model = vitlab.VisionTransformer(cfg).eval()
-    model.class_names = [str(i) for i in range(10)]
+    model = tiny_model(class_names=[str(i) for i in range(10)], depth=3, **kw)
     vitlab.save(model, path, format=fmt)
     return model
 

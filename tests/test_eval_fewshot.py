@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import tiny_model
 from vitlab.config import ViTConfig
 from vitlab.eval import features as feats_mod
 from vitlab.eval.fewshot import L2_GRID, RidgeProblem, choose_l2, fewshot_eval, sample_shots
@@ -226,12 +227,7 @@ def digit_ckpts(tmp_path_factory):
     import vitlab
 
     root = tmp_path_factory.mktemp("fewshot")
-    torch.manual_seed(0)
-    cfg = ViTConfig(
-        name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10
-    )
-    model = VisionTransformer(cfg)
-    model.class_names = [str(i) for i in range(10)]
+    model = tiny_model(class_names=[str(i) for i in range(10)])
     vitlab.save(model, root / "model.safetensors")
     vitlab.save(model, root / "model.npz", format="npz")
     return root

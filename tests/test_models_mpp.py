@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import vitlab
+from conftest import tiny_config
 from vitlab.checkpoints import io
 from vitlab.config import ConfigError, ResNetConfig, ViTConfig
 from vitlab.train.objectives import MaskedPatchPrediction
@@ -30,9 +31,7 @@ from vitlab.models.mpp import (
 
 
 def tiny(**kw) -> ViTConfig:
-    base = dict(name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, num_classes=0)
-    base.update(kw)
-    return ViTConfig(**base)
+    return tiny_config(**{"num_classes": 0, **kw})
 
 
 def within_binomial(hits: int, n: int, p: float, sigmas: float = 5.0) -> bool:

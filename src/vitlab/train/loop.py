@@ -231,8 +231,8 @@ class Trainer:
         mc, plan, t = run.model.config, run.plan, self.cfg.train
         n_params = sum(p.numel() for p in run.model.parameters())
         return (
-            f"training {mc.name} [width {mc.hidden_size}, depth {mc.depth}, {mc.image_size[0]}x{mc.image_size[1]} px, "
-            f"patch {mc.patch_size}] ({n_params:,} parameters) on {self.cfg.data.name}: {len(run.train_set):,} images, "
+            f"training {mc.name} at {mc.image_size[0]}x{mc.image_size[1]} px ({n_params:,} parameters) "
+            f"on {self.cfg.data.name}: {len(run.train_set):,} images, "
             f"{mc.num_classes} classes, {plan.total} steps of {t.batch_size} ({plan.per_epoch} per epoch), "
             f"{run.ctx.world} process(es) on {run.ctx.device}"
         )
@@ -352,6 +352,7 @@ class Trainer:
                 entry["per_class"] = dict(zip(names, entry["per_class"]))
             splits[split] = entry
         summary = {
+            "model": run.model.config.name,
             "steps": run.plan.total, "epochs": round(run.plan.total / run.plan.per_epoch, 3), "splits": splits,
             "checkpoint": str(ckpt), "ema": self.cfg.train.ema or None, "train_seconds": round(seconds, 1),
             "bad_images_skipped": int(bad["bad"].item()), "world_size": run.ctx.world,
