@@ -19,8 +19,10 @@ import torch
 from torch import Tensor
 
 from vitlab.checkpoints.io import CheckpointError
+from vitlab.config import BiTConfig, ModelConfig, ViTConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write
-from vitlab.config import ViTConfig
+from vitlab.models import build
+from vitlab.models.variants import MODELS
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
 ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
@@ -131,12 +133,10 @@ def export_state(rules: Sequence[Rule], ours: dict[str, Tensor], target: str) ->
     return out
 
 
-def expected_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of a model of `cfg`, built on the meta device (no memory, no init cost)."""
-    from vitlab.models.vit import VisionTransformer
-
     with torch.device("meta"):
-        model = VisionTransformer(cfg)
+        model = build(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
@@ -152,6 +152,17 @@ def guess_num_heads(width: int) -> int:
     return width // 64 if width % 64 == 0 else 1
 
 
+def count_units(has_unit: Callable[[int, int], bool]) -> list[int]:
+    """Units per stage of a ResNet, read off its key names: `has_unit(stage, unit)`, 0-based."""
+    layers: list[int] = []
+    while has_unit(len(layers), 0):
+        units = 0
+        while has_unit(len(layers), units):
+            units += 1
+        layers.append(units)
+    return layers
+
+
 def square_grid(patch_tokens: int, source: str) -> int:
     side = round(patch_tokens**0.5)
     if side * side != patch_tokens:
@@ -162,11 +173,13 @@ def square_grid(patch_tokens: int, source: str) -> int:
     return side
 
 
-def variant_name(cfg: ViTConfig) -> str:
+def variant_name(cfg: ModelConfig) -> str:
     """The registered variant with the same architecture ("ViT-B/16"), else a descriptive name."""
-    from vitlab.models.variants import MODELS
-
+    if isinstance(cfg, BiTConfig):
+        return _bit_variant_name(cfg)
     for name, v in MODELS.items():
+        if not isinstance(v, ViTConfig):
+            continue
         same = (v.hidden_size, v.depth, v.num_heads, v.mlp_dim, v.patch_size) == (
             cfg.hidden_size, cfg.depth, cfg.num_heads, cfg.mlp_dim, cfg.patch_size
         )
@@ -175,6 +188,15 @@ def variant_name(cfg: ViTConfig) -> str:
             return name
     stem = f"R{len(cfg.resnet.layers)}stage+" if cfg.resnet else ""
     return f"{stem}ViT-D{cfg.hidden_size}-L{cfg.depth}/{cfg.total_stride}"
+
+
+def _bit_variant_name(cfg: BiTConfig) -> str:
+    arch = lambda c: (c.layers, c.width_factor, c.base_width, c.stem, c.in_channels)  # noqa: E731
+    for name, v in MODELS.items():
+        if isinstance(v, BiTConfig) and arch(v) == arch(cfg):
+            return name
+    width = f"x{cfg.width_factor}" if cfg.base_width == 64 else f"-w{cfg.root_width}"
+    return f"BiT-R{cfg.depth}{width}" + ("-cifar" if cfg.stem == "cifar" else "")
 
 
 # Tensor files (.safetensors, .pth/.pt/.bin), never unpickled ------------------------------
@@ -255,14 +277,14 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
         atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def stored_config(meta: dict[str, str]) -> Optional[ViTConfig]:
+def stored_config(meta: dict[str, str]) -> Optional[ModelConfig]:
     """The full vitlab config a vitlab writer left in a file's metadata (None if absent).
     The tensors are still checked against it, shape by shape, when they are imported."""
     raw = meta.get("vitlab.config")
     if not raw:
         return None
     try:
-        return ViTConfig.from_dict(json.loads(raw))
+        return config_from_dict(json.loads(raw), meta.get("vitlab.config_kind", "vit"))
     except Exception:
         return None
 
@@ -279,6 +301,7 @@ def writer_metadata(model, fmt: str) -> dict[str, str]:
     return {
         "format": fmt,
         "vitlab.config": model.config.to_json(),
+        "vitlab.config_kind": config_kind(model.config),
         "vitlab.class_names": json.dumps(model.class_names),
     }
 

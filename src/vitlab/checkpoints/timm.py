@@ -1,4 +1,5 @@
-"""timm `VisionTransformer` state dicts (plain ViTs and the R50+ViT hybrids), both ways.
+"""timm `VisionTransformer` state dicts (plain ViTs and the R50+ViT hybrids), both ways; timm's
+BiT ResNets (`resnetv2_*_bit`) go through the same reader and writer with bit.py's table.
 
 timm's names are close to vitlab's; the table is mostly copies. What differs is numerics:
 timm uses exact GELU, LayerNorm eps 1e-6, bicubic position-embedding resizing, and in its
@@ -19,11 +20,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.tables import (
     Rule,
     class_names_from,
     copy,
+    count_units,
     expected_shapes,
     export_state,
     guess_num_heads,
@@ -37,7 +40,7 @@ from vitlab.checkpoints.tables import (
     write_tensors,
     writer_metadata,
 )
-from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 
 FORMAT_NAME = "timm"
 BACKBONE = "patch_embed.backbone."
@@ -80,12 +83,7 @@ def rules(cfg: ViTConfig) -> list[Rule]:
         for s, units in enumerate(cfg.resnet.layers):
             for u in range(units):
                 o, t = f"backbone.stages.{s}.{u}.", f"{BACKBONE}stages.{s}.blocks.{u}."
-                for n in (1, 2, 3):
-                    table += [
-                        copy(f"{o}conv{n}.weight", f"{t}conv{n}.weight"),
-                        copy(f"{o}gn{n}.weight", f"{t}norm{n}.weight"),
-                        copy(f"{o}gn{n}.bias", f"{t}norm{n}.bias"),
-                    ]
+                table += bit.timm_unit_rules(o, t)
                 if u == 0:
                     table += [
                         copy(f"{o}downsample.0.weight", f"{t}downsample.conv.weight"),
@@ -103,7 +101,7 @@ def looks_like(keys: set[str]) -> bool:
 
 def detect(path: Path) -> bool:
     keys = peek_keys(path)
-    return keys is not None and looks_like(keys)
+    return keys is not None and (looks_like(keys) or bit.is_timm(keys))
 
 
 def infer_config(s: dict, source: str) -> ViTConfig:
@@ -124,12 +122,7 @@ def infer_config(s: dict, source: str) -> ViTConfig:
     resnet = None
     if BACKBONE + "stem.conv.weight" in s:
         width, cin = s[BACKBONE + "stem.conv.weight"].shape[:2]
-        layers = []
-        while f"{BACKBONE}stages.{len(layers)}.blocks.0.conv1.weight" in s:
-            st, units = len(layers), 0
-            while f"{BACKBONE}stages.{st}.blocks.{units}.conv1.weight" in s:
-                units += 1
-            layers.append(units)
+        layers = count_units(lambda st, u: f"{BACKBONE}stages.{st}.blocks.{u}.conv1.weight" in s)
         resnet = ResNetConfig(layers=tuple(layers), width_factor=width // 64)
     token = "cls_token" in s
     tokens = s["pos_embed"].shape[1]
@@ -161,8 +154,11 @@ def infer_config(s: dict, source: str) -> ViTConfig:
 
 def read(path: str | os.PathLike) -> Imported:
     state, meta = read_tensors(path)
-    cfg = stored_config(meta) or infer_config(state, str(path))
-    ours = import_state(rules(cfg), state, expected_shapes(cfg), str(path))
+    cfg = stored_config(meta)
+    if cfg is None:
+        cfg = bit.config_from_timm(state, str(path)) if bit.is_timm(state) else infer_config(state, str(path))
+    table = bit.timm_rules(cfg) if isinstance(cfg, BiTConfig) else rules(cfg)
+    ours = import_state(table, state, expected_shapes(cfg), str(path))
     return Imported(cfg, ours, class_names_from(meta, cfg.num_classes), source_format=FORMAT_NAME, metadata=meta)
 
 
@@ -186,16 +182,24 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     import json
 
     cfg = model.config
-    check_writable(cfg, allow_numerics_change)
-    theirs = export_state(rules(cfg), model.state_dict(), f"{path} (timm)")
+    if isinstance(cfg, BiTConfig):
+        bit.check_timm_writable(cfg, allow_numerics_change)
+        table = bit.timm_rules(cfg)
+    else:
+        check_writable(cfg, allow_numerics_change)
+        table = rules(cfg)
+    theirs = export_state(table, model.state_dict(), f"{path} (timm)")
     meta = writer_metadata(model, FORMAT_NAME)
     meta["timm.model_args"] = json.dumps(timm_model_args(cfg))
     write_tensors(path, theirs, meta)
 
 
-def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
-    """JSON-able keyword arguments of timm's VisionTransformer for this architecture.
-    The LayerNorm epsilon and a hybrid's backbone are objects: `create_timm_model` adds them."""
+def timm_model_args(cfg: ModelConfig) -> dict[str, Any]:
+    """JSON-able keyword arguments of timm's VisionTransformer (or ResNetV2, for a BiT ResNet)
+    for this architecture. The LayerNorm epsilon and a hybrid's backbone are objects:
+    `create_timm_model` adds them."""
+    if isinstance(cfg, BiTConfig):
+        return bit.timm_model_args(cfg)
     args: dict[str, Any] = {
         "img_size": list(cfg.image_size),
         "patch_size": cfg.patch_size,
@@ -223,8 +227,11 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
     return args
 
 
-def create_timm_model(cfg: ViTConfig):
-    """A timm VisionTransformer (needs timm) that computes what `VisionTransformer(cfg)` does."""
+def create_timm_model(cfg: ModelConfig):
+    """A timm VisionTransformer (needs timm) that computes what `VisionTransformer(cfg)` does,
+    or the ResNetV2 that computes what `BiTResNet(cfg)` does."""
+    if isinstance(cfg, BiTConfig):
+        return bit.create_timm_model(cfg)
     from functools import partial
 
     import torch.nn as nn
