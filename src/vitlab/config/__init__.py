@@ -5,6 +5,7 @@
 - `run.py`: a training run (`RunConfig`: model, data, optim, train and objective sections),
   recipes and `key=value` overrides;
 - `mpp.py`: masked patch prediction's options;
+- `sweep.py`: a sweep's spec (`SweepSpec`: the grid, the after-steps, the figures);
 - `fields.py`: what they share: `ConfigError`, one type-and-rule check per field, one
   unknown-key check.
 
@@ -48,8 +49,10 @@ from vitlab.config.run import (
     parse_override,
     shipped_recipes,
 )
+from vitlab.config.sweep import AfterStep, FigureSpec, SweepSpec, load_sweep, shipped_sweeps
 
 __all__ = [
+    "AfterStep", "FigureSpec", "SweepSpec", "load_sweep", "shipped_sweeps",
     "BIT_STEMS", "BiTConfig", "CONFIG_KINDS", "ModelConfig", "bit_flops", "config_from_dict", "config_kind",
     "CLASSIFIERS", "DECAYS", "GELUS", "HEAD_INITS", "MPP_TARGETS", "OBJECTIVE_OPTIONS", "OPTIMIZERS", "PARALLEL",
     "POS_EMBEDS", "PRECISIONS", "RESIZE_MODES", "WS_MODES", "ConfigError", "DataConfig", "MPPConfig", "ModelSection",

@@ -251,20 +251,24 @@ def shipped_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
 
-def load_recipe(path_or_name: str) -> RunConfig:
-    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...)."""
+def read_yaml(path_or_name: str, shipped: Path, what: str, names: list[str]) -> tuple[Any, Path]:
+    """A YAML file by path, or by the name of one shipped under `shipped`; (its data, path)."""
     path = Path(path_or_name)
     if not path.is_file():
-        shipped = RECIPES / f"{path_or_name}.yaml"
-        if not shipped.is_file():
-            raise ConfigError(f"no recipe file {path_or_name!r}; shipped recipes: {', '.join(shipped_recipes())}")
-        path = shipped
+        path = shipped / f"{path_or_name}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"no {what} file {path_or_name!r}; shipped {what}s: {', '.join(names)}")
     try:
-        d = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text()) or {}, path
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read the recipe ({e.strerror})") from None
+        raise ConfigError(f"{path}: cannot read the {what} ({e.strerror})") from None
+
+
+def load_recipe(path_or_name: str) -> RunConfig:
+    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...)."""
+    d, path = read_yaml(path_or_name, RECIPES, "recipe", shipped_recipes())
     try:
         return RunConfig.from_dict(d)
     except ConfigError as e:
