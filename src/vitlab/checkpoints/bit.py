@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from vitlab.checkpoints.io import CheckpointError
-from vitlab.checkpoints.tables import Rule, copy, count_units, permuted, refuse, variant_name
+from vitlab.checkpoints.tables import Rule, copy, permuted, refuse, resnet_layers
 from vitlab.config import BiTConfig
+from vitlab.models.variants import describe
 
 HWIO_TO_OIHW = (3, 2, 0, 1)
 NPZ_ROOT = "resnet/root_block/standardized_conv2d/kernel"
@@ -68,7 +69,7 @@ def is_npz(keys) -> bool:
 def config_from_npz(a: dict, source: str) -> BiTConfig:
     """The architecture from the arrays: root width and kernel, units per stage, classes."""
     kh, _, cin, width = a[NPZ_ROOT].shape
-    layers = count_units(lambda s, u: NPZ_UNIT.format(s + 1, u + 1) + "a/standardized_conv2d/kernel" in a)
+    layers = resnet_layers(a, lambda s, u: NPZ_UNIT.format(s + 1, u + 1) + "a/standardized_conv2d/kernel")
     if not layers:
         raise CheckpointError(f"{source}: a BiT root block but no resnet/block1/unit01/... arrays")
     head = a.get("resnet/head/conv2d/kernel")
@@ -123,7 +124,7 @@ def config_from_timm(state: dict, source: str) -> BiTConfig:
             f"{source}: a ResNetV2 with a normalised stem (timm's preact=False, the ViT hybrids' backbone), "
             "not a pre-activation BiT ResNet"
         )
-    layers = count_units(lambda s, u: f"stages.{s}.blocks.{u}.conv1.weight" in state)
+    layers = resnet_layers(state, lambda s, u: f"stages.{s}.blocks.{u}.conv1.weight")
     if kh != 7:
         raise CheckpointError(f"{source}: stem.conv is {kh}x{kh}; timm's BiT ResNets have the 7x7 root")
     head = state.get("head.fc.weight")
@@ -186,7 +187,7 @@ def _config(source: str, kernel: int, cin: int, width: int, layers: list[int], c
 
 
 def _named(cfg: BiTConfig) -> BiTConfig:
-    return cfg.replace(name=variant_name(cfg))
+    return cfg.replace(name=describe(cfg))
 
 
 def _common_features(cfg: BiTConfig) -> list[str]:

@@ -11,8 +11,9 @@ their stage layouts are BiT's (R50 = 3, 4, 6, 3 units; R101 = 3, 4, 23, 3; R152 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Optional
 
-from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
+from vitlab.config import BiTConfig, ConfigError, ModelConfig, ResNetConfig, ViTConfig
 
 #                  width, depth, heads, mlp
 SIZES = {
@@ -88,6 +89,52 @@ MODELS: dict[str, ModelConfig] = {
     "BiT-R26-C": BiTConfig(name="BiT-R26-C", image_size=(32, 32), layers=BIT_LAYERS[26], base_width=32,
                            stem="cifar", num_classes=10),
 }
+
+
+# The fields that make a variant what it is; changing one makes another model.
+SHAPE = {"hidden_size": "width", "depth": "depth", "num_heads": "heads", "mlp_dim": "mlp", "patch_size": "patch"}
+BIT_SHAPE = {"layers": "layers", "width_factor": "width factor", "base_width": "base width", "stem": "stem"}
+
+
+def variant_config(name: str, **changes: Any) -> ModelConfig:
+    """A registered variant with some fields changed. A change to its shape (width, depth,
+    heads, MLP size, patch; a BiT ResNet's layers and widths) makes another model, and the
+    name says so: "ViT-Ti/4 (custom: width 64, depth 4)" -- in logs, summaries, checkpoints
+    and `vitlab info` alike."""
+    try:
+        base = MODELS[resolve_name(name)]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
+    cfg = base.replace(**changes)
+    if "name" not in changes:
+        cfg = cfg.replace(name=describe(cfg, base))
+    return cfg
+
+
+def _shape_fields(cfg: ModelConfig) -> dict[str, str]:
+    return BIT_SHAPE if isinstance(cfg, BiTConfig) else SHAPE
+
+
+def _shape(cfg: ModelConfig) -> tuple:
+    stem = cfg.resnet.layers if isinstance(cfg, ViTConfig) and cfg.resnet else None
+    return (cfg.kind, stem, *(getattr(cfg, f) for f in _shape_fields(cfg)))
+
+
+def describe(cfg: ModelConfig, base: Optional[ModelConfig] = None) -> str:
+    """The model's name: a registered variant with the same shape, else `base` (or a generic
+    "ViT-D.../..." or "BiT-R..." name) with what differs from it."""
+    for name, v in MODELS.items():
+        if _shape(v) == _shape(cfg):
+            return name
+    if base is None:
+        if isinstance(cfg, BiTConfig):
+            width = f"x{cfg.width_factor}" if cfg.base_width == 64 else f"-w{cfg.root_width}"
+            return f"BiT-R{cfg.depth}{width}" + ("-cifar" if cfg.stem == "cifar" else "")
+        prefix = f"R{len(cfg.resnet.layers)}stage+" if cfg.resnet else ""
+        return f"{prefix}ViT-D{cfg.hidden_size}-L{cfg.depth}/{cfg.total_stride}"
+    fields = _shape_fields(cfg)
+    diffs = ", ".join(f"{word} {getattr(cfg, f)}" for f, word in fields.items() if getattr(cfg, f) != getattr(base, f))
+    return f"{base.name} (custom: {diffs})"
 
 
 def resolve_name(name: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 import vitlab
 from vitlab.cli.models import rows
-from vitlab.compute import FIELDS, ComputeMeter, describe_device, format_compute, training_flops
+from vitlab.train.compute import FIELDS, ComputeMeter, describe_device, format_compute, training_flops
 from vitlab.config import model_flops
 
 
