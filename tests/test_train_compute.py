@@ -3,6 +3,7 @@ across a pause and a resume, and one readable line."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -58,3 +59,23 @@ def test_one_line_for_the_final_print():
     line = format_compute(meter.summary())
     assert line.startswith("compute  2.19 PFLOPs (0.365 GFLOPs/image x 3 x 2,000,000 images)")
     assert "CPU-s on cpu" in line and describe_device("cpu") in line
+
+
+def test_a_run_records_its_compute_everywhere(tmp_path, capsys):
+    from vitlab.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "--steps", "4", "--batch-size", "16", "--out", str(out), "model.hidden_size=32",
+            "model.depth=1", "model.num_heads=2", "model.mlp_dim=32", "train.threads=1", "train.log_every=2"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())["compute"]
+    cfg = vitlab.load(out / "checkpoints" / "last.safetensors").config
+    assert summary["images_seen"] == 64 and summary["forward_gflops"] == pytest.approx(model_flops(cfg) / 1e9)
+    assert summary["train_flops"] == pytest.approx(3 * 64 * model_flops(cfg))
+    assert 0 < summary["wall_s"] and 0 < summary["cpu_s"] and summary["device"].startswith("cpu")
+    assert format_compute(summary).split(",")[0] in printed
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in logged if r["split"] == "train"]
+    assert [r["images_seen"] for r in train] == [32, 64]
+    assert train[-1]["train_flops"] == summary["train_flops"] and train[0]["wall_s"] <= train[-1]["wall_s"]

@@ -81,6 +81,8 @@ def run(args) -> int:
             cfg = get_config(name, **({"gelu": args.gelu} if args.gelu else {}))  # ConfigError names the known models
             for task in args.task:
                 default = ["fp32", "fp32-packed", "bf16", "int8"] if task == "infer" else ["fp32", "bf16-autocast"]
+                if cfg.kind == "bit":  # the packed and int8 copies are built from a ViT's blocks
+                    default = ["fp32", "bf16-autocast"]
                 systems = bench.standard_systems(task, args.peers, args.compile, args.precision or default)
                 plan += [(bench.Setting(cfg, b, task), systems) for b in args.batch_size]
     config = bench.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,

@@ -42,7 +42,8 @@ from torch import nn
 
 from vitlab.bench import PRECISIONS as BENCH_PRECISIONS
 from vitlab.bench import TASKS as BENCH_TASKS
-from vitlab.config import ViTConfig, model_flops
+from vitlab.config import BiTConfig, ModelConfig, model_flops
+from vitlab.models import build
 
 # The names live in vitlab.config, so the command line can offer them without importing torch.
 TASKS = BENCH_TASKS
@@ -55,14 +56,14 @@ IMPLS = ("vitlab", "timm", "hf", "torchvision")
 class Setting:
     """What is computed: one model at one batch size, a forward pass or a training step."""
 
-    config: ViTConfig
+    config: ModelConfig
     batch: int
     task: str = "infer"
 
     @property
     def label(self) -> str:
         h, w = self.config.image_size
-        gelu = " gelu=exact" if self.config.gelu == "exact" else ""  # the variants default to tanh
+        gelu = " gelu=exact" if getattr(self.config, "gelu", "") == "exact" else ""  # the variants default to tanh
         return f"{self.config.name}{gelu} {h}px b{self.batch} {self.task}"
 
 
@@ -186,27 +187,31 @@ class Runner:
     work_mib: float = float("nan")
 
 
-def _build_model(impl: str, cfg: ViTConfig) -> nn.Module:
+def _build_model(impl: str, cfg: ModelConfig) -> nn.Module:
     if impl == "vitlab":
-        from vitlab.models.vit import VisionTransformer
-
-        return VisionTransformer(cfg)
+        return build(cfg)
     from vitlab.deploy.peers import build_peer
 
     return build_peer(impl, cfg)
 
 
-def _gemm_shapes(cfg: ViTConfig) -> list[tuple[int, int]]:
-    """(in, out) of the Dense layers of one encoder block (Eq. 2-3)."""
+def _gemm_shapes(cfg: ModelConfig) -> tuple[int, list[tuple[int, int]]]:
+    """(rows per image, (in, out) of each product): the Dense layers of one encoder block
+    (Eq. 2-3), or for a BiT ResNet the two 1x1 convolutions of a unit of its third stage
+    (where most of its FLOPs are), as matrix products over the map's positions."""
+    if isinstance(cfg, BiTConfig):
+        s = min(2, len(cfg.layers) - 1)
+        stride = (4 if cfg.stem == "bit" else 1) * 2**s
+        mid = cfg.stage_widths[s]
+        return (cfg.image_size[0] // stride) * (cfg.image_size[1] // stride), [(4 * mid, mid), (mid, 4 * mid)]
     d = cfg.hidden_size
-    return [(d, 3 * d), (d, d), (d, cfg.mlp_dim), (cfg.mlp_dim, d)]
+    return cfg.num_tokens, [(d, 3 * d), (d, d), (d, cfg.mlp_dim), (cfg.mlp_dim, d)]
 
 
 def ceiling_runner(setting: Setting, precision: str) -> tuple[Runner, float]:
     """The matrix products of one block at the setting's shapes; returns (runner, FLOPs per call)."""
-    cfg = setting.config
-    m = setting.batch * cfg.num_tokens
-    shapes = _gemm_shapes(cfg)
+    rows, shapes = _gemm_shapes(setting.config)
+    m = setting.batch * rows
     flops = float(sum(2 * m * k * n for k, n in shapes))
     g = torch.Generator().manual_seed(0)
     if precision == "int8":
@@ -565,7 +570,7 @@ def row_dict(row: Row) -> dict[str, str]:
     frac = row.fraction
     return {
         "model": row.setting.config.name,
-        "gelu": row.setting.config.gelu,
+        "gelu": getattr(row.setting.config, "gelu", ""),  # a BiT ResNet has none
         "image_size": str(row.setting.config.image_size[0]),
         "batch": str(row.setting.batch),
         "task": row.setting.task,

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vitlab.config import BiTConfig
 from vitlab.models.layers import Classifier
@@ -86,6 +88,7 @@ class BiTResNet(Classifier, nn.Module):
         super().__init__()
         self.config = config
         self.class_names: Optional[list[str]] = None  # carried into checkpoints
+        self.grad_checkpointing = False
         cfg = config
         self.root = Root(cfg)
         stages, cin = [], cfg.root_width
@@ -114,12 +117,24 @@ class BiTResNet(Classifier, nn.Module):
                 f"(shape {tuple(x.shape)}); convert the images (e.g. greyscale to RGB) first"
             )
 
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each residual unit in the backward pass instead of keeping its
+        activations: memory for compute, the same numbers."""
+        self.grad_checkpointing = enabled
+
+    def _stage(self, stage: nn.Sequential, x: Tensor) -> Tensor:
+        if not (self.grad_checkpointing and torch.is_grad_enabled()):
+            return stage(x)
+        for unit in stage:
+            x = checkpoint(unit, x, use_reentrant=False)
+        return x
+
     def forward_features(self, x: Tensor) -> Tensor:
         """The last stage's map after the pre-head GroupNorm and ReLU, (B, C, H/32, W/32)."""
         self._check_input(x)
         x = self.root(x)
         for stage in self.stages:
-            x = stage(x)
+            x = self._stage(stage, x)
         return F.relu(self.norm(x))
 
     def forward_head(self, feats: Tensor, pre_logits: bool = False) -> Tensor:
@@ -134,7 +149,7 @@ class BiTResNet(Classifier, nn.Module):
         stem = self.root(x)
         z, stages = stem, []
         for stage in self.stages:
-            z = stage(z)
+            z = self._stage(stage, z)
             stages.append(z)
         feats = F.relu(self.norm(z))
         representation = self.forward_head(feats, pre_logits=True)

@@ -12,7 +12,7 @@ Table 2: TPUv3-core-days). A run counts the same way:
 
 `ComputeMeter` keeps the totals; its `state_dict` goes into a training checkpoint so that a
 resumed run keeps counting from where it stopped. The trainer adds up the CPU-seconds of its
-processes. This module imports only the config.
+processes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def training_flops(config: ModelConfig, images: float) -> float:
 
 
 def describe_device(device: Any, processes: int = 1) -> str:
-    """ "cpu (2 threads, x86_64)" or "cuda: 4 x NVIDIA H200": what the run ran on, in words."""
+    """ "cpu (2 threads, x86_64, ...)" or "cuda: 4 x NVIDIA H200": what the run ran on, in words."""
     import torch  # torch is needed only here; the rest of the module is arithmetic
 
     kind = getattr(device, "type", str(device)).split(":")[0]
@@ -47,7 +47,8 @@ def describe_device(device: Any, processes: int = 1) -> str:
         return "mps (Apple GPU)"
     threads = torch.get_num_threads()
     procs = f"{processes} processes x " if processes > 1 else ""
-    return f"cpu ({procs}{threads} threads, {platform.machine() or 'unknown'}, {os.cpu_count()} cores seen)"
+    plural = "s" if threads > 1 else ""
+    return f"cpu ({procs}{threads} thread{plural}, {platform.machine() or 'unknown'}, {os.cpu_count()} cores seen)"
 
 
 class ComputeMeter:
