@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from vitlab.api import create_model
 from vitlab.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
 
@@ -48,6 +49,12 @@ TINY = dict(name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=2, n
 def tiny_config(**overrides) -> ViTConfig:
     """A ViT small enough to build and run in milliseconds: 16 px, 4 px patches, width 32."""
     return ViTConfig(**{**TINY, **overrides})
+
+
+def tiny_bit(**overrides) -> torch.nn.Module:
+    """A BiT ResNet with every kind of unit that runs in a fraction of a second: BiT-R26-C
+    (half width, 32 px), 5 classes, a Xavier head, perturbed; the stem and sizes may change."""
+    return perturb(create_model("BiT-R26-C", **{"num_classes": 5, "head_init": "xavier", **overrides}))
 
 
 def tiny_model(seed: int = 0, class_names=None, **overrides) -> VisionTransformer:

@@ -269,3 +269,41 @@ def test_lr_sweep_picks_on_dev_then_trains_on_everything(tmp_path):
     assert (tmp_path / "final" / "summary.json").is_file() and (tmp_path / "sweep" / "lr-0.003" / "summary.json").is_file()
     dev = json.loads((tmp_path / "sweep" / "lr-0.0001" / "summary.json").read_text())["splits"]["dev"]
     assert dev["count"] == 144  # 10% of the 1,437 training digits
+
+
+# The BiT ResNet baseline through the same loop: a 14-layer, half-width ResNet on 8x8 digits.
+BIT = {"model": {"name": "BiT-R26-C", "layers": [1, 1, 1, 1], "image_size": 8, "in_channels": 1, "mean": [0.5],
+                 "std": [0.5]},
+       "data": {"name": "digits", "crop_scale": [0.5, 1.0], "hflip": False},
+       "optim": {"lr": 3e-3, "warmup_steps": 2},
+       "train": {"steps": 6, "batch_size": 16, "ckpt_every": 3, "log_every": 3, "threads": 1, "ema": 0.9}}
+
+
+def test_a_bit_resnet_trains_resumes_exactly_and_fine_tunes(tmp_path):
+    cfg = RunConfig.from_dict(BIT)
+    straight = Trainer(cfg, tmp_path / "straight", quiet=True).run()
+    assert straight["model"] == "BiT-R26-C (custom: layers (1, 1, 1, 1))"
+    assert straight["compute"]["images_seen"] == 6 * 16
+    model = vitlab.load(tmp_path / "straight" / "checkpoints" / "last.safetensors")
+    assert model.config.kind == "bit" and model.class_names == [str(i) for i in range(10)]
+    # Stopped after step 3 (its newer checkpoint and summary gone), the same run continues exactly.
+    out = tmp_path / "stopped"
+    Trainer(cfg, out, quiet=True).run()
+    ckpt = out / "checkpoints"
+    for p in [*ckpt.glob("step-00000006*"), ckpt / "last.safetensors", ckpt / "ema.safetensors", out / "summary.json"]:
+        p.unlink()
+    resumed = Trainer(cfg, out, quiet=True).run()
+    for name in ("step-00000006.safetensors", "ema.safetensors"):
+        assert_identical(ckpt / name, tmp_path / "straight" / "checkpoints" / name)
+    assert resumed["compute"]["images_seen"] == straight["compute"]["images_seen"]
+    assert resumed["splits"] == straight["splits"]
+    # Fine-tuning from it: the checkpoint's ResNet, a fresh zero head for the new classes.
+    ft = RunConfig.from_dict({**BIT, "model": {"checkpoint": str(ckpt / "last.safetensors")},
+                              "train": {**BIT["train"], "steps": 2, "ema": 0.0}})
+    assert Trainer(ft, tmp_path / "ft", quiet=True).run()["steps"] == 2
+
+
+def test_masked_patch_prediction_refuses_a_resnet(tmp_path):
+    cfg = RunConfig.from_dict({**BIT, "train": {**BIT["train"], "objective": "mpp"}})
+    with pytest.raises(ConfigError, match="train.objective=supervised"):
+        Trainer(cfg, tmp_path / "mpp", quiet=True).run()

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.checkpoints.pretrained import is_pretrained_name, resolve
 from vitlab.config import ConfigError
-from vitlab.models.vit import VisionTransformer
+from vitlab.models import Model, build
 
 # name -> module; detection tries them in this order.
 FORMATS: dict[str, str] = {
@@ -55,7 +55,7 @@ def read_checkpoint(path: str | os.PathLike, format: Optional[str] = None) -> Im
     return imported
 
 
-def build_model(imported: Imported, source: str, **overrides: Any) -> VisionTransformer:
+def build_model(imported: Imported, source: str, **overrides: Any) -> Model:
     """A model of the imported config (with overrides), holding the imported weights."""
     if overrides.get("num_classes", imported.config.num_classes) != imported.config.num_classes:
         # A new head means transfer: the paper's fine-tuning head starts at zero (§3.1).
@@ -65,19 +65,19 @@ def build_model(imported: Imported, source: str, **overrides: Any) -> VisionTran
     except (ConfigError, TypeError) as e:
         raise ConfigError(f"{source}: {e}") from None
     state = adapt_state(imported.state, imported.config, config)
-    model = VisionTransformer(config)
+    model = build(config)
     load_state_checked(model, state, source)
     if config.num_classes == imported.config.num_classes:
         model.class_names = imported.class_names
     return model.eval()
 
 
-def load(path: str | os.PathLike, format: Optional[str] = None, **overrides: Any) -> VisionTransformer:
+def load(path: str | os.PathLike, format: Optional[str] = None, **overrides: Any) -> Model:
     """A model from any checkpoint file or folder, or a published name; see vitlab.load."""
     return build_model(read_checkpoint(path, format), str(path), **overrides)
 
 
-def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
+def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
     format_module(format).write(model, path, **kwargs)
 
 

@@ -1,8 +1,9 @@
 """vitlab's own checkpoint format, and what every format shares.
 
 A vitlab checkpoint is one `.safetensors` file: the model's state dict, with the full config,
-the class names and the format version in the file's metadata, so the file alone rebuilds
-its model. Nothing is ever unpickled.
+its kind ("vit" or "bit"; files written before BiT existed have none and are ViTs), the class
+names and the format version in the file's metadata, so the file alone rebuilds its model.
+Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from vitlab.config import ConfigError, ViTConfig
+from vitlab.config import BiTConfig, ConfigError, ModelConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write
+from vitlab.models import Model
 from vitlab.models.pos_embed import resize_position_state
-from vitlab.models.vit import VisionTransformer
 
 FORMAT_NAME = "vitlab"
 # Tensors that belong to a training objective, not to the classifier (e.g. the masked patch
@@ -36,7 +37,7 @@ class CheckpointError(ValueError):
 class Imported:
     """What a format reader returns: a config, a state dict in vitlab's names, class names."""
 
-    config: ViTConfig
+    config: ModelConfig
     state: dict[str, Tensor]
     class_names: Optional[list[str]] = None
     source_format: str = FORMAT_NAME
@@ -50,7 +51,7 @@ def contiguous_state(model: torch.nn.Module) -> dict[str, Tensor]:
 
 
 def write(
-    model: VisionTransformer,
+    model: Model,
     path: str | os.PathLike,
     extra_metadata: Optional[dict] = None,
     extra_tensors: Optional[dict[str, Tensor]] = None,
@@ -61,7 +62,7 @@ def write(
 
 
 def write_state(
-    config: ViTConfig,
+    config: ModelConfig,
     state: dict[str, Tensor],
     class_names: Optional[list[str]],
     path: str | os.PathLike,
@@ -75,6 +76,7 @@ def write_state(
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "config": config.to_json(),
+        "config_kind": config_kind(config),
         "class_names": json.dumps(class_names),
     }
     for k, v in (extra_metadata or {}).items():
@@ -119,7 +121,7 @@ def read(path: str | os.PathLike) -> Imported:
             f"{path}: vitlab format version {meta.get('format_version')!r}, this vitlab reads {FORMAT_VERSION!r}"
         )
     try:
-        config = ViTConfig.from_dict(json.loads(meta["config"]))
+        config = config_from_dict(json.loads(meta["config"]), meta.get("config_kind", "vit"))
     except (ConfigError, json.JSONDecodeError, TypeError) as e:
         raise CheckpointError(f"{path}: the stored config is invalid: {e}") from None
     class_names = json.loads(meta.get("class_names") or "null")
@@ -132,10 +134,13 @@ def read(path: str | os.PathLike) -> Imported:
 
 
 # Shared by every reader ------------------------------------------------------------------
-def adapt_state(state: dict[str, Tensor], old: ViTConfig, new: ViTConfig) -> dict[str, Tensor]:
+def adapt_state(state: dict[str, Tensor], old: ModelConfig, new: ModelConfig) -> dict[str, Tensor]:
     """Make a state dict for `old` fit a model of `new` where the paper says how (§3.2):
     position embeddings are resized; a head of another class count is dropped (a fresh,
-    zero-initialised one is built); pre-logits are dropped when the new model has none."""
+    zero-initialised one is built); pre-logits are dropped when the new model has none.
+    A BiT ResNet reads any image size; only its head can change."""
+    if isinstance(new, BiTConfig):
+        return state if new.num_classes == old.num_classes else {k: v for k, v in state.items() if not k.startswith("head.")}
     state = resize_position_state(state, "", old, new)
     if new.num_classes != old.num_classes:
         state = {k: v for k, v in state.items() if not k.startswith("head.")}
@@ -146,7 +151,7 @@ def adapt_state(state: dict[str, Tensor], old: ViTConfig, new: ViTConfig) -> dic
     return state
 
 
-def load_state_checked(model: VisionTransformer, state: dict[str, Tensor], source: str) -> None:
+def load_state_checked(model: Model, state: dict[str, Tensor], source: str) -> None:
     """load_state_dict that names the file, the keys and the shapes of every mismatch.
 
     Keys the reader left out on purpose (a dropped head or pre-logits) keep the model's fresh

@@ -1,6 +1,7 @@
-"""The official JAX/Flax checkpoints (`.npz`) of the paper and of AugReg, both ways.
+"""The official JAX/Flax checkpoints (`.npz`) of the paper and of AugReg, both ways; the
+official BiT ResNet archives go through the same reader and writer with bit.py's table.
 
-This is the only file that knows the official parameter names (see
+This is the only file that knows the official ViT parameter names (see
 ../shared/docs/official-checkpoints.md for the layout). The architecture is inferred from
 the arrays alone, and the config records the official numerics (tanh GELU, LayerNorm eps
 1e-6, TF "SAME" padding and (w - mean) / (std + 1e-5) weight standardisation in the ResNet,
@@ -17,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported
-from vitlab.files import atomic_write
 from vitlab.checkpoints.tables import (
     Rule,
     copy,
@@ -34,7 +35,8 @@ from vitlab.checkpoints.tables import (
     square_grid,
     transposed,
 )
-from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.config import BiTConfig, ResNetConfig, ViTConfig
+from vitlab.files import atomic_write
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "npz"
@@ -213,9 +215,14 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
 
 def read(path: str | os.PathLike) -> Imported:
     arrays = load_arrays(path)
-    cfg, spelling = infer_config(arrays, str(path))
-    state = import_state(rules(cfg, spelling), arrays, expected_shapes(cfg), str(path))
-    return Imported(cfg, state, None, source_format=FORMAT_NAME, metadata={"spelling": spelling})
+    if bit.is_npz(arrays):
+        cfg, metadata = bit.config_from_npz(arrays, str(path)), {}
+        table = bit.npz_rules(cfg)
+    else:
+        cfg, spelling = infer_config(arrays, str(path))
+        table, metadata = rules(cfg, spelling), {"spelling": spelling}
+    state = import_state(table, arrays, expected_shapes(cfg), str(path))
+    return Imported(cfg, state, None, source_format=FORMAT_NAME, metadata=metadata)
 
 
 # Writing --------------------------------------------------------------------------------
@@ -245,13 +252,18 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
     """The official layout in the original spelling (`MultiHeadDotProductAttention_1`,
-    `MlpBlock_3`), GroupNorm parameters flat (C,), float arrays only. Class names have no
-    place in the format and are not written."""
+    `MlpBlock_3`), or BiT's for a BiT ResNet; GroupNorm parameters flat (C,), float arrays
+    only. Class names have no place in the format and are not written."""
     import numpy as np
 
     cfg = model.config
-    check_writable(cfg, allow_numerics_change)
-    theirs = export_state(rules(cfg, "original"), model.state_dict(), f"{path} (npz)")
+    if isinstance(cfg, BiTConfig):
+        bit.check_npz_writable(cfg, allow_numerics_change)
+        table = bit.npz_rules(cfg)
+    else:
+        check_writable(cfg, allow_numerics_change)
+        table = rules(cfg, "original")
+    theirs = export_state(table, model.state_dict(), f"{path} (npz)")
     arrays = {k: v.numpy() for k, v in theirs.items()}
 
     def save(tmp: str) -> None:

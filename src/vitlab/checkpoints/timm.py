@@ -1,4 +1,5 @@
-"""timm `VisionTransformer` state dicts (plain ViTs and the R50+ViT hybrids), both ways.
+"""timm `VisionTransformer` state dicts (plain ViTs and the R50+ViT hybrids), both ways; timm's
+BiT ResNets (`resnetv2_*_bit`) go through the same reader and writer with bit.py's table.
 
 timm's names are close to vitlab's; the table is mostly copies. What differs is numerics:
 timm uses exact GELU, LayerNorm eps 1e-6, bicubic position-embedding resizing, and in its
@@ -19,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.tables import (
     Rule,
@@ -35,7 +37,7 @@ from vitlab.checkpoints.tables import (
     write_tensors,
     writer_metadata,
 )
-from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "timm"
@@ -92,7 +94,7 @@ def looks_like(keys: set[str]) -> bool:
 
 def detect(path: Path) -> bool:
     keys = peek_keys(path)
-    return keys is not None and looks_like(keys)
+    return keys is not None and (looks_like(keys) or bit.is_timm(keys))
 
 
 def infer_config(s: dict, source: str) -> ViTConfig:
@@ -142,7 +144,15 @@ def infer_config(s: dict, source: str) -> ViTConfig:
 
 
 def read(path: str | os.PathLike) -> Imported:
-    return read_state_dict_file(path, FORMAT_NAME, rules, infer_config)
+    return read_state_dict_file(path, FORMAT_NAME, _table, _infer)
+
+
+def _table(cfg: ModelConfig) -> list[Rule]:
+    return bit.timm_rules(cfg) if isinstance(cfg, BiTConfig) else rules(cfg)
+
+
+def _infer(state: dict, source: str) -> ModelConfig:
+    return bit.config_from_timm(state, source) if bit.is_timm(state) else infer_config(state, source)
 
 
 # Writing --------------------------------------------------------------------------------
@@ -165,16 +175,20 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     import json
 
     cfg = model.config
-    check_writable(cfg, allow_numerics_change)
-    theirs = export_state(rules(cfg), model.state_dict(), f"{path} (timm)")
+    check = bit.check_timm_writable if isinstance(cfg, BiTConfig) else check_writable
+    check(cfg, allow_numerics_change)
+    theirs = export_state(_table(cfg), model.state_dict(), f"{path} (timm)")
     meta = writer_metadata(model, FORMAT_NAME)
     meta["timm.model_args"] = json.dumps(timm_model_args(cfg))
     write_tensors(path, theirs, meta)
 
 
-def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
-    """JSON-able keyword arguments of timm's VisionTransformer for this architecture.
-    The LayerNorm epsilon and a hybrid's backbone are objects: `create_timm_model` adds them."""
+def timm_model_args(cfg: ModelConfig) -> dict[str, Any]:
+    """JSON-able keyword arguments of timm's VisionTransformer (or ResNetV2, for a BiT ResNet)
+    for this architecture. The LayerNorm epsilon and a hybrid's backbone are objects:
+    `create_timm_model` adds them."""
+    if isinstance(cfg, BiTConfig):
+        return bit.timm_model_args(cfg)
     args: dict[str, Any] = {
         "img_size": list(cfg.image_size),
         "patch_size": cfg.patch_size,
@@ -202,8 +216,11 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
     return args
 
 
-def create_timm_model(cfg: ViTConfig):
-    """A timm VisionTransformer (needs timm) that computes what `VisionTransformer(cfg)` does."""
+def create_timm_model(cfg: ModelConfig):
+    """A timm VisionTransformer (needs timm) that computes what `VisionTransformer(cfg)` does,
+    or the ResNetV2 that computes what `BiTResNet(cfg)` does."""
+    if isinstance(cfg, BiTConfig):
+        return bit.create_timm_model(cfg)
     from functools import partial
 
     import torch.nn as nn

@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "convert": "convert",
     "export": "export",
     "bench": "bench",
+    "sweep": "sweep",
 }
 
 

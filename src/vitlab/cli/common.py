@@ -47,10 +47,10 @@ def open_checkpoint(path: str, format: Optional[str] = None, random_init: Option
     if random_init is not None:
         import torch
 
-        from vitlab.models.vit import VisionTransformer
+        from vitlab.models import build
 
         torch.manual_seed(random_init)
-        model = VisionTransformer(imported.config)
+        model = build(imported.config)
         model.class_names = imported.class_names
         return model.eval(), imported
     return checkpoints.build_model(imported, path), imported

@@ -130,9 +130,7 @@ def run(args) -> int:
         "checkpoint": args.checkpoint
         + (f" (weights replaced: random init, seed {args.random_init})" if args.random_init is not None else ""),
         "format": imported.source_format,
-        "model": f"{cfg.name}: {cfg.depth} layers, width {cfg.hidden_size}, {cfg.num_heads} heads, "
-        f"patch {cfg.total_stride}px, {cfg.image_size[0]}x{cfg.image_size[1]}, "
-        f"classifier {cfg.classifier}, pos_embed {cfg.pos_embed}",
+        "model": _describe(cfg),
         "images": source,
         "position embedding": result.pos_note,
     }
@@ -177,17 +175,18 @@ def _paper_figures(result, model, out: Path, labels) -> list:
             )
         )
     d = result.distance_summary
-    figures.append(
-        analysis.Figure(
-            "attention_distance",
-            "Mean attention distance (Fig. 7, right)",
-            plots.plot_attention_distance(result.distances, out / "attention_distance.png", cfg.total_stride),
-            f"Per head and layer, the attention-weighted distance in pixels between a query patch and the "
-            f"patches it attends to, averaged over {result.num_images} images. The class token is left out "
-            f"as query and key (rows renormalised over patches). Spearman correlation of depth and per-layer "
-            f"mean distance: {d['spearman_depth_distance']:.3f}.",
+    if not result.attention_note:  # a BiT ResNet has no attention
+        figures.append(
+            analysis.Figure(
+                "attention_distance",
+                "Mean attention distance (Fig. 7, right)",
+                plots.plot_attention_distance(result.distances, out / "attention_distance.png", cfg.total_stride),
+                f"Per head and layer, the attention-weighted distance in pixels between a query patch and the "
+                f"patches it attends to, averaged over {result.num_images} images. The class token is left out "
+                f"as query and key (rows renormalised over patches). Spearman correlation of depth and per-layer "
+                f"mean distance: {d['spearman_depth_distance']:.3f}.",
+            )
         )
-    )
     if len(result.rollout_maps):
         maps = analysis.upsample_map(result.rollout_maps, tuple(result.rollout_images.shape[2:]))
         imgs = analysis.display_images(result.rollout_images, cfg.mean, cfg.std)
@@ -218,15 +217,26 @@ def _print_summary(result, cfg, source_format: str, source: str, extra: list, n_
         )
     else:
         print(f"  position similarity  none: {result.pos_note}")
-    per_layer = " ".join(f"{v:.1f}" for v in d["mean_per_layer"])
-    print(
-        f"  attention distance   per layer (px, mean over heads): {per_layer}; "
-        f"Spearman(depth, distance) {d['spearman_depth_distance']:.3f}"
-    )
+    if result.attention_note:
+        print(f"  attention distance   none: {result.attention_note}")
+    else:
+        per_layer = " ".join(f"{v:.1f}" for v in d["mean_per_layer"])
+        print(
+            f"  attention distance   per layer (px, mean over heads): {per_layer}; "
+            f"Spearman(depth, distance) {d['spearman_depth_distance']:.3f}"
+        )
     print(f"  rollout              {len(result.rollout_maps)} image(s)")
     for fig in extra:
         print(f"  {fig.name:<20} {fig.png.name}")
     print(f"wrote {out}/index.html, analysis.json and {n_figures} PNG(s)")
+
+
+def _describe(cfg) -> str:
+    size = f"{cfg.image_size[0]}x{cfg.image_size[1]}"
+    if cfg.kind == "bit":
+        return f"{cfg.name}: BiT ResNet, {cfg.depth} layers {tuple(cfg.layers)}, width factor {cfg.width_factor}, {size}"
+    return (f"{cfg.name}: {cfg.depth} layers, width {cfg.hidden_size}, {cfg.num_heads} heads, "
+            f"patch {cfg.total_stride}px, {size}, classifier {cfg.classifier}, pos_embed {cfg.pos_embed}")
 
 
 def _titles(labels, rollout_labels, n):

@@ -7,10 +7,11 @@ import shlex
 import sys
 from pathlib import Path
 
-HELP = "train a ViT from a recipe (default: a small ViT on the built-in digits, on CPU)"
+HELP = "train a ViT or a BiT ResNet from a recipe (default: a small ViT on the built-in digits, on CPU)"
 DESCRIPTION = """\
-Train a Vision Transformer as the paper does (Adam, warm-up then decay, gradient clipping,
-inception crop + flip) from a recipe: a YAML file, or the name of a shipped recipe (digits,
+Train a Vision Transformer (or the paper's BiT ResNet baseline, --model BiT-R50x1) as the
+paper does (Adam, warm-up then decay, gradient clipping, inception crop + flip) from a
+recipe: a YAML file, or the name of a shipped recipe (digits,
 fashion-mnist, cifar10, vit-pretrain-imagenet21k, vit-pretrain-imagenet, ...). Flags and
 SECTION.KEY=VALUE overrides change it; the resolved config is written to the run folder
 with metrics.jsonl, summary.json, checkpoints/, a learning-curve PNG and TensorBoard events.
@@ -29,6 +30,7 @@ examples:
   vitlab train --data imagefolder:~/pets --model ViT-S/16 --image-size 224 --batch-size 64 \\
       optim.lr=1e-3 optim.weight_decay=0.05 model.dropout=0.1
   vitlab train --config vit-pretrain-imagenet21k --data wds:/data/in21k/train-{000000..002047}.tar
+  vitlab train --config cifar10 --data wds:../shared/data/cifar10 --model BiT-R26-C --train-fraction 0.1
   vitlab train --resume runs/cifar10             # continue a stopped run
   torchrun --nproc_per_node 2 -m vitlab train --batch-size 128
 """
@@ -43,6 +45,10 @@ def add_common(p: argparse.ArgumentParser, default_recipe: str) -> None:
     p.add_argument("--data", metavar="SPEC", help="digits | fashion-mnist[:DIR] | cifar10[:DIR] | cifar100[:DIR] | "
                    "imagefolder:PATH | wds:PATTERN")
     p.add_argument("--image-size", type=int, metavar="N", help="training resolution (model.image_size)")
+    subset = p.add_mutually_exclusive_group()
+    subset.add_argument("--train-fraction", type=float, metavar="F", help="train on a fixed, class-balanced share "
+                        "F of the training split, the same in every run (data.train_fraction)")
+    subset.add_argument("--train-size", type=int, metavar="N", help="... or on N images of it (data.train_size)")
     p.add_argument("--batch-size", type=int, metavar="N", help="global batch size (train.batch_size)")
     p.add_argument("--micro-batch-size", type=int, metavar="N", help="per process and forward pass; the rest is "
                    "gradient accumulation")
@@ -89,7 +95,7 @@ def flag_overrides(args: argparse.Namespace) -> dict:
         "seed": "train.seed", "ckpt_every": "train.ckpt_every", "eval_every": "train.eval_every",
         "workers": "data.num_workers", "skip_bad_images": "data.skip_bad_images", "ema": "train.ema",
         "compile": "train.compile", "grad_checkpointing": "train.grad_checkpointing", "device": "train.device",
-        "objective": "train.objective",
+        "objective": "train.objective", "train_fraction": "data.train_fraction", "train_size": "data.train_size",
     }
     for attr, key in table.items():
         value = getattr(args, attr, None)
@@ -114,7 +120,10 @@ def resolve(args: argparse.Namespace, extra: dict | None = None):
     recipe = load_recipe(args.config)
     d = recipe.to_dict()
     if getattr(args, "model", None):
-        d["model"] = {"name": args.model, **{k: v for k, v in d["model"].items() if k in KEEP_WITH_MODEL}}
+        from vitlab.api import get_config
+
+        keep = KEEP_WITH_MODEL if get_config(args.model).kind == "vit" else ()  # a BiT ResNet has no dropout
+        d["model"] = {"name": args.model, **{k: v for k, v in d["model"].items() if k in keep}}
     if args.data:
         d["data"]["eval_data"] = ""  # the recipe's evaluation set belongs to its own data
     cfg = RunConfig.from_dict(d).with_overrides({**(extra or {}), **flag_overrides(args)})

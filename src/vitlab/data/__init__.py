@@ -24,6 +24,9 @@ The API other parts of vitlab (and users) call:
                 counted instead of raising BadImageError); shuffle_buffer and classes (wds);
                 download (default True: fetch a missing named set when online).
     read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
+    training_subset(dataset, fraction=1.0, size=0, seed=0) -> dataset
+                                        a fixed, class-balanced part of a training set
+                                        (--train-fraction, --train-size; see subset.py)
     make_loader(dataset, batch_size, seed=, rank=, world=, train=, start_step=, num_steps=,
                 num_workers=) -> DataLoader of (images, labels, bad_count): a whole run's
                 training batches (exactly resumable, split over processes), or one
@@ -39,6 +42,7 @@ from typing import Any, Optional, Sequence
 
 from vitlab.data.datasets import BadImageError, DataError, read_image
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
+from vitlab.data.subset import training_subset
 
 NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds")
 # The dev split the paper holds out to choose a learning rate (Appendix B.1.1); 10% elsewhere.
@@ -137,5 +141,6 @@ def open_dataset(
 
 
 __all__ = [
+    "training_subset",
     "DEV_FRACTIONS", "BadImageError", "DataError", "open_dataset", "paper_dataset", "read_image", "make_loader", "collate", "batches_per_epoch",
 ]

@@ -211,6 +211,9 @@ def for_precision(model: VisionTransformer, precision: str, calibration: Optiona
     `calibration` images are for int8 (see `quantize_int8`)."""
     if precision == "fp32":
         return model.eval()
+    if not hasattr(model, "blocks"):
+        raise ValueError(f"{precision} serving copies pack a ViT's encoder blocks; {model.config.name} has none "
+                         "(time it in fp32 or bf16-autocast)")
     if precision == "fp32-packed":
         return to_packed_fp32(model)
     if precision == "bf16":

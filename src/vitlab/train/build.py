@@ -7,13 +7,13 @@ from typing import Any
 import torch
 
 from vitlab import checkpoints
-from vitlab.config import ConfigError, ModelSection, RunConfig, ViTConfig
-from vitlab.data import open_dataset
+from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
+from vitlab.data import open_dataset, training_subset
+from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
-from vitlab.models.vit import VisionTransformer
 
 
-def architecture(section: ModelSection) -> ViTConfig:
+def architecture(section: ModelSection) -> ModelConfig:
     """The network a run trains, before the class count is known: a registered variant, or
     the one a start checkpoint holds, with the section's changes."""
     if section.checkpoint:
@@ -21,7 +21,7 @@ def architecture(section: ModelSection) -> ViTConfig:
     return variant_config(section.name, **section.changes)
 
 
-def build_model(section: ModelSection, class_names: list[str]) -> VisionTransformer:
+def build_model(section: ModelSection, class_names: list[str]) -> Model:
     changes = {"num_classes": len(class_names), **section.changes}
     if section.checkpoint:
         # Fine-tuning (§3.2): position embeddings resized to the new resolution, the head
@@ -29,22 +29,23 @@ def build_model(section: ModelSection, class_names: list[str]) -> VisionTransfor
         model = checkpoints.load(section.checkpoint, **changes)
         model.reset_classifier(model.config.num_classes, init="zeros")  # a fresh zero head, always
     else:
-        model = VisionTransformer(variant_config(section.name, **changes))
+        model = build(variant_config(section.name, **changes))
     if model.config.num_classes != len(class_names):
         raise ConfigError(f"model.num_classes={model.config.num_classes} but the data has {len(class_names)} classes")
     model.class_names = list(class_names)
     return model
 
 
-def fresh_model(config: ViTConfig) -> VisionTransformer:
+def fresh_model(config: ModelConfig) -> Model:
     """A model to copy weights into. Built with the random state put back afterwards: its
     initialisation must not shift the run's random stream (exact resume)."""
     with torch.random.fork_rng(devices=[]):
-        return VisionTransformer(config)
+        return build(config)
 
 
-def open_datasets(cfg: RunConfig, model: ViTConfig) -> tuple[Any, dict[str, Any]]:
-    """(training set, {evaluation split: dataset}) with the model's preprocessing."""
+def open_datasets(cfg: RunConfig, model: ModelConfig) -> tuple[Any, dict[str, Any]]:
+    """(training set, {evaluation split: dataset}) with the model's preprocessing; the
+    training set cut to data.train_fraction / data.train_size (a fixed, balanced subset)."""
     d = cfg.data
     options: dict[str, Any] = dict(
         crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
@@ -60,4 +61,5 @@ def open_datasets(cfg: RunConfig, model: ViTConfig) -> tuple[Any, dict[str, Any]
         )
 
     eval_spec = d.eval_data or d.name
-    return open_split(d.name, d.train_split, True), {s: open_split(eval_spec, s, False) for s in d.eval_splits}
+    train = training_subset(open_split(d.name, d.train_split, True), d.train_fraction, d.train_size, d.subset_seed)
+    return train, {s: open_split(eval_spec, s, False) for s in d.eval_splits}

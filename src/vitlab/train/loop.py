@@ -37,6 +37,7 @@ from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed, state
 from vitlab.train.build import build_model, open_datasets, architecture
+from vitlab.train.compute import ComputeMeter
 from vitlab.train.objectives import Objective, build_objective
 from vitlab.train.optim import EMA, build_optimizer, lr_at
 from vitlab.train.report import MetricsLog, Progress, final_report, plot_run, truncate_after
@@ -79,6 +80,7 @@ class Run:
     progress: Optional[Progress] = None
     window: dict[str, float] = field(default_factory=dict)
     bad_images: int = 0
+    compute: Optional[ComputeMeter] = None
 
 
 def new_window() -> dict[str, float]:
@@ -180,6 +182,10 @@ class Trainer:
         run.optimizer = build_optimizer(run.objective, self.cfg.optim)
         run.ema = EMA(run.model, t.ema) if t.ema > 0 else None
         run.step_fn = torch.compile(run.wrapped) if t.compile else run.wrapped
+        run.compute = ComputeMeter(run.model.config, ctx.device, ctx.world)
+        if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
+            done = dict(saved.meta.get("compute", {}))
+            run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
         if ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self.folder.write_config(self.cfg, self.command)
@@ -210,6 +216,7 @@ class Trainer:
         ))
         t_start = time.perf_counter()
         step = run.start
+        run.compute.start()
         try:
             while step < run.plan.total:
                 images, labels, bad = next(loader)
@@ -223,6 +230,7 @@ class Trainer:
                 if step % t.ckpt_every == 0 or step == run.plan.total:
                     self._save(run, step, run.prior_seconds + time.perf_counter() - t_start)
         finally:
+            run.compute.pause()
             if run.progress:
                 run.progress.close()
         return run.prior_seconds + time.perf_counter() - t_start
@@ -280,7 +288,9 @@ class Trainer:
         w["acc"] += acc
         w["n"] += 1
         w["images"] += n * run.ctx.world
+        run.compute.step(n * run.ctx.world)
         log_now = step % t.log_every == 0 or step == run.plan.total
+        compute = self._compute(run) if log_now else {}
         if run.ctx.is_main:
             rate = w["images"] / max(time.perf_counter() - w["t"], 1e-9)
             if run.progress:
@@ -289,6 +299,7 @@ class Trainer:
                 run.log.write({
                     "step": step, "epoch": round(step / run.plan.per_epoch, 4), "split": "train",
                     "loss": w["loss"] / w["n"], "accuracy": w["acc"] / w["n"], "lr": lr, "images_per_s": round(rate, 2),
+                    **{k: compute[k] for k in ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")},
                 })
         if log_now:
             run.window = new_window()
@@ -338,8 +349,18 @@ class Trainer:
     def _save(self, run: Run, step: int, seconds: float) -> None:
         info = {"step": step, **run.objective.checkpoint_metadata()}
         partial = {k: run.window[k] for k in ("loss", "acc", "n")}  # the unfinished log window
-        extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial}
+        done = self._compute(run)
+        compute = {"images": done["images_seen"], "wall_s": run.compute.wall_s, "cpu_s": done["cpu_s"]}
+        extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute}
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
+
+    def _compute(self, run: Run) -> dict[str, Any]:
+        """The run's compute so far (see train/compute.py); CPU-seconds summed over processes,
+        so every process calls this at the same step."""
+        totals = run.compute.summary()
+        cpu = torch.tensor([totals["cpu_s"]], dtype=torch.float64, device=run.ctx.device)
+        totals["cpu_s"] = round(float(distributed.sum_tensors({"cpu": cpu}, run.ctx)["cpu"].item()), 3)
+        return totals
 
     def _finish(self, run: Run, results: dict[str, dict[str, Any]], seconds: float) -> dict[str, Any]:
         names = run.model.class_names
@@ -356,6 +377,7 @@ class Trainer:
             "steps": run.plan.total, "epochs": round(run.plan.total / run.plan.per_epoch, 3), "splits": splits,
             "checkpoint": str(ckpt), "ema": self.cfg.train.ema or None, "train_seconds": round(seconds, 1),
             "bad_images_skipped": int(bad["bad"].item()), "world_size": run.ctx.world,
+            "compute": self._compute(run),
         }
         if not run.ctx.is_main:
             return summary

@@ -12,6 +12,7 @@ from typing import Any, Optional, TextIO
 
 from vitlab.analysis import plots
 from vitlab.files import atomic_write_text
+from vitlab.train.compute import format_compute
 
 
 class MetricsLog:
@@ -112,6 +113,8 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
             lines.append(f"  {split}: top-1 {m['top1']:.2%}  top-5 {m['top5']:.2%}  loss {m['loss']:.4f}")
     if summary["bad_images_skipped"]:
         lines.append(f"  skipped {summary['bad_images_skipped']} unreadable images (--skip-bad-images)")
+    if summary.get("compute"):
+        lines.append(format_compute(summary["compute"]))
     out = folder.path
     lines += [
         f"outputs in {out}/:",
