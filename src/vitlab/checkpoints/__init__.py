@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
+from vitlab.checkpoints import hub, labels
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
 from vitlab.models.vit import VisionTransformer
@@ -45,10 +46,29 @@ def detect_format(path: str | os.PathLike) -> str:
     )
 
 
-def read_checkpoint(path: str | os.PathLike, format: Optional[str] = None) -> Imported:
+def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None) -> Imported:
+    """A checkpoint file or folder in any format, or a name (`hf-hub:ORG/NAME`,
+    `timm:NAME`, `MODEL:WEIGHTS`; see hub.py), fetched through the Hub cache first.
+
+    ImageNet class names are attached to a 1000- or 21,843-class checkpoint that stores
+    none, when it comes by name or in a format whose published files are all ImageNet
+    classifiers (labels.IMAGENET_FORMATS)."""
+    by_name = hub.is_pretrained_name(path_or_name)
+    changes: dict = {}
+    if by_name:
+        located = hub.locate(str(path_or_name), revision)
+        path, format, changes = located.path, format or located.format, located.config_changes
+    elif revision is not None:
+        raise CheckpointError(f"{path_or_name}: revision={revision!r} applies to Hub names (hf-hub:ORG/NAME), not to files")
+    else:
+        path = path_or_name
     name = format or detect_format(path)
     imported = format_module(name).read(path)
     imported.source_format = name
+    if changes:
+        imported.config = imported.config.replace(**changes)
+    if imported.class_names is None and (by_name or name in labels.IMAGENET_FORMATS):
+        imported.class_names = labels.imagenet_names(imported.config.num_classes)
     return imported
 
 
@@ -69,12 +89,19 @@ def build_model(imported: Imported, source: str, **overrides: Any) -> VisionTran
     return model.eval()
 
 
-def load_file(path: str | os.PathLike, format: Optional[str] = None, **overrides: Any) -> VisionTransformer:
-    return build_model(read_checkpoint(path, format), str(path), **overrides)
+def load_file(path: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None,
+              **overrides: Any) -> VisionTransformer:
+    """A model from a checkpoint path or name (see read_checkpoint), with config overrides."""
+    return build_model(read_checkpoint(path, format, revision), str(path), **overrides)
 
 
 def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
     format_module(format).write(model, path, **kwargs)
 
 
-__all__ = ["FORMATS", "CheckpointError", "Imported", "detect_format", "read_checkpoint", "build_model", "load_file", "save"]
+is_pretrained_name = hub.is_pretrained_name
+
+__all__ = [
+    "FORMATS", "CheckpointError", "Imported", "detect_format", "read_checkpoint", "build_model", "load_file", "save",
+    "is_pretrained_name",
+]

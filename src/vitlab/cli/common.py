@@ -27,11 +27,7 @@ def open_checkpoint(path: str, format: Optional[str] = None, random_init: Option
     """(model in eval mode, Imported) for a checkpoint path or pretrained name."""
     from vitlab import checkpoints
 
-    if not Path(path).exists() and ":" in path:
-        from vitlab.checkpoints import pretrained
-
-        path = str(pretrained.fetch(path))
-    imported = checkpoints.read_checkpoint(path, format)
+    imported = checkpoints.read_checkpoint(path, format)  # a path, or a name fetched from the Hub
     if random_init is not None:
         import torch
 
@@ -65,6 +61,9 @@ def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = 
         mean=config.mean,
         std=config.std,
         train=False,
+        crop_fraction=config.crop_fraction,
+        crop_mode=config.crop_mode,
+        interpolation=config.interpolation,
         **options,
     )
 
@@ -78,6 +77,7 @@ def data_key(spec: str, split: str, config) -> dict:
         "in_channels": config.in_channels,
         "mean": list(config.mean),
         "std": list(config.std),
+        "crop": [config.crop_fraction, config.crop_mode, config.interpolation],
     }
 
 
@@ -115,9 +115,9 @@ def find_images(args: list[str]) -> list[Path]:
 def image_loader(config):
     """path -> normalised (C, H, W) tensor with the checkpoint's preprocessing."""
     from vitlab.data import read_image
-    from vitlab.data.transforms import eval_transform
+    from vitlab.data.transforms import model_transform
 
-    transform = eval_transform(config.image_size, config.mean, config.std, config.in_channels)
+    transform = model_transform(config)  # the checkpoint's resize, crop and normalisation
     return lambda path: transform(read_image(path))
 
 

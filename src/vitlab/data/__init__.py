@@ -20,7 +20,8 @@ The API other parts of vitlab (and users) call:
                 CIFAR, 10% of others, as the paper) or "train-minus-dev" (the rest).
         train:  True = training augmentation (inception crop + flip, optional RandAugment).
         options: crop_scale, crop_ratio, hflip, randaugment, randaugment_magnitude (training
-                transform); dev_fraction; skip_bad_images (unreadable images are dropped and
+                transform); crop_fraction, crop_mode (evaluation transform); interpolation
+                (both); dev_fraction; skip_bad_images (unreadable images are dropped and
                 counted instead of raising BadImageError); shuffle_buffer and classes (wds);
                 download (default True: fetch a missing named set when online).
     read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
@@ -28,7 +29,7 @@ The API other parts of vitlab (and users) call:
                 num_workers=) -> DataLoader of (images, labels, bad_count): a whole run's
                 training batches (exactly resumable, split over processes), or one
                 evaluation pass
-    transforms.eval_transform / transforms.train_transform
+    transforms.eval_transform / transforms.train_transform / transforms.model_transform
 
 This package never imports vitlab.models: data knows nothing about the network.
 """
@@ -83,6 +84,7 @@ def open_dataset(
     known = {
         "crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "dev_fraction",
         "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
+        "crop_fraction", "crop_mode", "interpolation",
     }
     unknown = sorted(set(options) - known)
     if unknown:
@@ -91,10 +93,12 @@ def open_dataset(
     if dev_fraction is None or dev_fraction < 0:
         dev_fraction = DEV_FRACTIONS.get(name, 0.1)
     if train:
-        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude") if k in options}
+        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
+                                       "interpolation") if k in options}
         transform = T.train_transform(image_size, mean, std, in_channels, **aug)
     else:
-        transform = T.eval_transform(image_size, mean, std, in_channels)
+        crop = {k: options[k] for k in ("crop_fraction", "crop_mode", "interpolation") if k in options}
+        transform = T.eval_transform(image_size, mean, std, in_channels, **crop)
     skip = bool(options.get("skip_bad_images", False))
     download = bool(options.get("download", True))
 
