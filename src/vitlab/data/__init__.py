@@ -16,6 +16,10 @@ The API other parts of vitlab (and users) call:
                 wds:PATTERN            WebDataset tar shards (.tar, .tar.gz), brace patterns or
                                        a folder of train-*/test-* shards; streamed (an
                                        IterableDataset split across loader workers and processes)
+                hf:NAME[:CONFIG]       a Hugging Face dataset by name, from the datasets cache
+                                       (offline with HF_HUB_OFFLINE=1), or hf:DIR for a folder
+                                       written by save_to_disk; splits train and test (or
+                                       validation); needs `datasets` (vitlab[datasets])
         split:  "train", "test" (= "val"), "dev" (a held-out part of train, fixed seed: 2% of
                 CIFAR, 10% of others, as the paper) or "train-minus-dev" (the rest).
         train:  True = training augmentation (inception crop + flip, optional RandAugment).
@@ -30,6 +34,8 @@ The API other parts of vitlab (and users) call:
                 training batches (exactly resumable, split over processes), or one
                 evaluation pass
     transforms.eval_transform / transforms.train_transform / transforms.model_transform
+    foreign.wrap(source, transform) -> any torch Dataset or DataLoader, torchvision dataset or
+                Hugging Face datasets object as a vitlab dataset (see foreign.py)
 
 This package never imports vitlab.models: data knows nothing about the network.
 """
@@ -41,7 +47,7 @@ from typing import Any, Sequence
 from vitlab.data.datasets import BadImageError, DataError, read_image
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 
-NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds")
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds", "hf")
 DEV_FRACTIONS = {"cifar10": 0.02, "cifar100": 0.02}  # Appendix B.1.1; 10% elsewhere
 
 
@@ -74,9 +80,9 @@ def open_dataset(
     if name not in NAMED:
         raise DataError(
             f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, wds:PATTERN"
+            "cifar100[:FOLDER], imagefolder:PATH, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
         )
-    if name in ("imagefolder", "wds") and not arg:
+    if name in ("imagefolder", "wds", "hf") and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
     if len(mean) != in_channels or len(std) != in_channels:
@@ -112,6 +118,10 @@ def open_dataset(
     common = dict(seed=seed, skip_bad_images=skip)
     if name == "imagefolder":
         dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
+    elif name == "hf":
+        from vitlab.data.foreign import ForeignDataset, hf_split
+
+        dataset = ForeignDataset(hf_split(arg, base), transform, seed=seed)
     else:
         if name == "digits":
             arrays, classes = ds.digits_arrays(), [str(i) for i in range(10)]
