@@ -12,10 +12,10 @@ import os
 from typing import Any, Callable, Optional
 
 from vitlab import checkpoints
-from vitlab.checkpoints import hub, pretrained as registry
+from vitlab.checkpoints import hub, pretrained as registry, share
 from vitlab.config import ConfigError, ViTConfig
 from vitlab.data.transforms import model_transform
-from vitlab.models.variants import MODELS, resolve_name
+from vitlab.models.variants import MODELS, variant_config
 from vitlab.models.vit import VisionTransformer
 
 
@@ -30,11 +30,8 @@ def list_models(pattern: Optional[str] = None, pretrained: bool = False) -> list
 
 
 def get_config(name: str, **overrides: Any) -> ViTConfig:
-    try:
-        base = MODELS[resolve_name(name)]
-    except KeyError:
-        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
-    return base.replace(**overrides)
+    """A variant's config with fields changed; a changed shape is named as such (see variant_config)."""
+    return variant_config(name, **overrides)
 
 
 def default_weights(name: str) -> str:
@@ -81,7 +78,7 @@ def load(path_or_name: str | os.PathLike, format: Optional[str] = None, revision
     the position embeddings, `num_classes=10` starts a fresh zero-initialised head. The model
     keeps its preprocessing (mean, std, crop) in its config: `vitlab.transform(model)`.
     """
-    return checkpoints.load_file(path_or_name, format, revision, **overrides)
+    return checkpoints.load(path_or_name, format, revision, **overrides)
 
 
 def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
@@ -89,8 +86,6 @@ def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitla
     upload it to the Hub with `path="hf-hub:ORG/NAME"` (a transformers folder with timm's
     weights beside them and a model card; kwargs go to `vitlab.checkpoints.share.push`)."""
     if isinstance(path, str) and path.startswith(hub.HF_PREFIX):
-        from vitlab.checkpoints import share
-
         share.push(model, path, **kwargs)
         return
     checkpoints.save(model, path, format, **kwargs)

@@ -53,7 +53,7 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
     ImageNet class names are attached to a 1000- or 21,843-class checkpoint that stores
     none, when it comes by name or in a format whose published files are all ImageNet
     classifiers (labels.IMAGENET_FORMATS)."""
-    by_name = hub.is_pretrained_name(path_or_name)
+    by_name = is_pretrained_name(path_or_name)
     changes: dict = {}
     if by_name:
         located = hub.locate(str(path_or_name), revision)
@@ -89,19 +89,26 @@ def build_model(imported: Imported, source: str, **overrides: Any) -> VisionTran
     return model.eval()
 
 
-def load_file(path: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None,
-              **overrides: Any) -> VisionTransformer:
-    """A model from a checkpoint path or name (see read_checkpoint), with config overrides."""
+def load(path: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None,
+         **overrides: Any) -> VisionTransformer:
+    """A model from a checkpoint path or name (see read_checkpoint), with config overrides; see vitlab.load."""
     return build_model(read_checkpoint(path, format, revision), str(path), **overrides)
+
+
+def resolve(path_or_name: str | os.PathLike, revision: Optional[str] = None) -> Path:
+    """The local file or folder of a checkpoint path or name (fetched into the cache first).
+    Reading goes through read_checkpoint, which also applies what a name adds (the registry's
+    preprocessing, ImageNet's class names); this is for callers that need the path itself."""
+    return hub.locate(str(path_or_name), revision).path if is_pretrained_name(path_or_name) else Path(path_or_name)
 
 
 def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
     format_module(format).write(model, path, **kwargs)
 
 
-is_pretrained_name = hub.is_pretrained_name
+is_pretrained_name = hub.is_pretrained_name  # the one test of "a name, not a path"
 
 __all__ = [
-    "FORMATS", "CheckpointError", "Imported", "detect_format", "read_checkpoint", "build_model", "load_file", "save",
-    "is_pretrained_name",
+    "FORMATS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
+    "read_checkpoint", "resolve", "save",
 ]

@@ -27,6 +27,7 @@ from PIL import Image
 from torch import Tensor
 
 from vitlab.data.datasets import DataError, ImageDataset, apply_seeded, item_seed
+from vitlab.data.loader import collate
 
 IMAGE_KEYS = ("image", "img", "pixel_values", "jpg", "png")
 LABEL_KEYS = ("label", "labels", "fine_label", "target")
@@ -174,8 +175,6 @@ def batches(source: Any, transform: Callable, batch_size: int = 128) -> Iterator
     """(images, labels) batches of any source: a dataset is read in order through a loader;
     a DataLoader's (or any iterable's) batches are taken as they come, tuples or dicts, with
     raw images (PIL, uint8) preprocessed by `transform`."""
-    from vitlab.data.loader import collate
-
     if is_dataset(source):
         loader = torch.utils.data.DataLoader(wrap(source, transform), batch_size=batch_size, collate_fn=collate)
         for images, labels, _ in loader:
