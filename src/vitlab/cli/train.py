@@ -151,12 +151,12 @@ def run(args: argparse.Namespace) -> int:
     return execute(cfg, out, args.quiet)
 
 
-def execute(cfg, out: Path, quiet: bool = False) -> int:
+def execute(cfg, out: Path, quiet: bool = False, notes: list[str] | tuple[str, ...] = ()) -> int:
     from vitlab.data import BadImageError
     from vitlab.train.loop import Trainer, TrainingDiverged
 
     try:
-        Trainer(cfg, out, command=command_line(), quiet=quiet).run()
+        Trainer(cfg, out, command=command_line(), quiet=quiet, notes=tuple(notes)).run()
     except TrainingDiverged as e:
         print(f"vitlab train: stopped: {e}", file=sys.stderr)
         return 3
