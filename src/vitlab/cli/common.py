@@ -28,7 +28,7 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     the batch, the feature cache and the output."""
     add_checkpoint_arguments(p)
     p.add_argument("--data", required=True,
-                   help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN")
+                   help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN, hf:NAME")
     p.add_argument("--train-split", default="train", help=f"{train_help} (default train)")
     p.add_argument("--test-split", default="test", help=f"{test_help} (default test)")
     p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")

@@ -41,7 +41,7 @@ def add_common(p: argparse.ArgumentParser, default_recipe: str) -> None:
     p.add_argument("--config", default=default_recipe, metavar="RECIPE",
                    help=f"a recipe YAML file or a shipped recipe's name (default: {default_recipe})")
     p.add_argument("--data", metavar="SPEC", help="digits | fashion-mnist[:DIR] | cifar10[:DIR] | cifar100[:DIR] | "
-                   "imagefolder:PATH | wds:PATTERN")
+                   "imagefolder:PATH | wds:PATTERN | hf:NAME (a Hugging Face dataset)")
     p.add_argument("--image-size", type=int, metavar="N", help="training resolution (model.image_size)")
     p.add_argument("--batch-size", type=int, metavar="N", help="global batch size (train.batch_size)")
     p.add_argument("--micro-batch-size", type=int, metavar="N", help="per process and forward pass; the rest is "
