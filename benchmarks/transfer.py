@@ -115,7 +115,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", required=True, help="the vitlab CIFAR-10 checkpoint to transfer from")
     p.add_argument("--out", default="runs/transfer", help="where the runs go")
-    p.add_argument("--steps", type=int, default=300, help="fine-tuning steps (the quick sweep adds its own)")
+    p.add_argument("--steps", type=int, default=200, help="fine-tuning steps (the quick sweep adds its own)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--only", help="comma-separated targets to run (default: all)")
     args = p.parse_args()
@@ -140,6 +140,10 @@ def main() -> None:
     md = ROOT / "benchmarks" / "results" / "transfer.md"
     md.write_text(f"# Transfer from a vitlab CIFAR-10 model\n\n`python benchmarks/transfer.py --source {source}`\n\n"
                   + table(results) + "\n")
+    doc = ROOT / "docs" / "transfer.md"  # the table between its markers, the prose around it kept
+    text = doc.read_text()
+    start, end = text.index("<!-- transfer-table -->"), text.index("<!-- /transfer-table -->")
+    doc.write_text(text[:start] + "<!-- transfer-table -->\n" + table(results) + "\n" + text[end:])
     print(table(results))
 
 

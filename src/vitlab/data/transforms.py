@@ -1,9 +1,12 @@
 """Preprocessing as the paper does it (§4.1, Appendix B.1): inception-style random crop and
-horizontal flip for training, a plain resize for evaluation, then pixels normalised with the
-model's mean/std ((0.5, 0.5, 0.5) maps them to [-1, 1], as in the official code).
+horizontal flip for training, a resize for evaluation (with the checkpoint's centre crop,
+when its config stores one), then pixels normalised with the model's mean/std ((0.5, 0.5,
+0.5) maps them to [-1, 1], as in the official code). `model_transform(config)` is the one a
+model expects (`vitlab.transform`).
 
-Both transforms take a PIL image of any mode (L, RGB, RGBA, P, I;16, ...) and return a
-float tensor (C, H, W). The augmentations are torchvision's; RandAugment is an option.
+The transforms take a PIL image of any mode (L, RGB, RGBA, P, I;16, ...), or for evaluation
+a uint8 (C, H, W) tensor, and return a float tensor (C, H, W). The augmentations are
+torchvision's; RandAugment is an option.
 """
 
 from __future__ import annotations
