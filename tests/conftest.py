@@ -100,3 +100,44 @@ def cifar_dir() -> Path:
     if not any(path.glob("train-*.tar*")):
         pytest.skip(f"needs the CIFAR-10 shards in {path}")
     return path
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face Hub cache in huggingface_hub's layout, offline: HF_HUB_CACHE and
+    HF_HUB_OFFLINE=1 in the environment, and in huggingface_hub's constants (which it reads
+    at import) so that timm, called from the same process, reads it too. `.add(repo, files)`
+    fills it (see hub_standin.HubCache)."""
+    from hub_standin import HubCache
+
+    root = tmp_path / "hf-cache"
+    root.mkdir()
+    _point_hub_at(monkeypatch, root, offline=True)
+    return HubCache(root)
+
+
+@pytest.fixture
+def standin_hub(tmp_path, monkeypatch):
+    """A local stand-in of the Hub's HTTP API (hub_standin.StandInHub), online, with an
+    empty cache and HF_TOKEN set; HF_ENDPOINT points at it."""
+    from hub_standin import StandInHub
+
+    root = tmp_path / "hf-cache"
+    root.mkdir()
+    _point_hub_at(monkeypatch, root, offline=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    with StandInHub() as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)  # vitlab reads it per call and passes it on
+        yield server
+
+
+def _point_hub_at(monkeypatch, root: Path, offline: bool) -> None:
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.delenv("VITLAB_OFFLINE", raising=False)
+    monkeypatch.delenv("VITLAB_BASE_URL", raising=False)
+    monkeypatch.setenv("VITLAB_CACHE", str(root.parent / "vitlab-cache"))  # no official .npz cached

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "predict": "predict",
     "convert": "convert",
     "export": "export",
+    "push": "push",
     "bench": "bench",
     "sweep": "sweep",
 }

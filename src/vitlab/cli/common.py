@@ -28,7 +28,7 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     the batch, the feature cache and the output."""
     add_checkpoint_arguments(p)
     p.add_argument("--data", required=True,
-                   help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN")
+                   help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN, hf:NAME")
     p.add_argument("--train-split", default="train", help=f"{train_help} (default train)")
     p.add_argument("--test-split", default="test", help=f"{test_help} (default test)")
     p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
@@ -42,8 +42,7 @@ def open_checkpoint(path: str, format: Optional[str] = None, random_init: Option
     """(model in eval mode, Imported) for a checkpoint path or pretrained name."""
     from vitlab import checkpoints
 
-    path = str(checkpoints.resolve(path))
-    imported = checkpoints.read_checkpoint(path, format)
+    imported = checkpoints.read_checkpoint(path, format)  # a path, or a name fetched from the Hub
     if random_init is not None:
         import torch
 
@@ -77,6 +76,9 @@ def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = 
         mean=config.mean,
         std=config.std,
         train=False,
+        crop_fraction=config.crop_fraction,
+        crop_mode=config.crop_mode,
+        interpolation=config.interpolation,
         **options,
     )
 
@@ -90,6 +92,7 @@ def data_key(spec: str, split: str, config) -> dict:
         "in_channels": config.in_channels,
         "mean": list(config.mean),
         "std": list(config.std),
+        "crop": [config.crop_fraction, config.crop_mode, config.interpolation],
     }
 
 
@@ -136,9 +139,9 @@ def find_images(args: list[str]) -> list[Path]:
 def image_loader(config):
     """path -> normalised (C, H, W) tensor with the checkpoint's preprocessing."""
     from vitlab.data import read_image
-    from vitlab.data.transforms import eval_transform
+    from vitlab.data.transforms import model_transform
 
-    transform = eval_transform(config.image_size, config.mean, config.std, config.in_channels)
+    transform = model_transform(config)  # the checkpoint's resize, crop and normalisation
     return lambda path: transform(read_image(path))
 
 

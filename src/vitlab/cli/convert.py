@@ -70,7 +70,6 @@ def run(args) -> int:
 
     target = _target(args)
     src, dst = args.src, Path(args.dst)
-    src = str(checkpoints.resolve(src))
     if dst.exists() and Path(src).resolve() == dst.resolve():
         raise UsageError(f"{dst} is the source itself; write to another path")
     if dst.exists() and not args.force:

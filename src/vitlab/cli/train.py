@@ -43,7 +43,7 @@ def add_common(p: argparse.ArgumentParser, default_recipe: str) -> None:
     p.add_argument("--config", default=default_recipe, metavar="RECIPE",
                    help=f"a recipe YAML file or a shipped recipe's name (default: {default_recipe})")
     p.add_argument("--data", metavar="SPEC", help="digits | fashion-mnist[:DIR] | cifar10[:DIR] | cifar100[:DIR] | "
-                   "imagefolder:PATH | wds:PATTERN")
+                   "imagefolder:PATH | wds:PATTERN | hf:NAME (a Hugging Face dataset)")
     p.add_argument("--image-size", type=int, metavar="N", help="training resolution (model.image_size)")
     subset = p.add_mutually_exclusive_group()
     subset.add_argument("--train-fraction", type=float, metavar="F", help="train on a fixed, class-balanced share "
@@ -160,12 +160,12 @@ def run(args: argparse.Namespace) -> int:
     return execute(cfg, out, args.quiet)
 
 
-def execute(cfg, out: Path, quiet: bool = False) -> int:
+def execute(cfg, out: Path, quiet: bool = False, notes: list[str] | tuple[str, ...] = ()) -> int:
     from vitlab.data import BadImageError
     from vitlab.train.loop import Trainer, TrainingDiverged
 
     try:
-        Trainer(cfg, out, command=command_line(), quiet=quiet).run()
+        Trainer(cfg, out, command=command_line(), quiet=quiet, notes=tuple(notes)).run()
     except TrainingDiverged as e:
         print(f"vitlab train: stopped: {e}", file=sys.stderr)
         return 3

@@ -36,7 +36,7 @@ from vitlab.data.loader import batches_per_epoch
 from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed, state
-from vitlab.train.build import build_model, open_datasets, architecture
+from vitlab.train.build import architecture, build_model, describe_source, open_datasets
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.objectives import Objective, build_objective
 from vitlab.train.optim import EMA, build_optimizer, lr_at
@@ -89,12 +89,28 @@ def new_window() -> dict[str, float]:
 
 
 class Trainer:
-    def __init__(self, config: RunConfig, out: str | Path, command: str = "", quiet: bool = False):
+    """One training run. The data is the config's spec (`data.name`), or any dataset given as
+    `data=` (a torch or torchvision Dataset, a Hugging Face `datasets.Dataset`, a DataLoader
+    over a map-style dataset: see vitlab.data.foreign) with `eval_data=` one such set or a
+    dict {split: set}; the config then records what they were. `notes` are printed with the
+    plan line (what the fine-tuning defaults chose, and why)."""
+
+    def __init__(self, config: RunConfig, out: str | Path, command: str = "", quiet: bool = False,
+                 data: Any = None, eval_data: Any = None, notes: tuple[str, ...] = ()):
+        self.sources = None
+        if data is not None:
+            evals = eval_data if isinstance(eval_data, dict) else ({"test": eval_data} if eval_data is not None else {})
+            self.sources = (data, evals)
+            config = config.with_overrides({"data.name": describe_source(data), "data.eval_data": "",
+                                            "data.eval_splits": list(evals)})
+        elif eval_data is not None:
+            raise ConfigError("eval_data= needs data= too (or put both in the config's data section)")
         self.cfg = config
         self.folder = RunFolder(out)
         self.out = self.folder.path
         self.command = command
         self.quiet = quiet
+        self.notes = tuple(notes)
 
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
@@ -145,7 +161,7 @@ class Trainer:
         random.seed(t.seed)
         np.random.seed(t.seed)
         torch.manual_seed(t.seed)
-        train_set, eval_sets = open_datasets(cfg, architecture(cfg.model))
+        train_set, eval_sets = open_datasets(cfg, architecture(cfg.model), self.sources)
         model = build_model(cfg.model, train_set.class_names)
         objective = build_objective(model, cfg)
         return Run(ctx, cfg, model, objective, train_set, eval_sets, self._plan(train_set, ctx))
@@ -209,7 +225,7 @@ class Trainer:
         if ctx.is_main:
             run.log = MetricsLog(self.out)
             run.progress = None if self.quiet else Progress(run.plan.total, run.start)
-        self._say(self._plan_line(run))
+        self._say("\n  ".join((self._plan_line(run), *self.notes)))
         loader = iter(make_loader(
             run.train_set, run.plan.per_rank, seed=t.seed, rank=ctx.rank, world=ctx.world, train=True,
             start_step=run.start, num_steps=run.plan.total - run.start, num_workers=cfg.data.num_workers,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, TextIO
@@ -55,34 +56,62 @@ def truncate_after(path: Path, step: int) -> None:
 
 
 class Progress:
-    """A one-line bar (throughput, loss, ETA) on a terminal; plain lines every `log_every`
-    steps elsewhere (a log file, CI)."""
+    """A one-line bar (throughput, loss, ETA) on a terminal; plain lines elsewhere (a log
+    file, CI): after the first step, every `log_every` steps, and whenever EVERY_S seconds
+    pass without a line -- from a watcher thread too, so that a step longer than that (a
+    large model on a CPU) still shows life within seconds, on any machine."""
+
+    EVERY_S = 10.0
 
     def __init__(self, total: int, start: int = 0, stream: TextIO = sys.stderr, tty: Optional[bool] = None):
-        self.total, self.start = total, start
+        self.total, self.start, self.step = total, start, start
         self.stream = stream
         self.tty = stream.isatty() if tty is None else tty
-        self.t0 = time.perf_counter()
+        self.t0 = self.last_line = self.last_progress = time.perf_counter()
+        self.first = True
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.watcher = threading.Thread(target=self._watch, daemon=True, name="vitlab-progress")
+        self.watcher.start()
 
-    def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool) -> None:
-        done = step - self.start
-        elapsed = time.perf_counter() - self.t0
-        eta = elapsed / max(done, 1) * (self.total - step)
-        text = f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {images_per_s:,.0f} img/s  ETA {_fmt(eta)}"
-        if self.tty:
-            width = 24
-            filled = int(width * step / max(self.total, 1))
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\033[K")
-            self.stream.flush()
-        elif log_line:
-            print(text, file=self.stream, flush=True)
+    def _watch(self) -> None:
+        while not self.stop.wait(1.0):
+            with self.lock:
+                quiet_for = time.perf_counter() - self.last_line
+                if quiet_for >= self.EVERY_S:
+                    self._line(f"step {self.step + 1}/{self.total} running ({_fmt(quiet_for)} since the last line)")
 
-    def message(self, text: str) -> None:
+    def _line(self, text: str) -> None:
         if self.tty:
             self.stream.write("\r\033[K")
         print(text, file=self.stream, flush=True)
+        self.last_line = time.perf_counter()
+
+    def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool) -> None:
+        with self.lock:
+            self.step = step
+            done = step - self.start
+            elapsed = time.perf_counter() - self.t0
+            eta = elapsed / max(done, 1) * (self.total - step)
+            text = f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {images_per_s:,.0f} img/s  ETA {_fmt(eta)}"
+            if self.tty:
+                width = 24
+                filled = int(width * step / max(self.total, 1))
+                self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\033[K")
+                self.stream.flush()
+                self.last_line = time.perf_counter()
+            elif log_line or self.first or time.perf_counter() - self.last_progress >= self.EVERY_S:
+                self._line(text)
+                self.last_progress = self.last_line
+            self.first = False
+
+    def message(self, text: str) -> None:
+        with self.lock:
+            self._line(text)
 
     def close(self) -> None:
+        self.stop.set()
+        self.watcher.join(timeout=2.0)
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
