@@ -64,11 +64,11 @@ def run(args: argparse.Namespace) -> int:
     cfg, recipe = resolve(args, extra)
     out = Path(args.out or f"runs/{recipe}-{Path(args.checkpoint).stem}")
     if not args.lr_sweep:
-        return execute(cfg, out, args.quiet)
+        return execute(cfg, out, args.quiet, tuple(args.log or ()))
 
     from vitlab.train.loop import Trainer
 
     grid = finetune.TABLE4_LRS.get(row or "", (0.001, 0.003, 0.01, 0.03))
-    result = finetune.lr_sweep(cfg, out, grid, lambda c, o: Trainer(c, o, quiet=args.quiet).run())
+    result = finetune.lr_sweep(cfg, out, grid, lambda c, o: Trainer(c, o, quiet=args.quiet, trackers=tuple(args.log or ())).run())
     print(f"lr-sweep done: best lr {result['best_lr']:g}; scores in {out / 'sweep.json'}; final run in {out / 'final'}")
     return 0
