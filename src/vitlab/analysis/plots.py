@@ -58,8 +58,9 @@ def plot_filters(
         if explained is not None:
             ax.set_title(f"{100 * explained[i]:.1f}%", fontsize=6, pad=1)
     channels = components.shape[-1] if k else 0
-    kind = {1: "Greyscale", 3: "RGB"}.get(channels, f"{channels}-channel (mean shown)")
-    fig.suptitle(f"{kind} embedding filters (first {k} principal components)\n{source}", fontsize=8)
+    kind = {1: "Greyscale", 3: "RGB"}.get(channels, f"{channels}-channel")
+    shown = "" if channels in (1, 3) else ", channel mean shown"
+    fig.suptitle(f"{kind} embedding filters (first {k} principal components{shown})\n{source}", fontsize=8)
     return save_figure(fig, path)
 
 

@@ -78,6 +78,7 @@ def load(path: str | os.PathLike, format: Optional[str] = None, **overrides: Any
 
 
 def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
+    io.refuse_serving_copy(model)  # deploy's int8/bf16/packed copies: refused by name, before any write
     format_module(format).write(model, path, **kwargs)
 
 

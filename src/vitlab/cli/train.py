@@ -230,6 +230,8 @@ def execute(cfg, out: Path, quiet: bool = False, trackers: tuple[str, ...] = (),
         print(f"vitlab train: stopped: {e}", file=sys.stderr)
         return 3
     except BadImageError as e:  # names the file; the checkpoints written so far are kept
-        print(f"vitlab train: error: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
+        from vitlab.cli.common import bad_image_message
+
+        print(f"vitlab train: error: {bad_image_message(e)}", file=sys.stderr)
         return 2
     return 0
