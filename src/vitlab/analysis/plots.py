@@ -189,7 +189,7 @@ def plot_learning_curve(series: dict[str, dict[str, list]], path, title: str = "
 
     `series[split]` holds equal-length lists "step", "loss", "accuracy" (and "lr" for train)."""
     fig = new_figure(11, 4)
-    loss_ax, acc_ax = fig.subplots(1, 2)
+    loss_ax, acc_ax = fig.subplots(1, 2, gridspec_kw={"wspace": 0.4})  # room for the LR axis between them
     for split, s in series.items():
         if split == "train":
             loss_ax.plot(s["step"], s["loss"], "-", color="C0", label="train (mean of each log window)")
