@@ -61,7 +61,8 @@ def test_a_bad_image_is_one_line_without_the_class_path(tmp_path, folder, capsys
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "broken.png: cannot read this image" in err
         assert "BadImageError" not in err and "vitlab.data" not in err
-    assert main(["eval", str(ckpt), "--data", f"imagefolder:{folder}", "--split", "train", "--skip-bad-images"]) == 0
+    assert main(["eval", str(ckpt), "--data", f"imagefolder:{folder}", "--split", "train", "--skip-bad-images",
+                 "--out", str(tmp_path / "eval")]) == 0
     assert "skipped 1 unreadable images" in capsys.readouterr().out
 
 
