@@ -60,13 +60,8 @@ def test_a_run_writes_its_folder(tmp_path):
     summary = Trainer(tiny(), out, quiet=True).run()
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "learning_curve.png", "confusion_test.png"):
         assert (out / name).is_file(), name
-    # TensorBoard events are written exactly when tensorboard is installed (an optional extra).
-    import importlib.util
-
-    if importlib.util.find_spec("tensorboard") is not None:
-        assert any((out / "tensorboard").iterdir())
-    else:
-        assert not (out / "tensorboard").exists()
+    # Trackers are off by default: no TensorBoard events, no tracker ids (tests/test_train_tracking.py).
+    assert not (out / "tensorboard").exists() and not (out / "trackers.json").exists()
     assert RunConfig.from_dict(__import__("yaml").safe_load((out / "config.yaml").read_text())) == tiny()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["split"] == "train"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
-from vitlab.checkpoints import hub, labels
+from vitlab.checkpoints import hub, io, labels
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
 from vitlab.models import Model, build
@@ -103,6 +103,7 @@ def resolve(path_or_name: str | os.PathLike, revision: Optional[str] = None) -> 
 
 
 def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
+    io.refuse_serving_copy(model)  # deploy's int8/bf16/packed copies: refused by name, before any write
     format_module(format).write(model, path, **kwargs)
 
 

@@ -277,29 +277,24 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
 
 
 class _Progress:
-    """A bar on a terminal; plain lines every 10% (or 100 MB when the size is unknown) otherwise."""
+    """tqdm's byte counter on a terminal; elsewhere a line when the download starts and one
+    when it ends (a bar in a log file is a stream of carriage returns)."""
 
     def __init__(self, name: str, total: int, tty: bool):
-        self.name, self.total, self.tty = name, total, tty
-        self.seen, self.next_mark, self.start = 0, 0.1, time.time()
-        print(f"downloading {name} ({total / 1e6:.0f} MB)" if total else f"downloading {name}", file=sys.stderr)
+        from tqdm import tqdm
+
+        self.start = time.time()
+        if not tty:
+            print(f"downloading {name} ({total / 1e6:.0f} MB)" if total else f"downloading {name}", file=sys.stderr)
+        self.bar = tqdm(total=total or None, unit="B", unit_scale=True, unit_divisor=1000, desc=f"downloading {name}",
+                        file=sys.stderr, disable=not tty, dynamic_ncols=True)
+        self.seen = 0
 
     def update(self, n: int) -> None:
         self.seen += n
-        mb = self.seen / 1e6
-        if self.tty and self.total:
-            frac = self.seen / self.total
-            bar = "#" * int(30 * frac)
-            print(f"\r  [{bar:<30}] {frac:6.1%} {mb:8.1f} MB", end="", file=sys.stderr, flush=True)
-        elif self.total and self.seen / self.total >= self.next_mark:
-            print(f"  {self.seen / self.total:.0%} ({mb:.0f} MB)", file=sys.stderr, flush=True)
-            self.next_mark = (int(self.seen / self.total * 10) + 1) / 10
-        elif not self.total and mb >= self.next_mark * 1000:
-            print(f"  {mb:.0f} MB", file=sys.stderr, flush=True)
-            self.next_mark += 0.1
+        self.bar.update(n)
 
     def done(self) -> None:
-        if self.tty and self.total:
-            print(file=sys.stderr)
+        self.bar.close()
         rate = self.seen / 1e6 / max(time.time() - self.start, 1e-6)
         print(f"  done: {self.seen / 1e6:.1f} MB at {rate:.1f} MB/s", file=sys.stderr, flush=True)

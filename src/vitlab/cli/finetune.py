@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     notes = [finetune.resolution_note(arch.image_size, "model.image_size" in explicit), *fitted.notes, *notes]
     out = Path(args.out or f"runs/{recipe}-{Path(args.checkpoint).stem}")
     if not args.lr_sweep and fitted.quick_sweep_steps is None:
-        return execute(fitted.config, out, args.quiet, notes)
+        return execute(fitted.config, out, args.quiet, notes, trackers=tuple(args.log or ()))
 
     from vitlab.train.loop import Trainer
 
@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     def train(c, o):
         sweeping = o.parent.name == "sweep"
         said = (f"lr-sweep run: lr {c.optim.lr:g}, {c.train.steps} steps, scored on the dev split",) if sweeping else notes
-        return Trainer(c, o, command=command_line(), quiet=args.quiet, notes=tuple(said)).run()
+        return Trainer(c, o, command=command_line(), quiet=args.quiet, notes=tuple(said),
+                       trackers=tuple(args.log or ())).run()
 
     result = finetune.lr_sweep(fitted.config, out, grid, train, sweep_steps=fitted.quick_sweep_steps)
     print(f"lr-sweep done: best lr {result['best_lr']:g}; scores in {out / 'sweep.json'}; final run in {out / 'final'}")
