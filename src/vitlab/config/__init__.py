@@ -4,6 +4,7 @@
 - `run.py`: a training run (`RunConfig`: model, data, optim, train and objective sections),
   recipes and `key=value` overrides;
 - `mpp.py`: masked patch prediction's options;
+- `serve.py`: how `vitlab serve` listens, batches and bounds its uploads;
 - `fields.py`: what they share: `ConfigError`, one type-and-rule check per field, one
   unknown-key check.
 
@@ -40,10 +41,11 @@ from vitlab.config.run import (
     parse_override,
     shipped_recipes,
 )
+from vitlab.config.serve import ServeConfig
 
 __all__ = [
     "CLASSIFIERS", "DECAYS", "GELUS", "HEAD_INITS", "MPP_TARGETS", "OBJECTIVE_OPTIONS", "OPTIMIZERS", "PARALLEL",
     "POS_EMBEDS", "PRECISIONS", "RESIZE_MODES", "WS_MODES", "ConfigError", "DataConfig", "MPPConfig", "ModelSection",
-    "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "TrainConfig", "ViTConfig", "load_recipe", "model_flops",
-    "parse_override", "resnet_flops", "shipped_recipes",
+    "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "ServeConfig", "TrainConfig", "ViTConfig", "load_recipe",
+    "model_flops", "parse_override", "resnet_flops", "shipped_recipes",
 ]
