@@ -102,21 +102,14 @@ def zero_png(width: int, height: int) -> bytes:
 
 def cifar_test_images(shards: Path, count: int) -> list[tuple[str, bytes, int]]:
     """The first `count` (name, JPEG bytes, class index) of the CIFAR-10 test shards."""
-    import tarfile
+    from vitlab.data.wds import iter_shard
 
-    found: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(sorted(shards.glob("test-*.tar*"))[0]) as tar:
-        for member in tar:
-            key, _, ext = member.name.rpartition(".")
-            found.setdefault(key, {})[ext] = tar.extractfile(member).read()
-            done = [k for k, v in found.items() if "cls" in v and ("jpg" in v or "png" in v)]
-            if len(done) >= count:
-                break
     out = []
-    for key in done[:count]:
-        item = found[key]
-        ext = "jpg" if "jpg" in item else "png"
-        out.append((f"{Path(key).name}.{ext}", item[ext], int(item["cls"].decode())))
+    for key, parts in iter_shard(sorted(shards.glob("test-*.tar*"))[0]):
+        ext = "jpg" if "jpg" in parts else "png"
+        out.append((f"{Path(key).name}.{ext}", parts[ext], int(parts["cls"].decode())))
+        if len(out) == count:
+            break
     return out
 
 

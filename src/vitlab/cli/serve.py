@@ -94,11 +94,7 @@ def say(message: str) -> None:
 def _bind(host: str, port: int) -> socket.socket:
     from vitlab.cli import UsageError
 
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        raise UsageError(f"--host {host!r} is not an IP address; use 127.0.0.1 (this machine) or 0.0.0.0 (all)") from None
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET  # checked by ServeConfig
     try:
         return socket.create_server((host, port), family=family, backlog=2048)
     except OSError as e:

@@ -6,6 +6,7 @@ The model and its precision are not here: they come from the checkpoint and the 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Optional
 
@@ -13,7 +14,11 @@ from vitlab.config.fields import check_fields, setting
 
 
 def _host(value: str) -> Optional[str]:
-    return None if value.strip() else "must name an interface, e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (all)"
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "is not an IP address; use 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces)"
+    return None
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,7 @@ def result_entry(engine: Engine, name: str, prepared: Prepared, output: tuple[An
         "width": prepared.width,
         "height": prepared.height,
         "batch_size": batch_size,
-        "predictions": [{"class": engine.class_names[i], "index": int(i), "probability": float(probs[i])} for i in top],
+        "predictions": [{"class": engine.class_names[i], "index": int(i), "probability": round(float(probs[i]), 6)} for i in top],
     }
     if looked:
         assert prepared.display is not None

@@ -27,6 +27,8 @@ class LoadResult:
     concurrency: int
     elapsed: float = 0.0  # seconds, first request sent to last answer
     latencies: list[float] = field(default_factory=list)  # seconds, one per answered request
+    finished: list[float] = field(default_factory=list)  # when each answer came, seconds from the start
+    started: float = 0.0  # time.perf_counter() at the start
     statuses: Counter = field(default_factory=Counter)
     bad_bodies: int = 0  # 200 answers that `check` refused
     errors: list[str] = field(default_factory=list)  # requests that got no answer, and why
@@ -38,6 +40,11 @@ class LoadResult:
     @property
     def throughput(self) -> float:
         return self.answered / self.elapsed if self.elapsed else 0.0
+
+    def throughput_within(self, seconds: float) -> float:
+        """Answers per second in the first `seconds`: with a duration, this leaves out the
+        tail in which the last requests drain and fewer clients are busy."""
+        return sum(t <= seconds for t in self.finished) / seconds
 
     def percentile_ms(self, q: float) -> float:
         return float(np.percentile(self.latencies, q) * 1000) if self.latencies else float("nan")
@@ -78,7 +85,9 @@ async def _client(host, port, request, take: Callable[[], bool], result: LoadRes
                 writer.close()
             reader = writer = None
             continue
-        result.latencies.append(time.perf_counter() - started)
+        now = time.perf_counter()
+        result.latencies.append(now - started)
+        result.finished.append(now - result.started)
         result.statuses[status] += 1
         if status == 200 and check is not None and not check(body):
             result.bad_bodies += 1
@@ -102,9 +111,9 @@ async def _load(host, port, request, concurrency, requests, duration, check) -> 
         left[0] -= 1
         return True
 
-    started = time.perf_counter()
+    result.started = time.perf_counter()
     await asyncio.gather(*(_client(host, port, request, take, result, check) for _ in range(concurrency)))
-    result.elapsed = time.perf_counter() - started
+    result.elapsed = time.perf_counter() - result.started
     return result
 
 

@@ -67,20 +67,35 @@ function chosenMap(attention) {
   return heads[0].map((row, r) => row.map((_, c) => heads.reduce((s, h) => s + h[r][c], 0) / heads.length));
 }
 
-// The image, with the map (scaled to its maximum) in colour over it; bilinear upsampling by
-// the canvas, as the server's overlay does.
-function drawCard(card) {
-  const canvas = card.el.querySelector("canvas.view");
+// The image fitted into a canvas; returns where it went. A small image (CIFAR's 32 px) is
+// enlarged without smoothing, so that its real pixels show.
+function drawImage(canvas, image) {
   const ctx = canvas.getContext("2d");
   const { width: W, height: H } = canvas;
-  const scale = Math.min(W / card.image.width, H / card.image.height);
-  const w = Math.round(card.image.width * scale);
-  const h = Math.round(card.image.height * scale);
+  const scale = Math.min(W / image.width, H / image.height);
+  const w = Math.round(image.width * scale);
+  const h = Math.round(image.height * scale);
   const x0 = Math.floor((W - w) / 2);
   const y0 = Math.floor((H - h) / 2);
   ctx.clearRect(0, 0, W, H);
-  ctx.imageSmoothingEnabled = true;
-  ctx.drawImage(card.image, x0, y0, w, h);
+  ctx.imageSmoothingEnabled = scale < 3;
+  ctx.drawImage(image, x0, y0, w, h);
+  return { ctx, x0, y0, w, h };
+}
+
+function mapName() {
+  const layer = $("layer").value;
+  if (layer === "rollout") return "attention rollout, all layers";
+  const head = $("head").value;
+  return `layer ${Number(layer) + 1}, ${head === "mean" ? "mean of the heads" : `head ${Number(head) + 1}`}`;
+}
+
+// The image, with the map (scaled to its maximum) in colour over it; bilinear upsampling by
+// the canvas, as the server's overlay does.
+function drawCard(card) {
+  drawImage(card.el.querySelector("canvas.photo"), card.image);
+  const canvas = card.el.querySelector("canvas.view");
+  const { ctx, x0, y0, w, h } = drawImage(canvas, card.image);
   if (!card.result.attention) return;
   const map = chosenMap(card.result.attention);
   const rows = map.length;
@@ -97,9 +112,11 @@ function drawCard(card) {
   });
   small.getContext("2d").putImageData(pixels, 0, 0);
   ctx.globalAlpha = Number($("opacity").value);
+  ctx.imageSmoothingEnabled = true;
   ctx.drawImage(small, x0, y0, w, h);
   ctx.globalAlpha = 1;
   canvas.dataset.map = $("layer").value + "/" + $("head").value;
+  card.el.querySelector(".what").textContent = mapName();
 }
 
 function showBars(card) {
@@ -133,7 +150,7 @@ function newCard(file) {
   el.querySelector(".name").textContent = file.name;
   el.querySelector(".meta").textContent = "classifying…";
   el.dataset.state = "pending";
-  $("results").prepend(el);
+  $("results").append(el);
   return { el, file, image: null, result: null };
 }
 
