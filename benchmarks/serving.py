@@ -46,8 +46,19 @@ CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
 TRAINED = ROOT / "runs" / "cifar10" / "checkpoints" / "last.safetensors"
 VITLAB = [sys.executable, "-c", "import sys; from vitlab.cli import main; sys.exit(main())"]
 MODES = {"batched (max 16, 5 ms)": ["--max-batch", "16", "--max-wait-ms", "5"], "one at a time": ["--max-batch", "1"]}
-COLUMNS = ["model", "precision", "serving", "clients", "images/s", "p50 ms", "p99 ms", "mean batch",
-           "× one at a time", "requests", "others' CPU (cores)"]
+COLUMNS = [
+    "model",
+    "precision",
+    "serving",
+    "clients",
+    "images/s",
+    "p50 ms",
+    "p99 ms",
+    "mean batch",
+    "× one at a time",
+    "requests",
+    "others' CPU (cores)",
+]
 
 
 def log(msg: str) -> None:
@@ -68,14 +79,17 @@ class Served:
     """`vitlab serve` in a subprocess, with its /metrics and its CPU time."""
 
     def __init__(self, checkpoint: Path, *args: str):
-        self.proc = subprocess.Popen([*VITLAB, "serve", str(checkpoint), "--port", "0", *args],
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [*VITLAB, "serve", str(checkpoint), "--port", "0", *args], stderr=subprocess.PIPE, text=True
+        )
         for line in self.proc.stderr:
             found = re.search(r" at http://127\.0\.0\.1:(\d+) ", line)
             if found:
                 self.port = int(found.group(1))
             if "ready" in line:  # from here on, drain what it says so that its pipe never fills
-                threading.Thread(target=lambda: [log(f"server: {x.rstrip()}") for x in self.proc.stderr], daemon=True).start()
+                threading.Thread(
+                    target=lambda: [log(f"server: {x.rstrip()}") for x in self.proc.stderr], daemon=True
+                ).start()
                 return
         raise RuntimeError(f"vitlab serve {checkpoint} did not start")
 
@@ -100,7 +114,10 @@ def measure(server: Served, body: bytes, clients: int, seconds: float) -> tuple[
     run_load(server.port, body, concurrency=clients, requests=2 * clients)  # open and warm the connections
     wait_quiet(0.25, max_wait=30)  # the machine is shared: give others' bursts a moment to pass
     text = server.metrics()
-    batches0, images0 = server.value('vitlab_batch_size_count{kind="classify"}', text), server.value("vitlab_images_total", text)
+    batches0, images0 = (
+        server.value('vitlab_batch_size_count{kind="classify"}', text),
+        server.value("vitlab_images_total", text),
+    )
     busy0, server0, wall0 = _busy_jiffies(), server.cpu_seconds(), time.perf_counter()
     own0 = time.process_time()
     result = run_load(server.port, body, concurrency=clients, duration=seconds)
@@ -128,7 +145,10 @@ def checkpoints(tmp: Path) -> list[tuple[str, Path, int]]:
     vitlab.save(big, tmp / "vit_b16.safetensors")
     small = vitlab.load(TRAINED) if TRAINED.exists() else vitlab.create_model("ViT-C/4")
     vitlab.save(small.eval(), tmp / "small.safetensors")
-    return [(model_label(m), tmp / name, m.config.image_size[0]) for m, name in ((big, "vit_b16.safetensors"), (small, "small.safetensors"))]
+    return [
+        (model_label(m), tmp / name, m.config.image_size[0])
+        for m, name in ((big, "vit_b16.safetensors"), (small, "small.safetensors"))
+    ]
 
 
 def model_label(model) -> str:
@@ -152,14 +172,22 @@ def sweep(models, image: bytes, precisions, clients, seconds) -> list[dict]:
                     assert set(result.statuses) == {200} and not result.errors, (result.statuses, result.errors[:3])
                     rate = result.throughput_within(seconds[label])
                     per_mode[(mode, c)] = rate
-                    rows.append({
-                        "model": label, "precision": precision, "serving": mode, "clients": c,
-                        "images/s": f"{rate:.1f}", "p50 ms": f"{result.percentile_ms(50):.0f}",
-                        "p99 ms": f"{result.percentile_ms(99):.0f}", "mean batch": f"{batch:.1f}",
-                        "requests": result.answered, "others' CPU (cores)": f"{others:.2f}",
-                    })
+                    rows.append(
+                        {
+                            "model": label,
+                            "precision": precision,
+                            "serving": mode,
+                            "clients": c,
+                            "images/s": f"{rate:.1f}",
+                            "p50 ms": f"{result.percentile_ms(50):.0f}",
+                            "p99 ms": f"{result.percentile_ms(99):.0f}",
+                            "mean batch": f"{batch:.1f}",
+                            "requests": result.answered,
+                            "others' CPU (cores)": f"{others:.2f}",
+                        }
+                    )
                     log(" | ".join(str(rows[-1][k]) for k in COLUMNS if k in rows[-1]))
-            for row in rows[-2 * len(clients):]:
+            for row in rows[-2 * len(clients) :]:
                 base = per_mode[("one at a time", row["clients"])]
                 row["× one at a time"] = f"{float(row['images/s']) / base:.2f}" if base else ""
     return rows
@@ -169,17 +197,29 @@ def leak_check(checkpoint: Path, image: bytes, requests: int) -> dict:
     server = Served(checkpoint)
     run_load(server.port, image, concurrency=32, requests=300)
     before = server.value("process_resident_memory_bytes")
-    result = run_load(server.port, image, concurrency=32, requests=requests,
-                      check=lambda b: len(json.loads(b)["results"][0]["predictions"]) == 5)
+    result = run_load(
+        server.port,
+        image,
+        concurrency=32,
+        requests=requests,
+        check=lambda b: len(json.loads(b)["results"][0]["predictions"]) == 5,
+    )
     after = server.value("process_resident_memory_bytes")
     served = server.value('vitlab_requests_total{endpoint="/predict",status="200"}')
     code = server.stop()
     return {
-        "requests": requests, "concurrency": 32, "answered 200": result.statuses.get(200, 0),
-        "errors": len(result.errors), "bad answers": result.bad_bodies, "server counted": int(served) - 300,
-        "RSS before MiB": f"{before / 2**20:.1f}", "RSS after MiB": f"{after / 2**20:.1f}",
-        "growth MiB": f"{(after - before) / 2**20:+.1f}", "images/s": f"{result.throughput:.0f}",
-        "p99 ms": f"{result.percentile_ms(99):.0f}", "exit code after SIGTERM": code,
+        "requests": requests,
+        "concurrency": 32,
+        "answered 200": result.statuses.get(200, 0),
+        "errors": len(result.errors),
+        "bad answers": result.bad_bodies,
+        "server counted": int(served) - 300,
+        "RSS before MiB": f"{before / 2**20:.1f}",
+        "RSS after MiB": f"{after / 2**20:.1f}",
+        "growth MiB": f"{(after - before) / 2**20:+.1f}",
+        "images/s": f"{result.throughput:.0f}",
+        "p99 ms": f"{result.percentile_ms(99):.0f}",
+        "exit code after SIGTERM": code,
     }
 
 
@@ -203,7 +243,8 @@ def write(out: Path, rows: list[dict], leak: dict, info: dict, command: str) -> 
         "processes were running too (the last column: cores they used during the row). Rows were measured "
         "one after another, not interleaved: compare neighbours, and expect a few percent of noise.\n\n"
         + table(rows, COLUMNS)
-        + "\n## Load test (small model, fp32, batched)\n\n" + table([leak], list(leak))
+        + "\n## Load test (small model, fp32, batched)\n\n"
+        + table([leak], list(leak))
     )
     (out / "serving-http.md").write_text(text)
     log(f"wrote {out / 'serving-http.md'} and .csv")
@@ -219,7 +260,9 @@ def screenshot(path: Path, checkpoint: Path, images: list[tuple[str, bytes]]) ->
         for f, (_, data) in zip(files, images):
             f.write_bytes(data)
         context = p.chromium.launch_persistent_context(
-            str(Path(tmp) / "profile"), executable_path="/usr/bin/chromium", headless=True,
+            str(Path(tmp) / "profile"),
+            executable_path="/usr/bin/chromium",
+            headless=True,
             args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
             viewport={"width": 1000, "height": 700},
         )

@@ -41,8 +41,12 @@ class Server:
     """`vitlab serve CHECKPOINT --port 0 ARGS` in a subprocess; `url` once /health says ready."""
 
     def __init__(self, checkpoint, *args: str, timeout: float = 90.0):
-        self.proc = subprocess.Popen([*VITLAB, "serve", str(checkpoint), "--port", "0", *args],
-                                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [*VITLAB, "serve", str(checkpoint), "--port", "0", *args],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
         self.lines: list[str] = []
         deadline = time.monotonic() + timeout
         for line in self.proc.stderr:

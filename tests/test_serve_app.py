@@ -71,7 +71,9 @@ def check_top_k(result: dict, probs: np.ndarray, k: int) -> None:
 
 def test_multipart_files_and_a_raw_body_get_the_models_top_k(client, model):
     a, b = png(1), png(2, (17, 50))
-    r = client.post("/predict?top_k=3", files=[("file", ("a.png", a, "image/png")), ("file", ("b.png", b, "image/png"))])
+    r = client.post(
+        "/predict?top_k=3", files=[("file", ("a.png", a, "image/png")), ("file", ("b.png", b, "image/png"))]
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model"] == "ViT-test/8" and body["precision"] == "fp32" and body["time_ms"] > 0
@@ -126,8 +128,13 @@ def test_attention_returns_the_rollout_grid_and_an_overlay(client, model):
         (lambda: {"files": {"image": ("a.png", png(1), "image/png")}}, 400, "no `file` field"),
         (lambda: {"data": {"file": "not a file"}, "files": {"other": ("x", b"x")}}, 400, "holds text"),
         (lambda: {"files": [("file", (f"{i}.png", png(i), "image/png")) for i in range(5)]}, 400, "Too many files"),
-        (lambda: {"files": [("file", ("ok.png", png(1), "image/png")), ("file", ("bad.txt", b"nope", "text/plain"))]},
-         415, "bad.txt"),
+        (
+            lambda: {
+                "files": [("file", ("ok.png", png(1), "image/png")), ("file", ("bad.txt", b"nope", "text/plain"))]
+            },
+            415,
+            "bad.txt",
+        ),
         (lambda: {"content": b"x" * (2**20 + 1)}, 413, "1 MiB"),
         (lambda: {"content": iter([b"x" * 2**19] * 3)}, 413, "1 MiB"),  # chunked: no Content-Length
     ],
@@ -140,7 +147,9 @@ def test_bad_uploads_get_a_json_4xx_and_the_server_carries_on(client, make, stat
     assert client.post("/predict", content=png(4)).status_code == 200
 
 
-@pytest.mark.parametrize("query, words", [("top_k=0", "top_k"), ("top_k=many", "top_k"), ("attention=maybe", "attention")])
+@pytest.mark.parametrize(
+    "query, words", [("top_k=0", "top_k"), ("top_k=many", "top_k"), ("attention=maybe", "attention")]
+)
 def test_bad_parameters_are_a_json_422(client, query, words):
     r = client.post(f"/predict?{query}", content=png(1))
     assert r.status_code == 422 and words in r.json()["error"]
@@ -193,7 +202,12 @@ def test_metrics_count_requests_errors_latency_and_batches(model):
     with serving(model) as c:
         wait_ready(c)
         for i in range(3):
-            assert c.post("/predict", files=[("file", (f"{j}.png", png(j), "image/png")) for j in range(i + 1)]).status_code == 200
+            assert (
+                c.post(
+                    "/predict", files=[("file", (f"{j}.png", png(j), "image/png")) for j in range(i + 1)]
+                ).status_code
+                == 200
+            )
         assert c.post("/predict", content=b"").status_code == 400
         text = c.get("/metrics").text
     assert metric(text, "vitlab_requests_total", endpoint="/predict", status="200") == 3

@@ -30,10 +30,20 @@ from vitlab.serve.overlay import COLOR_STOPS  # noqa: E402
 
 CHROMIUM = os.environ.get("VITLAB_CHROMIUM", "/usr/bin/chromium")
 # Quiet, offline, sandbox-free (tests run as root in CI): no first-run page, no updates, no sync.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
-pytestmark = pytest.mark.skipif(not shutil.which(CHROMIUM), reason=f"needs Chromium at {CHROMIUM} (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(
+    not shutil.which(CHROMIUM), reason=f"needs Chromium at {CHROMIUM} (apt-get install chromium)"
+)
 
 
 def canvas_pixels(page, selector: str) -> np.ndarray:
@@ -55,7 +65,11 @@ def browser_page(tmp_path_factory):
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, viewport={"width": 1100, "height": 800}
+            str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1100, "height": 800},
         )
         try:
             yield context.new_page()
@@ -77,8 +91,14 @@ def test_the_page_classifies_a_picked_image_and_draws_its_attention(browser_page
     app = create_app(Engine(small_classifier(), "fp32"), ServeConfig())
     with live_server(app) as url:
         outside, problems = [], []
-        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url)
-                   else (outside.append(route.request.url), route.abort()))
+        page.route(
+            "**/*",
+            lambda route: (
+                route.continue_()
+                if route.request.url.startswith(url)
+                else (outside.append(route.request.url), route.abort())
+            ),
+        )
         page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: problems.append(str(e)))
         page.goto(url + "/")
@@ -88,8 +108,10 @@ def test_the_page_classifies_a_picked_image_and_draws_its_attention(browser_page
         page.set_input_files("#picker", str(picture))
         card = page.wait_for_selector(".card[data-state=done]", timeout=30_000)
         expected = api_answer(url, picture)
-        shown = [(li.query_selector(".class").inner_text(), li.query_selector(".probability").inner_text())
-                 for li in card.query_selector_all(".bars li")]
+        shown = [
+            (li.query_selector(".class").inner_text(), li.query_selector(".probability").inner_text())
+            for li in card.query_selector_all(".bars li")
+        ]
         assert shown == [(p["class"], f"{100 * p['probability']:.1f}%") for p in expected["predictions"]]
         widths = page.eval_on_selector_all(".card .bars .fill", "els => els.map(e => parseFloat(e.style.width))")
         assert widths == sorted(widths, reverse=True) and widths[0] > 0

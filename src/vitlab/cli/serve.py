@@ -98,7 +98,9 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host, port), family=family, backlog=2048)
     except OSError as e:
-        raise UsageError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port (0: any free one)") from None
+        raise UsageError(
+            f"cannot listen on {host}:{port} ({e.strerror}); pick another --port (0: any free one)"
+        ) from None
 
 
 def _serve(app, sock: socket.socket, config, access_log: bool) -> int:

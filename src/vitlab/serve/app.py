@@ -58,7 +58,11 @@ PREDICT_BODY = {
         "as the raw request body (`curl --data-binary @cat.jpg`). PNG, JPEG, GIF, BMP, TIFF, WebP, PPM.",
         "content": {
             "multipart/form-data": {
-                "schema": {"type": "object", "required": ["file"], "properties": {"file": {"type": "array", "items": _BINARY}}}
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {"file": {"type": "array", "items": _BINARY}},
+                }
             },
             "application/octet-stream": {"schema": _BINARY},
             "image/*": {"schema": _BINARY},
@@ -69,20 +73,34 @@ _ERROR = {"content": {"application/json": {"example": {"error": "what was wrong,
 PREDICT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "Per image: the top-k classes; with attention=true the rollout too.",
-        "content": {"application/json": {"example": {
-            "model": "ViT-B/16", "precision": "fp32", "time_ms": 41.2,
-            "results": [{
-                "file": "cat.jpg", "width": 640, "height": 480, "batch_size": 3,
-                "predictions": [{"class": "tabby cat", "index": 281, "probability": 0.83}],
-                "attention": {"grid": [[0.12, 0.5], [0.33, 1.0]], "overlay_png": "iVBORw0KGgo..."},
-            }],
-        }}},
+        "content": {
+            "application/json": {
+                "example": {
+                    "model": "ViT-B/16",
+                    "precision": "fp32",
+                    "time_ms": 41.2,
+                    "results": [
+                        {
+                            "file": "cat.jpg",
+                            "width": 640,
+                            "height": 480,
+                            "batch_size": 3,
+                            "predictions": [{"class": "tabby cat", "index": 281, "probability": 0.83}],
+                            "attention": {"grid": [[0.12, 0.5], [0.33, 1.0]], "overlay_png": "iVBORw0KGgo..."},
+                        }
+                    ],
+                }
+            }
+        },
     },
     400: {"description": "Empty upload, no `file` field, too many files", **_ERROR},
     401: {"description": "The server needs an API key (--api-key) and got none or a wrong one", **_ERROR},
     413: {"description": "More bytes than --max-upload-mb", **_ERROR},
     415: {"description": "Not an image the server reads", **_ERROR},
-    422: {"description": "An image with too many pixels (a decompression bomb), damaged data, a bad parameter", **_ERROR},
+    422: {
+        "description": "An image with too many pixels (a decompression bomb), damaged data, a bad parameter",
+        **_ERROR,
+    },
     503: {"description": "The model is still warming up", **_ERROR},
 }
 
@@ -170,7 +188,8 @@ async def read_uploads(request, config: ServeConfig) -> list[tuple[str, bytes]]:
         if not files:
             fields = sorted({k for k, _ in form.multi_items()})
             raise UploadError(
-                400, f"the form has no `file` field (it has: {', '.join(fields) or 'nothing'}); send the image as "
+                400,
+                f"the form has no `file` field (it has: {', '.join(fields) or 'nothing'}); send the image as "
                 "`file`, e.g. curl -F file=@cat.jpg",
             )
         if any(isinstance(f, str) for f in files):
@@ -197,7 +216,9 @@ def result_entry(engine: Engine, name: str, prepared: Prepared, output: tuple[An
         "width": prepared.width,
         "height": prepared.height,
         "batch_size": batch_size,
-        "predictions": [{"class": engine.class_names[i], "index": int(i), "probability": round(float(probs[i]), 6)} for i in top],
+        "predictions": [
+            {"class": engine.class_names[i], "index": int(i), "probability": round(float(probs[i]), 6)} for i in top
+        ],
     }
     if looked:
         assert prepared.display is not None
@@ -239,13 +260,8 @@ def _check_key(expected: Optional[str]):
 def create_app(engine: Engine, config: ServeConfig, on_ready: Optional[Callable[[float], None]] = None):
     """The FastAPI app serving `engine`. The model warms up in the background once the app
     starts; `/health` says when it is ready and `on_ready(seconds)` is called then."""
-    # fastapi is the serve extra's; imported here so that importing vitlab never needs it.
-    from fastapi import Query, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    # fastapi and its kin are the serve extra's: imported where used, so vitlab imports without them.
     from fastapi_offline import FastAPIOffline
-    from starlette.concurrency import run_in_threadpool
-    from starlette.exceptions import HTTPException
 
     state, metrics = ServerState(), Metrics(engine.config.name, engine.precision)
     app = FastAPIOffline(
@@ -256,8 +272,16 @@ def create_app(engine: Engine, config: ServeConfig, on_ready: Optional[Callable[
     )
     app.state.server = state
     app.add_middleware(Guard, limit=config.max_upload_bytes, metrics=metrics)
-    _add_error_handlers(app, JSONResponse, HTTPException, RequestValidationError)
-    _add_page(app, Response)
+    _add_error_handlers(app)
+    _add_page(app)
+    _add_status(app, engine, config, state, metrics)
+    _add_predict(app, engine, config, state)
+    return app
+
+
+def _add_status(app, engine: Engine, config: ServeConfig, state: ServerState, metrics: Metrics) -> None:
+    """/health, /info and /metrics."""
+    from fastapi.responses import JSONResponse, Response  # the serve extra's
 
     @app.get("/health", summary="200 once the model is loaded and warmed up, 503 before")
     async def health():
@@ -267,7 +291,8 @@ def create_app(engine: Engine, config: ServeConfig, on_ready: Optional[Callable[
 
     @app.get("/info", summary="The model's config, classes and preprocessing; the server's limits")
     async def info():
-        limits = {k: getattr(config, k) for k in ("max_batch", "max_wait_ms", "max_upload_mb", "max_files", "max_pixels")}
+        names = ("max_batch", "max_wait_ms", "max_upload_mb", "max_files", "max_pixels")
+        limits: dict[str, Any] = {k: getattr(config, k) for k in names}
         limits["api_key_required"] = config.api_key is not None
         return {**engine.describe(), "server": limits, "colormap": [[at, list(rgb)] for at, rgb in COLOR_STOPS]}
 
@@ -276,10 +301,17 @@ def create_app(engine: Engine, config: ServeConfig, on_ready: Optional[Callable[
         body, kind = metrics.render()
         return Response(body, media_type=kind)
 
-    from fastapi import Depends
+
+def _add_predict(app, engine: Engine, config: ServeConfig, state: ServerState) -> None:
+    # The serve extra's; `Request` and `Query` must be real classes when FastAPI reads the signature.
+    from fastapi import Depends, HTTPException, Query, Request
+    from starlette.concurrency import run_in_threadpool
 
     @app.post(
-        "/predict", summary="Classify images", openapi_extra=PREDICT_BODY, responses=PREDICT_RESPONSES,
+        "/predict",
+        summary="Classify images",
+        openapi_extra=PREDICT_BODY,
+        responses=PREDICT_RESPONSES,
         dependencies=[Depends(_check_key(config.api_key))],
     )
     async def predict(
@@ -290,7 +322,7 @@ def create_app(engine: Engine, config: ServeConfig, on_ready: Optional[Callable[
     ):
         started = time.perf_counter()
         if not state.ready:
-            raise HTTPException(503, state.failed or "the model is still warming up; retry when GET /health answers 200")
+            raise HTTPException(503, state.failed or "the model is still warming up; retry when GET /health is 200")
         uploads = await read_uploads(request, config)
         many = len(uploads) > 1
         prepared = await asyncio.gather(
@@ -300,21 +332,28 @@ def create_app(engine: Engine, config: ServeConfig, on_ready: Optional[Callable[
         outputs = await asyncio.gather(*(batcher.submit(p.tensor) for p in prepared))
         k = min(top_k, engine.config.num_classes)
         entries = [partial(result_entry, engine, n, p, o, k, heads) for (n, _), p, o in zip(uploads, prepared, outputs)]
-        results = await run_in_threadpool(lambda: [make() for make in entries]) if attention else [e() for e in entries]
+        if attention:  # drawing and encoding the overlays is CPU work: off the event loop
+            results = await run_in_threadpool(lambda: [make() for make in entries])
+        else:
+            results = [make() for make in entries]
         took = round(1000 * (time.perf_counter() - started), 2)
         return {"model": engine.config.name, "precision": engine.precision, "time_ms": took, "results": results}
 
-    return app
 
+def _add_error_handlers(app) -> None:
+    """Every refusal as {"error": ..., "status": ...}."""
+    from fastapi.exceptions import RequestValidationError  # the serve extra's
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
 
-def _add_error_handlers(app, JSONResponse, HTTPException, RequestValidationError) -> None:
     @app.exception_handler(UploadError)
     async def refused(request, e: UploadError):
         return JSONResponse(error_body(e.status, str(e)), e.status)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e):
-        return JSONResponse(error_body(e.status_code, str(e.detail)), e.status_code, headers=getattr(e, "headers", None))
+        headers = getattr(e, "headers", None)
+        return JSONResponse(error_body(e.status_code, str(e.detail)), e.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameter(request, e):
@@ -327,8 +366,10 @@ def _add_error_handlers(app, JSONResponse, HTTPException, RequestValidationError
         return JSONResponse(error_body(500, "internal error; the server log has the details"), 500)
 
 
-def _add_page(app, Response) -> None:
+def _add_page(app) -> None:
     """`/` and its files, read once from the package data."""
+    from fastapi.responses import Response  # the serve extra's
+
     folder = resources.files("vitlab.serve").joinpath("static")
     files = {name: folder.joinpath(name).read_bytes() for name in PAGE_FILES}
     headers = {"Content-Security-Policy": PAGE_POLICY, "X-Content-Type-Options": "nosniff"}
@@ -348,7 +389,8 @@ async def _lifespan(app, engine: Engine, config: ServeConfig, state: ServerState
     flight finish) stop them and the model's thread."""
     executor = ThreadPoolExecutor(1, thread_name_prefix="vitlab-model")  # one model copy, one batch at a time
     for kind, run in (("classify", engine.classify), ("attention", engine.look)):
-        batcher = Batcher(run, executor, config.max_batch, config.max_wait_ms / 1000, partial(metrics.observe_batch, kind))
+        wait = config.max_wait_ms / 1000
+        batcher = Batcher(run, executor, config.max_batch, wait, partial(metrics.observe_batch, kind))
         batcher.start()
         state.batchers[kind] = batcher
     warming = asyncio.get_running_loop().create_task(_warm_up(engine, config, state, executor, on_ready))

@@ -112,7 +112,9 @@ class Engine:
         if display:
             shown = to_mode(image, 3)
             scale = DISPLAY_SIDE / max(shown.size)
-            shown = shown.resize((max(1, round(shown.width * scale)), max(1, round(shown.height * scale))), Image.BILINEAR)
+            shown = shown.resize(
+                (max(1, round(shown.width * scale)), max(1, round(shown.height * scale))), Image.BILINEAR
+            )
         return Prepared(self.transform(image), image.width, image.height, shown)
 
     # Batches (the batcher's one thread) --------------------------------------------------
@@ -126,7 +128,9 @@ class Engine:
     def look(self, batch: list[Tensor]) -> list[Looked]:
         """Probabilities plus attention: the rollout and each head's map, per image."""
         x = torch.stack(batch)  # (B, C, H, W)
-        inner, dtype = (self.model.model, self.model.dtype) if isinstance(self.model, Serving) else (self.model, x.dtype)
+        inner, dtype = (
+            (self.model.model, self.model.dtype) if isinstance(self.model, Serving) else (self.model, x.dtype)
+        )
         out = inner(x.to(dtype), return_intermediates=True)
         attentions = [a.float() for a in out["attentions"]]  # per block, (B, heads, T, T)
         probs = out["logits"].float().softmax(-1).numpy()

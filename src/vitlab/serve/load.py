@@ -52,7 +52,12 @@ class LoadResult:
 
 def _request_bytes(host: str, port: int, path: str, body: bytes, content_type: str, headers: dict) -> bytes:
     where = f"[{host}]" if ":" in host else host
-    lines = [f"POST {path} HTTP/1.1", f"Host: {where}:{port}", f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {where}:{port}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(body)}",
+    ]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
