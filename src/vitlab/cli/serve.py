@@ -35,7 +35,9 @@ examples:
 """
 
 # The ServeConfig fields the command line sets; the defaults live in ServeConfig alone.
-OPTIONS = ("host", "port", "max_batch", "max_wait_ms", "max_upload_mb", "max_files", "max_pixels", "api_key")
+OPTIONS = (
+    "host", "port", "max_batch", "max_wait_ms", "max_upload_mb", "max_files", "max_pixels", "max_connections", "api_key"
+)
 
 
 def add_arguments(p) -> None:
@@ -53,6 +55,7 @@ def add_arguments(p) -> None:
     p.add_argument("--max-upload-mb", type=float, help=f"request size limit in MiB (default {d.max_upload_mb:g})")
     p.add_argument("--max-files", type=int, help=f"images per request (default {d.max_files})")
     p.add_argument("--max-pixels", type=int, help=f"pixels one image may decode to (default {d.max_pixels:,})")
+    p.add_argument("--max-connections", type=int, help=f"open connections (default {d.max_connections}; more: 503)")
     p.add_argument(
         "--api-key",
         default=os.environ.get("VITLAB_API_KEY"),
@@ -113,6 +116,7 @@ def _serve(app, sock: socket.socket, config, access_log: bool) -> int:
             log_level="warning",
             access_log=access_log,
             timeout_graceful_shutdown=config.shutdown_timeout_s,
+            limit_concurrency=config.max_connections,
             lifespan="on",
         )
     )

@@ -31,6 +31,7 @@ class ServeConfig:
     max_wait_ms: float = setting(5.0, at_least=0, at_most=10_000)  # how long a batch waits to fill
     max_upload_mb: float = setting(20.0, above=0, at_most=4096)  # request body limit, MiB
     max_files: int = setting(64, at_least=1, hint="images in one request")
+    max_connections: int = setting(256, at_least=1, hint="more at once are answered 503")
     # Decoded size limit: 50 MP holds a 48 MP phone photo; a decompression bomb of a few KB
     # that claims 100k x 100k pixels is refused from its header, before any decoding.
     max_pixels: int = setting(50_000_000, at_least=1)

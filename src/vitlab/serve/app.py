@@ -9,8 +9,8 @@
     GET  /               a page to try the model in a browser (bundled, offline)
 
 Every refusal is a JSON body {"error": ..., "status": ...} with a 4xx status. Decoding and
-preprocessing run on worker threads, the model on its own single thread (`Batcher`), so the
-event loop only moves bytes.
+preprocessing run on a few worker threads (one per core), the model on its own single thread
+(`Batcher`), so the event loop only moves bytes.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the handlers' annotations, and
@@ -21,6 +21,7 @@ import contextlib
 import hmac
 import json
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -111,6 +112,13 @@ class ServerState:
     stopping: bool = False
     failed: str = ""
     batchers: dict[str, Batcher] = field(default_factory=dict)
+    # Decoding and drawing: as many threads as cores, no more. More would not be faster, and
+    # each decode may hold an image of up to max_pixels, so this also bounds that memory.
+    workers: Optional[ThreadPoolExecutor] = None
+
+    async def in_worker(self, fn, *args):
+        assert self.workers is not None, "the app has not started"
+        return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))
 
 
 def error_body(status: int, message: str) -> dict:
@@ -305,7 +313,6 @@ def _add_status(app, engine: Engine, config: ServeConfig, state: ServerState, me
 def _add_predict(app, engine: Engine, config: ServeConfig, state: ServerState) -> None:
     # The serve extra's; `Request` and `Query` must be real classes when FastAPI reads the signature.
     from fastapi import Depends, HTTPException, Query, Request
-    from starlette.concurrency import run_in_threadpool
 
     @app.post(
         "/predict",
@@ -326,14 +333,14 @@ def _add_predict(app, engine: Engine, config: ServeConfig, state: ServerState) -
         uploads = await read_uploads(request, config)
         many = len(uploads) > 1
         prepared = await asyncio.gather(
-            *(run_in_threadpool(prepare_upload, engine, config, n, d, attention, many) for n, d in uploads)
+            *(state.in_worker(prepare_upload, engine, config, n, d, attention, many) for n, d in uploads)
         )
         batcher = state.batchers["attention" if attention else "classify"]
         outputs = await asyncio.gather(*(batcher.submit(p.tensor) for p in prepared))
         k = min(top_k, engine.config.num_classes)
         entries = [partial(result_entry, engine, n, p, o, k, heads) for (n, _), p, o in zip(uploads, prepared, outputs)]
         if attention:  # drawing and encoding the overlays is CPU work: off the event loop
-            results = await run_in_threadpool(lambda: [make() for make in entries])
+            results = await state.in_worker(lambda: [make() for make in entries])
         else:
             results = [make() for make in entries]
         took = round(1000 * (time.perf_counter() - started), 2)
@@ -388,6 +395,7 @@ async def _lifespan(app, engine: Engine, config: ServeConfig, state: ServerState
     """Start the batchers and the warm-up; on shutdown (after uvicorn has let the requests in
     flight finish) stop them and the model's thread."""
     executor = ThreadPoolExecutor(1, thread_name_prefix="vitlab-model")  # one model copy, one batch at a time
+    state.workers = ThreadPoolExecutor(max(2, os.cpu_count() or 1), thread_name_prefix="vitlab-decode")
     for kind, run in (("classify", engine.classify), ("attention", engine.look)):
         wait = config.max_wait_ms / 1000
         batcher = Batcher(run, executor, config.max_batch, wait, partial(metrics.observe_batch, kind))
@@ -402,6 +410,7 @@ async def _lifespan(app, engine: Engine, config: ServeConfig, state: ServerState
         for batcher in state.batchers.values():
             await batcher.stop()
         await asyncio.to_thread(executor.shutdown, True)
+        await asyncio.to_thread(state.workers.shutdown, True)
 
 
 async def _warm_up(engine: Engine, config: ServeConfig, state: ServerState, executor, on_ready) -> None:
