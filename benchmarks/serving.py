@@ -1,6 +1,6 @@
 """`vitlab serve` under load: dynamic batching against one request at a time; a leak check.
 
-    flock /work/heavy.lock python benchmarks/serving.py            # about 20 minutes on 2 shared cores
+    python benchmarks/serving.py                                   # about 20 minutes on 2 shared cores
     python benchmarks/serving.py --quick                           # about 3 minutes
     python benchmarks/serving.py --screenshot docs/figures/serve_page.png
 
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
 TRAINED = ROOT / "runs" / "cifar10" / "checkpoints" / "last.safetensors"
-VITLAB = [sys.executable, "-c", "import sys; from vitlab.cli import main; sys.exit(main())"]
+VITLAB = [sys.executable, "-m", "vitlab"]
 MODES = {"batched (max 16, 5 ms)": ["--max-batch", "16", "--max-wait-ms", "5"], "one at a time": ["--max-batch", "1"]}
 COLUMNS = [
     "model",

@@ -228,10 +228,12 @@ def test_an_api_key_guards_predict_only(model):
         assert c.post("/predict", content=png(1), headers={"X-API-Key": "s3cret"}).status_code == 200
         assert c.post("/predict", content=png(1), headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/info").json()["server"]["api_key_required"]
+        assert "X-API-Key" in c.get("/openapi.json").text  # /docs offers to send it
 
 
 def test_docs_and_page_are_served_without_anything_from_elsewhere(client):
     spec = client.get("/openapi.json").json()
+    assert "securitySchemes" not in spec.get("components", {})  # no key asked for where none is set
     body = spec["paths"]["/predict"]["post"]["requestBody"]["content"]
     assert {"multipart/form-data", "application/octet-stream"} <= set(body)
     assert {"/health", "/info", "/metrics"} <= set(spec["paths"])

@@ -42,14 +42,15 @@ OPTIONS = (
 
 def add_arguments(p) -> None:
     from vitlab.config.serve import ServeConfig
-    from vitlab.deploy.serving import PRECISIONS
 
     d = ServeConfig
     p.add_argument("checkpoint", help="a classification checkpoint in any format vitlab reads, or a pretrained name")
     p.add_argument("--format", help="the checkpoint's format, when detection cannot tell")
     p.add_argument("--host", help=f"interface to listen on (default {d.host}: this machine only; 0.0.0.0: all)")
     p.add_argument("--port", type=int, help=f"port (default {d.port}; 0 picks a free one)")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="the inference copy (default fp32)")
+    p.add_argument(  # checked in run(): naming vitlab.deploy's list here would import torch for --help
+        "--precision", default="fp32", help="the inference copy: fp32 (default), bf16, int8 or fp32-packed"
+    )
     p.add_argument("--max-batch", type=int, help=f"images per forward pass (default {d.max_batch})")
     p.add_argument("--max-wait-ms", type=float, help=f"how long a batch waits to fill (default {d.max_wait_ms:g})")
     p.add_argument("--max-upload-mb", type=float, help=f"request size limit in MiB (default {d.max_upload_mb:g})")
@@ -69,7 +70,11 @@ def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.config.serve import ServeConfig
 
+    from vitlab.deploy.serving import PRECISIONS
+
     config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})
+    if args.precision not in PRECISIONS:
+        raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
     model, _ = open_checkpoint(args.checkpoint, args.format)  # before the port: a bad file binds nothing
     if not model.config.num_classes:
         raise UsageError(

@@ -244,7 +244,7 @@ def _rounded(a: np.ndarray) -> list:
     return np.round(a.astype(np.float64), 4).tolist()
 
 
-def _check_key(expected: Optional[str]):
+def _check_key(expected: str):
     """A FastAPI dependency for /predict: the key in X-API-Key, or as Authorization: Bearer."""
     from fastapi import HTTPException, Request, Security
     from fastapi.security import APIKeyHeader
@@ -252,8 +252,6 @@ def _check_key(expected: Optional[str]):
     header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the server's --api-key")
 
     async def check(request: Request, key: Optional[str] = Security(header)) -> None:
-        if expected is None:
-            return
         bearer = request.headers.get("authorization", "")
         given = key or (bearer[7:].strip() if bearer.lower().startswith("bearer ") else "")
         if not given:
@@ -319,7 +317,7 @@ def _add_predict(app, engine: Engine, config: ServeConfig, state: ServerState) -
         summary="Classify images",
         openapi_extra=PREDICT_BODY,
         responses=PREDICT_RESPONSES,
-        dependencies=[Depends(_check_key(config.api_key))],
+        dependencies=[Depends(_check_key(config.api_key))] if config.api_key is not None else [],
     )
     async def predict(
         request: Request,
