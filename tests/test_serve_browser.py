@@ -2,8 +2,9 @@
 
 The test picks an image in the page's file input, waits for the answer and checks what the
 page shows against the API's own answer for the same file: the top-k bars, the heat map over
-the image (and that choosing a layer and head redraws it), the colour scale, and an error
-for a file that is not an image. Every request the page makes outside the server is blocked
+the image (and that choosing a layer and head redraws it), the colour scale; then it drops
+the same image on the drop zone, and picks a file that is not an image, which must show an
+error. Every request the page makes outside the server is blocked
 and counted, so a CDN reference would fail the test.
 """
 
@@ -58,6 +59,35 @@ def canvas_pixels(page, selector: str) -> np.ndarray:
 def api_answer(url: str, path: Path) -> dict:
     request = urllib.request.Request(f"{url}/predict?top_k=5", data=path.read_bytes(), method="POST")
     return json.loads(urllib.request.urlopen(request, timeout=30).read())["results"][0]
+
+
+def check_heat_map(page, view: str) -> None:
+    """The map is drawn over the image, another layer and head draw another map, and the
+    colour scale runs from the first colour stop to the last."""
+    rollout = canvas_pixels(page, view)
+    page.fill("#opacity", "0")
+    page.dispatch_event("#opacity", "input")
+    plain = canvas_pixels(page, view)
+    page.fill("#opacity", "0.6")
+    page.dispatch_event("#opacity", "input")
+    assert np.abs(rollout.astype(int) - plain.astype(int)).mean() > 5
+    page.select_option("#layer", "1")
+    page.select_option("#head", "0")
+    assert page.get_attribute(view, "data-map") == "1/0"
+    assert not np.array_equal(canvas_pixels(page, view), rollout)
+    scale = canvas_pixels(page, "#scale").reshape(14, 256, 4)
+    assert tuple(scale[7, 0, :3]) == COLOR_STOPS[0][1] and tuple(scale[7, 255, :3]) == COLOR_STOPS[-1][1]
+
+
+def drop(page, data: bytes, name: str) -> None:
+    """Drag and drop: a file with these bytes, dropped on the page's drop zone."""
+    page.evaluate(
+        """([bytes, name]) => { const t = new DataTransfer();
+                                t.items.add(new File([new Uint8Array(bytes)], name, {type: 'image/png'}));
+                                document.querySelector('#drop').dispatchEvent(
+                                    new DragEvent('drop', {dataTransfer: t, bubbles: true, cancelable: true})); }""",
+        [list(data), name],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,21 +147,12 @@ def test_the_page_classifies_a_picked_image_and_draws_its_attention(browser_page
         assert widths == sorted(widths, reverse=True) and widths[0] > 0
         assert "stripes.png" in card.inner_text()
 
-        view = ".card[data-state=done] canvas.view"
-        rollout = canvas_pixels(page, view)
-        page.fill("#opacity", "0")
-        page.dispatch_event("#opacity", "input")
-        plain = canvas_pixels(page, view)
-        page.fill("#opacity", "0.6")
-        page.dispatch_event("#opacity", "input")
-        assert np.abs(rollout.astype(int) - plain.astype(int)).mean() > 5  # the heat map is drawn over the image
-        page.select_option("#layer", "1")
-        page.select_option("#head", "0")
-        assert page.get_attribute(view, "data-map") == "1/0"
-        assert not np.array_equal(canvas_pixels(page, view), rollout)  # another map
-
-        scale = canvas_pixels(page, "#scale").reshape(14, 256, 4)
-        assert tuple(scale[7, 0, :3]) == COLOR_STOPS[0][1] and tuple(scale[7, 255, :3]) == COLOR_STOPS[-1][1]
+        check_heat_map(page, ".card[data-state=done] canvas.view")
+        drop(page, picture.read_bytes(), "dropped.png")
+        page.wait_for_selector(".card:nth-child(2)[data-state=done]", timeout=30_000)
+        dropped = page.query_selector_all(".card")[1]
+        assert "dropped.png" in dropped.inner_text()
+        assert dropped.query_selector(".bars .class").inner_text() == expected["predictions"][0]["class"]
 
         page.set_input_files("#picker", str(not_an_image))
         failed = page.wait_for_selector(".card[data-state=error]", timeout=30_000)
