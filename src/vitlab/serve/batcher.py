@@ -1,9 +1,12 @@
 """Dynamic batching: requests that arrive together share one forward pass.
 
-A forward pass over 16 images costs far less than 16 passes over one (the Dense layers of
-Eq. 2-3 become real matrix products instead of matrix-vector ones), so under load the
-server waits a little (`max_wait_s`) for company before running. TorchServe and Triton do
-the same; this is the few lines vitlab needs, on asyncio.
+Every forward pass pays a fixed cost besides its arithmetic (Python, dispatching some hundred
+kernels, reading every weight from memory); a batch pays it once for all its images. For a
+small model that fixed cost is most of the time. For ViT-B/16 at 224 px one image already
+makes 197-row matrix products (Eq. 2-3), so on a CPU batching gains it little; docs/serving.md
+has the measurements. Under load the server therefore waits a little (`max_wait_s`) for
+company before running. TorchServe and Triton do the same; this is the few lines vitlab
+needs, on asyncio.
 
 `Batcher.submit(item)` is awaited by a request handler on the event loop. One worker task
 takes the first waiting item, gathers more until `max_batch` are in hand or `max_wait_s`
