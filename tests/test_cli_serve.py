@@ -115,6 +115,14 @@ def test_a_headless_checkpoint_and_bad_options_are_one_line_errors(tmp_path, cap
         assert err.count("\n") == 1 and words in err, err
 
 
+def test_the_listening_socket_sends_small_answers_at_once():
+    from vitlab.cli.serve import _bind
+
+    with _bind("127.0.0.1", 0) as sock:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)  # no Nagle wait on kept-alive connections
+        assert sock.getsockname()[0] == "127.0.0.1"
+
+
 def test_a_taken_port_is_a_one_line_error(classifier_checkpoint, capsys):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         assert main(["serve", str(classifier_checkpoint), "--port", str(taken.getsockname()[1])]) == 2
