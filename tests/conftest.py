@@ -10,8 +10,15 @@ import time
 import zlib
 from pathlib import Path
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
+
+from vitlab.config import ViTConfig
+from vitlab.models.vit import VisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -38,6 +45,50 @@ def logits(model: torch.nn.Module, x: torch.Tensor, float64: bool = True) -> tor
     out = getattr(out, "logits", out)
     if float64:
         model.float()
+    return out
+
+
+TINY = dict(name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
+
+
+def tiny_config(**overrides) -> ViTConfig:
+    """A ViT small enough to build and run in milliseconds: 16 px, 4 px patches, width 32."""
+    return ViTConfig(**{**TINY, **overrides})
+
+
+def tiny_model(seed: int = 0, class_names=None, **overrides) -> VisionTransformer:
+    """A freshly initialised tiny ViT (seeded), in eval mode, optionally with class names."""
+    torch.manual_seed(seed)
+    model = VisionTransformer(tiny_config(**overrides)).eval()
+    model.class_names = class_names
+    return model
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path) -> Path:
+    """A vitlab checkpoint of a perturbed tiny model with named classes."""
+    import vitlab
+
+    model = perturb(tiny_model(class_names=[f"class {i}" for i in range(10)]))
+    path = tmp_path / "tiny.safetensors"
+    vitlab.save(model, path)
+    return path
+
+
+# `vitlab train` on the built-in digits, cut short: a real trained checkpoint in ~10 s.
+DIGITS_RUN = ["--steps", "40", "--ckpt-every", "40", "--quiet", "model.depth=2", "model.hidden_size=32",
+              "model.num_heads=2", "model.mlp_dim=64", "data.num_workers=0", "train.log_every=10"]
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory) -> Path:
+    """The run folder of a short real training on digits (shared by every test that reads it:
+    treat it as read-only)."""
+    out = tmp_path_factory.mktemp("digits") / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "vitlab", "train", "--out", str(out), *DIGITS_RUN],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
     return out
 
 

@@ -8,18 +8,15 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import tiny_model
 from vitlab import analysis
-from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.config import ResNetConfig
 from vitlab.models.pos_embed import sincos_2d
 from vitlab.models.vit import VisionTransformer
 
 
 def tiny(**kw) -> VisionTransformer:
-    base = dict(
-        name="tiny", image_size=(16, 24), patch_size=4, hidden_size=32, depth=3, num_heads=2, mlp_dim=64, num_classes=5
-    )
-    torch.manual_seed(0)
-    return VisionTransformer(ViTConfig(**{**base, **kw})).eval()
+    return tiny_model(**{"image_size": (16, 24), "depth": 3, "num_classes": 5, **kw})
 
 
 def with_prefix(patch_attn: torch.Tensor, prefix: int) -> torch.Tensor:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vitlab.eval.accuracy import add_counts, batch_counts, evaluate, metrics_from_counts, plot_confusion, report
+from vitlab.analysis.plots import plot_confusion
+from vitlab.eval.accuracy import add_counts, batch_counts, evaluate, metrics_from_counts, report
 
 
 def test_counts_add_up_across_batches_to_the_whole():

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Optional
 
-from vitlab.config import ConfigError, ViTConfig
-from vitlab.models.variants import MODELS, resolve_name
+from vitlab import checkpoints
+from vitlab.config import ViTConfig
+from vitlab.models.variants import MODELS, variant_config
 from vitlab.models.vit import VisionTransformer
 
 
@@ -17,11 +17,8 @@ def list_models() -> list[str]:
 
 
 def get_config(name: str, **overrides: Any) -> ViTConfig:
-    try:
-        base = MODELS[resolve_name(name)]
-    except KeyError:
-        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
-    return base.replace(**overrides)
+    """A variant's config with fields changed; a changed shape is named as such (see variant_config)."""
+    return variant_config(name, **overrides)
 
 
 def create_model(name: str | ViTConfig, **overrides: Any) -> VisionTransformer:
@@ -36,17 +33,9 @@ def load(path_or_name: str | os.PathLike, format: Optional[str] = None, **overri
     Overrides change the config on the way in; `image_size=384` resizes the position
     embeddings, `num_classes=10` starts a fresh zero-initialised head.
     """
-    from vitlab import checkpoints
-
-    if not Path(path_or_name).exists() and isinstance(path_or_name, str) and ":" in path_or_name:
-        from vitlab.checkpoints import pretrained
-
-        path_or_name = pretrained.fetch(path_or_name)
-    return checkpoints.load_file(path_or_name, format, **overrides)
+    return checkpoints.load(path_or_name, format, **overrides)
 
 
 def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
     """Write `model` to `path` in one of the formats in `vitlab.checkpoints.FORMATS`."""
-    from vitlab import checkpoints
-
     checkpoints.save(model, path, format, **kwargs)

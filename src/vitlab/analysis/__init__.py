@@ -16,7 +16,8 @@ from vitlab.analysis.attention_distance import (
     mean_attention_distance,
     patch_distance_matrix,
 )
-from vitlab.analysis.extras import Figure, extra_figures
+from vitlab.analysis.figure import Figure
+from vitlab.analysis.objective_figures import objective_figures
 from vitlab.analysis.filters import FilterPCs, embedding_filters, filter_principal_components
 from vitlab.analysis.pos_similarity import (
     NoPositionTable,
@@ -39,8 +40,8 @@ __all__ = [
     "display_images",
     "distance_depth_trend",
     "embedding_filters",
-    "extra_figures",
     "filter_principal_components",
+    "objective_figures",
     "mean_attention_distance",
     "patch_distance_matrix",
     "position_table",

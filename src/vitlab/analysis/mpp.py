@@ -10,9 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import json
+
 import numpy as np
 import torch
 from torch import Tensor
+
+from vitlab.checkpoints import CheckpointError
+from vitlab.config import MPPConfig
+from vitlab.models.mpp import KIND_NAMES, UNTOUCHED, MPPHead, dequantise_colors, unnormalise
 
 
 @dataclass
@@ -22,7 +28,7 @@ class MPPPredictions:
 
     target: str
     images: np.ndarray  # (B, H, W, C) the input pixels in [0, 1]
-    kind: np.ndarray  # (B, gh, gw) codes of vitlab.train.mpp: 0 untouched, 1 mask, 2 random, 3 unchanged
+    kind: np.ndarray  # (B, gh, gw) codes of vitlab.models.mpp: 0 untouched, 1 mask, 2 random, 3 unchanged
     true: np.ndarray  # target colours (quantised to bin centres for the colour targets)
     predicted: np.ndarray  # predicted colours (the argmax class's bin centre)
     accuracy: float  # share of corrupted patches (cells) whose colour class is right; nan for pixels
@@ -38,15 +44,13 @@ def _to_image(colors: Tensor, gh: int, gw: int, cells: int) -> Tensor:
 
 
 @torch.no_grad()
-def mpp_predictions(objective, images: Tensor, seed: int = 0) -> MPPPredictions:
-    """Run an MPP objective (`vitlab.train.mpp.MaskedPatchPrediction`) on normalised images."""
-    from vitlab.train.mpp import KIND_NAMES, UNTOUCHED, dequantise_colors, unnormalise
-
-    objective.eval()
-    cfg, mc = objective.cfg, objective.model.config
+def mpp_predictions(model, head: MPPHead, images: Tensor, seed: int = 0) -> MPPPredictions:
+    """Run a backbone and its MPP head (`vitlab.models.mpp.MPPHead`) on normalised images."""
+    model.eval()
+    cfg, mc = head.cfg, model.config
     p, c = mc.patch_size, mc.in_channels
     b, gh, gw = images.shape[0], images.shape[2] // p, images.shape[3] // p
-    kind, pred, target = objective.predict(images, torch.Generator().manual_seed(seed))
+    kind, pred, target = head.predict(model, images, torch.Generator().manual_seed(seed))
     kind, pred, target = kind.cpu(), pred.cpu(), target.cpu()
     pixels = unnormalise(images.float(), mc.mean, mc.std).cpu()
     levels = 2**cfg.bits
@@ -79,20 +83,17 @@ def mpp_predictions(objective, images: Tensor, seed: int = 0) -> MPPPredictions:
     )
 
 
-def objective_from_extras(model, metadata: dict[str, str], extras: dict[str, Tensor]):
-    """The MPP objective of a loaded checkpoint: its backbone plus the stored [mask]
-    embedding and prediction head (`Imported.metadata` / `Imported.extras`)."""
-    import copy
-    import json
-
-    from vitlab.config import MPPConfig
-    from vitlab.train.mpp import MaskedPatchPrediction
-
-    if model.config.num_classes:  # the objective strips the classifier; leave the caller's model alone
-        model = copy.deepcopy(model)
-    objective = MaskedPatchPrediction(model, MPPConfig.from_dict(json.loads(metadata.get("objective_options") or "{}")))
-    objective.load_extra_tensors(extras)
-    return objective.to(next(model.parameters()).device).eval()
+def head_from_extras(model, metadata: dict[str, str], extras: dict[str, Tensor]) -> MPPHead:
+    """The MPP head a checkpoint stored beside its backbone (`Imported.metadata` / `.extras`)."""
+    if "mask_token" not in extras:
+        raise CheckpointError(
+            f"not a masked-patch-prediction checkpoint (objective={metadata.get('objective')!r}, no [mask] "
+            "embedding among its tensors); train one with `vitlab train --objective mpp`"
+        )
+    cfg = MPPConfig.from_dict(json.loads(metadata.get("objective_options") or "{}"))
+    head = MPPHead(cfg, model.config)
+    head.load_extra_tensors(extras)
+    return head.to(next(model.parameters()).device).eval()
 
 
 def summary_numbers(result: MPPPredictions) -> dict[str, Any]:
@@ -108,4 +109,4 @@ def summary_numbers(result: MPPPredictions) -> dict[str, Any]:
     }
 
 
-__all__ = ["MPPPredictions", "mpp_predictions", "objective_from_extras", "summary_numbers"]
+__all__ = ["MPPPredictions", "head_from_extras", "mpp_predictions", "summary_numbers"]

@@ -12,14 +12,11 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
-from vitlab.analysis.mpp import (
-    MPPPredictions,
-    mpp_predictions,
-    objective_from_extras,
-    summary_numbers,
-)
+from vitlab.analysis.figure import Figure
+from vitlab.analysis.mpp import MPPPredictions, head_from_extras, mpp_predictions, summary_numbers
+from vitlab.analysis.plots import new_figure, save_figure
 
-# Outline colours per corruption kind (codes of vitlab.train.mpp).
+# Outline colours per corruption kind (codes of vitlab.models.mpp).
 KIND_COLORS = {1: ("#d62728", "[mask]"), 2: ("#1f77b4", "random patch"), 3: ("#2ca02c", "unchanged")}
 MASK_GREY = 0.5
 
@@ -29,9 +26,7 @@ def _expand(kind: np.ndarray, factor: int) -> np.ndarray:
 
 
 def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = "") -> Path:
-    from matplotlib.patches import Patch, Rectangle
-
-    from vitlab.analysis.plots import new_figure, save_figure
+    from matplotlib.patches import Patch, Rectangle  # optional dependency: only when drawing
 
     n = min(max_images, result.images.shape[0])
     h = result.images.shape[1]
@@ -75,14 +70,11 @@ def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = ""
 
 
 def mpp_figures(model, metadata: dict[str, str], extras: dict[str, Tensor], images: Tensor, out_dir: Path) -> list:
-    """The hook of `vitlab.analysis.extras.extra_figures` for MPP checkpoints."""
-    from vitlab.analysis.extras import Figure
-
+    """The hook of `vitlab.analysis.objective_figures` for MPP checkpoints."""
     if "mask_token" not in extras:
         return []
-    objective = objective_from_extras(model, metadata, extras)
-    device = next(objective.parameters()).device
-    result = mpp_predictions(objective, images.to(device))
+    head = head_from_extras(model, metadata, extras)
+    result = mpp_predictions(model, head, images.to(next(model.parameters()).device))
     png = plot_mpp(result, Path(out_dir) / "mpp_predictions.png", source=model.config.name)
     caption = (
         "Masked patch prediction (§4.6): half of each image's patches are corrupted (outlined: red "

@@ -167,8 +167,11 @@ def plot_learning_curve(series: dict[str, dict[str, list]], path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_confusion(matrix: np.ndarray, class_names: Sequence[str], path) -> Path:
-    """A row-normalised confusion matrix; names on the axes up to 40 classes, values up to 20."""
+def plot_confusion(counts: Sequence[Sequence[int]], class_names: Sequence[str], path) -> Path:
+    """The confusion matrix of `counts[true][predicted]`, each row normalised to sum to 1;
+    names on the axes up to 40 classes, values up to 20."""
+    m = np.asarray(counts, dtype=np.float64)
+    matrix = m / np.maximum(m.sum(1, keepdims=True), 1)
     k = len(class_names)
     size = min(4 + 0.35 * k, 20)
     fig = new_figure(size, size)

@@ -8,7 +8,7 @@ import html
 from pathlib import Path
 from typing import Sequence
 
-from vitlab.analysis.extras import Figure
+from vitlab.analysis.figure import Figure
 
 
 def _img(png: Path) -> str:

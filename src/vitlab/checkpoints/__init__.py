@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any, Optional
 
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
+from vitlab.checkpoints.pretrained import is_pretrained_name, resolve
 from vitlab.config import ConfigError
 from vitlab.models.vit import VisionTransformer
 
@@ -46,6 +47,8 @@ def detect_format(path: str | os.PathLike) -> str:
 
 
 def read_checkpoint(path: str | os.PathLike, format: Optional[str] = None) -> Imported:
+    """Any checkpoint file or folder, or a published name, read into vitlab's names."""
+    path = resolve(path)
     name = format or detect_format(path)
     imported = format_module(name).read(path)
     imported.source_format = name
@@ -69,7 +72,8 @@ def build_model(imported: Imported, source: str, **overrides: Any) -> VisionTran
     return model.eval()
 
 
-def load_file(path: str | os.PathLike, format: Optional[str] = None, **overrides: Any) -> VisionTransformer:
+def load(path: str | os.PathLike, format: Optional[str] = None, **overrides: Any) -> VisionTransformer:
+    """A model from any checkpoint file or folder, or a published name; see vitlab.load."""
     return build_model(read_checkpoint(path, format), str(path), **overrides)
 
 
@@ -77,4 +81,7 @@ def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitla
     format_module(format).write(model, path, **kwargs)
 
 
-__all__ = ["FORMATS", "CheckpointError", "Imported", "detect_format", "read_checkpoint", "build_model", "load_file", "save"]
+__all__ = [
+    "FORMATS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
+    "read_checkpoint", "resolve", "save",
+]

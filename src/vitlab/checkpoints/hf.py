@@ -30,9 +30,9 @@ from vitlab.checkpoints.tables import (
     import_state,
     read_tensors,
     refuse,
-    variant_name,
 )
 from vitlab.config import ViTConfig
+from vitlab.models.variants import describe
 from vitlab.files import replace_folder
 
 FORMAT_NAME = "hf"
@@ -166,7 +166,7 @@ def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig
         mean=mean,
         std=std,
     )
-    return cfg.replace(name=variant_name(cfg)), names
+    return cfg.replace(name=describe(cfg)), names
 
 
 def _preprocessing(folder: Path, cfg: ViTConfig) -> ViTConfig:

@@ -57,17 +57,29 @@ def write(
 ) -> None:
     """Write the model; `extra_tensors` (an objective's own weights) and `extra_metadata`
     travel in the same file and come back in `Imported.extras` / `Imported.metadata`."""
+    write_state(model.config, contiguous_state(model), model.class_names, path, extra_metadata, extra_tensors)
+
+
+def write_state(
+    config: ViTConfig,
+    state: dict[str, Tensor],
+    class_names: Optional[list[str]],
+    path: str | os.PathLike,
+    extra_metadata: Optional[dict] = None,
+    extra_tensors: Optional[dict[str, Tensor]] = None,
+) -> None:
+    """`write` for weights held apart from a model (gathered shards, averaged weights)."""
     from safetensors.torch import save_file
 
     metadata = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "config": model.config.to_json(),
-        "class_names": json.dumps(model.class_names),
+        "config": config.to_json(),
+        "class_names": json.dumps(class_names),
     }
     for k, v in (extra_metadata or {}).items():
         metadata[k] = v if isinstance(v, str) else json.dumps(v)
-    state = contiguous_state(model)
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     for k, v in (extra_tensors or {}).items():
         state[EXTRA_PREFIX + k] = v.detach().cpu().contiguous()
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))

@@ -22,17 +22,20 @@ from vitlab.files import atomic_write
 from vitlab.checkpoints.tables import (
     Rule,
     copy,
+    count_indexed,
     expected_shapes,
     export_state,
     fused,
     import_state,
     permuted,
     refuse,
+    resnet_layers,
+    resnet_rules,
     square_grid,
     transposed,
-    variant_name,
 )
 from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.models.variants import describe
 
 FORMAT_NAME = "npz"
 HWIO_TO_OIHW = (3, 2, 0, 1)  # conv kernels: TF stores (kh, kw, in, out)
@@ -97,32 +100,20 @@ def rules(cfg: ViTConfig, spelling: str = "original") -> list[Rule]:
     if cfg.num_classes:
         table += [transposed("head.weight", "head/kernel"), copy("head.bias", "head/bias")]
     if cfg.resnet is not None:
-        table += _resnet_rules(cfg.resnet)
+        table += resnet_rules(cfg.resnet.layers, _resnet_name, _kernel, ("scale", "bias"))
     return table
 
 
-def _resnet_rules(r: ResNetConfig) -> list[Rule]:
-    table = [
-        permuted("backbone.root_conv.weight", "conv_root/kernel", HWIO_TO_OIHW),
-        copy("backbone.root_gn.weight", "gn_root/scale"),
-        copy("backbone.root_gn.bias", "gn_root/bias"),
-    ]
-    for s, units in enumerate(r.layers):
-        for u in range(units):
-            b, o = f"block{s + 1}/unit{u + 1}/", f"backbone.stages.{s}.{u}."
-            for n in (1, 2, 3):
-                table += [
-                    permuted(f"{o}conv{n}.weight", f"{b}conv{n}/kernel", HWIO_TO_OIHW),
-                    copy(f"{o}gn{n}.weight", f"{b}gn{n}/scale"),
-                    copy(f"{o}gn{n}.bias", f"{b}gn{n}/bias"),
-                ]
-            if u == 0:  # the first unit of every stage changes width (or stride): projection
-                table += [
-                    permuted(f"{o}downsample.0.weight", f"{b}conv_proj/kernel", HWIO_TO_OIHW),
-                    copy(f"{o}downsample.1.weight", f"{b}gn_proj/scale"),
-                    copy(f"{o}downsample.1.bias", f"{b}gn_proj/bias"),
-                ]
-    return table
+def _resnet_name(part: str, s: int = 0, u: int = 0, n: int = 0) -> str:
+    unit = f"block{s + 1}/unit{u + 1}/"  # the official names count from 1
+    return {
+        "root_conv": "conv_root/kernel", "root_norm": "gn_root/", "conv": f"{unit}conv{n}/kernel",
+        "norm": f"{unit}gn{n}/", "proj_conv": unit + "conv_proj/kernel", "proj_norm": unit + "gn_proj/",
+    }[part]
+
+
+def _kernel(ours: str, theirs: str) -> Rule:
+    return permuted(ours, theirs, HWIO_TO_OIHW)
 
 
 # Reading --------------------------------------------------------------------------------
@@ -173,9 +164,7 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
     ph, pw, cin, d = a["embedding/kernel"].shape
     if ph != pw:
         raise CheckpointError(f"{source}: embedding/kernel {tuple(a['embedding/kernel'].shape)} has non-square patches")
-    depth = 0
-    while f"Transformer/encoderblock_{depth}/LayerNorm_0/scale" in a:
-        depth += 1
+    depth = count_indexed(a, lambda i: f"Transformer/encoderblock_{i}/LayerNorm_0/scale")
     spelling = next(
         (s for s, names in SPELLINGS.items() if f"Transformer/encoderblock_0/{names[1]}/query/kernel" in a), None
     )
@@ -192,13 +181,8 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
     in_channels = cin
     if "conv_root/kernel" in a:
         _, _, in_channels, width = a["conv_root/kernel"].shape
-        layers = []
-        while f"block{len(layers) + 1}/unit1/conv1/kernel" in a:
-            s, units = len(layers) + 1, 0
-            while f"block{s}/unit{units + 1}/conv1/kernel" in a:
-                units += 1
-            layers.append(units)
-        resnet = ResNetConfig(layers=tuple(layers), width_factor=width // 64)
+        layers = resnet_layers(a, lambda s, u: _resnet_name("conv", s, u, 1))
+        resnet = ResNetConfig(layers=layers, width_factor=width // 64)
 
     token = "cls" in a
     if POS not in a:
@@ -224,7 +208,7 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
         std=(0.5,) * in_channels,
     )
     cfg = official_numerics(cfg)
-    return cfg.replace(name=variant_name(cfg)), spelling
+    return cfg.replace(name=describe(cfg)), spelling
 
 
 def read(path: str | os.PathLike) -> Imported:

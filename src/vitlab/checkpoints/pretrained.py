@@ -135,6 +135,17 @@ def _augreg() -> list[Pretrained]:
 PRETRAINED: dict[str, Pretrained] = {p.name: p for p in _paper() + _augreg()}
 
 
+def is_pretrained_name(path_or_name: object) -> bool:
+    """A published name such as "ViT-B/16:imagenet21k" rather than a file: MODEL:WEIGHTS, and no
+    file or folder of that name exists (a local path always wins)."""
+    return isinstance(path_or_name, str) and ":" in path_or_name and not Path(path_or_name).exists()
+
+
+def resolve(path_or_name: str | os.PathLike) -> Path:
+    """The local file of a checkpoint path or a published name (downloaded once, cached)."""
+    return fetch(path_or_name) if is_pretrained_name(path_or_name) else Path(path_or_name)
+
+
 def list_pretrained() -> list[str]:
     return list(PRETRAINED)
 

@@ -13,14 +13,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Collection, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError
+from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.files import atomic_write
 from vitlab.config import ViTConfig
+from vitlab.models.vit import VisionTransformer
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
 ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
@@ -133,11 +134,50 @@ def export_state(rules: Sequence[Rule], ours: dict[str, Tensor], target: str) ->
 
 def expected_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of a model of `cfg`, built on the meta device (no memory, no init cost)."""
-    from vitlab.models.vit import VisionTransformer
-
     with torch.device("meta"):
         model = VisionTransformer(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+# The hybrid's BiT ResNet stem, in any format -----------------------------------------------
+ResNetName = Callable[..., str]  # (part, stage=0, unit=0, n=0) -> their key or key prefix
+
+
+def resnet_rules(layers: Sequence[int], theirs: ResNetName, conv: Callable[[str, str], Rule],
+                 norm_params: tuple[str, str]) -> list[Rule]:
+    """The rules of a hybrid's ResNet stem. `theirs(part, stage, unit, n)` names a part in
+    the format ("root_conv", "root_norm", "conv", "norm", "proj_conv", "proj_norm"; norms are
+    prefixes); `conv(ours, theirs)` converts a kernel (a copy, or HWIO -> OIHW); norm_params
+    are the format's names of GroupNorm's scale and shift."""
+    scale, shift = norm_params
+
+    def norm(ours: str, prefix: str) -> list[Rule]:
+        return [copy(f"{ours}.weight", prefix + scale), copy(f"{ours}.bias", prefix + shift)]
+
+    table = [conv("backbone.root_conv.weight", theirs("root_conv")), *norm("backbone.root_gn", theirs("root_norm"))]
+    for s, units in enumerate(layers):
+        for u in range(units):
+            o = f"backbone.stages.{s}.{u}."
+            for n in (1, 2, 3):
+                table += [conv(f"{o}conv{n}.weight", theirs("conv", s, u, n)), *norm(f"{o}gn{n}", theirs("norm", s, u, n))]
+            if u == 0:  # the first unit of every stage changes width (or stride): a projection
+                table += [conv(f"{o}downsample.0.weight", theirs("proj_conv", s, u)),
+                          *norm(f"{o}downsample.1", theirs("proj_norm", s, u))]
+    return table
+
+
+def count_indexed(keys: Collection[str], key: Callable[[int], str]) -> int:
+    """How many of key(0), key(1), ... are present, in a row: blocks, stages, units."""
+    n = 0
+    while key(n) in keys:
+        n += 1
+    return n
+
+
+def resnet_layers(keys: Collection[str], unit_key: Callable[[int, int], str]) -> tuple[int, ...]:
+    """Units per stage of a ResNet stem, from `unit_key(stage, unit)` naming one unit's tensor."""
+    return tuple(count_indexed(keys, lambda u, s=s: unit_key(s, u))
+                 for s in range(count_indexed(keys, lambda s: unit_key(s, 0))))
 
 
 # Naming and guessing ---------------------------------------------------------------------
@@ -160,21 +200,6 @@ def square_grid(patch_tokens: int, source: str) -> int:
             "pass image_size=(H, W) to vitlab.load to say which grid it is"
         )
     return side
-
-
-def variant_name(cfg: ViTConfig) -> str:
-    """The registered variant with the same architecture ("ViT-B/16"), else a descriptive name."""
-    from vitlab.models.variants import MODELS
-
-    for name, v in MODELS.items():
-        same = (v.hidden_size, v.depth, v.num_heads, v.mlp_dim, v.patch_size) == (
-            cfg.hidden_size, cfg.depth, cfg.num_heads, cfg.mlp_dim, cfg.patch_size
-        )
-        same_stem = (v.resnet.layers if v.resnet else None) == (cfg.resnet.layers if cfg.resnet else None)
-        if same and same_stem:
-            return name
-    stem = f"R{len(cfg.resnet.layers)}stage+" if cfg.resnet else ""
-    return f"{stem}ViT-D{cfg.hidden_size}-L{cfg.depth}/{cfg.total_stride}"
 
 
 # Tensor files (.safetensors, .pth/.pt/.bin), never unpickled ------------------------------
@@ -273,6 +298,18 @@ def class_names_from(meta: dict[str, str], num_classes: int) -> Optional[list[st
     except json.JSONDecodeError:
         return None
     return names if isinstance(names, list) and len(names) == num_classes else None
+
+
+def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[ViTConfig], list[Rule]],
+                         infer: Callable[[dict[str, Tensor], str], ViTConfig],
+                         rename: Callable[[dict[str, Tensor]], dict[str, Tensor]] = dict) -> Imported:
+    """A state-dict format (timm, torchvision): the tensors, the config vitlab wrote beside them
+    (else inferred from the tensors), the table applied with every key and shape checked."""
+    state, meta = read_tensors(path)
+    state = rename(state)
+    cfg = stored_config(meta) or infer(state, str(path))
+    ours = import_state(rules(cfg), state, expected_shapes(cfg), str(path))
+    return Imported(cfg, ours, class_names_from(meta, cfg.num_classes), source_format=fmt, metadata=meta)
 
 
 def writer_metadata(model, fmt: str) -> dict[str, str]:

@@ -22,22 +22,21 @@ from typing import Any
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.tables import (
     Rule,
-    class_names_from,
     copy,
-    expected_shapes,
+    count_indexed,
     export_state,
     guess_num_heads,
-    import_state,
     peek_keys,
-    read_tensors,
+    read_state_dict_file,
     refuse,
+    resnet_layers,
+    resnet_rules,
     square_grid,
-    stored_config,
-    variant_name,
     write_tensors,
     writer_metadata,
 )
 from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.models.variants import describe
 
 FORMAT_NAME = "timm"
 BACKBONE = "patch_embed.backbone."
@@ -72,27 +71,17 @@ def rules(cfg: ViTConfig) -> list[Rule]:
     if cfg.num_classes:
         table += [copy("head.weight", "head.weight"), copy("head.bias", "head.bias")]
     if cfg.resnet is not None:
-        table += [
-            copy("backbone.root_conv.weight", BACKBONE + "stem.conv.weight"),
-            copy("backbone.root_gn.weight", BACKBONE + "stem.norm.weight"),
-            copy("backbone.root_gn.bias", BACKBONE + "stem.norm.bias"),
-        ]
-        for s, units in enumerate(cfg.resnet.layers):
-            for u in range(units):
-                o, t = f"backbone.stages.{s}.{u}.", f"{BACKBONE}stages.{s}.blocks.{u}."
-                for n in (1, 2, 3):
-                    table += [
-                        copy(f"{o}conv{n}.weight", f"{t}conv{n}.weight"),
-                        copy(f"{o}gn{n}.weight", f"{t}norm{n}.weight"),
-                        copy(f"{o}gn{n}.bias", f"{t}norm{n}.bias"),
-                    ]
-                if u == 0:
-                    table += [
-                        copy(f"{o}downsample.0.weight", f"{t}downsample.conv.weight"),
-                        copy(f"{o}downsample.1.weight", f"{t}downsample.norm.weight"),
-                        copy(f"{o}downsample.1.bias", f"{t}downsample.norm.bias"),
-                    ]
+        table += resnet_rules(cfg.resnet.layers, _resnet_name, copy, ("weight", "bias"))
     return table
+
+
+def _resnet_name(part: str, s: int = 0, u: int = 0, n: int = 0) -> str:
+    unit = f"{BACKBONE}stages.{s}.blocks.{u}."
+    return {
+        "root_conv": BACKBONE + "stem.conv.weight", "root_norm": BACKBONE + "stem.norm.",
+        "conv": f"{unit}conv{n}.weight", "norm": f"{unit}norm{n}.",
+        "proj_conv": unit + "downsample.conv.weight", "proj_norm": unit + "downsample.norm.",
+    }[part]
 
 
 # Reading --------------------------------------------------------------------------------
@@ -118,19 +107,12 @@ def infer_config(s: dict, source: str) -> ViTConfig:
             "the tokens before pooling, as the paper does, and cannot represent it"
         )
     d, cin, p, _ = s["patch_embed.proj.weight"].shape
-    depth = 0
-    while f"blocks.{depth}.norm1.weight" in s:
-        depth += 1
+    depth = count_indexed(s, lambda i: f"blocks.{i}.norm1.weight")
     resnet = None
     if BACKBONE + "stem.conv.weight" in s:
         width, cin = s[BACKBONE + "stem.conv.weight"].shape[:2]
-        layers = []
-        while f"{BACKBONE}stages.{len(layers)}.blocks.0.conv1.weight" in s:
-            st, units = len(layers), 0
-            while f"{BACKBONE}stages.{st}.blocks.{units}.conv1.weight" in s:
-                units += 1
-            layers.append(units)
-        resnet = ResNetConfig(layers=tuple(layers), width_factor=width // 64)
+        layers = resnet_layers(s, lambda st, u: _resnet_name("conv", st, u, 1))
+        resnet = ResNetConfig(layers=layers, width_factor=width // 64)
     token = "cls_token" in s
     tokens = s["pos_embed"].shape[1]
     if token and round(tokens**0.5) ** 2 == tokens and round((tokens - 1) ** 0.5) ** 2 != tokens - 1:
@@ -156,14 +138,11 @@ def infer_config(s: dict, source: str) -> ViTConfig:
         std=(0.5,) * cin,
     )
     cfg = timm_numerics(cfg)
-    return cfg.replace(name=variant_name(cfg))
+    return cfg.replace(name=describe(cfg))
 
 
 def read(path: str | os.PathLike) -> Imported:
-    state, meta = read_tensors(path)
-    cfg = stored_config(meta) or infer_config(state, str(path))
-    ours = import_state(rules(cfg), state, expected_shapes(cfg), str(path))
-    return Imported(cfg, ours, class_names_from(meta, cfg.num_classes), source_format=FORMAT_NAME, metadata=meta)
+    return read_state_dict_file(path, FORMAT_NAME, rules, infer_config)
 
 
 # Writing --------------------------------------------------------------------------------

@@ -16,23 +16,11 @@ from pathlib import Path
 
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.tables import (
-    Rule,
-    class_names_from,
-    copy,
-    expected_shapes,
-    export_state,
-    guess_num_heads,
-    import_state,
-    peek_keys,
-    read_tensors,
-    refuse,
-    square_grid,
-    stored_config,
-    variant_name,
-    write_tensors,
-    writer_metadata,
+    Rule, copy, count_indexed, export_state, guess_num_heads, peek_keys,
+    read_state_dict_file, refuse, square_grid, write_tensors, writer_metadata,
 )
 from vitlab.config import ViTConfig
+from vitlab.models.variants import describe
 
 FORMAT_NAME = "torchvision"
 LAYER = "encoder.layers.encoder_layer_{}."
@@ -90,9 +78,7 @@ def infer_config(s: dict, source: str) -> ViTConfig:
     if not looks_like(set(s)):
         raise CheckpointError(f"{source}: not a torchvision VisionTransformer state dict; found {', '.join(sorted(s)[:6])}")
     d, cin, p, _ = s["conv_proj.weight"].shape
-    depth = 0
-    while LAYER.format(depth) + "ln_1.weight" in s:
-        depth += 1
+    depth = count_indexed(s, lambda i: LAYER.format(i) + "ln_1.weight")
     side = square_grid(s["encoder.pos_embedding"].shape[1] - 1, source)
     rep = s["heads.pre_logits.weight"].shape[0] if "heads.pre_logits.weight" in s else None
     cfg = ViTConfig(
@@ -112,15 +98,11 @@ def infer_config(s: dict, source: str) -> ViTConfig:
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
     )
-    return cfg.replace(name=variant_name(cfg))
+    return cfg.replace(name=describe(cfg))
 
 
 def read(path: str | os.PathLike) -> Imported:
-    state, meta = read_tensors(path)
-    state = _current_names(state)
-    cfg = stored_config(meta) or infer_config(state, str(path))
-    ours = import_state(rules(cfg), state, expected_shapes(cfg), str(path))
-    return Imported(cfg, ours, class_names_from(meta, cfg.num_classes), source_format=FORMAT_NAME, metadata=meta)
+    return read_state_dict_file(path, FORMAT_NAME, rules, infer_config, rename=_current_names)
 
 
 def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:

@@ -23,14 +23,26 @@ def add_checkpoint_arguments(p) -> None:
     )
 
 
+def add_feature_arguments(p, train_help: str, test_help: str) -> None:
+    """What the commands that read frozen features share: the checkpoint, the data, its splits,
+    the batch, the feature cache and the output."""
+    add_checkpoint_arguments(p)
+    p.add_argument("--data", required=True,
+                   help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN")
+    p.add_argument("--train-split", default="train", help=f"{train_help} (default train)")
+    p.add_argument("--test-split", default="test", help=f"{test_help} (default test)")
+    p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--no-cache", action="store_true", help="recompute features, do not read or write the cache")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--out", help="also write the JSON result to this file")
+
+
 def open_checkpoint(path: str, format: Optional[str] = None, random_init: Optional[int] = None):
     """(model in eval mode, Imported) for a checkpoint path or pretrained name."""
     from vitlab import checkpoints
 
-    if not Path(path).exists() and ":" in path:
-        from vitlab.checkpoints import pretrained
-
-        path = str(pretrained.fetch(path))
+    path = str(checkpoints.resolve(path))
     imported = checkpoints.read_checkpoint(path, format)
     if random_init is not None:
         import torch
@@ -86,6 +98,15 @@ def write_json(path: str, payload: dict) -> None:
     from vitlab.files import atomic_write_text
 
     atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
+
+
+def print_result(args, result: dict) -> bool:
+    """Write the result to --out when asked; print it as JSON and return True with --json."""
+    if args.out:
+        write_json(args.out, result)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    return bool(args.json)
 
 
 def find_images(args: list[str]) -> list[Path]:

@@ -70,10 +70,7 @@ def run(args) -> int:
 
     target = _target(args)
     src, dst = args.src, Path(args.dst)
-    if not Path(src).exists() and ":" in src:
-        from vitlab.checkpoints import pretrained
-
-        src = str(pretrained.fetch(src))
+    src = str(checkpoints.resolve(src))
     if dst.exists() and Path(src).resolve() == dst.resolve():
         raise UsageError(f"{dst} is the source itself; write to another path")
     if dst.exists() and not args.force:

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     import vitlab
     from vitlab.cli import UsageError
     from vitlab.data import make_loader, open_dataset
-    from vitlab.eval.accuracy import evaluate, plot_confusion, report, to_json
+    from vitlab.analysis.plots import plot_confusion
+    from vitlab.eval.accuracy import evaluate, report, to_json
 
     overrides = {"image_size": args.image_size} if args.image_size else {}
     model = vitlab.load(args.checkpoint, **overrides)
@@ -85,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
     json_path = out / f"eval-{args.split}.json"
     json_path.write_text(text)
     png = out / f"confusion-{args.split}.png"
-    drew = plot_confusion(metrics["confusion"], names, png)
+    try:
+        drew = bool(plot_confusion(metrics["confusion"], names, png))
+    except ImportError:  # matplotlib is an optional extra
+        drew = False
     if args.json:
         print(json.dumps({k: v for k, v in json.loads(text).items() if k != "confusion"}, indent=2))
     else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 HELP = "few-shot linear accuracy of frozen features (closed-form least squares, §4.1)"
@@ -28,27 +27,15 @@ examples:
 
 
 def add_arguments(p) -> None:
-    from vitlab.cli.common import add_checkpoint_arguments
+    from vitlab.cli.common import add_feature_arguments
 
-    add_checkpoint_arguments(p)
-    p.add_argument(
-        "--data",
-        required=True,
-        help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN",
-    )
-    p.add_argument("--train-split", default="train", help="where the few-shot examples come from (default train)")
-    p.add_argument("--test-split", default="test", help="what accuracy is measured on (default test)")
+    add_feature_arguments(p, "where the few-shot examples come from", "what accuracy is measured on")
     p.add_argument("--shots", default="1,5,10,25", help="comma-separated shots per class (default 1,5,10,25)")
     p.add_argument("--seeds", type=int, default=3, help="draws per shot count (default 3)")
     p.add_argument("--l2", type=float, help="fix the L2 strength instead of choosing it by leave-one-out")
     p.add_argument(
         "--pool", type=int, default=100, help="training images per class to draw shots from (default 100; 0: all)"
     )
-    p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--no-cache", action="store_true", help="recompute features, do not read or write the cache")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--out", help="also write the JSON result to this file")
 
 
 def parse_shots(text: str) -> list[int]:
@@ -94,7 +81,7 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
 
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.cli.common import open_checkpoint, write_json
+    from vitlab.cli.common import open_checkpoint, print_result
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.fewshot import fewshot_eval
 
@@ -134,10 +121,7 @@ def run(args) -> int:
         num_train_pool=int(len(tr_y)),
         weights_sha256=fp,
     )
-    if args.out:
-        write_json(args.out, result)
-    if args.json:
-        print(json.dumps(result, indent=2))
+    if print_result(args, result):
         return 0
     what = "random init" if args.random_init is not None else args.checkpoint
     print(f"few-shot linear accuracy  {model.config.name} ({what})  on {args.data}")

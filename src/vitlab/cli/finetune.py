@@ -38,16 +38,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vitlab.checkpoints import is_pretrained_name
     from vitlab.cli import UsageError
+    from vitlab.data import paper_dataset
     from vitlab.train import finetune
 
-    if not Path(args.checkpoint).exists() and ":" not in args.checkpoint:
+    if not Path(args.checkpoint).exists() and not is_pretrained_name(args.checkpoint):
         raise UsageError(f"--from {args.checkpoint}: no such file")
     extra = {"model.checkpoint": args.checkpoint}
     data = args.data
     if data is None:
         raise UsageError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")
-    row = args.table4 or finetune.table4_dataset(data)
+    row = args.table4 or paper_dataset(data)
     if row is not None and row not in finetune.TABLE4_STEPS:
         raise UsageError(f"--table4 {row!r}: not a Table 4 dataset; use one of {', '.join(finetune.TABLE4_STEPS)}")
     if args.steps is None and args.epochs is None:
@@ -59,8 +61,6 @@ def run(args: argparse.Namespace) -> int:
                     f"no Table 4 step count for {data!r}: pass --steps N (or --table4 cifar10|imagenet|pets|...)"
                 )
             extra["train.steps"] = finetune.TABLE4_STEPS[row]
-    if row in finetune.DEV_FRACTIONS:
-        extra["data.dev_fraction"] = finetune.DEV_FRACTIONS[row]
     cfg, recipe = resolve(args, extra)
     out = Path(args.out or f"runs/{recipe}-{Path(args.checkpoint).stem}")
     if not args.lr_sweep:

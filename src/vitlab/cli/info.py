@@ -23,16 +23,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
 
     from vitlab import checkpoints
     from vitlab.config import model_flops
 
-    path = args.checkpoint
-    if not Path(path).exists() and ":" in path:
-        from vitlab.checkpoints import pretrained
-
-        path = pretrained.fetch(path)
+    path = checkpoints.resolve(args.checkpoint)
     imported = checkpoints.read_checkpoint(path, args.format)
     cfg = imported.config
     params = sum(t.numel() for t in imported.state.values() if t.is_floating_point())

@@ -92,7 +92,6 @@ def _items(dataset):
 
 def run(args) -> int:
     from vitlab import analysis
-    from vitlab.analysis import plots
     from vitlab.analysis.report import write_html
     from vitlab.cli import UsageError
     from vitlab.cli.common import open_checkpoint, write_json
@@ -112,6 +111,43 @@ def run(args) -> int:
         model, batches, max_images=args.num_images, rollout_images=args.rollout_images, num_components=args.components
     )
 
+    figures = _paper_figures(result, model, out, labels)
+    extra = analysis.objective_figures(model, imported.metadata, imported.extras, result.rollout_images, out)
+    figures.extend(extra)
+
+    numbers = result.numbers()
+    numbers["checkpoint"] = {
+        "path": args.checkpoint,
+        "format": imported.source_format,
+        "model": cfg.name,
+        "random_init": args.random_init,
+        "images": source,
+    }
+    for fig in extra:
+        numbers[fig.name] = fig.numbers
+    write_json(str(out / "analysis.json"), numbers)
+    facts = {
+        "checkpoint": args.checkpoint
+        + (f" (weights replaced: random init, seed {args.random_init})" if args.random_init is not None else ""),
+        "format": imported.source_format,
+        "model": f"{cfg.name}: {cfg.depth} layers, width {cfg.hidden_size}, {cfg.num_heads} heads, "
+        f"patch {cfg.total_stride}px, {cfg.image_size[0]}x{cfg.image_size[1]}, "
+        f"classifier {cfg.classifier}, pos_embed {cfg.pos_embed}",
+        "images": source,
+        "position embedding": result.pos_note,
+    }
+    write_html(out / "index.html", f"vitlab inspect: {cfg.name}", facts, figures)
+
+    _print_summary(result, cfg, imported.source_format, source, extra, len(figures), out)
+    return 0
+
+
+def _paper_figures(result, model, out: Path, labels) -> list:
+    """The paper's four pictures (Fig. 6, Fig. 7 left, centre, right) with their captions."""
+    from vitlab import analysis
+    from vitlab.analysis import plots
+
+    cfg = model.config
     figures = []
     f = result.filters
     figures.append(
@@ -166,33 +202,12 @@ def run(args) -> int:
                 f"all {cfg.depth} layers; the {how}, upsampled and multiplied into the image.",
             )
         )
-    extra = analysis.extra_figures(model, imported.metadata, imported.extras, result.rollout_images, out)
-    figures.extend(extra)
+    return figures
 
-    numbers = result.numbers()
-    numbers["checkpoint"] = {
-        "path": args.checkpoint,
-        "format": imported.source_format,
-        "model": cfg.name,
-        "random_init": args.random_init,
-        "images": source,
-    }
-    for fig in extra:
-        numbers[fig.name] = fig.numbers
-    write_json(str(out / "analysis.json"), numbers)
-    facts = {
-        "checkpoint": args.checkpoint
-        + (f" (weights replaced: random init, seed {args.random_init})" if args.random_init is not None else ""),
-        "format": imported.source_format,
-        "model": f"{cfg.name}: {cfg.depth} layers, width {cfg.hidden_size}, {cfg.num_heads} heads, "
-        f"patch {cfg.total_stride}px, {cfg.image_size[0]}x{cfg.image_size[1]}, "
-        f"classifier {cfg.classifier}, pos_embed {cfg.pos_embed}",
-        "images": source,
-        "position embedding": result.pos_note,
-    }
-    write_html(out / "index.html", f"vitlab inspect: {cfg.name}", facts, figures)
 
-    print(f"inspected {cfg.name} ({imported.source_format}) on {source}")
+def _print_summary(result, cfg, source_format: str, source: str, extra: list, n_figures: int, out: Path) -> None:
+    f, d = result.filters, result.distance_summary
+    print(f"inspected {cfg.name} ({source_format}) on {source}")
     print(f"  filters              {f.source}; top {len(f.components)} PCs explain {100 * f.explained.sum():.1f}%")
     if result.pos_similarity is not None:
         s = result.pos_summary
@@ -211,8 +226,7 @@ def run(args) -> int:
     print(f"  rollout              {len(result.rollout_maps)} image(s)")
     for fig in extra:
         print(f"  {fig.name:<20} {fig.png.name}")
-    print(f"wrote {out}/index.html, analysis.json and {len(figures)} PNG(s)")
-    return 0
+    print(f"wrote {out}/index.html, analysis.json and {n_figures} PNG(s)")
 
 
 def _titles(labels, rollout_labels, n):

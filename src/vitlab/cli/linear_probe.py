@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 HELP = "logistic-regression and k-NN accuracy of frozen features (full training set)"
@@ -19,31 +18,19 @@ examples:
 
 
 def add_arguments(p) -> None:
-    from vitlab.cli.common import add_checkpoint_arguments
+    from vitlab.cli.common import add_feature_arguments
 
-    add_checkpoint_arguments(p)
-    p.add_argument(
-        "--data",
-        required=True,
-        help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN",
-    )
-    p.add_argument("--train-split", default="train")
-    p.add_argument("--test-split", default="test")
+    add_feature_arguments(p, "the images the probes are fitted on", "what accuracy is measured on")
     p.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the logistic regression (default 1.0)")
     p.add_argument("--k", type=int, default=20, help="neighbours of the k-NN vote (default 20)")
     p.add_argument("--max-per-class", type=int, default=0, help="training images per class (default 0: all)")
-    p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
     p.add_argument("--max-iter", type=int, default=500, help="L-BFGS iterations (default 500)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--no-cache", action="store_true", help="recompute features, do not read or write the cache")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--out", help="also write the JSON result to this file")
 
 
 def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.cli.fewshot import frozen_features
-    from vitlab.cli.common import open_checkpoint, write_json
+    from vitlab.cli.common import open_checkpoint, print_result
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.linear_probe import knn_accuracy, logistic_probe
 
@@ -70,10 +57,7 @@ def run(args) -> int:
         "knn": {"k": args.k, "test_accuracy": knn},
         "weights_sha256": fp,
     }
-    if args.out:
-        write_json(args.out, result)
-    if args.json:
-        print(json.dumps(result, indent=2))
+    if print_result(args, result):
         return 0
     what = "random init" if args.random_init is not None else args.checkpoint
     print(f"linear probe  {model.config.name} ({what})  on {args.data}")

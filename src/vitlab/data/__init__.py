@@ -35,13 +35,25 @@ This package never imports vitlab.models: data knows nothing about the network.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from vitlab.data.datasets import BadImageError, DataError, read_image
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 
 NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds")
-DEV_FRACTIONS = {"cifar10": 0.02, "cifar100": 0.02}  # Appendix B.1.1; 10% elsewhere
+# The dev split the paper holds out to choose a learning rate (Appendix B.1.1); 10% elsewhere.
+DEV_FRACTIONS = {"imagenet": 0.01, "cifar10": 0.02, "cifar100": 0.02, "pets": 0.1, "flowers": 0.1}
+PAPER_DATASETS = ("cifar100", "cifar10", "imagenet", "pets", "flowers", "vtab")
+
+
+def paper_dataset(spec: str) -> Optional[str]:
+    """Which of the paper's datasets a spec holds: by its name (cifar10) or a word in its path
+    (wds:data/cifar10, imagefolder:~/oxford-pets), else None."""
+    name, _, arg = spec.partition(":")
+    if name.lower() in PAPER_DATASETS:
+        return name.lower()
+    text = arg.lower().replace("-", "")
+    return next((key for key in PAPER_DATASETS if key in text), None)
 
 
 def _base_split(split: str) -> str:
@@ -89,7 +101,7 @@ def open_dataset(
         raise TypeError(f"open_dataset got unknown option(s) {unknown}; known: {', '.join(sorted(known))}")
     dev_fraction = options.get("dev_fraction")
     if dev_fraction is None or dev_fraction < 0:
-        dev_fraction = DEV_FRACTIONS.get(name, 0.1)
+        dev_fraction = DEV_FRACTIONS.get(paper_dataset(spec) or "", 0.1)
     if train:
         aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude") if k in options}
         transform = T.train_transform(image_size, mean, std, in_channels, **aug)
@@ -125,5 +137,5 @@ def open_dataset(
 
 
 __all__ = [
-    "BadImageError", "DataError", "open_dataset", "read_image", "make_loader", "collate", "batches_per_epoch",
+    "DEV_FRACTIONS", "BadImageError", "DataError", "open_dataset", "paper_dataset", "read_image", "make_loader", "collate", "batches_per_epoch",
 ]

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from vitlab.data.datasets import item_seed
+from vitlab.data.wds import WebDataset
 
 
 class EpochBatchSampler(torch.utils.data.Sampler):
@@ -97,8 +98,6 @@ def make_loader(
     It gets its own torch.Generator: a DataLoader otherwise draws its worker seed from the
     global generator, which would shift dropout and Mixup after a resume.
     """
-    from vitlab.data.wds import WebDataset
-
     common = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed))
     if isinstance(dataset, WebDataset):
         batches = dataset.batches(

@@ -165,8 +165,13 @@ class WebDataset(torch.utils.data.IterableDataset):
         skip_bad_images: bool = False,
         dev_fraction: float = 0.1,
         classes: Any = None,
+        rank: int = 0,
+        world: int = 1,
     ):
+        """`rank`/`world` split plain iteration across processes (the training loader's batches
+        are laid out by `batches`, which is told them per call)."""
         super().__init__()
+        self.rank, self.world = rank, world
         self.shards = resolve_shards(pattern, split)
         self.transform = transform
         self.train = train
@@ -175,7 +180,6 @@ class WebDataset(torch.utils.data.IterableDataset):
         self.skip_bad_images = skip_bad_images
         self.dev_cut = round(dev_fraction * DEV_BUCKETS)
         self.subset = {"dev": "dev", "train-minus-dev": "rest"}.get(split)
-        self.epoch = 0
         self.bad_images = 0
         indexes = [shard_index(s) for s in self.shards]
         self.num_samples = sum(sum(self._counted(ix["buckets"])) for ix in indexes)
@@ -195,9 +199,6 @@ class WebDataset(torch.utils.data.IterableDataset):
 
     def __len__(self) -> int:
         return self.num_samples
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     # The stream ---------------------------------------------------------------------------
     def encoded(self, epoch: int) -> Iterator[tuple[Path, str, dict[str, bytes]]]:
@@ -243,13 +244,12 @@ class WebDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         """Plain iteration: samples split across data-loader workers and processes."""
-        rank, world = _rank_world()
         info = torch.utils.data.get_worker_info()
         w, nw = (info.id, info.num_workers) if info else (0, 1)
-        slot, stride = rank * nw + w, world * nw
-        for p, (shard, key, parts) in enumerate(self.encoded(self.epoch)):
+        slot, stride = self.rank * nw + w, self.world * nw
+        for p, (shard, key, parts) in enumerate(self.encoded(0)):
             if p % stride == slot:
-                item = self.decode(shard, key, parts, self.epoch)
+                item = self.decode(shard, key, parts, 0)
                 if item is None:
                     self.bad_images += 1
                 else:
@@ -257,12 +257,6 @@ class WebDataset(torch.utils.data.IterableDataset):
 
     def batches(self, **layout: Any) -> "WebDatasetBatches":
         return WebDatasetBatches(self, **layout)
-
-
-def _rank_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 class WebDatasetBatches(torch.utils.data.IterableDataset):

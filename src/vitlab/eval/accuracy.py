@@ -7,7 +7,6 @@ added before dividing: `batch_counts` per batch, add them up, `metrics_from_coun
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Iterable, Optional
 
 import torch
@@ -80,19 +79,6 @@ def evaluate(
     if total is None:
         raise ValueError("the evaluation data is empty")
     return metrics_from_counts(total)
-
-
-def plot_confusion(confusion: list[list[int]], class_names: list[str], path: str | os.PathLike) -> bool:
-    """Write the row-normalised confusion matrix as a PNG; False (and no file) without matplotlib."""
-    m = torch.tensor(confusion, dtype=torch.float64)
-    m = (m / m.sum(1, keepdim=True).clamp(min=1)).numpy()
-    try:
-        from vitlab.analysis.plots import plot_confusion as draw
-
-        draw(m, class_names, path)
-    except ImportError:
-        return False
-    return True
 
 
 def report(metrics: dict[str, Any], class_names: list[str]) -> str:

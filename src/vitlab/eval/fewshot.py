@@ -52,19 +52,6 @@ def targets(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     return 2.0 * torch.nn.functional.one_hot(labels.long(), num_classes).double() - 1.0
 
 
-def ridge_solve(x: torch.Tensor, y: torch.Tensor, l2: float) -> torch.Tensor:
-    """W = argmin ||xW - y||² + l2 ||W||², in whichever form inverts the smaller matrix.
-
-    x: (N, D), y: (N, K) -> (D, K). No whitening, no bias: the bare algebra.
-    """
-    x, y = x.double(), y.double()
-    n, d = x.shape
-    if n >= d:  # primal: (XᵀX + λI)⁻¹ XᵀY
-        return torch.linalg.solve(x.T @ x + l2 * torch.eye(d, dtype=x.dtype), x.T @ y)
-    # dual (kernel) form: Xᵀ (XXᵀ + λI)⁻¹ Y
-    return x.T @ torch.linalg.solve(x @ x.T + l2 * torch.eye(n, dtype=x.dtype), y)
-
-
 @dataclass
 class RidgeProblem:
     """A few-shot training set, whitened and eigendecomposed once for every λ."""

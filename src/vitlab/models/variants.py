@@ -8,8 +8,9 @@ ResNet in front and patch size 1 on its feature map: three stages of the ResNet 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Optional
 
-from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.config import ConfigError, ResNetConfig, ViTConfig
 
 #                  width, depth, heads, mlp
 SIZES = {
@@ -62,6 +63,38 @@ MODELS: dict[str, ViTConfig] = {
     "ViT-S/4": _vit("S", 4, image_size=32, num_classes=10),
     "ViT-C/4": _vit("C", 4, image_size=32, num_classes=10),
 }
+
+
+# The fields that make a variant what it is; changing one makes another model.
+SHAPE = {"hidden_size": "width", "depth": "depth", "num_heads": "heads", "mlp_dim": "mlp", "patch_size": "patch"}
+
+
+def variant_config(name: str, **changes: Any) -> ViTConfig:
+    """A registered variant with some fields changed. A change to its shape (width, depth,
+    heads, MLP size, patch) makes another model, and the name says so: "ViT-Ti/4 (custom:
+    width 64, depth 4)" -- in logs, summaries, checkpoints and `vitlab info` alike."""
+    try:
+        base = MODELS[resolve_name(name)]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
+    cfg = base.replace(**changes)
+    if "name" not in changes:
+        cfg = cfg.replace(name=describe(cfg, base))
+    return cfg
+
+
+def describe(cfg: ViTConfig, base: Optional[ViTConfig] = None) -> str:
+    """The model's name: a registered variant with the same shape, else `base` (or a generic
+    "ViT-D.../..." name) with what differs from it."""
+    stem = cfg.resnet.layers if cfg.resnet else None
+    for name, v in MODELS.items():
+        if all(getattr(v, f) == getattr(cfg, f) for f in SHAPE) and (v.resnet.layers if v.resnet else None) == stem:
+            return name
+    if base is None:
+        prefix = f"R{len(cfg.resnet.layers)}stage+" if cfg.resnet else ""
+        return f"{prefix}ViT-D{cfg.hidden_size}-L{cfg.depth}/{cfg.total_stride}"
+    diffs = ", ".join(f"{word} {getattr(cfg, f)}" for f, word in SHAPE.items() if getattr(cfg, f) != getattr(base, f))
+    return f"{base.name} (custom: {diffs})"
 
 
 def resolve_name(name: str) -> str:

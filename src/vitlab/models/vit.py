@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vitlab.config import ViTConfig
 from vitlab.models.layers import Block, PatchEmbed
@@ -37,6 +38,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.config = config
         self.class_names: Optional[list[str]] = None  # carried into checkpoints
+        self.grad_checkpointing = False
         cfg = config
         d = cfg.hidden_size
 
@@ -132,12 +134,22 @@ class VisionTransformer(nn.Module):
             )
 
     # Eq. 2-4 -----------------------------------------------------------------------------
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each encoder block in the backward pass instead of keeping its activations:
+        memory for compute. Dropout masks are replayed, so the numbers do not change."""
+        self.grad_checkpointing = enabled
+
+    def _block(self, block: Block, z: Tensor, **kwargs: Any) -> tuple[Tensor, Optional[Tensor]]:
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(block, z, use_reentrant=False, **kwargs)
+        return block(z, **kwargs)
+
     def forward_features(self, x: Tensor, patch_fn: Optional[PatchFn] = None) -> Tensor:
         """All tokens after the final LayerNorm, (B, T, D)."""
         z, _ = self.embed(x, patch_fn)
         z = self.pos_drop(z)
         for block in self.blocks:
-            z, _ = block(z)
+            z, _ = self._block(block, z)
         return self.norm(z)
 
     def _forward_pooled_tokens(self, x: Tensor) -> Tensor:
@@ -153,8 +165,8 @@ class VisionTransformer(nn.Module):
         z, _ = self.embed(x)
         z = self.pos_drop(z)
         for block in self.blocks[:-1]:
-            z, _ = block(z)
-        z, _ = self.blocks[-1](z, queries=1)  # (B, 1, D): z_L^0
+            z, _ = self._block(block, z)
+        z, _ = self._block(self.blocks[-1], z, queries=1)  # (B, 1, D): z_L^0
         return self.norm(z)
 
     def pool(self, feats: Tensor) -> Tensor:

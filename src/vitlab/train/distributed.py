@@ -64,11 +64,11 @@ def cleanup(ctx: Context) -> None:
         dist.destroy_process_group()
 
 
-def wrap(module: nn.Module, ctx: Context, blocks: list[nn.Module] | None = None, inner: nn.Module | None = None) -> nn.Module:
+def wrap(module: nn.Module, ctx: Context, inner: nn.Module | None = None) -> nn.Module:
     """The module the training step calls: DDP or FSDP around the objective, or itself.
 
-    FSDP units: each encoder block, the backbone `inner` (so that calling it directly, as
-    evaluation does, gathers its weights) and the objective around it."""
+    FSDP units: each encoder block of the backbone `inner`, the backbone itself (so that
+    calling it directly, as evaluation does, gathers its weights) and the objective."""
     if ctx.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -77,7 +77,7 @@ def wrap(module: nn.Module, ctx: Context, blocks: list[nn.Module] | None = None,
     if ctx.parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in blocks or []:
+        for block in getattr(inner, "blocks", []):
             fully_shard(block)
         if inner is not None:
             fully_shard(inner)
@@ -141,13 +141,20 @@ def barrier(ctx: Context) -> None:
         dist.barrier()
 
 
-def full_model_state(module: nn.Module, ctx: Context) -> dict[str, torch.Tensor]:
-    """The unsharded state dict of the (unwrapped) objective, on the CPU."""
-    if ctx.parallel == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def full_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole tensors on the CPU: FSDP shards (DTensors) are gathered, which every process
+    must call together; plain tensors are copied as they are."""
+    out = {}
+    for k, t in state.items():
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()
+        out[k] = t.detach().cpu().contiguous()
+    return out
 
-        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun launch (or a plain process): the one that writes files."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: Context) -> dict:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from vitlab.config import RunConfig
+from vitlab.files import atomic_write_text
+from vitlab.train import distributed
 
 # Table 4: fine-tuning steps and the learning-rate grid per dataset.
 TABLE4_STEPS = {"imagenet": 20_000, "cifar10": 10_000, "cifar100": 10_000, "pets": 500, "flowers": 500, "vtab": 2_500}
@@ -26,19 +28,6 @@ TABLE4_LRS = {
     "flowers": (0.001, 0.003, 0.01, 0.03),
     "vtab": (0.01,),
 }
-DEV_FRACTIONS = {"imagenet": 0.01, "cifar10": 0.02, "cifar100": 0.02, "pets": 0.1, "flowers": 0.1}
-
-
-def table4_dataset(spec: str) -> Optional[str]:
-    """Which Table 4 row a data spec is: by its name (cifar10) or a word in its path (pets)."""
-    name, _, arg = spec.partition(":")
-    if name in TABLE4_STEPS:
-        return name
-    text = arg.lower()
-    for key in ("cifar100", "cifar10", "cifar-100", "cifar-10", "imagenet", "pets", "flowers", "vtab"):
-        if key in text:
-            return key.replace("-", "")
-    return None
 
 
 def lr_sweep(
@@ -65,5 +54,6 @@ def lr_sweep(
     log(f"lr-sweep: best lr {best:g}; training on the full training set")
     final = train_fn(cfg.with_overrides({"optim.lr": best}), out / "final")
     result = {"grid": list(grid), "dev_top1": {f"{k:g}": v for k, v in scores.items()}, "best_lr": best, "final": final}
-    (out / "sweep.json").write_text(json.dumps(result, indent=2))
+    if distributed.is_main_process():
+        atomic_write_text(out / "sweep.json", json.dumps(result, indent=2))
     return result

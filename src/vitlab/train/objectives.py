@@ -14,8 +14,8 @@ dinov2 calls it). The trainer knows only this interface:
   so an objective's own heads and tokens are trained too. Weight decay goes to matrices only
   (see `vitlab.train.optim.param_groups`): name tokens and embeddings "...token"/"...embedding".
 - `from_config(model, run_config)` reads the objective's options from `run_config.objective`
-  (the "objective" section of a recipe, `objective.KEY=VALUE` on the command line) and must
-  reject unknown keys with a ConfigError naming the valid ones.
+  (the "objective" section of a recipe, `objective.KEY=VALUE` on the command line), a typed
+  dataclass that vitlab.config.OBJECTIVE_OPTIONS names for each objective.
 - Randomness (Mixup, masks, ...) comes from torch's global RNG. The trainer saves and restores
   it in every checkpoint, which is what keeps a resumed run bit-identical.
 - `extra_tensors()` are written into the model checkpoint with
@@ -24,24 +24,28 @@ dinov2 calls it). The trainer knows only this interface:
 - `eval_step` must return a "count" entry (examples seen); `finish_eval` turns the summed
   entries into the metrics written to metrics.jsonl/summary.json ("loss" at least).
 
-To add one: subclass Objective, then add it to OBJECTIVES below (a plain table).
+To add one: subclass Objective, add it to OBJECTIVES below (a plain table), and its options
+class to vitlab.config.OBJECTIVE_OPTIONS.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.config import ConfigError, RunConfig
+from vitlab.config import MPPConfig, RunConfig
 from vitlab.eval.accuracy import batch_counts, metrics_from_counts
+from vitlab.models.mpp import UNTOUCHED, MPPHead, mpp_loss
 from vitlab.models.vit import VisionTransformer
 
 
 class Objective(nn.Module):
     """The base of every objective: holds the model; subclasses define the loss."""
+
+    name = ""  # its train.objective value
 
     def __init__(self, model: VisionTransformer):
         super().__init__()
@@ -64,6 +68,11 @@ class Objective(nn.Module):
     def extra_tensors(self) -> dict[str, Tensor]:
         return {}
 
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        """What the model checkpoint records about the objective (its name and options)."""
+        options = getattr(self, "cfg", None)
+        return {"objective": self.name, "objective_options": options.to_dict() if options else {}}
+
     def load_extra_tensors(self, tensors: dict[str, Tensor]) -> None:
         if tensors:
             raise ValueError(f"{type(self).__name__} has no extra tensors, got {sorted(tensors)}")
@@ -73,6 +82,8 @@ class Supervised(Objective):
     """Cross-entropy on the class labels (§4.1), with the later regularisers as options:
     label smoothing, and Mixup/CutMix through torchvision.transforms.v2 (which draw from
     torch's global RNG, so resume stays exact)."""
+
+    name = "supervised"
 
     def __init__(
         self,
@@ -117,17 +128,69 @@ class Supervised(Objective):
         return metrics_from_counts(sums)
 
 
-# name -> class. The masked-patch-prediction objective (train/mpp.py) joins this table.
-OBJECTIVES: dict[str, type[Objective]] = {
-    "supervised": Supervised,
-}
+class MaskedPatchPrediction(Objective):
+    """Masked patch prediction (§4.6, Appendix B.1.2) around a plain VisionTransformer.
+
+    `forward(images, labels)` -> (loss, metrics); labels are ignored. The backbone's
+    classifier head is removed (num_classes=0): the prediction head (vitlab.models.mpp) is
+    not a classifier, and fine-tuning adds the usual zero-initialised head (§3.2). The loss
+    counts every selected patch, the unchanged 10% too (see vitlab.models.mpp).
+    """
+
+    name = "mpp"
+
+    def __init__(self, model: VisionTransformer, cfg: Optional[MPPConfig] = None):
+        cfg = cfg or MPPConfig()
+        mpp = MPPHead(cfg, model.config)  # checks the backbone before anything changes
+        if model.config.num_classes:
+            model.reset_classifier(0)
+        super().__init__(model)
+        self.cfg = cfg
+        self.mpp = mpp
+
+    @classmethod
+    def from_config(cls, model: VisionTransformer, config: RunConfig) -> "MaskedPatchPrediction":
+        return cls(model, config.objective)
+
+    def forward(
+        self, images: Tensor, labels: Optional[Tensor] = None, generator: Optional[torch.Generator] = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        kind, pred, targets = self.mpp.predict(self.model, images, generator)
+        selected = kind != UNTOUCHED  # (B, N); the unchanged-but-selected count too
+        loss, metrics = mpp_loss(pred[selected], targets[selected], self.cfg)
+        # "accuracy" (what the trainer logs): the colour-class accuracy on corrupted patches.
+        return loss, {("accuracy" if k == "color_acc" else k): v.detach() for k, v in metrics.items()}
+
+    # Evaluation: masks from a fixed seed, so numbers compare across checkpoints and the
+    # global generator -- hence resume -- is left alone.
+    @torch.no_grad()
+    def eval_step(self, images: Tensor, labels: Optional[Tensor] = None, seed: int = 0) -> dict[str, Tensor]:
+        kind, pred, targets = self.mpp.predict(self.model, images, torch.Generator().manual_seed(seed))
+        selected = kind != UNTOUCHED
+        loss, metrics = mpp_loss(pred[selected], targets[selected], self.cfg)
+        m = selected.sum()
+        sums = {"count": torch.tensor(images.shape[0], device=images.device), "patches": m, "loss_sum": loss * m}
+        if "color_acc" in metrics:
+            sums["color_correct"] = metrics["color_acc"] * m  # per-patch mean over cells, x patches
+        return {k: v.detach().double() for k, v in sums.items()}
+
+    def finish_eval(self, sums: dict[str, Tensor]) -> dict[str, Any]:
+        m = float(sums["patches"])
+        out = {"loss": float(sums["loss_sum"]) / m, "count": int(sums["count"])}
+        if "color_correct" in sums:
+            out["color_acc"] = float(sums["color_correct"]) / m
+        return out
+
+    def extra_tensors(self) -> dict[str, Tensor]:
+        return self.mpp.extra_tensors()
+
+    def load_extra_tensors(self, tensors: dict[str, Tensor]) -> None:
+        self.mpp.load_extra_tensors(tensors)
+
+
+# train.objective -> the objective; vitlab.config.OBJECTIVE_OPTIONS names each one's options.
+OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (Supervised, MaskedPatchPrediction)}
 
 
 def build_objective(model: VisionTransformer, config: RunConfig) -> Objective:
-    name = config.train.objective
-    if name == "mpp" and "mpp" not in OBJECTIVES:
-        from vitlab.train import mpp  # noqa: F401 - registers itself when present
-
-    if name not in OBJECTIVES:
-        raise ConfigError(f"unknown train.objective {name!r}; known objectives: {', '.join(OBJECTIVES)}")
-    return OBJECTIVES[name].from_config(model, config)
+    return OBJECTIVES[config.train.objective].from_config(model, config)

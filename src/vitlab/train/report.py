@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from vitlab.analysis import plots
 from vitlab.files import atomic_write_text
 
 
@@ -92,6 +92,41 @@ def _fmt(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
 
 
+def plot_run(folder, results: dict[str, dict[str, Any]], class_names: list[str]) -> list[str]:
+    """The run's figures: the learning curve and a confusion matrix per split. Returns notes
+    for what could not be drawn (matplotlib is an optional extra)."""
+    note = plot_learning_curve(folder.metrics, folder.path / "learning_curve.png")
+    if note:
+        return [note]
+    for split, m in results.items():
+        if "confusion" in m:
+            plots.plot_confusion(m["confusion"], class_names, folder.path / f"confusion_{split}.png")
+    return []
+
+
+def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, Any]], notes: list[str]) -> str:
+    """What `vitlab train` prints at the end: the results, then where every output is."""
+    lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
+    for split, m in results.items():
+        if "top1" in m:
+            lines.append(f"  {split}: top-1 {m['top1']:.2%}  top-5 {m['top5']:.2%}  loss {m['loss']:.4f}")
+    if summary["bad_images_skipped"]:
+        lines.append(f"  skipped {summary['bad_images_skipped']} unreadable images (--skip-bad-images)")
+    out = folder.path
+    lines += [
+        f"outputs in {out}/:",
+        f"  checkpoint      {summary['checkpoint']}",
+        f"  summary         {folder.summary}",
+        f"  metrics         {folder.metrics}",
+        f"  config          {folder.config}",
+    ]
+    if (out / "learning_curve.png").exists():
+        lines.append(f"  learning curve  {out / 'learning_curve.png'}")
+    if (out / "tensorboard").exists():
+        lines.append(f"  tensorboard     tensorboard --logdir {out / 'tensorboard'}")
+    return "\n".join(lines + [f"  note: {n}" for n in notes])
+
+
 def plot_learning_curve(metrics_path: Path, out: Path) -> Optional[str]:
     """Loss and accuracy against step, train and evaluation splits. Returns a note instead of
     writing the file when matplotlib is missing."""
@@ -105,9 +140,7 @@ def plot_learning_curve(metrics_path: Path, out: Path) -> Optional[str]:
         s["loss"].append(r.get("loss", float("nan")))
         s["accuracy"].append(r.get("accuracy", r.get("top1", float("nan"))))
     try:
-        from vitlab.analysis.plots import plot_learning_curve as draw
-
-        draw(series, out)
+        plots.plot_learning_curve(series, out)
     except ImportError:
         return "matplotlib is not installed: no learning-curve PNG (pip install matplotlib)"
     return None

@@ -20,6 +20,8 @@ import json
 import os
 import random
 import re
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,8 +29,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitlab.checkpoints import io
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import atomic_write
+from vitlab.train import distributed
 
 STEP_FILE = re.compile(r"^step-(\d+)\.safetensors$")
 
@@ -128,8 +132,6 @@ def link_last(folder: Path, model_file: Path, name: str = "last.safetensors") ->
     try:
         os.link(model_file, tmp)
     except OSError:
-        import shutil
-
         shutil.copyfile(model_file, tmp)
     os.replace(tmp, target)
 
@@ -156,3 +158,79 @@ def prune(folder: Path, keep: int) -> None:
 def latest(folder: Path) -> Optional[int]:
     steps = complete_steps(folder)
     return steps[-1] if steps else None
+
+
+# A whole checkpoint ------------------------------------------------------------------------
+@dataclass
+class Saved:
+    """What a training-state file gives back: its tensors and its JSON."""
+
+    step: int
+    tensors: dict[str, Tensor]
+    meta: dict[str, Any]
+
+
+def save_checkpoint(folder: Path, step: int, run: Any, info: dict[str, Any], extra_meta: dict[str, Any]) -> Path:
+    """Write the checkpoint of `step`: the state file, then the model file (and the EMA
+    weights), then point last.safetensors at it and prune old ones. Every process calls this
+    (gathering FSDP shards and random states is collective); only rank 0 writes.
+
+    `run` holds model, objective, optimizer, ema and ctx; `info` goes into the model file's
+    metadata, `extra_meta` into the state file's JSON."""
+    ctx, ema = run.ctx, run.ema
+    model_state = distributed.full_tensors(run.model.state_dict())
+    extras = distributed.full_tensors(run.objective.extra_tensors())
+    optimizer = distributed.full_optimizer_state(run.objective, run.optimizer, ctx)
+    rng = distributed.gather_objects(capture_rng(), ctx)
+    ema_state = distributed.full_tensors(ema.state_dict()) if ema is not None else {}
+    model_file, state_file = step_paths(folder, step)
+    if ctx.is_main:
+        opt_tensors, opt_meta = flatten_optimizer(optimizer)
+        tensors = dict(opt_tensors)
+        for r, (rank_tensors, _) in enumerate(rng):
+            tensors.update({f"rng.rank{r}.{k}": v for k, v in rank_tensors.items()})
+        tensors.update({f"ema.{k}": v for k, v in ema_state.items()})
+        meta = {
+            "step": step, "world": ctx.world, "optimizer": opt_meta, "rng": [m for _, m in rng],
+            "ema_updates": ema.updates if ema is not None else 0, **extra_meta,
+        }
+        write_state(state_file, tensors, meta)
+        config, names = run.model.config, run.model.class_names
+        io.write_state(config, model_state, names, model_file, extra_metadata=info, extra_tensors=extras)
+        link_last(folder, model_file)
+        if ema is not None:
+            averaged = {**model_state, **{k: v.to(model_state[k].dtype) for k, v in ema_state.items()}}
+            io.write_state(config, averaged, names, folder / "ema.safetensors", extra_metadata={**info, "ema": ema.decay})
+        prune(folder, run.cfg.train.keep_checkpoints)
+    distributed.barrier(ctx)
+    return model_file
+
+
+def load_weights(folder: Path, step: int, model: torch.nn.Module, objective: Any) -> Saved:
+    """Put the weights of checkpoint `step` into the (unwrapped) model and objective; returns
+    the training state, to be restored once the optimiser exists (`restore_training`)."""
+    model_file, state_file = step_paths(folder, step)
+    imported = io.read(model_file)
+    model.load_state_dict(imported.state)
+    objective.load_extra_tensors(imported.extras)
+    tensors, meta = read_state(state_file)
+    return Saved(step, tensors, meta)
+
+
+def restore_training(saved: Saved, run: Any, seed: int) -> Optional[str]:
+    """Optimiser, EMA and random states from `saved`; returns a note when the random states
+    had to be reseeded (a run saved on another number of processes)."""
+    ctx, tensors, meta = run.ctx, saved.tensors, saved.meta
+    opt_tensors = {k: v for k, v in tensors.items() if k.startswith("optim.")}
+    optimizer_state = unflatten_optimizer(opt_tensors, meta["optimizer"])
+    distributed.load_optimizer_state(run.objective, run.optimizer, optimizer_state, ctx)
+    if run.ema is not None:
+        for k in run.ema.shadow:
+            run.ema.shadow[k].copy_(tensors[f"ema.{k}"])
+        run.ema.updates = int(meta["ema_updates"])
+    if meta.get("world", 1) != ctx.world:
+        torch.manual_seed(seed + saved.step)
+        return f"resuming on {ctx.world} processes a run saved on {meta.get('world')}: random states reseeded"
+    prefix = f"rng.rank{ctx.rank}."
+    restore_rng({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}, meta["rng"][ctx.rank])
+    return None

@@ -13,7 +13,7 @@ from vitlab import checkpoints
 from vitlab.config import ConfigError, load_recipe
 from vitlab.train import state
 from vitlab.train.loop import Trainer
-from vitlab.train.mpp import MaskedPatchPrediction
+from vitlab.analysis.mpp import head_from_extras
 
 
 def mpp_recipe(**overrides):
@@ -47,8 +47,8 @@ def test_resume_with_mpp_is_bit_exact(tmp_path):
     for k in full.extras:  # the [mask] embedding and the prediction head too
         assert torch.equal(full.extras[k], resumed.extras[k]), k
     # The options travel in the checkpoint, and the head is not the classifier.
-    obj = MaskedPatchPrediction.from_checkpoint(state.step_paths(a / "checkpoints", 4)[0])
-    assert obj.cfg.mask_rate == 0.4 and obj.head.out_features == 8 and full.config.num_classes == 0
+    head = head_from_extras(vitlab.load(state.step_paths(a / "checkpoints", 4)[0]), full.metadata, full.extras)
+    assert head.cfg.mask_rate == 0.4 and head.head.out_features == 8 and full.config.num_classes == 0
     # Training moved the [mask] embedding and the head.
     start = torch.zeros_like(full.extras["head.weight"])
     assert not torch.equal(full.extras["head.weight"], start)
@@ -77,7 +77,6 @@ def test_finetune_and_fewshot_from_an_mpp_checkpoint(tmp_path, capsys):
 
 
 def test_unknown_mpp_option_is_refused_by_name():
-    from vitlab.train.objectives import build_objective
 
     # The typed objective section refuses it as soon as the run config is built.
     with pytest.raises(ConfigError, match="objective.mask_ratio.*mask_rate"):

@@ -9,15 +9,17 @@ import pytest
 import torch
 
 import vitlab
+from conftest import tiny_config
 from vitlab.checkpoints import io
 from vitlab.config import ConfigError, ResNetConfig, ViTConfig
-from vitlab.train.mpp import (
+from vitlab.train.objectives import MaskedPatchPrediction
+from vitlab.analysis.mpp import head_from_extras
+from vitlab.config import MPPConfig
+from vitlab.models.mpp import (
     MASKED,
     RANDOM,
     UNCHANGED,
     UNTOUCHED,
-    MaskedPatchPrediction,
-    MPPConfig,
     apply_corruption,
     dequantise_colors,
     draw_corruption,
@@ -29,9 +31,7 @@ from vitlab.train.mpp import (
 
 
 def tiny(**kw) -> ViTConfig:
-    base = dict(name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, num_classes=0)
-    base.update(kw)
-    return ViTConfig(**base)
+    return tiny_config(**{"num_classes": 0, **kw})
 
 
 def within_binomial(hits: int, n: int, p: float, sigmas: float = 5.0) -> bool:
@@ -125,7 +125,7 @@ def captured_head_output(obj: MaskedPatchPrediction, images: torch.Tensor, seed:
         out.retain_grad()
         outs.append(out)
 
-    hook = obj.head.register_forward_hook(keep)
+    hook = obj.mpp.head.register_forward_hook(keep)
     loss, metrics = obj(images, generator=torch.Generator().manual_seed(seed))
     hook.remove()
     loss.backward()
@@ -135,10 +135,10 @@ def captured_head_output(obj: MaskedPatchPrediction, images: torch.Tensor, seed:
 def test_loss_counts_only_corrupted_patches_including_unchanged_ones():
     torch.manual_seed(0)
     obj = MaskedPatchPrediction(vitlab.create_model(tiny()))
-    torch.nn.init.normal_(obj.head.weight, std=0.1)
+    torch.nn.init.normal_(obj.mpp.head.weight, std=0.1)
     images = torch.randn(16, 3, 16, 16)
     loss, metrics, pred = captured_head_output(obj, images, seed=5)
-    kind = obj.corrupt(16, 16, torch.Generator().manual_seed(5))[0]
+    kind = obj.mpp.corrupt(16, 16, torch.Generator().manual_seed(5))[0]
     touched = pred.grad.abs().sum(-1) > 0  # (B, N): patches whose prediction enters the loss
     assert torch.equal(touched, kind != UNTOUCHED)
     assert touched[kind == UNCHANGED].all() and (kind == UNCHANGED).any()
@@ -160,7 +160,7 @@ def test_first_loss_is_uniform_over_512_classes():
 def test_three_target_kinds_run_forward_and_backward(target):
     torch.manual_seed(0)
     obj = MaskedPatchPrediction(vitlab.create_model(tiny(classifier="gap")), MPPConfig(target=target))
-    torch.nn.init.normal_(obj.head.weight, std=0.1)
+    torch.nn.init.normal_(obj.mpp.head.weight, std=0.1)
     opt = torch.optim.Adam(obj.parameters(), lr=1e-3)
     images = torch.rand(8, 3, 16, 16) * 2 - 1
     first, _ = obj(images, generator=torch.Generator().manual_seed(1))
@@ -171,13 +171,13 @@ def test_three_target_kinds_run_forward_and_backward(target):
     opt.zero_grad()
     after, _ = obj(images, generator=torch.Generator().manual_seed(1))
     assert torch.isfinite(after) and after.item() < first.item()
-    assert obj.head.out_features == {"mean_color": 512, "color_grid": 16 * 512, "pixels": 48}[target]
+    assert obj.mpp.head.out_features == {"mean_color": 512, "color_grid": 16 * 512, "pixels": 48}[target]
 
 
 def test_eval_is_repeatable_and_leaves_the_global_generator_alone():
     torch.manual_seed(0)
     obj = MaskedPatchPrediction(vitlab.create_model(tiny()))
-    torch.nn.init.normal_(obj.head.weight, std=0.1)
+    torch.nn.init.normal_(obj.mpp.head.weight, std=0.1)
     images = torch.randn(4, 3, 16, 16)
     state = torch.get_rng_state()
     a, b = obj.eval_step(images), obj.eval_step(images)
@@ -193,7 +193,7 @@ def test_eval_is_repeatable_and_leaves_the_global_generator_alone():
 
 def test_training_draws_masks_from_the_global_generator():
     obj = MaskedPatchPrediction(vitlab.create_model(tiny()))
-    torch.nn.init.normal_(obj.head.weight, std=0.1)
+    torch.nn.init.normal_(obj.mpp.head.weight, std=0.1)
     images = torch.randn(4, 3, 16, 16)
     torch.manual_seed(7)
     a, _ = obj(images)
@@ -226,11 +226,12 @@ def test_checkpoint_keeps_extras_and_finetuning_drops_the_head(tmp_path):
     torch.manual_seed(0)
     obj = MaskedPatchPrediction(vitlab.create_model(tiny(num_classes=10)), MPPConfig(mask_rate=0.4, target="color_grid"))
     assert obj.model.config.num_classes == 0
-    torch.nn.init.normal_(obj.head.weight)
+    torch.nn.init.normal_(obj.mpp.head.weight)
     path = tmp_path / "mpp.safetensors"
-    io.write(obj.model, path, extra_tensors=obj.extra_tensors(), extra_metadata=obj.extra_metadata())
+    io.write(obj.model, path, extra_tensors=obj.extra_tensors(), extra_metadata=obj.checkpoint_metadata())
 
-    back = MaskedPatchPrediction.from_checkpoint(path)
+    imported = vitlab.checkpoints.read_checkpoint(path)
+    back = head_from_extras(vitlab.load(path), imported.metadata, imported.extras)
     assert back.cfg == obj.cfg
     for k, v in obj.extra_tensors().items():
         assert torch.equal(back.extra_tensors()[k], v)
@@ -249,30 +250,31 @@ def test_checkpoint_keeps_extras_and_finetuning_drops_the_head(tmp_path):
     assert feats.shape == (2, 32) and torch.allclose(backbone(x), feats, atol=1e-6)
 
 
-def test_from_checkpoint_refuses_a_supervised_checkpoint(tmp_path):
+def test_mpp_head_refuses_a_supervised_checkpoint(tmp_path):
     path = tmp_path / "sup.safetensors"
     vitlab.save(vitlab.create_model(tiny(num_classes=3)), path)
+    imported = vitlab.checkpoints.read_checkpoint(path)
     with pytest.raises(io.CheckpointError, match="not a masked-patch-prediction checkpoint"):
-        MaskedPatchPrediction.from_checkpoint(path)
+        head_from_extras(vitlab.load(path), imported.metadata, imported.extras)
 
 
 # The inspect figure ---------------------------------------------------------------------------
 def test_inspect_figure_of_an_mpp_checkpoint(tmp_path):
     pytest.importorskip("matplotlib")
     from vitlab import checkpoints
-    from vitlab.analysis import extra_figures
+    from vitlab.analysis import objective_figures
     from vitlab.analysis.mpp import mpp_predictions
 
     torch.manual_seed(0)
     obj = MaskedPatchPrediction(vitlab.create_model(tiny()))
-    torch.nn.init.normal_(obj.head.weight, std=0.1)
+    torch.nn.init.normal_(obj.mpp.head.weight, std=0.1)
     path = tmp_path / "mpp.safetensors"
-    io.write(obj.model, path, extra_tensors=obj.extra_tensors(), extra_metadata=obj.extra_metadata())
+    io.write(obj.model, path, extra_tensors=obj.extra_tensors(), extra_metadata=obj.checkpoint_metadata())
     imported = checkpoints.read_checkpoint(path)
     model = checkpoints.build_model(imported, str(path))
     images = torch.rand(3, 3, 16, 16) * 2 - 1
 
-    figures = extra_figures(model, imported.metadata, imported.extras, images, tmp_path / "out")
+    figures = objective_figures(model, imported.metadata, imported.extras, images, tmp_path / "out")
     assert [f.name for f in figures] == ["mpp"] and figures[0].png.stat().st_size > 1000
     numbers = figures[0].numbers
     # Same seed as eval_step: the figure's accuracy is the objective's own eval accuracy.
@@ -280,10 +282,10 @@ def test_inspect_figure_of_an_mpp_checkpoint(tmp_path):
     assert numbers["corrupted_patches"] == 3 * 8
 
     # True colours are the bin centres of each patch's quantised mean colour.
-    result = mpp_predictions(obj, images)
+    result = mpp_predictions(obj.model, obj.mpp, images)
     pixels = unnormalise(images, obj.model.config.mean, obj.model.config.std)
     centre = dequantise_colors(patch_targets(pixels, 4, obj.cfg), 3, 3)  # (B, N, 3)
     assert np.allclose(result.true.reshape(3, 16, 3), centre.numpy())
 
     # A supervised checkpoint gets no extra figure.
-    assert extra_figures(model, {"objective": "supervised"}, {}, images, tmp_path / "out2") == []
+    assert objective_figures(model, {"objective": "supervised"}, {}, images, tmp_path / "out2") == []

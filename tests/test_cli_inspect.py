@@ -6,23 +6,17 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 import vitlab
+from conftest import tiny_model
 from vitlab.cli import main
-from vitlab.config import ViTConfig
 
 pytest.importorskip("matplotlib")
 
 
 def save_model(path, fmt="vitlab", **kw):
-    torch.manual_seed(0)
-    cfg = ViTConfig(
-        name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=3, num_heads=2, mlp_dim=64, num_classes=10, **kw
-    )
-    model = vitlab.VisionTransformer(cfg).eval()
-    model.class_names = [str(i) for i in range(10)]
+    model = tiny_model(class_names=[str(i) for i in range(10)], depth=3, **kw)
     vitlab.save(model, path, format=fmt)
     return model
 
@@ -96,7 +90,7 @@ def test_no_position_table_is_explained(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_extra_figures_hook(tmp_path, monkeypatch, capsys):
+def test_objective_figures_hook(tmp_path, monkeypatch, capsys):
     from vitlab import analysis
 
     save_model(tmp_path / "m.safetensors")
@@ -109,7 +103,7 @@ def test_extra_figures_hook(tmp_path, monkeypatch, capsys):
         png.write_bytes((out_dir / "filters.png").read_bytes())
         return [analysis.Figure("mine", "My figure", png, "a caption", {"answer": 42})]
 
-    monkeypatch.setattr(analysis, "extra_figures", extra)
+    monkeypatch.setattr(analysis, "objective_figures", extra)
     out = tmp_path / "out"
     assert (
         main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"])

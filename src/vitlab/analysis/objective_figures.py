@@ -1,6 +1,6 @@
-"""Extension point of `vitlab inspect`: figures beyond the paper's four.
+"""Extension point of `vitlab inspect`: the figures a training objective adds to the paper's four.
 
-`vitlab inspect` calls `extra_figures(...)` after drawing Fig. 6/7 and shows every Figure
+`vitlab inspect` calls `objective_figures(...)` after drawing Fig. 6/7 and shows every Figure
 it returns on the same HTML page (and writes its numbers into the JSON). A training
 objective that leaves something worth seeing in the checkpoint adds it here, keyed on the
 checkpoint's metadata: e.g. masked patch prediction (§4.6) writes `objective: "mpp"` and
@@ -12,25 +12,15 @@ is nothing to add; raise nothing for checkpoints that are not yours.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from torch import Tensor
 
-
-@dataclass
-class Figure:
-    """One extra figure: a PNG inside the output folder, a caption, and its numbers."""
-
-    name: str  # short key, used in the JSON and as the HTML anchor
-    title: str
-    png: Path  # written by the extension, inside out_dir
-    caption: str = ""
-    numbers: dict[str, Any] = field(default_factory=dict)
+from vitlab.analysis.figure import Figure
+from vitlab.analysis.mpp_plot import mpp_figures
 
 
-def extra_figures(
+def objective_figures(
     model,
     metadata: dict[str, str],
     extras: dict[str, Tensor],
@@ -45,7 +35,5 @@ def extra_figures(
     analyses used; out_dir: where PNGs go.
     """
     if metadata.get("objective") == "mpp":  # masked patch prediction, §4.6 (analysis/mpp_plot.py)
-        from vitlab.analysis.mpp_plot import mpp_figures
-
         return mpp_figures(model, metadata, extras, images, out_dir)
     return []

@@ -67,11 +67,13 @@ def test_finetuning_recipe_is_the_papers():
     assert cfg.model.changes["representation_size"] is None
     opt = build_optimizer(small_model(), o)
     assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9
-    from vitlab.train.finetune import TABLE4_LRS, TABLE4_STEPS, table4_dataset
+    from vitlab.data import paper_dataset
+    from vitlab.train.finetune import TABLE4_LRS, TABLE4_STEPS
 
     assert TABLE4_STEPS["cifar10"] == 10_000 and TABLE4_STEPS["imagenet"] == 20_000 and TABLE4_STEPS["pets"] == 500
     assert TABLE4_LRS["cifar100"] == (0.001, 0.003, 0.01, 0.03)
-    assert table4_dataset("cifar100:/x") == "cifar100" and table4_dataset("imagefolder:/data/oxford-pets") == "pets"
+    assert paper_dataset("cifar100:/x") == "cifar100" and paper_dataset("imagefolder:/data/oxford-pets") == "pets"
+    assert paper_dataset("wds:../shared/data/cifar10") == "cifar10" and paper_dataset("digits") is None
 
 
 def test_schedule_warmup_then_cosine_or_linear():

@@ -24,25 +24,25 @@ Targets (the three the paper tried, Appendix B.1.2):
 Pixels in [0, 1] are recovered from the model's input by undoing the config's normalisation
 (x * std + mean), so the targets do not depend on which mean/std a model was built with.
 
-The objective is a "meta architecture" around the backbone: the VisionTransformer stays plain
-(its `forward_features(x, patch_fn=...)` hook is where the corruption happens), while the
-[mask] embedding and the prediction head live here, travel in the checkpoint as extras, and
-are left behind when fine-tuning. Masks are drawn on the CPU from torch's global generator
-(or a given one), which the trainer checkpoints: a resumed run draws the same masks.
+The VisionTransformer stays plain (its `forward_features(x, patch_fn=...)` hook is where the
+corruption happens); `MPPHead` holds the [mask] embedding and the prediction head, which
+travel in the checkpoint as extras and are left behind when fine-tuning. The training
+objective (vitlab.train.objectives) adds the loss; `vitlab inspect` (vitlab.analysis.mpp)
+runs the same predictor to show what a checkpoint predicts. Masks are drawn on the CPU from
+torch's global generator (or a given one), which the trainer checkpoints: a resumed run
+draws the same masks.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.config import ConfigError, MPPConfig, RunConfig
+from vitlab.config import ConfigError, MPPConfig
 from vitlab.models.vit import VisionTransformer
-from vitlab.train.objectives import OBJECTIVES, Objective
 
 # What happened to each patch, one code per patch in a (B, N) tensor.
 UNTOUCHED, MASKED, RANDOM, UNCHANGED = 0, 1, 2, 3  # UNCHANGED: selected but kept as it was
@@ -170,119 +170,63 @@ def mpp_loss(pred: Tensor, target: Tensor, cfg: MPPConfig) -> tuple[Tensor, dict
     return loss, {"color_acc": (pred.argmax(-1) == target).float().mean()}
 
 
-def check_backbone(model: VisionTransformer) -> None:
-    """MPP needs each token to stand for exactly its own P x P pixel patch."""
-    if model.backbone is not None:
-        raise ConfigError(
-            f"{model.config.name} is a hybrid: its ResNet stem sees every pixel before the patch "
-            "embeddings are corrupted (receptive fields overlap), so a corrupted cell's colour "
-            "leaks through its neighbours and masked patch prediction is not the paper's task; "
-            "pretrain a plain ViT (e.g. ViT-C/4, ViT-B/16) with objective=mpp instead"
-        )
+class MPPHead(nn.Module):
+    """The [mask] embedding and the prediction head of masked patch prediction, and the
+    predictor that corrupts, encodes and reads every patch token.
 
-
-# The objective ---------------------------------------------------------------------------
-class MaskedPatchPrediction(Objective):
-    """The MPP objective wrapped around a plain VisionTransformer (`self.model`).
-
-    `forward(images, labels)` -> (loss, metrics); labels are ignored. The backbone's
-    classifier head is removed (num_classes=0): the prediction head here is not a classifier,
-    and fine-tuning adds the usual zero-initialised head (§3.2).
+    Parameter and extra-tensor names ("mask_token", "head.weight", "head.bias") are the
+    checkpoint contract: they are stored under the checkpoint's "objective." prefix.
     """
 
-    name = "mpp"
-
-    def __init__(self, model: VisionTransformer, cfg: Optional[MPPConfig] = None):
-        check_backbone(model)
-        cfg = cfg or MPPConfig()
-        mc = model.config
-        if cfg.target == "color_grid" and mc.patch_size % cfg.grid:
+    def __init__(self, cfg: MPPConfig, model_config) -> None:
+        super().__init__()
+        if model_config.resnet is not None:
             raise ConfigError(
-                f"objective.target=color_grid averages each {mc.patch_size}x{mc.patch_size} patch onto "
-                f"a {cfg.grid}x{cfg.grid} grid, which needs the patch size divisible by objective.grid; "
-                f"pick objective.grid from the divisors of {mc.patch_size}"
+                f"{model_config.name} is a hybrid: its ResNet stem sees every pixel before the patch "
+                "embeddings are corrupted (receptive fields overlap), so a corrupted cell's colour "
+                "leaks through its neighbours and masked patch prediction is not the paper's task; "
+                "pretrain a plain ViT (e.g. ViT-C/4, ViT-B/16) with objective=mpp instead"
             )
-        if mc.num_classes:
-            model.reset_classifier(0)
-        super().__init__(model)
+        if cfg.target == "color_grid" and model_config.patch_size % cfg.grid:
+            p = model_config.patch_size
+            raise ConfigError(
+                f"objective.target=color_grid averages each {p}x{p} patch onto a {cfg.grid}x{cfg.grid} "
+                f"grid, which needs the patch size divisible by objective.grid; pick objective.grid "
+                f"from the divisors of {p}"
+            )
         self.cfg = cfg
-        d = mc.hidden_size
+        d = model_config.hidden_size
         # A learnable [mask] embedding, initialised small like BERT's token embeddings.
         self.mask_token = nn.Parameter(torch.zeros(d))
         nn.init.trunc_normal_(self.mask_token, std=0.02)
         # One linear layer reads each output token (the paper does not describe its head).
         # Zero weights: the first loss is exactly ln(classes) for the colour targets.
-        self.head = nn.Linear(d, head_outputs(cfg, mc.in_channels, mc.patch_size))
+        self.head = nn.Linear(d, head_outputs(cfg, model_config.in_channels, model_config.patch_size))
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    @classmethod
-    def from_config(cls, model: VisionTransformer, config: RunConfig) -> "MaskedPatchPrediction":
-        return cls(model, config.objective)
-
-    def corrupt(
-        self, batch: int, num_patches: int, generator: Optional[torch.Generator] = None
-    ) -> tuple[Tensor, Tensor]:
+    def corrupt(self, batch: int, num_patches: int, generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
         """Draw which patches to corrupt and the random-patch sources: (kind, sources), (B, N)."""
         c = self.cfg
         kind = draw_corruption(batch, num_patches, c.mask_rate, c.mask_token_frac, c.random_patch_frac, generator)
         return kind, draw_sources(kind, generator)
 
-    def predict(self, images: Tensor, generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor, Tensor]:
+    def predict(
+        self, model: VisionTransformer, images: Tensor, generator: Optional[torch.Generator] = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Corrupt, encode, predict: kind (B, N), predictions (B, N, out), targets (B, N, ...)."""
-        mc = self.model.config
+        mc = model.config
         p = mc.patch_size
         b, n = images.shape[0], (images.shape[2] // p) * (images.shape[3] // p)
         kind, sources = self.corrupt(b, n, generator)
-        feats = self.model.forward_features(
-            images, patch_fn=lambda x: apply_corruption(x, kind, sources, self.mask_token)
-        )
-        tokens = feats[:, self.model.num_prefix_tokens :]  # (B, N, D), the patch positions
+        feats = model.forward_features(images, patch_fn=lambda x: apply_corruption(x, kind, sources, self.mask_token))
+        tokens = feats[:, model.num_prefix_tokens :]  # (B, N, D), the patch positions
         with torch.no_grad():
             targets = patch_targets(unnormalise(images.float(), mc.mean, mc.std), p, self.cfg)
         return kind.to(images.device), self.head(tokens).float(), targets
 
-    def forward(
-        self, images: Tensor, labels: Optional[Tensor] = None, generator: Optional[torch.Generator] = None
-    ) -> tuple[Tensor, dict[str, Any]]:
-        kind, pred, targets = self.predict(images, generator)
-        selected = kind != UNTOUCHED  # (B, N); the unchanged-but-selected count too
-        loss, metrics = mpp_loss(pred[selected], targets[selected], self.cfg)
-        # "accuracy" (what the trainer logs): the colour-class accuracy on corrupted patches.
-        return loss, {("accuracy" if k == "color_acc" else k): v.detach() for k, v in metrics.items()}
-
-    # Evaluation: masks from a fixed seed, so numbers compare across checkpoints and the
-    # global generator -- hence resume -- is left alone.
-    @torch.no_grad()
-    def eval_step(self, images: Tensor, labels: Optional[Tensor] = None, seed: int = 0) -> dict[str, Tensor]:
-        kind, pred, targets = self.predict(images, torch.Generator().manual_seed(seed))
-        selected = kind != UNTOUCHED
-        loss, metrics = mpp_loss(pred[selected], targets[selected], self.cfg)
-        m = selected.sum()
-        sums = {"count": torch.tensor(images.shape[0], device=images.device), "patches": m, "loss_sum": loss * m}
-        if "color_acc" in metrics:
-            sums["color_correct"] = metrics["color_acc"] * m  # per-patch mean over cells, x patches
-        return {k: v.detach().double() for k, v in sums.items()}
-
-    def finish_eval(self, sums: dict[str, Tensor]) -> dict[str, Any]:
-        m = float(sums["patches"])
-        out = {"loss": float(sums["loss_sum"]) / m, "count": int(sums["count"])}
-        if "color_correct" in sums:
-            out["color_acc"] = float(sums["color_correct"]) / m
-        return out
-
-    # Checkpoints -------------------------------------------------------------------------
     def extra_tensors(self) -> dict[str, Tensor]:
-        """What the checkpoint stores beside the backbone (under checkpoints.io.EXTRA_PREFIX)."""
-        return {
-            "mask_token": self.mask_token.detach(),
-            "head.weight": self.head.weight.detach(),
-            "head.bias": self.head.bias.detach(),
-        }
-
-    def extra_metadata(self) -> dict[str, Any]:
-        """Metadata naming the objective and its options, as the trainer writes it."""
-        return {"objective": self.name, "objective_options": self.cfg.to_dict()}
+        return {"mask_token": self.mask_token.detach(), "head.weight": self.head.weight.detach(), "head.bias": self.head.bias.detach()}
 
     def load_extra_tensors(self, tensors: dict[str, Tensor]) -> None:
         expected = self.extra_tensors()
@@ -291,44 +235,3 @@ class MaskedPatchPrediction(Objective):
         with torch.no_grad():
             for k, v in tensors.items():
                 expected[k].copy_(v)
-
-    @classmethod
-    def from_checkpoint(cls, path) -> "MaskedPatchPrediction":
-        """Rebuild backbone, [mask] embedding and prediction head from an MPP checkpoint."""
-        from vitlab import checkpoints
-
-        imported = checkpoints.read_checkpoint(path)
-        return cls.from_imported(imported, str(path))
-
-    @classmethod
-    def from_imported(cls, imported, source: str) -> "MaskedPatchPrediction":
-        from vitlab import checkpoints
-        from vitlab.checkpoints.io import CheckpointError
-
-        if "mask_token" not in imported.extras:
-            raise CheckpointError(
-                f"{source}: not a masked-patch-prediction checkpoint (objective="
-                f"{imported.metadata.get('objective')!r}, no [mask] embedding among its tensors); "
-                "train one with `vitlab train --objective mpp`"
-            )
-        cfg = MPPConfig.from_dict(json.loads(imported.metadata.get("objective_options") or "{}"))
-        obj = cls(checkpoints.build_model(imported, source), cfg)
-        obj.load_extra_tensors(imported.extras)
-        return obj.eval()
-
-
-# The trainer's objective table (train/objectives.py imports this module on demand).
-OBJECTIVES["mpp"] = MaskedPatchPrediction
-
-__all__ = [
-    "MPPConfig",
-    "MaskedPatchPrediction",
-    "apply_corruption",
-    "dequantise_colors",
-    "draw_corruption",
-    "draw_sources",
-    "mpp_loss",
-    "patch_targets",
-    "quantise_colors",
-    "unnormalise",
-]

@@ -188,13 +188,11 @@ def test_cli_nan_stop_exit_code(tmp_path):
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
-    from vitlab.train.loop import enable_grad_checkpointing
-
     torch.manual_seed(0)
     a = vitlab.create_model("ViT-Ti/4", depth=2, hidden_size=32, num_heads=2, mlp_dim=64, num_classes=10, head_init="xavier")
     b = vitlab.create_model(a.config)
     b.load_state_dict(a.state_dict())
-    enable_grad_checkpointing(b)
+    b.set_grad_checkpointing()
     x = torch.randn(4, 3, 32, 32)
     for m in (a, b):
         m(x).square().sum().backward()
@@ -217,10 +215,10 @@ def test_finetune_at_a_higher_resolution_and_eval(tmp_path):
     Trainer(tiny(model={"representation_size": 32, "dropout": 0.0},
                  train={"steps": 60, "ema": 0.0, "mixup": 0.0, "ckpt_every": 60}), pre, quiet=True).run()
     src = pre / "checkpoints" / "last.safetensors"
-    from vitlab.train.loop import build_model
+    from vitlab.train.build import build_model
 
-    start = build_model(RunConfig.from_dict({"model": {"checkpoint": str(src), "image_size": 16,
-                                                       "representation_size": None}}), 10, list("0123456789"))
+    section = RunConfig.from_dict({"model": {"checkpoint": str(src), "image_size": 16, "representation_size": None}}).model
+    start = build_model(section, list("0123456789"))
     old = vitlab.load(src)
     assert start.config.image_size == (16, 16) and start.pos_embed.pos_embedding.shape[1] == 1 + 16
     assert start.pre_logits is None and torch.count_nonzero(start.head.weight) == 0

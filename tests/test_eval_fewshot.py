@@ -6,11 +6,26 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import tiny_model
 from vitlab.config import ViTConfig
 from vitlab.eval import features as feats_mod
-from vitlab.eval.fewshot import L2_GRID, RidgeProblem, choose_l2, fewshot_eval, ridge_solve, sample_shots
+from vitlab.eval.fewshot import L2_GRID, RidgeProblem, choose_l2, fewshot_eval, sample_shots
 from vitlab.eval.linear_probe import fit_logistic, knn_accuracy, logistic_probe
 from vitlab.models.vit import VisionTransformer
+
+
+def ridge_solve(x: torch.Tensor, y: torch.Tensor, l2: float) -> torch.Tensor:
+    """The reference: W = argmin ||xW - y||² + l2 ||W||², in whichever form inverts the smaller
+    matrix (RidgeProblem's eigendecomposed solver is checked against it).
+
+    x: (N, D), y: (N, K) -> (D, K). No whitening, no bias: the bare algebra.
+    """
+    x, y = x.double(), y.double()
+    n, d = x.shape
+    if n >= d:  # primal: (XᵀX + λI)⁻¹ XᵀY
+        return torch.linalg.solve(x.T @ x + l2 * torch.eye(d, dtype=x.dtype), x.T @ y)
+    # dual (kernel) form: Xᵀ (XXᵀ + λI)⁻¹ Y
+    return x.T @ torch.linalg.solve(x @ x.T + l2 * torch.eye(n, dtype=x.dtype), y)
 
 
 def problem(n, d, k=3, seed=0):
@@ -212,12 +227,7 @@ def digit_ckpts(tmp_path_factory):
     import vitlab
 
     root = tmp_path_factory.mktemp("fewshot")
-    torch.manual_seed(0)
-    cfg = ViTConfig(
-        name="tiny", image_size=16, patch_size=4, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10
-    )
-    model = VisionTransformer(cfg)
-    model.class_names = [str(i) for i in range(10)]
+    model = tiny_model(class_names=[str(i) for i in range(10)])
     vitlab.save(model, root / "model.safetensors")
     vitlab.save(model, root / "model.npz", format="npz")
     return root
