@@ -189,7 +189,8 @@ def sweep(models, image: bytes, precisions, clients, seconds) -> list[dict]:
                     log(" | ".join(str(rows[-1][k]) for k in COLUMNS if k in rows[-1]))
             for row in rows[-2 * len(clients) :]:
                 base = per_mode[("one at a time", row["clients"])]
-                row["× one at a time"] = f"{float(row['images/s']) / base:.2f}" if base else ""
+                rate = per_mode[(row["serving"], row["clients"])]  # unrounded, so one at a time reads 1.00
+                row["× one at a time"] = f"{rate / base:.2f}" if base else ""
     return rows
 
 
