@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "linear-probe": "linear_probe",
     "inspect": "inspect",
     "predict": "predict",
+    "serve": "serve",
     "convert": "convert",
     "export": "export",
     "push": "push",
