@@ -108,7 +108,7 @@ def test_a_headless_checkpoint_and_bad_options_are_one_line_errors(tmp_path, cap
         (["--port", "70000"], "port must be <= 65535"),
         (["--host", "localhost.example"], "is not an IP address"),
         (["--max-upload-mb", "0"], "max_upload_mb must be > 0"),
-        (["--precision", "fp8"], "--precision 'fp8' is not one of fp32, fp32-packed, bf16, int8"),
+        (["--precision", "fp8"], "--precision 'fp8' is not one of fp32, fp32-packed, bf16, fp16, int8"),
     ):
         assert main(["serve", str(path), *options]) == 2
         err = capsys.readouterr().err
@@ -136,14 +136,20 @@ def test_on_this_machine_only_a_load_test_loses_no_request_and_leaks_no_memory(s
     assert not any("every machine" in line for line in server.lines)
     body = png()
     ok = lambda b: len(json.loads(b)["results"][0]["predictions"]) == 5  # noqa: E731
-    warm = run_load(server.port, body, concurrency=32, requests=200, check=ok)
-    before = server.metric("process_resident_memory_bytes")
-    load = run_load(server.port, body, concurrency=32, requests=1000, check=ok)
-    after = server.metric("process_resident_memory_bytes")
-    assert warm.statuses == {200: 200}
-    assert load.statuses == {200: 1000} and load.answered == 1000 and not load.errors and load.bad_bodies == 0
-    assert after - before < 32 * 2**20, f"resident memory grew by {(after - before) / 2**20:.1f} MiB"
-    assert server.metric('vitlab_requests_total{endpoint="/predict",status="200"}') == 1200
+    # The allocator's arenas grow for the first few thousand requests and then stay (measured:
+    # +24, +10, +5, +0, +0 MiB per 1,000). A leak grows on every round: load in rounds of
+    # 1,000 until two rounds in a row add less than 8 MiB; a leak never gets there.
+    rss, answered = [server.metric("process_resident_memory_bytes")], 0
+    for _ in range(10):
+        load = run_load(server.port, body, concurrency=32, requests=1000, check=ok)
+        assert load.statuses == {200: 1000} and load.answered == 1000 and not load.errors and load.bad_bodies == 0
+        answered += 1000
+        rss.append(server.metric("process_resident_memory_bytes"))
+        if len(rss) >= 3 and max(rss[-1] - rss[-2], rss[-2] - rss[-3]) < 8 * 2**20:
+            break
+    growth = [round((b - a) / 2**20, 1) for a, b in zip(rss, rss[1:])]
+    assert max(growth[-2:]) < 8, f"resident memory keeps growing (MiB per 1,000 requests: {growth})"
+    assert server.metric('vitlab_requests_total{endpoint="/predict",status="200"}') == answered
     assert server.stop() == 0
 
 
