@@ -40,3 +40,16 @@ def test_the_edge_of_the_grid_is_named():
     assert "largest" in finetune.edge_note(grid, 0.03) and "0.09" in finetune.edge_note(grid, 0.03)
     assert "smallest" in finetune.edge_note(grid, 0.001)
     assert finetune.edge_note(grid, 0.01) == ""
+
+
+def test_a_sweep_that_cannot_tell_the_rates_apart_says_so():
+    # 21 vs 20 of 144 dev images (the transfer table's digits sweep): one image apart.
+    close = {0.001: 14 / 144, 0.003: 11 / 144, 0.01: 21 / 144, 0.03: 20 / 144}
+    note = finetune.noise_note(close, 144)
+    assert "within sampling noise" in note and "14.6%" in note and "13.9%" in note
+    # 900 vs 600 of 1,000 (a CIFAR-sized dev split): far apart.
+    assert finetune.noise_note({0.001: 0.6, 0.003: 0.9, 0.01: 0.5}, 1000) == ""
+    # The same gap of 3 points is noise on 100 images and a real difference on 10,000.
+    assert finetune.noise_note({0.01: 0.80, 0.03: 0.83}, 100) != ""
+    assert finetune.noise_note({0.01: 0.80, 0.03: 0.83}, 10_000) == ""
+    assert finetune.noise_note({0.01: 0.5}, 100) == ""

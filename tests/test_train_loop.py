@@ -246,7 +246,7 @@ def test_finetune_at_a_higher_resolution_and_eval(tmp_path):
 
 
 def test_lr_sweep_picks_on_dev_then_trains_on_everything(tmp_path):
-    from vitlab.train.finetune import lr_sweep
+    from vitlab.train.finetune import lr_sweep, noise_note
 
     cfg = tiny(train={"steps": 4, "ema": 0.0, "mixup": 0.0, "ckpt_every": 4})
     seen = []
@@ -264,6 +264,8 @@ def test_lr_sweep_picks_on_dev_then_trains_on_everything(tmp_path):
     assert (tmp_path / "final" / "summary.json").is_file() and (tmp_path / "sweep" / "lr-0.003" / "summary.json").is_file()
     dev = json.loads((tmp_path / "sweep" / "lr-0.0001" / "summary.json").read_text())["splits"]["dev"]
     assert dev["count"] == 144  # 10% of the 1,437 training digits
+    # Whether the two dev scores are within noise of each other is recorded with them.
+    assert result["within_noise"] == bool(noise_note({1e-4: scores["0.0001"], 3e-3: scores["0.003"]}, 144))
 
 
 # The BiT ResNet baseline through the same loop: a 14-layer, half-width ResNet on 8x8 digits.

@@ -37,7 +37,8 @@ chosen and why:
 --lr-sweep runs the paper's protocol in full: Table 4's learning-rate grid (or --lr-grid),
 each trained for the whole run on the training set minus a dev split (2% of CIFAR, 10% of
 others) and scored on the dev split, then the best rate trained on the full training set.
-It says so when the best rate is at the edge of the grid. Sweeps write OUT/sweep/lr-*/ and
+It says so when the best rate is at the edge of the grid, and when its dev score is within
+sampling noise of the runner-up's (the pick is then uncertain). Sweeps write OUT/sweep/lr-*/ and
 the final run OUT/final/ (OUT/sweep.json has the scores).
 
 examples:

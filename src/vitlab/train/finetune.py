@@ -85,7 +85,7 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
                          "training set minus a dev split, scored on the dev split (--lr to skip it; --lr-sweep for the full one)")
         else:
             notes.append(f"learning rate {o.lr:g}: the recipe's, not chosen for this data; the best of Table 4's "
-                         "grid (0.001-0.03) can be far better (docs/transfer.md: 46.5% vs 61.9%); --lr-sweep picks it")
+                         "grid (0.001-0.03) can be far better (docs/training.md: 46.5% vs 61.9%); --lr-sweep picks it")
     return Defaults(cfg.with_overrides(changes) if changes else cfg, notes, quick)
 
 
@@ -116,7 +116,7 @@ def lr_sweep(
     has its own folder under out/sweep/, so a stopped sweep resumes where it was.
     `sweep_steps` shortens the sweep runs (the quick sweep), their warm-up kept at 5%.
     """
-    scores = {}
+    scores, counts = {}, {}
     short = {}
     if sweep_steps:
         short = {"train.steps": sweep_steps, "train.epochs": 0.0,
@@ -127,14 +127,15 @@ def lr_sweep(
              **short}
         )
         summary = train_fn(sweep_cfg, out / "sweep" / f"lr-{lr:g}")
-        scores[lr] = summary["splits"]["dev"]["top1"]
+        scores[lr], counts[lr] = summary["splits"]["dev"]["top1"], summary["splits"]["dev"]["count"]
         log(f"lr-sweep: lr {lr:g} -> dev top-1 {scores[lr]:.2%}")
     best = max(grid, key=lambda lr: (scores[lr], -lr))
-    edge = edge_note(grid, best)
-    log(f"lr-sweep: best lr {best:g}" + (f"; {edge}" if edge else "") + "; training on the full training set")
+    edge, noise = edge_note(grid, best), noise_note(scores, counts[best])
+    log(f"lr-sweep: best lr {best:g}" + "".join(f"; {n}" for n in (edge, noise) if n)
+        + "; training on the full training set")
     final = train_fn(cfg.with_overrides({"optim.lr": best}), out / "final")
     result = {"grid": list(grid), "dev_top1": {f"{k:g}": v for k, v in scores.items()}, "best_lr": best,
-              "at_edge": bool(edge), "final": final}
+              "at_edge": bool(edge), "within_noise": bool(noise), "final": final}
     if distributed.is_main_process():
         atomic_write_text(out / "sweep.json", json.dumps(result, indent=2))
     return result
@@ -147,3 +148,20 @@ def edge_note(grid: tuple[float, ...], best: float) -> str:
     side, beyond = ("smallest", min(grid) / 3) if best == min(grid) else ("largest", max(grid) * 3)
     return (f"it is the grid's {side} rate, so a better one may lie beyond it: try --lr-grid with {beyond:.2g} "
             "on that side")
+
+
+def noise_note(scores: dict[float, float], dev_count: int) -> str:
+    """A warning when the best rate's dev score is within sampling noise of the runner-up's:
+    two standard errors of the difference of two accuracies on `dev_count` images. The paper's
+    dev splits (Table 4: 2% of CIFAR is 1,000 images) tell rates apart; a small dev split or
+    runs too short to leave chance may not, and then the pick is a coin toss."""
+    if len(scores) < 2 or dev_count < 1:
+        return ""
+    best, second = sorted(scores.values(), reverse=True)[:2]
+    p = (best + second) / 2
+    margin = 2 * math.sqrt(2 * p * (1 - p) / dev_count)
+    if best - second > margin:
+        return ""
+    return (f"the best two dev scores ({best:.1%}, {second:.1%}) are within sampling noise of each other on "
+            f"{dev_count} dev images (2 standard errors: {margin:.1%}), so the choice is uncertain: longer sweep "
+            "runs (--lr-sweep) or a rate of your own (--lr) decide it")
