@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from vitlab.config import ViTConfig
+from vitlab.config import BiTConfig, ModelConfig
 from vitlab.models.layers import onednn_available
 
 # The product dtype each system precision runs its Dense layers in.
@@ -32,10 +32,17 @@ def ceiling_precision(precision: str) -> str:
     return CEILING_OF[precision]
 
 
-def gemm_shapes(cfg: ViTConfig) -> list[tuple[int, int]]:
-    """(in, out) of the Dense layers of one encoder block (Eq. 2-3)."""
+def gemm_shapes(cfg: ModelConfig) -> tuple[int, list[tuple[int, int]]]:
+    """(rows per image, (in, out) of each product): the Dense layers of one encoder block
+    (Eq. 2-3), or for a BiT ResNet the two 1x1 convolutions of a unit of its third stage
+    (where most of its FLOPs are), as matrix products over the map's positions."""
+    if isinstance(cfg, BiTConfig):
+        s = min(2, len(cfg.layers) - 1)
+        stride = (4 if cfg.stem == "bit" else 1) * 2**s
+        mid = cfg.stage_widths[s]
+        return (cfg.image_size[0] // stride) * (cfg.image_size[1] // stride), [(4 * mid, mid), (mid, 4 * mid)]
     d = cfg.hidden_size
-    return [(d, 3 * d), (d, d), (d, cfg.mlp_dim), (cfg.mlp_dim, d)]
+    return cfg.num_tokens, [(d, 3 * d), (d, d), (d, cfg.mlp_dim), (cfg.mlp_dim, d)]
 
 
 def kernels(precision: str, device: str = "cpu") -> list[str]:
@@ -47,7 +54,7 @@ def kernels(precision: str, device: str = "cpu") -> list[str]:
     return ["F.linear"]
 
 
-def ceiling_call(cfg: ViTConfig, batch: int, precision: str, device: str = "cpu",
+def ceiling_call(cfg: ModelConfig, batch: int, precision: str, device: str = "cpu",
                  kernel: str = "F.linear") -> tuple[Callable[[], list[torch.Tensor]], float]:
     """The products of one block at batch `batch`: (a call doing them and returning the
     products, FLOPs per call).
@@ -57,8 +64,8 @@ def ceiling_call(cfg: ViTConfig, batch: int, precision: str, device: str = "cpu"
     (the same rate as a plain matmul, measured), "oneDNN" with the weights packed once into
     its blocked layout, "_int_mm" for int8 with int32 accumulation.
     """
-    m = batch * cfg.num_tokens
-    shapes = gemm_shapes(cfg)
+    rows, shapes = gemm_shapes(cfg)
+    m = batch * rows
     flops = float(sum(2 * m * k * n for k, n in shapes))
     g = torch.Generator().manual_seed(0)
     if precision == "int8":

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Operator name -> the kind of work it is in a ViT.

@@ -36,7 +36,7 @@ def row_dict(row: Row) -> dict[str, str]:
     frac = row.fraction
     return {
         "model": row.setting.config.name,
-        "gelu": row.setting.config.gelu,
+        "gelu": getattr(row.setting.config, "gelu", ""),  # a BiT ResNet has none
         "image_size": str(row.setting.config.image_size[0]),
         "batch": str(row.setting.batch),
         "task": row.setting.task,

@@ -20,10 +20,10 @@ from torch import Tensor, nn
 from vitlab.bench import TASKS
 from vitlab.bench.machine import device_sync, peak_memory_added_mib, reset_peak_memory
 from vitlab.bench.peers import build_peer
-from vitlab.config import ViTConfig
+from vitlab.config import ModelConfig
 from vitlab.deploy.int8 import available as int8_available
 from vitlab.deploy.serving import for_precision
-from vitlab.models.vit import VisionTransformer
+from vitlab.models import build
 
 VITLAB_ONLY = ("fp32-packed", "int8")  # serving copies that only vitlab has
 SERVING_COPIES = ("fp32-packed", "bf16", "fp16", "int8")  # vitlab.deploy.serving.for_precision
@@ -37,14 +37,14 @@ CPU_PRECISIONS = ("fp32", "fp32-packed", "bf16-autocast", "bf16", "int8")
 class Setting:
     """What is computed: one model at one batch size, a forward pass or a training step."""
 
-    config: ViTConfig
+    config: ModelConfig
     batch: int
     task: str = "infer"
 
     @property
     def label(self) -> str:
         h, w = self.config.image_size
-        gelu = " gelu=exact" if self.config.gelu == "exact" else ""  # the variants default to tanh
+        gelu = " gelu=exact" if getattr(self.config, "gelu", "") == "exact" else ""  # the variants default to tanh
         return f"{self.config.name}{gelu} {h}px b{self.batch} {self.task}"
 
 
@@ -79,8 +79,8 @@ class Prepared:
     work_mib: float = float("nan")  # peak resident memory one call adds
 
 
-def build_model(impl: str, cfg: ViTConfig) -> nn.Module:
-    return VisionTransformer(cfg) if impl == "vitlab" else build_peer(impl, cfg)
+def build_model(impl: str, cfg: ModelConfig) -> nn.Module:
+    return build(cfg) if impl == "vitlab" else build_peer(impl, cfg)
 
 
 def _autocast(precision: str, device: str):

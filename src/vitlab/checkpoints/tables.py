@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Optional, Sequence
@@ -19,9 +20,10 @@ import torch
 from torch import Tensor
 
 from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.labels import is_imagenet
+from vitlab.config import ModelConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write
-from vitlab.config import ViTConfig
-from vitlab.models.vit import VisionTransformer
+from vitlab.models import build
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
 ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
@@ -132,10 +134,10 @@ def export_state(rules: Sequence[Rule], ours: dict[str, Tensor], target: str) ->
     return out
 
 
-def expected_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of a model of `cfg`, built on the meta device (no memory, no init cost)."""
     with torch.device("meta"):
-        model = VisionTransformer(cfg)
+        model = build(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
@@ -277,17 +279,23 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
 
         atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
     else:
+        names = json.loads(metadata.get("vitlab.class_names") or "null")
+        if names and not is_imagenet(names):
+            warnings.warn(
+                f"{path}: a torch.save state dict has no place for the {len(names)} class names; "
+                "write a .safetensors file to keep them"
+            )
         atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def stored_config(meta: dict[str, str]) -> Optional[ViTConfig]:
+def stored_config(meta: dict[str, str]) -> Optional[ModelConfig]:
     """The full vitlab config a vitlab writer left in a file's metadata (None if absent).
     The tensors are still checked against it, shape by shape, when they are imported."""
     raw = meta.get("vitlab.config")
     if not raw:
         return None
     try:
-        return ViTConfig.from_dict(json.loads(raw))
+        return config_from_dict(json.loads(raw), meta.get("vitlab.config_kind", "vit"))
     except Exception:
         return None
 
@@ -300,8 +308,8 @@ def class_names_from(meta: dict[str, str], num_classes: int) -> Optional[list[st
     return names if isinstance(names, list) and len(names) == num_classes else None
 
 
-def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[ViTConfig], list[Rule]],
-                         infer: Callable[[dict[str, Tensor], str], ViTConfig],
+def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[ModelConfig], list[Rule]],
+                         infer: Callable[[dict[str, Tensor], str], ModelConfig],
                          rename: Callable[[dict[str, Tensor]], dict[str, Tensor]] = dict) -> Imported:
     """A state-dict format (timm, torchvision): the tensors, the config vitlab wrote beside them
     (else inferred from the tensors), the table applied with every key and shape checked."""
@@ -316,6 +324,7 @@ def writer_metadata(model, fmt: str) -> dict[str, str]:
     return {
         "format": fmt,
         "vitlab.config": model.config.to_json(),
+        "vitlab.config_kind": config_kind(model.config),
         "vitlab.class_names": json.dumps(model.class_names),
     }
 

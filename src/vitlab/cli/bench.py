@@ -93,6 +93,8 @@ def run(args) -> int:
             cfg = get_config(name, **({"gelu": args.gelu} if args.gelu else {}))  # ConfigError names the known models
             for task in args.task:
                 default = suites.FAST if task == "infer" else ["fp32", "bf16-autocast"]
+                if cfg.kind == "bit":  # the packed and int8 copies are built from a ViT's blocks
+                    default = ["fp32", "bf16-autocast"]
                 chosen = systems.standard_systems(task, args.peers, args.compile, args.precision or default,
                                                   compile_mode=args.compile_mode)
                 plan += [(systems.Setting(cfg, b, task), chosen) for b in args.batch_size]

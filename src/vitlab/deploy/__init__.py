@@ -3,12 +3,13 @@
     from vitlab import deploy
     fast = deploy.to_bfloat16(model)            # or deploy.quantize_int8(model, calibration=images)
     print(deploy.agreement(model, fast, images))
-    deploy.export_onnx(model, "model.onnx"); deploy.check_onnx("model.onnx", model)
+    deploy.save_int8(deploy.quantize_int8(model), "q8.safetensors"); deploy.load_int8("q8.safetensors")
+    deploy.export_onnx(model, "model.onnx"); deploy.check_onnx("model.onnx", model)   # class names in its metadata
 
 Throughput against timm, Hugging Face and torchvision is measured by `vitlab.bench`.
 """
 
-from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program
+from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program, onnx_metadata, read_onnx_metadata
 from vitlab.deploy.int8 import CalibratedInt8Linear
 from vitlab.deploy.serving import (
     PRECISIONS,
@@ -18,7 +19,9 @@ from vitlab.deploy.serving import (
     Serving,
     agreement,
     for_precision,
+    load_int8,
     quantize_int8,
+    save_int8,
     to_bfloat16,
     to_packed_fp32,
 )
@@ -36,7 +39,11 @@ __all__ = [
     "export_onnx",
     "export_program",
     "for_precision",
+    "load_int8",
+    "onnx_metadata",
     "quantize_int8",
+    "read_onnx_metadata",
+    "save_int8",
     "to_bfloat16",
     "to_packed_fp32",
 ]

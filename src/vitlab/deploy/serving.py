@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.checkpoints import io
 from vitlab.deploy.int8 import quantize_calibrated
 from vitlab.models.layers import onednn_available
 from vitlab.models.vit import VisionTransformer
@@ -41,10 +42,15 @@ class Serving(nn.Module):
         super().__init__()
         self.model = model
         self.dtype = dtype
+        self.serving = str(dtype).removeprefix("torch.")  # what vitlab.save and export refuse by name
 
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def class_names(self):
+        return getattr(self.model, "class_names", None)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x.to(self.dtype)).float()
@@ -122,6 +128,7 @@ def to_packed_fp32(model: VisionTransformer) -> VisionTransformer:
     if _packable(m):
         with torch.no_grad():
             pack_linears(m)
+    m.serving = "fp32-packed"  # its packed layout is for this process: vitlab.save refuses it
     return m
 
 
@@ -178,7 +185,28 @@ def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None
     for block in model.blocks:
         for parent, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc1"), (block.mlp, "fc2")):
             setattr(parent, name, Int8Linear(getattr(parent, name)))
+    model.serving = "int8"  # saved by save_int8, not vitlab.save (its tensors are not a ViT's)
     return model
+
+
+def save_int8(model: VisionTransformer, path) -> None:
+    """Write an int8 copy (`quantize_int8`) as a vitlab .safetensors file whose metadata says
+    so: the int8 weights with their scales, the rest fp32 (about a quarter of the fp32 size
+    for the encoder). `load_int8` reads it back; `vitlab.load` refuses it by name."""
+    if getattr(model, "serving", "") != "int8":
+        raise ValueError("save_int8 takes the int8 copy that vitlab.deploy.quantize_int8(model) returns")
+    io.write_state(model.config, io.contiguous_state(model), model.class_names, path,
+                   extra_metadata={io.SERVING_KEY: "int8"})
+
+
+def load_int8(path) -> VisionTransformer:
+    """The int8 copy `save_int8` wrote, ready to run (and to export with torch.export)."""
+    imported = io.read(path, serving="int8")
+    with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
+        model = quantize_int8(VisionTransformer(imported.config))
+    model.load_state_dict(imported.state, strict=True)
+    model.class_names = imported.class_names
+    return model.eval()
 
 
 @dataclass
@@ -211,6 +239,9 @@ def for_precision(model: VisionTransformer, precision: str, calibration: Optiona
     `calibration` images are for int8 (see `quantize_int8`)."""
     if precision == "fp32":
         return model.eval()
+    if not hasattr(model, "blocks"):
+        raise ValueError(f"{precision} serving copies pack a ViT's encoder blocks; {model.config.name} has none "
+                         "(time it in fp32 or bf16-autocast)")
     if precision == "fp32-packed":
         return to_packed_fp32(model)
     if precision == "bf16":

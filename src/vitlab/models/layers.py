@@ -240,3 +240,26 @@ class Block(nn.Module):
         x = x + self.drop_path(y)  # Eq. 2: z' = MSA(LN(z)) + z
         x = x + self.drop_path(self.mlp(self.norm2(x)))  # Eq. 3: z = MLP(LN(z')) + z'
         return x, attn
+
+
+
+class Classifier:
+    """The head both model kinds share (`VisionTransformer`, `BiTResNet`): a linear layer on
+    the `config.feature_dim` representation, made on the device and dtype of `self.norm`."""
+
+    def reset_classifier(self, num_classes: int, init: Optional[str] = None) -> None:
+        """Replace the head with a fresh one: zero-initialised by default (the paper's
+        fine-tuning head, §3.2, and BiT's transfer head) or Xavier-uniform; none for 0 classes."""
+        init = init or self.config.head_init
+        head: nn.Module = nn.Identity()
+        if num_classes:
+            head = nn.Linear(self.config.feature_dim, num_classes)
+            if init == "zeros":
+                nn.init.zeros_(head.weight)
+            else:
+                nn.init.xavier_uniform_(head.weight)
+            nn.init.zeros_(head.bias)
+            head = head.to(self.norm.weight.device, self.norm.weight.dtype)
+        self.head = head
+        if num_classes != self.config.num_classes or init != self.config.head_init:
+            self.config = self.config.replace(num_classes=num_classes, head_init=init)
