@@ -238,8 +238,8 @@ def main() -> int:
         scaling(out, info, shares, ROOT / "docs" / "figures" / "scaling.png", log, config)
     if "throughput" in args.only:
         name = "quick" if args.quick else "full"
-        rows = runner.run(suites.suite(name), config, log=log,
-                          progress=lambda rows: report.write_results(rows, out, "throughput", info, config))
+        runner.run(suites.suite(name), config, log=log,
+                   progress=lambda rows: report.write_results(rows, out, "throughput", info, config))
         log(f"wrote {out / 'throughput'}.csv and .md")
     log(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
