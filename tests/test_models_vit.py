@@ -28,6 +28,16 @@ PINNED_PARAMS = {
     "ViT-Ti/4": 6_143_656,
     "ViT-S/4": 22_903_144,
     "ViT-C/4": 3_478_504,
+    "R8+ViT-C/4": 3_673_384,
+    # BiT ResNets (§4.1); the published sizes are also checked against timm in test_bit.py.
+    "BiT-R50x1": 25_549_352,
+    "BiT-R101x1": 44_541_480,
+    "BiT-R50x3": 217_319_080,
+    "BiT-R101x3": 387_934_888,
+    "BiT-R152x2": 236_335_208,
+    "BiT-R152x4": 936_533_224,
+    "BiT-R26x1": 15_987_496,
+    "BiT-R26-C": 4_513_928,
 }
 
 

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitlab.models.bit import BiTResNet
+
 
 @dataclass
 class FilterPCs:
@@ -57,7 +59,11 @@ def embedding_filters(model, num_components: int = 28) -> FilterPCs:
     the ResNet's root convolution (7 x 7 x C over pixels, weight-standardised as the model
     uses it), the first filters that see pixels, and say so in `source`.
     """
-    if model.backbone is not None:
+    if isinstance(model, BiTResNet):
+        weight = model.root.conv.standardized_weight()
+        k = weight.shape[-1]
+        source = f"BiT ResNet root convolution ({k}x{k}x{weight.shape[1]}, weight-standardised)"
+    elif model.backbone is not None:
         conv = model.backbone.root_conv
         weight = conv.standardized_weight() if hasattr(conv, "standardized_weight") else conv.weight
         k = weight.shape[-1]

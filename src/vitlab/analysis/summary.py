@@ -18,6 +18,9 @@ from vitlab.analysis.pos_similarity import (
     similarity_vs_distance,
 )
 from vitlab.analysis.rollout import attention_rollout
+from vitlab.models.bit import BiTResNet
+
+NO_ATTENTION = "a BiT ResNet has no attention: its receptive field grows with depth by construction"
 
 
 @dataclass
@@ -35,6 +38,7 @@ class Analysis:
     rollout_labels: list = field(default_factory=list)
     grid: tuple = (0, 0)
     patch_pixels: int = 0
+    attention_note: str = ""  # why there is no attention distance or rollout, when there is none
 
     def numbers(self) -> dict:
         """Everything as JSON-ready numbers."""
@@ -82,6 +86,8 @@ def analyse_model(
     model.eval()
     cfg = model.config
     filters = embedding_filters(model, num_components)
+    if isinstance(model, BiTResNet):  # of §4.5's analyses only the first filters apply
+        return convolutional_analysis(filters)
     grid = cfg.grid_size
     try:
         table = position_table(model, grid)
@@ -131,6 +137,25 @@ def analyse_model(
         rollout_labels=roll_labels,
         grid=tuple(grid),
         patch_pixels=cfg.total_stride,
+    )
+
+
+def convolutional_analysis(filters: FilterPCs) -> Analysis:
+    """What `analyse_model` finds in a BiT ResNet: its root filters, and the reasons the
+    position-embedding and attention analyses do not apply."""
+    empty = np.zeros((0, 0))
+    return Analysis(
+        filters=filters,
+        pos_similarity=None,
+        pos_note="a BiT ResNet has no position embeddings: convolutions are translation-equivariant",
+        pos_summary={},
+        distances=empty,
+        prefix_fraction=empty,
+        distance_summary={"note": NO_ATTENTION},
+        num_images=0,
+        rollout_images=torch.empty(0),
+        rollout_maps=np.empty((0, 0, 0)),
+        attention_note=NO_ATTENTION,
     )
 
 

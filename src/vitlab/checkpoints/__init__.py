@@ -13,11 +13,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
-from vitlab.checkpoints import io, verify
+from vitlab.checkpoints import hub, io, labels, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
-from vitlab.checkpoints.pretrained import is_pretrained_name, resolve
 from vitlab.config import ConfigError
-from vitlab.models.vit import VisionTransformer
+from vitlab.models import Model, build
 
 # name -> module; detection tries them in this order.
 FORMATS: dict[str, str] = {
@@ -69,9 +68,22 @@ def detect_format(path: str | os.PathLike) -> str:
     )
 
 
-def read_checkpoint(path: str | os.PathLike, format: Optional[str] = None) -> Imported:
-    """Any checkpoint file or folder, or a published name, read into vitlab's names."""
-    path = resolve(path)
+def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None) -> Imported:
+    """A checkpoint file or folder in any format, or a name (`hf-hub:ORG/NAME`,
+    `timm:NAME`, `MODEL:WEIGHTS`; see hub.py), fetched through the Hub cache first.
+
+    ImageNet class names are attached to a 1000- or 21,843-class checkpoint that stores
+    none, when it comes by name or in a format whose published files are all ImageNet
+    classifiers (labels.IMAGENET_FORMATS)."""
+    by_name = is_pretrained_name(path_or_name)
+    changes: dict = {}
+    if by_name:
+        located = hub.locate(str(path_or_name), revision)
+        path, format, changes = located.path, format or located.format, located.config_changes
+    elif revision is not None:
+        raise CheckpointError(f"{path_or_name}: revision={revision!r} applies to Hub names (hf-hub:ORG/NAME), not to files")
+    else:
+        path = path_or_name
     check_path(path)
     name = format or detect_format(path)
     try:
@@ -85,10 +97,14 @@ def read_checkpoint(path: str | os.PathLike, format: Optional[str] = None) -> Im
     except MALFORMED as e:
         raise CheckpointError(f"{path}: a malformed {name} checkpoint ({type(e).__name__}: {e})") from None
     imported.source_format = name
+    if changes:
+        imported.config = imported.config.replace(**changes)
+    if imported.class_names is None and (by_name or name in labels.IMAGENET_FORMATS):
+        imported.class_names = labels.imagenet_names(imported.config.num_classes)
     return imported
 
 
-def build_model(imported: Imported, source: str, **overrides: Any) -> VisionTransformer:
+def build_model(imported: Imported, source: str, **overrides: Any) -> Model:
     """A model of the imported config (with overrides), holding the imported weights."""
     if overrides.get("num_classes", imported.config.num_classes) != imported.config.num_classes:
         # A new head means transfer: the paper's fine-tuning head starts at zero (§3.1).
@@ -98,21 +114,30 @@ def build_model(imported: Imported, source: str, **overrides: Any) -> VisionTran
     except (ConfigError, TypeError) as e:
         raise ConfigError(f"{source}: {e}") from None
     state = adapt_state(imported.state, imported.config, config)
-    model = VisionTransformer(config)
+    model = build(config)
     load_state_checked(model, state, source)
     if config.num_classes == imported.config.num_classes:
         model.class_names = imported.class_names
     return model.eval()
 
 
-def load(path: str | os.PathLike, format: Optional[str] = None, **overrides: Any) -> VisionTransformer:
-    """A model from any checkpoint file or folder, or a published name; see vitlab.load."""
-    return build_model(read_checkpoint(path, format), str(path), **overrides)
+def load(path: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None,
+         **overrides: Any) -> Model:
+    """A model from a checkpoint path or name (see read_checkpoint), with config overrides; see vitlab.load."""
+    return build_model(read_checkpoint(path, format, revision), str(path), **overrides)
 
 
-def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
+def resolve(path_or_name: str | os.PathLike, revision: Optional[str] = None) -> Path:
+    """The local file or folder of a checkpoint path or name (fetched into the cache first).
+    Reading goes through read_checkpoint, which also applies what a name adds (the registry's
+    preprocessing, ImageNet's class names); this is for callers that need the path itself."""
+    return hub.locate(str(path_or_name), revision).path if is_pretrained_name(path_or_name) else Path(path_or_name)
+
+
+def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
     """Write `model` in `format`; warns when the name lacks the suffix the format's readers
     look for, and when the file cannot carry a preprocessing setting."""
+    io.refuse_serving_copy(model)  # deploy's int8/bf16/packed copies: refused by name, before any write
     module = format_module(format)
     note = verify.suffix_warning(path, format)
     if note:
@@ -120,13 +145,15 @@ def save(model: VisionTransformer, path: str | os.PathLike, format: str = "vitla
     module.write(model, path, **kwargs)
 
 
-def save_verified(model: VisionTransformer, path: str | os.PathLike, format: str = "vitlab", verify_logits: bool = True,
+def save_verified(model: Model, path: str | os.PathLike, format: str = "vitlab", verify_logits: bool = True,
                   **kwargs: Any) -> verify.Verified:
     """`save`, proven: written beside `path`, loaded back as a model, its logits compared with
     the original's on a probe batch, and only then moved into place (see checkpoints.verify)."""
     owned = getattr(format_module(format), "written_by_us", None)
     return verify.write_verified(model, path, format, load, save, owned=owned, verify=verify_logits, **kwargs)
 
+
+is_pretrained_name = hub.is_pretrained_name  # the one test of "a name, not a path"
 
 __all__ = [
     "FORMATS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",

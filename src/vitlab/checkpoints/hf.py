@@ -198,6 +198,39 @@ def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig
     return cfg.replace(name=describe(cfg)), names
 
 
+# PIL's resampling filters, by the number HF's image processors store.
+RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+
+
+def preprocessing_from(p: dict[str, Any], cfg: ViTConfig) -> dict[str, Any]:
+    """Config changes from an image processor's settings: mean, std, resize filter and crop.
+
+    HF's ViT processor resizes the whole image to `size` (squash). A processor with
+    `do_center_crop` (DeiT's) resizes to `size` and crops `crop_size`: the crop fraction is
+    their ratio; a `shortest_edge` size keeps the aspect ratio ("center"). vitlab writes
+    `crop_pct` / `crop_mode` beside ViT's keys, which transformers' ViT processor ignores.
+    """
+    changes: dict[str, Any] = {}
+    if "image_mean" in p and len(p["image_mean"]) == cfg.in_channels:
+        changes["mean"], changes["std"] = tuple(p["image_mean"]), tuple(p["image_std"])
+    if p.get("resample") in RESAMPLE:
+        changes["interpolation"] = RESAMPLE[p["resample"]]
+    size = p.get("size")
+    size = {"height": size, "width": size} if isinstance(size, int) else (size or {})
+    if "shortest_edge" in size:
+        changes["crop_mode"] = "center"
+    crop = p.get("crop_size")
+    crop = {"height": crop, "width": crop} if isinstance(crop, int) else (crop or {})
+    if p.get("do_center_crop") and crop.get("height") and size:
+        side = size.get("height") or size.get("shortest_edge")
+        changes["crop_fraction"] = min(1.0, crop["height"] / side)
+    if "crop_pct" in p:
+        changes["crop_fraction"] = float(p["crop_pct"])
+    if p.get("crop_mode") in ("squash", "center"):
+        changes["crop_mode"] = p["crop_mode"]
+    return changes
+
+
 def _preprocessing(folder: Path, cfg: ViTConfig) -> ViTConfig:
     """The mean/std of preprocessor_config.json (absent: the ViT default 0.5/0.5; do_normalize
     false: pixels in [0, 1]). A file that is there but unreadable is an error, not a default:
@@ -213,11 +246,11 @@ def _preprocessing(folder: Path, cfg: ViTConfig) -> ViTConfig:
 
 
 def apply_preprocessing(p: Any, cfg: ViTConfig, f: str) -> ViTConfig:
+    """`cfg` with an image processor's settings (preprocessing_from), its mean and std checked
+    first: a value that is not one number per channel is refused, not skipped."""
     if not isinstance(p, dict):
         raise CheckpointError(f"{f}: must hold a JSON object")
     n = cfg.in_channels
-    if p.get("do_normalize", True) is False:
-        return cfg.replace(mean=(0.0,) * n, std=(1.0,) * n)
     stats = {}
     for key in ("image_mean", "image_std"):
         v = p.get(key, [0.5] * n)
@@ -226,7 +259,13 @@ def apply_preprocessing(p: Any, cfg: ViTConfig, f: str) -> ViTConfig:
         if not (isinstance(v, list) and len(v) == n and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
             raise CheckpointError(f"{f}: {key}={v!r} is not {n} number(s), one per channel")
         stats[key] = tuple(float(x) for x in v)
-    return cfg.replace(mean=stats["image_mean"], std=stats["image_std"])
+    if p.get("do_normalize", True) is False:
+        stats = {"image_mean": (0.0,) * n, "image_std": (1.0,) * n}
+    try:
+        changes = preprocessing_from({**p, **stats}, cfg)
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{f}: unreadable preprocessing settings ({type(e).__name__}: {e})") from None
+    return cfg.replace(**changes)
 
 
 def read(path: str | os.PathLike) -> Imported:
@@ -327,4 +366,8 @@ def preprocessor_config(cfg: ViTConfig) -> dict[str, Any]:
         "do_normalize": True,
         "image_mean": list(cfg.mean),
         "image_std": list(cfg.std),
+        "resample": {v: k for k, v in RESAMPLE.items()}[cfg.interpolation],
+        # vitlab's own: transformers' ViT processor resizes the whole image and ignores these.
+        "crop_pct": cfg.crop_fraction,
+        "crop_mode": cfg.crop_mode,
     }

@@ -1,8 +1,9 @@
 """vitlab's own checkpoint format, and what every format shares.
 
 A vitlab checkpoint is one `.safetensors` file: the model's state dict, with the full config,
-the class names and the format version in the file's metadata, so the file alone rebuilds
-its model. Nothing is ever unpickled.
+its kind ("vit" or "bit"; files written before BiT existed have none and are ViTs), the class
+names and the format version in the file's metadata, so the file alone rebuilds its model.
+Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from vitlab.config import ConfigError, ViTConfig
+from vitlab.config import BiTConfig, ConfigError, ModelConfig, config_from_dict, config_kind
 from vitlab.files import NotRegularFileError, atomic_write, require_regular_file
+from vitlab.models import Model, build
 from vitlab.models.pos_embed import resize_position_state
-from vitlab.models.vit import VisionTransformer
 
 FORMAT_NAME = "vitlab"
 # Tensors that belong to a training objective, not to the classifier (e.g. the masked patch
 # prediction head, §4.6) are stored under this prefix and handed back apart from the model.
 EXTRA_PREFIX = "objective."
 FORMAT_VERSION = "1"
+# Metadata key of a serving copy's file (vitlab.deploy.save_int8): not a plain model.
+SERVING_KEY = "serving"
 
 
 class CheckpointError(ValueError):
@@ -36,7 +39,7 @@ class CheckpointError(ValueError):
 class Imported:
     """What a format reader returns: a config, a state dict in vitlab's names, class names."""
 
-    config: ViTConfig
+    config: ModelConfig
     state: dict[str, Tensor]
     class_names: Optional[list[str]] = None
     source_format: str = FORMAT_NAME
@@ -50,7 +53,7 @@ def contiguous_state(model: torch.nn.Module) -> dict[str, Tensor]:
 
 
 def write(
-    model: VisionTransformer,
+    model: Model,
     path: str | os.PathLike,
     extra_metadata: Optional[dict] = None,
     extra_tensors: Optional[dict[str, Tensor]] = None,
@@ -61,7 +64,7 @@ def write(
 
 
 def write_state(
-    config: ViTConfig,
+    config: ModelConfig,
     state: dict[str, Tensor],
     class_names: Optional[list[str]],
     path: str | os.PathLike,
@@ -75,6 +78,7 @@ def write_state(
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "config": config.to_json(),
+        "config_kind": config_kind(config),
         "class_names": json.dumps(head_names(config, class_names)),
     }
     for k, v in (extra_metadata or {}).items():
@@ -85,12 +89,23 @@ def write_state(
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
 
 
-def head_names(config: ViTConfig, class_names: Optional[list[str]]) -> Optional[list[str]]:
+def head_names(config: ModelConfig, class_names: Optional[list[str]]) -> Optional[list[str]]:
     """The class names to store: one per class of the head, else none (names left over from
     another head, after `reset_classifier`, describe nothing in this file)."""
     if class_names is None or len(class_names) != config.num_classes:
         return None
     return [str(n) for n in class_names]
+def refuse_serving_copy(model: torch.nn.Module) -> None:
+    """vitlab.deploy's serving copies (int8, bf16, packed) hold tensors a ViT does not: a file
+    of them would not load. Refuse before writing, and say what to do instead."""
+    kind = getattr(model, "serving", "")
+    if kind == "int8":
+        raise CheckpointError("this is an int8 serving copy (vitlab.deploy.quantize_int8): save it with "
+                              "vitlab.deploy.save_int8(model, path) and read it with vitlab.deploy.load_int8(path), "
+                              "or save the fp32 model")
+    if kind:
+        raise CheckpointError(f"this is a serving copy ({kind}, vitlab.deploy): save the fp32 model it was made from "
+                              "and make the copy again after loading (it takes a second)")
 
 
 # Reading ---------------------------------------------------------------------------------
@@ -126,10 +141,18 @@ def detect(path: Path) -> bool:
     return False
 
 
-def read(path: str | os.PathLike) -> Imported:
+def read(path: str | os.PathLike, serving: str = "") -> Imported:
+    """A vitlab checkpoint; `serving="int8"` reads a serving copy's file (vitlab.deploy.load_int8)."""
     from safetensors.torch import load_file
 
     meta = read_metadata(path)
+    if meta.get(SERVING_KEY, "") != serving:
+        kind = meta.get(SERVING_KEY)
+        raise CheckpointError(
+            f"{path}: a serving copy ({kind}, written by vitlab.deploy.save_int8), not a plain model: read it with "
+            "vitlab.deploy.load_int8(path)" if kind else f"{path}: a plain vitlab checkpoint, not a serving copy "
+            f"({serving}): read it with vitlab.load"
+        )
     if meta.get("format") != FORMAT_NAME or "config" not in meta:
         raise CheckpointError(
             f"{path}: a .safetensors file without vitlab metadata (format={meta.get('format')!r}); "
@@ -140,7 +163,7 @@ def read(path: str | os.PathLike) -> Imported:
             f"{path}: vitlab format version {meta.get('format_version')!r}, this vitlab reads {FORMAT_VERSION!r}"
         )
     try:
-        config = ViTConfig.from_dict(json.loads(meta["config"]))
+        config = config_from_dict(json.loads(meta["config"]), meta.get("config_kind", "vit"))
     except (ConfigError, json.JSONDecodeError, TypeError) as e:
         raise CheckpointError(f"{path}: the stored config is invalid: {e}") from None
     class_names = parse_class_names(meta.get("class_names"), config.num_classes, str(path), "class_names")
@@ -172,14 +195,14 @@ def parse_class_names(raw: Optional[str], num_classes: int, source: str, key: st
     return names
 
 
-def expected_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of a model of `cfg`, built on the meta device (no memory, no init cost)."""
     with torch.device("meta"):
-        model = VisionTransformer(cfg)
+        model = build(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def check_state(config: ViTConfig, state: dict[str, Tensor], source: str) -> None:
+def check_state(config: ModelConfig, state: dict[str, Tensor], source: str) -> None:
     """The stored config and the stored tensors describe the same model: every key of that
     model, each of its shape, nothing else (a config that says width 128 over 64-wide tensors
     is refused here, not when something later multiplies them)."""
@@ -206,10 +229,13 @@ def state_problems(expected: dict[str, tuple[int, ...]], state: dict[str, Tensor
 
 
 # Shared by every reader ------------------------------------------------------------------
-def adapt_state(state: dict[str, Tensor], old: ViTConfig, new: ViTConfig) -> dict[str, Tensor]:
+def adapt_state(state: dict[str, Tensor], old: ModelConfig, new: ModelConfig) -> dict[str, Tensor]:
     """Make a state dict for `old` fit a model of `new` where the paper says how (§3.2):
     position embeddings are resized; a head of another class count is dropped (a fresh,
-    zero-initialised one is built); pre-logits are dropped when the new model has none."""
+    zero-initialised one is built); pre-logits are dropped when the new model has none.
+    A BiT ResNet reads any image size; only its head can change."""
+    if isinstance(new, BiTConfig):
+        return state if new.num_classes == old.num_classes else {k: v for k, v in state.items() if not k.startswith("head.")}
     state = resize_position_state(state, "", old, new)
     if new.num_classes != old.num_classes:
         state = {k: v for k, v in state.items() if not k.startswith("head.")}
@@ -220,7 +246,7 @@ def adapt_state(state: dict[str, Tensor], old: ViTConfig, new: ViTConfig) -> dic
     return state
 
 
-def load_state_checked(model: VisionTransformer, state: dict[str, Tensor], source: str) -> None:
+def load_state_checked(model: Model, state: dict[str, Tensor], source: str) -> None:
     """load_state_dict that names the file, the keys and the shapes of every mismatch.
 
     Keys the reader left out on purpose (a dropped head or pre-logits) keep the model's fresh

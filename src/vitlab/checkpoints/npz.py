@@ -1,6 +1,7 @@
-"""The official JAX/Flax checkpoints (`.npz`) of the paper and of AugReg, both ways.
+"""The official JAX/Flax checkpoints (`.npz`) of the paper and of AugReg, both ways; the
+official BiT ResNet archives go through the same reader and writer with bit.py's table.
 
-This is the only file that knows the official parameter names (see
+This is the only file that knows the official ViT parameter names (see
 ../shared/docs/official-checkpoints.md for the layout). The architecture is inferred from
 the arrays alone, and the config records the official numerics (tanh GELU, LayerNorm eps
 1e-6, TF "SAME" padding and (w - mean) / (std + 1e-5) weight standardisation in the ResNet,
@@ -10,15 +11,19 @@ what the official code computes.
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import Tensor
 
+from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported, regular_file
-from vitlab.files import atomic_write
+from vitlab.checkpoints.labels import is_imagenet
 from vitlab.checkpoints.tables import (
     Rule,
     check_carried,
@@ -35,7 +40,8 @@ from vitlab.checkpoints.tables import (
     square_grid,
     transposed,
 )
-from vitlab.config import ResNetConfig, ViTConfig
+from vitlab.config import BiTConfig, ResNetConfig, ViTConfig
+from vitlab.files import atomic_write
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "npz"
@@ -217,9 +223,48 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
 
 def read(path: str | os.PathLike) -> Imported:
     arrays = load_arrays(path)
-    cfg, spelling = infer_config(arrays, str(path))
-    state = import_state(rules(cfg, spelling), arrays, expected_shapes(cfg), str(path))
-    return Imported(cfg, state, None, source_format=FORMAT_NAME, metadata={"spelling": spelling})
+    if bit.is_npz(arrays):
+        cfg, metadata = bit.config_from_npz(arrays, str(path)), {}
+        table = bit.npz_rules(cfg)
+    else:
+        cfg, spelling = infer_config(arrays, str(path))
+        table, metadata = rules(cfg, spelling), {"spelling": spelling}
+    state = import_state(table, arrays, expected_shapes(cfg), str(path))
+    names = read_class_names(path, cfg.num_classes)
+    return Imported(cfg, state, names, source_format=FORMAT_NAME, metadata=metadata)
+
+
+# Class names travel in the zip archive's comment, which every .npy reader ignores.
+NAMES_TAG = b"vitlab.class_names="
+ZIP_COMMENT_MAX = 65535
+
+
+def read_class_names(path: str | os.PathLike, num_classes: int) -> Optional[list[str]]:
+    try:
+        with zipfile.ZipFile(path) as z:
+            comment = z.comment
+    except (OSError, zipfile.BadZipFile):
+        return None
+    if not comment.startswith(NAMES_TAG):
+        return None
+    try:
+        names = json.loads(comment[len(NAMES_TAG) :].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return names if isinstance(names, list) and len(names) == num_classes else None
+
+
+def _names_comment(model) -> bytes:
+    """The class names as the archive's comment. ImageNet's 1k and 21k names need no room:
+    a checkpoint of those class counts gets them on reading (labels.py)."""
+    names = model.class_names
+    if not names or is_imagenet(names):
+        return b""
+    comment = NAMES_TAG + json.dumps(list(names), ensure_ascii=False).encode("utf-8")
+    if len(comment) > ZIP_COMMENT_MAX:
+        warnings.warn(f"{len(names)} class names do not fit in an .npz archive's comment (64 kB); they are not written")
+        return b""
+    return comment
 
 
 # Writing --------------------------------------------------------------------------------
@@ -251,19 +296,31 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
     """The official layout in the original spelling (`MultiHeadDotProductAttention_1`,
-    `MlpBlock_3`), GroupNorm parameters flat (C,), float arrays only. Class names have no
-    place in the format and are not written."""
+    `MlpBlock_3`), or BiT's for a BiT ResNet; GroupNorm parameters flat (C,), float arrays
+    only. The class names go in the archive's comment (invisible to numpy, timm and the
+    official code)."""
     import numpy as np
 
     cfg = model.config
-    numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses
-    theirs = export_state(rules(cfg, "original"), model.state_dict(), f"{path} (npz)")
-    # The archive holds arrays only: a reader infers the config from them, with official numerics.
-    check_carried(f"{path} (npz)", cfg, infer_config(theirs, str(path))[0], allow_numerics_change, numerics)
+    if isinstance(cfg, BiTConfig):
+        bit.check_npz_writable(cfg, allow_numerics_change)
+        table = bit.npz_rules(cfg)
+    else:
+        numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses
+        table = rules(cfg, "original")
+    theirs = export_state(table, model.state_dict(), f"{path} (npz)")
+    if not isinstance(cfg, BiTConfig):
+        # The archive holds arrays only: a reader infers the config from them, with official numerics.
+        check_carried(f"{path} (npz)", cfg, infer_config(theirs, str(path))[0], allow_numerics_change, numerics)
     arrays = {k: v.numpy() for k, v in theirs.items()}
+
+    comment = _names_comment(model)
 
     def save(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
             np.savez(f, **arrays)
+        if comment:
+            with zipfile.ZipFile(tmp, "a") as z:
+                z.comment = comment
 
     atomic_write(path, save)

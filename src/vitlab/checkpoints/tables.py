@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Optional, Sequence
@@ -21,7 +22,8 @@ import torch
 from torch import Tensor
 
 from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, head_names, parse_class_names, regular_file
-from vitlab.config import ViTConfig
+from vitlab.checkpoints.labels import is_imagenet
+from vitlab.config import ModelConfig, ViTConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write, atomic_write_bytes
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
@@ -271,6 +273,12 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
 
         atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
     else:
+        names = json.loads(metadata.get("vitlab.class_names") or "null")
+        if names and not is_imagenet(names):
+            warnings.warn(
+                f"{path}: a torch.save state dict has no place for the {len(names)} class names; "
+                "write a .safetensors file to keep them"
+            )
         # Into memory first: torch.save reports a full disk as "unexpected pos", a plain write
         # as the OS's own error.
         buffer = io.BytesIO()
@@ -278,20 +286,20 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
         atomic_write_bytes(path, buffer.getvalue())
 
 
-def stored_config(meta: dict[str, str], source: str) -> Optional[ViTConfig]:
+def stored_config(meta: dict[str, str], source: str) -> Optional[ModelConfig]:
     """The full vitlab config a vitlab writer left in a file's metadata (None if absent).
     The tensors are still checked against it, shape by shape, when they are imported."""
     raw = meta.get("vitlab.config")
     if not raw:
         return None
     try:
-        return ViTConfig.from_dict(json.loads(raw))
+        return config_from_dict(json.loads(raw), meta.get("vitlab.config_kind", "vit"))
     except (ValueError, TypeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
         raise CheckpointError(f"{source}: the vitlab.config metadata is invalid ({e}); the file is damaged") from None
 
 
-def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[ViTConfig], list[Rule]],
-                         infer: Callable[[dict[str, Tensor], str], ViTConfig],
+def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[ModelConfig], list[Rule]],
+                         infer: Callable[[dict[str, Tensor], str], ModelConfig],
                          rename: Callable[[dict[str, Tensor]], dict[str, Tensor]] = dict) -> Imported:
     """A state-dict format (timm, torchvision): the tensors, the config vitlab wrote beside them
     (else inferred from the tensors), the table applied with every key and shape checked."""
@@ -307,6 +315,7 @@ def writer_metadata(model, fmt: str) -> dict[str, str]:
     return {
         "format": fmt,
         "vitlab.config": model.config.to_json(),
+        "vitlab.config_kind": config_kind(model.config),
         "vitlab.class_names": json.dumps(head_names(model.config, model.class_names)),
     }
 

@@ -32,9 +32,12 @@ COMMANDS: dict[str, str] = {
     "linear-probe": "linear_probe",
     "inspect": "inspect",
     "predict": "predict",
+    "serve": "serve",
     "convert": "convert",
     "export": "export",
+    "push": "push",
     "bench": "bench",
+    "sweep": "sweep",
 }
 
 # Arguments that must be at least 1 wherever a command has them (a batch of 0 divides by

@@ -71,17 +71,23 @@ def run(args) -> int:
 
     target = _target(args)
     src, dst = args.src, Path(args.dst)
-    src = str(checkpoints.resolve(src))
     if dst.exists() and Path(src).resolve() == dst.resolve():
         raise UsageError(f"{dst} is the source itself; write to another path")
     if dst.exists() and not args.force:
         raise UsageError(f"{dst} exists; pass --force to replace it, or pick another path")
     if dst.is_dir() and target != "hf":
         raise UsageError(f"{dst} is a folder; a {target} checkpoint is one file: give a file name")
+    from vitlab.cli.common import progress
+
+    bar = progress(total=2, desc="read", unit="stage")
     imported = checkpoints.read_checkpoint(src, args.source_format)
     model = checkpoints.build_model(imported, src)
+    bar.update()
+    bar.set_description(f"write {target}")
     kwargs = {} if target == "vitlab" else {"allow_numerics_change": args.allow_numerics_change}
     result = checkpoints.save_verified(model, dst, target, verify_logits=not args.no_verify, **kwargs)
+    bar.update()
+    bar.close()
     cfg = model.config
     params = sum(p.numel() for p in model.parameters())
     print(f"read   {src}  ({imported.source_format}: {cfg.name}, {params:,} parameters, {cfg.image_size[0]}x{cfg.image_size[1]})")

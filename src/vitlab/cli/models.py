@@ -8,7 +8,9 @@ HELP = "list the model variants with parameters and GFLOPs"
 DESCRIPTION = """\
 List every registered model variant in the paper's notation, with its width, depth, heads,
 MLP size, default resolution, parameter count (at its default number of classes) and the
-forward cost of one image in GFLOPs (2 x multiply-accumulates of the matrix products).
+forward cost of one image in GFLOPs (2 x multiply-accumulates of the matrix products and
+convolutions). For a BiT ResNet, width is the representation's (the last stage's output)
+and depth the layer count of its name (R50: 50); heads, MLP and tokens do not apply.
 
 examples:
   vitlab models
@@ -39,21 +41,27 @@ def rows(image_size=None, num_classes=None) -> list[dict]:
         with torch.device("meta"):  # shapes only: no memory, no initialisation cost
             model = create_model(name, **overrides)
         cfg = model.config
+        vit = cfg.kind == "vit"
         out.append(
             {
                 "name": name,
+                "kind": cfg.kind,
                 "image_size": f"{cfg.image_size[0]}x{cfg.image_size[1]}",
-                "width": cfg.hidden_size,
+                "width": cfg.hidden_size if vit else cfg.feature_dim,
                 "depth": cfg.depth,
-                "heads": cfg.num_heads,
-                "mlp": cfg.mlp_dim,
-                "tokens": cfg.num_tokens,
+                "heads": cfg.num_heads if vit else None,
+                "mlp": cfg.mlp_dim if vit else None,
+                "tokens": cfg.num_tokens if vit else None,
                 "classes": cfg.num_classes,
                 "params": sum(p.numel() for p in model.parameters()),
                 "gflops": model_flops(cfg) / 1e9,
             }
         )
     return out
+
+
+def _cell(value) -> str:
+    return "-" if value is None else str(value)
 
 
 def run(args) -> int:
@@ -66,7 +74,7 @@ def run(args) -> int:
     print("-" * len(head))
     for r in table:
         print(
-            f"{r['name']:<14} {r['image_size']:>7} {r['width']:>5} {r['depth']:>5} {r['heads']:>5} {r['mlp']:>5} "
-            f"{r['tokens']:>6} {r['classes']:>7} {r['params']:>13,} {r['gflops']:>8.2f}"
+            f"{r['name']:<14} {r['image_size']:>7} {r['width']:>5} {r['depth']:>5} {_cell(r['heads']):>5} "
+            f"{_cell(r['mlp']):>5} {_cell(r['tokens']):>6} {r['classes']:>7} {r['params']:>13,} {r['gflops']:>8.2f}"
         )
     return 0

@@ -1,9 +1,12 @@
 """Configuration as plain frozen dataclasses, split by concern:
 
-- `model.py`: the network (`ViTConfig`, the hybrid's `ResNetConfig`) and its FLOP count;
+- `model.py`: the networks (`ViTConfig`, the hybrid's `ResNetConfig`, the `BiTConfig` ResNet
+  baseline) and their FLOP count;
 - `run.py`: a training run (`RunConfig`: model, data, optim, train and objective sections),
   recipes and `key=value` overrides;
 - `mpp.py`: masked patch prediction's options;
+- `sweep.py`: a sweep's spec (`SweepSpec`: the grid, the after-steps, the figures);
+- `serve.py`: how `vitlab serve` listens, batches and bounds its uploads;
 - `fields.py`: what they share: `ConfigError`, one type-and-rule check per field, one
   unknown-key check.
 
@@ -12,14 +15,21 @@ Everything is importable from `vitlab.config`. This package imports nothing else
 
 from vitlab.config.fields import ConfigError
 from vitlab.config.model import (
+    BIT_STEMS,
     CLASSIFIERS,
+    CONFIG_KINDS,
     GELUS,
     HEAD_INITS,
     POS_EMBEDS,
     RESIZE_MODES,
     WS_MODES,
+    BiTConfig,
+    ModelConfig,
     ResNetConfig,
     ViTConfig,
+    bit_flops,
+    config_from_dict,
+    config_kind,
     model_flops,
     resnet_flops,
 )
@@ -40,10 +50,14 @@ from vitlab.config.run import (
     parse_override,
     shipped_recipes,
 )
+from vitlab.config.serve import ServeConfig
+from vitlab.config.sweep import AfterStep, FigureSpec, SweepSpec, load_sweep, shipped_sweeps
 
 __all__ = [
+    "AfterStep", "FigureSpec", "SweepSpec", "load_sweep", "shipped_sweeps",
+    "BIT_STEMS", "BiTConfig", "CONFIG_KINDS", "ModelConfig", "bit_flops", "config_from_dict", "config_kind",
     "CLASSIFIERS", "DECAYS", "GELUS", "HEAD_INITS", "MPP_TARGETS", "OBJECTIVE_OPTIONS", "OPTIMIZERS", "PARALLEL",
     "POS_EMBEDS", "PRECISIONS", "RESIZE_MODES", "WS_MODES", "ConfigError", "DataConfig", "MPPConfig", "ModelSection",
-    "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "TrainConfig", "ViTConfig", "load_recipe", "model_flops",
-    "parse_override", "resnet_flops", "shipped_recipes",
+    "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "ServeConfig", "TrainConfig", "ViTConfig", "load_recipe",
+    "model_flops", "parse_override", "resnet_flops", "shipped_recipes",
 ]

@@ -1,4 +1,5 @@
-"""The model's configuration: `ViTConfig` (with the hybrid's `ResNetConfig`) and its FLOP count.
+"""The models' configurations: `ViTConfig` (with the hybrid's `ResNetConfig`), `BiTConfig`
+(the paper's ResNet baseline), and the FLOP count of either.
 
 Every default of the model lives here. A config is data: it can be written to JSON (inside a
 checkpoint, into a run folder) and read back to rebuild exactly the same model. Each field is
@@ -11,7 +12,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
 
@@ -21,6 +22,9 @@ GELUS = ("exact", "tanh")
 RESIZE_MODES = ("bilinear_aligned", "bilinear", "bicubic", "bicubic_antialias")
 HEAD_INITS = ("zeros", "xavier")
 WS_MODES = ("std", "var")
+BIT_STEMS = ("bit", "cifar")
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+CROP_MODES = ("squash", "center")
 
 
 def as_pair(value: Any) -> Any:
@@ -64,12 +68,41 @@ class ResNetConfig:
         return 64 * self.width_factor * 4 * 2 ** (len(self.layers) - 1)
 
 
+def _all_positive(v: tuple[float, ...]) -> Optional[str]:
+    return None if min(v, default=1) > 0 else "must be positive"
+
+
+def _check_preprocessing(cfg: Any) -> None:
+    if len(cfg.mean) != cfg.in_channels or len(cfg.std) != cfg.in_channels:
+        raise ConfigError(
+            f"mean/std need one value per input channel ({cfg.in_channels}), got {len(cfg.mean)} and {len(cfg.std)}"
+        )
+
+
 def _unit_interval(v: float) -> Optional[str]:
     return None if 0.0 <= v < 1.0 else "must be in [0, 1)"
 
 
+class _StoredConfig:
+    """What the model configs share: JSON out, a checked dict in, a checked replace."""
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        return cls(**check_keys(cls, d, "model"))
+
+    def replace(self, **overrides: Any) -> Any:
+        """`dataclasses.replace` with a clear error for a misspelt field; `resnet` may be a dict."""
+        return replace(self, **check_keys(type(self), overrides, "model"))
+
+
 @dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(_StoredConfig):
     """Everything that defines a Vision Transformer (paper §3.1, Table 1, Appendix D)."""
 
     name: str = "custom"
@@ -96,10 +129,14 @@ class ViTConfig:
     resnet: Optional[ResNetConfig] = None  # hybrid stem; the patch size then applies to its map
     # Preprocessing the weights expect: (pixel/255 - mean) / std. 0.5/0.5 maps to [-1, 1].
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
-    std: tuple[float, ...] = setting((0.5, 0.5, 0.5), check=lambda v: None if min(v, default=1) > 0 else "must be positive")
+    std: tuple[float, ...] = setting((0.5, 0.5, 0.5), check=_all_positive)
     # Evaluation crop: resize to image_size / crop_fraction, then centre-crop image_size.
     # 1.0 (no crop) is the paper's evaluation; ImageNet checkpoints often use 0.875 or 0.9.
+    # "squash" resizes both sides to that size (the official code, HF's ViT processor);
+    # "center" resizes the shorter side and keeps the aspect ratio (timm's "center" mode).
     crop_fraction: float = setting(1.0, above=0, at_most=1)
+    crop_mode: str = setting("squash", one_of=CROP_MODES)
+    interpolation: str = setting("bilinear", one_of=INTERPOLATIONS)  # of the image resize
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", as_pair(self.image_size))
@@ -111,11 +148,7 @@ class ViTConfig:
             )
         if self.pos_embed in ("learned_2d", "sincos_2d") and self.hidden_size % 4:
             raise ConfigError(f"pos_embed={self.pos_embed!r} needs hidden_size divisible by 4")
-        if len(self.mean) != self.in_channels or len(self.std) != self.in_channels:
-            raise ConfigError(
-                f"mean/std need one value per input channel ({self.in_channels}), "
-                f"got {len(self.mean)} and {len(self.std)}"
-            )
+        _check_preprocessing(self)
         stride = self.total_stride
         h, w = self.image_size
         if h % stride or w % stride:
@@ -126,6 +159,10 @@ class ViTConfig:
             )
 
     # Derived quantities ------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return "vit"
+
     @property
     def total_stride(self) -> int:
         """Pixels per token side: the patch size, times the ResNet stride for a hybrid."""
@@ -167,20 +204,13 @@ class ViTConfig:
             d["resnet"]["layers"] = list(self.resnet.layers)
         return d
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
-        return cls(**check_keys(cls, d, "model"))
-
-    def replace(self, **overrides: Any) -> "ViTConfig":
-        """`dataclasses.replace` with a clear error for a misspelt field; `resnet` may be a dict."""
-        return replace(self, **check_keys(ViTConfig, overrides, "model"))
-
-
-def model_flops(cfg: ViTConfig) -> float:
-    """Multiply-accumulates x 2 of one forward pass of one image (matrix products only)."""
+def model_flops(cfg: "ModelConfig") -> float:
+    """Multiply-accumulates x 2 of one forward pass of one image (matrix products and
+    convolutions only; norms, activations and pooling are left out). This is the number
+    `vitlab models` prints and a run's compute accounting multiplies."""
+    if isinstance(cfg, BiTConfig):
+        return bit_flops(cfg)
     t, d, n = cfg.num_tokens, cfg.hidden_size, cfg.num_patches
     per_block = 2 * t * d * 3 * d + 2 * 2 * t * t * d + 2 * t * d * d + 2 * 2 * t * d * cfg.mlp_dim
     if cfg.pos_embed == "relative":
@@ -217,3 +247,129 @@ def resnet_flops(r: ResNetConfig, image_size: tuple[int, int], in_channels: int)
                 flops += 2 * ho * wo * cin * out
             h, w, cin = ho, wo, out
     return float(flops)
+
+
+# The BiT ResNet, the paper's baseline (§4.1, "BiT ResNets") ---------------------------------
+def _stages(v: tuple[int, ...]) -> Optional[str]:
+    return None if len(v) >= 1 and min(v) >= 1 else "needs at least one stage of at least one unit"
+
+
+@dataclass(frozen=True)
+class BiTConfig(_StoredConfig):
+    """A pre-activation ResNet-v2 as Big Transfer builds it (Kolesnikov et al. 2020): weight-
+    standardised convolutions, GroupNorm, the 7x7/2 root with a 3x3/2 max-pool, bottleneck
+    units of width 64 * 2^s * width_factor, and a head of GroupNorm, ReLU, global average
+    pooling and one linear layer.
+
+    `stem="cifar"` replaces the root by one 3x3/1 convolution and no pooling, the usual stem
+    for 32 px images (a 7x7/2 root and a max-pool would leave an 8x8 map before stage 1).
+    `base_width` is the root's width before the factor (64 in every BiT model); CPU-sized
+    members halve it.
+    """
+
+    name: str = "custom-bit"
+    image_size: tuple[int, int] = setting((224, 224), check=lambda v: None if min(v) > 0 else "must be positive")
+    in_channels: int = setting(3, at_least=1)
+    layers: tuple[int, ...] = setting((3, 4, 6, 3), check=_stages)  # units per stage; R50 = (3, 4, 6, 3)
+    width_factor: int = setting(1, at_least=1)  # the "x1", "x3" of BiT-R50x3
+    base_width: int = setting(64, at_least=1)
+    stem: str = setting("bit", one_of=BIT_STEMS)
+    num_classes: int = setting(1000, at_least=0, hint="0 = no head, the model returns pooled features")
+    # Weight standardisation (w - mean) / sqrt(var + eps): eps 1e-10 in the official code,
+    # 1e-8 in timm. GroupNorm eps 1e-5 in the official PyTorch port and in timm.
+    ws_eps: float = setting(1e-10, above=0)
+    gn_eps: float = setting(1e-5, above=0)
+    gn_groups: int = setting(32, at_least=1)
+    # Preprocessing and evaluation crop, as in ViTConfig; BiT scales pixels to [-1, 1] too.
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = setting((0.5, 0.5, 0.5), check=_all_positive)
+    crop_fraction: float = setting(1.0, above=0, at_most=1)  # as ViTConfig's
+    crop_mode: str = setting("squash", one_of=CROP_MODES)
+    interpolation: str = setting("bilinear", one_of=INTERPOLATIONS)
+    head_init: str = setting("zeros", one_of=HEAD_INITS)  # BiT starts transfer from a zero head
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", as_pair(self.image_size))
+        check_fields(self)
+        _check_preprocessing(self)
+        for width in (self.root_width, *self.stage_widths):
+            if width % self.gn_groups:
+                raise ConfigError(
+                    f"{self.name}: a layer of width {width} cannot be split into gn_groups={self.gn_groups} "
+                    "GroupNorm groups; pick base_width and width_factor so every width is a multiple of it"
+                )
+
+    @property
+    def kind(self) -> str:
+        return "bit"
+
+    @property
+    def root_width(self) -> int:
+        return self.base_width * self.width_factor
+
+    @property
+    def stage_widths(self) -> tuple[int, ...]:
+        """The bottleneck (middle) width of each stage; a unit's output is 4 times it."""
+        return tuple(self.root_width * 2**s for s in range(len(self.layers)))
+
+    @property
+    def feature_dim(self) -> int:
+        """Width of the representation the head reads: the last stage's output."""
+        return 4 * self.stage_widths[-1]
+
+    @property
+    def depth(self) -> int:
+        """Layers with weights on the main path, as the name counts them: R50 = 3 x 16 + 2."""
+        return 3 * sum(self.layers) + 2
+
+    @property
+    def stride(self) -> int:
+        return (4 if self.stem == "bit" else 1) * 2 ** (len(self.layers) - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("image_size", "layers", "mean", "std"):
+            d[k] = list(d[k])
+        return d
+
+
+def bit_flops(cfg: BiTConfig) -> float:
+    """Convolution and head FLOPs of a BiT ResNet on one image (the 3x3 of a unit carries its
+    stride, as in the official code)."""
+    h, w = cfg.image_size
+    width = cfg.root_width
+    if cfg.stem == "bit":
+        h, w = math.ceil(h / 2), math.ceil(w / 2)  # 7x7/2, padding 3
+        flops = 2 * h * w * 49 * cfg.in_channels * width
+        h, w = math.ceil(h / 2), math.ceil(w / 2)  # zero pad 1, 3x3/2 max-pool
+    else:
+        flops = 2 * h * w * 9 * cfg.in_channels * width
+    cin = width
+    for s, (units, mid) in enumerate(zip(cfg.layers, cfg.stage_widths)):
+        out = 4 * mid
+        for u in range(units):
+            stride = 2 if (s > 0 and u == 0) else 1
+            ho, wo = math.ceil(h / stride), math.ceil(w / stride)
+            flops += 2 * h * w * cin * mid + 2 * ho * wo * 9 * mid * mid + 2 * ho * wo * mid * out
+            if u == 0:
+                flops += 2 * ho * wo * cin * out  # the projection shortcut
+            h, w, cin = ho, wo, out
+    if cfg.num_classes:
+        flops += 2 * cfg.feature_dim * cfg.num_classes
+    return float(flops)
+
+
+# The model kinds: a checkpoint stores the kind beside the config; "vit" when it is absent.
+ModelConfig = Union[ViTConfig, BiTConfig]
+CONFIG_KINDS: dict[str, type] = {"vit": ViTConfig, "bit": BiTConfig}
+
+
+def config_kind(cfg: ModelConfig) -> str:
+    return "bit" if isinstance(cfg, BiTConfig) else "vit"
+
+
+def config_from_dict(d: dict[str, Any], kind: str = "vit") -> ModelConfig:
+    """The config of a stored model; `kind` is what `config_kind` said when it was written."""
+    if kind not in CONFIG_KINDS:
+        raise ConfigError(f"unknown model kind {kind!r}; known kinds: {', '.join(CONFIG_KINDS)}")
+    return CONFIG_KINDS[kind].from_dict(d)

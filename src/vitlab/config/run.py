@@ -24,12 +24,12 @@ from vitlab.config.fields import (
     section_from_text,
     setting,
 )
-from vitlab.config.model import ViTConfig, as_pair
+from vitlab.config.model import BiTConfig, ViTConfig, as_pair
 from vitlab.config.mpp import MPPConfig
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
 PARALLEL = ("ddp", "fsdp")
 RECIPES = Path(__file__).resolve().parent.parent / "configs"
 
@@ -48,33 +48,44 @@ def _ratio_range(v: tuple[float, float]) -> Optional[str]:
     return None if 0 < v[0] <= v[1] else "must be (low, high) with 0 < low <= high"
 
 
+# A model section's changes may name a field of either model kind; the variant it names
+# decides which apply (a BiT ResNet has no patch_size: building it says so).
+_VIT_FIELDS = [f.name for f in fields(ViTConfig)]
+_MODEL_EXTRA = ("name", "checkpoint", *(f.name for f in fields(BiTConfig) if f.name not in _VIT_FIELDS))
+
+
+def _model_hint(key: str) -> Any:
+    return field_hint(ViTConfig if key in _VIT_FIELDS else BiTConfig, key)
+
+
 @dataclass(frozen=True)
 class ModelSection:
     """Which network a run trains: a registered variant (`vitlab models`) or the one a
-    checkpoint holds (fine-tuning), with any ViTConfig field changed. In a recipe the changes
-    sit beside `name` and `checkpoint`: `model: {name: ViT-Ti/4, depth: 4, dropout: 0.1}`."""
+    checkpoint holds (fine-tuning), with any field of its config changed (ViTConfig, or
+    BiTConfig for a BiT ResNet). In a recipe the changes sit beside `name` and `checkpoint`:
+    `model: {name: ViT-Ti/4, depth: 4, dropout: 0.1}`, `model: {name: BiT-R26-C, layers: [1, 1, 1, 1]}`."""
 
     name: str = "ViT-Ti/4"  # "" when the network comes from `checkpoint`
     checkpoint: str = ""  # start from these weights; the head is replaced for the new classes
-    changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # ViTConfig fields
+    changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # config fields
 
     def __post_init__(self) -> None:
         check_fields(self, "model")
         if not self.name and not self.checkpoint:
             raise ConfigError("the model section needs a name (a variant, see `vitlab models`) or a checkpoint")
-        check_keys(ViTConfig, dict(self.changes), "model", extra=("name", "checkpoint"))
+        check_keys(ViTConfig, dict(self.changes), "model", extra=_MODEL_EXTRA)
         changes = dict(self.changes)
         if "image_size" in changes:
             changes["image_size"] = as_pair(changes["image_size"])
-        changes = {k: check_type(v, field_hint(ViTConfig, k), f"model.{k}") for k, v in changes.items()}
+        changes = {k: check_type(v, _model_hint(k), f"model.{k}") for k, v in changes.items()}
         object.__setattr__(self, "changes", changes)
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "ModelSection":
-        d = check_keys(ViTConfig, {} if d is None else d, "model", extra=("name", "checkpoint"))
+        d = check_keys(ViTConfig, dict(d or {}), "model", extra=_MODEL_EXTRA)
         name = d.pop("name", "" if d.get("checkpoint") else cls.name)
         checkpoint = d.pop("checkpoint", cls.checkpoint)
-        changes = {k: from_text(v, field_hint(ViTConfig, k)) for k, v in d.items()}
+        changes = {k: from_text(v, _model_hint(k)) for k, v in d.items()}
         return cls(name=name or "", checkpoint=checkpoint or "", changes=changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,6 +113,12 @@ class DataConfig:
     skip_bad_images: bool = False
     shuffle_buffer: int = setting(2000, at_least=0)  # samples held for shuffling a streamed (wds) set
     classes: tuple[str, ...] = ()  # class names of a wds set (else classes.txt beside the shards, else 0..K-1)
+    # Train on a fixed, class-balanced part of the training split (the paper's 9M/30M/90M JFT
+    # subsets, §4.3): a share of it, or a number of images. The part depends on subset_seed
+    # alone, not on train.seed or the process count; a smaller part is inside a larger one.
+    train_fraction: float = setting(1.0, above=0, at_most=1)
+    train_size: int = setting(0, at_least=0, hint="images; 0 = the whole split (or train_fraction of it)")
+    subset_seed: int = 0
 
     def __post_init__(self) -> None:
         check_fields(self, "data")
@@ -109,6 +126,11 @@ class DataConfig:
             # One class trains to 100% with loss 0; a name twice makes two labels print alike.
             raise ConfigError(f"data.classes={list(self.classes)!r}: give two or more distinct class names, "
                               "or leave the key out for the dataset's own")
+        if self.train_size and self.train_fraction < 1:
+            raise ConfigError(
+                f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g} both pick the "
+                "training subset; set one of them"
+            )
 
 
 @dataclass(frozen=True)
@@ -149,7 +171,7 @@ class TrainConfig:
     label_smoothing: float = setting(0.0, at_least=0, below=1)
     mixup: float = setting(0.0, at_least=0)  # Beta(alpha, alpha) of torchvision's MixUp; 0 = off
     cutmix: float = setting(0.0, at_least=0)
-    precision: str = setting("fp32", one_of=PRECISIONS)  # bf16 = autocast to bfloat16
+    precision: str = setting("fp32", one_of=PRECISIONS)  # bf16 / fp16 = autocast (fp16 with a loss scaler, GPUs)
     grad_checkpointing: bool = False
     compile: bool = False  # torch.compile the objective
     parallel: str = setting("ddp", one_of=PARALLEL)  # with torchrun: ddp or fsdp
@@ -256,20 +278,24 @@ def shipped_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
 
-def load_recipe(path_or_name: str) -> RunConfig:
-    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...)."""
+def read_yaml(path_or_name: str, shipped: Path, what: str, names: list[str]) -> tuple[Any, Path]:
+    """A YAML file by path, or by the name of one shipped under `shipped`; (its data, path)."""
     path = Path(path_or_name)
     if not path.is_file():
-        shipped = RECIPES / f"{path_or_name}.yaml"
-        if not shipped.is_file():
-            raise ConfigError(f"no recipe file {path_or_name!r}; shipped recipes: {', '.join(shipped_recipes())}")
-        path = shipped
+        path = shipped / f"{path_or_name}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"no {what} file {path_or_name!r}; shipped {what}s: {', '.join(names)}")
     try:
-        d = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text()) or {}, path
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read the recipe ({e.strerror})") from None
+        raise ConfigError(f"{path}: cannot read the {what} ({e.strerror})") from None
+
+
+def load_recipe(path_or_name: str) -> RunConfig:
+    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...)."""
+    d, path = read_yaml(path_or_name, RECIPES, "recipe", shipped_recipes())
     try:
         return RunConfig.from_dict(d)
     except ConfigError as e:

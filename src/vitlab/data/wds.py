@@ -17,6 +17,7 @@ the batches it has done without decoding them. Each process decompresses every s
 from __future__ import annotations
 
 import bz2
+import copy
 import glob
 import gzip
 import hashlib
@@ -224,6 +225,26 @@ def label_error(shard: Path, key: str, label: int, num_classes: int) -> None:
             f"wds: {shard}: sample {key} has label {label}, outside the {num_classes} classes (0 to {num_classes - 1}); "
             "fix the shard's .cls files, or give the full class list (data.classes or a classes.txt beside the shards)"
         )
+def shard_labels(path: Path) -> tuple[list[str], list[int]]:
+    """Every sample's key and label in one shard, in stream order; cached like `shard_index`
+    (apart from it: only a training subset needs them)."""
+    st = path.stat()
+    tag = hashlib.sha1(f"labels|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    cache = data_cache() / "wds-index" / f"{tag}.labels.json"
+    try:
+        d = json.loads(cache.read_text())
+        return d["keys"], d["labels"]
+    except (OSError, ValueError, KeyError):
+        pass
+    keys, labels = [], []
+    for key, parts in iter_shard(path):
+        keys.append(key)
+        labels.append(sample_label(path, key, parts))
+    try:
+        atomic_write_text(cache, json.dumps({"keys": keys, "labels": labels}))
+    except OSError:
+        pass
+    return keys, labels
 
 
 def read_class_names(shards: Sequence[Path], classes: Any, max_label: int) -> list[str]:
@@ -268,6 +289,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         self.skip_bad_images = skip_bad_images
         self.dev_cut = round(dev_fraction * DEV_BUCKETS)
         self.subset = {"dev": "dev", "train-minus-dev": "rest"}.get(split)
+        self.only: Optional[frozenset[str]] = None  # a training subset's keys (see `restrict`)
         self.bad_images = 0
         indexes = [shard_index(s) for s in self.shards]
         self.num_samples = sum(sum(self._counted(ix["buckets"])) for ix in indexes)
@@ -283,9 +305,28 @@ class WebDataset(torch.utils.data.IterableDataset):
         return buckets
 
     def _keep(self, key: str) -> bool:
+        if self.only is not None and key not in self.only:
+            return False
         if self.subset is None:
             return True
         return (dev_bucket(key) < self.dev_cut) == (self.subset == "dev")
+
+    def keys_and_labels(self) -> tuple[list[str], list[int]]:
+        """Key and label of every sample of this split (a scan of the labels, no decoding)."""
+        keys, labels = [], []
+        for shard in self.shards:
+            for key, label in zip(*shard_labels(shard)):
+                if self._keep(key):
+                    keys.append(key)
+                    labels.append(label)
+        return keys, labels
+
+    def restrict(self, keys: set[str]) -> "WebDataset":
+        """A view of the samples with these keys only (a training subset), same order and seeds."""
+        view = copy.copy(self)
+        view.only = frozenset(keys)
+        view.num_samples = len(view.only)
+        return view
 
     def __len__(self) -> int:
         return self.num_samples

@@ -1,6 +1,16 @@
 """The model family: VisionTransformer, its blocks, position embeddings, BiT ResNet, variants."""
 
+from vitlab.config import BiTConfig, ModelConfig
+from vitlab.models.bit import BiTResNet
 from vitlab.models.variants import MODELS
 from vitlab.models.vit import VisionTransformer
 
-__all__ = ["MODELS", "VisionTransformer"]
+Model = VisionTransformer | BiTResNet
+
+
+def build(config: ModelConfig) -> Model:
+    """A freshly initialised model of the config's kind."""
+    return BiTResNet(config) if isinstance(config, BiTConfig) else VisionTransformer(config)
+
+
+__all__ = ["MODELS", "BiTResNet", "Model", "VisionTransformer", "build"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -31,27 +30,36 @@ def pad_same(x: Tensor, kernel: int, stride: int, value: float = 0.0) -> Tensor:
 class StdConv2d(nn.Conv2d):
     """Conv whose kernel is standardised per output channel on every forward.
 
-    The stored kernel is raw. mode "std": (w - mean) / (std + eps), the official form;
-    mode "var": (w - mean) / sqrt(var + eps), the form timm uses. Both use the population
-    variance over (in, kh, kw).
+    The stored kernel is raw. mode "std": (w - mean) / (std + eps), the official hybrid's
+    form; mode "var": (w - mean) / sqrt(var + eps), the form of timm and of the official BiT
+    code. Both use the population variance over (in, kh, kw). `same=True` pads as TF "SAME"
+    (the hybrid's official code); `same=False` pads kernel // 2 on every side, as the
+    official BiT code does.
     """
 
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, eps: float = 1e-5, mode: str = "std"):
-        super().__init__(cin, cout, kernel, stride=stride, padding=0, bias=False)
+    def __init__(
+        self, cin: int, cout: int, kernel: int, stride: int = 1, eps: float = 1e-5, mode: str = "std", same: bool = True
+    ):
+        super().__init__(cin, cout, kernel, stride=stride, padding=0 if same else kernel // 2, bias=False)
         self.eps = eps
         self.mode = mode
+        self.same = same
 
     def standardized_weight(self) -> Tensor:
         w = self.weight
+        if self.mode == "var":
+            # (w - mean) / sqrt(var + eps) is a batch norm over each output channel's kernel:
+            # one fused kernel, which rounds as timm's StdConv2d does.
+            flat = w.reshape(1, w.shape[0], -1)
+            return F.batch_norm(flat, None, None, training=True, momentum=0.0, eps=self.eps).reshape_as(w)
         mean = w.mean(dim=(1, 2, 3), keepdim=True)
         var = w.var(dim=(1, 2, 3), unbiased=False, keepdim=True)
-        if self.mode == "std":
-            return (w - mean) / (var.sqrt() + self.eps)
-        return (w - mean) / torch.sqrt(var + self.eps)
+        return (w - mean) / (var.sqrt() + self.eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = pad_same(x, self.kernel_size[0], self.stride[0])
-        return F.conv2d(x, self.standardized_weight(), None, self.stride)
+        if self.same:
+            x = pad_same(x, self.kernel_size[0], self.stride[0])
+        return F.conv2d(x, self.standardized_weight(), None, self.stride, self.padding)
 
 
 class Bottleneck(nn.Module):

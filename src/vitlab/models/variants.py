@@ -3,6 +3,9 @@
 Sizes follow Table 1 (B, L, H) and later work (Ti, S). A hybrid is a base config with a BiT
 ResNet in front and patch size 1 on its feature map: three stages of the ResNet give stride
 16, four give stride 32, which is what the "/16" or "/32" of the name counts.
+
+The BiT ResNets ("BiT-R50x1": 50 layers, width factor 1) are the paper's baseline (§4.1);
+their stage layouts are BiT's (R50 = 3, 4, 6, 3 units; R101 = 3, 4, 23, 3; R152 = 3, 8, 36, 3).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
-from vitlab.config import ConfigError, ResNetConfig, ViTConfig
+from vitlab.config import BiTConfig, ConfigError, ModelConfig, ResNetConfig, ViTConfig
 
 #                  width, depth, heads, mlp
 SIZES = {
@@ -44,7 +47,15 @@ def _hybrid(name: str, base: ViTConfig, layers: tuple[int, ...]) -> ViTConfig:
     return replace(base, name=name, patch_size=1, resnet=ResNetConfig(layers=layers))
 
 
-MODELS: dict[str, ViTConfig] = {
+# BiT's stage layouts by depth (Kolesnikov et al. 2020, and the R26 of the paper's hybrids).
+BIT_LAYERS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+
+
+def _bit(depth: int, width_factor: int, **extra) -> BiTConfig:
+    return BiTConfig(name=f"BiT-R{depth}x{width_factor}", layers=BIT_LAYERS[depth], width_factor=width_factor, **extra)
+
+
+MODELS: dict[str, ModelConfig] = {
     "ViT-Ti/16": _vit("Ti", 16),
     "ViT-S/16": _vit("S", 16),
     "ViT-S/32": _vit("S", 32),
@@ -62,17 +73,34 @@ MODELS: dict[str, ViTConfig] = {
     "ViT-Ti/4": _vit("Ti", 4, image_size=32, num_classes=10),
     "ViT-S/4": _vit("S", 4, image_size=32, num_classes=10),
     "ViT-C/4": _vit("C", 4, image_size=32, num_classes=10),
+    # A hybrid of the same size for 32 px: one ResNet stage (stride 4, an 8x8 map) under
+    # ViT-C, so it sees as many tokens as ViT-C/4 does.
+    "R8+ViT-C/4": replace(_vit("C", 4, image_size=32, num_classes=10), name="R8+ViT-C/4", patch_size=1,
+                          resnet=ResNetConfig(layers=(2,))),
+    # BiT ResNets (§4.1): the published sizes, at 224 px with 1000 classes.
+    "BiT-R50x1": _bit(50, 1),
+    "BiT-R101x1": _bit(101, 1),
+    "BiT-R50x3": _bit(50, 3),
+    "BiT-R101x3": _bit(101, 3),
+    "BiT-R152x2": _bit(152, 2),
+    "BiT-R152x4": _bit(152, 4),
+    "BiT-R26x1": _bit(26, 1),
+    # CPU-sized for 32 px: R26 at half width with a 3x3/1 stem, about the FLOPs of ViT-C/4.
+    "BiT-R26-C": BiTConfig(name="BiT-R26-C", image_size=(32, 32), layers=BIT_LAYERS[26], base_width=32,
+                           stem="cifar", num_classes=10),
 }
 
 
 # The fields that make a variant what it is; changing one makes another model.
 SHAPE = {"hidden_size": "width", "depth": "depth", "num_heads": "heads", "mlp_dim": "mlp", "patch_size": "patch"}
+BIT_SHAPE = {"layers": "layers", "width_factor": "width factor", "base_width": "base width", "stem": "stem"}
 
 
-def variant_config(name: str, **changes: Any) -> ViTConfig:
+def variant_config(name: str, **changes: Any) -> ModelConfig:
     """A registered variant with some fields changed. A change to its shape (width, depth,
-    heads, MLP size, patch) makes another model, and the name says so: "ViT-Ti/4 (custom:
-    width 64, depth 4)" -- in logs, summaries, checkpoints and `vitlab info` alike."""
+    heads, MLP size, patch; a BiT ResNet's layers and widths) makes another model, and the
+    name says so: "ViT-Ti/4 (custom: width 64, depth 4)" -- in logs, summaries, checkpoints
+    and `vitlab info` alike."""
     try:
         base = MODELS[resolve_name(name)]
     except KeyError:
@@ -83,17 +111,29 @@ def variant_config(name: str, **changes: Any) -> ViTConfig:
     return cfg
 
 
-def describe(cfg: ViTConfig, base: Optional[ViTConfig] = None) -> str:
+def _shape_fields(cfg: ModelConfig) -> dict[str, str]:
+    return BIT_SHAPE if isinstance(cfg, BiTConfig) else SHAPE
+
+
+def _shape(cfg: ModelConfig) -> tuple:
+    stem = cfg.resnet.layers if isinstance(cfg, ViTConfig) and cfg.resnet else None
+    return (cfg.kind, stem, *(getattr(cfg, f) for f in _shape_fields(cfg)))
+
+
+def describe(cfg: ModelConfig, base: Optional[ModelConfig] = None) -> str:
     """The model's name: a registered variant with the same shape, else `base` (or a generic
-    "ViT-D.../..." name) with what differs from it."""
-    stem = cfg.resnet.layers if cfg.resnet else None
+    "ViT-D.../..." or "BiT-R..." name) with what differs from it."""
     for name, v in MODELS.items():
-        if all(getattr(v, f) == getattr(cfg, f) for f in SHAPE) and (v.resnet.layers if v.resnet else None) == stem:
+        if _shape(v) == _shape(cfg):
             return name
     if base is None:
+        if isinstance(cfg, BiTConfig):
+            width = f"x{cfg.width_factor}" if cfg.base_width == 64 else f"-w{cfg.root_width}"
+            return f"BiT-R{cfg.depth}{width}" + ("-cifar" if cfg.stem == "cifar" else "")
         prefix = f"R{len(cfg.resnet.layers)}stage+" if cfg.resnet else ""
         return f"{prefix}ViT-D{cfg.hidden_size}-L{cfg.depth}/{cfg.total_stride}"
-    diffs = ", ".join(f"{word} {getattr(cfg, f)}" for f, word in SHAPE.items() if getattr(cfg, f) != getattr(base, f))
+    fields = _shape_fields(cfg)
+    diffs = ", ".join(f"{word} {getattr(cfg, f)}" for f, word in fields.items() if getattr(cfg, f) != getattr(base, f))
     return f"{base.name} (custom: {diffs})"
 
 

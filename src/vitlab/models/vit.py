@@ -17,14 +17,14 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vitlab.config import ViTConfig
-from vitlab.models.layers import Block, PatchEmbed
+from vitlab.models.layers import Block, PatchEmbed, Classifier
 from vitlab.models.pos_embed import PositionEmbedding
 from vitlab.models.resnet import ResNetStem
 
 PatchFn = Callable[[Tensor], Tensor]
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(Classifier, nn.Module):
     """A ViT built from a `ViTConfig`.
 
     Input: an NCHW float tensor already normalised as `config.mean`/`config.std` say.
@@ -77,23 +77,6 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.pre_logits.bias)
         self.head: nn.Module = nn.Identity()
         self.reset_classifier(cfg.num_classes)
-
-    # The head ----------------------------------------------------------------------------
-    def reset_classifier(self, num_classes: int, init: Optional[str] = None) -> None:
-        """Replace the head with a fresh one (zero-initialised by default, as for fine-tuning)."""
-        init = init or self.config.head_init
-        if num_classes:
-            head = nn.Linear(self.config.feature_dim, num_classes)
-            if init == "zeros":
-                nn.init.zeros_(head.weight)
-            else:
-                nn.init.xavier_uniform_(head.weight)
-            nn.init.zeros_(head.bias)
-            self.head = head.to(self.norm.weight.device, self.norm.weight.dtype)
-        else:
-            self.head = nn.Identity()
-        if num_classes != self.config.num_classes or init != self.config.head_init:
-            self.config = self.config.replace(num_classes=num_classes, head_init=init)
 
     # Eq. 1 -------------------------------------------------------------------------------
     def embed(self, x: Tensor, patch_fn: Optional[PatchFn] = None) -> tuple[Tensor, tuple[int, int]]:

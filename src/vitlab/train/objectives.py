@@ -1,6 +1,6 @@
 """Training objectives: what the loop minimises, kept apart from the backbone.
 
-An objective is an `nn.Module` that wraps the VisionTransformer (a "meta architecture", as
+An objective is an `nn.Module` that wraps the model (a "meta architecture", as
 dinov2 calls it). The trainer knows only this interface:
 
     objective = OBJECTIVES[cfg.train.objective].from_config(model, cfg)
@@ -10,7 +10,7 @@ dinov2 calls it). The trainer knows only this interface:
     objective.extra_tensors()                      # its own weights for the checkpoint
     objective.load_extra_tensors(tensors)          # ... and back
 
-- `objective.model` is the VisionTransformer; the optimiser covers `objective.parameters()`,
+- `objective.model` is the VisionTransformer (or BiT ResNet); the optimiser covers `objective.parameters()`,
   so an objective's own heads and tokens are trained too. Weight decay goes to matrices only
   (see `vitlab.train.optim.param_groups`): name tokens and embeddings "...token"/"...embedding".
 - `from_config(model, run_config)` reads the objective's options from `run_config.objective`
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.config import MPPConfig, RunConfig
+from vitlab.config import ConfigError, MPPConfig, RunConfig
 from vitlab.eval.accuracy import batch_counts, metrics_from_counts
 from vitlab.models.mpp import UNTOUCHED, MPPHead, mpp_loss
 from vitlab.models.vit import VisionTransformer
@@ -150,6 +150,11 @@ class MaskedPatchPrediction(Objective):
 
     @classmethod
     def from_config(cls, model: VisionTransformer, config: RunConfig) -> "MaskedPatchPrediction":
+        if not isinstance(model, VisionTransformer):
+            raise ConfigError(
+                f"train.objective=mpp corrupts a ViT's patch embeddings (§4.6); {model.config.name} is a "
+                "ResNet: train it with train.objective=supervised"
+            )
         return cls(model, config.objective)
 
     def forward(

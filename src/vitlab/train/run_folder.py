@@ -23,7 +23,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import yaml
 
@@ -65,9 +65,10 @@ class RunFolder:
         self.checkpoints = self.path / "checkpoints"
         self._lock_fd: Optional[int] = None
 
-    def state(self, cfg: RunConfig) -> str:
+    def state(self, cfg: RunConfig, allow: Iterable[str] = ()) -> str:
         """"new" (absent, empty, or a run that died before its first checkpoint) or "resume"
-        (this run's folder); refuses anything else. Claims the folder first (see `claim`)."""
+        (this run's folder); refuses anything else. Claims the folder first (see `claim`).
+        `allow`: keys that may differ besides RESUMABLE_CHANGES (an extended run's length)."""
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"--out {self.path} is a file; give a folder for the run")
         if self._foreign():
@@ -77,7 +78,7 @@ class RunFolder:
             )
         self.claim()
         try:
-            return self._decide(cfg)
+            return self._decide(cfg, allow)
         except BaseException:
             self.release()
             raise
@@ -88,7 +89,7 @@ class RunFolder:
             return False
         return any(p.name != LOCK_FILE and not is_temporary(p.name) for p in self.path.iterdir())
 
-    def _decide(self, cfg: RunConfig) -> str:
+    def _decide(self, cfg: RunConfig, allow: Iterable[str]) -> str:
         self.remove_temporary_files()
         if not self.config.exists():
             return "new"
@@ -100,7 +101,7 @@ class RunFolder:
                 raise ConfigError(f"{e}; the run's checkpoints are kept: repair or restore config.yaml to continue it, "
                                   "or use another --out") from None
             return self.set_aside("its config.yaml is unreadable")
-        diffs = config_differences(old, cfg)
+        diffs = config_differences(old, cfg, RESUMABLE_CHANGES | set(allow))
         if diffs and not has_checkpoint:
             return self.set_aside(f"it died before its first checkpoint with other settings ({'; '.join(diffs[:3])})")
         if diffs:

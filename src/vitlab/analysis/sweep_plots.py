@@ -1,0 +1,116 @@
+"""Drawing a sweep's figures: lines with their spread, Pareto fronts, bars, per-layer curves.
+
+The numbers come in as plain lists (vitlab.sweep.results prepares them); each function
+writes one figure with plots.py's object-API helpers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from vitlab.analysis.plots import new_figure, save_figure
+
+Points = list[tuple[Any, list[float]]]  # (x, the y of every cell at that x)
+
+
+def _stats(ys: list[float]) -> tuple[float, float]:
+    a = np.asarray(ys, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def _numeric(xs: Sequence[Any]) -> bool:
+    try:
+        [float(x) for x in xs]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _finish(ax, fig, path, title: str, xlabel: str, ylabel: str, logx: bool, logy: bool, legend: bool) -> Path:
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def plot_lines(groups: dict[str, Points], path, *, title="", xlabel="", ylabel="", logx=False, logy=False) -> Path:
+    """Mean of y against x per series, with a band of +- one standard deviation over cells."""
+    fig = new_figure(5.0, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    categories: list[Any] = []
+    for pts in groups.values():
+        categories += [x for x, _ in pts if x not in categories]
+    numeric = _numeric(categories)
+    for label, pts in groups.items():
+        xs = [float(x) if numeric else categories.index(x) for x, _ in pts]
+        mean, std = map(np.asarray, zip(*(_stats(ys) for _, ys in pts)))
+        line = ax.plot(xs, mean, marker="o", ms=4, label=label)[0]
+        if (std > 0).any():
+            ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
+    if not numeric:
+        ax.set_xticks(range(len(categories)), [str(c) for c in categories], rotation=20, fontsize=7)
+    return _finish(ax, fig, path, title, xlabel, ylabel, logx and numeric, logy, len(groups) > 1)
+
+
+def plot_pareto(groups: dict[str, Points], fronts: dict[str, list[tuple[float, float]]], path, *, title="",
+                xlabel="", ylabel="", logx=True, logy=False) -> Path:
+    """Every cell as a point, and each series' Pareto front as a step line (Fig. 5)."""
+    fig = new_figure(5.0, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    for label, pts in groups.items():
+        xs = [float(x) for x, ys in pts for _ in ys]
+        ys = [y for _, ys_ in pts for y in ys_]
+        dots = ax.scatter(xs, ys, s=14, alpha=0.7, label=label)
+        front = fronts.get(label) or []
+        if front:
+            fx, fy = zip(*front)
+            ax.step(fx, fy, where="post", color=dots.get_facecolor()[0], lw=1.2)
+    return _finish(ax, fig, path, title, xlabel, ylabel, logx, logy, len(groups) > 1)
+
+
+def plot_bars(groups: dict[str, Points], path, *, title="", xlabel="", ylabel="", logy=False) -> Path:
+    """Mean of y per category (side by side per series), the standard deviation as an error
+    bar, and every cell as a dot."""
+    fig = new_figure(5.4, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    categories: list[Any] = []
+    for pts in groups.values():
+        categories += [x for x, _ in pts if x not in categories]
+    width = 0.8 / max(len(groups), 1)
+    for i, (label, pts) in enumerate(groups.items()):
+        for x, ys in pts:
+            pos = categories.index(x) - 0.4 + width * (i + 0.5)
+            mean, std = _stats(ys)
+            ax.bar(pos, mean, width * 0.9, yerr=std, capsize=3, color=f"C{i}", alpha=0.75,
+                   label=label if x == pts[0][0] else None)
+            ax.scatter([pos] * len(ys), ys, s=8, color="k", zorder=3)
+    ax.set_xticks(range(len(categories)), [str(c) for c in categories], rotation=20, fontsize=7)
+    return _finish(ax, fig, path, title, xlabel, ylabel, False, logy, len(groups) > 1)
+
+
+def plot_curves(curves: dict[str, list[list[float]]], path, *, title="", xlabel="", ylabel="",
+                logy=False, start: Optional[int] = 1) -> Path:
+    """A list-valued result (one value per layer) against its index: the mean over the
+    series' cells, with a band of +- one standard deviation (Fig. 7 right, per depth)."""
+    fig = new_figure(5.0, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    for label, cs in curves.items():
+        n = min(len(c) for c in cs)
+        a = np.asarray([c[:n] for c in cs], dtype=float)
+        xs = np.arange(start or 0, (start or 0) + n)
+        mean = a.mean(0)
+        line = ax.plot(xs, mean, marker="o", ms=4, label=f"{label} ({len(cs)})")[0]
+        if len(cs) > 1:
+            std = a.std(0, ddof=1)
+            ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
+    return _finish(ax, fig, path, title, xlabel, ylabel, False, logy, True)

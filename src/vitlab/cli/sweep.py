@@ -1,0 +1,89 @@
+"""`vitlab sweep SPEC.yaml`: a grid of training runs, results.csv and the spec's figures."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+HELP = "run a grid of trainings (models x data sizes x seeds x any key=value), then tabulate and plot"
+DESCRIPTION = """\
+Run every cell of a sweep spec (see vitlab/config/sweep.py, or the shipped configs/paper/*.yaml):
+each cell is `vitlab train` into OUT/CELL/train plus the spec's after-steps (few-shot,
+fine-tuning, inspect, ...). Finished cells are skipped; an interrupted cell resumes from
+its newest checkpoint, so stopping and rerunning the same command is always safe. Then
+OUT/results.csv holds one row per cell and the figures the spec asks for are drawn in OUT.
+
+--jobs N runs N cells side by side on this machine (each with --threads CPU threads, by
+default the cores divided by N). --launcher slurm submits each cell as a Slurm job through
+submitit (--slurm KEY=VALUE sets submitit's executor parameters: timeout_min=120,
+slurm_partition=gpu, gpus_per_node=1, cpus_per_task=8, ...); --launcher submitit-local
+runs the same jobs through submitit's local executor. --scale S multiplies the keys the
+spec lists under `scale` (epochs, training-set size, ...), for a bigger machine.
+
+examples:
+  vitlab sweep paper/pos-embed --out runs/sweeps/pos-embed
+  vitlab sweep my-sweep.yaml --jobs 2
+  vitlab sweep paper/data-size --scale 10 --launcher slurm --slurm timeout_min=240 --slurm gpus_per_node=1
+  vitlab sweep paper/data-size --report          # tabulate and plot what has finished
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="a sweep spec YAML file, or a shipped one's name (paper/pos-embed, ...)")
+    p.add_argument("--out", metavar="DIR", help="the sweep folder (default: runs/sweeps/NAME, -xS for --scale S)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply the spec's `scale` keys by this (default 1)")
+    p.add_argument("--jobs", type=int, default=1, help="cells run side by side by the local launcher (default 1)")
+    p.add_argument("--threads", type=int, help="CPU threads per cell (default: the cores divided by --jobs)")
+    p.add_argument("--launcher", default="local", help="local (default), slurm, or submitit-local")
+    p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                   help="a submitit executor parameter, e.g. timeout_min=60 or slurm_partition=gpu")
+    p.add_argument("--no-wait", action="store_true", help="submit the jobs and return (then collect with --report)")
+    p.add_argument("--report", action="store_true", help="run nothing: write results.csv and the figures so far")
+    p.add_argument("--dry-run", action="store_true", help="print each cell's commands and run nothing")
+
+
+def _params(items: list[str]) -> dict:
+    import yaml
+
+    from vitlab.cli import UsageError
+
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--slurm {item!r}: write KEY=VALUE, e.g. --slurm timeout_min=60")
+        params[key.strip()] = yaml.safe_load(value)
+    return params
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from vitlab.cli import UsageError
+    from vitlab.config.sweep import load_sweep
+    from vitlab.sweep import LAUNCHERS, expand, run_sweep
+
+    if args.scale <= 0:
+        raise UsageError(f"--scale must be positive, got {args.scale}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.launcher not in LAUNCHERS:
+        raise UsageError(f"--launcher {args.launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    spec, _ = load_sweep(args.spec)
+    suffix = "" if args.scale == 1 else f"-x{args.scale:g}"
+    out = Path(args.out or f"runs/sweeps/{spec.name}{suffix}")
+    if args.dry_run:
+        for cell in expand(spec, out, args.scale):
+            print(f"{cell.key}:")
+            for step in cell.steps:
+                print(f"  vitlab {' '.join(step.argv)}")
+        return 0
+    # A Slurm job runs on its own allocation: its threads are the job's, not this machine's.
+    local = args.launcher != "slurm"
+    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)
+    summary = run_sweep(spec, out, scale=args.scale, jobs=args.jobs, threads=threads, launcher=args.launcher,
+                        params=_params(args.slurm), wait=not args.no_wait, report_only=args.report)
+    if summary.get("submitted"):
+        print(f"then: vitlab sweep {args.spec} --out {out} --report")
+        return 0
+    return 1 if summary["failed"] else 0

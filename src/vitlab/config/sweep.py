@@ -1,0 +1,149 @@
+"""A sweep's spec: a grid of `vitlab train` runs, the commands run after each, the figures.
+
+    # configs/paper/pos-embed.yaml
+    train:                        # what every cell shares: `vitlab train` flags (a key
+      config: cifar10             #   without a dot, `--key value`) and SECTION.KEY overrides
+      epochs: 2
+      optim.lr: 0.001
+    grid:                         # the axes; the cells are their product
+      model.pos_embed: [none, learned, learned_2d, relative, sincos_2d]
+      seed: [0, 1, 2]
+      size:                       # an axis of named bundles: each value sets several keys
+        small: {model.depth: 4}
+        base: {model.depth: 9}
+    after:                        # more vitlab commands per cell, each writing one file
+      fewshot:
+        command: fewshot {checkpoint} --data cifar10 --shots 5 --out {cell}/fewshot.json
+        result: fewshot.json
+    scale: [epochs]               # what --scale S multiplies
+    figures:
+      - {file: pos_embed.png, kind: bar, x: model.pos_embed, y: test.top1}
+
+A command may use {checkpoint} (the cell's final weights), {run} (its run folder), {cell}
+(its folder) and {scaled:N} (N x --scale, rounded, at least 1). Results are named as in
+results.csv: the train summary's `test.top1`, `compute.train_flops`, ...; an after-step's
+numbers under its name, `fewshot.shots.5.mean`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
+from vitlab.config.run import RECIPES, read_yaml
+
+FIGURE_KINDS = ("line", "pareto", "bar", "curve")
+SHIPPED = RECIPES  # sweeps live one folder down: configs/paper/*.yaml
+
+
+def _nonempty(v: str) -> Optional[str]:
+    return None if v.strip() else "must not be empty"
+
+
+@dataclass(frozen=True)
+class AfterStep:
+    """A vitlab command run in a cell after training; done once `result` (in the cell) exists."""
+
+    name: str = setting("", check=_nonempty)
+    command: str = setting("", check=_nonempty)
+    result: str = setting("", check=_nonempty)
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"after.{self.name}")
+        if "/" in self.name or self.name in ("train", "cell"):
+            raise ConfigError(f"after.{self.name}: a step name is a plain word other than 'train' and 'cell'")
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One figure from results.csv.
+
+    line:   y (mean and spread over the cells that differ only in other axes) against x,
+            one line per value of `series`;
+    pareto: every cell as a point of (x, y), and per series the front of points that no
+            cheaper point beats (Fig. 5);
+    bar:    y per value of x (categorical), mean, spread and every cell;
+    curve:  y is a list per cell (e.g. a value per layer), drawn against its index.
+    """
+
+    file: str = setting("", check=_nonempty)
+    kind: str = setting("line", one_of=FIGURE_KINDS)
+    x: str = ""
+    y: str = setting("", check=_nonempty)
+    series: str = ""
+    where: Mapping[str, Any] = field(default_factory=dict)  # keep only rows with these values
+    logx: bool = False
+    logy: bool = False
+    title: str = ""
+    xlabel: str = ""
+    ylabel: str = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"figures[{self.file}]")
+        if self.kind != "curve" and not self.x:
+            raise ConfigError(f"figures[{self.file}]: a {self.kind} figure needs x (an axis or a results column)")
+        if Path(self.file).suffix not in (".png", ".pdf", ".svg"):
+            raise ConfigError(f"figures[{self.file}]: the file must end in .png, .pdf or .svg")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """The whole sweep; `name` defaults to the spec file's name."""
+
+    name: str = setting("sweep", check=_nonempty)
+    train: Mapping[str, Any] = field(default_factory=dict)
+    grid: Mapping[str, Any] = field(default_factory=dict)
+    after: tuple[AfterStep, ...] = ()
+    scale: tuple[str, ...] = ()
+    figures: tuple[FigureSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_fields(self, "sweep")
+        for key in ("out", "resume"):
+            if key in self.train:
+                raise ConfigError(f"train.{key}: the sweep chooses each cell's run folder itself; remove it")
+        for axis, values in self.grid.items():
+            if isinstance(values, dict):
+                if not values or not all(isinstance(v, dict) for v in values.values()):
+                    raise ConfigError(f"grid.{axis}: a bundle axis maps each label to a mapping of settings")
+            elif not isinstance(values, list) or not values:
+                raise ConfigError(f"grid.{axis}: give a list of values (or a mapping of labels to settings)")
+        known = set(self.train) | set(self.grid) | {k for v in self.grid.values() if isinstance(v, dict)
+                                                    for b in v.values() for k in b}
+        missing = [k for k in self.scale if k not in known]
+        if missing:
+            raise ConfigError(f"scale: {', '.join(missing)} is set nowhere in train or grid; scale only keys you set")
+
+    @classmethod
+    def from_dict(cls, d: Any, name: str) -> "SweepSpec":
+        if not isinstance(d, dict):
+            raise ConfigError(f"a sweep spec must be a mapping with train, grid, after, scale, figures; got {d!r}")
+        d = check_keys(cls, d, "")
+        after = d.get("after") or {}
+        if not isinstance(after, dict):
+            raise ConfigError("after: map each step's name to {command: ..., result: ...}")
+        steps = tuple(AfterStep(name=k, **check_keys(AfterStep, v or {}, f"after.{k}")) for k, v in after.items())
+        figures = tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in d.get("figures") or ())
+        return cls(
+            name=d.get("name") or name,
+            train=dict(d.get("train") or {}),
+            grid=dict(d.get("grid") or {}),
+            after=steps,
+            scale=tuple(d.get("scale") or ()),
+            figures=figures,
+        )
+
+
+def shipped_sweeps() -> list[str]:
+    return sorted(str(p.relative_to(SHIPPED).with_suffix("")) for p in SHIPPED.glob("*/*.yaml"))
+
+
+def load_sweep(path_or_name: str) -> tuple[SweepSpec, Path]:
+    """A spec file, or a shipped one by name ("paper/pos-embed"); returns it and its path."""
+    d, path = read_yaml(path_or_name, SHIPPED, "sweep spec", shipped_sweeps())
+    try:
+        return SweepSpec.from_dict(d, path.stem), path
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -1,0 +1,71 @@
+"""`vitlab sweep`: a grid of training runs, the commands after each, results.csv and figures.
+
+    from vitlab.config.sweep import load_sweep
+    from vitlab import sweep
+    spec, _ = load_sweep("paper/pos-embed")
+    summary = sweep.run_sweep(spec, Path("runs/sweeps/pos-embed"), jobs=2)
+
+The spec format is described in vitlab/config/sweep.py; cells in cells.py, launching in
+runner.py, results in results.py. A sweep can be stopped at any time and run again: finished
+cells are skipped and an interrupted one resumes from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from vitlab.analysis import sweep_plots
+from vitlab.config.sweep import FigureSpec, SweepSpec
+from vitlab.sweep import results as res
+from vitlab.sweep.cells import Cell, expand
+from vitlab.sweep.runner import LAUNCHERS, Say, run
+
+__all__ = ["LAUNCHERS", "Cell", "draw", "expand", "run_sweep"]
+
+
+def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Path]:
+    """One figure of the spec, or None when no finished cell has its numbers yet."""
+    path = out / fig.file
+    labels = dict(title=fig.title, xlabel=fig.xlabel or fig.x, ylabel=fig.ylabel or fig.y, logy=fig.logy)
+    if fig.kind == "curve":
+        curves = res.curves(rows, fig)
+        return sweep_plots.plot_curves(curves, path, **{**labels, "xlabel": fig.xlabel or "index"}) if curves else None
+    groups = res.groups(rows, fig)
+    if not groups:
+        return None
+    if fig.kind == "line":
+        return sweep_plots.plot_lines(groups, path, logx=fig.logx, **labels)
+    if fig.kind == "bar":
+        return sweep_plots.plot_bars(groups, path, **labels)
+    fronts = {}
+    for label, pts in groups.items():
+        points = [(res.number(x), y) for x, ys in pts for y in ys if res.number(x) is not None]
+        fronts[label] = res.pareto_front(points)
+    return sweep_plots.plot_pareto(groups, fronts, path, logx=fig.logx, **labels)
+
+
+def report(spec: SweepSpec, cells: list[Cell], out: Path, say: Say = print) -> dict[str, Any]:
+    """Collect every cell's results into results.csv and draw the spec's figures."""
+    rows = res.collect(cells, out)
+    csv = res.write_csv(rows, list(spec.grid), out / "results.csv")
+    drawn = [p for p in (draw(f, rows, out) for f in spec.figures) if p is not None]
+    done = sum(r["status"] == "done" for r in rows)
+    say(f"results: {csv} ({done} of {len(rows)} cells finished)")
+    for p in drawn:
+        say(f"figure:  {p}")
+    return {"rows": rows, "csv": csv, "figures": drawn, "finished": done, "cells": len(rows)}
+
+
+def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, threads: int = 0,
+              launcher: str = "local", params: Optional[dict[str, Any]] = None, wait: bool = True,
+              report_only: bool = False, say: Say = print) -> dict[str, Any]:
+    cells = expand(spec, out, scale)
+    ran = None
+    if not report_only:
+        ran = run(cells, spec, out, jobs=jobs, threads=threads, launcher=launcher, params=params, wait=wait, say=say)
+        if ran is None:  # submitted, not waited for: `vitlab sweep SPEC --report` collects later
+            return {"submitted": True, "cells": len(cells)}
+    summary = report(spec, cells, out, say)
+    summary["failed"] = [r for r in (ran or []) if r["status"] != "done"]
+    return summary

@@ -1,0 +1,141 @@
+"""A sweep's results: one row per cell, results.csv, and the numbers behind each figure.
+
+A row holds the cell's axis values, its folder and status, the train summary flattened
+(`test.top1`, `steps`, `compute.train_flops`, ...; a split's metrics lose the `splits.`
+prefix) and each after-step's JSON under the step's name (`fewshot.shots.5.mean`). Lists of
+numbers stay lists (a value per layer, per seed); results.csv writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Optional
+
+from vitlab.config.sweep import FigureSpec
+from vitlab.files import atomic_write_text
+from vitlab.sweep.cells import Cell
+
+SKIP = ("per_class", "confusion")  # per-class tables: too wide for a results row
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            if k in SKIP:
+                continue
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    key = prefix[:-1]
+    if isinstance(d, list):
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in d):
+            out[key] = d
+        elif all(isinstance(v, list) for v in d):  # a table (layer x head): keep the row means
+            out[key] = [sum(r) / len(r) if r else float("nan") for r in d]
+        return out
+    if d is None or isinstance(d, (int, float, str, bool)):
+        out[key] = d
+    return out
+
+
+def _read_json(path: Path) -> Optional[Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def cell_row(cell: Cell, cell_dir: Path) -> dict[str, Any]:
+    row: dict[str, Any] = {**cell.labels, "cell": cell.key}
+    done = 0
+    for step in cell.steps:
+        data = _read_json(cell_dir / step.result)
+        if data is None:
+            continue
+        done += 1
+        if step.name == "train":
+            splits = data.pop("splits", {}) if isinstance(data, dict) else {}
+            row.update(flatten(splits))
+            row.update(flatten(data))
+        else:
+            row.update(flatten(data, f"{step.name}."))
+    row["status"] = "done" if done == len(cell.steps) else ("partial" if done else "missing")
+    return row
+
+
+def collect(cells: list[Cell], out: Path) -> list[dict[str, Any]]:
+    return [cell_row(c, out / c.key) for c in cells]
+
+
+def write_csv(rows: list[dict[str, Any]], axes: list[str], path: Path) -> Path:
+    columns = [*axes, "cell", "status"]
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()})
+    atomic_write_text(path, buf.getvalue())
+    return path
+
+
+# The numbers behind a figure ----------------------------------------------------------------
+def number(v: Any) -> Optional[float]:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def selected(rows: list[dict[str, Any]], fig: FigureSpec) -> list[dict[str, Any]]:
+    def keep(row: dict[str, Any]) -> bool:
+        return row["status"] != "missing" and all(str(row.get(k)) == str(v) for k, v in fig.where.items())
+
+    return [r for r in rows if keep(r)]
+
+
+def groups(rows: list[dict[str, Any]], fig: FigureSpec) -> dict[str, list[tuple[Any, list[float]]]]:
+    """series label -> [(x, the y of every cell at that x)], x in the order first seen (or
+    sorted when numeric). Cells differing only in axes not drawn (seeds) share an x."""
+    by: dict[str, dict[Any, list[float]]] = defaultdict(dict)
+    for row in selected(rows, fig):
+        y, x = number(row.get(fig.y)), row.get(fig.x)
+        if y is None or x is None:
+            continue
+        by[str(row.get(fig.series, "")) if fig.series else fig.y].setdefault(x, []).append(y)
+    out = {}
+    for label, points in by.items():
+        items = list(points.items())
+        if all(number(x) is not None for x, _ in items):
+            items.sort(key=lambda p: number(p[0]))
+        out[label] = items
+    return out
+
+
+def curves(rows: list[dict[str, Any]], fig: FigureSpec) -> dict[str, list[list[float]]]:
+    """series label -> the list-valued y of every cell (a curve per cell, e.g. per seed)."""
+    by: dict[str, list[list[float]]] = defaultdict(list)
+    for row in selected(rows, fig):
+        y = row.get(fig.y)
+        if isinstance(y, list) and y:
+            by[str(row.get(fig.series, "")) if fig.series else fig.y].append([float(v) for v in y])
+    return dict(by)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no cheaper-or-equal point beats: sorted by x (cost), each with a y (score)
+    higher than every point left of it. Fig. 5's fronts of accuracy against compute."""
+    front: list[tuple[float, float]] = []
+    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return front

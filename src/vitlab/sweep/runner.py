@@ -1,0 +1,169 @@
+"""Running a sweep's cells: N processes side by side here, or each cell as a submitit job
+(on Slurm, or submitit's local executor). The launchers are the standard library's thread
+pool (each thread waits on one `python -m vitlab` process) and submitit; vitlab schedules
+nothing itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from vitlab.config import ConfigError
+from vitlab.config.sweep import SweepSpec
+from vitlab.files import atomic_write_text
+from vitlab.sweep.cells import Cell, Step
+
+LAUNCHERS = ("local", "slurm", "submitit-local")
+Say = Callable[[str], None]
+
+
+def cell_record(cell: Cell, spec: SweepSpec) -> dict[str, Any]:
+    """What makes a cell the cell it is; a rerun must find the same record in cell.json."""
+    return {
+        "labels": cell.labels,
+        "settings": cell.settings,
+        "after": [[a.name, a.command, a.result] for a in spec.after],
+    }
+
+
+def prepare(cell: Cell, spec: SweepSpec, out: Path) -> Path:
+    """The cell's folder with its cell.json; refuses a folder holding another cell."""
+    cell_dir = out / cell.key
+    record = cell_record(cell, spec)
+    path = cell_dir / "cell.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != json.loads(json.dumps(record)):
+            changed = [k for k in record if json.loads(json.dumps(record[k])) != old.get(k)]
+            raise ConfigError(
+                f"{cell_dir} holds cell {cell.describe()} run with other {', '.join(changed)}; its results are "
+                "kept: pass another --out for the changed spec (or delete that cell's folder to rerun it)"
+            )
+        return cell_dir
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(record, indent=2))
+    return cell_dir
+
+
+def missing(cell: Cell, cell_dir: Path) -> list[Step]:
+    return [s for s in cell.steps if not (cell_dir / s.result).exists()]
+
+
+def _tail(path: Path, lines: int = 6) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_cell(cell_dir: str, steps: list[Step], threads: int = 0) -> dict[str, Any]:
+    """Run a cell's missing steps in order, each as `python -m vitlab ...` with its output in
+    STEP.log. A top-level function of plain arguments, so submitit can ship it to a job."""
+    folder = Path(cell_dir)
+    env = dict(os.environ)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    start = time.time()
+    for step in steps:
+        if (folder / step.result).exists():
+            continue
+        log = folder / f"{step.name}.log"
+        with open(log, "a") as f:
+            f.write(f"$ vitlab {' '.join(step.argv)}\n")
+            f.flush()
+            rc = subprocess.run([sys.executable, "-m", "vitlab", *step.argv], stdout=f, stderr=subprocess.STDOUT,
+                                env=env, cwd=os.getcwd()).returncode
+        if rc != 0 or not (folder / step.result).exists():
+            why = f"exit code {rc}" if rc != 0 else f"it wrote no {step.result}"
+            return {"status": "failed", "step": step.name, "why": why, "log": str(log), "tail": _tail(log)}
+    return {"status": "done", "seconds": round(time.time() - start, 1)}
+
+
+def _report(say: Say, done: int, total: int, cell: Cell, result: dict[str, Any]) -> None:
+    if result["status"] == "done":
+        say(f"[{done}/{total}] {cell.describe()}: done in {result['seconds']:.0f} s")
+    else:
+        say(f"[{done}/{total}] {cell.describe()}: FAILED at {result['step']} ({result['why']}); see {result['log']}\n"
+            + "\n".join("    " + line for line in result["tail"].splitlines()))
+
+
+def run_local(todo: list[tuple[Cell, Path, list[Step]]], jobs: int, threads: int, say: Say) -> list[dict]:
+    results = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run_cell, str(d), steps, threads): cell for cell, d, steps in todo}
+        for n, future in enumerate(as_completed(futures), 1):
+            result = future.result()
+            _report(say, n, len(todo), futures[future], result)
+            results.append(result)
+    return results
+
+
+def _submitit(launcher: str):
+    try:
+        import submitit  # optional: only the submitit launchers need it
+    except ImportError:
+        raise ConfigError(f"--launcher {launcher} needs submitit: pip install 'vitlab[sweep]'") from None
+    return submitit
+
+
+def submitit_executor(launcher: str, folder: Path, params: dict[str, Any]):
+    submitit = _submitit(launcher)
+    if launcher == "slurm":
+        executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+    else:
+        executor = submitit.LocalExecutor(folder=str(folder))
+    try:
+        executor.update_parameters(**params)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"--slurm: {e}") from None
+    return executor
+
+
+def run_submitit(todo, launcher: str, folder: Path, params: dict[str, Any], threads: int, wait: bool, say: Say):
+    """Each cell one submitit job; waits for them (and reports each) unless `wait` is False."""
+    executor = submitit_executor(launcher, folder, params)
+    jobs = [executor.submit(run_cell, str(d), steps, threads) for _, d, steps in todo]
+    say(f"submitted {len(jobs)} job(s) through submitit ({launcher}); logs in {folder}")
+    if not wait:
+        for (cell, _, _), job in zip(todo, jobs):
+            say(f"  job {job.job_id}: {cell.describe()}")
+        return None
+    cells = {id(job): cell for (cell, _, _), job in zip(todo, jobs)}
+    results = []
+    for n, job in enumerate(_submitit(launcher).helpers.as_completed(jobs), 1):
+        try:
+            result = job.result()
+        except Exception as e:  # the job itself died (killed, out of time): the cell resumes next time
+            result = {"status": "failed", "step": "job", "why": f"{type(e).__name__}", "log": str(job.paths.stderr),
+                      "tail": str(e).strip()[-400:]}
+        _report(say, n, len(jobs), cells[id(job)], result)
+        results.append(result)
+    return results
+
+
+def run(cells: list[Cell], spec: SweepSpec, out: Path, *, jobs: int = 1, threads: int = 0, launcher: str = "local",
+        params: Optional[dict[str, Any]] = None, wait: bool = True, say: Say = print) -> Optional[list[dict]]:
+    """Run every cell that is not finished; returns the results of those it ran (None when
+    jobs were submitted without waiting)."""
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"--launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    todo = []
+    for cell in cells:
+        cell_dir = prepare(cell, spec, out)
+        steps = missing(cell, cell_dir)
+        if steps:
+            todo.append((cell, cell_dir, steps))
+    finished = len(cells) - len(todo)
+    say(f"sweep {spec.name}: {len(cells)} cell(s), {finished} finished, {len(todo)} to run -> {out}")
+    if not todo:
+        return []
+    if launcher == "local":
+        return run_local(todo, jobs, threads, say)
+    return run_submitit(todo, launcher, out / "submitit", params or {}, threads, wait, say)

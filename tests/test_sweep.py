@@ -1,0 +1,175 @@
+"""`vitlab sweep`: the grid, the cells' commands, results.csv, the figures, resuming, and the
+submitit launcher (through submitit's local executor). The runs are tiny ViTs on digits."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from vitlab.cli import main
+from vitlab.config import ConfigError
+from vitlab.config.sweep import SweepSpec, load_sweep, shipped_sweeps
+from vitlab.sweep import expand, run_sweep
+from vitlab.sweep.cells import flag_argv
+from vitlab.sweep.results import flatten, pareto_front
+
+TINY = {
+    "train": {"config": "digits", "steps": 4, "batch-size": 32, "ckpt-every": 2,
+              "model.depth": 1, "model.hidden_size": 32, "train.threads": 1},
+    "grid": {"seed": [0, 1]},
+    "after": {"fewshot": {"command": "fewshot {checkpoint} --data digits --shots 2 --seeds 1 --pool 4 "
+                                     "--test-limit 60 --no-cache --out {cell}/fewshot.json",
+                          "result": "fewshot.json"}},
+    "scale": ["steps"],
+    "figures": [
+        {"file": "top1.png", "kind": "bar", "x": "seed", "y": "test.top1"},
+        {"file": "fewshot.png", "kind": "line", "x": "seed", "y": "fewshot.shots.2.mean"},
+        {"file": "pareto.png", "kind": "pareto", "x": "steps", "y": "test.top1", "series": "seed"},
+    ],
+}
+
+
+def spec_file(tmp_path: Path, d: dict = TINY) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+# The grid and its commands (no training) ----------------------------------------------------
+def test_cells_are_the_product_of_the_axes_with_bundles_and_scale(tmp_path):
+    spec = SweepSpec.from_dict({
+        "train": {"config": "digits", "epochs": 2, "optim.lr": 0.001},
+        "grid": {"model": ["ViT-C/4", "BiT-R26-C"],
+                 "size": {"small": {"model.depth": 2, "model.layers": [1, 1]}, "big": {"epochs": 3}},
+                 "seed": [0, 1, 2]},
+        "scale": ["epochs"],
+    }, "t")
+    cells = expand(spec, tmp_path, scale=2)
+    assert len(cells) == 2 * 2 * 3
+    first = cells[0]
+    assert first.key == "model-ViT-C-4_size-small_seed-0"
+    assert first.labels == {"model": "ViT-C/4", "size": "small", "seed": 0}
+    argv = first.steps[0].argv
+    assert argv[:9] == ("train", "--config", "digits", "--epochs", "4", "--model", "ViT-C/4", "--seed", "0")
+    assert "model.layers=[1, 1]" in argv and "optim.lr=0.001" in argv
+    big = next(c for c in cells if c.labels["size"] == "big")
+    assert big.settings["epochs"] == 6  # the bundle's 3, scaled by 2
+    assert len({c.key for c in cells}) == len(cells)
+
+
+def test_flags_and_overrides_as_a_command_line():
+    argv = flag_argv({"model": "ViT-C/4", "bf16": True, "compile": False, "train-fraction": 0.1,
+                      "model.layers": [2, 2], "data.name": "cifar10:../shared/data/cifar10"})
+    assert argv == ["--model", "ViT-C/4", "--bf16", "--train-fraction", "0.1",
+                    "model.layers=[2, 2]", "data.name=cifar10:../shared/data/cifar10"]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"grid": {"seed": []}}, "grid.seed"),
+    ({"grid": {"size": {"a": 1}}}, "bundle"),
+    ({"train": {"out": "x"}}, "train.out"),
+    ({"scale": ["epochs"]}, "scale: epochs"),
+    ({"figures": [{"file": "a.png", "kind": "pie", "x": "a", "y": "b"}]}, "kind"),
+    ({"figures": [{"file": "a.jpg", "x": "a", "y": "b"}]}, ".png"),
+    ({"after": {"x": {"command": "info"}}}, "result"),
+    ({"grids": {}}, "unknown key"),
+])
+def test_bad_specs_name_the_problem(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        SweepSpec.from_dict(bad, "bad")
+
+
+def test_shipped_specs_load_and_expand(tmp_path):
+    names = shipped_sweeps()
+    assert names, "configs/paper holds the paper's experiments"
+    for name in names:
+        spec, path = load_sweep(name)
+        cells = expand(spec, tmp_path)
+        assert cells and all(c.steps[0].argv[0] == "train" for c in cells)
+        assert spec.figures, f"{name} draws no figure"
+        assert path.read_text().startswith("#"), f"{name} is headed by the command that runs it"
+
+
+def test_flatten_and_pareto_front():
+    flat = flatten({"a": {"b": 1, "per_class": {"x": 1}}, "c": [1.0, 2.0], "t": [[1, 3], [2, 2]], "s": "x"})
+    assert flat == {"a.b": 1, "c": [1.0, 2.0], "t": [2.0, 2.0], "s": "x"}
+    points = [(1, 0.5), (2, 0.4), (3, 0.7), (3, 0.6), (5, 0.7), (8, 0.9)]
+    assert pareto_front(points) == [(1, 0.5), (3, 0.7), (8, 0.9)]
+
+
+# Running -------------------------------------------------------------------------------------
+def _rows(out: Path) -> list[dict]:
+    with open(out / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_sweep_runs_skips_resumes_and_plots(tmp_path, capsys):
+    spec = spec_file(tmp_path)
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out), "--jobs", "2"]) == 0
+    rows = _rows(out)
+    assert [r["seed"] for r in rows] == ["0", "1"] and all(r["status"] == "done" for r in rows)
+    assert all(0 <= float(r["test.top1"]) <= 1 and float(r["fewshot.shots.2.mean"]) >= 0 for r in rows)
+    assert rows[0]["steps"] == "4"
+    for fig in ("top1.png", "fewshot.png", "pareto.png"):
+        assert (out / fig).stat().st_size > 1000
+    # Rerun: nothing to do.
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "--out", str(out)]) == 0
+    assert "2 finished, 0 to run" in capsys.readouterr().out
+
+    # Interrupt cell seed-1 after its step-2 checkpoint: drop what came after.
+    cell = out / "seed-1"
+    ckpts = cell / "train" / "checkpoints"
+    final = load_file(str(ckpts / "step-00000004.safetensors"))
+    for p in [*ckpts.glob("step-00000004*"), ckpts / "last.safetensors", cell / "train" / "summary.json",
+              cell / "fewshot.json"]:
+        p.unlink()
+    shutil.copy(ckpts / "step-00000002.safetensors", ckpts / "last.safetensors")
+    assert main(["sweep", str(spec), "--out", str(out)]) == 0
+    assert "1 finished, 1 to run" in capsys.readouterr().out
+    assert "resuming" in (cell / "train.log").read_text() and "from step 2" in (cell / "train.log").read_text()
+    resumed = load_file(str(ckpts / "step-00000004.safetensors"))
+    assert all((resumed[k] == final[k]).all() for k in final)  # exact resume on the CPU
+    assert all(r["status"] == "done" for r in _rows(out))
+
+
+def test_a_changed_spec_never_reuses_a_cell(tmp_path):
+    spec = SweepSpec.from_dict(TINY, "tiny")
+    out = tmp_path / "out"
+    from vitlab.sweep.runner import prepare
+
+    cell = expand(spec, out)[0]
+    prepare(cell, spec, out)
+    changed = SweepSpec.from_dict({**TINY, "train": {**TINY["train"], "model.depth": 2}}, "tiny")
+    with pytest.raises(ConfigError, match="other settings"):
+        prepare(expand(changed, out)[0], changed, out)
+
+
+def test_a_failing_cell_is_reported_with_its_log(tmp_path, capsys):
+    bad = {**TINY, "train": {**TINY["train"], "model.hidden_size": 30}, "after": {}, "grid": {"seed": [0]}}
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec_file(tmp_path, bad)), "--out", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "FAILED at train" in text and "num_heads" in text  # the trainer's one-line error, from the log
+    assert _rows(out)[0]["status"] == "missing"
+
+
+@pytest.mark.slow
+def test_submitit_local_executor_runs_the_cells(tmp_path):
+    pytest.importorskip("submitit")
+    d = {**TINY, "grid": {"seed": [3]}, "after": {}, "figures": [TINY["figures"][0]]}
+    spec = SweepSpec.from_dict(d, "tiny")
+    out = tmp_path / "out"
+    summary = run_sweep(spec, out, launcher="submitit-local", params={"timeout_min": 10}, threads=1, say=lambda s: None)
+    assert summary["finished"] == 1 and not summary["failed"]
+    assert (out / "submitit").is_dir()
+    assert json.loads((out / "seed-3" / "train" / "summary.json").read_text())["steps"] == 4
+    assert (out / "top1.png").exists()
