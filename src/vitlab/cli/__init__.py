@@ -117,22 +117,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def check_device(device: str) -> None:
     """A device string that names hardware this machine has."""
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
-        raise UsageError(f"--device {device}: not a device; use auto, cpu, cuda or cuda:N")
-    if device.startswith("cuda"):
-        import torch
+    from vitlab.config import pick_device
 
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {device}: no CUDA GPU is visible on this machine; use --device cpu (or auto)")
-        index = int(device.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to "
-                             f"cuda:{torch.cuda.device_count() - 1}")
-    if device == "mps":
-        import torch
-
-        if not torch.backends.mps.is_available():
-            raise UsageError("--device mps: Apple's Metal backend is not available here; use --device cpu")
+    pick_device(device)
 
 
 def one_line(e: BaseException) -> str:

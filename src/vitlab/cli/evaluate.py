@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
 
     from vitlab.analysis.plots import plot_confusion
     from vitlab.cli import UsageError
-    from vitlab.cli.common import bad_image_message, open_checkpoint, pick_device, progress
+    from vitlab.cli.common import bad_image_message, open_checkpoint, progress
+    from vitlab.config import pick_device
     from vitlab.data import BadImageError, make_loader, open_dataset
     from vitlab.eval.accuracy import evaluate, report, to_json
 

@@ -132,9 +132,6 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
         check_trackers(list(self.trackers))
-        if t.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"train.device={t.device}: torch sees no CUDA GPU on this machine (a CPU-only build, "
-                              "or no driver); use --device cpu, or auto to take a GPU when there is one")
         ctx = distributed.setup(t.device, t.parallel)
         self.ctx = ctx
         try:

@@ -9,6 +9,7 @@ carriage returns, it is a plain line every `train.log_every` steps.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
@@ -61,6 +62,8 @@ def _step_of(line: str) -> float:
         return float(record.get("step", 0)) if isinstance(record, dict) else math.inf
     except (ValueError, TypeError):
         return math.inf
+
+
 def is_terminal(stream: TextIO) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
