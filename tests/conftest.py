@@ -107,6 +107,39 @@ def cifar_dir() -> Path:
     return path
 
 
+# The reliability suite (tests/test_reliability_*.py) -----------------------------------------
+def vitlab_cli(*args: str, cwd=None, timeout: float = 180, preexec_fn=None, env=None) -> subprocess.CompletedProcess:
+    """`python -m vitlab ARGS` in a child process (for what needs one: a signal, a resource
+    limit, a hang, two processes at once)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "vitlab", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, preexec_fn=preexec_fn, env=env)
+
+
+def assert_one_line_error(rc: int, err: str, command: str, code: int = 2, mentions: tuple[str, ...] = ()) -> str:
+    """A refusal as vitlab promises it: exit status `code`, no traceback, and exactly one line
+    of error on stderr (warnings may come before it), naming what it says it names."""
+    assert rc == code, f"exit {rc}, expected {code}; stderr:\n{err[-3000:]}"
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("vitlab: warning:")]
+    assert len(lines) == 1 and lines[0].startswith(f"vitlab {command}: error: "), err[-3000:]
+    for word in mentions:
+        assert word in lines[0], f"{word!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def tree_state(root: Path, skip: tuple[Path, ...] = ()) -> dict[str, tuple[str, int]]:
+    """Every file under `root` (but under `skip`): relative path -> (sha1 of the bytes, mode).
+    Compared before and after a case: nothing outside the target may change."""
+    import hashlib
+
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_file() and not p.is_symlink() and not any(p == s or s in p.parents for s in skip):
+            out[str(p.relative_to(root))] = (hashlib.sha1(p.read_bytes()).hexdigest(), p.stat().st_mode & 0o777)
+    return out
+
+
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch):
     """An empty Hugging Face Hub cache in huggingface_hub's layout, offline: HF_HUB_CACHE and
@@ -209,6 +242,51 @@ def cifar_test_images(shards: Path, count: int) -> list[tuple[str, bytes, int]]:
         if len(out) == count:
             break
     return out
+
+
+@contextlib.contextmanager
+def unchanged(root: Path, skip: tuple[Path, ...] = ()):
+    """The block creates, changes and removes no file under `root` (but under `skip`)."""
+    before = tree_state(root, skip)
+    yield
+    assert tree_state(root, skip) == before
+
+
+PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2  # linux/prctl.h, linux/capability.h
+
+
+def obey_permissions() -> None:
+    """preexec_fn for a child that obeys file permissions even when the tests run as root (CI
+    does): the capabilities that let root write anywhere leave the bounding set, so the
+    python the child execs does not have them. Not root: nothing to drop."""
+    if os.geteuid() != 0:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) refused")
+
+
+@pytest.fixture
+def read_only(tmp_path) -> Path:
+    """An empty folder with mode 0555 that a child started with `obey_permissions` cannot
+    write into; a skip where this machine cannot make one (no capability to drop)."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        probe = subprocess.run([sys.executable, "-c", f"open({str(folder / 'x')!r}, 'w')"], capture_output=True,
+                               text=True, timeout=60, preexec_fn=obey_permissions)
+    except subprocess.SubprocessError as e:
+        pytest.skip(f"cannot start a child without root's file capabilities: {e}")
+    if "PermissionError" not in probe.stderr:
+        pytest.skip("a folder of mode 0555 is writable here even without root's file capabilities")
+    yield folder
+    for p in [folder, *folder.rglob("*")]:
+        if p.is_dir():
+            p.chmod(0o755)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,11 @@ def test_torchvision_to_vitlab_and_back(tmp_path, representation):
 def test_vitlab_to_torchvision(tmp_path):
     ours = perturb(vitlab.create_model("ViT-S/16", depth=2, image_size=64, num_classes=10, gelu="exact",
                                        layer_norm_eps=1e-5), seed=1)
-    vitlab.save(ours, tmp_path / "tv.pth", format="torchvision")
+    # a .pth holds no config: torchvision's LayerNorm default (1e-6) is what a reader assumes
+    with pytest.raises(CheckpointError, match="layer_norm_eps=1e-05 reads back as 1e-06"):
+        vitlab.save(ours, tmp_path / "tv.pth", format="torchvision")
+    with pytest.warns(UserWarning, match="will differ: layer_norm_eps"):
+        vitlab.save(ours, tmp_path / "tv.pth", format="torchvision", allow_numerics_change=True)
     theirs = create_torchvision_model(ours.config).eval()
     theirs.load_state_dict(torch.load(tmp_path / "tv.pth", weights_only=True), strict=True)
     x = torch.randn(2, 3, 64, 64)

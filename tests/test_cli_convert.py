@@ -33,7 +33,9 @@ def test_convert_to_every_format_and_info_reads_it(tmp_path, source, capsys):
         extra = ["--allow-numerics-change"] if target == "npz" else []  # exact GELU -> the official tanh form
         assert main(["convert", str(src), str(tmp_path / name), "--to", target, *extra]) == 0
         out = capsys.readouterr().out
-        assert f"wrote  {tmp_path / name}  ({target})" in out and "read back bit-exact" in out
+        assert f"wrote  {tmp_path / name}  ({target})" in out
+        # npz stores no GELU form: its reader's official tanh form moves the logits, and says so
+        assert ("from the settings it does not carry" if target == "npz" else "gives identical logits") in out
         assert main(["info", str(tmp_path / name), "--json"]) == 0
         info = json.loads(capsys.readouterr().out)
         assert info["format"] == target

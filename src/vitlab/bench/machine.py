@@ -16,6 +16,8 @@ from typing import Callable, Optional
 
 import torch
 
+from vitlab.config import pick_device
+
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -136,16 +138,12 @@ def peak_memory_added_mib(device: str, mark: int) -> float:
 
 
 def check_device(device: str) -> str:
-    """`device` if this process can run on it; a ValueError naming the fix otherwise."""
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise ValueError(f"unknown device {device!r}; use cpu or cuda[:N]") from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: no CUDA device is visible to this process; use --device cpu")
-    if kind not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: the benchmark runs on cpu or cuda")
-    return device
+    """`device` (auto resolved) if this process can run on it; a ConfigError (a ValueError)
+    naming the fix otherwise."""
+    picked = pick_device(device)
+    if picked.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device}: the benchmark runs on cpu or cuda")
+    return str(picked)
 
 
 def device_sync(device: str) -> Callable[[], None]:

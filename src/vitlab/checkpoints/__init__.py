@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
-from vitlab.checkpoints import hub, io, labels
+from vitlab.checkpoints import hub, io, labels, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
 from vitlab.models import Model, build
@@ -33,12 +34,33 @@ def format_module(name: str) -> ModuleType:
     return importlib.import_module(FORMATS[name])
 
 
-def detect_format(path: str | os.PathLike) -> str:
+# What reading a malformed file raises inside a reader (a missing key, an array of the wrong
+# rank, a value of the wrong type, a third-party parser's own error): every one becomes a
+# CheckpointError naming the file. Only running out of memory is left as it is.
+MALFORMED = (Exception,)
+
+
+def check_path(path: str | os.PathLike) -> Path:
+    """A checkpoint is a regular file or a folder; anything else (a FIFO, a device) is refused
+    before a reader opens it and blocks."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or folder")
+    if not p.is_dir():
+        io.regular_file(p)
+    return p
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    p = check_path(path)
     for name in FORMATS:
-        if format_module(name).detect(p):
+        try:
+            found = format_module(name).detect(p)
+        except MemoryError:
+            raise
+        except MALFORMED:  # a detector that chokes on a file: not that format
+            found = False
+        if found:
             return name
     raise CheckpointError(
         f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
@@ -62,8 +84,18 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
         raise CheckpointError(f"{path_or_name}: revision={revision!r} applies to Hub names (hf-hub:ORG/NAME), not to files")
     else:
         path = path_or_name
+    check_path(path)
     name = format or detect_format(path)
-    imported = format_module(name).read(path)
+    try:
+        imported = format_module(name).read(path)
+    except CheckpointError:
+        raise
+    except ConfigError as e:  # the file describes a model no config can hold
+        raise CheckpointError(f"{path}: not a valid {name} checkpoint: {e}") from None
+    except (MemoryError, OSError):  # not the file's content: no memory, no permission
+        raise
+    except MALFORMED as e:
+        raise CheckpointError(f"{path}: a malformed {name} checkpoint ({type(e).__name__}: {e})") from None
     imported.source_format = name
     if changes:
         imported.config = imported.config.replace(**changes)
@@ -103,13 +135,27 @@ def resolve(path_or_name: str | os.PathLike, revision: Optional[str] = None) -> 
 
 
 def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
+    """Write `model` in `format`; warns when the name lacks the suffix the format's readers
+    look for, and when the file cannot carry a preprocessing setting."""
     io.refuse_serving_copy(model)  # deploy's int8/bf16/packed copies: refused by name, before any write
-    format_module(format).write(model, path, **kwargs)
+    module = format_module(format)
+    note = verify.suffix_warning(path, format)
+    if note:
+        warnings.warn(note)
+    module.write(model, path, **kwargs)
+
+
+def save_verified(model: Model, path: str | os.PathLike, format: str = "vitlab", verify_logits: bool = True,
+                  **kwargs: Any) -> verify.Verified:
+    """`save`, proven: written beside `path`, loaded back as a model, its logits compared with
+    the original's on a probe batch, and only then moved into place (see checkpoints.verify)."""
+    owned = getattr(format_module(format), "written_by_us", None)
+    return verify.write_verified(model, path, format, load, save, owned=owned, verify=verify_logits, **kwargs)
 
 
 is_pretrained_name = hub.is_pretrained_name  # the one test of "a name, not a path"
 
 __all__ = [
     "FORMATS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
-    "read_checkpoint", "resolve", "save",
+    "read_checkpoint", "resolve", "save", "save_verified",
 ]

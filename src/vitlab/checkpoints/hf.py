@@ -20,9 +20,10 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.io import CheckpointError, Imported, head_names
 from vitlab.checkpoints.tables import (
     Rule,
+    check_carried,
     copy,
     expected_shapes,
     export_state,
@@ -89,12 +90,13 @@ def rules(cfg: ViTConfig, prefix: str = "vit.") -> list[Rule]:
 # Reading --------------------------------------------------------------------------------
 def _config_json(path: Path) -> Optional[dict[str, Any]]:
     f = path / "config.json"
-    if not f.is_file():
+    if not f.is_file():  # also refuses a FIFO, which would block the read
         return None
     try:
-        return json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError):
+        c = json.loads(f.read_text())
+    except (OSError, ValueError):  # not JSON, or not UTF-8
         return None
+    return c if isinstance(c, dict) else None
 
 
 def detect(path: Path) -> bool:
@@ -109,9 +111,14 @@ def _weights(folder: Path) -> dict:
         return read_tensors(folder / "model.safetensors")[0]
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index}: not a readable weight index ({type(e).__name__}: {e})") from None
         state: dict = {}
         for name in files:
+            if not isinstance(name, str) or Path(name).name != name:  # a shard outside the folder: refused
+                raise CheckpointError(f"{index}: names the shard {name!r}, which is not a file of this folder")
             state.update(read_tensors(folder / name)[0])
         return state
     if (folder / "pytorch_model.bin").is_file():
@@ -130,41 +137,63 @@ def _classic_names(state: dict) -> dict:
     return out
 
 
+_MISSING = object()
+_KINDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "an object"}
+
+
+def field(c: dict[str, Any], key: str, kind: type, source: str, default: Any = _MISSING) -> Any:
+    """config.json's `key`, which must be of `kind` (JSON's numbers: an int is also a float)."""
+    if key not in c:
+        if default is _MISSING:
+            raise CheckpointError(f"{source}: config.json has no {key!r}; a ViT config needs it")
+        return default
+    value = c[key]
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise CheckpointError(f"{source}: config.json has {key}={value!r}, which is not {_KINDS[kind]}")
+    return value
+
+
 def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig, Optional[list[str]]]:
-    act = c.get("hidden_act", "gelu")
+    act = field(c, "hidden_act", str, source, "gelu")
     if act not in ACTS:
         raise CheckpointError(f"{source}: hidden_act={act!r} has no vitlab equivalent (known: {', '.join(ACTS)})")
-    if c.get("pooler_act", "tanh") != "tanh" and any("pooler." in k for k in state):
+    if field(c, "pooler_act", str, source, "tanh") != "tanh" and any("pooler." in k for k in state):
         raise CheckpointError(f"{source}: pooler_act={c['pooler_act']!r}; vitlab's pre-logits layer is Dense + tanh")
     image = c.get("image_size", 224)
+    if not (isinstance(image, int) and not isinstance(image, bool)) and not (
+            isinstance(image, list) and len(image) == 2 and all(isinstance(v, int) for v in image)):
+        raise CheckpointError(f"{source}: config.json has image_size={image!r}, not a size or [height, width]")
     prefix = "vit." if any(k.startswith("vit.") for k in state) else ""
     classes = state["classifier.weight"].shape[0] if "classifier.weight" in state else 0
     pooler = state.get(prefix + "pooler.dense.weight")
     rep = pooler.shape[0] if pooler is not None and not classes else None
     names = None
-    labels = c.get("id2label") or {}
+    labels = field(c, "id2label", dict, source, None) or {}
     if classes and len(labels) == classes:
         names = [str(labels.get(str(i), labels.get(i, ""))) for i in range(classes)]
         if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
             names = None  # transformers' placeholders, not names
-    mean, std = (0.5,) * c.get("num_channels", 3), (0.5,) * c.get("num_channels", 3)
+    channels = field(c, "num_channels", int, source, 3)
     cfg = ViTConfig(
         name="hf",
-        image_size=tuple(image) if isinstance(image, (list, tuple)) else image,
-        patch_size=c.get("patch_size", 16),
-        in_channels=c.get("num_channels", 3),
-        hidden_size=c["hidden_size"],
-        depth=c["num_hidden_layers"],
-        num_heads=c["num_attention_heads"],
-        mlp_dim=c["intermediate_size"],
+        image_size=tuple(image) if isinstance(image, list) else image,
+        patch_size=field(c, "patch_size", int, source, 16),
+        in_channels=channels,
+        hidden_size=field(c, "hidden_size", int, source),
+        depth=field(c, "num_hidden_layers", int, source),
+        num_heads=field(c, "num_attention_heads", int, source),
+        mlp_dim=field(c, "intermediate_size", int, source),
         num_classes=classes,
         representation_size=rep,
         gelu=ACTS[act],
-        layer_norm_eps=c.get("layer_norm_eps", 1e-12),
-        qkv_bias=c.get("qkv_bias", True),
+        layer_norm_eps=field(c, "layer_norm_eps", float, source, 1e-12),
+        qkv_bias=field(c, "qkv_bias", bool, source, True),
         resize_mode="bicubic",
-        mean=mean,
-        std=std,
+        mean=(0.5,) * channels,
+        std=(0.5,) * channels,
     )
     return cfg.replace(name=describe(cfg)), names
 
@@ -203,14 +232,40 @@ def preprocessing_from(p: dict[str, Any], cfg: ViTConfig) -> dict[str, Any]:
 
 
 def _preprocessing(folder: Path, cfg: ViTConfig) -> ViTConfig:
+    """The mean/std of preprocessor_config.json (absent: the ViT default 0.5/0.5; do_normalize
+    false: pixels in [0, 1]). A file that is there but unreadable is an error, not a default:
+    a wrong normalisation would shift every prediction without a word."""
     f = folder / "preprocessor_config.json"
     if not f.is_file():
         return cfg
     try:
         p = json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{f}: not readable JSON ({e})") from None
-    return cfg.replace(**preprocessing_from(p, cfg))
+    return apply_preprocessing(p, cfg, str(f))
+
+
+def apply_preprocessing(p: Any, cfg: ViTConfig, f: str) -> ViTConfig:
+    """`cfg` with an image processor's settings (preprocessing_from), its mean and std checked
+    first: a value that is not one number per channel is refused, not skipped."""
+    if not isinstance(p, dict):
+        raise CheckpointError(f"{f}: must hold a JSON object")
+    n = cfg.in_channels
+    stats = {}
+    for key in ("image_mean", "image_std"):
+        v = p.get(key, [0.5] * n)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = [v] * n
+        if not (isinstance(v, list) and len(v) == n and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
+            raise CheckpointError(f"{f}: {key}={v!r} is not {n} number(s), one per channel")
+        stats[key] = tuple(float(x) for x in v)
+    if p.get("do_normalize", True) is False:
+        stats = {"image_mean": (0.0,) * n, "image_std": (1.0,) * n}
+    try:
+        changes = preprocessing_from({**p, **stats}, cfg)
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{f}: unreadable preprocessing settings ({type(e).__name__}: {e})") from None
+    return cfg.replace(**changes)
 
 
 def read(path: str | os.PathLike) -> Imported:
@@ -249,7 +304,7 @@ def hf_config(model) -> dict[str, Any]:
     cfg = model.config
     act = "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh"
     h, w = cfg.image_size
-    names = model.class_names or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    names = head_names(cfg, model.class_names) or [f"LABEL_{i}" for i in range(cfg.num_classes)]
     return {
         "architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"],
         "model_type": "vit",
@@ -285,6 +340,8 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     check_writable(cfg, allow_numerics_change)
     prefix = "vit." if cfg.num_classes else ""
     theirs = export_state(rules(cfg, prefix), model.state_dict(), f"{path} (hf)")
+    back = apply_preprocessing(preprocessor_config(cfg), infer_config(hf_config(model), theirs, str(path))[0], str(path))
+    check_carried(f"{path} (Hugging Face)", cfg, back, allow_numerics_change)
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target}: exists and is a file; a Hugging Face checkpoint is a folder")

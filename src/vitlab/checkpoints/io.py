@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from vitlab.config import BiTConfig, ConfigError, ModelConfig, config_from_dict, config_kind
-from vitlab.files import atomic_write
-from vitlab.models import Model
+from vitlab.files import NotRegularFileError, atomic_write, require_regular_file
+from vitlab.models import Model, build
 from vitlab.models.pos_embed import resize_position_state
 
 FORMAT_NAME = "vitlab"
@@ -79,7 +79,7 @@ def write_state(
         "format_version": FORMAT_VERSION,
         "config": config.to_json(),
         "config_kind": config_kind(config),
-        "class_names": json.dumps(class_names),
+        "class_names": json.dumps(head_names(config, class_names)),
     }
     for k, v in (extra_metadata or {}).items():
         metadata[k] = v if isinstance(v, str) else json.dumps(v)
@@ -89,6 +89,12 @@ def write_state(
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
 
 
+def head_names(config: ModelConfig, class_names: Optional[list[str]]) -> Optional[list[str]]:
+    """The class names to store: one per class of the head, else none (names left over from
+    another head, after `reset_classifier`, describe nothing in this file)."""
+    if class_names is None or len(class_names) != config.num_classes:
+        return None
+    return [str(n) for n in class_names]
 def refuse_serving_copy(model: torch.nn.Module) -> None:
     """vitlab.deploy's serving copies (int8, bf16, packed) hold tensors a ViT does not: a file
     of them would not load. Refuse before writing, and say what to do instead."""
@@ -103,9 +109,22 @@ def refuse_serving_copy(model: torch.nn.Module) -> None:
 
 
 # Reading ---------------------------------------------------------------------------------
+def regular_file(path: str | os.PathLike) -> Path:
+    """`path`, checked to be a non-empty regular file before anything opens it (a FIFO would
+    block the reader forever, a device would never end)."""
+    try:
+        path = require_regular_file(path, "checkpoint file")
+    except NotRegularFileError as e:
+        raise CheckpointError(str(e)) from None
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: the file is empty (0 bytes); an interrupted download or copy?")
+    return path
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     from safetensors import safe_open
 
+    regular_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             return dict(f.metadata() or {})
@@ -147,13 +166,66 @@ def read(path: str | os.PathLike, serving: str = "") -> Imported:
         config = config_from_dict(json.loads(meta["config"]), meta.get("config_kind", "vit"))
     except (ConfigError, json.JSONDecodeError, TypeError) as e:
         raise CheckpointError(f"{path}: the stored config is invalid: {e}") from None
-    class_names = json.loads(meta.get("class_names") or "null")
+    class_names = parse_class_names(meta.get("class_names"), config.num_classes, str(path), "class_names")
     try:
         state = load_file(str(path))
     except Exception as e:
         raise CheckpointError(f"{path}: the tensors cannot be read ({e}); the file may be truncated") from None
     extras = {k[len(EXTRA_PREFIX) :]: state.pop(k) for k in list(state) if k.startswith(EXTRA_PREFIX)}
+    check_state(config, state, str(path))
     return Imported(config, state, class_names, extras=extras, metadata=meta)
+
+
+def parse_class_names(raw: Optional[str], num_classes: int, source: str, key: str) -> Optional[list[str]]:
+    """The class names a file's metadata stores (JSON), checked against its head: one string
+    per class, or none at all."""
+    try:
+        names = json.loads(raw) if raw else None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{source}: the {key} metadata is not JSON ({e}); the file is damaged") from None
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(f"{source}: the {key} metadata must be a list of strings, found {str(names)[:80]}")
+    if len(names) != num_classes:
+        raise CheckpointError(
+            f"{source}: {len(names)} class names for a head of {num_classes} classes; the metadata does not "
+            "belong to these weights"
+        )
+    return names
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of a model of `cfg`, built on the meta device (no memory, no init cost)."""
+    with torch.device("meta"):
+        model = build(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_state(config: ModelConfig, state: dict[str, Tensor], source: str) -> None:
+    """The stored config and the stored tensors describe the same model: every key of that
+    model, each of its shape, nothing else (a config that says width 128 over 64-wide tensors
+    is refused here, not when something later multiplies them)."""
+    problems = state_problems(expected_shapes(config), state)
+    if problems:
+        raise CheckpointError(f"{source}: the stored config does not fit the tensors ({config.name}): " + " | ".join(problems))
+
+
+def state_problems(expected: dict[str, tuple[int, ...]], state: dict[str, Tensor], optional: tuple[str, ...] = ()) -> list[str]:
+    """What keeps `state` from loading into a model with these shapes: missing keys (other than
+    the `optional` prefixes), unexpected keys, wrong shapes, each named."""
+    missing = [k for k in expected if k not in state and not k.startswith(optional)]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k])}"
+             for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k])]
+    problems = []
+    if missing:
+        problems.append(f"missing keys {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+    if wrong:
+        problems.append("wrong shapes: " + "; ".join(wrong[:8]))
+    return problems
 
 
 # Shared by every reader ------------------------------------------------------------------
@@ -181,22 +253,23 @@ def load_state_checked(model: Model, state: dict[str, Tensor], source: str) -> N
     initialisation; anything else missing is an error.
     """
     expected = model.state_dict()
-    optional = ("head.", "pre_logits.")
-    missing = [k for k in expected if k not in state and not k.startswith(optional)]
-    unexpected = [k for k in state if k not in expected]
-    wrong = [
-        f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in expected
-        if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
-    ]
-    problems = []
-    if missing:
-        problems.append(f"missing keys {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    if unexpected:
-        problems.append(f"unexpected keys {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-    if wrong:
-        problems.append("wrong shapes: " + "; ".join(wrong[:8]))
+    problems = state_problems({k: tuple(v.shape) for k, v in expected.items()}, state, ("head.", "pre_logits."))
     if problems:
         raise CheckpointError(f"{source}: does not fit {model.config.name}: " + " | ".join(problems))
+    check_values(state, source)
     with torch.no_grad():
         model.load_state_dict({**expected, **state}, strict=True)
+
+
+def check_values(state: dict[str, Tensor], source: str) -> None:
+    """Weights a model can compute with: floating point and finite. NaN or infinite weights
+    (a diverged run saved by another tool, a damaged file) would give NaN for every image."""
+    for k, t in state.items():
+        if not t.is_floating_point():
+            raise CheckpointError(f"{source}: tensor {k} has dtype {t.dtype}; model weights are floating point")
+        if not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CheckpointError(
+                f"{source}: tensor {k} holds {bad} NaN or infinite value(s); these weights cannot give predictions "
+                "(a diverged training run, or a damaged file)"
+            )

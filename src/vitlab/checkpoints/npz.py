@@ -22,10 +22,11 @@ import torch
 from torch import Tensor
 
 from vitlab.checkpoints import bit
-from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.io import CheckpointError, Imported, regular_file
 from vitlab.checkpoints.labels import is_imagenet
 from vitlab.checkpoints.tables import (
     Rule,
+    check_carried,
     copy,
     count_indexed,
     expected_shapes,
@@ -140,13 +141,16 @@ def load_arrays(path: str | os.PathLike) -> dict[str, Tensor]:
     would need unpickling, i.e. running code from the file) is refused."""
     import numpy as np
 
+    regular_file(path)
     try:
         with np.load(str(path), allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-    except ValueError as e:  # numpy: "Object arrays cannot be loaded when allow_pickle=False"
-        raise CheckpointError(f"{path}: refused: the archive holds pickled objects ({e}); vitlab never unpickles") from None
-    except (OSError, zipfile.BadZipFile) as e:
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # numpy: "Object arrays cannot be loaded when allow_pickle=False"
+            raise CheckpointError(f"{path}: refused: the archive holds pickled objects ({e}); vitlab never unpickles") from None
         raise CheckpointError(f"{path}: not a readable .npz archive ({e})") from None
+    except Exception as e:  # a damaged archive: zipfile, zlib and numpy's header parser raise many types
+        raise CheckpointError(f"{path}: not a readable .npz archive ({type(e).__name__}: {e})") from None
     out = {}
     for k, a in arrays.items():
         if a.dtype.kind != "f":
@@ -264,7 +268,8 @@ def _names_comment(model) -> bytes:
 
 
 # Writing --------------------------------------------------------------------------------
-def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
+def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[str]:
+    """Refuse what the official format cannot represent; returns the allowed numerics changes."""
     features, numerics = [], []
     if cfg.pos_embed != "learned":
         features.append(f"pos_embed={cfg.pos_embed!r} (the official models have learned 1D position embeddings)")
@@ -286,6 +291,7 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
             "(official: (w-mean)/(std+1e-5), GroupNorm eps 1e-6)"
         )
     refuse("the official .npz format", features, numerics, allow_numerics_change)
+    return numerics
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
@@ -300,9 +306,12 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
         bit.check_npz_writable(cfg, allow_numerics_change)
         table = bit.npz_rules(cfg)
     else:
-        check_writable(cfg, allow_numerics_change)
+        numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses
         table = rules(cfg, "original")
     theirs = export_state(table, model.state_dict(), f"{path} (npz)")
+    if not isinstance(cfg, BiTConfig):
+        # The archive holds arrays only: a reader infers the config from them, with official numerics.
+        check_carried(f"{path} (npz)", cfg, infer_config(theirs, str(path))[0], allow_numerics_change, numerics)
     arrays = {k: v.numpy() for k, v in theirs.items()}
 
     comment = _names_comment(model)

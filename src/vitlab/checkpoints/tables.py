@@ -9,8 +9,10 @@ every shape, naming the file, the keys and the shapes.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +21,10 @@ from typing import Callable, Collection, Optional, Sequence
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, head_names, parse_class_names, regular_file
 from vitlab.checkpoints.labels import is_imagenet
-from vitlab.config import ModelConfig, config_from_dict, config_kind
-from vitlab.files import atomic_write
-from vitlab.models import build
+from vitlab.config import ModelConfig, ViTConfig, config_from_dict, config_kind
+from vitlab.files import atomic_write, atomic_write_bytes
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
 ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
@@ -134,13 +135,6 @@ def export_state(rules: Sequence[Rule], ours: dict[str, Tensor], target: str) ->
     return out
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of a model of `cfg`, built on the meta device (no memory, no init cost)."""
-    with torch.device("meta"):
-        model = build(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
 # The hybrid's BiT ResNet stem, in any format -----------------------------------------------
 ResNetName = Callable[..., str]  # (part, stage=0, unit=0, n=0) -> their key or key prefix
 
@@ -211,7 +205,7 @@ STATE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 def read_tensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, str]]:
     """A flat state dict and the file's metadata (safetensors only). `.pth` files are read
     with `weights_only=True`: PyTorch's restricted unpickler, which runs no code from the file."""
-    path = Path(path)
+    path = regular_file(path)
     if path.suffix == ".safetensors":
         from safetensors import safe_open
         from safetensors.torch import load_file
@@ -234,7 +228,7 @@ def read_tensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, 
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]
             break
-    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
         raise CheckpointError(f"{path}: expected a state dict of tensors, found {type(obj).__name__}")
     return dict(obj), {}
 
@@ -285,10 +279,14 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
                 f"{path}: a torch.save state dict has no place for the {len(names)} class names; "
                 "write a .safetensors file to keep them"
             )
-        atomic_write(path, lambda tmp: torch.save(state, tmp))
+        # Into memory first: torch.save reports a full disk as "unexpected pos", a plain write
+        # as the OS's own error.
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        atomic_write_bytes(path, buffer.getvalue())
 
 
-def stored_config(meta: dict[str, str]) -> Optional[ModelConfig]:
+def stored_config(meta: dict[str, str], source: str) -> Optional[ModelConfig]:
     """The full vitlab config a vitlab writer left in a file's metadata (None if absent).
     The tensors are still checked against it, shape by shape, when they are imported."""
     raw = meta.get("vitlab.config")
@@ -296,16 +294,8 @@ def stored_config(meta: dict[str, str]) -> Optional[ModelConfig]:
         return None
     try:
         return config_from_dict(json.loads(raw), meta.get("vitlab.config_kind", "vit"))
-    except Exception:
-        return None
-
-
-def class_names_from(meta: dict[str, str], num_classes: int) -> Optional[list[str]]:
-    try:
-        names = json.loads(meta.get("vitlab.class_names") or "null")
-    except json.JSONDecodeError:
-        return None
-    return names if isinstance(names, list) and len(names) == num_classes else None
+    except (ValueError, TypeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
+        raise CheckpointError(f"{source}: the vitlab.config metadata is invalid ({e}); the file is damaged") from None
 
 
 def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[ModelConfig], list[Rule]],
@@ -315,9 +305,10 @@ def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[Mod
     (else inferred from the tensors), the table applied with every key and shape checked."""
     state, meta = read_tensors(path)
     state = rename(state)
-    cfg = stored_config(meta) or infer(state, str(path))
+    cfg = stored_config(meta, str(path)) or infer(state, str(path))
     ours = import_state(rules(cfg), state, expected_shapes(cfg), str(path))
-    return Imported(cfg, ours, class_names_from(meta, cfg.num_classes), source_format=fmt, metadata=meta)
+    names = parse_class_names(meta.get("vitlab.class_names"), cfg.num_classes, str(path), "vitlab.class_names")
+    return Imported(cfg, ours, names, source_format=fmt, metadata=meta)
 
 
 def writer_metadata(model, fmt: str) -> dict[str, str]:
@@ -325,7 +316,7 @@ def writer_metadata(model, fmt: str) -> dict[str, str]:
         "format": fmt,
         "vitlab.config": model.config.to_json(),
         "vitlab.config_kind": config_kind(model.config),
-        "vitlab.class_names": json.dumps(model.class_names),
+        "vitlab.class_names": json.dumps(head_names(model.config, model.class_names)),
     }
 
 
@@ -338,3 +329,53 @@ def refuse(target: str, features: list[str], numerics: list[str], allow_numerics
             f"{target} computes differently: {'; '.join(numerics)}. Not written; pass "
             "allow_numerics_change=True (CLI: --allow-numerics-change) to write the weights anyway"
         )
+
+
+# What a written file carries back ---------------------------------------------------------
+# Settings that decide the logits for a given input: a reader that cannot recover one builds
+# another function from the same weights.
+COMPUTE_FIELDS = ("image_size", "patch_size", "in_channels", "hidden_size", "depth", "num_heads", "mlp_dim",
+                  "num_classes", "classifier", "pos_embed", "representation_size", "gelu", "layer_norm_eps",
+                  "qkv_bias", "resnet")
+# Settings around the network: how images are prepared, how position embeddings follow a new size.
+PREPARE_FIELDS = ("mean", "std", "crop_fraction", "resize_mode", "dynamic_image_size")
+
+
+def _short(v: object) -> str:
+    if isinstance(v, tuple) and v and all(isinstance(x, float) for x in v):
+        return "(" + ", ".join(f"{x:g}" for x in v) + ")"
+    return repr(v)
+
+
+def lost_settings(ours: ViTConfig, back: ViTConfig, named: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """(settings of the network, settings around it) that a reader of the written file gets
+    wrong: "num_heads=2 reads back as 1". Fields already named in `named` (a format's own
+    refusals) are not repeated."""
+    def differ(fields: Sequence[str]) -> list[str]:
+        return [f"{f}={_short(getattr(ours, f))} reads back as {_short(getattr(back, f))}"
+                for f in fields if getattr(ours, f) != getattr(back, f) and not any(re.search(rf"\b{f}\b", n, re.I) for n in named)]
+
+    return differ(COMPUTE_FIELDS), differ(PREPARE_FIELDS)
+
+
+def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_change: bool,
+                  numerics: Sequence[str] = ()) -> None:
+    """Refuse to write a file from which a reader would build another network: the format's
+    own numerics changes (`numerics`, from its check_writable) and the settings the file
+    cannot carry (`back` is the config a reader infers from what is written). Allowed, each
+    is said in a warning; settings around the network (preprocessing) are always said."""
+    import warnings
+
+    compute, prepare = lost_settings(ours, back, numerics)
+    if (numerics or compute) and not allow_numerics_change:
+        parts = ([f"computes differently: {'; '.join(numerics)}"] if numerics else []) + \
+            ([f"cannot carry {'; '.join(compute)} (a reader would build another model)"] if compute else [])
+        fix = "write a .safetensors file (it carries vitlab's config), or pass" if compute else "pass"
+        raise CheckpointError(
+            f"{target} {' and '.join(parts)}. Not written; {fix} allow_numerics_change=True "
+            "(CLI: --allow-numerics-change) to write the weights anyway"
+        )
+    if numerics or compute:
+        warnings.warn(f"{target}: the reloaded model will differ: {'; '.join([*numerics, *compute])}")
+    if prepare:
+        warnings.warn(f"{target} does not carry {'; '.join(prepare)}: a reader prepares images its own way")

@@ -32,6 +32,7 @@ from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.tables import (
     Rule,
+    check_carried,
     copy,
     count_indexed,
     export_state,
@@ -231,7 +232,8 @@ def _infer(state: dict, source: str) -> ModelConfig:
 
 
 # Writing --------------------------------------------------------------------------------
-def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
+def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[str]:
+    """Refuse what timm cannot represent; returns the numerics changes that were allowed."""
     features, numerics = [], []
     if cfg.pos_embed != "learned":
         features.append(f"pos_embed={cfg.pos_embed!r} (timm's VisionTransformer has a learned 1D table)")
@@ -242,6 +244,7 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
             f"ResNet ws_mode={cfg.resnet.ws_mode!r}: (w-mean)/(std+eps) (timm's StdConv2dSame computes (w-mean)/sqrt(var+eps))"
         )
     refuse("timm", features, numerics, allow_numerics_change)
+    return numerics
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
@@ -249,9 +252,16 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     arguments and pretrained_cfg in the metadata) or, for any other suffix, a `torch.save`
     state dict (which has no place for class names or preprocessing)."""
     cfg = model.config
-    check = bit.check_timm_writable if isinstance(cfg, BiTConfig) else check_writable
-    check(cfg, allow_numerics_change)
+    if isinstance(cfg, BiTConfig):
+        bit.check_timm_writable(cfg, allow_numerics_change)
+    else:
+        numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses
     theirs = export_state(_table(cfg), model.state_dict(), f"{path} (timm)")
+    if not isinstance(cfg, BiTConfig):
+        # A torch.save file holds the tensors and nothing else: a reader infers the config from them.
+        back = cfg if Path(path).suffix == ".safetensors" else infer_config(theirs, str(path))
+        check_carried(f"{path} ({'timm' if back is cfg else 'a timm state dict'})", cfg, back, allow_numerics_change,
+                      numerics)
     meta = writer_metadata(model, FORMAT_NAME)
     meta["timm.model_args"] = json.dumps(timm_model_args(cfg))
     meta["timm.pretrained_cfg"] = json.dumps(pretrained_cfg(cfg))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.tables import (
-    Rule, copy, count_indexed, export_state, guess_num_heads, peek_keys,
+    Rule, check_carried, copy, count_indexed, export_state, guess_num_heads, peek_keys,
     read_state_dict_file, refuse, square_grid, write_tensors, writer_metadata,
 )
 from vitlab.config import ViTConfig
@@ -105,7 +105,8 @@ def read(path: str | os.PathLike) -> Imported:
     return read_state_dict_file(path, FORMAT_NAME, rules, infer_config, rename=_current_names)
 
 
-def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
+def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[str]:
+    """Refuse what torchvision cannot represent; returns the numerics changes that were allowed."""
     features, numerics = [], []
     if cfg.classifier != "token":
         features.append("classifier='gap' (torchvision's ViT always reads a class token)")
@@ -124,13 +125,17 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
     if cfg.gelu != "exact":
         numerics.append("gelu='tanh' (torchvision's MLP uses exact GELU)")
     refuse("torchvision", features, numerics, allow_numerics_change)
+    return numerics
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
     """A torchvision state dict (`torch.save`, or `.safetensors` with vitlab's metadata)."""
     cfg = model.config
-    check_writable(cfg, allow_numerics_change)
+    numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses
     theirs = export_state(rules(cfg), model.state_dict(), f"{path} (torchvision)")
+    # A torch.save file holds the tensors and nothing else: a reader infers the config from them.
+    back = cfg if Path(path).suffix == ".safetensors" else infer_config(theirs, str(path))
+    check_carried(f"{path} (torchvision)", cfg, back, allow_numerics_change, numerics)
     write_tensors(path, theirs, writer_metadata(model, FORMAT_NAME))
 
 

@@ -3,13 +3,22 @@
 
 Nothing imports this package; it imports everything else lazily, per command, so
 `vitlab --help` starts fast.
+
+Every expected failure ends as one line on stderr, `vitlab COMMAND: error: ...`, and an exit
+status of 2 (see docs/reliability.md): bad arguments, configs and checkpoints, unreadable
+data, files that cannot be written. Arguments every command shares are checked here, before
+any work: batch sizes and counts, the device, and that each output can be written.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
+import signal
 import sys
+import warnings
 from typing import Optional, Sequence
 
 # Command name -> module in this package, in the order `vitlab --help` lists them.
@@ -30,6 +39,18 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
     "sweep": "sweep",
 }
+
+# Arguments that must be at least 1 wherever a command has them (a batch of 0 divides by
+# zero deep inside; a batch of -1 silently does nothing).
+POSITIVE = ("batch_size", "micro_batch_size", "eval_batch_size", "top_k", "steps", "image_size", "num_images",
+            "rollout_images", "components", "seeds", "k", "max_iter", "rounds", "ckpt_every", "opset")
+AT_LEAST_ZERO = ("workers", "test_limit", "pool", "max_per_class", "eval_every", "warmup_steps", "threads")
+# Outputs, checked writable before the work: (command or "*", argument, is a folder).
+OUTPUTS = (
+    ("train", "out", True), ("finetune", "out", True), ("eval", "out", True), ("inspect", "out", True),
+    ("predict", "attention", True), ("fewshot", "out", False), ("linear-probe", "out", False),
+    ("export", "out", False), ("predict", "csv", False), ("bench", "out", True),
+)
 
 
 class UsageError(ValueError):
@@ -60,23 +81,114 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse with SECTION.KEY=VALUE overrides allowed anywhere among the flags
+    (`vitlab train --steps 5 model.depth=2 --out runs/x`): a command's own arguments are read
+    intermixed, which argparse supports for one parser but not across subparsers."""
+    if not argv or argv[0] not in COMMANDS:
+        return parser.parse_args(argv)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    args = sub.choices[argv[0]].parse_intermixed_args(argv[1:])
+    args.command = argv[0]
+    return args
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """What any command's shared arguments must satisfy, checked before it starts."""
+    for name in POSITIVE + AT_LEAST_ZERO:
+        value = getattr(args, name, None)
+        least = 1 if name in POSITIVE else 0
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < least:
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(f"{flag} must be at least {least}, got {v:g}")
+    device = getattr(args, "device", None)
+    if isinstance(device, str):
+        check_device(device)
+    from vitlab.files import check_writable
+
+    for command, name, folder in OUTPUTS:
+        value = getattr(args, name, None)
+        if command == args.command and isinstance(value, str) and value:
+            check_writable(os.path.expanduser(value), folder=folder)
+    if args.command == "convert":
+        check_writable(args.dst, folder=args.to == "hf")
+
+
+def check_device(device: str) -> None:
+    """A device string that names hardware this machine has."""
+    from vitlab.config import pick_device
+
+    pick_device(device)
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as the one line the user reads. An error raised in a data-loader worker
+    arrives with the worker's traceback inside its message: only its last line is kept."""
+    if isinstance(e, OSError) and e.filename is not None:  # "[Errno 28] No space left ...: 'x'" reads badly
+        where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else f"{e.filename}"
+        return f"cannot use {where}: {e.strerror or e}"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = str(e).strip() or type(e).__name__
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and any("Traceback" in line for line in lines):
+        last = lines[-1]
+        return last.split(": ", 1)[1] if re.match(r"^[\w.]+(Error|Exception): ", last) else last
+    return " ".join(line.strip() for line in lines)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line each, `vitlab: warning: ...`, instead of Python's two-line form."""
+    text = " ".join(str(message).split())
+    print(f"vitlab: warning: {text}", file=sys.stderr if file is None else file)
+
+
+def expected_errors() -> tuple[type[BaseException], ...]:
+    """The error classes that mean bad input or a failing machine, never a bug of vitlab."""
+    import yaml
+
+    from vitlab.checkpoints.io import CheckpointError
+    from vitlab.config import ConfigError
+    from vitlab.data import BadImageError, DataError
+
+    errors = [UsageError, ConfigError, CheckpointError, DataError, BadImageError, OSError, yaml.YAMLError, MemoryError]
+    if "torch" in sys.modules:
+        errors.append(sys.modules["torch"].OutOfMemoryError)
+    return tuple(errors)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
-    from vitlab.checkpoints.io import CheckpointError
-    from vitlab.config import ConfigError
-
+    if hasattr(signal, "SIGXFSZ"):
+        # Past a file-size limit a write then fails with EFBIG, reported below, instead of the
+        # signal killing the process without a word.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    warnings.showwarning = _show_warning
     try:
+        check_arguments(args)
         return int(args._run(args) or 0)
-    except (UsageError, ConfigError, CheckpointError, FileNotFoundError, NotADirectoryError) as e:
-        print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        # The reader went away (`vitlab info ... | head -1`): stop quietly; point stdout at
+        # /dev/null so that flushing it at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print(f"vitlab {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        # torch reports a failed allocation as a plain RuntimeError ("can't allocate memory")
+        out_of_memory = isinstance(e, RuntimeError) and "allocate" in str(e)
+        if not (isinstance(e, expected_errors()) or out_of_memory):
+            raise
+        hint = " (out of memory: a smaller model, batch or image size would fit)" if out_of_memory else ""
+        print(f"vitlab {args.command}: error: {one_line(e)}{hint}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

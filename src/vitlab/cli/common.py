@@ -29,30 +29,6 @@ def add_device_argument(p) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or mps (default auto: cuda when available)")
 
 
-def pick_device(text: str):
-    """--device as a torch.device; a device this machine lacks is a one-line error."""
-    import torch
-
-    from vitlab.cli import UsageError
-
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise UsageError(f"--device {text}: not a device; use cpu, cuda, cuda:N, mps or auto") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {text}: torch sees no CUDA GPU on this machine (a CPU-only build, or no driver); "
-                         "use --device cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UsageError(f"--device {text}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"--device {text}: Apple's MPS is not available here; use --device cpu")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise UsageError(f"--device {text}: vitlab runs on cpu, cuda or mps")
-    return device
-
-
 def bad_image_message(e: Exception) -> str:
     """A BadImageError's own sentence, without the class path a data-loader worker prefixes
     ("vitlab.data.datasets.BadImageError: ...") when it re-raises the error in the parent."""

@@ -15,9 +15,12 @@ or a pretrained name such as ViT-B/16:imagenet21k, and write it in another forma
 
 A model the target cannot represent exactly (a GAP model for Hugging Face, a pre-logits
 layer for timm, ...) is refused with the feature named. When only the numerics differ (the
-target's GELU form or weight standardisation), --allow-numerics-change writes anyway. The
-written file is read back and compared tensor by tensor. DST is never overwritten without
---force.
+target's GELU form or weight standardisation), --allow-numerics-change writes anyway. A file
+that cannot carry a setting the model needs (a .pth state dict stores no head count and no
+GELU form) is refused the same way; write .safetensors, which carries vitlab's config. The
+written file is loaded back as a model and its logits on a probe batch are compared with
+the original's before it replaces DST. DST is never overwritten without --force, and --force
+on a Hugging Face folder replaces only the files vitlab writes (a README or .git stays).
 
 examples:
   vitlab convert ViT-B_16.npz vit_b16_hf --to hf
@@ -40,7 +43,7 @@ def add_arguments(p) -> None:
         action="store_true",
         help="write even when the target computes a slightly different function (GELU form, epsilon)",
     )
-    p.add_argument("--no-verify", action="store_true", help="skip reading DST back")
+    p.add_argument("--no-verify", action="store_true", help="skip loading DST back and comparing its logits")
 
 
 def _target(args) -> str:
@@ -60,12 +63,10 @@ def _target(args) -> str:
 
 def run(args) -> int:
     import json
+    import sys
     from pathlib import Path
 
-    import torch
-
     from vitlab import checkpoints
-    from vitlab.checkpoints.io import CheckpointError
     from vitlab.cli import UsageError
 
     target = _target(args)
@@ -74,31 +75,33 @@ def run(args) -> int:
         raise UsageError(f"{dst} is the source itself; write to another path")
     if dst.exists() and not args.force:
         raise UsageError(f"{dst} exists; pass --force to replace it, or pick another path")
+    if dst.is_dir() and target != "hf":
+        raise UsageError(f"{dst} is a folder; a {target} checkpoint is one file: give a file name")
     from vitlab.cli.common import progress
 
-    bar = progress(total=2 if args.no_verify else 3, desc="read", unit="stage")
+    bar = progress(total=2, desc="read", unit="stage")
     imported = checkpoints.read_checkpoint(src, args.source_format)
     model = checkpoints.build_model(imported, src)
     bar.update()
     bar.set_description(f"write {target}")
     kwargs = {} if target == "vitlab" else {"allow_numerics_change": args.allow_numerics_change}
-    checkpoints.save(model, dst, target, **kwargs)
+    result = checkpoints.save_verified(model, dst, target, verify_logits=not args.no_verify, **kwargs)
     bar.update()
-    bar.set_description("verify")
+    bar.close()
     cfg = model.config
     params = sum(p.numel() for p in model.parameters())
     print(f"read   {src}  ({imported.source_format}: {cfg.name}, {params:,} parameters, {cfg.image_size[0]}x{cfg.image_size[1]})")
     print(f"wrote  {dst}  ({target})")
-
+    for note in result.warnings:
+        print(f"vitlab convert: warning: {note}", file=sys.stderr)
     if not args.no_verify:
-        back = checkpoints.read_checkpoint(dst, target).state
-        ours = model.state_dict()
-        bad = [k for k in ours if k not in back or not torch.equal(back[k], ours[k].detach().cpu())]
-        if bad or set(back) != set(ours):
-            raise CheckpointError(f"{dst}: reading it back does not give the same tensors ({', '.join(bad[:5])})")
-        bar.update()
-        print(f"verified: {len(ours)} tensors read back bit-exact")
-    bar.close()
+        if result.exact:
+            how = "gives identical logits on a probe batch"
+        elif any("will differ" in w for w in result.warnings):
+            how = f"gives logits up to {result.max_diff:.3g} away on a probe batch, from the settings it does not carry"
+        else:
+            how = f"gives logits within {result.max_diff:.3g} on a probe batch"
+        print(f"verified: {dst}, loaded back as a model, {how}")
     if target == "timm":
         from vitlab.checkpoints.timm import timm_model_args
 

@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
 
     from vitlab.analysis.plots import plot_confusion
     from vitlab.cli import UsageError
-    from vitlab.cli.common import bad_image_message, open_checkpoint, pick_device, progress
+    from vitlab.cli.common import bad_image_message, open_checkpoint, progress
+    from vitlab.config import pick_device
     from vitlab.data import BadImageError, make_loader, open_dataset
     from vitlab.eval.accuracy import evaluate, report, to_json
 
@@ -72,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
     def batches():
         nonlocal bad
         with progress(total=_length(dataset), desc=f"eval {args.split}") as bar:
-            for images, labels, n_bad in loader:
-                bad += n_bad
-                bar.update(len(labels) + n_bad)
+            for images, labels, skipped in loader:
+                bad += len(skipped)  # one evaluation pass: each file once
+                bar.update(len(labels) + len(skipped))
                 if labels.numel():
                     yield images, labels
 

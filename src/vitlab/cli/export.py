@@ -13,6 +13,7 @@ position embeddings before export, so no resampling happens inside the exported 
 After writing, the file is run and compared with the PyTorch model on random images at batch
 sizes 1 and 3: ONNX in onnxruntime, .pt2 through torch.export.load. A difference above
 --tolerance (default 1e-4) exits with status 1 and says so; the file is kept for inspection.
+An existing --out is never replaced without --force.
 
 An ONNX file carries the class names and the preprocessing (image size, channels, mean, std)
 in its metadata_props (keys vitlab.*), so a runtime needs nothing else. An int8 serving copy
@@ -35,9 +36,11 @@ def add_arguments(p) -> None:
     p.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest accepted |logit| difference")
     p.add_argument("--no-check", action="store_true", help="skip running the exported file")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
 def run(args) -> int:
+    import sys
     import time
 
     from vitlab.cli import UsageError
@@ -45,6 +48,12 @@ def run(args) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise UsageError(f"--out {out} is a folder; give a file name such as {out / 'model.onnx'}")
+    if out.exists() and not args.force:
+        raise UsageError(f"--out {out} exists; pass --force to replace it, or pick another path")
+    suffix = ".onnx" if args.format == "onnx" else ".pt2"
+    if out.suffix != suffix:
+        print(f"vitlab export: warning: {out}: an {args.format} file is usually named *{suffix}; runtimes that go "
+              "by the suffix may not recognise it", file=sys.stderr)
     if args.format == "onnx":
         try:
             import onnx  # noqa: F401

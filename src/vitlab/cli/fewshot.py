@@ -96,7 +96,8 @@ def _expected(dataset, max_per_class, num_classes, limit):
 
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.cli.common import open_checkpoint, pick_device, print_result
+    from vitlab.cli.common import open_checkpoint, print_result
+    from vitlab.config import pick_device
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.fewshot import fewshot_eval
 

@@ -108,7 +108,8 @@ def run(args) -> int:
     from vitlab import analysis
     from vitlab.analysis.report import write_html
     from vitlab.cli import UsageError
-    from vitlab.cli.common import open_checkpoint, pick_device, progress, write_json
+    from vitlab.cli.common import open_checkpoint, progress, write_json
+    from vitlab.config import pick_device
 
     for name in ("num_images", "rollout_images", "components", "batch_size"):
         if getattr(args, name) < 1:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from vitlab.cli.common import add_checkpoint_arguments, add_device_argument, find_images, open_checkpoint, read_images
 
+from vitlab.config import pick_device
+
 HELP = "classify images with a checkpoint: top-k classes, probabilities, rollout overlays"
 DESCRIPTION = """\
 Classify image files with any checkpoint vitlab can read. Preprocessing comes from the
@@ -46,7 +48,7 @@ def run(args) -> int:
     import torch
 
     from vitlab.cli import UsageError
-    from vitlab.cli.common import pick_device, progress
+    from vitlab.cli.common import progress
 
     for name in ("top_k", "batch_size"):
         if getattr(args, name) < 1:

@@ -182,12 +182,10 @@ def resume_config(args: argparse.Namespace, run_dir: Path):
     """The config of the run in `run_dir` with what may change on resume applied: the length
     (extending the run), checkpoints, workers, device and threads. Any other flag or override
     is refused by name rather than ignored: it would change the numbers of a run half done."""
-    import yaml
-
     from vitlab.cli import UsageError
-    from vitlab.config import RunConfig, parse_override
+    from vitlab.config import parse_override
     from vitlab.train.loop import EXTENDABLE
-    from vitlab.train.run_folder import RESUMABLE_CHANGES
+    from vitlab.train.run_folder import RESUMABLE_CHANGES, RunFolder
 
     if not (run_dir / "config.yaml").is_file():
         raise UsageError(f"--resume {run_dir}: no config.yaml there; give a run folder written by vitlab train")
@@ -209,7 +207,7 @@ def resume_config(args: argparse.Namespace, run_dir: Path):
             f"On resume only {allowed} and {', '.join(sorted(RESUMABLE_CHANGES))} may change; for other settings "
             "start a new run with another --out"
         )
-    cfg = RunConfig.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    cfg = RunFolder(run_dir).read_config()  # a damaged config.yaml is one line naming it
     return cfg.with_overrides({key: value for _, key, value in given})
 
 
@@ -234,8 +232,11 @@ def run(args: argparse.Namespace) -> int:
 def execute(cfg, out: Path, quiet: bool = False, notes: list[str] | tuple[str, ...] = (),
             trackers: tuple[str, ...] = (), extend: bool = False) -> int:
     from vitlab.data import BadImageError
+    from vitlab.files import check_writable
     from vitlab.train.loop import Trainer, TrainingDiverged
 
+    for folder in (out, out / "checkpoints"):  # a resumed run writes into both: found now, not at its next checkpoint
+        check_writable(folder, folder=True)
     try:
         Trainer(cfg, out, command=command_line(), quiet=quiet, notes=tuple(notes), trackers=trackers,
                 extend=extend).run()

@@ -7,12 +7,14 @@
 - `mpp.py`: masked patch prediction's options;
 - `sweep.py`: a sweep's spec (`SweepSpec`: the grid, the after-steps, the figures);
 - `serve.py`: how `vitlab serve` listens, batches and bounds its uploads;
+- `device.py`: which device a setting names, and whether this machine has it;
 - `fields.py`: what they share: `ConfigError`, one type-and-rule check per field, one
   unknown-key check.
 
 Everything is importable from `vitlab.config`. This package imports nothing else of vitlab.
 """
 
+from vitlab.config.device import pick_device
 from vitlab.config.fields import ConfigError
 from vitlab.config.model import (
     BIT_STEMS,
@@ -57,7 +59,7 @@ __all__ = [
     "AfterStep", "FigureSpec", "SweepSpec", "load_sweep", "shipped_sweeps",
     "BIT_STEMS", "BiTConfig", "CONFIG_KINDS", "ModelConfig", "bit_flops", "config_from_dict", "config_kind",
     "CLASSIFIERS", "DECAYS", "GELUS", "HEAD_INITS", "MPP_TARGETS", "OBJECTIVE_OPTIONS", "OPTIMIZERS", "PARALLEL",
-    "POS_EMBEDS", "PRECISIONS", "RESIZE_MODES", "WS_MODES", "ConfigError", "DataConfig", "MPPConfig", "ModelSection",
+    "POS_EMBEDS", "PRECISIONS", "RESIZE_MODES", "WS_MODES", "ConfigError", "pick_device", "DataConfig", "MPPConfig", "ModelSection",
     "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "ServeConfig", "TrainConfig", "ViTConfig", "load_recipe",
     "model_flops", "parse_override", "resnet_flops", "shipped_recipes",
 ]

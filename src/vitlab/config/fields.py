@@ -13,6 +13,7 @@ check. Values built in Python are taken as they are: `num_classes="10"` is an er
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import typing
@@ -91,6 +92,8 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
             raise bad
         if isinstance(value, float) and not value.is_integer():
             raise bad
+        if isinstance(value, float) and abs(value) > 2**53:  # 1e30 would become 1000000000000000019884624838656
+            raise ConfigError(f"{label}={value!r} is too large to be an exact whole number; write it out in digits")
         return int(value)
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -110,7 +113,7 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
         if len(value) != len(args):
             raise ConfigError(f"{label}={list(value)!r} needs {len(args)} values, got {len(value)}")
         return tuple(check_type(v, a, f"{label}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if origin in (dict, typing.Mapping) or hint is dict:
+    if origin in (dict, typing.Mapping, collections.abc.Mapping) or hint is dict:
         if not isinstance(value, dict):
             raise bad
         return value
@@ -192,8 +195,11 @@ def from_text(value: Any, hint: Any) -> Any:
         if hint is float:
             return float(text)
         if hint is int:
-            number = float(text)
-            return int(number) if number.is_integer() else number
+            try:
+                return int(text)  # exact, however long
+            except ValueError:
+                number = float(text)  # 1e3; a float past 2**53 is left for check_type to refuse as inexact
+            return int(number) if number.is_integer() and abs(number) <= 2**53 else number
     except ValueError:
         return value
     if hint is bool and text.lower() in _TRUE + _FALSE:

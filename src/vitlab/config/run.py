@@ -7,13 +7,13 @@ as the resolved `config.yaml` of the run folder. Defaults live in these dataclas
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import yaml
 
+from vitlab.config.device import form_problem
 from vitlab.config.fields import (
     ConfigError,
     check_fields,
@@ -32,12 +32,6 @@ DECAYS = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PARALLEL = ("ddp", "fsdp")
 RECIPES = Path(__file__).resolve().parent.parent / "configs"
-
-
-def _device(value: str) -> Optional[str]:
-    if re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
-        return None
-    return "not a device; use auto, cpu, cuda or cuda:N"
 
 
 def _crop_range(v: tuple[float, float]) -> Optional[str]:
@@ -82,7 +76,7 @@ class ModelSection:
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "ModelSection":
-        d = check_keys(ViTConfig, dict(d or {}), "model", extra=_MODEL_EXTRA)
+        d = dict(check_keys(ViTConfig, {} if d is None else d, "model", extra=_MODEL_EXTRA))
         name = d.pop("name", "" if d.get("checkpoint") else cls.name)
         checkpoint = d.pop("checkpoint", cls.checkpoint)
         changes = {k: from_text(v, _model_hint(k)) for k, v in d.items()}
@@ -122,6 +116,10 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "data")
+        if self.classes and (len(self.classes) < 2 or len(set(self.classes)) != len(self.classes)):
+            # One class trains to 100% with loss 0; a name twice makes two labels print alike.
+            raise ConfigError(f"data.classes={list(self.classes)!r}: give two or more distinct class names, "
+                              "or leave the key out for the dataset's own")
         if self.train_size and self.train_fraction < 1:
             raise ConfigError(
                 f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g} both pick the "
@@ -171,7 +169,7 @@ class TrainConfig:
     grad_checkpointing: bool = False
     compile: bool = False  # torch.compile the objective
     parallel: str = setting("ddp", one_of=PARALLEL)  # with torchrun: ddp or fsdp
-    device: str = setting("auto", check=_device)  # auto = cuda when available, else cpu
+    device: str = setting("auto", check=form_problem)  # auto = cuda when available, else cpu
     threads: int = setting(0, at_least=0, hint="torch CPU threads per process; 0 = one per core")
     eval_batch_size: int = setting(0, at_least=0)  # 0 = batch_size
 
@@ -206,6 +204,7 @@ class RunConfig:
     objective: Any = dataclasses.field(default_factory=NoOptions)  # OBJECTIVE_OPTIONS[train.objective]
 
     def __post_init__(self) -> None:
+        check_fields(self)  # each section is its dataclass (a dict is built into one), whoever builds the run
         want = OBJECTIVE_OPTIONS[self.train.objective]
         if not isinstance(self.objective, want):
             raise ConfigError(

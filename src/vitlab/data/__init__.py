@@ -33,7 +33,7 @@ The API other parts of vitlab (and users) call:
                                         a fixed, class-balanced part of a training set
                                         (--train-fraction, --train-size; see subset.py)
     make_loader(dataset, batch_size, seed=, rank=, world=, train=, start_step=, num_steps=,
-                num_workers=) -> DataLoader of (images, labels, bad_count): a whole run's
+                num_workers=) -> DataLoader of (images, labels, skipped names): a whole run's
                 training batches (exactly resumable, split over processes), or one
                 evaluation pass
     transforms.eval_transform / transforms.train_transform / transforms.model_transform
@@ -89,7 +89,6 @@ def open_dataset(
 ):
     """A dataset by spec and split; see the module docstring."""
     from vitlab.data import datasets as ds
-    from vitlab.data import transforms as T
 
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
@@ -114,23 +113,19 @@ def open_dataset(
     dev_fraction = options.get("dev_fraction")
     if dev_fraction is None or dev_fraction < 0:
         dev_fraction = DEV_FRACTIONS.get(paper_dataset(spec) or "", 0.1)
-    if train:
-        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
-                                       "interpolation") if k in options}
-        transform = T.train_transform(image_size, mean, std, in_channels, **aug)
-    else:
-        crop = {k: options[k] for k in ("crop_fraction", "crop_mode", "interpolation") if k in options}
-        transform = T.eval_transform(image_size, mean, std, in_channels, **crop)
+    transform = _transform(image_size, mean, std, in_channels, train, options)
     skip = bool(options.get("skip_bad_images", False))
     download = bool(options.get("download", True))
 
     if name == "wds":
         from vitlab.data.wds import WebDataset
 
-        return WebDataset(
+        stream = WebDataset(
             arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", 2000)),
             skip_bad_images=skip, dev_fraction=dev_fraction, classes=options.get("classes"),
         )
+        check_classes(spec, stream.class_names)
+        return stream
     common = dict(seed=seed, skip_bad_images=skip)
     if name == "imagefolder":
         dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
@@ -147,11 +142,40 @@ def open_dataset(
         else:
             arrays, classes = ds.cifar_arrays(name, arg or None, download)
         images, labels = arrays[base]
+        if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
+            raise DataError(f"{spec}: {base} labels run from {labels.min()} to {labels.max()}, outside the "
+                            f"{len(classes)} classes; the label file is damaged")
         dataset = ds.ArrayDataset(images, labels, classes, transform, **common)
+    check_classes(spec, dataset.class_names)
     if split in ("dev", "train-minus-dev"):
         dev, rest = ds.dev_split(len(dataset), dev_fraction)
         dataset = dataset.select(dev if split == "dev" else rest)
     return dataset
+
+
+def _transform(image_size, mean, std, in_channels: int, train: bool, options: dict[str, Any]):
+    """The training augmentation (§4.1, Appendix B.1) or the evaluation resize and crop."""
+    from vitlab.data import transforms as T
+
+    if train:
+        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
+                                       "interpolation") if k in options}
+        return T.train_transform(image_size, mean, std, in_channels, **aug)
+    crop = {k: options[k] for k in ("crop_fraction", "crop_mode", "interpolation") if k in options}
+    return T.eval_transform(image_size, mean, std, in_channels, **crop)
+
+
+def check_classes(spec: str, class_names: Sequence[str]) -> None:
+    """Classification needs two classes at least: with one, every prediction is right and
+    the loss is zero from the first step, a run that looks perfect and learns nothing."""
+    if len(class_names) < 2:
+        raise DataError(
+            f"{spec}: {len(class_names)} class{'' if len(class_names) == 1 else 'es'} ({', '.join(class_names)}); "
+            "classification needs at least two: check the data's class folders or labels"
+        )
+    if len(set(class_names)) != len(class_names):
+        twice = sorted({c for c in class_names if list(class_names).count(c) > 1})
+        raise DataError(f"{spec}: the class names {', '.join(twice[:5])} appear more than once; each class needs its own name")
 
 
 __all__ = [

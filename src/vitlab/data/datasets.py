@@ -15,15 +15,17 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
-from vitlab.files import atomic_write_bytes, cache_dir
+from vitlab.data import cifar
+from vitlab.files import NotRegularFileError, atomic_write_bytes, cache_dir, require_regular_file
 
 # The dev split is always drawn with this seed, independent of the run's seed, so that every
 # run of a learning-rate sweep holds out the same images.
@@ -48,17 +50,30 @@ class DataError(FileNotFoundError):
     """A dataset that cannot be found or read; the message says where it looked and the fix."""
 
 
+class Skipped(str):
+    """What an unreadable item becomes with skip_bad_images: its name (a file, a shard and
+    key), so that a run counts each bad file once however many epochs meet it."""
+
+
 def data_cache() -> Path:
     """Where downloaded datasets and shard indexes go: $VITLAB_DATA, else vitlab's cache."""
     return Path(os.environ["VITLAB_DATA"]) if os.environ.get("VITLAB_DATA") else cache_dir("data")
 
 
 def read_image(path: str | os.PathLike) -> Image.Image:
-    """Open and fully decode an image file, or raise BadImageError naming it."""
+    """Open and fully decode an image file, or raise BadImageError naming it. Only regular
+    files are opened (a FIFO would block forever). The EXIF orientation of a photo is applied,
+    as every viewer does, so a portrait shot from a phone is upright."""
     try:
-        with Image.open(path) as im:
-            im.load()
-            return im.copy() if im.mode != "P" else im.convert("RGBA" if "transparency" in im.info else "RGB")
+        require_regular_file(path, "image file")
+    except NotRegularFileError as e:
+        raise BadImageError(f"{path}: cannot read this image: it is {e.kind}, not a regular file; "
+                            "fix or remove it, or pass --skip-bad-images to skip and count such files") from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused, not decoded
+            with Image.open(path) as im:
+                return decoded(im)
     except FileNotFoundError:
         raise
     except Exception as e:  # PIL raises many types for broken files
@@ -66,6 +81,21 @@ def read_image(path: str | os.PathLike) -> Image.Image:
             f"{path}: cannot read this image ({type(e).__name__}: {e}); "
             "fix or remove the file, or pass --skip-bad-images to skip and count such files"
         ) from None
+
+
+def decoded(im: Image.Image) -> Image.Image:
+    """A fully decoded copy of an open image: upright by its EXIF orientation, palettes
+    expanded. PIL's decompression-bomb check (Image.MAX_IMAGE_PIXELS) applies on open."""
+    im.load()
+    if im.width < 1 or im.height < 1:
+        raise ValueError(f"the image is {im.width}x{im.height} pixels")
+    try:
+        im = ImageOps.exif_transpose(im)  # always a copy (in_place=False)
+    except Exception:  # a broken EXIF block: the pixels are still good
+        im = im.copy()
+    if im.mode == "P":
+        im = im.convert("RGBA" if "transparency" in im.info else "RGB")
+    return im
 
 
 def item_seed(seed: int, epoch: int, key: int | str) -> int:
@@ -136,7 +166,7 @@ class ImageDataset(torch.utils.data.Dataset):
             image = self._load(i)
         except BadImageError:
             if self.skip_bad_images:
-                return None  # dropped and counted by the collate function
+                return Skipped(self._name(i))  # dropped by the collate function, which names it
             raise
         return apply_seeded(self.transform, image, seed), int(self.all_labels[i])
 
@@ -246,68 +276,56 @@ def fashion_mnist_arrays(folder: Optional[str], download: bool = True, mirror: s
 
 
 def cifar_arrays(kind: str, folder: Optional[str], download: bool = True) -> tuple[dict, list[str]]:
-    """torchvision's CIFAR format (the python pickles of cifar-10-batches-py /
-    cifar-100-python), read by torchvision's own class, which unpickles them: the standard
-    distribution of CIFAR. Downloaded by torchvision when absent and allowed."""
-    from torchvision import datasets
-
-    base = datasets.CIFAR10 if kind == "cifar10" else datasets.CIFAR100
-
-    class cls(base):  # type: ignore[valid-type, misc]
-        # torchvision checks every file's MD5 on each open (seconds for 170 MB) and rejects
-        # any other copy of the format; a present file is enough here. Downloads still verify.
-        def _check_integrity(self) -> bool:
-            folder = Path(self.root) / self.base_folder
-            return all((folder / name).is_file() for name, _ in self.train_list + self.test_list)
-
-        def _load_meta(self) -> None:  # as torchvision's, without the MD5 check
-            import pickle
-
-            with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as f:
-                data = pickle.load(f, encoding="latin1")  # the format is pickles, as torchvision reads it
-            self.classes = data[self.meta["key"]]
-            self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-
-    root = Path(folder) if folder else data_cache()
-    if root.name == cls.base_folder:
-        root = root.parent  # given the batches folder itself
-    have = (root / cls.base_folder).is_dir()
-    if not have and (folder or not download):
-        raise DataError(
-            f"{kind}: no {cls.base_folder} folder in {root}; pass {kind}:FOLDER holding torchvision's "
-            f"{cls.base_folder} (or the folder itself)"
-        )
-    out = {}
-    try:
-        for split in ("train", "test"):
-            ds = cls(str(root), train=split == "train", download=not have)
-            have = True
-            out[split] = (np.asarray(ds.data), np.asarray(ds.targets, dtype=np.int64))
-    except (OSError, RuntimeError) as e:
-        raise DataError(
-            f"{kind}: not found in {root} and the download failed ({e}); copy torchvision's "
-            f"{cls.base_folder} there or pass {kind}:FOLDER"
-        ) from None
-    return out, list(ds.classes)
+    """CIFAR-10/100 in the python distribution (cifar-10-batches-py / cifar-100-python),
+    read by vitlab.data.cifar's restricted unpickler: nothing in the files is ever run.
+    Downloaded (MD5-checked) into the data cache when absent, no FOLDER is given and allowed."""
+    root, batches = cifar.find_folder(kind, folder, data_cache())
+    if not batches.is_dir():
+        if folder or not download:
+            raise DataError(
+                f"{kind}: no {batches.name} folder in {root}; pass {kind}:FOLDER holding the python version "
+                f"of {kind} ({batches.name}, or the folder itself)"
+            )
+        try:
+            cifar.download(kind, root)
+        except OSError as e:
+            raise DataError(
+                f"{kind}: not found in {root} and the download failed ({e}); copy {batches.name} there "
+                f"or pass {kind}:FOLDER"
+            ) from None
+    return cifar.read_cifar(kind, batches, DataError)
 
 
 def scan_image_folder(root: Path, class_names: Optional[list[str]] = None) -> tuple[list[Path], np.ndarray, list[str]]:
-    """One sub-folder per class; files with image extensions, sorted for a stable order."""
+    """One sub-folder per class; files with image extensions, sorted for a stable order.
+
+    When the classes are found here (no `class_names`), a class folder without images is
+    refused: it would become a class the model is trained to predict and never sees. A
+    held-out split read with the training set's classes may lack some; that is said, once."""
+    discovering = class_names is None
     if class_names is None:
         class_names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not class_names:
         raise DataError(f"{root}: no class sub-folders; imagefolder:PATH wants PATH/CLASS/IMAGE files")
-    files, labels = [], []
+    files, labels, empty = [], [], []
     for label, name in enumerate(class_names):
         folder = root / name
-        if not folder.is_dir():
-            continue
-        for f in sorted(folder.rglob("*")):
-            if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file():
-                files.append(f)
-                labels.append(label)
+        found = sorted(f for f in folder.rglob("*") if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file()) \
+            if folder.is_dir() else []
+        if not found:
+            empty.append(name)
+        files += found
+        labels += [label] * len(found)
     if not files:
         raise DataError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS)}) under the class folders")
+    if empty and discovering:
+        raise DataError(
+            f"{root}: the class folder(s) {', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''} hold no image files "
+            f"({', '.join(IMAGE_EXTENSIONS)}); add images or remove the folder(s)"
+        )
+    if empty:
+        warnings.warn(f"{root}: no images of the class(es) {', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''} "
+                      "in this split; their accuracy cannot be measured here")
     return files, np.asarray(labels, dtype=np.int64), class_names
 
 

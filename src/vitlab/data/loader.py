@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from vitlab.data.datasets import item_seed
+from vitlab.data.datasets import Skipped, item_seed
 from vitlab.data.wds import WebDataset
 
 
@@ -69,11 +69,11 @@ class EpochBatchSampler(torch.utils.data.Sampler):
             yield [(i, item_seed(self.seed, epoch, i)) for i in part]
 
 
-def collate(items: list) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Stack (image, label) pairs; unreadable items (None, with --skip-bad-images) are dropped
-    and counted in the third element."""
-    good = [x for x in items if x is not None]
-    bad = len(items) - len(good)
+def collate(items: list) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
+    """Stack (image, label) pairs. Unreadable items (`Skipped` names, with --skip-bad-images)
+    are dropped and named in the third element, so a run can count distinct files."""
+    good = [x for x in items if not isinstance(x, Skipped)]
+    bad = tuple(str(x) for x in items if isinstance(x, Skipped))
     if not good:
         return torch.empty(0), torch.empty(0, dtype=torch.long), bad
     return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good], dtype=torch.long), bad
@@ -91,7 +91,8 @@ def make_loader(
     num_steps: Optional[int] = None,
     num_workers: int = 0,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader of (images, labels, bad_count) batches of one process: for training, the
+    """A DataLoader of (images, labels, skipped) batches of one process (skipped: the names of
+    the unreadable items dropped from the batch): for training, the
     global steps [start_step, start_step + num_steps) (default: to the end of that epoch);
     for evaluation, one pass over this process's share.
 

@@ -16,14 +16,19 @@ the batches it has done without decoding them. Each process decompresses every s
 
 from __future__ import annotations
 
+import bz2
 import copy
 import glob
+import gzip
 import hashlib
+import io
 import json
+import lzma
 import os
 import random
 import re
 import tarfile
+import warnings
 import zlib
 from io import BytesIO
 from pathlib import Path
@@ -32,12 +37,15 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from PIL import Image
 
-from vitlab.data.datasets import BadImageError, DataError, apply_seeded, data_cache, item_seed
-from vitlab.files import atomic_write_text
+from vitlab.data.datasets import BadImageError, DataError, Skipped, apply_seeded, data_cache, decoded, item_seed
+from vitlab.files import NotRegularFileError, atomic_write_text, require_regular_file
 
 IMAGE_KEYS = ("png", "jpg", "jpeg", "webp", "ppm", "bmp", "tif", "tiff")
 LABEL_KEYS = ("cls", "cls.txt", "label")
 DEV_BUCKETS = 1000
+# A member larger than this is refused before it is read: no image or label is near it, and
+# a tar (or a gzip bomb) can claim any size in its header.
+MAX_MEMBER_BYTES = 512 * 2**20
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -61,7 +69,7 @@ def resolve_shards(pattern: str, split: str) -> list[Path]:
     if path.is_dir():
         prefixes = ("train",) if split in ("train", "dev", "train-minus-dev") else ("test", "val")
         for prefix in prefixes:
-            shards = sorted(p for p in path.glob(f"{prefix}*.tar*") if p.is_file())
+            shards = sorted(p for p in path.glob(f"{prefix}*.tar*") if p.is_file())  # is_file: no FIFOs
             if shards:
                 return shards
         raise DataError(f"wds: {path} holds no {' or '.join(p + '*.tar[.gz]' for p in prefixes)} shards for split {split!r}")
@@ -71,6 +79,11 @@ def resolve_shards(pattern: str, split: str) -> list[Path]:
         if not found:
             raise DataError(f"wds: no shard {p} (from the pattern {pattern})")
         shards += [Path(f) for f in found]
+    for shard in shards:
+        try:
+            require_regular_file(shard, "shard file")
+        except NotRegularFileError as e:
+            raise DataError(f"wds: {e}") from None
     return shards
 
 
@@ -81,25 +94,82 @@ def split_key(name: str) -> tuple[str, str]:
     return (folder + "/" + stem if folder else stem), ext.lower()
 
 
+class _Tail(io.RawIOBase):
+    """A reader that counts the bytes it hands out and keeps the last KEEP of them: enough
+    to look at the block where tarfile stopped (see `iter_shard`)."""
+
+    KEEP = 64 * 1024
+
+    def __init__(self, f: Any):
+        self.f, self.total, self.tail = f, 0, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        data = self.f.read(len(b))
+        b[: len(data)] = data
+        self.total += len(data)
+        self.tail = (self.tail + data)[-self.KEEP :]
+        return len(data)
+
+
+def _open_stream(path: Path) -> Any:
+    """The shard's tar bytes: decompressed by its magic number (gzip, bzip2, xz) or as they are."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic[:2] == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    if magic[:3] == b"BZh":
+        return bz2.open(path, "rb")
+    if magic == b"\xfd7zXZ\x00":
+        return lzma.open(path, "rb")
+    return open(path, "rb")
+
+
 def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """The samples of one shard, in tar order: (key, {extension: bytes})."""
+    """The samples of one shard, in tar order: (key, {extension: bytes}).
+
+    tarfile ends a stream quietly at a truncated or garbled header, which would make a damaged
+    shard a shorter one; here the block it stopped at must be the end-of-archive marker (zeros),
+    and every member must be read whole, or the shard is named as damaged."""
     try:
-        with tarfile.open(path, "r|*") as tf:
-            key, parts = None, {}
-            for member in tf:
-                if not member.isfile():
-                    continue
-                k, ext = split_key(member.name)
-                if k != key and parts:
+        with _open_stream(path) as stream:
+            raw = _Tail(stream)
+            with tarfile.open(fileobj=raw, mode="r|") as tf:
+                key, parts = None, {}
+                for member in tf:
+                    if not member.isfile():  # links and folders carry no sample (and are never followed)
+                        continue
+                    if member.size > MAX_MEMBER_BYTES:
+                        raise DataError(f"wds: {path}: member {member.name} claims {member.size:,} bytes, more than "
+                                        f"any sample ({MAX_MEMBER_BYTES:,}); not read")
+                    k, ext = split_key(member.name)
+                    if k != key and parts:
+                        yield key, parts
+                        parts = {}
+                    key = k
+                    f = tf.extractfile(member)
+                    parts[ext] = f.read() if f else b""
+                    if len(parts[ext]) != member.size:
+                        raise DataError(f"wds: {path}: member {member.name} is cut short; the shard is truncated")
+                _check_end(path, raw, tf.offset, key)
+                if parts:
                     yield key, parts
-                    parts = {}
-                key = k
-                f = tf.extractfile(member)
-                parts[ext] = f.read() if f else b""
-            if parts:
-                yield key, parts
-    except (tarfile.TarError, OSError, EOFError) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as e:
+        if isinstance(e, DataError):
+            raise
         raise DataError(f"wds: cannot read the shard {path} ({type(e).__name__}: {e})") from None
+
+
+def _check_end(path: Path, raw: _Tail, end: int, last: Optional[str]) -> None:
+    start = raw.total - len(raw.tail)
+    block = raw.tail[end - start : end - start + tarfile.BLOCKSIZE] if end >= start else None
+    after = f" after sample {last}" if last else ""
+    if block is not None and len(block) < tarfile.BLOCKSIZE:
+        raise DataError(f"wds: cannot read the shard {path}: it is truncated{after} (no end-of-archive marker)")
+    if block is not None and block.count(0) != tarfile.BLOCKSIZE:
+        raise DataError(f"wds: cannot read the shard {path}: a damaged header at byte {end:,}{after}")
 
 
 def sample_label(path: Path, key: str, parts: dict[str, bytes]) -> int:
@@ -123,15 +193,17 @@ def shard_index(path: Path) -> dict[str, Any]:
     tag = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
     cache = data_cache() / "wds-index" / f"{tag}.json"
     try:
-        return json.loads(cache.read_text())
+        index = json.loads(cache.read_text())
+        if isinstance(index, dict) and {"buckets", "min_label", "max_label"} <= set(index):
+            return index
     except (OSError, ValueError):
         pass
     buckets = [0] * DEV_BUCKETS
-    max_label = -1
+    labels = []
     for key, parts in iter_shard(path):
         buckets[dev_bucket(key)] += 1
-        max_label = max(max_label, sample_label(path, key, parts))
-    index = {"buckets": buckets, "max_label": max_label}
+        labels.append(sample_label(path, key, parts))
+    index = {"buckets": buckets, "min_label": min(labels, default=0), "max_label": max(labels, default=-1)}
     try:
         atomic_write_text(cache, json.dumps(index))
     except OSError:
@@ -139,6 +211,20 @@ def shard_index(path: Path) -> dict[str, Any]:
     return index
 
 
+def check_labels(shard: Path, index: dict[str, Any], num_classes: int) -> None:
+    """Every label of the shard names a class: else the first sample that does not is named."""
+    if index["min_label"] >= 0 and index["max_label"] < num_classes:
+        return
+    for key, parts in iter_shard(shard):
+        label_error(shard, key, sample_label(shard, key, parts), num_classes)
+
+
+def label_error(shard: Path, key: str, label: int, num_classes: int) -> None:
+    if not 0 <= label < num_classes:
+        raise DataError(
+            f"wds: {shard}: sample {key} has label {label}, outside the {num_classes} classes (0 to {num_classes - 1}); "
+            "fix the shard's .cls files, or give the full class list (data.classes or a classes.txt beside the shards)"
+        )
 def shard_labels(path: Path) -> tuple[list[str], list[int]]:
     """Every sample's key and label in one shard, in stream order; cached like `shard_index`
     (apart from it: only a training subset needs them)."""
@@ -208,6 +294,8 @@ class WebDataset(torch.utils.data.IterableDataset):
         indexes = [shard_index(s) for s in self.shards]
         self.num_samples = sum(sum(self._counted(ix["buckets"])) for ix in indexes)
         self.class_names = read_class_names(self.shards, classes, max(ix["max_label"] for ix in indexes))
+        for shard, ix in zip(self.shards, indexes):
+            check_labels(shard, ix, len(self.class_names))
 
     def _counted(self, buckets: list[int]) -> list[int]:
         if self.subset == "dev":
@@ -266,18 +354,20 @@ class WebDataset(torch.utils.data.IterableDataset):
         rng.shuffle(buffer)
         yield from buffer
 
-    def decode(self, shard: Path, key: str, parts: dict[str, bytes], epoch: int) -> Optional[tuple[torch.Tensor, int]]:
+    def decode(self, shard: Path, key: str, parts: dict[str, bytes], epoch: int) -> tuple[torch.Tensor, int] | Skipped:
         label = sample_label(shard, key, parts)
+        label_error(shard, key, label, len(self.class_names))  # a shard changed since it was indexed
         data = next((parts[k] for k in IMAGE_KEYS if k in parts), None)
         try:
             if data is None:
                 raise ValueError(f"no image member ({', '.join('.' + k for k in IMAGE_KEYS)})")
-            with Image.open(BytesIO(data)) as im:
-                im.load()
-                image = im.copy()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused
+                with Image.open(BytesIO(data)) as im:
+                    image = decoded(im)
         except Exception as e:  # PIL raises many types for broken data
             if self.skip_bad_images:
-                return None
+                return Skipped(f"{shard}:{key}")
             raise BadImageError(
                 f"{shard}: sample {key}: cannot read the image ({type(e).__name__}: {e}); "
                 "fix the shard, or pass --skip-bad-images to skip and count such samples"
@@ -293,7 +383,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         for p, (shard, key, parts) in enumerate(self.encoded(0)):
             if p % stride == slot:
                 item = self.decode(shard, key, parts, 0)
-                if item is None:
+                if isinstance(item, Skipped):
                     self.bad_images += 1
                 else:
                     yield item
@@ -303,7 +393,7 @@ class WebDataset(torch.utils.data.IterableDataset):
 
 
 class WebDatasetBatches(torch.utils.data.IterableDataset):
-    """Collated batches (images, labels, bad_count) of one process, for DataLoader(batch_size=None).
+    """Collated batches (images, labels, skipped names) of one process, for DataLoader(batch_size=None).
 
     train: global steps [start_step, start_step + num_steps), crossing epochs. Global batch j
     of an epoch is stream positions [j*G, (j+1)*G), this process's part
@@ -346,7 +436,7 @@ class WebDatasetBatches(torch.utils.data.IterableDataset):
             return None
         return (p // self.world) // self.b
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]]:
         info = torch.utils.data.get_worker_info()
         w, nw = (info.id, info.num_workers) if info else (0, 1)
         if not self.train:
@@ -361,7 +451,7 @@ class WebDatasetBatches(torch.utils.data.IterableDataset):
 
     def _epoch(self, epoch: int, first: int, last: int, counted: int, w: int, nw: int):
         """Batches [first, last) of one epoch; `counted` batches came before in this loader."""
-        current, items, bad = None, [], 0
+        current, items, bad = None, [], []
         for p, (shard, key, parts) in enumerate(self.data.encoded(epoch)):
             j = self._place(p)
             if j is None or j < first or (counted + j - first) % nw != w:
@@ -370,18 +460,18 @@ class WebDatasetBatches(torch.utils.data.IterableDataset):
                 break
             if current is not None and j != current:
                 yield _collate(items, bad)
-                items, bad = [], 0
+                items, bad = [], []
             current = j
             item = self.data.decode(shard, key, parts, epoch)
-            if item is None:
-                bad += 1
+            if isinstance(item, Skipped):
+                bad.append(str(item))
             else:
                 items.append(item)
         if current is not None:
             yield _collate(items, bad)
 
 
-def _collate(items: list, bad: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _collate(items: list, bad: list[str]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
     if not items:
-        return torch.empty(0), torch.empty(0, dtype=torch.long), bad
-    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.long), bad
+        return torch.empty(0), torch.empty(0, dtype=torch.long), tuple(bad)
+    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.long), tuple(bad)

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vitlab.config import pick_device
+
 
 @dataclass
 class Context:
@@ -48,9 +50,7 @@ def setup(device: str = "auto", parallel: str = "ddp") -> Context:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = pick_device(device, "train.device=")
     if dev.type == "cuda":
         dev = torch.device("cuda", local_rank if dev.index is None else dev.index)
         torch.cuda.set_device(dev)

@@ -89,7 +89,7 @@ class Run:
     log: Optional[MetricsLog] = None
     progress: Optional[Progress] = None
     window: dict[str, float] = field(default_factory=dict)
-    bad_images: int = 0
+    bad_images: set[str] = field(default_factory=set)  # names of the unreadable files skipped
     compute: Optional[ComputeMeter] = None
     scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
 
@@ -132,9 +132,6 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
         check_trackers(list(self.trackers))
-        if t.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"train.device={t.device}: torch sees no CUDA GPU on this machine (a CPU-only build, "
-                              "or no driver); use --device cpu, or auto to take a GPU when there is one")
         ctx = distributed.setup(t.device, t.parallel)
         self.ctx = ctx
         try:
@@ -151,12 +148,13 @@ class Trainer:
                 if ctx.is_main:  # printed with --quiet too: it is this command's summary
                     print(f"{self.out}: this run is already complete ({run.plan.total} steps); "
                           f"its results are in {self.folder.summary}", flush=True)
-                return json.loads(self.folder.summary.read_text())
+                return self.folder.read_summary()
             self._restore(run, resume_from)
             train_seconds = self._train(run)
             results = self._evaluate(run, run.plan.total, final=True)
             return self._finish(run, results, train_seconds)
         finally:
+            self.folder.release()
             distributed.cleanup(ctx)
 
     def _say(self, text: str) -> None:
@@ -260,6 +258,7 @@ class Trainer:
             if note:
                 self._say(f"note: {note}")
             run.window.update(saved.meta.get("log_window", {}))
+            run.bad_images.update(saved.meta.get("bad_images", []))
             if run.scaler is not None and "grad_scaler" in saved.meta:
                 run.scaler.load_state_dict(saved.meta["grad_scaler"])  # its scale is part of exact resume
             self._say(f"resuming {self.out} from step {run.start} of {run.plan.total}")
@@ -289,7 +288,7 @@ class Trainer:
         try:
             while step < run.plan.total:
                 images, labels, bad = next(loader)
-                run.bad_images += bad
+                run.bad_images.update(bad)
                 lr = lr_at(step, run.plan.total, cfg.optim)
                 loss, acc = self._step(run, step, images, labels, lr)
                 step += 1
@@ -434,7 +433,8 @@ class Trainer:
         partial = {k: run.window[k] for k in ("loss", "acc", "n")}  # the unfinished log window
         done = self._compute(run)
         compute = {"images": done["images_seen"], "wall_s": run.compute.wall_s, "cpu_s": done["cpu_s"]}
-        extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute}
+        extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute,
+                 "bad_images": sorted(run.bad_images)}
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
@@ -449,7 +449,7 @@ class Trainer:
 
     def _finish(self, run: Run, results: dict[str, dict[str, Any]], seconds: float) -> dict[str, Any]:
         names = run.model.class_names
-        bad = distributed.sum_tensors({"bad": torch.tensor([float(run.bad_images)], device=run.ctx.device)}, run.ctx)
+        bad = set().union(*distributed.gather_objects(sorted(run.bad_images), run.ctx))  # files, not reads
         ckpt = self.folder.checkpoint_file("ema.safetensors" if run.ema is not None else "last.safetensors")
         splits = {}
         for split, m in results.items():
@@ -461,7 +461,7 @@ class Trainer:
             "model": run.model.config.name,
             "steps": run.plan.total, "epochs": round(run.plan.total / run.plan.per_epoch, 3), "splits": splits,
             "checkpoint": str(ckpt), "ema": self.cfg.train.ema or None, "train_seconds": round(seconds, 1),
-            "bad_images_skipped": int(bad["bad"].item()), "world_size": run.ctx.world,
+            "bad_images_skipped": len(bad), "world_size": run.ctx.world,
             "compute": self._compute(run),
         }
         if not run.ctx.is_main:

@@ -9,6 +9,7 @@ carriage returns, it is a plain line every `train.log_every` steps.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
@@ -50,8 +51,17 @@ def truncate_after(path: Path, step: int) -> None:
     so a resumed run's metrics.jsonl reads as if it had never stopped."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    keep = [line for line in path.read_text(errors="replace").splitlines() if _step_of(line) <= step]
     atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics line; a line cut short by a crash or a full disk counts as none."""
+    try:
+        record = json.loads(line)
+        return float(record.get("step", 0)) if isinstance(record, dict) else math.inf
+    except (ValueError, TypeError):
+        return math.inf
 
 
 def is_terminal(stream: TextIO) -> bool:

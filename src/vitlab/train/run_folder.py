@@ -8,24 +8,52 @@
       learning_curve.png, confusion_<split>.png, tensorboard/
 
 Rerunning into the same folder continues the run; a different config is refused, so a run's
-outputs are never overwritten by another run's.
+outputs are never overwritten by another run's -- except for a run that died before its
+first checkpoint, which has nothing to continue: its config and log are kept under numbered
+names (config.1.yaml, metrics.1.jsonl) and the new run starts.
+
+A folder belongs to one process at a time: `claim` takes an exclusive `flock` on
+`.vitlab.lock` inside it, which the kernel releases when the process exits however it ends
+(kill -9 included). A second process is refused with the holder's PID.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import warnings
 from pathlib import Path
 from typing import Iterable, Optional
 
 import yaml
 
 from vitlab.config import ConfigError, RunConfig
-from vitlab.files import atomic_write_text
+from vitlab.files import atomic_write_text, is_temporary, require_regular_file
+from vitlab.train import state as checkpoint_state
+
+LOCK_FILE = ".vitlab.lock"
+# Lock descriptors this process holds. A forked child (a data-loader worker) would share the
+# lock, and keep the folder locked after a kill -9 of its parent: children close them.
+_HELD: set[int] = set()
+
+
+def _close_in_child() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
 
 # Config keys that may change between a run and its resumption: none of them changes a number.
 RESUMABLE_CHANGES = {
     "data.num_workers", "train.log_every", "train.eval_batch_size", "train.keep_checkpoints",
     "train.ckpt_every", "train.device", "train.threads",
 }
+
+
+class RunFolderBusy(ConfigError):
+    """Another live process holds the run folder."""
 
 
 class RunFolder:
@@ -35,20 +63,47 @@ class RunFolder:
         self.metrics = self.path / "metrics.jsonl"
         self.summary = self.path / "summary.json"
         self.checkpoints = self.path / "checkpoints"
+        self._lock_fd: Optional[int] = None
 
     def state(self, cfg: RunConfig, allow: Iterable[str] = ()) -> str:
-        """"new" (absent or empty) or "resume" (this run's folder); refuses anything else.
+        """"new" (absent, empty, or a run that died before its first checkpoint) or "resume"
+        (this run's folder); refuses anything else. Claims the folder first (see `claim`).
         `allow`: keys that may differ besides RESUMABLE_CHANGES (an extended run's length)."""
-        if not self.path.exists() or (self.path.is_dir() and not any(self.path.iterdir())):
-            return "new"
-        if not self.path.is_dir():
+        if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"--out {self.path} is a file; give a folder for the run")
-        if not self.config.exists():
+        if self._foreign():
             raise ConfigError(
                 f"{self.path} exists and is not a vitlab run folder (no config.yaml); refusing to write into it: "
                 "choose a new --out folder"
             )
-        diffs = config_differences(self.read_config(), cfg, RESUMABLE_CHANGES | set(allow))
+        self.claim()
+        try:
+            return self._decide(cfg, allow)
+        except BaseException:
+            self.release()
+            raise
+
+    def _foreign(self) -> bool:
+        """A folder with files of its own and no config.yaml: someone else's."""
+        if not self.path.is_dir() or self.config.exists():
+            return False
+        return any(p.name != LOCK_FILE and not is_temporary(p.name) for p in self.path.iterdir())
+
+    def _decide(self, cfg: RunConfig, allow: Iterable[str]) -> str:
+        self.remove_temporary_files()
+        if not self.config.exists():
+            return "new"
+        has_checkpoint = checkpoint_state.complete_steps(self.checkpoints) != []
+        try:
+            old = self.read_config()
+        except ConfigError as e:
+            if has_checkpoint:
+                raise ConfigError(f"{e}; the run's checkpoints are kept: repair or restore config.yaml to continue it, "
+                                  "or use another --out") from None
+            return self.set_aside("its config.yaml is unreadable")
+        diffs = config_differences(old, cfg, RESUMABLE_CHANGES | set(allow))
+        if diffs and not has_checkpoint:
+            return self.set_aside(f"it died before its first checkpoint with other settings ({'; '.join(diffs[:3])})")
         if diffs:
             raise ConfigError(
                 f"{self.path} holds a run with a different config ({'; '.join(diffs[:6])}); "
@@ -56,11 +111,81 @@ class RunFolder:
             )
         return "resume"
 
+    def set_aside(self, why: str) -> str:
+        """Keep an unfinished run's config and log under the next free number; start anew."""
+        n = 1
+        while any((self.path / f"{stem}.{n}{suffix}").exists() for stem, suffix in (("config", ".yaml"), ("metrics", ".jsonl"))):
+            n += 1
+        kept = []
+        for p, stem, suffix in ((self.config, "config", ".yaml"), (self.metrics, "metrics", ".jsonl"),
+                                (self.path / "tensorboard", "tensorboard", "")):
+            if p.exists():
+                os.replace(p, self.path / f"{stem}.{n}{suffix}")
+                kept.append(f"{stem}.{n}{suffix}")
+        warnings.warn(f"{self.path}: a new run starts here: {why}; its files are kept as {', '.join(kept)}")
+        return "new"
+
+    def claim(self) -> None:
+        """Hold the folder for this process: an exclusive, non-blocking flock on the lock file,
+        which also records the holder's PID. Held until `release` or the process's end."""
+        import fcntl
+
+        if self._lock_fd is not None:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunFolderBusy(
+                f"{self.path} is in use by another vitlab process (PID {holder}); wait for it to end or stop it, "
+                "or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if not _HELD and not getattr(_close_in_child, "registered", False):
+            os.register_at_fork(after_in_child=_close_in_child)
+            _close_in_child.registered = True  # type: ignore[attr-defined]
+        _HELD.add(fd)
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        """Let go of the folder (the lock file stays: removing it would race with a new claim)."""
+        if self._lock_fd is not None:
+            _HELD.discard(self._lock_fd)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def remove_temporary_files(self) -> None:
+        """Half-written files of a process killed mid-write (atomic_write's temporaries): never
+        a complete file, and ours, since this process holds the folder."""
+        for folder in (self.path, self.checkpoints):
+            if folder.is_dir():
+                for p in folder.iterdir():
+                    if is_temporary(p.name) and p.is_file():
+                        p.unlink()
+
     def read_config(self) -> RunConfig:
         try:
+            require_regular_file(self.config, "config.yaml")
             return RunConfig.from_dict(yaml.safe_load(self.config.read_text()))
         except yaml.YAMLError as e:
             raise ConfigError(f"{self.config}: not valid YAML ({str(e).splitlines()[0]})") from None
+        except (UnicodeDecodeError, OSError) as e:
+            raise ConfigError(f"{self.config}: cannot be read ({e})") from None
+        except ConfigError as e:
+            raise ConfigError(f"{self.config}: {e}") from None
+
+    def read_summary(self) -> dict:
+        try:
+            summary = json.loads(require_regular_file(self.summary, "summary.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{self.summary}: unreadable ({e}); remove it to evaluate the finished run again") from None
+        if not isinstance(summary, dict):
+            raise ConfigError(f"{self.summary}: not a JSON object; remove it to evaluate the finished run again")
+        return summary
 
     def write_config(self, cfg: RunConfig, command: str = "") -> None:
         header = "# Resolved config of this run (vitlab train --config this-file reruns it)\n"

@@ -21,6 +21,7 @@ import os
 import random
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from vitlab.checkpoints import io
 from vitlab.checkpoints.io import CheckpointError
-from vitlab.files import atomic_write
+from vitlab.files import atomic_write, require_regular_file
 from vitlab.train import distributed
 
 STEP_FILE = re.compile(r"^step-(\d+)\.safetensors$")
@@ -155,9 +156,37 @@ def prune(folder: Path, keep: int) -> None:
             p.unlink(missing_ok=True)
 
 
+def damage(path: Path) -> Optional[str]:
+    """What is wrong with a safetensors file, or None if it is whole: the 8-byte header
+    length, the JSON header, and a file size equal to the end of the last tensor (a truncated
+    copy or a disk that filled up fails here without reading the tensors)."""
+    try:
+        with open(require_regular_file(path), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 0 or n > size - 8:
+                return f"truncated ({size} bytes, not even its header)"
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        return f"unreadable ({type(e).__name__}: {e})"
+    if 8 + n + end != size:
+        return f"truncated ({size:,} bytes of {8 + n + end:,})"
+    return None
+
+
 def latest(folder: Path) -> Optional[int]:
-    steps = complete_steps(folder)
-    return steps[-1] if steps else None
+    """The newest checkpoint whose two files are whole. A damaged newer one is skipped, with
+    a warning that names it (it stays on disk, and is overwritten when the run gets there)."""
+    for step in reversed(complete_steps(folder)):
+        problems = [f"{p.name} is {why}" for p in step_paths(folder, step) if (why := damage(p))]
+        if not problems:
+            return step
+        if distributed.is_main_process():
+            warnings.warn(f"{folder}: the checkpoint of step {step} is damaged ({'; '.join(problems)}); "
+                          "falling back to the newest intact checkpoint before it")
+    return None
 
 
 # A whole checkpoint ------------------------------------------------------------------------
