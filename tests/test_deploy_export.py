@@ -91,6 +91,16 @@ def test_an_int8_copy_saves_loads_and_exports_or_refuses_by_name(tmp_path, capsy
     assert back.blocks[0].mlp.fc1.weight_int8.dtype == torch.int8
     with pytest.raises(vitlab.checkpoints.CheckpointError, match=r"deploy\.load_int8"):
         vitlab.load(tmp_path / "q8.safetensors")
+    # A serving copy whose tensors do not fit its stored config is refused by name, like a plain one.
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(tmp_path / "q8.safetensors"), "pt") as f:
+        meta, state = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    state.pop(next(k for k in state if k.endswith("weight_scale")))
+    save_file(state, str(tmp_path / "q8-cut.safetensors"), metadata=meta)
+    with pytest.raises(vitlab.checkpoints.CheckpointError, match=r"q8-cut.safetensors: the stored config does not fit"):
+        deploy.load_int8(tmp_path / "q8-cut.safetensors")
     # torch.export runs its int8 kernels; ONNX has no form of them and is refused, with what to do.
     assert main(["export", str(tmp_path / "q8.safetensors"), "--format", "torch-export", "--out",
                  str(tmp_path / "q8.pt2")]) == 0

@@ -172,7 +172,8 @@ def read(path: str | os.PathLike, serving: str = "") -> Imported:
     except Exception as e:
         raise CheckpointError(f"{path}: the tensors cannot be read ({e}); the file may be truncated") from None
     extras = {k[len(EXTRA_PREFIX) :]: state.pop(k) for k in list(state) if k.startswith(EXTRA_PREFIX)}
-    check_state(config, state, str(path))
+    if not serving:  # a serving copy holds other tensors (int8 weights and scales): its reader checks them
+        check_state(config, state, str(path))
     return Imported(config, state, class_names, extras=extras, metadata=meta)
 
 

@@ -83,7 +83,8 @@ def run(args) -> int:
     imported = checkpoints.read_checkpoint(src, args.source_format)
     model = checkpoints.build_model(imported, src)
     bar.update()
-    bar.set_description(f"write {target}")
+    # One stage: the file is written beside DST, loaded back and compared before it moves in.
+    bar.set_description(f"write {target}" if args.no_verify else f"write {target} and verify")
     kwargs = {} if target == "vitlab" else {"allow_numerics_change": args.allow_numerics_change}
     result = checkpoints.save_verified(model, dst, target, verify_logits=not args.no_verify, **kwargs)
     bar.update()

@@ -18,7 +18,7 @@ import struct
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, BinaryIO, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -60,15 +60,17 @@ def data_cache() -> Path:
     return Path(os.environ["VITLAB_DATA"]) if os.environ.get("VITLAB_DATA") else cache_dir("data")
 
 
-def read_image(path: str | os.PathLike) -> Image.Image:
-    """Open and fully decode an image file, or raise BadImageError naming it. Only regular
-    files are opened (a FIFO would block forever). The EXIF orientation of a photo is applied,
-    as every viewer does, so a portrait shot from a phone is upright."""
-    try:
-        require_regular_file(path, "image file")
-    except NotRegularFileError as e:
-        raise BadImageError(f"{path}: cannot read this image: it is {e.kind}, not a regular file; "
-                            "fix or remove it, or pass --skip-bad-images to skip and count such files") from None
+def read_image(path: str | os.PathLike | BinaryIO) -> Image.Image:
+    """Open and fully decode an image file (or the bytes of one in a file object, such as an
+    upload), or raise BadImageError naming it. Only regular files are opened (a FIFO would
+    block forever). The EXIF orientation of a photo is applied, as every viewer does, so a
+    portrait shot from a phone is upright."""
+    if isinstance(path, (str, os.PathLike)):
+        try:
+            require_regular_file(path, "image file")
+        except NotRegularFileError as e:
+            raise BadImageError(f"{path}: cannot read this image: it is {e.kind}, not a regular file; fix or "
+                                "remove it, or pass --skip-bad-images to skip and count such files") from None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused, not decoded

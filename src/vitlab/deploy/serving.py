@@ -204,7 +204,11 @@ def load_int8(path) -> VisionTransformer:
     imported = io.read(path, serving="int8")
     with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
         model = quantize_int8(VisionTransformer(imported.config))
-    model.load_state_dict(imported.state, strict=True)
+    try:
+        model.load_state_dict(imported.state, strict=True)
+    except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
+        raise io.CheckpointError(f"{path}: the stored config does not fit the int8 tensors: "
+                                 f"{' '.join(str(e).split())[:400]}") from None
     model.class_names = imported.class_names
     return model.eval()
 
