@@ -63,6 +63,21 @@ def test_cells_are_the_product_of_the_axes_with_bundles_and_scale(tmp_path):
     assert len({c.key for c in cells}) == len(cells)
 
 
+def test_tags_label_a_cell_and_train_nothing(tmp_path):
+    """Fig. 5's series: a bundle's `tag.family` names the family in results.csv and the
+    figures; it never reaches the trainer's command line, nor the folder name."""
+    spec = SweepSpec.from_dict({
+        "train": {"config": "digits"},
+        "grid": {"model": {"ViT-small": {"model.depth": 2, "tag.family": "ViT"},
+                           "BiT-small": {"model": "BiT-R26-C", "tag.family": "BiT"}}},
+    }, "t")
+    vit, bit = expand(spec, tmp_path)
+    assert vit.key == "model-ViT-small" and bit.key == "model-BiT-small"
+    assert vit.labels == {"model": "ViT-small", "family": "ViT"} and bit.labels["family"] == "BiT"
+    assert "family" not in " ".join(vit.steps[0].argv) and "tag.family" not in vit.settings
+    assert "--model" in bit.steps[0].argv and "model.depth=2" in vit.steps[0].argv
+
+
 def test_flags_and_overrides_as_a_command_line():
     argv = flag_argv({"model": "ViT-C/4", "bf16": True, "compile": False, "train-fraction": 0.1,
                       "model.layers": [2, 2], "data.name": "cifar10:../shared/data/cifar10"})
