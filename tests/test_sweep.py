@@ -112,7 +112,9 @@ def test_shipped_specs_load_and_expand(tmp_path):
 
 
 def test_flatten_and_pareto_front():
-    flat = flatten({"a": {"b": 1, "per_class": {"x": 1}}, "c": [1.0, 2.0], "t": [[1, 3], [2, 2]], "s": "x"})
+    # `maps` is inspect's position similarity: a map per position, too deep for a column.
+    flat = flatten({"a": {"b": 1, "per_class": {"x": 1}}, "c": [1.0, 2.0], "t": [[1, 3], [2, 2]], "s": "x",
+                    "maps": [[[0.5, 1.0], [1.0, 0.5]]]})
     assert flat == {"a.b": 1, "c": [1.0, 2.0], "t": [2.0, 2.0], "s": "x"}
     points = [(1, 0.5), (2, 0.4), (3, 0.7), (3, 0.6), (5, 0.7), (8, 0.9)]
     assert pareto_front(points) == [(1, 0.5), (3, 0.7), (8, 0.9)]
