@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import contextlib
 import os
+import socket
+import struct
 import subprocess
 import sys
+import threading
+import time
+import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,3 +105,139 @@ def cifar_dir() -> Path:
     if not any(path.glob("train-*.tar*")):
         pytest.skip(f"needs the CIFAR-10 shards in {path}")
     return path
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face Hub cache in huggingface_hub's layout, offline: HF_HUB_CACHE and
+    HF_HUB_OFFLINE=1 in the environment, and in huggingface_hub's constants (which it reads
+    at import) so that timm, called from the same process, reads it too. `.add(repo, files)`
+    fills it (see hub_standin.HubCache)."""
+    from hub_standin import HubCache
+
+    root = tmp_path / "hf-cache"
+    root.mkdir()
+    _point_hub_at(monkeypatch, root, offline=True)
+    return HubCache(root)
+
+
+@pytest.fixture
+def standin_hub(tmp_path, monkeypatch):
+    """A local stand-in of the Hub's HTTP API (hub_standin.StandInHub), online, with an
+    empty cache and HF_TOKEN set; HF_ENDPOINT points at it."""
+    from hub_standin import StandInHub
+
+    root = tmp_path / "hf-cache"
+    root.mkdir()
+    _point_hub_at(monkeypatch, root, offline=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    with StandInHub() as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)  # vitlab reads it per call and passes it on
+        yield server
+
+
+def _point_hub_at(monkeypatch, root: Path, offline: bool) -> None:
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.delenv("VITLAB_OFFLINE", raising=False)
+    monkeypatch.delenv("VITLAB_BASE_URL", raising=False)
+    monkeypatch.setenv("VITLAB_CACHE", str(root.parent / "vitlab-cache"))  # no official .npz cached
+
+
+# Serving (tests/test_serve_*.py, tests/test_cli_serve.py) ---------------------------------
+CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def small_classifier(seed: int = 0, **overrides):
+    """A small ViT (32x32 px, 8x8 patches: 16 tokens + class token) with CIFAR-10's class
+    names, its weights perturbed off their initial values so that every class gets a score."""
+    import vitlab
+    from vitlab.config import ViTConfig
+
+    torch.manual_seed(seed)
+    settings = dict(name="ViT-test/8", image_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2,
+                    mlp_dim=64, num_classes=10, head_init="xavier")
+    model = perturb(vitlab.VisionTransformer(ViTConfig(**{**settings, **overrides})), seed=seed, scale=0.2)
+    model.class_names = list(CIFAR_CLASSES)
+    return model
+
+
+@pytest.fixture(scope="session")
+def classifier_checkpoint(tmp_path_factory) -> Path:
+    """`small_classifier()` saved as a vitlab checkpoint."""
+    import vitlab
+
+    path = tmp_path_factory.mktemp("serve") / "small.safetensors"
+    vitlab.save(small_classifier(), path)
+    return path
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """The start of a PNG that claims width x height pixels (1-bit grey): its header and an
+    empty first data chunk, without a pixel; a reader learns the size and nothing more."""
+    return _png_start(width, height) + _png_chunk(b"IDAT", b"")
+
+
+def _png_start(width: int, height: int) -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+
+
+def zero_png(width: int, height: int) -> bytes:
+    """A complete, valid 1-bit PNG of width x height black pixels: a few KB on disk for any size
+    (rows of zeros compress ~1000:1), which is what a decompression bomb looks like."""
+    packer, row = zlib.compressobj(9), b"\x00" * (1 + (width + 7) // 8)  # filter byte + packed bits
+    data = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
+    return _png_start(width, height) + _png_chunk(b"IDAT", data) + _png_chunk(b"IEND", b"")
+
+
+def cifar_test_images(shards: Path, count: int) -> list[tuple[str, bytes, int]]:
+    """The first `count` (name, JPEG bytes, class index) of the CIFAR-10 test shards."""
+    from vitlab.data.wds import iter_shard
+
+    out = []
+    for key, parts in iter_shard(sorted(shards.glob("test-*.tar*"))[0]):
+        ext = "jpg" if "jpg" in parts else "png"
+        out.append((f"{Path(key).name}.{ext}", parts[ext], int(parts["cls"].decode())))
+        if len(out) == count:
+            break
+    return out
+
+
+@contextlib.contextmanager
+def live_server(app, timeout: float = 60.0):
+    """Run an ASGI app with uvicorn on a free port of 127.0.0.1, in a thread; yields its URL
+    once `/health` answers 200."""
+    import urllib.error
+    import urllib.request
+
+    import uvicorn
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as `vitlab serve` does (cli/serve.py)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=5).status == 200:
+                break
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not become ready"
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

@@ -69,12 +69,20 @@ def test_download_once_then_cache(storage, server, cache, monkeypatch, capsys):
     path = cache / pretrained.PRETRAINED[NAME].path
     assert path.is_file() and len(hits) == 1
     err = capsys.readouterr().err
-    assert f"downloading {NAME}" in err and "100%" in err  # plain progress lines: not a terminal
+    assert f"downloading {NAME}" in err and "done: " in err and "\r" not in err  # plain lines: not a terminal
     assert not list(path.parent.glob(".*.part"))  # nothing half-written left behind
     # The second time comes from the cache, even with the storage gone.
     monkeypatch.setenv("VITLAB_BASE_URL", "http://127.0.0.1:9")
     assert pretrained.fetch(NAME) == path and len(hits) == 1
     vitlab.load(NAME)
+
+
+def test_a_terminal_gets_a_tqdm_bar(storage, server, cache, monkeypatch, capsys):
+    url, _ = server
+    monkeypatch.setenv("VITLAB_BASE_URL", url)
+    pretrained.fetch(NAME, progress=True)
+    err = capsys.readouterr().err
+    assert f"downloading {NAME}: 100%" in err and "\r" in err and "done: " in err
 
 
 def test_file_url_and_recorded_checksum(storage, cache, monkeypatch):

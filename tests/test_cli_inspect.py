@@ -154,3 +154,32 @@ def test_fewshot_and_eval_read_a_bit_resnet(tmp_path, capsys):
     assert result["feature_dim"] == model.config.feature_dim and 0 <= result["shots"]["2"]["mean"] <= 1
     assert main(["eval", str(tmp_path / "bit.safetensors"), "--data", "digits", "--json"]) == 0
     assert 0 <= json.loads(capsys.readouterr().out.split("\nresults:")[0])["top1"] <= 1
+
+
+def test_rollout_titles_name_the_prediction_and_heatmap_draws_a_heat_map(tmp_path, monkeypatch, capsys):
+    import torch
+
+    from vitlab.analysis import plots
+
+    model = save_model(tmp_path / "m.safetensors", in_channels=1, mean=(0.5,), std=(0.5,))
+    seen = {}
+    real = plots.plot_rollout
+
+    def spy(images, maps, path, titles=None, heatmap=False):
+        seen.update(titles=titles, heatmap=heatmap, images=images)
+        return real(images, maps, path, titles, heatmap=heatmap)
+
+    monkeypatch.setattr(plots, "plot_rollout", spy)
+    out = tmp_path / "inspect"
+    assert main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out),
+                 "--num-images", "4", "--rollout-images", "2", "--heatmap", "--device", "cpu"]) == 0
+    assert seen["heatmap"] is True and len(seen["titles"]) == 2
+    from vitlab.data import open_dataset
+
+    data = open_dataset("digits", "test", image_size=16, in_channels=1, mean=(0.5,), std=(0.5,))
+    x = torch.stack([data[i][0] for i in range(2)])
+    with torch.no_grad():
+        predicted = model(x).argmax(-1).tolist()
+    truth = [int(data[i][1]) for i in range(2)]
+    assert seen["titles"] == [f"{t}\npredicted: {p}" for t, p in zip(truth, predicted)]
+    assert "heat map" in (out / "index.html").read_text()

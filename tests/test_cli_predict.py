@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,3 +136,69 @@ def test_clear_errors(ckpts, images, tmp_path, capsys):
     vitlab.save(headless, tmp_path / "headless.safetensors")
     assert main(["predict", str(tmp_path / "headless.safetensors"), str(images / "rgb.png")]) == 2
     assert "no classification head" in capsys.readouterr().err
+
+
+def test_it_streams_batch_by_batch(ckpts, images, monkeypatch, capsys):
+    """Each batch's lines are out before the next batch is decoded."""
+    import sys
+
+    from vitlab.cli import predict
+
+    _, root = ckpts
+    events = []
+    real = predict.read_images
+    monkeypatch.setattr(predict, "read_images", lambda paths, cfg: events.append("decode") or real(paths, cfg))
+
+    class Out:
+        def write(self, text):
+            if text.strip():
+                events.append("print")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Out())
+    files = [images / "rgb.png", images / "grey.jpg", images / "palette.gif", images / "sub" / "rgba.png"]
+    assert main(["predict", str(root / "model.safetensors"), *map(str, files), "--batch-size", "2"]) == 0
+    assert events == ["decode", "print", "print", "decode", "print", "print"]
+
+
+def test_csv_has_one_row_per_image_in_order(ckpts, images, tmp_path, capsys):
+    import csv
+
+    _, root = ckpts
+    rc = main(["predict", str(root / "model.safetensors"), str(images), "--top-k", "2", "--csv", str(tmp_path / "p.csv"),
+               "--batch-size", "2"])
+    assert rc == 1
+    rows = list(csv.DictReader(open(tmp_path / "p.csv")))
+    expected = sorted(str(f) for f in images.rglob("*") if f.is_file())
+    assert [r["image"] for r in rows] == expected
+    bad = [r for r in rows if r["error"]]
+    assert [r["image"] for r in bad] == [str(images / "notes.png")] and bad[0]["class_1"] == ""
+    good = [r for r in rows if not r["error"]]
+    assert all(r["class_1"] in NAMES and 0 < float(r["probability_2"]) <= float(r["probability_1"]) for r in good)
+    assert "wrote" in capsys.readouterr().err
+
+
+def test_device_is_checked(ckpts, images, capsys):
+    _, root = ckpts
+    assert main(["predict", str(root / "model.safetensors"), str(images / "rgb.png"), "--device", "cpu"]) == 0
+    capsys.readouterr()
+    if not torch.cuda.is_available():
+        assert main(["predict", str(root / "model.safetensors"), str(images / "rgb.png"), "--device", "cuda"]) == 2
+        err = capsys.readouterr().err
+        assert "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
+    assert main(["predict", str(root / "model.safetensors"), str(images / "rgb.png"), "--device", "tpu9"]) == 2
+    assert "not a device" in capsys.readouterr().err
+
+
+def test_overlays_name_the_predicted_class(ckpts, images, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    from vitlab.analysis import plots
+
+    _, root = ckpts
+    titles = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: titles.append(fig._suptitle.get_text()) or Path(path))
+    rc, res, _ = run_json(capsys, root / "model.safetensors", images / "rgb.png", "--attention", tmp_path)
+    top = res["results"][0]["predictions"][0]
+    assert rc == 0 and titles == [f"predicted: {top['class']} ({100 * top['probability']:.1f}%)"]

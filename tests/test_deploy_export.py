@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -57,3 +59,43 @@ def test_export_cli_errors(tmp_path, capsys):
     vitlab.save(small(), ckpt)
     assert main(["export", str(ckpt), "--format", "torch-export", "--out", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+def test_onnx_carries_class_names_and_preprocessing(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from conftest import tiny_model
+
+    m = tiny_model(class_names=[f"kind {i}" for i in range(10)], in_channels=1, mean=(0.25,), std=(0.5,))
+    meta = deploy.read_onnx_metadata(deploy.export_onnx(m, tmp_path / "m.onnx"))
+    assert json.loads(meta["vitlab.class_names"]) == [f"kind {i}" for i in range(10)]
+    assert json.loads(meta["vitlab.image_size"]) == [16, 16] and meta["vitlab.in_channels"] == "1"
+    assert json.loads(meta["vitlab.mean"]) == [0.25] and json.loads(meta["vitlab.std"]) == [0.5]
+    assert "greyscale image resized to 16x16" in meta["vitlab.preprocessing"]
+    assert vitlab.ViTConfig.from_dict(json.loads(meta["vitlab.config"])) == m.config
+
+
+def test_an_int8_copy_saves_loads_and_exports_or_refuses_by_name(tmp_path, capsys):
+    from conftest import tiny_model
+
+    m = tiny_model(class_names=list("abcdefghij"))
+    q8 = deploy.quantize_int8(m)
+    with pytest.raises(vitlab.checkpoints.CheckpointError, match=r"int8 serving copy .*deploy\.save_int8"):
+        vitlab.save(q8, tmp_path / "plain.safetensors")
+    with pytest.raises(vitlab.checkpoints.CheckpointError, match=r"serving copy \(bfloat16"):
+        vitlab.save(deploy.to_bfloat16(m), tmp_path / "plain.npz", format="npz")
+    assert not list(tmp_path.iterdir())  # refused before writing anything
+    deploy.save_int8(q8, tmp_path / "q8.safetensors")
+    back = deploy.load_int8(tmp_path / "q8.safetensors")
+    x = torch.randn(3, 3, 16, 16)
+    assert torch.equal(back(x), q8(x)) and back.class_names == list("abcdefghij")
+    assert back.blocks[0].mlp.fc1.weight_int8.dtype == torch.int8
+    with pytest.raises(vitlab.checkpoints.CheckpointError, match=r"deploy\.load_int8"):
+        vitlab.load(tmp_path / "q8.safetensors")
+    # torch.export runs its int8 kernels; ONNX has no form of them and is refused, with what to do.
+    assert main(["export", str(tmp_path / "q8.safetensors"), "--format", "torch-export", "--out",
+                 str(tmp_path / "q8.pt2")]) == 0
+    assert "max |logit diff| 0.00e+00" in capsys.readouterr().out
+    assert main(["export", str(tmp_path / "q8.safetensors"), "--format", "onnx", "--out", str(tmp_path / "q8.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "serving copy (int8) is not supported" in err and "torch-export" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "q8.onnx").exists()

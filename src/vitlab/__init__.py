@@ -3,13 +3,15 @@
     import vitlab
     model = vitlab.create_model("ViT-B/16", num_classes=10)
     model = vitlab.load("run/checkpoints/last.safetensors", image_size=384)
+    model = vitlab.load("hf-hub:google/vit-base-patch16-224")
+    preprocess = vitlab.transform(model)
 
 Importing vitlab does no work: the API is resolved on first use.
 """
 
 __version__ = "0.1.0"
 
-_API = {"create_model", "list_models", "load", "save", "get_config"}
+_API = {"create_model", "list_models", "load", "save", "get_config", "transform"}
 _MODULES = {"analysis", "checkpoints", "config", "models", "data", "train", "eval", "deploy"}
 
 

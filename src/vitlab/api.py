@@ -1,19 +1,32 @@
-"""The Python API in one place: create_model, list_models, load, save."""
+"""The Python API in one place: create_model, list_models, load, save, transform.
+
+    model = vitlab.load("hf-hub:google/vit-base-patch16-224")   # or a path, timm:NAME, MODEL:WEIGHTS
+    preprocess = vitlab.transform(model)                          # PIL image -> normalised tensor
+    logits = model(preprocess(image)[None])
+"""
 
 from __future__ import annotations
 
+import fnmatch
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from vitlab import checkpoints
-from vitlab.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.checkpoints import hub, pretrained as registry, share
+from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig
+from vitlab.data.transforms import model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import MODELS, variant_config
 
 
-def list_models() -> list[str]:
-    """The registered variant names, in the paper's notation."""
-    return list(MODELS)
+def list_models(pattern: Optional[str] = None, pretrained: bool = False) -> list[str]:
+    """The registered variant names in the paper's notation ("ViT-B/16"), or with
+    `pretrained=True` the published checkpoints by name ("ViT-B/16:imagenet21k"); `pattern`
+    filters them, shell-style and ignoring case: `list_models("ViT-B*", pretrained=True)`."""
+    names = registry.list_pretrained() if pretrained else list(MODELS)
+    if pattern is None:
+        return names
+    return [n for n in names if fnmatch.fnmatch(n.lower(), pattern.lower())]
 
 
 def get_config(name: str, **overrides: Any) -> ModelConfig:
@@ -21,22 +34,76 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
     return variant_config(name, **overrides)
 
 
-def create_model(name: str | ModelConfig, **overrides: Any) -> Model:
+def default_weights(name: str) -> str:
+    """The checkpoint `create_model(MODEL, pretrained=True)` loads: the paper's ImageNet-21k
+    pre-training (§4.1) where it was published, else AugReg's."""
+    for kind in ("imagenet21k", "augreg-in21k"):
+        if f"{name}:{kind}" in registry.PRETRAINED:
+            return f"{name}:{kind}"
+    have = sorted({e.model for e in registry.PRETRAINED.values()})
+    raise ConfigError(f"no published weights for {name}; pretrained=True works for {', '.join(have)}")
+
+
+def create_model(name: str | ModelConfig, pretrained: bool = False, **overrides: Any) -> Model:
     """A freshly initialised model: `create_model("ViT-B/16", num_classes=10, image_size=384)`,
-    `create_model("BiT-R50x1", num_classes=10)`."""
+    `create_model("BiT-R50x1", num_classes=10)`.
+
+    `pretrained=True` loads published weights instead: a variant's default ones
+    (`default_weights`), or a checkpoint name ("ViT-B/16:augreg-in21k", "timm:...",
+    "hf-hub:..."); the overrides then apply as in `load`.
+    """
+    if pretrained:
+        if isinstance(name, (ViTConfig, BiTConfig)):
+            raise ConfigError("pretrained=True needs a model or checkpoint name, not a config")
+        if not hub.is_pretrained_name(name):
+            name = default_weights(get_config(name).name)
+        return load(name, **overrides)
+    if isinstance(name, str) and hub.is_pretrained_name(name):
+        raise ConfigError(f"{name!r} names weights; pass pretrained=True to load them, or a variant name for a fresh model")
     cfg = name.replace(**overrides) if isinstance(name, (ViTConfig, BiTConfig)) else get_config(name, **overrides)
     return build(cfg)
 
 
-def load(path_or_name: str | os.PathLike, format: Optional[str] = None, **overrides: Any) -> Model:
-    """Load a checkpoint in any known format, or a pretrained name such as "ViT-B/16:imagenet21k".
+def load(path_or_name: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None,
+         **overrides: Any) -> Model:
+    """Load a checkpoint in any known format, or by name from the Hugging Face Hub:
 
-    Overrides change the config on the way in; `image_size=384` resizes the position
-    embeddings, `num_classes=10` starts a fresh zero-initialised head.
+    - a path: a vitlab .safetensors, an official .npz, a timm or torchvision state dict, a
+      transformers `save_pretrained` folder, a timm Hub folder;
+    - `hf-hub:ORG/NAME[@REVISION]`, e.g. "hf-hub:google/vit-base-patch16-224";
+    - `timm:NAME`, e.g. "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k";
+    - `MODEL:WEIGHTS` from the registry, e.g. "ViT-B/16:imagenet21k" (`list_models(pretrained=True)`).
+
+    Names go through huggingface_hub: its cache, $HF_HUB_OFFLINE, `revision=` pinning, the
+    token in $HF_TOKEN. Overrides change the config on the way in: `image_size=384` resizes
+    the position embeddings, `num_classes=10` starts a fresh zero-initialised head. The model
+    keeps its preprocessing (mean, std, crop) in its config: `vitlab.transform(model)`.
     """
-    return checkpoints.load(path_or_name, format, **overrides)
+    return checkpoints.load(path_or_name, format, revision, **overrides)
 
 
 def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
-    """Write `model` to `path` in one of the formats in `vitlab.checkpoints.FORMATS`."""
+    """Write `model` to `path` in one of the formats in `vitlab.checkpoints.FORMATS`, or
+    upload it to the Hub with `path="hf-hub:ORG/NAME"` (a transformers folder with timm's
+    weights beside them and a model card; kwargs go to `vitlab.checkpoints.share.push`)."""
+    if isinstance(path, str) and path.startswith(hub.HF_PREFIX):
+        share.push(model, path, **kwargs)
+        return
     checkpoints.save(model, path, format, **kwargs)
+
+
+def transform(model_or_config: Model | ModelConfig, train: bool = False, **augment: Any) -> Callable:
+    """The preprocessing the model expects, PIL image (or uint8 (C, H, W) tensor) in,
+    normalised float tensor out.
+
+    Evaluation (`train=False`): resize to image_size / crop_fraction (both sides, or the
+    shorter one for crop_mode "center"), centre-crop image_size, scale to [0, 1], normalise
+    with the model's mean and std. The same numbers as timm's `create_transform(
+    **resolve_data_config(model=...))` and transformers' image processor for the same weights.
+    Training (`train=True`): the paper's inception crop and flip at the same size,
+    interpolation and normalisation; `augment` takes train_transform's options (randaugment=2, ...).
+    """
+    cfg = getattr(model_or_config, "config", model_or_config)
+    if not isinstance(cfg, (ViTConfig, BiTConfig)):
+        raise TypeError(f"vitlab.transform takes a vitlab model or its config, not {type(model_or_config).__name__}")
+    return model_transform(cfg, train, **augment)

@@ -57,7 +57,10 @@ def plot_filters(
         ax.set_yticks([])
         if explained is not None:
             ax.set_title(f"{100 * explained[i]:.1f}%", fontsize=6, pad=1)
-    fig.suptitle(f"RGB embedding filters (first {k} principal components)\n{source}", fontsize=8)
+    channels = components.shape[-1] if k else 0
+    kind = {1: "Greyscale", 3: "RGB"}.get(channels, f"{channels}-channel")
+    shown = "" if channels in (1, 3) else ", channel mean shown"
+    fig.suptitle(f"{kind} embedding filters (first {k} principal components{shown})\n{source}", fontsize=8)
     return save_figure(fig, path)
 
 
@@ -84,25 +87,43 @@ def plot_position_similarity(sim: np.ndarray, path, title: str = "Position embed
 
 
 def plot_attention_distance(distances: np.ndarray, path, pixels: Optional[int] = None) -> Path:
-    """Fig. 7 (right): mean attention distance per head against network depth."""
+    """Fig. 7 (right): mean attention distance per head against network depth.
+
+    One colour per head (with up to 16 heads, a legend beside the axes names them); the black
+    line is the mean over heads."""
     layers, heads = distances.shape
-    fig = new_figure(4.5, 3.6)
+    legend = heads <= 16
+    fig = new_figure(5.8 if legend else 4.5, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(1, layers + 1)
+    colours = _colours(heads)
     for h in range(heads):
-        ax.scatter(x, distances[:, h], s=12, label=f"Head {h + 1}")
-    ax.plot(x, distances.mean(1), color="black", linewidth=1, alpha=0.6, label="mean")
+        ax.scatter(x, distances[:, h], s=14, color=colours[h], label=f"head {h + 1}")
+    ax.plot(x, distances.mean(1), color="black", linewidth=1.2, alpha=0.8, label="mean over heads")
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
     ax.set_xticks(x)
-    if heads <= 16:
-        ax.legend(fontsize=5, ncol=2, loc="lower right")
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, frameon=False,
+                  ncol=1 if heads <= 8 else 2, title="per head", title_fontsize=7)
     ax.set_title("Mean attention distance" + (f" ({pixels} px patches)" if pixels else ""), fontsize=9)
     return save_figure(fig, path)
 
 
-def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Sequence[str]] = None) -> Path:
-    """Fig. 6: each input next to the image weighted by its upsampled rollout map.
+def _colours(n: int) -> list:
+    """n distinguishable colours: tab10 up to 10, tab20 up to 20, then a continuous map."""
+    from matplotlib import colormaps
+
+    name = "tab10" if n <= 10 else "tab20" if n <= 20 else "viridis"
+    cmap = colormaps[name]
+    return [cmap(i if n <= 20 else i / max(n - 1, 1)) for i in range(n)]
+
+
+def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Sequence[str]] = None,
+                 heatmap: bool = False) -> Path:
+    """Fig. 6: each input next to the image weighted by its upsampled rollout map (or, with
+    `heatmap`, the map as a colour heat map over the image).
 
     images: (R, H, W, C) in [0, 1]; maps: (R, H, W) in [0, 1].
     """
@@ -111,72 +132,106 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Se
     rows = -(-r // cols)
     fig = new_figure(cols * 2.4, rows * 1.35 + 0.3)
     for i in range(r):
-        img = images[i]
-        if img.shape[-1] == 1:
-            img = np.repeat(img, 3, -1)
-        for k, shown in enumerate((img, img * maps[i][..., None])):
+        img = _rgb(images[i])
+        smooth = "nearest" if img.shape[0] < 64 else "bilinear"
+        for k in range(2):
             ax = fig.add_subplot(rows, 2 * cols, 2 * i + k + 1)
-            ax.imshow(np.clip(shown, 0, 1), interpolation="nearest" if img.shape[0] < 64 else "bilinear")
             ax.set_xticks([])
             ax.set_yticks([])
-            if k == 0 and titles:
-                ax.set_title(titles[i], fontsize=7, pad=2)
-            elif k == 1:
-                ax.set_title("attention", fontsize=7, pad=2)
+            if k == 0:
+                ax.imshow(img, interpolation=smooth)
+                if titles:
+                    ax.set_title(titles[i], fontsize=7, pad=2)
+                continue
+            _draw_map(ax, img, maps[i], heatmap, smooth)
+            ax.set_title("rollout heat map" if heatmap else "image x rollout", fontsize=7, pad=2)
     fig.suptitle("Attention rollout", fontsize=9)
     return save_figure(fig, path)
 
 
-def plot_overlay(image: np.ndarray, amap: np.ndarray, path, title: str = "") -> Path:
-    """One image, its rollout as a heat map over it, and the image weighted by the map."""
-    if image.shape[-1] == 1:
-        image = np.repeat(image, 3, -1)
-    fig = new_figure(6.0, 2.3)
-    for k in range(3):
-        ax = fig.add_subplot(1, 3, k + 1)
+def _rgb(image: np.ndarray) -> np.ndarray:
+    return np.clip(np.repeat(image, 3, -1) if image.shape[-1] == 1 else image, 0, 1)
+
+
+def _draw_map(ax, image: np.ndarray, amap: np.ndarray, heatmap: bool, smooth: str = "bilinear"):
+    """The rollout on `ax`: a heat map over the image, or the image weighted by the map."""
+    if heatmap:
+        ax.imshow(image, interpolation=smooth)
+        return ax.imshow(amap, cmap="jet", alpha=0.5, vmin=0, vmax=1, interpolation=smooth)
+    return ax.imshow(np.clip(image * amap[..., None], 0, 1), interpolation=smooth)
+
+
+def plot_overlay(image: np.ndarray, amap: np.ndarray, path, title: str = "", prediction: str = "") -> Path:
+    """One image, its rollout as a heat map over it (with a colour bar), and the image
+    weighted by the map; the predicted class (with its probability) heads the figure."""
+    image = _rgb(image)
+    fig = new_figure(6.4, 2.5)
+    axes = fig.subplots(1, 3)
+    for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])
-        if k == 0:
-            ax.imshow(np.clip(image, 0, 1))
-            ax.set_title(title, fontsize=7)
-        elif k == 1:
-            ax.imshow(np.clip(image, 0, 1))
-            ax.imshow(amap, cmap="jet", alpha=0.5, vmin=0, vmax=1)
-            ax.set_title("rollout", fontsize=7)
-        else:
-            ax.imshow(np.clip(image * amap[..., None], 0, 1))
-            ax.set_title("image x rollout", fontsize=7)
+    axes[0].imshow(image)
+    axes[0].set_title(title, fontsize=7)
+    heat = _draw_map(axes[1], image, amap, heatmap=True)
+    axes[1].set_title("rollout heat map", fontsize=7)
+    fig.colorbar(heat, ax=axes[1], fraction=0.046, pad=0.04).ax.tick_params(labelsize=6)
+    _draw_map(axes[2], image, amap, heatmap=False)
+    axes[2].set_title("image x rollout", fontsize=7)
+    if prediction:
+        fig.suptitle(f"predicted: {prediction}", fontsize=9)
     return save_figure(fig, path)
 
 
-def plot_learning_curve(series: dict[str, dict[str, list]], path) -> Path:
-    """Loss (log scale) and top-1 accuracy against step, one line per split.
+def plot_learning_curve(series: dict[str, dict[str, list]], path, title: str = "",
+                        accuracy_label: str = "top-1 accuracy") -> Path:
+    """Loss (log scale) and accuracy against step: the training windows as lines, every
+    evaluation as points, and the learning rate on a second axis of the loss panel.
 
-    `series[split]` holds equal-length lists "step", "loss" and "accuracy"."""
-    fig = new_figure(10, 4)
-    loss_ax, acc_ax = fig.subplots(1, 2)
+    `series[split]` holds equal-length lists "step", "loss", "accuracy" (and "lr" for train)."""
+    fig = new_figure(11, 4)
+    loss_ax, acc_ax = fig.subplots(1, 2, gridspec_kw={"wspace": 0.4})  # room for the LR axis between them
     for split, s in series.items():
-        style = ".-" if split == "train" else "o-"  # a marker, so a one-point series shows
-        loss_ax.plot(s["step"], s["loss"], style, label=split)
-        acc_ax.plot(s["step"], s["accuracy"], style, label=split)
-    loss_ax.set(xlabel="step", ylabel="loss", yscale="log")
-    acc_ax.set(xlabel="step", ylabel="accuracy (top-1)")
+        if split == "train":
+            loss_ax.plot(s["step"], s["loss"], "-", color="C0", label="train (mean of each log window)")
+            acc_ax.plot(s["step"], s["accuracy"], "-", color="C0", label="train (augmented batches)")
+        else:
+            loss_ax.plot(s["step"], s["loss"], "o--", ms=6, label=f"{split} (evaluation)")
+            acc_ax.plot(s["step"], s["accuracy"], "o--", ms=6, label=f"{split} (evaluation)")
+            for x, y in zip(s["step"], s["accuracy"]):
+                if np.isfinite(y):
+                    acc_ax.annotate(f"{100 * y:.1f}%", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    train = series.get("train")
+    if train and any(np.isfinite(train["lr"])):
+        lr_ax = loss_ax.twinx()
+        lr_ax.plot(train["step"], train["lr"], ":", color="grey", label="learning rate")
+        lr_ax.set_ylabel("learning rate", color="grey")
+        lr_ax.tick_params(axis="y", colors="grey")
+        lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+        lines = loss_ax.get_legend_handles_labels()
+        extra = lr_ax.get_legend_handles_labels()
+        loss_ax.legend(lines[0] + extra[0], lines[1] + extra[1], fontsize=7)
+    else:
+        loss_ax.legend(fontsize=7)
+    loss_ax.set(xlabel="step", ylabel="loss", yscale="log", title="loss")
+    acc_ax.set(xlabel="step", ylabel=accuracy_label, title=accuracy_label)
+    acc_ax.legend(fontsize=7)
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
-        ax.legend()
+    fig.suptitle(title or "learning curve", fontsize=10)
     return save_figure(fig, path)
 
 
-def plot_confusion(counts: Sequence[Sequence[int]], class_names: Sequence[str], path) -> Path:
-    """The confusion matrix of `counts[true][predicted]`, each row normalised to sum to 1;
-    names on the axes up to 40 classes, values up to 20."""
+def plot_confusion(counts: Sequence[Sequence[int]], class_names: Sequence[str], path, title: str = "") -> Path:
+    """The confusion matrix of `counts[true][predicted]`, each row normalised to sum to 1,
+    with a colour bar; class names on both axes up to 40 classes, values in the cells up to 20."""
     m = np.asarray(counts, dtype=np.float64)
     matrix = m / np.maximum(m.sum(1, keepdims=True), 1)
     k = len(class_names)
     size = min(4 + 0.35 * k, 20)
-    fig = new_figure(size, size)
+    fig = new_figure(size + 1.2, size)
     ax = fig.subplots()
-    ax.imshow(matrix, cmap="Blues", vmin=0, vmax=1)
+    im = ax.imshow(matrix, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class's images")
     if k <= 40:
         ax.set_xticks(range(k), class_names, rotation=90, fontsize=8)
         ax.set_yticks(range(k), class_names, fontsize=8)
@@ -186,5 +241,6 @@ def plot_confusion(counts: Sequence[Sequence[int]], class_names: Sequence[str], 
                     if matrix[i, j] >= 0.01:
                         color = "white" if matrix[i, j] > 0.5 else "black"
                         ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color=color)
-    ax.set(xlabel="predicted", ylabel="true", title="confusion matrix (rows sum to 1)")
+    heading = f"confusion matrix{f' ({title})' if title else ''}: {int(m.sum()):,} images, rows sum to 1"
+    ax.set(xlabel="predicted class", ylabel="true class", title=heading)
     return save_figure(fig, path)

@@ -12,8 +12,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
+from vitlab.checkpoints import hub, io, labels
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
-from vitlab.checkpoints.pretrained import is_pretrained_name, resolve
 from vitlab.config import ConfigError
 from vitlab.models import Model, build
 
@@ -46,12 +46,29 @@ def detect_format(path: str | os.PathLike) -> str:
     )
 
 
-def read_checkpoint(path: str | os.PathLike, format: Optional[str] = None) -> Imported:
-    """Any checkpoint file or folder, or a published name, read into vitlab's names."""
-    path = resolve(path)
+def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None) -> Imported:
+    """A checkpoint file or folder in any format, or a name (`hf-hub:ORG/NAME`,
+    `timm:NAME`, `MODEL:WEIGHTS`; see hub.py), fetched through the Hub cache first.
+
+    ImageNet class names are attached to a 1000- or 21,843-class checkpoint that stores
+    none, when it comes by name or in a format whose published files are all ImageNet
+    classifiers (labels.IMAGENET_FORMATS)."""
+    by_name = is_pretrained_name(path_or_name)
+    changes: dict = {}
+    if by_name:
+        located = hub.locate(str(path_or_name), revision)
+        path, format, changes = located.path, format or located.format, located.config_changes
+    elif revision is not None:
+        raise CheckpointError(f"{path_or_name}: revision={revision!r} applies to Hub names (hf-hub:ORG/NAME), not to files")
+    else:
+        path = path_or_name
     name = format or detect_format(path)
     imported = format_module(name).read(path)
     imported.source_format = name
+    if changes:
+        imported.config = imported.config.replace(**changes)
+    if imported.class_names is None and (by_name or name in labels.IMAGENET_FORMATS):
+        imported.class_names = labels.imagenet_names(imported.config.num_classes)
     return imported
 
 
@@ -72,14 +89,25 @@ def build_model(imported: Imported, source: str, **overrides: Any) -> Model:
     return model.eval()
 
 
-def load(path: str | os.PathLike, format: Optional[str] = None, **overrides: Any) -> Model:
-    """A model from any checkpoint file or folder, or a published name; see vitlab.load."""
-    return build_model(read_checkpoint(path, format), str(path), **overrides)
+def load(path: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None,
+         **overrides: Any) -> Model:
+    """A model from a checkpoint path or name (see read_checkpoint), with config overrides; see vitlab.load."""
+    return build_model(read_checkpoint(path, format, revision), str(path), **overrides)
+
+
+def resolve(path_or_name: str | os.PathLike, revision: Optional[str] = None) -> Path:
+    """The local file or folder of a checkpoint path or name (fetched into the cache first).
+    Reading goes through read_checkpoint, which also applies what a name adds (the registry's
+    preprocessing, ImageNet's class names); this is for callers that need the path itself."""
+    return hub.locate(str(path_or_name), revision).path if is_pretrained_name(path_or_name) else Path(path_or_name)
 
 
 def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs: Any) -> None:
+    io.refuse_serving_copy(model)  # deploy's int8/bf16/packed copies: refused by name, before any write
     format_module(format).write(model, path, **kwargs)
 
+
+is_pretrained_name = hub.is_pretrained_name  # the one test of "a name, not a path"
 
 __all__ = [
     "FORMATS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",

@@ -169,15 +169,48 @@ def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig
     return cfg.replace(name=describe(cfg)), names
 
 
+# PIL's resampling filters, by the number HF's image processors store.
+RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+
+
+def preprocessing_from(p: dict[str, Any], cfg: ViTConfig) -> dict[str, Any]:
+    """Config changes from an image processor's settings: mean, std, resize filter and crop.
+
+    HF's ViT processor resizes the whole image to `size` (squash). A processor with
+    `do_center_crop` (DeiT's) resizes to `size` and crops `crop_size`: the crop fraction is
+    their ratio; a `shortest_edge` size keeps the aspect ratio ("center"). vitlab writes
+    `crop_pct` / `crop_mode` beside ViT's keys, which transformers' ViT processor ignores.
+    """
+    changes: dict[str, Any] = {}
+    if "image_mean" in p and len(p["image_mean"]) == cfg.in_channels:
+        changes["mean"], changes["std"] = tuple(p["image_mean"]), tuple(p["image_std"])
+    if p.get("resample") in RESAMPLE:
+        changes["interpolation"] = RESAMPLE[p["resample"]]
+    size = p.get("size")
+    size = {"height": size, "width": size} if isinstance(size, int) else (size or {})
+    if "shortest_edge" in size:
+        changes["crop_mode"] = "center"
+    crop = p.get("crop_size")
+    crop = {"height": crop, "width": crop} if isinstance(crop, int) else (crop or {})
+    if p.get("do_center_crop") and crop.get("height") and size:
+        side = size.get("height") or size.get("shortest_edge")
+        changes["crop_fraction"] = min(1.0, crop["height"] / side)
+    if "crop_pct" in p:
+        changes["crop_fraction"] = float(p["crop_pct"])
+    if p.get("crop_mode") in ("squash", "center"):
+        changes["crop_mode"] = p["crop_mode"]
+    return changes
+
+
 def _preprocessing(folder: Path, cfg: ViTConfig) -> ViTConfig:
     f = folder / "preprocessor_config.json"
     if not f.is_file():
         return cfg
     try:
         p = json.loads(f.read_text())
-        return cfg.replace(mean=tuple(p["image_mean"]), std=tuple(p["image_std"]))
-    except Exception:
-        return cfg
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{f}: not readable JSON ({e})") from None
+    return cfg.replace(**preprocessing_from(p, cfg))
 
 
 def read(path: str | os.PathLike) -> Imported:
@@ -276,4 +309,8 @@ def preprocessor_config(cfg: ViTConfig) -> dict[str, Any]:
         "do_normalize": True,
         "image_mean": list(cfg.mean),
         "image_std": list(cfg.std),
+        "resample": {v: k for k, v in RESAMPLE.items()}[cfg.interpolation],
+        # vitlab's own: transformers' ViT processor resizes the whole image and ignores these.
+        "crop_pct": cfg.crop_fraction,
+        "crop_mode": cfg.crop_mode,
     }

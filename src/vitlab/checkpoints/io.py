@@ -27,6 +27,8 @@ FORMAT_NAME = "vitlab"
 # prediction head, §4.6) are stored under this prefix and handed back apart from the model.
 EXTRA_PREFIX = "objective."
 FORMAT_VERSION = "1"
+# Metadata key of a serving copy's file (vitlab.deploy.save_int8): not a plain model.
+SERVING_KEY = "serving"
 
 
 class CheckpointError(ValueError):
@@ -87,6 +89,19 @@ def write_state(
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
 
 
+def refuse_serving_copy(model: torch.nn.Module) -> None:
+    """vitlab.deploy's serving copies (int8, bf16, packed) hold tensors a ViT does not: a file
+    of them would not load. Refuse before writing, and say what to do instead."""
+    kind = getattr(model, "serving", "")
+    if kind == "int8":
+        raise CheckpointError("this is an int8 serving copy (vitlab.deploy.quantize_int8): save it with "
+                              "vitlab.deploy.save_int8(model, path) and read it with vitlab.deploy.load_int8(path), "
+                              "or save the fp32 model")
+    if kind:
+        raise CheckpointError(f"this is a serving copy ({kind}, vitlab.deploy): save the fp32 model it was made from "
+                              "and make the copy again after loading (it takes a second)")
+
+
 # Reading ---------------------------------------------------------------------------------
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     from safetensors import safe_open
@@ -107,10 +122,18 @@ def detect(path: Path) -> bool:
     return False
 
 
-def read(path: str | os.PathLike) -> Imported:
+def read(path: str | os.PathLike, serving: str = "") -> Imported:
+    """A vitlab checkpoint; `serving="int8"` reads a serving copy's file (vitlab.deploy.load_int8)."""
     from safetensors.torch import load_file
 
     meta = read_metadata(path)
+    if meta.get(SERVING_KEY, "") != serving:
+        kind = meta.get(SERVING_KEY)
+        raise CheckpointError(
+            f"{path}: a serving copy ({kind}, written by vitlab.deploy.save_int8), not a plain model: read it with "
+            "vitlab.deploy.load_int8(path)" if kind else f"{path}: a plain vitlab checkpoint, not a serving copy "
+            f"({serving}): read it with vitlab.load"
+        )
     if meta.get("format") != FORMAT_NAME or "config" not in meta:
         raise CheckpointError(
             f"{path}: a .safetensors file without vitlab metadata (format={meta.get('format')!r}); "

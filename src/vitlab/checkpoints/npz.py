@@ -11,15 +11,19 @@ what the official code computes.
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.labels import is_imagenet
 from vitlab.checkpoints.tables import (
     Rule,
     copy,
@@ -222,7 +226,41 @@ def read(path: str | os.PathLike) -> Imported:
         cfg, spelling = infer_config(arrays, str(path))
         table, metadata = rules(cfg, spelling), {"spelling": spelling}
     state = import_state(table, arrays, expected_shapes(cfg), str(path))
-    return Imported(cfg, state, None, source_format=FORMAT_NAME, metadata=metadata)
+    names = read_class_names(path, cfg.num_classes)
+    return Imported(cfg, state, names, source_format=FORMAT_NAME, metadata=metadata)
+
+
+# Class names travel in the zip archive's comment, which every .npy reader ignores.
+NAMES_TAG = b"vitlab.class_names="
+ZIP_COMMENT_MAX = 65535
+
+
+def read_class_names(path: str | os.PathLike, num_classes: int) -> Optional[list[str]]:
+    try:
+        with zipfile.ZipFile(path) as z:
+            comment = z.comment
+    except (OSError, zipfile.BadZipFile):
+        return None
+    if not comment.startswith(NAMES_TAG):
+        return None
+    try:
+        names = json.loads(comment[len(NAMES_TAG) :].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return names if isinstance(names, list) and len(names) == num_classes else None
+
+
+def _names_comment(model) -> bytes:
+    """The class names as the archive's comment. ImageNet's 1k and 21k names need no room:
+    a checkpoint of those class counts gets them on reading (labels.py)."""
+    names = model.class_names
+    if not names or is_imagenet(names):
+        return b""
+    comment = NAMES_TAG + json.dumps(list(names), ensure_ascii=False).encode("utf-8")
+    if len(comment) > ZIP_COMMENT_MAX:
+        warnings.warn(f"{len(names)} class names do not fit in an .npz archive's comment (64 kB); they are not written")
+        return b""
+    return comment
 
 
 # Writing --------------------------------------------------------------------------------
@@ -253,7 +291,8 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
     """The official layout in the original spelling (`MultiHeadDotProductAttention_1`,
     `MlpBlock_3`), or BiT's for a BiT ResNet; GroupNorm parameters flat (C,), float arrays
-    only. Class names have no place in the format and are not written."""
+    only. The class names go in the archive's comment (invisible to numpy, timm and the
+    official code)."""
     import numpy as np
 
     cfg = model.config
@@ -266,8 +305,13 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     theirs = export_state(table, model.state_dict(), f"{path} (npz)")
     arrays = {k: v.numpy() for k, v in theirs.items()}
 
+    comment = _names_comment(model)
+
     def save(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
             np.savez(f, **arrays)
+        if comment:
+            with zipfile.ZipFile(tmp, "a") as z:
+                z.comment = comment
 
     atomic_write(path, save)

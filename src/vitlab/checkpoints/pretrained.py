@@ -47,6 +47,8 @@ class Pretrained:
     timm_name: Optional[str] = None
     sha256: Optional[str] = None  # None: the first download's digest is recorded and enforced
     crop_pct: float = 1.0  # eval: resize to resolution / crop_pct, centre-crop resolution
+    crop_mode: str = "squash"  # "squash": both sides (the official code); "center": the shorter side (timm)
+    interpolation: str = "bilinear"
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
@@ -56,6 +58,12 @@ class Pretrained:
 
 
 IN21K, IN1K = "ImageNet-21k", "ImageNet-21k, fine-tuned on ImageNet-1k"
+
+
+# How timm evaluates these weights (its pretrained_cfg): the 224 px files at crop 0.875
+# (AugReg: 0.9), the shorter side resized bicubically; the 384 px fine-tunes of the paper at
+# the official code's whole-image (squash) resize.
+_TIMM_224 = {"crop_pct": 0.875, "crop_mode": "center", "interpolation": "bicubic"}
 
 
 def _paper() -> list[Pretrained]:
@@ -69,12 +77,12 @@ def _paper() -> list[Pretrained]:
     ]
     out = []
     for model, stem, hf21k, hf384 in models:
-        out.append(Pretrained(f"{model}:imagenet21k", model, f"imagenet21k/{stem}.npz", 224, 21843, IN21K, hf21k, crop_pct=0.875))
+        out.append(Pretrained(f"{model}:imagenet21k", model, f"imagenet21k/{stem}.npz", 224, 21843, IN21K, hf21k, **_TIMM_224))
         out.append(Pretrained(f"{model}:imagenet2012", model, f"imagenet21k+imagenet2012/{stem}.npz", 384, 1000, IN1K, hf384))
     # ViT-H/14 was published pre-trained on ImageNet-21k only.
-    out.append(Pretrained("ViT-H/14:imagenet21k", "ViT-H/14", "imagenet21k/ViT-H_14.npz", 224, 21843, IN21K, "google/vit-huge-patch14-224-in21k", crop_pct=0.875))
+    out.append(Pretrained("ViT-H/14:imagenet21k", "ViT-H/14", "imagenet21k/ViT-H_14.npz", 224, 21843, IN21K, "google/vit-huge-patch14-224-in21k", **_TIMM_224))
     for model, stem, hf in (("ViT-B/16", "ViT-B_16", "google/vit-base-patch16-224"), ("ViT-L/16", "ViT-L_16", "google/vit-large-patch16-224")):
-        out.append(Pretrained(f"{model}:imagenet2012-224", model, f"imagenet21k+imagenet2012/{stem}-224.npz", 224, 1000, IN1K, hf, crop_pct=0.875))
+        out.append(Pretrained(f"{model}:imagenet2012-224", model, f"imagenet21k+imagenet2012/{stem}-224.npz", 224, 1000, IN1K, hf, **_TIMM_224))
     return out
 
 
@@ -113,37 +121,30 @@ _AUGREG_IN1K = {
 }
 
 
+_TIMM_AUGREG = {"crop_mode": "center", "interpolation": "bicubic"}
+
+
 def _augreg() -> list[Pretrained]:
     out = []
     for model, (timm_stem, stem, fts) in _AUGREG.items():
         out.append(Pretrained(f"{model}:augreg-in21k", model, f"augreg/{stem}.npz", 224, 21843, IN21K,
-                              timm_name=f"{timm_stem}_224.augreg_in21k", crop_pct=0.9))
+                              timm_name=f"{timm_stem}_224.augreg_in21k", crop_pct=0.9, **_TIMM_AUGREG))
         for kind, res in (("ft224", 224), ("ft384", 384)):
             file = (stem + fts[kind]) if kind in fts else _AUGREG_OTHER.get((model, kind))
             if file is None:
                 continue
             suffix = "" if res == 224 else "-384"
             out.append(Pretrained(f"{model}:augreg-in21k-ft-in1k{suffix}", model, f"augreg/{file}.npz", res, 1000, IN1K,
-                                  timm_name=f"{timm_stem}_{res}.augreg_in21k_ft_in1k", crop_pct=0.9 if res == 224 else 1.0))
+                                  timm_name=f"{timm_stem}_{res}.augreg_in21k_ft_in1k", crop_pct=0.9 if res == 224 else 1.0,
+                                  **_TIMM_AUGREG))
     for model, file in _AUGREG_IN1K.items():
         timm_stem = _AUGREG[model][0]
         out.append(Pretrained(f"{model}:augreg-in1k", model, f"augreg/{file}.npz", 224, 1000, "ImageNet-1k",
-                              timm_name=f"{timm_stem}_224.augreg_in1k", crop_pct=0.9))
+                              timm_name=f"{timm_stem}_224.augreg_in1k", crop_pct=0.9, **_TIMM_AUGREG))
     return out
 
 
 PRETRAINED: dict[str, Pretrained] = {p.name: p for p in _paper() + _augreg()}
-
-
-def is_pretrained_name(path_or_name: object) -> bool:
-    """A published name such as "ViT-B/16:imagenet21k" rather than a file: MODEL:WEIGHTS, and no
-    file or folder of that name exists (a local path always wins)."""
-    return isinstance(path_or_name, str) and ":" in path_or_name and not Path(path_or_name).exists()
-
-
-def resolve(path_or_name: str | os.PathLike) -> Path:
-    """The local file of a checkpoint path or a published name (downloaded once, cached)."""
-    return fetch(path_or_name) if is_pretrained_name(path_or_name) else Path(path_or_name)
 
 
 def list_pretrained() -> list[str]:
@@ -276,29 +277,24 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
 
 
 class _Progress:
-    """A bar on a terminal; plain lines every 10% (or 100 MB when the size is unknown) otherwise."""
+    """tqdm's byte counter on a terminal; elsewhere a line when the download starts and one
+    when it ends (a bar in a log file is a stream of carriage returns)."""
 
     def __init__(self, name: str, total: int, tty: bool):
-        self.name, self.total, self.tty = name, total, tty
-        self.seen, self.next_mark, self.start = 0, 0.1, time.time()
-        print(f"downloading {name} ({total / 1e6:.0f} MB)" if total else f"downloading {name}", file=sys.stderr)
+        from tqdm import tqdm
+
+        self.start = time.time()
+        if not tty:
+            print(f"downloading {name} ({total / 1e6:.0f} MB)" if total else f"downloading {name}", file=sys.stderr)
+        self.bar = tqdm(total=total or None, unit="B", unit_scale=True, unit_divisor=1000, desc=f"downloading {name}",
+                        file=sys.stderr, disable=not tty, dynamic_ncols=True)
+        self.seen = 0
 
     def update(self, n: int) -> None:
         self.seen += n
-        mb = self.seen / 1e6
-        if self.tty and self.total:
-            frac = self.seen / self.total
-            bar = "#" * int(30 * frac)
-            print(f"\r  [{bar:<30}] {frac:6.1%} {mb:8.1f} MB", end="", file=sys.stderr, flush=True)
-        elif self.total and self.seen / self.total >= self.next_mark:
-            print(f"  {self.seen / self.total:.0%} ({mb:.0f} MB)", file=sys.stderr, flush=True)
-            self.next_mark = (int(self.seen / self.total * 10) + 1) / 10
-        elif not self.total and mb >= self.next_mark * 1000:
-            print(f"  {mb:.0f} MB", file=sys.stderr, flush=True)
-            self.next_mark += 0.1
+        self.bar.update(n)
 
     def done(self) -> None:
-        if self.tty and self.total:
-            print(file=sys.stderr)
+        self.bar.close()
         rate = self.seen / 1e6 / max(time.time() - self.start, 1e-6)
         print(f"  done: {self.seen / 1e6:.1f} MB at {rate:.1f} MB/s", file=sys.stderr, flush=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Optional, Sequence
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.labels import is_imagenet
 from vitlab.config import ModelConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write
 from vitlab.models import build
@@ -277,6 +279,12 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
 
         atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
     else:
+        names = json.loads(metadata.get("vitlab.class_names") or "null")
+        if names and not is_imagenet(names):
+            warnings.warn(
+                f"{path}: a torch.save state dict has no place for the {len(names)} class names; "
+                "write a .safetensors file to keep them"
+            )
         atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 

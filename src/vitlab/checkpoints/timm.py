@@ -11,14 +11,22 @@ A state dict does not say how many heads the attention has; the published widths
 counts (see tables.KNOWN_HEADS), other widths get heads of 64 — override with
 `vitlab.load(path, num_heads=N)`. Files vitlab writes carry the full config in their
 metadata, so they read back exactly. `timm_model_args(config)` / `create_timm_model(config)`
-give the timm model that computes what the vitlab model computes.
+give the timm model that computes what the vitlab model computes, carrying a
+`pretrained_cfg` (mean, std, crop, input size, interpolation) so that timm's
+`resolve_data_config` preprocesses as the vitlab model expects.
+
+A folder in timm's Hub layout (config.json with "architecture" and "pretrained_cfg", beside
+model.safetensors or pytorch_model.bin: what `timm:NAME` fetches) reads as this format too;
+its pretrained_cfg sets the config's mean, std, crop and interpolation, and its label names
+(ImageNet synsets, or names) the class names. `hub_config(model)` writes that config.json.
 """
 
 from __future__ import annotations
 
 import os
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported
@@ -37,6 +45,7 @@ from vitlab.checkpoints.tables import (
     write_tensors,
     writer_metadata,
 )
+from vitlab.checkpoints.labels import imagenet_names, imagenet_synsets
 from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.models.variants import describe
 
@@ -93,8 +102,72 @@ def looks_like(keys: set[str]) -> bool:
 
 
 def detect(path: Path) -> bool:
+    if path.is_dir():
+        return folder_config(path) is not None and _folder_weights(path) is not None
     keys = peek_keys(path)
     return keys is not None and (looks_like(keys) or bit.is_timm(keys))
+
+
+# timm's Hub layout ------------------------------------------------------------------------
+FOLDER_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+def folder_config(folder: Path) -> Optional[dict[str, Any]]:
+    """A timm config.json (an "architecture" and its pretrained_cfg), or None."""
+    try:
+        c = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return c if isinstance(c, dict) and "architecture" in c else None
+
+
+def _folder_weights(folder: Path) -> Optional[Path]:
+    c = folder_config(folder) or {}
+    names = ((c.get("pretrained_cfg") or {}).get("hf_hub_filename"), *FOLDER_WEIGHTS)
+    return next((folder / n for n in names if n and (folder / n).is_file()), None)
+
+
+def preprocessing_from(pcfg: dict[str, Any], cfg: ViTConfig) -> dict[str, Any]:
+    """Config changes from a timm pretrained_cfg: mean, std, crop and resize interpolation.
+    timm's "border" crop mode has no vitlab equivalent and reads as "center"."""
+    changes: dict[str, Any] = {}
+    if pcfg.get("mean") and len(pcfg["mean"]) == cfg.in_channels:
+        changes["mean"], changes["std"] = tuple(pcfg["mean"]), tuple(pcfg["std"])
+    if pcfg.get("crop_pct"):
+        changes["crop_fraction"] = float(pcfg["crop_pct"])
+    changes["crop_mode"] = "squash" if pcfg.get("crop_mode") == "squash" else "center"
+    if pcfg.get("interpolation") in INTERPOLATIONS:
+        changes["interpolation"] = pcfg["interpolation"]
+    return changes
+
+
+def label_names_from(pcfg: dict[str, Any], num_classes: int) -> Optional[list[str]]:
+    """timm's label_names: ImageNet synsets (named with vitlab's ImageNet names) or names."""
+    names = pcfg.get("label_names")
+    if not isinstance(names, list) or len(names) != num_classes:
+        return None
+    if names == imagenet_synsets(num_classes):
+        return imagenet_names(num_classes)
+    return [str(n) for n in names]
+
+
+def read_folder(folder: Path) -> Imported:
+    c = folder_config(folder)
+    weights = _folder_weights(folder)
+    if c is None or weights is None:
+        raise CheckpointError(
+            f"{folder}: not a timm Hub folder (config.json with 'architecture', and {' or '.join(FOLDER_WEIGHTS)})"
+        )
+    imported = read(weights)
+    pcfg = c.get("pretrained_cfg") or {}
+    changes = preprocessing_from(pcfg, imported.config)
+    heads = (c.get("model_args") or {}).get("num_heads")
+    if heads and "vitlab.config" not in imported.metadata:
+        changes["num_heads"] = int(heads)  # the state dict cannot say; the stored arguments can
+    imported.config = imported.config.replace(**changes)
+    imported.class_names = imported.class_names or label_names_from(pcfg, imported.config.num_classes)
+    return imported
 
 
 def infer_config(s: dict, source: str) -> ViTConfig:
@@ -144,6 +217,8 @@ def infer_config(s: dict, source: str) -> ViTConfig:
 
 
 def read(path: str | os.PathLike) -> Imported:
+    if Path(path).is_dir():
+        return read_folder(Path(path))
     return read_state_dict_file(path, FORMAT_NAME, _table, _infer)
 
 
@@ -170,17 +245,57 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
-    """A timm state dict: `.safetensors` (with vitlab's config and the timm constructor
-    arguments in the metadata) or, for any other suffix, a `torch.save` state dict."""
-    import json
-
+    """A timm state dict: `.safetensors` (with vitlab's config, the timm constructor
+    arguments and pretrained_cfg in the metadata) or, for any other suffix, a `torch.save`
+    state dict (which has no place for class names or preprocessing)."""
     cfg = model.config
     check = bit.check_timm_writable if isinstance(cfg, BiTConfig) else check_writable
     check(cfg, allow_numerics_change)
     theirs = export_state(_table(cfg), model.state_dict(), f"{path} (timm)")
     meta = writer_metadata(model, FORMAT_NAME)
     meta["timm.model_args"] = json.dumps(timm_model_args(cfg))
+    meta["timm.pretrained_cfg"] = json.dumps(pretrained_cfg(cfg))
     write_tensors(path, theirs, meta)
+
+
+def pretrained_cfg(cfg: ModelConfig) -> dict[str, Any]:
+    """timm's description of the preprocessing (what `resolve_data_config` reads)."""
+    return {
+        "input_size": [cfg.in_channels, *cfg.image_size],
+        "fixed_input_size": not getattr(cfg, "dynamic_image_size", False),
+        "interpolation": cfg.interpolation,
+        "crop_pct": cfg.crop_fraction,
+        "crop_mode": cfg.crop_mode,
+        "mean": list(cfg.mean),
+        "std": list(cfg.std),
+        "num_classes": cfg.num_classes,
+        # timm's names of the first convolution and the classifier of its ViT and ResNetV2
+        "first_conv": "stem.conv" if isinstance(cfg, BiTConfig) else "patch_embed.proj",
+        "classifier": "head.fc" if isinstance(cfg, BiTConfig) else "head",
+    }
+
+
+def hub_config(model, weights_file: str = "model.safetensors") -> dict[str, Any]:
+    """timm's config.json for a Hub repo of this model: `timm.create_model("hf-hub:ORG/NAME",
+    pretrained=True)` rebuilds it from the stored arguments (a plain ViT; LayerNorm eps 1e-6,
+    timm's own) and reads `weights_file`."""
+    cfg = model.config
+    args = timm_model_args(cfg)
+    if args.pop("layer_norm_eps") != 1e-6 or args.pop("resnet", None) is not None:
+        raise CheckpointError("timm's Hub loader builds plain ViTs with LayerNorm eps 1e-6; this model is not one")
+    pcfg = pretrained_cfg(cfg)
+    if weights_file != "model.safetensors":
+        pcfg["hf_hub_filename"] = weights_file
+    if model.class_names:
+        pcfg["label_names"] = list(model.class_names)
+    return {
+        "architecture": "vit_base_patch16_224",  # a registered constructor; model_args sets every size
+        "num_classes": cfg.num_classes,
+        "num_features": cfg.hidden_size,
+        "global_pool": args["global_pool"],
+        "model_args": args,
+        "pretrained_cfg": pcfg,
+    }
 
 
 def timm_model_args(cfg: ModelConfig) -> dict[str, Any]:
@@ -247,4 +362,6 @@ def create_timm_model(cfg: ModelConfig):
             norm_layer=partial(GroupNormAct, num_groups=resnet["gn_groups"], eps=resnet["gn_eps"]),
         )
         args["embed_layer"] = partial(HybridEmbed, backbone=backbone)
-    return TimmViT(norm_layer=partial(nn.LayerNorm, eps=eps), **args)
+    model = TimmViT(norm_layer=partial(nn.LayerNorm, eps=eps), **args)
+    model.pretrained_cfg = pretrained_cfg(cfg)  # what timm's resolve_data_config reads
+    return model

@@ -23,8 +23,10 @@ COMMANDS: dict[str, str] = {
     "linear-probe": "linear_probe",
     "inspect": "inspect",
     "predict": "predict",
+    "serve": "serve",
     "convert": "convert",
     "export": "export",
+    "push": "push",
     "bench": "bench",
     "sweep": "sweep",
 }

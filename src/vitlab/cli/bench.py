@@ -13,13 +13,16 @@ ones exist (see docs/performance.md).
 
 Precisions: fp32 (the model as it is); fp32-packed (vitlab.deploy's copy with oneDNN-packed
 Dense layers and fused GELU); bf16-autocast (fp32 weights, bf16 matrix products); bf16
-(weights and activations in bf16; vitlab's copy is also packed); int8 (vitlab only: int8 Dense
-layers). A training step is fp32 or bf16-autocast, AdamW, cross-entropy.
+(weights and activations in bf16; vitlab's copy is also packed); fp16-autocast and fp16 (the
+same in fp16, for GPUs); int8 (vitlab only: int8 Dense layers, calibrated for oneDNN's
+kernels on x86). A training step is fp32 or an autocast precision, AdamW, cross-entropy.
 
---suite quick or --suite full run the standard settings (on 2 quiet cores: about 4 and 15
-minutes); otherwise --model/--batch-size/--task/--precision pick a subset. On a busy
-machine, --clock cpu times one thread by its own CPU time: single-core figures, but other
-processes cannot distort the comparisons.
+--suite quick or --suite full run the standard settings (on 2 quiet cores: about 10 and 15
+minutes), --suite scaling the resolution, batch and memory table of docs/performance.md,
+--suite gpu (with --device cuda) a few minutes on a GPU with MFU against its peak; otherwise
+--model/--batch-size/--task/--precision pick a subset. On a busy machine, --clock cpu times
+one thread by its own CPU time: single-core figures, but other processes cannot distort the
+comparisons.
 
 examples:
   vitlab bench --model ViT-B/16 --batch-size 8
@@ -27,23 +30,26 @@ examples:
   vitlab bench --model ViT-C/4 --batch-size 128 --task train --compile bf16-autocast
   vitlab bench --suite full --out benchmarks/results
   vitlab bench --suite full --clock cpu --out benchmarks/results --name throughput-cpu-clock
+  vitlab bench --suite gpu --device cuda --out benchmarks/results --name gpu
 """
 
 
 def add_arguments(p) -> None:
-    from vitlab.bench import PRECISIONS as SYSTEM_PRECISIONS
-    from vitlab.bench import TASKS
+    from vitlab.bench import COMPILE_MODES, PRECISIONS, SUITES, TASKS
 
-    p.add_argument("--suite", choices=("quick", "full"), help="run a standard suite instead of a subset")
+    p.add_argument("--suite", choices=SUITES, help="run a standard suite instead of a subset")
     p.add_argument("--model", nargs="+", default=["ViT-B/16"], help="variant name(s) (default ViT-B/16)")
     p.add_argument("--batch-size", nargs="+", type=int, default=[1], help="batch size(s) (default 1)")
     p.add_argument("--task", nargs="+", choices=TASKS, default=["infer"], help="infer and/or train")
-    p.add_argument("--precision", nargs="+", choices=SYSTEM_PRECISIONS, help="precisions to time (default: fp32 fp32-packed bf16 int8 for inference, "
+    p.add_argument("--precision", nargs="+", choices=PRECISIONS, help="precisions to time (default: fp32 fp32-packed bf16 int8 for inference, "
                    "fp32 bf16-autocast for a training step)")
     p.add_argument("--peers", nargs="*", default=["timm", "hf", "torchvision"],
                    help="peer libraries to time beside vitlab (none: --peers with no names)")
-    p.add_argument("--compile", nargs="*", choices=SYSTEM_PRECISIONS, default=[],
+    p.add_argument("--compile", nargs="*", choices=PRECISIONS, default=[],
                    help="also time torch.compile'd vitlab at these precisions (compile time reported)")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
+                   help="torch.compile's mode for --compile (reduce-overhead replays CUDA graphs)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: where the models and ceilings run")
     p.add_argument("--gelu", choices=("tanh", "exact"),
                    help="override the variant's GELU for every library (torchvision's is always exact)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
@@ -64,39 +70,46 @@ def run(args) -> int:
     import sys
 
     from vitlab.api import get_config
+    from vitlab.bench import machine, report, runner, suites, systems
+    from vitlab.bench.peers import PEERS
     from vitlab.cli import UsageError
-    from vitlab.deploy import bench
-    from vitlab.deploy.peers import PEERS
 
     unknown = sorted(set(args.peers) - set(PEERS))
     if unknown:
         raise UsageError(f"unknown peer(s) {unknown}; choose from {', '.join(PEERS)}")
     if args.rounds < 1 or args.min_time < 0 or any(b < 1 for b in args.batch_size):
         raise UsageError("--rounds and --batch-size must be at least 1 and --min-time at least 0")
+    try:
+        device = machine.check_device(args.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.suite == "gpu" and not device.startswith("cuda"):
+        raise UsageError("--suite gpu times GPU kernels (fp16, CUDA graphs): add --device cuda")
     if args.suite:
-        plan = bench.suite(args.suite)
+        plan = suites.suite(args.suite)
     else:
         plan = []
         for name in args.model:
             cfg = get_config(name, **({"gelu": args.gelu} if args.gelu else {}))  # ConfigError names the known models
             for task in args.task:
-                default = ["fp32", "fp32-packed", "bf16", "int8"] if task == "infer" else ["fp32", "bf16-autocast"]
+                default = suites.FAST if task == "infer" else ["fp32", "bf16-autocast"]
                 if cfg.kind == "bit":  # the packed and int8 copies are built from a ViT's blocks
                     default = ["fp32", "bf16-autocast"]
-                systems = bench.standard_systems(task, args.peers, args.compile, args.precision or default)
-                plan += [(bench.Setting(cfg, b, task), systems) for b in args.batch_size]
-    config = bench.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,
-                               wait_budget=args.wait_budget, contended_cores=args.contended,
-                               clock=args.clock)
-    info = bench.machine_info()
+                chosen = systems.standard_systems(task, args.peers, args.compile, args.precision or default,
+                                                  compile_mode=args.compile_mode)
+                plan += [(systems.Setting(cfg, b, task), chosen) for b in args.batch_size]
+    config = runner.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,
+                                wait_budget=args.wait_budget, contended_cores=args.contended,
+                                clock=args.clock, device=device)
+    info = machine.machine_info(device)
     name = args.name or args.suite or "bench"
 
     def save(rows):  # after every setting, so an interrupted run keeps what it measured
         if args.out:
-            return bench.write_results(rows, args.out, name, info, config)
+            return report.write_results(rows, args.out, name, info, config)
 
-    rows = bench.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True), progress=save)
-    print(bench.markdown(rows, info, config))
+    rows = runner.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True), progress=save)
+    print(report.markdown(rows, info, config))
     if args.out:
         csv_path, md_path = save(rows)
         print(f"wrote {csv_path} and {md_path}")

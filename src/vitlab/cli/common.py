@@ -12,9 +12,11 @@ from typing import Optional
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
 
 
-def add_checkpoint_arguments(p) -> None:
+def add_checkpoint_arguments(p, random_init: bool = True) -> None:
     p.add_argument("checkpoint", help="a checkpoint in any format vitlab reads, or a pretrained name")
     p.add_argument("--format", help="the checkpoint's format, when detection cannot tell")
+    if not random_init:
+        return
     p.add_argument(
         "--random-init",
         type=int,
@@ -23,12 +25,57 @@ def add_checkpoint_arguments(p) -> None:
     )
 
 
+def add_device_argument(p) -> None:
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or mps (default auto: cuda when available)")
+
+
+def pick_device(text: str):
+    """--device as a torch.device; a device this machine lacks is a one-line error."""
+    import torch
+
+    from vitlab.cli import UsageError
+
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"--device {text}: not a device; use cpu, cuda, cuda:N, mps or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {text}: torch sees no CUDA GPU on this machine (a CPU-only build, or no driver); "
+                         "use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(f"--device {text}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device {text}: Apple's MPS is not available here; use --device cpu")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"--device {text}: vitlab runs on cpu, cuda or mps")
+    return device
+
+
+def bad_image_message(e: Exception) -> str:
+    """A BadImageError's own sentence, without the class path a data-loader worker prefixes
+    ("vitlab.data.datasets.BadImageError: ...") when it re-raises the error in the parent."""
+    import re
+
+    line = str(e).strip().splitlines()[-1]
+    return re.sub(r"^(\w+\.)*BadImageError: ", "", line)
+
+
+def progress(iterable=None, total=None, desc: str = "", unit: str = "img"):
+    """A tqdm bar on stderr when it is a terminal; nothing in a log file."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, disable=None)
+
+
 def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     """What the commands that read frozen features share: the checkpoint, the data, its splits,
-    the batch, the feature cache and the output."""
+    the batch, the device, the feature cache and the output."""
     add_checkpoint_arguments(p)
+    add_device_argument(p)
     p.add_argument("--data", required=True,
-                   help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN")
+                   help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN, hf:NAME")
     p.add_argument("--train-split", default="train", help=f"{train_help} (default train)")
     p.add_argument("--test-split", default="test", help=f"{test_help} (default test)")
     p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
@@ -38,22 +85,24 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     p.add_argument("--out", help="also write the JSON result to this file")
 
 
-def open_checkpoint(path: str, format: Optional[str] = None, random_init: Optional[int] = None):
-    """(model in eval mode, Imported) for a checkpoint path or pretrained name."""
+def open_checkpoint(path: str, format: Optional[str] = None, random_init: Optional[int] = None, device=None,
+                    **overrides):
+    """(model in eval mode, Imported) for a checkpoint path or pretrained name; `overrides`
+    change the config as vitlab.load's do (image_size=384 resizes the position embeddings)."""
     from vitlab import checkpoints
 
-    path = str(checkpoints.resolve(path))
-    imported = checkpoints.read_checkpoint(path, format)
+    imported = checkpoints.read_checkpoint(path, format)  # a path, or a name fetched from the Hub
     if random_init is not None:
         import torch
 
         from vitlab.models import build
 
         torch.manual_seed(random_init)
-        model = build(imported.config)
+        model = build(imported.config.replace(**overrides) if overrides else imported.config)
         model.class_names = imported.class_names
-        return model.eval(), imported
-    return checkpoints.build_model(imported, path), imported
+    else:
+        model = checkpoints.build_model(imported, path, **overrides)
+    return (model.to(device) if device is not None else model).eval(), imported
 
 
 def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = None):
@@ -77,6 +126,9 @@ def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = 
         mean=config.mean,
         std=config.std,
         train=False,
+        crop_fraction=config.crop_fraction,
+        crop_mode=config.crop_mode,
+        interpolation=config.interpolation,
         **options,
     )
 
@@ -90,6 +142,7 @@ def data_key(spec: str, split: str, config) -> dict:
         "in_channels": config.in_channels,
         "mean": list(config.mean),
         "std": list(config.std),
+        "crop": [config.crop_fraction, config.crop_mode, config.interpolation],
     }
 
 
@@ -136,9 +189,9 @@ def find_images(args: list[str]) -> list[Path]:
 def image_loader(config):
     """path -> normalised (C, H, W) tensor with the checkpoint's preprocessing."""
     from vitlab.data import read_image
-    from vitlab.data.transforms import eval_transform
+    from vitlab.data.transforms import model_transform
 
-    transform = eval_transform(config.image_size, config.mean, config.std, config.in_channels)
+    transform = model_transform(config)  # the checkpoint's resize, crop and normalisation
     return lambda path: transform(read_image(path))
 
 
@@ -150,11 +203,12 @@ def read_images(paths: list[Path], config) -> tuple[list[tuple[Path, object]], l
         try:
             ok.append((p, load(p)))
         except Exception as e:  # PIL raises many types for a file that is not an image
-            failed.append((p, _why(e, p)))
+            failed.append((p, unreadable(e, p)))
     return ok, failed
 
 
-def _why(e: Exception, path: Path) -> str:
+def unreadable(e: Exception, path: Path) -> str:
+    """Why `path` could not be read as an image, in a few words (the file is named by the caller)."""
     text = str(e)
     if text.startswith(f"{path}: "):  # read_image names the file; we print it once
         text = text[len(f"{path}: ") :]

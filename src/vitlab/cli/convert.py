@@ -70,15 +70,21 @@ def run(args) -> int:
 
     target = _target(args)
     src, dst = args.src, Path(args.dst)
-    src = str(checkpoints.resolve(src))
     if dst.exists() and Path(src).resolve() == dst.resolve():
         raise UsageError(f"{dst} is the source itself; write to another path")
     if dst.exists() and not args.force:
         raise UsageError(f"{dst} exists; pass --force to replace it, or pick another path")
+    from vitlab.cli.common import progress
+
+    bar = progress(total=2 if args.no_verify else 3, desc="read", unit="stage")
     imported = checkpoints.read_checkpoint(src, args.source_format)
     model = checkpoints.build_model(imported, src)
+    bar.update()
+    bar.set_description(f"write {target}")
     kwargs = {} if target == "vitlab" else {"allow_numerics_change": args.allow_numerics_change}
     checkpoints.save(model, dst, target, **kwargs)
+    bar.update()
+    bar.set_description("verify")
     cfg = model.config
     params = sum(p.numel() for p in model.parameters())
     print(f"read   {src}  ({imported.source_format}: {cfg.name}, {params:,} parameters, {cfg.image_size[0]}x{cfg.image_size[1]})")
@@ -90,7 +96,9 @@ def run(args) -> int:
         bad = [k for k in ours if k not in back or not torch.equal(back[k], ours[k].detach().cpu())]
         if bad or set(back) != set(ours):
             raise CheckpointError(f"{dst}: reading it back does not give the same tensors ({', '.join(bad[:5])})")
+        bar.update()
         print(f"verified: {len(ours)} tensors read back bit-exact")
+    bar.close()
     if target == "timm":
         from vitlab.checkpoints.timm import timm_model_args
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 HELP = "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"
@@ -14,22 +13,29 @@ matplotlib is installed). Images are preprocessed as the model's config says (it
 resolution, channels, mean and std). Results go to OUT/eval-SPLIT.json (OUT defaults to the
 run folder of a checkpoint inside RUN/checkpoints/, else ./eval).
 
+--format and --random-init SEED work as in the other evaluation commands (the checkpoint's
+shape with fresh weights is the baseline); --json prints everything, the confusion matrix
+(counts[true][predicted]) and the class names included.
+
 examples:
   vitlab eval runs/digits/checkpoints/last.safetensors --data digits
   vitlab eval runs/cifar10/checkpoints/last.safetensors --data wds:../shared/data/cifar10 --json
-  vitlab eval model.safetensors --data imagefolder:~/pets --split val --out results/pets
+  vitlab eval runs/digits/checkpoints/last.safetensors --data digits --random-init 0 --out eval-random
+  vitlab eval model.safetensors --data imagefolder:~/pets --split val --out results/pets --device cuda
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="a checkpoint file (any format vitlab.load reads)")
+    from vitlab.cli.common import add_checkpoint_arguments, add_device_argument
+
+    add_checkpoint_arguments(p)
     p.add_argument("--data", required=True, metavar="SPEC", help="dataset spec, as for vitlab train")
     p.add_argument("--split", default="test", help="test (default), val, train, dev")
     p.add_argument("--image-size", type=int, metavar="N", help="evaluate at this resolution (position embeddings resized)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=0, help="data-loader worker processes")
     p.add_argument("--skip-bad-images", action="store_true", help="skip and count unreadable images")
-    p.add_argument("--device", default="auto", help="cpu, cuda (default: cuda when available)")
+    add_device_argument(p)
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -38,14 +44,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    import vitlab
-    from vitlab.cli import UsageError
-    from vitlab.data import make_loader, open_dataset
     from vitlab.analysis.plots import plot_confusion
+    from vitlab.cli import UsageError
+    from vitlab.cli.common import bad_image_message, open_checkpoint, pick_device, progress
+    from vitlab.data import BadImageError, make_loader, open_dataset
     from vitlab.eval.accuracy import evaluate, report, to_json
 
+    device = pick_device(args.device)
     overrides = {"image_size": args.image_size} if args.image_size else {}
-    model = vitlab.load(args.checkpoint, **overrides)
+    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device, **overrides)
     cfg = model.config
     if cfg.num_classes == 0:
         raise UsageError(f"{args.checkpoint} has no classification head; evaluate it with vitlab fewshot or linear-probe")
@@ -59,39 +66,38 @@ def run(args: argparse.Namespace) -> int:
             f"{args.checkpoint} predicts {cfg.num_classes} classes but {args.data} has {len(names)}; "
             "fine-tune it first (vitlab finetune) or pick the dataset it was trained on"
         )
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
-    model.to(device)
     loader = make_loader(dataset, args.batch_size, train=False, num_workers=args.workers)
     bad = 0
 
     def batches():
         nonlocal bad
-        for images, labels, n_bad in loader:
-            bad += n_bad
-            if labels.numel():
-                yield images, labels
-
-    from vitlab.data import BadImageError
+        with progress(total=_length(dataset), desc=f"eval {args.split}") as bar:
+            for images, labels, n_bad in loader:
+                bad += n_bad
+                bar.update(len(labels) + n_bad)
+                if labels.numel():
+                    yield images, labels
 
     try:
         metrics = evaluate(model, batches(), cfg.num_classes, device, torch.bfloat16 if args.bf16 else None)
     except BadImageError as e:
-        raise UsageError(str(e).strip().splitlines()[-1]) from None
+        raise UsageError(bad_image_message(e)) from None
     metrics["bad_images_skipped"] = bad
     ckpt = Path(args.checkpoint)
     out = Path(args.out) if args.out else (ckpt.parent.parent / "eval" if ckpt.parent.name == "checkpoints" else Path("eval"))
     out.mkdir(parents=True, exist_ok=True)
     text = to_json(metrics, names)
     json_path = out / f"eval-{args.split}.json"
-    json_path.write_text(text)
+    from vitlab.files import atomic_write_text
+
+    atomic_write_text(json_path, text + "\n")
     png = out / f"confusion-{args.split}.png"
     try:
-        drew = bool(plot_confusion(metrics["confusion"], names, png))
+        drew = bool(plot_confusion(metrics["confusion"], names, png, title=f"{cfg.name} on {args.data}, {args.split}"))
     except ImportError:  # matplotlib is an optional extra
         drew = False
     if args.json:
-        print(json.dumps({k: v for k, v in json.loads(text).items() if k != "confusion"}, indent=2))
+        print(text)
     else:
         print(report(metrics, names))
         if bad:
@@ -99,3 +105,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nresults: {json_path}")
         print(f"confusion matrix: {png}" if drew else "no confusion-matrix PNG: matplotlib is not installed")
     return 0
+
+
+def _length(dataset):
+    try:
+        return len(dataset)
+    except TypeError:  # a stream of unknown length
+        return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 HELP = "export a checkpoint to ONNX (dynamic batch) or torch.export (.pt2), and check it"
 DESCRIPTION = """\
 Export the plain inference forward (images -> logits) of a checkpoint, with the batch axis
@@ -11,6 +13,10 @@ position embeddings before export, so no resampling happens inside the exported 
 After writing, the file is run and compared with the PyTorch model on random images at batch
 sizes 1 and 3: ONNX in onnxruntime, .pt2 through torch.export.load. A difference above
 --tolerance (default 1e-4) exits with status 1 and says so; the file is kept for inspection.
+
+An ONNX file carries the class names and the preprocessing (image size, channels, mean, std)
+in its metadata_props (keys vitlab.*), so a runtime needs nothing else. An int8 serving copy
+(vitlab.deploy.save_int8) exports with torch-export; ONNX refuses it and says what to do.
 
 examples:
   vitlab export runs/cifar10/checkpoints/last.safetensors --format onnx --out vit.onnx
@@ -33,9 +39,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     import time
-    from pathlib import Path
 
-    from vitlab.api import load
     from vitlab.cli import UsageError
 
     out = Path(args.out)
@@ -47,17 +51,23 @@ def run(args) -> int:
             import onnxscript  # noqa: F401
         except ImportError:
             raise UsageError("ONNX export needs onnx and onnxscript: pip install 'vitlab[export]'") from None
-    overrides = {"image_size": args.image_size} if args.image_size else {}
-    model = load(args.checkpoint, **overrides).eval()
+    model = _load(args).eval()
     cfg = model.config
 
+    from vitlab.cli.common import progress
     from vitlab.deploy import export
 
     t0 = time.perf_counter()
-    if args.format == "onnx":
-        export.export_onnx(model, out, opset=args.opset)
-    else:
-        export.export_program(model, out)
+    bar = progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage")
+    try:
+        if args.format == "onnx":
+            export.export_onnx(model, out, opset=args.opset)
+        else:
+            export.export_program(model, out)
+    except ValueError as e:  # a serving copy ONNX cannot hold: the message says what to do
+        raise UsageError(str(e)) from None
+    bar.update()
+    bar.set_description("check")
     size = out.stat().st_size / 2**20
     print(f"wrote {out} ({args.format}, {size:.1f} MiB, {cfg.name} at {cfg.image_size[0]}x{cfg.image_size[1]}, "
           f"dynamic batch) in {time.perf_counter() - t0:.1f} s")
@@ -72,6 +82,25 @@ def run(args) -> int:
     else:
         diff = export.check_program(out, model)
         where = "torch.export.load"
+    bar.update()
+    bar.close()
     verdict = "ok" if diff <= args.tolerance else f"FAILED (tolerance {args.tolerance:g})"
     print(f"checked in {where} at batch 1 and 3: max |logit diff| {diff:.2e} vs PyTorch: {verdict}")
     return 0 if diff <= args.tolerance else 1
+
+
+def _load(args):
+    """The model to export: any checkpoint, or an int8 serving copy (vitlab.deploy.save_int8)."""
+    from vitlab.api import load
+    from vitlab.checkpoints import io
+    from vitlab.cli import UsageError
+
+    path = str(args.checkpoint)
+    if path.endswith(".safetensors") and io.detect(Path(path)) and io.read_metadata(path).get(io.SERVING_KEY):
+        from vitlab.deploy import load_int8
+
+        if args.image_size:
+            raise UsageError("--image-size resizes position embeddings of an fp32 model; an int8 copy is exported "
+                             "at its own size")
+        return load_int8(path)
+    return load(path, **({"image_size": args.image_size} if args.image_size else {}))

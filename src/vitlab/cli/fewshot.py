@@ -20,9 +20,9 @@ images of each class (all with --pool 0); streaming (wds:) data stops reading on
 class is full.
 
 examples:
-  vitlab fewshot runs/cifar10/checkpoints/last.safetensors --data cifar10:../shared/data/cifar10
-  vitlab fewshot model.safetensors --data digits --shots 1,5,10 --seeds 5 --json
-  vitlab fewshot model.safetensors --data cifar10 --random-init 0 --out random.json
+  vitlab fewshot runs/cifar10/checkpoints/last.safetensors --data wds:../shared/data/cifar10
+  vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --shots 1,5,10 --seeds 5 --json
+  vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --random-init 0 --out random.json
 """
 
 
@@ -51,37 +51,52 @@ def parse_shots(text: str) -> list[int]:
 
 
 def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):
-    """Cached features of one split, with progress on stderr."""
-    from vitlab.cli.common import data_key, open_data
+    """Cached features of one split, with progress on stderr (a bar on a terminal, a line
+    every 20 batches in a log)."""
+    from vitlab.cli.common import data_key, open_data, progress
     from vitlab.eval.features import cached_features
 
     dataset = open_data(args.data, split, model.config, model.class_names)
     num_classes = len(getattr(dataset, "class_names", None) or []) or None
     log = lambda m: print(f"  {split}: {m}", file=sys.stderr)  # noqa: E731
     every = args.batch_size * 20
+    bar = progress(total=_expected(dataset, max_per_class, num_classes, limit), desc=f"features {split}")
 
-    def progress(n: int) -> None:
-        if n % every == 0:
+    def counted(n: int) -> None:
+        bar.update(n - bar.n)
+        if bar.disable and n % every == 0:
             log(f"{n} images")
 
-    return cached_features(
-        model,
-        dataset,
-        data_key(args.data, split, model.config),
-        use_cache=not args.no_cache,
-        model_hash=model_hash,
-        log=log,
-        batch_size=args.batch_size,
-        max_per_class=max_per_class or None,
-        limit=limit or None,
-        num_classes=num_classes,
-        progress=progress,
-    ), getattr(dataset, "class_names", None)
+    with bar:
+        features = cached_features(
+            model,
+            dataset,
+            data_key(args.data, split, model.config),
+            use_cache=not args.no_cache,
+            model_hash=model_hash,
+            log=log,
+            batch_size=args.batch_size,
+            max_per_class=max_per_class or None,
+            limit=limit or None,
+            num_classes=num_classes,
+            progress=counted,
+        )
+    return features, getattr(dataset, "class_names", None)
+
+
+def _expected(dataset, max_per_class, num_classes, limit):
+    """How many images the extraction will read, where that is known beforehand."""
+    try:
+        n = len(dataset)
+    except TypeError:
+        n = None
+    caps = [c for c in (n, limit or None, max_per_class * num_classes if max_per_class and num_classes else None) if c]
+    return min(caps) if caps else None
 
 
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.cli.common import open_checkpoint, print_result
+    from vitlab.cli.common import open_checkpoint, pick_device, print_result
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.fewshot import fewshot_eval
 
@@ -92,7 +107,7 @@ def run(args) -> int:
         raise UsageError(f"--pool {args.pool} is smaller than the largest shot count {max(shots)}; raise --pool")
     if args.l2 is not None and args.l2 <= 0:
         raise UsageError(f"--l2 must be positive, got {args.l2}")
-    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init)
+    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
     fp = model_fingerprint(model)
     print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
     (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)

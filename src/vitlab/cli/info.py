@@ -23,12 +23,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-
     from vitlab import checkpoints
     from vitlab.config import model_flops
 
-    path = checkpoints.resolve(args.checkpoint)
-    imported = checkpoints.read_checkpoint(path, args.format)
+    path = args.checkpoint
+    imported = checkpoints.read_checkpoint(path, args.format)  # a path, or a name fetched from the Hub
     cfg = imported.config
     params = sum(t.numel() for t in imported.state.values() if t.is_floating_point())
     info = {

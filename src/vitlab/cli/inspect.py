@@ -21,16 +21,21 @@ Write the four analyses of §4.5 for any checkpoint vitlab can read:
 fashion-mnist[:DIR], imagefolder:PATH, wds:PATTERN), from which the first --num-images
 images of --split are used (the paper averages attention distance over 128 images).
 
+--heatmap draws the rollout as a colour heat map over each image instead of the image
+weighted by the map.
+
 examples:
-  vitlab inspect runs/cifar10/checkpoints/last.safetensors --images cifar10:../shared/data/cifar10 --out inspect/
-  vitlab inspect ViT-B_16.npz --images photos/ --out inspect-b16/ --num-images 32
+  vitlab inspect runs/cifar10/checkpoints/last.safetensors --images wds:../shared/data/cifar10 --out inspect/
+  vitlab inspect runs/digits/checkpoints/last.safetensors --images digits --out inspect-digits/ --heatmap
+  vitlab inspect ViT-B_16.npz --images photos/ --out inspect-b16/ --num-images 32 --device cuda
 """
 
 
 def add_arguments(p) -> None:
-    from vitlab.cli.common import add_checkpoint_arguments
+    from vitlab.cli.common import add_checkpoint_arguments, add_device_argument
 
     add_checkpoint_arguments(p)
+    add_device_argument(p)
     p.add_argument("--images", required=True, metavar="PATH_OR_DATA", help="image files/folders/globs, or a data spec")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs, analysis.json and index.html")
     p.add_argument("--split", default="test", help="split of a data spec (default test)")
@@ -38,6 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--rollout-images", type=int, default=8, help="images shown in the rollout figure (default 8)")
     p.add_argument("--components", type=int, default=28, help="principal components of the filters shown (default 28)")
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--heatmap", action="store_true", help="draw the rollout as a heat map over each image")
 
 
 def _is_paths(text: str) -> bool:
@@ -84,6 +90,14 @@ def _batches(args, model):
     return gen(), class_names, f"{args.images} ({args.split} split)"
 
 
+def _counted(batches, bar):
+    """The batches, each counted on the bar once the analysis has taken it."""
+    for batch in batches:
+        yield batch
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        bar.update(min(len(x), bar.total - bar.n))
+
+
 def _items(dataset):
     from vitlab.eval.features import iterate
 
@@ -94,12 +108,12 @@ def run(args) -> int:
     from vitlab import analysis
     from vitlab.analysis.report import write_html
     from vitlab.cli import UsageError
-    from vitlab.cli.common import open_checkpoint, write_json
+    from vitlab.cli.common import open_checkpoint, pick_device, progress, write_json
 
     for name in ("num_images", "rollout_images", "components", "batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    model, imported = open_checkpoint(args.checkpoint, args.format, args.random_init)
+    model, imported = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
     cfg = model.config
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -107,11 +121,13 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     batches, labels, source = _batches(args, model)
-    result = analysis.analyse_model(
-        model, batches, max_images=args.num_images, rollout_images=args.rollout_images, num_components=args.components
-    )
+    with progress(total=args.num_images, desc="inspect") as bar:
+        result = analysis.analyse_model(
+            model, _counted(batches, bar), max_images=args.num_images, rollout_images=args.rollout_images,
+            num_components=args.components,
+        )
 
-    figures = _paper_figures(result, model, out, labels)
+    figures = _paper_figures(result, model, out, labels, args.heatmap)
     extra = analysis.objective_figures(model, imported.metadata, imported.extras, result.rollout_images, out)
     figures.extend(extra)
 
@@ -140,7 +156,7 @@ def run(args) -> int:
     return 0
 
 
-def _paper_figures(result, model, out: Path, labels) -> list:
+def _paper_figures(result, model, out: Path, labels, heatmap: bool = False) -> list:
     """The paper's four pictures (Fig. 6, Fig. 7 left, centre, right) with their captions."""
     from vitlab import analysis
     from vitlab.analysis import plots
@@ -190,15 +206,16 @@ def _paper_figures(result, model, out: Path, labels) -> list:
     if len(result.rollout_maps):
         maps = analysis.upsample_map(result.rollout_maps, tuple(result.rollout_images.shape[2:]))
         imgs = analysis.display_images(result.rollout_images, cfg.mean, cfg.std)
-        titles = _titles(labels, result.rollout_labels, len(imgs))
+        titles = _with_predictions(_titles(labels, result.rollout_labels, len(imgs)), model, result.rollout_images)
         how = "class token's row" if model.num_prefix_tokens else "mean of the patch rows (GAP model)"
         figures.append(
             analysis.Figure(
                 "rollout",
                 "Attention rollout (Fig. 6)",
-                plots.plot_rollout(imgs, maps, out / "rollout.png", titles),
+                plots.plot_rollout(imgs, maps, out / "rollout.png", titles, heatmap=heatmap),
                 f"Heads averaged, identity added for the residual path, rows renormalised, multiplied through "
-                f"all {cfg.depth} layers; the {how}, upsampled and multiplied into the image.",
+                f"all {cfg.depth} layers; the {how}, upsampled and "
+                + ("drawn as a heat map over the image." if heatmap else "multiplied into the image."),
             )
         )
     return figures
@@ -237,6 +254,19 @@ def _describe(cfg) -> str:
         return f"{cfg.name}: BiT ResNet, {cfg.depth} layers {tuple(cfg.layers)}, width factor {cfg.width_factor}, {size}"
     return (f"{cfg.name}: {cfg.depth} layers, width {cfg.hidden_size}, {cfg.num_heads} heads, "
             f"patch {cfg.total_stride}px, {size}, classifier {cfg.classifier}, pos_embed {cfg.pos_embed}")
+
+
+def _with_predictions(titles, model, images):
+    """Each rollout's title with the class the model predicts for that image (when it has a head)."""
+    import torch
+
+    if not model.config.num_classes:
+        return titles
+    names = model.class_names or [str(i) for i in range(model.config.num_classes)]
+    with torch.no_grad():
+        predicted = model(images.to(next(model.parameters()).device)).argmax(-1).tolist()
+    titles = titles or [""] * len(predicted)
+    return [f"{t}\npredicted: {names[i]}" if t else f"predicted: {names[i]}" for t, i in zip(titles, predicted)]
 
 
 def _titles(labels, rollout_labels, n):

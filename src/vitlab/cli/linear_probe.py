@@ -12,8 +12,8 @@ split and report test accuracy, together with cosine k-NN accuracy. Features are
 like `vitlab fewshot`'s (the same cache entries are shared when the caps agree).
 
 examples:
-  vitlab linear-probe runs/cifar10/checkpoints/last.safetensors --data cifar10:../shared/data/cifar10
-  vitlab linear-probe model.safetensors --data digits --C 0.1 --k 10 --json
+  vitlab linear-probe runs/cifar10/checkpoints/last.safetensors --data wds:../shared/data/cifar10
+  vitlab linear-probe runs/digits/checkpoints/last.safetensors --data digits --C 0.1 --k 10 --json
 """
 
 
@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.cli.fewshot import frozen_features
-    from vitlab.cli.common import open_checkpoint, print_result
+    from vitlab.cli.common import open_checkpoint, pick_device, print_result
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.linear_probe import knn_accuracy, logistic_probe
 
@@ -38,7 +38,7 @@ def run(args) -> int:
         raise UsageError(f"--C must be positive, got {args.C}")
     if args.k < 1:
         raise UsageError(f"--k must be at least 1, got {args.k}")
-    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init)
+    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
     fp = model_fingerprint(model)
     print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
     (tr_x, tr_y), _ = frozen_features(args, model, args.train_split, args.max_per_class, 0, fp)

@@ -6,6 +6,7 @@
   recipes and `key=value` overrides;
 - `mpp.py`: masked patch prediction's options;
 - `sweep.py`: a sweep's spec (`SweepSpec`: the grid, the after-steps, the figures);
+- `serve.py`: how `vitlab serve` listens, batches and bounds its uploads;
 - `fields.py`: what they share: `ConfigError`, one type-and-rule check per field, one
   unknown-key check.
 
@@ -49,6 +50,7 @@ from vitlab.config.run import (
     parse_override,
     shipped_recipes,
 )
+from vitlab.config.serve import ServeConfig
 from vitlab.config.sweep import AfterStep, FigureSpec, SweepSpec, load_sweep, shipped_sweeps
 
 __all__ = [
@@ -56,6 +58,6 @@ __all__ = [
     "BIT_STEMS", "BiTConfig", "CONFIG_KINDS", "ModelConfig", "bit_flops", "config_from_dict", "config_kind",
     "CLASSIFIERS", "DECAYS", "GELUS", "HEAD_INITS", "MPP_TARGETS", "OBJECTIVE_OPTIONS", "OPTIMIZERS", "PARALLEL",
     "POS_EMBEDS", "PRECISIONS", "RESIZE_MODES", "WS_MODES", "ConfigError", "DataConfig", "MPPConfig", "ModelSection",
-    "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "TrainConfig", "ViTConfig", "load_recipe", "model_flops",
-    "parse_override", "resnet_flops", "shipped_recipes",
+    "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "ServeConfig", "TrainConfig", "ViTConfig", "load_recipe",
+    "model_flops", "parse_override", "resnet_flops", "shipped_recipes",
 ]

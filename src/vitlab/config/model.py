@@ -23,6 +23,8 @@ RESIZE_MODES = ("bilinear_aligned", "bilinear", "bicubic", "bicubic_antialias")
 HEAD_INITS = ("zeros", "xavier")
 WS_MODES = ("std", "var")
 BIT_STEMS = ("bit", "cifar")
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+CROP_MODES = ("squash", "center")
 
 
 def as_pair(value: Any) -> Any:
@@ -130,7 +132,11 @@ class ViTConfig(_StoredConfig):
     std: tuple[float, ...] = setting((0.5, 0.5, 0.5), check=_all_positive)
     # Evaluation crop: resize to image_size / crop_fraction, then centre-crop image_size.
     # 1.0 (no crop) is the paper's evaluation; ImageNet checkpoints often use 0.875 or 0.9.
+    # "squash" resizes both sides to that size (the official code, HF's ViT processor);
+    # "center" resizes the shorter side and keeps the aspect ratio (timm's "center" mode).
     crop_fraction: float = setting(1.0, above=0, at_most=1)
+    crop_mode: str = setting("squash", one_of=CROP_MODES)
+    interpolation: str = setting("bilinear", one_of=INTERPOLATIONS)  # of the image resize
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", as_pair(self.image_size))
@@ -277,7 +283,9 @@ class BiTConfig(_StoredConfig):
     # Preprocessing and evaluation crop, as in ViTConfig; BiT scales pixels to [-1, 1] too.
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = setting((0.5, 0.5, 0.5), check=_all_positive)
-    crop_fraction: float = setting(1.0, above=0, at_most=1)
+    crop_fraction: float = setting(1.0, above=0, at_most=1)  # as ViTConfig's
+    crop_mode: str = setting("squash", one_of=CROP_MODES)
+    interpolation: str = setting("bilinear", one_of=INTERPOLATIONS)
     head_init: str = setting("zeros", one_of=HEAD_INITS)  # BiT starts transfer from a zero head
 
     def __post_init__(self) -> None:

@@ -29,7 +29,7 @@ from vitlab.config.mpp import MPPConfig
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
 PARALLEL = ("ddp", "fsdp")
 RECIPES = Path(__file__).resolve().parent.parent / "configs"
 
@@ -167,7 +167,7 @@ class TrainConfig:
     label_smoothing: float = setting(0.0, at_least=0, below=1)
     mixup: float = setting(0.0, at_least=0)  # Beta(alpha, alpha) of torchvision's MixUp; 0 = off
     cutmix: float = setting(0.0, at_least=0)
-    precision: str = setting("fp32", one_of=PRECISIONS)  # bf16 = autocast to bfloat16
+    precision: str = setting("fp32", one_of=PRECISIONS)  # bf16 / fp16 = autocast (fp16 with a loss scaler, GPUs)
     grad_checkpointing: bool = False
     compile: bool = False  # torch.compile the objective
     parallel: str = setting("ddp", one_of=PARALLEL)  # with torchrun: ddp or fsdp

@@ -16,11 +16,16 @@ The API other parts of vitlab (and users) call:
                 wds:PATTERN            WebDataset tar shards (.tar, .tar.gz), brace patterns or
                                        a folder of train-*/test-* shards; streamed (an
                                        IterableDataset split across loader workers and processes)
+                hf:NAME[:CONFIG]       a Hugging Face dataset by name, from the datasets cache
+                                       (offline with HF_HUB_OFFLINE=1), or hf:DIR for a folder
+                                       written by save_to_disk; splits train and test (or
+                                       validation); needs `datasets` (vitlab[datasets])
         split:  "train", "test" (= "val"), "dev" (a held-out part of train, fixed seed: 2% of
                 CIFAR, 10% of others, as the paper) or "train-minus-dev" (the rest).
         train:  True = training augmentation (inception crop + flip, optional RandAugment).
         options: crop_scale, crop_ratio, hflip, randaugment, randaugment_magnitude (training
-                transform); dev_fraction; skip_bad_images (unreadable images are dropped and
+                transform); crop_fraction, crop_mode (evaluation transform); interpolation
+                (both); dev_fraction; skip_bad_images (unreadable images are dropped and
                 counted instead of raising BadImageError); shuffle_buffer and classes (wds);
                 download (default True: fetch a missing named set when online).
     read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
@@ -31,7 +36,9 @@ The API other parts of vitlab (and users) call:
                 num_workers=) -> DataLoader of (images, labels, bad_count): a whole run's
                 training batches (exactly resumable, split over processes), or one
                 evaluation pass
-    transforms.eval_transform / transforms.train_transform
+    transforms.eval_transform / transforms.train_transform / transforms.model_transform
+    foreign.wrap(source, transform) -> any torch Dataset or DataLoader, torchvision dataset or
+                Hugging Face datasets object as a vitlab dataset (see foreign.py)
 
 This package never imports vitlab.models: data knows nothing about the network.
 """
@@ -44,7 +51,7 @@ from vitlab.data.datasets import BadImageError, DataError, read_image
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
 
-NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds")
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds", "hf")
 # The dev split the paper holds out to choose a learning rate (Appendix B.1.1); 10% elsewhere.
 DEV_FRACTIONS = {"imagenet": 0.01, "cifar10": 0.02, "cifar100": 0.02, "pets": 0.1, "flowers": 0.1}
 PAPER_DATASETS = ("cifar100", "cifar10", "imagenet", "pets", "flowers", "vtab")
@@ -89,9 +96,9 @@ def open_dataset(
     if name not in NAMED:
         raise DataError(
             f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, wds:PATTERN"
+            "cifar100[:FOLDER], imagefolder:PATH, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
         )
-    if name in ("imagefolder", "wds") and not arg:
+    if name in ("imagefolder", "wds", "hf") and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
     if len(mean) != in_channels or len(std) != in_channels:
@@ -99,6 +106,7 @@ def open_dataset(
     known = {
         "crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "dev_fraction",
         "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
+        "crop_fraction", "crop_mode", "interpolation",
     }
     unknown = sorted(set(options) - known)
     if unknown:
@@ -107,10 +115,12 @@ def open_dataset(
     if dev_fraction is None or dev_fraction < 0:
         dev_fraction = DEV_FRACTIONS.get(paper_dataset(spec) or "", 0.1)
     if train:
-        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude") if k in options}
+        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
+                                       "interpolation") if k in options}
         transform = T.train_transform(image_size, mean, std, in_channels, **aug)
     else:
-        transform = T.eval_transform(image_size, mean, std, in_channels)
+        crop = {k: options[k] for k in ("crop_fraction", "crop_mode", "interpolation") if k in options}
+        transform = T.eval_transform(image_size, mean, std, in_channels, **crop)
     skip = bool(options.get("skip_bad_images", False))
     download = bool(options.get("download", True))
 
@@ -124,6 +134,10 @@ def open_dataset(
     common = dict(seed=seed, skip_bad_images=skip)
     if name == "imagefolder":
         dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
+    elif name == "hf":
+        from vitlab.data.foreign import ForeignDataset, hf_split
+
+        dataset = ForeignDataset(hf_split(arg, base), transform, seed=seed)
     else:
         if name == "digits":
             arrays, classes = ds.digits_arrays(), [str(i) for i in range(10)]

@@ -1,14 +1,16 @@
-"""Deployment on CPUs: reduced-precision serving copies, export, and the benchmark suite.
+"""Deployment on CPUs: reduced-precision serving copies and export.
 
     from vitlab import deploy
-    fast = deploy.to_bfloat16(model)            # or deploy.quantize_int8(model)
+    fast = deploy.to_bfloat16(model)            # or deploy.quantize_int8(model, calibration=images)
     print(deploy.agreement(model, fast, images))
-    deploy.export_onnx(model, "model.onnx"); deploy.check_onnx("model.onnx", model)
+    deploy.save_int8(deploy.quantize_int8(model), "q8.safetensors"); deploy.load_int8("q8.safetensors")
+    deploy.export_onnx(model, "model.onnx"); deploy.check_onnx("model.onnx", model)   # class names in its metadata
 
-`vitlab.deploy.bench` measures throughput against timm, Hugging Face and torchvision.
+Throughput against timm, Hugging Face and torchvision is measured by `vitlab.bench`.
 """
 
-from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program
+from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program, onnx_metadata, read_onnx_metadata
+from vitlab.deploy.int8 import CalibratedInt8Linear
 from vitlab.deploy.serving import (
     PRECISIONS,
     Agreement,
@@ -17,7 +19,9 @@ from vitlab.deploy.serving import (
     Serving,
     agreement,
     for_precision,
+    load_int8,
     quantize_int8,
+    save_int8,
     to_bfloat16,
     to_packed_fp32,
 )
@@ -25,6 +29,7 @@ from vitlab.deploy.serving import (
 __all__ = [
     "PRECISIONS",
     "Agreement",
+    "CalibratedInt8Linear",
     "Int8Linear",
     "PackedLinear",
     "Serving",
@@ -34,7 +39,11 @@ __all__ = [
     "export_onnx",
     "export_program",
     "for_precision",
+    "load_int8",
+    "onnx_metadata",
     "quantize_int8",
+    "read_onnx_metadata",
+    "save_int8",
     "to_bfloat16",
     "to_packed_fp32",
 ]

@@ -9,6 +9,7 @@ checkpoint with `image_size=...` first; the resampled table is then baked into t
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 from typing import Optional
@@ -40,8 +41,43 @@ def export_program(model: VisionTransformer, path: Optional[str | os.PathLike] =
     return program
 
 
+def onnx_metadata(model: VisionTransformer) -> dict[str, str]:
+    """What a runtime needs beside the graph, as ONNX metadata_props (strings; lists as JSON):
+    the class names and the preprocessing the model was trained with."""
+    cfg = model.config
+    height, width = cfg.image_size
+    names = getattr(model, "class_names", None) or [str(i) for i in range(cfg.num_classes)]
+    return {
+        "vitlab.model": cfg.name,
+        "vitlab.class_names": json.dumps(list(names)),
+        "vitlab.image_size": json.dumps([height, width]),
+        "vitlab.in_channels": str(cfg.in_channels),
+        "vitlab.mean": json.dumps(list(cfg.mean)),
+        "vitlab.std": json.dumps(list(cfg.std)),
+        "vitlab.preprocessing": (
+            f"{'RGB' if cfg.in_channels == 3 else 'greyscale'} image resized to {height}x{width} (bilinear, "
+            f"antialiased), pixels scaled to [0, 1], then (x - mean) / std per channel; input NCHW float32"
+        ),
+        "vitlab.output": "logits (batch, classes); softmax gives the class probabilities",
+        "vitlab.config": cfg.to_json(),
+    }
+
+
+def refuse_serving_copy(model: nn.Module, what: str) -> None:
+    """A reduced-precision serving copy has no ONNX form vitlab can promise: say what to do."""
+    kind = getattr(model, "serving", "")
+    if kind:
+        raise ValueError(
+            f"{what} of a serving copy ({kind}) is not supported (ONNX has no form of its int8/packed kernels "
+            "that vitlab checks); export the fp32 model and let the runtime quantise it (onnxruntime.quantization."
+            "quantize_dynamic), or export this copy with torch.export (--format torch-export)"
+        )
+
+
 def export_onnx(model: VisionTransformer, path: str | os.PathLike, opset: int = 18) -> Path:
-    """Write `model` as ONNX with a dynamic batch axis (input "images", output "logits")."""
+    """Write `model` as ONNX with a dynamic batch axis (input "images", output "logits"),
+    the class names and preprocessing in the file's metadata_props (`onnx_metadata`)."""
+    refuse_serving_copy(model, "ONNX export")
     model = model.eval()
     program = export_program(model)
     onnx_program = torch.onnx.export(
@@ -54,8 +90,16 @@ def export_onnx(model: VisionTransformer, path: str | os.PathLike, opset: int = 
         optimize=True,
         verbose=False,
     )
+    onnx_program.model.metadata_props.update(onnx_metadata(model))
     atomic_write(path, lambda tmp: onnx_program.save(tmp))
     return Path(path)
+
+
+def read_onnx_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The metadata_props of an ONNX file, as onnxruntime reads them."""
+    import onnxruntime as ort
+
+    return dict(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map)
 
 
 @torch.inference_mode()

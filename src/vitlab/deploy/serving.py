@@ -26,8 +26,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.checkpoints import io
+from vitlab.deploy.int8 import quantize_calibrated
+from vitlab.models.layers import onednn_available
 from vitlab.models.vit import VisionTransformer
 
 
@@ -38,17 +42,18 @@ class Serving(nn.Module):
         super().__init__()
         self.model = model
         self.dtype = dtype
+        self.serving = str(dtype).removeprefix("torch.")  # what vitlab.save and export refuse by name
 
     @property
     def config(self):
         return self.model.config
 
+    @property
+    def class_names(self):
+        return getattr(self.model, "class_names", None)
+
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x.to(self.dtype)).float()
-
-
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 class PackedLinear(nn.Module):
@@ -79,17 +84,32 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: VisionTransformer, batch_hint: Optional[int] = None) -> VisionTransformer:
-    """Replace the encoder's Dense layers (in their current dtype) by `PackedLinear`, fusing
-    the MLP's GELU into its first layer. Inference only: packed weights have no gradient."""
+    """Replace the encoder's Dense layers (in their current dtype) by `PackedLinear`, with the
+    MLP's GELU fused into its first layer. Inference only: packed weights have no gradient."""
     for block in model.blocks:
         mlp = block.mlp
-        act = "gelu_tanh" if getattr(mlp.act, "approximate", "none") == "tanh" else "gelu"
+        act = {"tanh": "gelu_tanh", "none": "gelu"}[mlp.fc1.gelu]
         block.attn.qkv = PackedLinear(block.attn.qkv, batch_hint=batch_hint)
         block.attn.proj = PackedLinear(block.attn.proj, batch_hint=batch_hint)
         mlp.fc1 = PackedLinear(mlp.fc1, act, batch_hint)
-        mlp.act = nn.Identity()  # now inside fc1
         mlp.fc2 = PackedLinear(mlp.fc2, batch_hint=batch_hint)
     return model
+
+
+def _packable(model: nn.Module) -> bool:
+    """oneDNN's packed layout is for CPU tensors; on a GPU the copies stay plain."""
+    return onednn_available() and next(model.parameters()).device.type == "cpu"
+
+
+def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, packed: bool = True) -> Serving:
+    """A copy of `model` in `dtype` (bf16, or fp16 for GPUs) for inference: takes fp32
+    images, returns fp32 logits. On the CPU, `packed` (the default) also packs the
+    encoder's Dense layers once and fuses the GELU (see `PackedLinear`)."""
+    m = copy.deepcopy(model).eval().to(dtype)
+    if packed and dtype == torch.bfloat16 and _packable(m):  # oneDNN's fp16 wants AVX512-FP16
+        with torch.no_grad():
+            pack_linears(m)
+    return Serving(m, dtype)
 
 
 def to_bfloat16(model: VisionTransformer, packed: bool = True) -> Serving:
@@ -98,20 +118,17 @@ def to_bfloat16(model: VisionTransformer, packed: bool = True) -> Serving:
     `packed` (default, where oneDNN is available) also packs the encoder's Dense layers once
     and fuses the GELU (see `PackedLinear`).
     """
-    m = copy.deepcopy(model).eval().to(torch.bfloat16)
-    if packed and onednn_available():
-        with torch.no_grad():
-            pack_linears(m)
-    return Serving(m, torch.bfloat16)
+    return to_reduced(model, torch.bfloat16, packed)
 
 
 def to_packed_fp32(model: VisionTransformer) -> VisionTransformer:
     """An fp32 inference copy with oneDNN-packed Dense layers and fused GELU: the same
-    numbers as `model` to float32 rounding, without autograd."""
+    numbers as `model` to float32 rounding, without autograd (on a GPU: a plain copy)."""
     m = copy.deepcopy(model).eval()
-    if onednn_available():
+    if _packable(m):
         with torch.no_grad():
             pack_linears(m)
+    m.serving = "fp32-packed"  # its packed layout is for this process: vitlab.save refuses it
     return m
 
 
@@ -130,6 +147,7 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (out,)
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.gelu = getattr(linear, "gelu", None)  # the MLP's first Dense layer carries its GELU
         # Kept as (out, in); `_int_mm` takes its transposed view without a copy.
         self.register_buffer("weight_int8", q)
         self.register_buffer("weight_scale", scale)
@@ -144,23 +162,51 @@ class Int8Linear(nn.Module):
         y = acc.float().mul_(x_scale).mul_(self.weight_scale)
         if self.bias is not None:
             y.add_(self.bias)
+        if self.gelu is not None:
+            y = F.gelu(y, approximate=self.gelu)
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-def quantize_int8(model: VisionTransformer) -> VisionTransformer:
+def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None) -> nn.Module:
     """An inference copy of `model` whose encoder Dense layers run in int8.
 
-    The patch embedding, position embedding, LayerNorms, softmax and the head stay fp32:
-    they are a small share of the time and the most sensitive to rounding.
+    With `calibration` images (normalised as the model expects; a few hundred training
+    images): static scales, smoothed LayerNorm outliers and oneDNN's int8 kernels, bf16
+    elsewhere (`vitlab.deploy.int8`): the fast mode on x86 CPUs with VNNI or AMX. Without:
+    `Int8Linear` (scales per token at run time, `torch._int_mm`), which runs anywhere; the
+    patch embedding, position embedding, LayerNorms, softmax and the head then stay fp32.
     """
+    if calibration is not None:
+        return Serving(quantize_calibrated(model, calibration), torch.bfloat16)
     model = copy.deepcopy(model).eval()
     for block in model.blocks:
         for parent, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc1"), (block.mlp, "fc2")):
             setattr(parent, name, Int8Linear(getattr(parent, name)))
+    model.serving = "int8"  # saved by save_int8, not vitlab.save (its tensors are not a ViT's)
     return model
+
+
+def save_int8(model: VisionTransformer, path) -> None:
+    """Write an int8 copy (`quantize_int8`) as a vitlab .safetensors file whose metadata says
+    so: the int8 weights with their scales, the rest fp32 (about a quarter of the fp32 size
+    for the encoder). `load_int8` reads it back; `vitlab.load` refuses it by name."""
+    if getattr(model, "serving", "") != "int8":
+        raise ValueError("save_int8 takes the int8 copy that vitlab.deploy.quantize_int8(model) returns")
+    io.write_state(model.config, io.contiguous_state(model), model.class_names, path,
+                   extra_metadata={io.SERVING_KEY: "int8"})
+
+
+def load_int8(path) -> VisionTransformer:
+    """The int8 copy `save_int8` wrote, ready to run (and to export with torch.export)."""
+    imported = io.read(path, serving="int8")
+    with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
+        model = quantize_int8(VisionTransformer(imported.config))
+    model.load_state_dict(imported.state, strict=True)
+    model.class_names = imported.class_names
+    return model.eval()
 
 
 @dataclass
@@ -185,11 +231,12 @@ def agreement(reference: nn.Module, candidate: nn.Module, images: Tensor, batch_
     return Agreement(same / max(len(images), 1), diff, len(images))
 
 
-PRECISIONS = ("fp32", "fp32-packed", "bf16", "int8")
+PRECISIONS = ("fp32", "fp32-packed", "bf16", "fp16", "int8")
 
 
-def for_precision(model: VisionTransformer, precision: str) -> nn.Module:
-    """The inference copy of `model` for a precision name ("fp32" returns the model itself)."""
+def for_precision(model: VisionTransformer, precision: str, calibration: Optional[Tensor] = None) -> nn.Module:
+    """The inference copy of `model` for a precision name ("fp32" returns the model itself);
+    `calibration` images are for int8 (see `quantize_int8`)."""
     if precision == "fp32":
         return model.eval()
     if not hasattr(model, "blocks"):
@@ -199,6 +246,8 @@ def for_precision(model: VisionTransformer, precision: str) -> nn.Module:
         return to_packed_fp32(model)
     if precision == "bf16":
         return to_bfloat16(model)
+    if precision == "fp16":
+        return to_reduced(model, torch.float16)
     if precision == "int8":
-        return quantize_int8(model)
+        return quantize_int8(model, calibration)
     raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")

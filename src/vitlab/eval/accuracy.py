@@ -7,11 +7,14 @@ added before dividing: `batch_counts` per batch, add them up, `metrics_from_coun
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from vitlab.data import foreign
+from vitlab.data.transforms import model_transform
 
 
 def batch_counts(logits: Tensor, labels: Tensor, num_classes: int) -> dict[str, Tensor]:
@@ -58,19 +61,24 @@ def metrics_from_counts(sums: dict[str, Tensor]) -> dict[str, Any]:
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
-    batches: Iterable,
-    num_classes: int,
+    data: Any,
+    num_classes: Optional[int] = None,
     device: str | torch.device = "cpu",
     autocast_dtype: Optional[torch.dtype] = None,
+    batch_size: int = 128,
 ) -> dict[str, Any]:
-    """Top-1/top-5/loss/per-class/confusion of `model` over `batches` of (images, labels, ...)."""
+    """Top-1/top-5/loss/per-class/confusion of `model` on `data`: any dataset (torch,
+    torchvision, Hugging Face `datasets`, vitlab), a DataLoader, or an iterable of
+    (images, labels, ...) batches. Raw images get the model's own preprocessing
+    (`vitlab.transform`); `num_classes` defaults to the model's."""
     device = torch.device(device)
+    num_classes = num_classes or model.config.num_classes
     was_training = model.training
     model.eval()
     total = None
     try:
-        for batch in batches:
-            images, labels = batch[0].to(device), batch[1].to(device)
+        for images, labels in foreign.batches(data, preprocessing(model), batch_size):
+            images, labels = images.to(device), labels.to(device)
             with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
                 logits = model(images)
             total = add_counts(total, batch_counts(logits.float(), labels, num_classes))
@@ -79,6 +87,17 @@ def evaluate(
     if total is None:
         raise ValueError("the evaluation data is empty")
     return metrics_from_counts(total)
+
+
+def preprocessing(model: torch.nn.Module):
+    """The model's eval transform, for data that arrives as raw images."""
+    config = getattr(model, "config", None)
+    if config is None:
+        def refuse(image):
+            raise ValueError(f"{type(model).__name__} has no config to preprocess raw images with; give float tensors")
+
+        return refuse
+    return model_transform(config)
 
 
 def report(metrics: dict[str, Any], class_names: list[str]) -> str:

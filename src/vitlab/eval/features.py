@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 import torch
 
+from vitlab.data import foreign
+from vitlab.eval.accuracy import preprocessing
 from vitlab.files import atomic_write, cache_dir
 
 
@@ -66,11 +68,14 @@ def extract_features(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features (N, F) float32, labels (N,) int64) for the dataset's images, in its order.
 
+    `dataset` is any dataset (torch, torchvision, Hugging Face `datasets`, vitlab) or a
+    DataLoader; raw images get the model's own preprocessing (`vitlab.transform`).
     max_per_class keeps the first that many images of each class (for a streaming dataset
     it stops reading once every class is full, given `num_classes`); limit caps the total.
     """
     model.eval()
     device = next(model.parameters()).device
+    dataset = foreign.wrap(dataset, preprocessing(model))
     labels_known = _dataset_labels(dataset)
     items: Iterable
     if labels_known is not None and (max_per_class or limit):

@@ -42,6 +42,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from vitlab.eval.features import extract_features
+
 BIAS_CONSTANT = 100.0
 # 2^-10 ... 2^20 in steps of 4x: wide enough for whitened features of any width.
 L2_GRID: tuple[float, ...] = tuple(2.0**k for k in range(-10, 21, 2))
@@ -172,3 +174,15 @@ def fewshot_eval(
             "l2": l2s,
         }
     return out
+
+
+def fewshot_from_data(model: torch.nn.Module, train, test, *, batch_size: int = 128,
+                      max_per_class: Optional[int] = None, **options) -> dict:
+    """`fewshot_eval` on the frozen representation of `model` (features.extract_features)
+    for any two datasets or DataLoaders (torch, torchvision, Hugging Face, vitlab).
+    `max_per_class` caps the training images read (the largest shot count is enough)."""
+    shots = options.get("shots", (1, 5, 10, 25))
+    cap = max_per_class or max(shots)
+    tr_x, tr_y = extract_features(model, train, batch_size=batch_size, max_per_class=cap)
+    te_x, te_y = extract_features(model, test, batch_size=batch_size)
+    return fewshot_eval(tr_x, tr_y, te_x, te_y, **options)

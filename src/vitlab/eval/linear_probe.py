@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitlab.eval.features import extract_features
+
 
 def _standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor]:
     mean = train.mean(0, keepdim=True)
@@ -103,3 +105,12 @@ def knn_accuracy(
         pred = score.argmax(1).numpy()
         correct += int((pred == test_labels[start : start + chunk]).sum())
     return correct / len(te)
+
+
+def linear_probe_from_data(model: torch.nn.Module, train, test, *, C: float = 1.0, batch_size: int = 128,
+                           max_iter: int = 500) -> dict:
+    """`logistic_probe` on the frozen representation of `model` (features.extract_features)
+    for any two datasets or DataLoaders (torch, torchvision, Hugging Face, vitlab)."""
+    tr_x, tr_y = extract_features(model, train, batch_size=batch_size)
+    te_x, te_y = extract_features(model, test, batch_size=batch_size)
+    return logistic_probe(tr_x, tr_y, te_x, te_y, C=C, max_iter=max_iter)

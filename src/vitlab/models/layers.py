@@ -11,6 +11,54 @@ from torch import Tensor, nn
 from vitlab.models.pos_embed import resize_line
 
 
+# Dense layers at inference on the CPU go to oneDNN. PyTorch sends fp32 products to MKL, which
+# on AMD CPUs runs its AVX2 code at about half the rate of oneDNN's AVX-512 kernels (measured
+# on an EPYC at ViT-B/16's shapes: 100 against 220 GFLOP/s per core), and MKL's addmm first
+# copies the bias into the output; oneDNN adds the bias and the MLP's GELU in the same pass.
+# Autograd, autocast, tracing and compiling keep `F.linear`, whose kernels they know.
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+_ONEDNN = onednn_available()
+_POST_OPS = {None: ("none", [], ""), "none": ("gelu", [], "none"), "tanh": ("gelu", [], "tanh")}
+
+
+def _onednn_inference(x: Tensor, weight: Tensor) -> bool:
+    return (
+        _ONEDNN
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+    )
+
+
+def dense(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: Optional[str] = None) -> Tensor:
+    """x W^T + b, then GELU if `gelu` is "none" (exact) or "tanh"; weight is (out, in)."""
+    if _onednn_inference(x, weight):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, *_POST_OPS[gelu])
+    y = F.linear(x, weight, bias)
+    return y if gelu is None else F.gelu(y, approximate=gelu)
+
+
+class Dense(nn.Linear):
+    """A Dense layer (`nn.Linear`: the same parameters), optionally followed by GELU."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, gelu: Optional[str] = None):
+        super().__init__(in_features, out_features, bias)
+        self.gelu = gelu  # None, or GELU's form as F.gelu names it: "none" (exact), "tanh"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dense(x, self.weight, self.bias, self.gelu)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.gelu is None else f", gelu={self.gelu}")
+
+
 class DropPath(nn.Module):
     """Stochastic depth: drop a whole residual branch per sample while training."""
 
@@ -49,7 +97,7 @@ class PatchEmbed(nn.Module):
         P = self.patch_size
         gh, gw = H // P, W // P
         patches = x.reshape(B, C, gh, P, gw, P).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * P * P)
-        return F.linear(patches, self.proj.weight.flatten(1), self.proj.bias), (gh, gw)  # (B, N, D), raster order
+        return dense(patches, self.proj.weight.flatten(1), self.proj.bias), (gh, gw)  # (B, N, D), raster order
 
 
 class Attention(nn.Module):
@@ -75,8 +123,8 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)  # q, k, v along the output axis
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = Dense(dim, 3 * dim, bias=qkv_bias)  # q, k, v along the output axis
+        self.proj = Dense(dim, dim)
         self.attention_dropout = attention_dropout
         self.proj_drop = nn.Dropout(dropout)
         self.rel_embedding: Optional[nn.Parameter] = None
@@ -113,6 +161,14 @@ class Attention(nn.Module):
         still a key and a value. Not with relative attention (its offsets assume all queries)."""
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        # On the CPU, bf16 attention is faster as two oneDNN matrix products around a softmax
+        # than in the fused kernel: 2x forward at ViT-B/16's shapes, 2-5x backward (torch 2.14).
+        # In fp32 the fused kernel is the faster one. On a GPU the fused (flash) kernel stays:
+        # it is fast there and never stores (T, T) matrices.
+        cpu_bf16 = qkv.dtype == torch.bfloat16 and qkv.device.type == "cpu"
+        exact = return_attention or cpu_bf16
+        if exact:  # one copy to (3, B, h, T, dh), so the batched products read q, k, v in place
+            qkv = qkv.contiguous()
         q, k, v = qkv.unbind(0)  # each (B, h, T, dh)
         bias = self.relative_logits(q) if self.rel_embedding is not None else None
         if queries is not None:
@@ -121,12 +177,6 @@ class Attention(nn.Module):
             q, T = q[:, :, :queries], queries  # (B, h, n, dh)
         p_drop = self.attention_dropout if self.training else 0.0
         attn = None
-        # The fused kernel is the faster forward on CPU, but its bf16 backward is 2-5x slower
-        # than the backward of the plain matmul-softmax (torch 2.14, measured at ViT shapes):
-        # a bf16 graph that will be differentiated on the CPU takes the exact path. On a GPU
-        # the fused (flash) kernel stays: it is fast there and never stores (T, T) matrices.
-        slow_fused_backward = q.requires_grad and q.dtype == torch.bfloat16 and q.device.type == "cpu"
-        exact = return_attention or slow_fused_backward
         if exact:
             logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, T, T)
             if bias is not None:
@@ -145,16 +195,15 @@ class Mlp(nn.Module):
 
     def __init__(self, dim: int, hidden: int, gelu: str = "exact", dropout: float = 0.0):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc1 = Dense(dim, hidden, gelu="tanh" if gelu == "tanh" else "none")  # Dense -> GELU
+        self.fc2 = Dense(hidden, dim)
         self.drop = nn.Dropout(dropout)
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
             nn.init.normal_(fc.bias, std=1e-6)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        return self.drop(self.fc2(self.drop(self.fc1(x))))
 
 
 class Block(nn.Module):

@@ -2,28 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
-from vitlab.data import open_dataset, training_subset
+from vitlab.data import foreign, open_dataset, training_subset
+from vitlab.data.transforms import model_transform, train_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
+
+
+# A checkpoint's evaluation crop belongs to its pre-training data (ImageNet's 0.875); a
+# fine-tuned model is evaluated on whole images, as the paper does, unless the section says.
+FINETUNE_PREPROCESSING = {"crop_fraction": 1.0, "crop_mode": "squash"}
 
 
 def architecture(section: ModelSection) -> ModelConfig:
     """The network a run trains, before the class count is known: a registered variant, or
     the one a start checkpoint holds, with the section's changes."""
     if section.checkpoint:
-        return checkpoints.read_checkpoint(section.checkpoint).config.replace(**section.changes)
+        return checkpoints.read_checkpoint(section.checkpoint).config.replace(**{**FINETUNE_PREPROCESSING, **section.changes})
     return variant_config(section.name, **section.changes)
 
 
 def build_model(section: ModelSection, class_names: list[str]) -> Model:
     changes = {"num_classes": len(class_names), **section.changes}
     if section.checkpoint:
+        changes = {**FINETUNE_PREPROCESSING, **changes}
         # Fine-tuning (§3.2): position embeddings resized to the new resolution, the head
         # replaced when the class count changes, pre-logits dropped with representation_size=None.
         model = checkpoints.load(section.checkpoint, **changes)
@@ -43,9 +50,39 @@ def fresh_model(config: ModelConfig) -> Model:
         return build(config)
 
 
-def open_datasets(cfg: RunConfig, model: ModelConfig) -> tuple[Any, dict[str, Any]]:
-    """(training set, {evaluation split: dataset}) with the model's preprocessing; the
-    training set cut to data.train_fraction / data.train_size (a fixed, balanced subset)."""
+def describe_source(source: Any) -> str:
+    """What the config records for a dataset given as an object: its type and size."""
+    size = f", {len(source)} items" if hasattr(source, "__len__") else ""
+    return f"object:{type(source).__module__.split('.')[0]}.{type(source).__name__}{size}"
+
+
+def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """Datasets given as objects, with the model's preprocessing: the recipe's augmentation
+    for training, the model's own eval transform (vitlab.transform) for evaluation. Training
+    needs a map-style set: exact resume and many processes pick items by index."""
+    d = cfg.data
+    train, evals = sources
+    if isinstance(train, torch.utils.data.DataLoader):
+        train = train.dataset  # vitlab's own sampler sets the order and the batch
+    train_set = foreign.wrap(train, train_transform(
+        model.image_size, model.mean, model.std, model.in_channels, crop_scale=d.crop_scale, crop_ratio=d.crop_ratio,
+        hflip=d.hflip, randaugment=d.randaugment, randaugment_magnitude=d.randaugment_magnitude,
+        interpolation=model.interpolation), seed=cfg.train.seed)
+    if not hasattr(train_set, "__len__") or isinstance(train_set, torch.utils.data.IterableDataset):
+        raise ConfigError("training data given as a stream (an IterableDataset): give a map-style dataset (with "
+                          "__len__ and __getitem__), which an exact resume and many processes can index")
+    names = train_set.class_names
+    train_set = training_subset(train_set, d.train_fraction, d.train_size, d.subset_seed)
+    return train_set, {split: foreign.wrap(src, model_transform(model), names) for split, src in evals.items()}
+
+
+def open_datasets(cfg: RunConfig, model: ModelConfig,
+                  sources: Optional[tuple[Any, dict[str, Any]]] = None) -> tuple[Any, dict[str, Any]]:
+    """(training set, {evaluation split: dataset}) with the model's preprocessing, from the
+    config's data specs or from `sources` (objects; see wrap_sources); the training set cut to
+    data.train_fraction / data.train_size (a fixed, balanced subset)."""
+    if sources is not None:
+        return wrap_sources(cfg, model, sources)
     d = cfg.data
     options: dict[str, Any] = dict(
         crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
@@ -57,7 +94,8 @@ def open_datasets(cfg: RunConfig, model: ModelConfig) -> tuple[Any, dict[str, An
         extra = {"classes": list(d.classes)} if spec.startswith("wds:") and d.classes else {}
         return open_dataset(
             spec, split, image_size=model.image_size, in_channels=model.in_channels, mean=model.mean, std=model.std,
-            train=train, seed=cfg.train.seed, **options, **extra,
+            train=train, seed=cfg.train.seed, interpolation=model.interpolation, **options, **extra,
+            **({} if train else {"crop_fraction": model.crop_fraction, "crop_mode": model.crop_mode}),
         )
 
     eval_spec = d.eval_data or d.name

@@ -6,13 +6,21 @@ embeddings are resized to the new patch grid. SGD with momentum 0.9, cosine deca
 decay, gradient clipping at 1, batch 512, and the number of steps per dataset of Table 4.
 The learning rate is chosen from Table 4's grid on a held-out dev split (2% of CIFAR, 10% of
 Pets and Flowers, 1% of ImageNet), then the run is repeated on the whole training set.
+
+The paper's numbers are for 224 px ImageNet models and large targets. `fit_defaults` keeps
+their proportions on other checkpoints and data: the warm-up is at most 5% of the run (the
+paper's 500 of 10,000 steps), the batch no larger than the training set, and, where the
+training set is small, the learning rate comes from a quick form of the sweep (Table 4's
+grid, each rate trained for a quarter of the steps) instead of a fixed default.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 from vitlab.config import RunConfig
 from vitlab.files import atomic_write_text
@@ -30,30 +38,130 @@ TABLE4_LRS = {
 }
 
 
+DEFAULT_GRID = (0.001, 0.003, 0.01, 0.03)  # Table 4's grid for every dataset but ImageNet and VTAB
+DEFAULT_STEPS = 500  # Table 4's count for its small datasets (Pets, Flowers), for data it does not list
+WARMUP_SHARE = 0.05  # the paper's 500 warm-up steps of 10,000 (Appendix B.1.1)
+SMALL_DATA = 20_000  # training sets up to this size get the quick learning-rate sweep by default
+QUICK_SHARE = 0.1  # each quick-sweep run trains for this share of the run's steps (40% more compute in all)
+MIN_STEPS_PER_EPOCH = 4  # the batch leaves at least this many steps per epoch (Table 4's Flowers: 2,040 / 512)
+RESOLUTION_STEP = 384 / 224  # the paper's step up: pre-trained at 224, fine-tuned at 384 (§3.2)
+
+
+@dataclass
+class Defaults:
+    """What fit_defaults decided: the config, the plan-line notes, and whether (and how long)
+    a quick learning-rate sweep runs first."""
+
+    config: RunConfig
+    notes: list[str] = field(default_factory=list)
+    quick_sweep_steps: Optional[int] = None
+
+
+def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_asked: bool = False) -> Defaults:
+    """The recipe's numbers fitted to this checkpoint and data; `explicit` holds the keys the
+    user set (`train.batch_size`, `optim.warmup_steps`, `optim.lr`, `model.image_size`), which
+    are left as they are."""
+    t, o = cfg.train, cfg.optim
+    changes: dict[str, Any] = {}
+    notes = []
+    fill = max(1, n_train // MIN_STEPS_PER_EPOCH)
+    if "train.batch_size" not in explicit and t.batch_size > fill:
+        batch = 2 ** max(0, fill.bit_length() - 1)  # a power of two, at least MIN_STEPS_PER_EPOCH steps per epoch
+        changes["train.batch_size"] = batch
+        notes.append(f"batch {batch}: the recipe's {t.batch_size} is more than a quarter of the {n_train:,} "
+                     "training images (the paper's smallest set, Flowers, has 4 batches an epoch)")
+    batch = changes.get("train.batch_size", t.batch_size)
+    total = t.steps or max(1, math.ceil(t.epochs * (n_train // batch)))
+    cap = max(1, round(WARMUP_SHARE * total))
+    if "optim.warmup_steps" not in explicit and o.warmup_steps > cap:
+        changes["optim.warmup_steps"] = cap
+        notes.append(f"warm-up {cap} steps: 5% of the {total} (the paper's 500 of 10,000); the recipe's "
+                     f"{o.warmup_steps} would outlast the run")
+    quick = None
+    if not lr_sweep_asked and "optim.lr" not in explicit:
+        if n_train <= SMALL_DATA:
+            quick = max(20, round(QUICK_SHARE * total))
+            notes.append(f"learning rate: a quick sweep first, Table 4's grid, {quick} steps per rate on the "
+                         "training set minus a dev split, scored on the dev split (--lr to skip it; --lr-sweep for the full one)")
+        else:
+            notes.append(f"learning rate {o.lr:g}: the recipe's, not chosen for this data; the best of Table 4's "
+                         "grid (0.001-0.03) can be far better (docs/training.md: 46.5% vs 61.9%); --lr-sweep picks it")
+    return Defaults(cfg.with_overrides(changes) if changes else cfg, notes, quick)
+
+
+def resolution_note(image_size: tuple[int, int], explicit: bool) -> str:
+    h, w = image_size
+    if explicit:
+        return f"resolution {h}x{w} (--image-size)"
+    return (f"resolution {h}x{w}: the checkpoint's own; --image-size N fine-tunes at another (the paper steps "
+            "up, 224 to 384: it pays when the images hold detail finer than the patches see, at ~3x the cost)")
+
+
+def paper_resolution(image_size: tuple[int, int], stride: int) -> int:
+    """The paper's step up from this resolution (224 -> 384), on the patch grid."""
+    return max(stride, round(image_size[0] * RESOLUTION_STEP / stride) * stride)
+
+
 def lr_sweep(
     cfg: RunConfig,
     out: Path,
     grid: tuple[float, ...],
     train_fn: Callable[[RunConfig, Path], dict[str, Any]],
     log: Callable[[str], None] = print,
+    sweep_steps: Optional[int] = None,
 ) -> dict[str, Any]:
     """Train once per learning rate on train-minus-dev, score on dev, retrain the best on train.
 
     `train_fn(config, run_folder) -> summary` runs one training (the Trainer). Each sweep run
     has its own folder under out/sweep/, so a stopped sweep resumes where it was.
+    `sweep_steps` shortens the sweep runs (the quick sweep), their warm-up kept at 5%.
     """
-    scores = {}
+    scores, counts = {}, {}
+    short = {}
+    if sweep_steps:
+        short = {"train.steps": sweep_steps, "train.epochs": 0.0,
+                 "optim.warmup_steps": min(cfg.optim.warmup_steps, max(1, round(WARMUP_SHARE * sweep_steps)))}
     for lr in grid:
         sweep_cfg = cfg.with_overrides(
-            {"optim.lr": lr, "data.train_split": "train-minus-dev", "data.eval_splits": ["dev"], "data.eval_data": ""}
+            {"optim.lr": lr, "data.train_split": "train-minus-dev", "data.eval_splits": ["dev"], "data.eval_data": "",
+             **short}
         )
         summary = train_fn(sweep_cfg, out / "sweep" / f"lr-{lr:g}")
-        scores[lr] = summary["splits"]["dev"]["top1"]
+        scores[lr], counts[lr] = summary["splits"]["dev"]["top1"], summary["splits"]["dev"]["count"]
         log(f"lr-sweep: lr {lr:g} -> dev top-1 {scores[lr]:.2%}")
     best = max(grid, key=lambda lr: (scores[lr], -lr))
-    log(f"lr-sweep: best lr {best:g}; training on the full training set")
+    edge, noise = edge_note(grid, best), noise_note(scores, counts[best])
+    log(f"lr-sweep: best lr {best:g}" + "".join(f"; {n}" for n in (edge, noise) if n)
+        + "; training on the full training set")
     final = train_fn(cfg.with_overrides({"optim.lr": best}), out / "final")
-    result = {"grid": list(grid), "dev_top1": {f"{k:g}": v for k, v in scores.items()}, "best_lr": best, "final": final}
+    result = {"grid": list(grid), "dev_top1": {f"{k:g}": v for k, v in scores.items()}, "best_lr": best,
+              "at_edge": bool(edge), "within_noise": bool(noise), "final": final}
     if distributed.is_main_process():
         atomic_write_text(out / "sweep.json", json.dumps(result, indent=2))
     return result
+
+
+def edge_note(grid: tuple[float, ...], best: float) -> str:
+    """A warning when the best rate is the grid's smallest or largest: the optimum may lie beyond."""
+    if len(grid) < 2 or best not in (min(grid), max(grid)):
+        return ""
+    side, beyond = ("smallest", min(grid) / 3) if best == min(grid) else ("largest", max(grid) * 3)
+    return (f"it is the grid's {side} rate, so a better one may lie beyond it: try --lr-grid with {beyond:.2g} "
+            "on that side")
+
+
+def noise_note(scores: dict[float, float], dev_count: int) -> str:
+    """A warning when the best rate's dev score is within sampling noise of the runner-up's:
+    two standard errors of the difference of two accuracies on `dev_count` images. The paper's
+    dev splits (Table 4: 2% of CIFAR is 1,000 images) tell rates apart; a small dev split or
+    runs too short to leave chance may not, and then the pick is a coin toss."""
+    if len(scores) < 2 or dev_count < 1:
+        return ""
+    best, second = sorted(scores.values(), reverse=True)[:2]
+    p = (best + second) / 2
+    margin = 2 * math.sqrt(2 * p * (1 - p) / dev_count)
+    if best - second > margin:
+        return ""
+    return (f"the best two dev scores ({best:.1%}, {second:.1%}) are within sampling noise of each other on "
+            f"{dev_count} dev images (2 standard errors: {margin:.1%}), so the choice is uncertain: longer sweep "
+            "runs (--lr-sweep) or a rate of your own (--lr) decide it")

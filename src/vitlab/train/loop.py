@@ -21,6 +21,7 @@ import copy
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +37,21 @@ from vitlab.data.loader import batches_per_epoch
 from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed, state
-from vitlab.train.build import build_model, open_datasets, architecture
+from vitlab.train.build import architecture, build_model, describe_source, open_datasets
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.objectives import Objective, build_objective
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, final_report, plot_run, truncate_after
+from vitlab.train.report import MetricsLog, Progress, eval_batches, final_report, plot_run, truncate_after
 from vitlab.train.run_folder import RunFolder
+from vitlab.train.tracking import check as check_trackers, open_trackers
+
+# Devices where train.precision=fp16 runs. fp16 autocast needs a loss scaler because fp16's
+# range underflows small gradients; CPUs have no fp16 matrix units (bf16 is their fast type,
+# with fp32's range and no scaler), so fp16 is refused there rather than run slowly.
+FP16_DEVICES = ("cuda",)
+# What `extend` lets differ from the run folder's config: the length (the schedule is then the
+# new length's; the steps already taken stay as they were).
+EXTENDABLE = frozenset({"train.steps", "train.epochs"})
 
 
 class TrainingDiverged(RuntimeError):
@@ -81,6 +91,7 @@ class Run:
     window: dict[str, float] = field(default_factory=dict)
     bad_images: int = 0
     compute: Optional[ComputeMeter] = None
+    scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
 
 
 def new_window() -> dict[str, float]:
@@ -89,26 +100,57 @@ def new_window() -> dict[str, float]:
 
 
 class Trainer:
-    def __init__(self, config: RunConfig, out: str | Path, command: str = "", quiet: bool = False):
+    """One training run. The data is the config's spec (`data.name`), or any dataset given as
+    `data=` (a torch or torchvision Dataset, a Hugging Face `datasets.Dataset`, a DataLoader
+    over a map-style dataset: see vitlab.data.foreign) with `eval_data=` one such set or a
+    dict {split: set}; the config then records what they were. `notes` are printed with the
+    plan line (what the fine-tuning defaults chose, and why). `quiet` prints only the final
+    summary; `trackers` ("wandb", "mlflow", "tensorboard") also receive every metrics record;
+    `extend` lets a finished or running run continue to a new train.steps/train.epochs
+    (`vitlab train --resume RUN --steps N`)."""
+
+    def __init__(self, config: RunConfig, out: str | Path, command: str = "", quiet: bool = False,
+                 data: Any = None, eval_data: Any = None, notes: tuple[str, ...] = (),
+                 trackers: tuple[str, ...] = (), extend: bool = False):
+        self.sources = None
+        if data is not None:
+            evals = eval_data if isinstance(eval_data, dict) else ({"test": eval_data} if eval_data is not None else {})
+            self.sources = (data, evals)
+            config = config.with_overrides({"data.name": describe_source(data), "data.eval_data": "",
+                                            "data.eval_splits": list(evals)})
+        elif eval_data is not None:
+            raise ConfigError("eval_data= needs data= too (or put both in the config's data section)")
         self.cfg = config
         self.folder = RunFolder(out)
         self.out = self.folder.path
         self.command = command
         self.quiet = quiet
+        self.notes = tuple(notes)
+        self.trackers = tuple(trackers)
+        self.extend = extend
 
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
+        check_trackers(list(self.trackers))
+        if t.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"train.device={t.device}: torch sees no CUDA GPU on this machine (a CPU-only build, "
+                              "or no driver); use --device cpu, or auto to take a GPU when there is one")
         ctx = distributed.setup(t.device, t.parallel)
         self.ctx = ctx
         try:
+            self._check_precision(ctx)
             mode = self._claim_folder(ctx)
             run = self._prepare(ctx)
             resume_from = state.latest(self.folder.checkpoints) if mode == "resume" else None
             if resume_from is None and mode == "resume" and ctx.is_main:
                 truncate_after(self.folder.metrics, 0)  # died before its first checkpoint: start again
+            if resume_from is not None and resume_from > run.plan.total:
+                raise ConfigError(f"{self.out} has already trained {resume_from} steps; to extend it, ask for more "
+                                  f"than that (--steps), not {run.plan.total}")
             if resume_from == run.plan.total and self.folder.summary.exists():
-                self._say(f"{self.out}: this run is already complete ({run.plan.total} steps); "
-                          f"its results are in {self.folder.summary}")
+                if ctx.is_main:  # printed with --quiet too: it is this command's summary
+                    print(f"{self.out}: this run is already complete ({run.plan.total} steps); "
+                          f"its results are in {self.folder.summary}", flush=True)
                 return json.loads(self.folder.summary.read_text())
             self._restore(run, resume_from)
             train_seconds = self._train(run)
@@ -121,6 +163,24 @@ class Trainer:
         if self.ctx.is_main and not self.quiet:
             print(text, flush=True)
 
+    def _warn(self, text: str) -> None:
+        """A warning: on stderr, even with --quiet."""
+        if self.ctx.is_main:
+            print(f"warning: {text}", file=sys.stderr, flush=True)
+
+    def _check_precision(self, ctx: distributed.Context) -> None:
+        t = self.cfg.train
+        if t.precision != "fp16":
+            return
+        if ctx.device.type not in FP16_DEVICES:
+            raise ConfigError(
+                f"train.precision=fp16 needs a CUDA GPU (fp16 autocast with a loss scaler); this run is on "
+                f"{ctx.device.type}, which has no fast fp16: use train.precision=bf16 (--bf16), same speed-up "
+                "where supported and no scaler needed"
+            )
+        if ctx.parallel == "fsdp":
+            raise ConfigError("train.precision=fp16 is not supported with FSDP (its scaler is sharded); use bf16")
+
     # Prepare ------------------------------------------------------------------------------
     def _claim_folder(self, ctx: distributed.Context) -> str:
         """"new" or "resume", decided on rank 0 and told to every process (a refusal too,
@@ -128,7 +188,7 @@ class Trainer:
         mode: Any = None
         if ctx.is_main:
             try:
-                mode = self.folder.state(self.cfg)
+                mode = self.folder.state(self.cfg, allow=EXTENDABLE if self.extend else ())
             except ConfigError as e:
                 mode = e
         mode = distributed.broadcast_object(mode, ctx)
@@ -145,7 +205,7 @@ class Trainer:
         random.seed(t.seed)
         np.random.seed(t.seed)
         torch.manual_seed(t.seed)
-        train_set, eval_sets = open_datasets(cfg, architecture(cfg.model))
+        train_set, eval_sets = open_datasets(cfg, architecture(cfg.model), self.sources)
         model = build_model(cfg.model, train_set.class_names)
         objective = build_objective(model, cfg)
         return Run(ctx, cfg, model, objective, train_set, eval_sets, self._plan(train_set, ctx))
@@ -181,6 +241,8 @@ class Trainer:
         run.wrapped = distributed.wrap(run.objective, ctx, inner=run.model)
         run.optimizer = build_optimizer(run.objective, self.cfg.optim)
         run.ema = EMA(run.model, t.ema) if t.ema > 0 else None
+        if t.precision == "fp16":
+            run.scaler = torch.amp.GradScaler(ctx.device.type)
         run.step_fn = torch.compile(run.wrapped) if t.compile else run.wrapped
         run.compute = ComputeMeter(run.model.config, ctx.device, ctx.world)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
@@ -198,6 +260,8 @@ class Trainer:
             if note:
                 self._say(f"note: {note}")
             run.window.update(saved.meta.get("log_window", {}))
+            if run.scaler is not None and "grad_scaler" in saved.meta:
+                run.scaler.load_state_dict(saved.meta["grad_scaler"])  # its scale is part of exact resume
             self._say(f"resuming {self.out} from step {run.start} of {run.plan.total}")
         elif ctx.rank > 0:
             torch.manual_seed(t.seed + 7919 * ctx.rank)  # different dropout/Mixup draws per process
@@ -207,9 +271,14 @@ class Trainer:
         """Every step from run.start to the end; returns the training seconds (all sessions)."""
         cfg, t, ctx = self.cfg, self.cfg.train, run.ctx
         if ctx.is_main:
-            run.log = MetricsLog(self.out)
+            run.log = MetricsLog(self.out, open_trackers(list(self.trackers), self.out, cfg.to_dict()))
             run.progress = None if self.quiet else Progress(run.plan.total, run.start)
-        self._say(self._plan_line(run))
+        self._say("\n  ".join((self._plan_line(run), *self.notes)))
+        if cfg.optim.warmup_steps >= run.plan.total:
+            self._warn(
+                f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
+                f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps"
+            )
         loader = iter(make_loader(
             run.train_set, run.plan.per_rank, seed=t.seed, rank=ctx.rank, world=ctx.world, train=True,
             start_step=run.start, num_steps=run.plan.total - run.start, num_workers=cfg.data.num_workers,
@@ -258,14 +327,20 @@ class Trainer:
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
             with distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)):
                 loss, metrics = run.step_fn(x, y)
-                (loss * (y.shape[0] / n)).backward()  # the mean over this process's batch, however split
+                share = loss * (y.shape[0] / n)  # the mean over this process's batch, however split
+                (run.scaler.scale(share) if run.scaler else share).backward()
             loss_value += float(loss.detach()) * y.shape[0] / n
             acc_value += float(metrics.get("accuracy", float("nan"))) * y.shape[0] / n
         grad_norm = float("nan")
+        if run.scaler is not None:
+            run.scaler.unscale_(run.optimizer)  # clip the true gradients, not the scaled ones
         if optim_cfg.clip_grad_norm > 0:
             params = [p for p in run.objective.parameters() if p.requires_grad]
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, optim_cfg.clip_grad_norm))
-        bad = not math.isfinite(loss_value) or (optim_cfg.clip_grad_norm > 0 and not math.isfinite(grad_norm))
+        # Under fp16 an infinite gradient is the scaler's business (it skips the step and lowers
+        # the scale); only a non-finite loss means the run diverged.
+        grads_checked = optim_cfg.clip_grad_norm > 0 and run.scaler is None
+        bad = not math.isfinite(loss_value) or (grads_checked and not math.isfinite(grad_norm))
         if distributed.any_flag(bad, ctx):
             where = f"the last good checkpoint is {run.last_good}" if run.last_good else "no checkpoint was written yet"
             raise TrainingDiverged(
@@ -273,14 +348,20 @@ class Trainer:
                 f"updating the weights, {where}. Lower optim.lr, lengthen optim.warmup_steps or keep "
                 "optim.clip_grad_norm=1"
             )
-        run.optimizer.step()
+        if run.scaler is not None:
+            run.scaler.step(run.optimizer)
+            run.scaler.update()
+        else:
+            run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
         if run.ema is not None:
             run.ema.update(run.model)
         return loss_value, acc_value
 
     def _autocast(self, ctx: distributed.Context) -> dict[str, Any]:
-        return dict(device_type=ctx.device.type, dtype=torch.bfloat16, enabled=self.cfg.train.precision == "bf16")
+        precision = self.cfg.train.precision
+        dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+        return dict(device_type=ctx.device.type, dtype=dtype, enabled=precision != "fp32")
 
     def _log_step(self, run: Run, step: int, loss: float, acc: float, lr: float, n: int) -> None:
         w, t = run.window, self.cfg.train
@@ -294,7 +375,7 @@ class Trainer:
         if run.ctx.is_main:
             rate = w["images"] / max(time.perf_counter() - w["t"], 1e-9)
             if run.progress:
-                run.progress.update(step, loss, lr, rate, log_now)
+                run.progress.update(step, w["loss"] / w["n"], lr, rate, log_now, last_loss=loss)
             if log_now:
                 run.log.write({
                     "step": step, "epoch": round(step / run.plan.per_epoch, 4), "split": "train",
@@ -320,8 +401,9 @@ class Trainer:
                 train=False, num_workers=self.cfg.data.num_workers,
             )
             sums = None
+            shown = eval_batches(loader, split, _size(dataset), quiet=self.quiet or not ctx.is_main)
             with torch.no_grad(), torch.autocast(**self._autocast(ctx)):
-                for images, labels, _ in loader:
+                for images, labels, _ in shown:
                     if labels.numel():
                         sums = add_counts(sums, target.eval_step(images.to(ctx.device), labels.to(ctx.device)))
             if sums is None:
@@ -336,8 +418,9 @@ class Trainer:
     def _log_eval(self, run: Run, step: int, split: str, metrics: dict[str, Any], final: bool) -> None:
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         record = {"step": step, "epoch": round(step / run.plan.per_epoch, 4), "split": split, **scalars}
-        if "top1" in scalars:
-            record["accuracy"] = scalars["top1"]
+        accuracy = scalars.get("top1", scalars.get("color_acc"))  # what this objective calls accuracy
+        if accuracy is not None:
+            record["accuracy"] = accuracy
         run.log.write(record)
         line = f"eval {split} @ step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in scalars.items() if k != "count")
         if run.progress and not final:
@@ -352,6 +435,8 @@ class Trainer:
         done = self._compute(run)
         compute = {"images": done["images_seen"], "wall_s": run.compute.wall_s, "cpu_s": done["cpu_s"]}
         extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute}
+        if run.scaler is not None:
+            extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
 
     def _compute(self, run: Run) -> dict[str, Any]:
@@ -381,9 +466,18 @@ class Trainer:
         }
         if not run.ctx.is_main:
             return summary
+        where = [tracker.where for tracker in run.log.trackers]
         run.log.close()
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
-        notes = plot_run(self.folder, results, names) + ([run.log.tb_note] if run.log.tb_note else [])
-        if not self.quiet:
-            print(final_report(self.folder, summary, results, notes), flush=True)
+        title = f"{run.model.config.name} on {self.cfg.data.name} ({self.out.name})"
+        notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
+        print(final_report(self.folder, summary, results, notes, where), flush=True)  # --quiet too
         return summary
+
+
+def _size(dataset: Any) -> Optional[int]:
+    """The number of images of an evaluation set, when it knows it (a stream may not)."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None

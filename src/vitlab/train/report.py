@@ -1,48 +1,48 @@
-"""What a run tells its user: metrics.jsonl, TensorBoard events, a progress bar or plain
-log lines, and the learning-curve PNG. Only rank 0 builds one of these."""
+"""What a run tells its user: metrics.jsonl (and the trackers asked for with `--log`), the
+progress of training and of evaluation, the figures, and the final print. Only rank 0
+builds one of these.
+
+Progress is tqdm's bar on a terminal; in a log file or CI, where a bar would be a stream of
+carriage returns, it is a plain line every `train.log_every` steps.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Iterable, Optional, Sequence, TextIO
+
+from tqdm import tqdm
 
 from vitlab.analysis import plots
 from vitlab.files import atomic_write_text
 from vitlab.train.compute import format_compute
+from vitlab.train.tracking import Tracker
+
+# What "accuracy" means in a run's metrics, per objective (the learning curve's axis label).
+ACCURACY_LABELS = {"supervised": "top-1 accuracy", "mpp": "colour accuracy of corrupted patches (§4.6)"}
 
 
 class MetricsLog:
-    """Appends one JSON object per line to metrics.jsonl (and TensorBoard when installed)."""
+    """Appends one JSON object per line to metrics.jsonl and hands each record to the trackers."""
 
-    def __init__(self, folder: Path, tensorboard: bool = True):
+    def __init__(self, folder: Path, trackers: Sequence[Tracker] = ()):
         self.path = folder / "metrics.jsonl"
         self.file = open(self.path, "a", buffering=1)
-        self.writer = None
-        self.tb_note = ""
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(str(folder / "tensorboard"))
-            except Exception:  # tensorboard missing or broken: the JSON lines are enough
-                self.tb_note = "tensorboard is not installed: no event files (pip install tensorboard)"
+        self.trackers = list(trackers)
 
     def write(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps(record) + "\n")
-        if self.writer is not None:
-            split, step = record.get("split", "train"), record["step"]
-            for k, v in record.items():
-                if k not in ("step", "split", "epoch") and isinstance(v, (int, float)) and math.isfinite(v):
-                    self.writer.add_scalar(f"{split}/{k}", v, step)
+        for tracker in self.trackers:
+            tracker.log(record)
 
     def close(self) -> None:
         self.file.close()
-        if self.writer is not None:
-            self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def truncate_after(path: Path, step: int) -> None:
@@ -54,63 +54,130 @@ def truncate_after(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 
+def is_terminal(stream: TextIO) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
 class Progress:
-    """A one-line bar (throughput, loss, ETA) on a terminal; plain lines every `log_every`
-    steps elsewhere (a log file, CI)."""
+    """Training progress: a tqdm bar on a terminal (updated every step); plain lines elsewhere
+    (a log file, CI): after the first step, on `log_line` steps, and whenever EVERY_S seconds
+    pass without a line -- from a watcher thread too, so that a step longer than that (a
+    large model on a CPU) still shows life within seconds, on any machine.
 
-    def __init__(self, total: int, start: int = 0, stream: TextIO = sys.stderr, tty: Optional[bool] = None):
-        self.total, self.start = total, start
-        self.stream = stream
-        self.tty = stream.isatty() if tty is None else tty
-        self.t0 = time.perf_counter()
+    `loss` is the mean over the steps since the last log line (what metrics.jsonl records as
+    "loss"); `last_loss`, when given, is the latest step's own loss. Both are named so on
+    the console, because the two differ by the noise of one batch.
+    """
 
-    def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool) -> None:
-        done = step - self.start
-        elapsed = time.perf_counter() - self.t0
-        eta = elapsed / max(done, 1) * (self.total - step)
-        text = f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {images_per_s:,.0f} img/s  ETA {_fmt(eta)}"
-        if self.tty:
-            width = 24
-            filled = int(width * step / max(self.total, 1))
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\033[K")
-            self.stream.flush()
-        elif log_line:
-            print(text, file=self.stream, flush=True)
+    EVERY_S = 10.0
+
+    def __init__(self, total: int, start: int = 0, stream: Optional[TextIO] = None, tty: Optional[bool] = None):
+        self.total, self.start, self.step = total, start, start
+        self.stream = stream or sys.stderr
+        self.tty = is_terminal(self.stream) if tty is None else tty
+        self.t0 = self.last_line = time.perf_counter()
+        self.first = True
+        self.bar = tqdm(total=total, initial=start, file=self.stream, disable=not self.tty, unit="step",
+                        dynamic_ncols=True, desc="train")
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.watcher = None
+        if not self.tty:
+            self.watcher = threading.Thread(target=self._watch, daemon=True, name="vitlab-progress")
+            self.watcher.start()
+
+    def _watch(self) -> None:
+        while not self.stop.wait(1.0):
+            with self.lock:
+                quiet_for = time.perf_counter() - self.last_line
+                if quiet_for >= self.EVERY_S:
+                    self._line(f"step {self.step + 1}/{self.total} running ({format_seconds(quiet_for)} since the last line)")
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+        self.last_line = time.perf_counter()
+
+    def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool,
+               last_loss: Optional[float] = None) -> None:
+        last = f"  last loss {last_loss:.4f}" if last_loss is not None else ""
+        numbers = f"mean loss {loss:.4f}{last}  lr {lr:.2e}  {images_per_s:,.0f} img/s"
+        with self.lock:
+            self.step = step
+            if self.tty:
+                self.bar.set_postfix_str(numbers, refresh=False)
+                self.bar.update(step - self.bar.n)
+            elif log_line or self.first or time.perf_counter() - self.last_line >= self.EVERY_S:
+                elapsed = time.perf_counter() - self.t0
+                eta = elapsed / max(step - self.start, 1) * (self.total - step)
+                self._line(f"step {step}/{self.total}  {numbers}  ETA {format_seconds(eta)}")
+            self.first = False
 
     def message(self, text: str) -> None:
-        if self.tty:
-            self.stream.write("\r\033[K")
-        print(text, file=self.stream, flush=True)
+        """A line of its own (an evaluation result, a note) that leaves the bar intact."""
+        with self.lock:
+            if self.tty:
+                self.bar.write(text, file=self.stream)
+            else:
+                self._line(text)
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        self.stop.set()
+        if self.watcher is not None:
+            self.watcher.join(timeout=2.0)
+        self.bar.close()
 
 
-def _fmt(seconds: float) -> str:
+def eval_batches(batches: Iterable, split: str, count: Optional[int], stream: Optional[TextIO] = None,
+                 quiet: bool = False) -> Iterable:
+    """Evaluation batches with progress: a bar over the images on a terminal, one line saying
+    what is being evaluated elsewhere (so a long final evaluation never looks like a hang)."""
+    stream = stream or sys.stderr
+    size = f"{count:,} images" if count else "all images"
+    if not is_terminal(stream):
+        if not quiet:
+            print(f"evaluating {split}: {size}", file=stream, flush=True)
+        return batches
+    bar = tqdm(total=count or None, file=stream, unit="img", desc=f"eval {split}", leave=False,
+               dynamic_ncols=True, disable=quiet)
+
+    def counted():
+        with bar:
+            for batch in batches:
+                yield batch
+                bar.update(len(batch[1]))
+
+    return counted()
+
+
+def format_seconds(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def plot_run(folder, results: dict[str, dict[str, Any]], class_names: list[str]) -> list[str]:
+def plot_run(folder, results: dict[str, dict[str, Any]], class_names: list[str], title: str = "",
+             objective: str = "supervised") -> list[str]:
     """The run's figures: the learning curve and a confusion matrix per split. Returns notes
     for what could not be drawn (matplotlib is an optional extra)."""
-    note = plot_learning_curve(folder.metrics, folder.path / "learning_curve.png")
-    if note:
-        return [note]
-    for split, m in results.items():
-        if "confusion" in m:
-            plots.plot_confusion(m["confusion"], class_names, folder.path / f"confusion_{split}.png")
+    try:
+        plot_learning_curve(folder.metrics, folder.path / "learning_curve.png", title, objective)
+        for split, m in results.items():
+            if "confusion" in m:
+                plots.plot_confusion(m["confusion"], class_names, folder.path / f"confusion_{split}.png",
+                                     title=f"{title}: {split}" if title else split)
+    except ImportError:
+        return ["matplotlib is not installed: no learning curve or confusion matrix (pip install 'vitlab[plots]')"]
     return []
 
 
-def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, Any]], notes: list[str]) -> str:
+def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, Any]], notes: list[str],
+                 tracker_lines: Sequence[str] = ()) -> str:
     """What `vitlab train` prints at the end: the results, then where every output is."""
     lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
     for split, m in results.items():
         if "top1" in m:
             lines.append(f"  {split}: top-1 {m['top1']:.2%}  top-5 {m['top5']:.2%}  loss {m['loss']:.4f}")
+        elif "color_acc" in m:
+            lines.append(f"  {split}: colour accuracy {m['color_acc']:.2%}  loss {m['loss']:.4f}")
     if summary["bad_images_skipped"]:
         lines.append(f"  skipped {summary['bad_images_skipped']} unreadable images (--skip-bad-images)")
     if summary.get("compute"):
@@ -125,25 +192,30 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
     ]
     if (out / "learning_curve.png").exists():
         lines.append(f"  learning curve  {out / 'learning_curve.png'}")
-    if (out / "tensorboard").exists():
-        lines.append(f"  tensorboard     tensorboard --logdir {out / 'tensorboard'}")
+    for split in results:
+        if (out / f"confusion_{split}.png").exists():
+            lines.append(f"  confusion       {out / f'confusion_{split}.png'}")
+    lines += [f"  {line}" for line in tracker_lines]
     return "\n".join(lines + [f"  note: {n}" for n in notes])
 
 
-def plot_learning_curve(metrics_path: Path, out: Path) -> Optional[str]:
-    """Loss and accuracy against step, train and evaluation splits. Returns a note instead of
-    writing the file when matplotlib is missing."""
+def read_curves(metrics_path: Path) -> dict[str, dict[str, list]]:
+    """metrics.jsonl as one series per split: step, loss, accuracy and (train) lr."""
     series: dict[str, dict[str, list]] = {}
     for line in metrics_path.read_text().splitlines():
         if not line.strip():
             continue
         r = json.loads(line)
-        s = series.setdefault(r.get("split", "train"), {"step": [], "loss": [], "accuracy": []})
+        s = series.setdefault(r.get("split", "train"), {"step": [], "loss": [], "accuracy": [], "lr": []})
         s["step"].append(r["step"])
         s["loss"].append(r.get("loss", float("nan")))
-        s["accuracy"].append(r.get("accuracy", r.get("top1", float("nan"))))
-    try:
-        plots.plot_learning_curve(series, out)
-    except ImportError:
-        return "matplotlib is not installed: no learning-curve PNG (pip install matplotlib)"
-    return None
+        s["accuracy"].append(r.get("accuracy", r.get("top1", r.get("color_acc", float("nan")))))
+        s["lr"].append(r.get("lr", float("nan")))
+    return series
+
+
+def plot_learning_curve(metrics_path: Path, out: Path, title: str = "", objective: str = "supervised") -> Path:
+    """Loss and accuracy against step (the training windows as lines, each evaluation as a
+    point), the learning rate on a second axis. Raises ImportError without matplotlib."""
+    label = ACCURACY_LABELS.get(objective, "accuracy")
+    return plots.plot_learning_curve(read_curves(metrics_path), out, title=title, accuracy_label=label)

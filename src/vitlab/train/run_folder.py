@@ -14,7 +14,7 @@ outputs are never overwritten by another run's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import yaml
 
@@ -36,8 +36,9 @@ class RunFolder:
         self.summary = self.path / "summary.json"
         self.checkpoints = self.path / "checkpoints"
 
-    def state(self, cfg: RunConfig) -> str:
-        """"new" (absent or empty) or "resume" (this run's folder); refuses anything else."""
+    def state(self, cfg: RunConfig, allow: Iterable[str] = ()) -> str:
+        """"new" (absent or empty) or "resume" (this run's folder); refuses anything else.
+        `allow`: keys that may differ besides RESUMABLE_CHANGES (an extended run's length)."""
         if not self.path.exists() or (self.path.is_dir() and not any(self.path.iterdir())):
             return "new"
         if not self.path.is_dir():
@@ -47,7 +48,7 @@ class RunFolder:
                 f"{self.path} exists and is not a vitlab run folder (no config.yaml); refusing to write into it: "
                 "choose a new --out folder"
             )
-        diffs = config_differences(self.read_config(), cfg)
+        diffs = config_differences(self.read_config(), cfg, RESUMABLE_CHANGES | set(allow))
         if diffs:
             raise ConfigError(
                 f"{self.path} holds a run with a different config ({'; '.join(diffs[:6])}); "

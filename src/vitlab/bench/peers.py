@@ -13,6 +13,8 @@ from typing import Callable
 
 from torch import Tensor, nn
 
+from vitlab.checkpoints.timm import create_timm_model
+from vitlab.checkpoints.torchvision import create_torchvision_model
 from vitlab.config import BiTConfig, ViTConfig
 
 PEERS = ("timm", "hf", "torchvision")
@@ -31,8 +33,6 @@ def _check_plain(cfg: ViTConfig) -> None:
 def timm_vit(cfg: ViTConfig) -> nn.Module:
     # The converter's builder: the timm model that computes what vitlab's does (GELU form,
     # epsilon, GAP without timm's extra fc_norm), so the two are timed on the same function.
-    from vitlab.checkpoints.timm import create_timm_model
-
     if not isinstance(cfg, BiTConfig):  # a BiT ResNet is timm's ResNetV2, built by the same converter
         _check_plain(cfg)
     return create_timm_model(cfg).eval()
@@ -50,6 +50,7 @@ class _Logits(nn.Module):
 
 
 def hf_vit(cfg: ViTConfig) -> nn.Module:
+    # transformers is an optional peer and slow to import: only when this peer is built.
     from transformers import ViTConfig as HFConfig
     from transformers import ViTForImageClassification
 
@@ -74,20 +75,10 @@ def hf_vit(cfg: ViTConfig) -> nn.Module:
 
 
 def torchvision_vit(cfg: ViTConfig) -> nn.Module:
-    from torchvision.models.vision_transformer import VisionTransformer as TvViT
-
+    # The converter's builder too; torchvision's GELU is always the exact one, so a tanh
+    # variant is timed with exact GELU here (the full suite also runs everyone on exact GELU).
     _check_plain(cfg)
-    if cfg.classifier != "token" or cfg.image_size[0] != cfg.image_size[1]:
-        raise ValueError(f"{cfg.name}: torchvision's ViT needs a class token and square images")
-    return TvViT(
-        image_size=cfg.image_size[0],
-        patch_size=cfg.patch_size,
-        num_layers=cfg.depth,
-        num_heads=cfg.num_heads,
-        hidden_dim=cfg.hidden_size,
-        mlp_dim=cfg.mlp_dim,
-        num_classes=cfg.num_classes,
-    ).eval()
+    return create_torchvision_model(cfg.replace(gelu="exact")).eval()
 
 
 BUILDERS: dict[str, Callable[[ViTConfig], nn.Module]] = {

@@ -1,0 +1,249 @@
+"""Sharing a model on the Hugging Face Hub: one folder every library reads, a model card, an upload.
+
+The folder is transformers' `save_pretrained` layout (config.json, model.safetensors,
+preprocessor_config.json), so `ViTForImageClassification.from_pretrained` reads it. When
+timm can build the model (a plain ViT with timm's LayerNorm epsilon), timm's weights sit
+beside it as timm_model.safetensors and config.json carries timm's keys too (architecture,
+model_args, pretrained_cfg with `hf_hub_filename`), so `timm.create_model("hf-hub:ORG/NAME",
+pretrained=True)` reads it as well; transformers ignores those keys. README.md is the model
+card: the architecture, the data and the metrics of the run (its summary.json and
+config.yaml), the preprocessing, and how to load the model in vitlab, timm and transformers.
+
+`push` writes the folder and uploads it with huggingface_hub (the token from $HF_TOKEN or
+`hf auth login`, $HF_ENDPOINT for another Hub); `write_folder` alone needs no network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from vitlab.checkpoints import hf, hub, timm
+from vitlab.checkpoints.io import CheckpointError
+from vitlab.checkpoints.tables import export_state
+from vitlab.config import model_flops
+from vitlab.files import atomic_write, atomic_write_text
+
+TIMM_WEIGHTS = "timm_model.safetensors"
+CARD = "README.md"
+
+
+# The run a model came from ------------------------------------------------------------------
+def find_run(checkpoint: str | os.PathLike) -> Optional[Path]:
+    """The run folder of a checkpoint: the folder itself, or RUN for RUN/checkpoints/X."""
+    p = Path(checkpoint)
+    for folder in (p, p.parent.parent if p.parent.name == "checkpoints" else None):
+        if folder is not None and (folder / "summary.json").is_file():
+            return folder
+    return None
+
+
+def run_facts(run: Optional[Path]) -> dict[str, Any]:
+    """What a model card says about the training run: summary.json and config.yaml."""
+    if run is None:
+        return {}
+    facts: dict[str, Any] = {}
+    try:
+        facts["summary"] = json.loads((run / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{run / 'summary.json'}: not readable JSON ({e})") from None
+    if (run / "config.yaml").is_file():
+        facts["config"] = yaml.safe_load((run / "config.yaml").read_text()) or {}
+    return facts
+
+
+# The folder -----------------------------------------------------------------------------------
+def timm_readable(model) -> Optional[str]:
+    """None when timm's Hub loader can rebuild the model, else why not."""
+    try:
+        timm.check_writable(model.config)
+        timm.hub_config(model)
+    except CheckpointError as e:
+        return str(e)
+    return None
+
+
+def write_folder(model, folder: str | os.PathLike, repo_id: str = "ORG/NAME", run: Optional[Path] = None,
+                 with_timm: bool = True) -> list[str]:
+    """Write the shareable folder (see the module docstring); returns the files written."""
+    folder = Path(folder)
+    hf.write(model, folder)
+    files = ["config.json", "model.safetensors", "preprocessor_config.json"]
+    why_not = timm_readable(model) if with_timm else "not requested"
+    if why_not is None:
+        from safetensors.torch import save_file
+
+        state = export_state(timm.rules(model.config), model.state_dict(), f"{folder} (timm)")
+        state = {k: v.contiguous() for k, v in state.items()}
+        atomic_write(folder / TIMM_WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+        config = json.loads((folder / "config.json").read_text())
+        config.update(timm.hub_config(model, TIMM_WEIGHTS))
+        atomic_write_text(folder / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        files.append(TIMM_WEIGHTS)
+    atomic_write_text(folder / CARD, model_card(model, repo_id, run_facts(run), why_not))
+    files.append(CARD)
+    return files
+
+
+# The model card -------------------------------------------------------------------------------
+def _front_matter(model, facts: dict[str, Any]) -> str:
+    meta: dict[str, Any] = {
+        "library_name": "transformers",
+        "pipeline_tag": "image-classification" if model.config.num_classes else "image-feature-extraction",
+        "tags": ["vitlab", "vision-transformer", "timm", "image-classification"],
+    }
+    data = (facts.get("config") or {}).get("data", {}).get("name")
+    if data:
+        meta["tags"].append(f"dataset:{str(data).split(':')[0]}")
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
+
+
+def _architecture(model) -> list[str]:
+    cfg = model.config
+    params = sum(p.numel() for p in model.parameters())
+    h, w = cfg.image_size
+    return [
+        "## Architecture",
+        "",
+        f"{cfg.name}: a Vision Transformer (Dosovitskiy et al., 2021) of width {cfg.hidden_size}, "
+        f"depth {cfg.depth}, {cfg.num_heads} heads, MLP {cfg.mlp_dim}, {cfg.total_stride}x{cfg.total_stride} "
+        f"patches at {h}x{w} ({cfg.num_patches} patches), classifier `{cfg.classifier}`, "
+        f"{cfg.num_classes} classes; {params:,} parameters, {model_flops(cfg) / 1e9:.2f} GFLOPs per image.",
+        "",
+    ]
+
+
+def _data_and_metrics(model, facts: dict[str, Any]) -> list[str]:
+    lines = ["## Data", ""]
+    config, summary = facts.get("config") or {}, facts.get("summary") or {}
+    data, train = config.get("data") or {}, config.get("train") or {}
+    if data.get("name"):
+        lines.append(f"Trained on `{data['name']}` (split `{data.get('train_split', 'train')}`), "
+                     f"{summary.get('steps', train.get('steps', '?'))} steps of batch {train.get('batch_size', '?')} "
+                     f"({summary.get('epochs', '?')} epochs).")
+    else:
+        lines.append("No training run was given (`vitlab push RUN_FOLDER` reads its summary.json and config.yaml).")
+    names = model.class_names or []
+    if names:
+        shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+        lines += ["", f"Classes: {shown}."]
+    lines += ["", "## Metrics", ""]
+    splits = summary.get("splits") or {}
+    rows = [(s, m) for s, m in splits.items() if isinstance(m, dict) and "top1" in m]
+    if rows:
+        lines += ["| split | top-1 | top-5 | loss |", "| --- | --- | --- | --- |"]
+        lines += [f"| {s} | {m['top1']:.2%} | {m.get('top5', float('nan')):.2%} | {m.get('loss', float('nan')):.4f} |"
+                  for s, m in rows]
+    else:
+        lines.append("None recorded.")
+    return lines + [""]
+
+
+def _preprocessing(model) -> list[str]:
+    cfg = model.config
+    h, w = cfg.image_size
+    if cfg.crop_fraction < 1:
+        side = "both sides" if cfg.crop_mode == "squash" else "the shorter side"
+        resize = f"resize {side} to {h}/{cfg.crop_fraction:g} ({cfg.interpolation}), centre-crop {h}x{w}"
+    else:
+        resize = f"resize to {h}x{w} ({cfg.interpolation}" + (", shorter side, centre crop)" if cfg.crop_mode == "center" else ")")
+    return [
+        "## Preprocessing",
+        "",
+        f"RGB, {resize}, scale to [0, 1], normalise with mean {list(cfg.mean)} and std {list(cfg.std)}. "
+        "`vitlab.transform(model)` and timm's `resolve_data_config` give exactly this; transformers' "
+        "ViT processor resizes the whole image (no crop).",
+        "",
+    ]
+
+
+def _how_to_load(repo_id: str, why_not_timm: Optional[str]) -> list[str]:
+    lines = [
+        "## How to load it",
+        "",
+        "vitlab:",
+        "```python",
+        "import vitlab",
+        f'model = vitlab.load("hf-hub:{repo_id}")',
+        "preprocess = vitlab.transform(model)",
+        "```",
+        "",
+        "transformers:",
+        "```python",
+        "from transformers import AutoImageProcessor, ViTForImageClassification",
+        f'model = ViTForImageClassification.from_pretrained("{repo_id}")',
+        f'processor = AutoImageProcessor.from_pretrained("{repo_id}")',
+        "```",
+        "",
+    ]
+    if why_not_timm is None:
+        lines += [
+            "timm:",
+            "```python",
+            "import timm",
+            f'model = timm.create_model("hf-hub:{repo_id}", pretrained=True)',
+            "transform = timm.data.create_transform(**timm.data.resolve_data_config(model=model))",
+            "```",
+        ]
+    else:
+        lines += [f"timm: no timm weights in this repo ({why_not_timm})."]
+    return lines + [""]
+
+
+def model_card(model, repo_id: str, facts: dict[str, Any], why_not_timm: Optional[str] = None) -> str:
+    title = repo_id.split("/")[-1]
+    body = [f"# {title}", "", f"A `{model.config.name}` Vision Transformer, written by vitlab.", ""]
+    body += _architecture(model) + _data_and_metrics(model, facts) + _preprocessing(model)
+    body += _how_to_load(repo_id, why_not_timm)
+    return _front_matter(model, facts) + "\n" + "\n".join(body)
+
+
+# The upload -----------------------------------------------------------------------------------
+def repo_of(target: str) -> str:
+    """ORG/NAME from "hf-hub:ORG/NAME" or "ORG/NAME" (a revision is passed separately)."""
+    name = target if target.startswith(hub.HF_PREFIX) else hub.HF_PREFIX + target
+    repo = hub.parse_hub_name(name)
+    if repo is None or "/" not in repo.repo_id or repo.revision:
+        raise CheckpointError(f"{target!r}: push to a repo named ORG/NAME (or hf-hub:ORG/NAME), without @REVISION")
+    return repo.repo_id
+
+
+def push(model, target: str, run: Optional[str | os.PathLike] = None, token: Optional[str] = None,
+         private: Optional[bool] = None, revision: Optional[str] = None, commit_message: Optional[str] = None,
+         with_timm: bool = True) -> str:
+    """Write the folder for `model` and upload it to the Hub repo `target` (created when
+    absent); returns the commit's URL. `run` is the training run folder for the card."""
+    repo_id = repo_of(target)
+    if hub.offline():
+        raise CheckpointError(
+            f"cannot push to {repo_id}: offline mode is on ($HF_HUB_OFFLINE or $VITLAB_OFFLINE); unset it, or "
+            "write the folder alone with `vitlab push ... --folder DIR` and upload it later"
+        )
+    hub._require_hub()
+    from huggingface_hub import HfApi, errors
+
+    api = HfApi(endpoint=hub.hub_endpoint(), token=token)
+    with tempfile.TemporaryDirectory(prefix="vitlab-push-") as tmp:
+        write_folder(model, Path(tmp) / "repo", repo_id, Path(run) if run else None, with_timm)
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            info = api.upload_folder(
+                repo_id=repo_id, folder_path=str(Path(tmp) / "repo"), revision=revision,
+                commit_message=commit_message or f"Upload {model.config.name} with vitlab",
+            )
+        except errors.HfHubHTTPError as e:
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            if status in (401, 403):
+                raise CheckpointError(
+                    f"the Hub refused the upload to {repo_id} (HTTP {status}): set HF_TOKEN to a token with write "
+                    "access (or run `hf auth login`)"
+                ) from None
+            raise CheckpointError(f"upload to {repo_id} failed: {str(e).splitlines()[0]}") from None
+        except OSError as e:
+            raise CheckpointError(f"upload to {repo_id} failed: no connection to {api.endpoint} ({e})") from None
+    return str(info.commit_url)

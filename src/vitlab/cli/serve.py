@@ -1,0 +1,141 @@
+"""`vitlab serve CHECKPOINT`: the model behind HTTP (FastAPI + uvicorn), batched, with a page."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from vitlab.cli.common import open_checkpoint
+
+HELP = "serve a classifier over HTTP: batched /predict, attention maps, a page to try it"
+DESCRIPTION = """\
+Serve a classification checkpoint over HTTP. Concurrent requests are batched (up to
+--max-batch images, waiting at most --max-wait-ms for the batch to fill) on one copy of the
+model in the chosen precision (bf16 and int8 are vitlab.deploy's fast CPU copies).
+
+  POST /predict      images as multipart `file` fields or the raw body; ?top_k=5;
+                     ?attention=true adds the attention rollout (PNG overlay and grid)
+  GET  /health       200 once the model is loaded and warmed up, 503 before
+  GET  /info         model config, classes, preprocessing, the server's limits
+  GET  /metrics      Prometheus text format
+  GET  /docs         the OpenAPI page;   GET /   a page to try the model in a browser
+
+The checkpoint is loaded before the port is bound: a checkpoint that cannot be read is
+refused with a one-line error. The server listens on 127.0.0.1 (this machine only) unless
+--host says otherwise. SIGTERM lets the requests in flight finish, then exits 0.
+
+examples:
+  vitlab serve runs/cifar10/checkpoints/last.safetensors
+  vitlab serve model.safetensors --precision bf16 --max-batch 32 --port 8080
+  VITLAB_API_KEY=s3cret vitlab serve model.safetensors --host 0.0.0.0
+"""
+
+# The ServeConfig fields the command line sets; the defaults live in ServeConfig alone.
+OPTIONS = (
+    "host", "port", "max_batch", "max_wait_ms", "max_upload_mb", "max_files", "max_pixels", "max_connections", "api_key"
+)
+
+
+def add_arguments(p) -> None:
+    from vitlab.config.serve import ServeConfig
+
+    d = ServeConfig
+    p.add_argument("checkpoint", help="a classification checkpoint in any format vitlab reads, or a pretrained name")
+    p.add_argument("--format", help="the checkpoint's format, when detection cannot tell")
+    p.add_argument("--host", help=f"interface to listen on (default {d.host}: this machine only; 0.0.0.0: all)")
+    p.add_argument("--port", type=int, help=f"port (default {d.port}; 0 picks a free one)")
+    p.add_argument(  # checked in run(): naming vitlab.deploy's list here would import torch for --help
+        "--precision", default="fp32", help="the inference copy: fp32 (default), bf16, int8 or fp32-packed"
+    )
+    p.add_argument("--max-batch", type=int, help=f"images per forward pass (default {d.max_batch})")
+    p.add_argument("--max-wait-ms", type=float, help=f"how long a batch waits to fill (default {d.max_wait_ms:g})")
+    p.add_argument("--max-upload-mb", type=float, help=f"request size limit in MiB (default {d.max_upload_mb:g})")
+    p.add_argument("--max-files", type=int, help=f"images per request (default {d.max_files})")
+    p.add_argument("--max-pixels", type=int, help=f"pixels one image may decode to (default {d.max_pixels:,})")
+    p.add_argument("--max-connections", type=int, help=f"open connections (default {d.max_connections}; more: 503)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VITLAB_API_KEY"),
+        help="require this key on /predict (X-API-Key header); default $VITLAB_API_KEY, which other users "
+        "of the machine cannot read from the process list",
+    )
+    p.add_argument("--access-log", action="store_true", help="log every request (off: /metrics counts them)")
+
+
+def run(args) -> int:
+    from vitlab.cli import UsageError
+    from vitlab.config.serve import ServeConfig
+
+    from vitlab.deploy.serving import PRECISIONS
+
+    config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})
+    if args.precision not in PRECISIONS:
+        raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
+    model, _ = open_checkpoint(args.checkpoint, args.format)  # before the port: a bad file binds nothing
+    if not model.config.num_classes:
+        raise UsageError(
+            f"{args.checkpoint}: the checkpoint has no classification head (num_classes=0); fine-tune it "
+            "(`vitlab finetune`) before serving it"
+        )
+    from vitlab.serve import Engine, create_app
+
+    engine = Engine(model, args.precision, checkpoint=Path(args.checkpoint).name)
+    sock = _bind(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    if not ipaddress.ip_address(host).is_loopback:
+        guard = "" if config.api_key else "; /predict is open to them (set --api-key)"
+        say(f"listening on {host}: every machine that can reach this one can use the model{guard}")
+    say(f"{engine.config.name} ({args.precision}) at {url}  (the page: {url}/  the API: {url}/docs); warming up")
+    app = create_app(engine, config, on_ready=lambda s: say(f"ready ({s:.1f} s warm-up)"))
+    return _serve(app, sock, config, args.access_log)
+
+
+def say(message: str) -> None:
+    print(f"vitlab serve: {message}", file=sys.stderr, flush=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    from vitlab.cli import UsageError
+
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET  # checked by ServeConfig
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        raise UsageError(
+            f"cannot listen on {host}:{port} ({e.strerror}); pick another --port (0: any free one)"
+        ) from None
+    # Accepted connections inherit this. Without it, on a kept-alive connection each answer
+    # (headers, then body: two writes) waits for the client's delayed ACK: about 40 ms a request.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _serve(app, sock: socket.socket, config, access_log: bool) -> int:
+    # uvicorn is the serve extra's; imported here so the other commands start without it.
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=access_log,
+            timeout_graceful_shutdown=config.shutdown_timeout_s,
+            limit_concurrency=config.max_connections,
+            lifespan="on",
+        )
+    )
+    # uvicorn finishes the requests in flight on SIGTERM, then raises the signal again for the
+    # handler it found installed. That handler is this no-op, so a graceful stop exits 0.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
+    say("stopped")
+    return 0 if server.started else 1

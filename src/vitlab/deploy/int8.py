@@ -1,0 +1,161 @@
+"""int8 serving on oneDNN's u8 x s8 kernels (AVX512-VNNI, AMX-int8), calibrated on images.
+
+`quantize_calibrated(model, images)` returns a copy whose encoder Dense layers (paper §3.1,
+Eq. 2-3: qkv, the attention projection, the MLP's two layers) multiply int8 numbers with
+int32 accumulation, and whose other parts (LayerNorm, attention's softmax, the residual
+stream) run in bf16. Three choices make it fast and keep it accurate:
+
+- **Static activation scales.** Each Dense layer's input range is measured once on the
+  calibration images, so no call spends a pass over its input finding the range; the MLP's
+  first layer writes its GELU output directly as uint8 for the second.
+- **Smoothing (SmoothQuant, Xiao et al. 2023).** A ViT's LayerNorm outputs have a few
+  channels with large values; one scale for the whole tensor would spend its 256 levels on
+  them. Dividing channel j by s_j = a_j^0.5 / w_j^0.5 (a_j: the activation's largest |value|,
+  w_j: the weight column's) and multiplying the weight column by s_j computes the same
+  function in exact arithmetic; the division is folded into the LayerNorm's affine weights,
+  so it costs nothing at run time.
+- **Per-channel weight scales**, symmetric int8, one scale per output channel.
+
+`vitlab.deploy.serving.quantize_int8` without calibration images keeps the portable layer
+(`torch._int_mm`, scales found per token at run time); this one needs oneDNN's kernels
+(`torch.ops.onednn.qlinear_pointwise`, on x86 PyTorch builds).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from vitlab.models.layers import Block, Dense
+from vitlab.models.vit import VisionTransformer
+
+ALPHA = 0.5  # SmoothQuant's migration strength: half of the outliers' range moves to the weights
+
+
+def available() -> bool:
+    return hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+def affine_u8(lo: float, hi: float) -> tuple[float, int]:
+    """Scale and zero point mapping [lo, hi] (widened to hold 0) onto 0..255."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = max(hi - lo, 1e-8) / 255.0
+    return scale, int(min(max(round(-lo / scale), 0), 255))
+
+
+class CalibratedInt8Linear(nn.Module):
+    """y = s_x s_w (q_x - z_x) q_w^T + b, with q_x uint8 (a static scale and zero point),
+    q_w int8 (a scale per output channel), on oneDNN; GELU fused where the Dense layer had
+    one. Output in `out_dtype`, or uint8 at `out_range` (the next layer's input)."""
+
+    def __init__(self, linear: Dense, x_range: tuple[float, float],
+                 out_range: Optional[tuple[float, float]] = None, out_dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        w = linear.weight.detach().float()  # (out, in)
+        w_scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q = torch.round(w / w_scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.x_scale, self.x_zero = affine_u8(*x_range)
+        self.out_scale, self.out_zero = affine_u8(*out_range) if out_range else (1.0, 0)
+        self.out_dtype = None if out_range else out_dtype  # None: oneDNN writes uint8
+        gelu = getattr(linear, "gelu", None)
+        self.post = ("none", [], "") if gelu is None else ("gelu", [], gelu)
+        # Not persistent: a packed layout is for this process and machine, not for a file.
+        self.register_buffer("weight_packed", torch.ops.onednn.qlinear_prepack(q, None), persistent=False)
+        self.register_buffer("weight_scale", w_scale)
+        self.register_buffer("weight_zero", torch.zeros(len(w_scale), dtype=torch.int64))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def quantize(self, x: Tensor) -> Tensor:
+        # In fp32 (bf16 cannot hold 0..255 in unit steps), on a copy: x is not ours to change.
+        return x.to(torch.float32, copy=True).mul_(1.0 / self.x_scale).add_(self.x_zero).round_().clamp_(0, 255).to(torch.uint8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        q = x if x.dtype == torch.uint8 else self.quantize(x)
+        y = torch.ops.onednn.qlinear_pointwise(
+            q.reshape(-1, shape[-1]), self.x_scale, self.x_zero, self.weight_packed, self.weight_scale,
+            self.weight_zero, self.bias, self.out_scale, self.out_zero, self.out_dtype, *self.post)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        out = "uint8" if self.out_dtype is None else str(self.out_dtype).replace("torch.", "")
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 (oneDNN), out {out}"
+
+
+def _dense_layers(block: Block) -> dict[str, Dense]:
+    return {"qkv": block.attn.qkv, "proj": block.attn.proj, "fc1": block.mlp.fc1, "fc2": block.mlp.fc2}
+
+
+@torch.no_grad()
+def channel_ranges(model: VisionTransformer, images: Tensor, batch_size: int = 64) -> dict[Dense, Tensor]:
+    """Each encoder Dense layer's input: per-channel (min, max) over the images, (2, in).
+    Forward pre-hooks, removed before returning; the model is run in eval mode, fp32."""
+    ranges: dict[Dense, Tensor] = {}
+
+    def observe(layer: nn.Module, args: tuple) -> None:
+        x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+        seen = torch.stack([x.amin(0), x.amax(0)])
+        old = ranges.get(layer)
+        ranges[layer] = seen if old is None else torch.stack([torch.minimum(old[0], seen[0]), torch.maximum(old[1], seen[1])])
+
+    layers = [d for block in model.blocks for d in _dense_layers(block).values()]
+    handles = [d.register_forward_pre_hook(observe) for d in layers]
+    try:
+        model.eval()
+        for i in range(0, len(images), batch_size):
+            model(images[i : i + batch_size].float())
+    finally:
+        for h in handles:
+            h.remove()
+    return ranges
+
+
+@torch.no_grad()
+def smooth(norm: nn.LayerNorm, dense: Dense, x_range: Tensor, alpha: float = ALPHA) -> Tensor:
+    """Fold s = a^alpha / w^(1-alpha) into the LayerNorm (divide) and the Dense layer's input
+    columns (multiply), in place: the same function. Returns the smoothed (min, max) per channel."""
+    a = x_range.abs().amax(0).clamp(min=1e-5)  # (in,)
+    w = dense.weight.abs().amax(0).clamp(min=1e-5)  # (in,)
+    s = (a.pow(alpha) / w.pow(1 - alpha)).clamp(min=1e-5)
+    norm.weight.div_(s)
+    norm.bias.div_(s)
+    dense.weight.mul_(s)
+    return x_range / s
+
+
+@torch.no_grad()
+def quantize_calibrated(model: VisionTransformer, images: Tensor, batch_size: int = 64) -> VisionTransformer:
+    """An int8 copy of `model` calibrated on `images` (N, C, H, W), normalised as the model
+    expects (a few hundred training images are enough). It runs in bf16 outside the Dense
+    layers: it takes bf16 images and returns bf16 logits (`serving.quantize_int8` wraps it)."""
+    if not available():
+        raise RuntimeError("calibrated int8 needs oneDNN's int8 kernels (an x86 build of PyTorch); "
+                           "use deploy.quantize_int8(model) without calibration images instead")
+    m = copy.deepcopy(model).float().eval()
+    ranges = channel_ranges(m, images, batch_size)
+    int8 = []
+    for block in m.blocks:
+        dense = _dense_layers(block)
+        qkv = smooth(block.norm1, dense["qkv"], ranges[dense["qkv"]])
+        fc1 = smooth(block.norm2, dense["fc1"], ranges[dense["fc1"]])
+        hidden = _tensor_range(ranges[dense["fc2"]])  # the GELU's output: fc1 writes it as uint8
+        int8.append({
+            "qkv": CalibratedInt8Linear(dense["qkv"], _tensor_range(qkv)),
+            "proj": CalibratedInt8Linear(dense["proj"], _tensor_range(ranges[dense["proj"]])),
+            "fc1": CalibratedInt8Linear(dense["fc1"], _tensor_range(fc1), out_range=hidden),
+            "fc2": CalibratedInt8Linear(dense["fc2"], hidden),
+        })
+    m.to(torch.bfloat16)  # the rest in bf16; the int8 layers keep their fp32 scales and biases
+    for block, layers in zip(m.blocks, int8):
+        block.attn.qkv, block.attn.proj = layers["qkv"], layers["proj"]
+        block.mlp.fc1, block.mlp.fc2 = layers["fc1"], layers["fc2"]
+    return m
+
+
+def _tensor_range(channel_range: Tensor) -> tuple[float, float]:
+    return float(channel_range[0].min()), float(channel_range[1].max())
+

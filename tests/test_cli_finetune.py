@@ -1,0 +1,87 @@
+"""`vitlab finetune` with only --from and --data does the right thing for a 16-px, a 32-px
+and a 224-px checkpoint: its own resolution, a warm-up that ends, progress within seconds;
+the plan line says what was chosen. And a short run does warm up, then decays."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import perturb
+
+import vitlab
+
+EVERY = dict(hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5, head_init="xavier")
+
+
+def checkpoint(tmp_path, size: int, patch: int, channels: int):
+    torch.manual_seed(0)
+    model = perturb(vitlab.create_model("ViT-Ti/4", image_size=size, patch_size=patch, in_channels=channels,
+                                        mean=(0.5,) * channels, std=(0.5,) * channels, **EVERY))
+    path = tmp_path / f"ck{size}.safetensors"
+    vitlab.save(model, path)
+    return path
+
+
+def first_lines(cmd: list[str], until: str, timeout: float = 120.0) -> tuple[list[str], dict[str, float]]:
+    """The command's output up to the first line starting with `until`, and when each kind
+    of line arrived; the process is stopped there."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines, when = [], {}
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            now = time.perf_counter() - start
+            if line.startswith("training ") and "plan" not in when:
+                when["plan"] = now
+            if line.startswith(until):
+                when["progress"] = now
+                break
+            assert now < timeout, "\n".join(lines)
+    finally:
+        proc.kill()
+        proc.wait()
+    return lines, when
+
+
+@pytest.mark.parametrize("size,patch,channels", [(16, 4, 1), (32, 4, 3), (224, 16, 3)], ids=["16px", "32px", "224px"])
+def test_only_from_and_data(tmp_path, size, patch, channels):
+    ck = checkpoint(tmp_path, size, patch, channels)
+    lines, when = first_lines([sys.executable, "-m", "vitlab", "finetune", "--from", str(ck), "--data", "digits",
+                               "--out", str(tmp_path / "ft")], until="step 1/")
+    text = "\n".join(lines)
+    assert f"resolution {size}x{size}: the checkpoint's own" in text
+    assert f"at {size}x{size} px" in text  # the run itself, not the recipe's 384
+    # 500 steps (Table 4's small-data count), warm-up 5% of them, a batch the 1,293 images fill 4 times.
+    assert "warm-up 25 steps: 5% of the 500" in text and "batch 256" in text
+    assert "a quick sweep first" in text and "lr-sweep run: lr 0.001, 50 steps" in text
+    assert "progress" in when and when["progress"] - when["plan"] < 10, text
+
+
+def test_a_short_run_warms_up_then_decays(tmp_path):
+    ck = checkpoint(tmp_path, 16, 4, 1)
+    out = tmp_path / "ft"
+    r = subprocess.run([sys.executable, "-m", "vitlab", "finetune", "--from", str(ck), "--data", "digits",
+                        "--steps", "40", "--lr", "0.01", "--out", str(out), "train.log_every=1", "train.threads=1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "warm-up 2 steps: 5% of the 40" in r.stdout and "quick sweep" not in r.stdout
+    lrs = [json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+    assert max(lrs) == pytest.approx(0.01, rel=1e-6) and lrs.index(max(lrs)) <= 2 and lrs[-1] < 1e-4
+    assert vitlab.load(out / "checkpoints" / "last.safetensors").config.image_size == (16, 16)
+
+
+def test_paper_resolution_and_conflicting_flags(tmp_path, capsys):
+    from vitlab.cli import main
+
+    ck = checkpoint(tmp_path, 16, 4, 1)
+    assert main(["finetune", "--from", str(ck), "--data", "digits", "--paper-resolution", "--image-size", "32"]) == 2
+    assert "give one" in capsys.readouterr().err
+    assert main(["finetune", "--from", str(ck), "--data", "digits", "--lr-grid", "0.1,x"]) == 2

@@ -1,0 +1,103 @@
+"""`vitlab.transform`: the preprocessing a model expects, matched against timm's
+`create_transform(**resolve_data_config(model=...))` and transformers' image processors for
+the same weights, on real photos (scikit-learn's and matplotlib's sample images: non-square,
+so a squash and a centre crop differ)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hub_standin import GOOGLE, TIMM, hf_repo_files, timm_repo_files
+from PIL import Image
+
+import vitlab
+from vitlab.checkpoints import hub, pretrained
+from vitlab.checkpoints.timm import create_timm_model
+
+
+def photos() -> list[Image.Image]:
+    import matplotlib
+    import sklearn.datasets
+
+    files = [Path(sklearn.datasets.__file__).parent / "images" / n for n in ("china.jpg", "flower.jpg")]
+    files.append(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg")
+    return [Image.open(f).convert("RGB") for f in files]
+
+
+def timm_transform(model):
+    from timm.data import create_transform, resolve_data_config
+
+    return create_transform(**resolve_data_config(model=model))
+
+
+def test_matches_timm_for_the_same_weights(hub_cache):
+    import timm
+
+    files, _ = timm_repo_files()
+    hub_cache.add("timm/" + TIMM, files)
+    ours = vitlab.transform(vitlab.load("timm:" + TIMM))
+    theirs = timm_transform(timm.create_model("hf-hub:timm/" + TIMM, pretrained=True))
+    for image in photos():
+        a, b = ours(image), theirs(image)
+        assert a.shape == b.shape == (3, 224, 224) and (a - b).abs().max() <= 1e-6
+
+
+def test_matches_transformers_processors_for_the_same_weights(hub_cache, tmp_path):
+    from torchvision.transforms.functional import pil_to_tensor
+    from transformers import AutoImageProcessor, ViTImageProcessorPil
+
+    files, _ = hf_repo_files(tmp_path)
+    hub_cache.add(GOOGLE, files)
+    ours = vitlab.transform(vitlab.load("hf-hub:" + GOOGLE))
+    cache = str(hub_cache.root)
+    default = AutoImageProcessor.from_pretrained(GOOGLE, cache_dir=cache, local_files_only=True)  # torchvision kernels
+    pil = ViTImageProcessorPil.from_pretrained(GOOGLE, cache_dir=cache, local_files_only=True)
+    for image in photos():
+        from_pil = pil(image, return_tensors="pt")["pixel_values"][0]
+        from_tensor = default(image, return_tensors="pt")["pixel_values"][0]
+        assert (ours(image) - from_pil).abs().max() <= 1e-6  # a PIL image is resized by PIL
+        assert (ours(pil_to_tensor(image)) - from_tensor).abs().max() <= 1e-6  # a tensor by torchvision
+
+
+@pytest.mark.parametrize("crop", [(0.875, "center", "bicubic"), (0.9, "squash", "bilinear"), (1.0, "center", "bicubic")])
+def test_a_converted_timm_model_carries_its_preprocessing(crop):
+    fraction, mode, interpolation = crop
+    cfg = vitlab.get_config("ViT-Ti/16", depth=1, image_size=(224, 192), mean=(0.4, 0.45, 0.5), std=(0.2, 0.25, 0.3),
+                            crop_fraction=fraction, crop_mode=mode, interpolation=interpolation)
+    theirs = timm_transform(create_timm_model(cfg))
+    ours = vitlab.transform(cfg)
+    for image in photos():
+        a, b = ours(image), theirs(image)
+        assert a.shape == (3, 224, 192) and (a - b).abs().max() <= 1e-6
+
+
+def test_registry_preprocessing_is_timms_for_the_same_weights():
+    """The crop, resize and normalisation the registry gives each AugReg .npz are those of
+    timm's pretrained_cfg for the same weights."""
+    import timm
+
+    checked = 0
+    for entry in pretrained.PRETRAINED.values():
+        if not entry.timm_name:
+            continue
+        pcfg = timm.models.get_pretrained_cfg(entry.timm_name)
+        if pcfg is None:
+            continue
+        ours = hub.registry_preprocessing(entry)
+        assert ours["crop_fraction"] == pcfg.crop_pct and ours["crop_mode"] == pcfg.crop_mode, entry.name
+        assert ours["interpolation"] == pcfg.interpolation and tuple(ours["mean"]) == tuple(pcfg.mean), entry.name
+        checked += 1
+    assert checked >= 20
+
+
+def test_training_transform_matches_the_eval_one_where_they_meet():
+    """With the whole image as the crop and no flip, the inception crop is the eval resize:
+    the same size, interpolation and normalisation."""
+    cfg = vitlab.get_config("ViT-Ti/16", depth=1, interpolation="bicubic", mean=(0.3, 0.4, 0.5))
+    train = vitlab.transform(cfg, train=True, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip=False)
+    image = photos()[0].crop((0, 0, 427, 427))
+    assert torch.allclose(train(image), vitlab.transform(cfg)(image), atol=1e-6)
+    with pytest.raises(TypeError, match="train=True"):
+        vitlab.transform(cfg, randaugment=2)

@@ -1,0 +1,106 @@
+"""vitlab.deploy.int8: calibrated int8 on oneDNN, checked against its own arithmetic and fp32."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitlab
+from vitlab import deploy
+from vitlab.deploy import int8
+from vitlab.models.layers import Dense
+
+CIFAR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10"
+pytestmark = pytest.mark.skipif(not int8.available(), reason="this PyTorch build has no oneDNN int8 kernels")
+
+
+def model(**overrides) -> vitlab.VisionTransformer:
+    torch.manual_seed(0)
+    return vitlab.create_model("ViT-C/4", head_init="xavier", **overrides).eval()
+
+
+def dequantized_product(layer: int8.CalibratedInt8Linear, dense: Dense, x: torch.Tensor) -> torch.Tensor:
+    """What the layer should compute, in float64 from its own rounded numbers."""
+    q = layer.quantize(x).double() - layer.x_zero  # (..., in)
+    w = torch.round(dense.weight.double() / layer.weight_scale.double()[:, None]).clamp(-127, 127)
+    return (q @ w.t()) * layer.x_scale * layer.weight_scale.double() + dense.bias.double()
+
+
+@torch.no_grad()
+def test_the_int8_layer_is_the_rounded_product():
+    torch.manual_seed(0)
+    dense = Dense(64, 48)
+    x = torch.randn(2, 5, 64)
+    layer = int8.CalibratedInt8Linear(dense, (float(x.min()), float(x.max())), out_dtype=torch.float32)
+    torch.testing.assert_close(layer(x).double(), dequantized_product(layer, dense, x), atol=1e-4, rtol=1e-4)
+    # Close to the float layer: two roundings cost about 1% of the output scale.
+    ref = dense(x)
+    assert (layer(x) - ref).abs().max() < 0.03 * ref.abs().max()
+
+
+@torch.no_grad()
+def test_gelu_is_fused_and_a_uint8_output_is_the_next_layers_input():
+    torch.manual_seed(1)
+    dense = Dense(32, 40, gelu="tanh")
+    x = torch.randn(7, 32)
+    h = F.gelu(dequantized_product(int8.CalibratedInt8Linear(dense, (-4.0, 4.0)), dense, x), approximate="tanh")
+    layer = int8.CalibratedInt8Linear(dense, (-4.0, 4.0), out_range=(float(h.min()), float(h.max())))
+    out = layer(x)
+    assert out.dtype == torch.uint8
+    # Dequantised, the uint8 output is the GELU of the product to within one level.
+    got = (out.double() - layer.out_zero) * layer.out_scale
+    assert (got - h).abs().max() <= 1.01 * layer.out_scale
+
+
+@torch.no_grad()
+def test_smoothing_computes_the_same_function():
+    m = model(depth=1).double()
+    block = m.blocks[0]
+    x = torch.randn(2, 65, 192, dtype=torch.float64) * torch.linspace(0.1, 20, 192, dtype=torch.float64)
+    want = block.attn.qkv(block.norm1(x))
+    ranges = torch.stack([block.norm1(x).reshape(-1, 192).amin(0), block.norm1(x).reshape(-1, 192).amax(0)])
+    smoothed = int8.smooth(block.norm1, block.attn.qkv, ranges)
+    torch.testing.assert_close(block.attn.qkv(block.norm1(x)), want, atol=1e-10, rtol=1e-10)
+    # The outlier channels' range shrank: that is what smoothing is for.
+    assert smoothed.abs().amax() < ranges.abs().amax()
+
+
+def test_the_copy_leaves_the_model_alone():
+    m = model(depth=2)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    x = torch.randn(4, 3, 32, 32)
+    q8 = deploy.quantize_int8(m, calibration=x)
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    assert all(isinstance(b.mlp.fc1, int8.CalibratedInt8Linear) for b in q8.model.blocks)
+    assert q8.model.blocks[0].mlp.fc1.out_dtype is None  # uint8 straight into fc2
+    with torch.inference_mode():
+        out = q8(x)
+    assert out.dtype == torch.float32 and out.shape == (4, 10)
+
+
+@pytest.fixture(scope="module")
+def cifar() -> tuple[torch.Tensor, torch.Tensor]:
+    """64 training images to calibrate on and 128 test images to compare on."""
+    if not (CIFAR / "test-000000.tar.gz").exists():
+        pytest.skip(f"real CIFAR-10 shards not found at {CIFAR}")
+    from vitlab.data import open_dataset
+
+    def first(split: str, n: int) -> torch.Tensor:
+        return torch.stack([x for x, _ in itertools.islice(iter(open_dataset(f"wds:{CIFAR}", split, image_size=32)), n)])
+
+    return first("train", 64), first("test", 128)
+
+
+@pytest.mark.slow
+def test_calibrated_int8_agrees_with_fp32_on_cifar(cifar):
+    calibration, images = cifar
+    m = model()
+    result = deploy.agreement(m, deploy.quantize_int8(m, calibration=calibration), images)
+    assert result.count == 128 and result.top1 >= 0.95, str(result)
+    with torch.inference_mode():
+        spread = m(images).std().item()
+    assert result.max_abs_diff < 0.25 * spread, str(result)

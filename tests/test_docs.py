@@ -1,0 +1,335 @@
+"""Every command and snippet in README.md and docs/*.md runs as shown, so the docs cannot
+drift from the program.
+
+The convention (docs/architecture.md, "Docs that run"):
+
+- ```bash      commands, one per line (a trailing backslash continues it; `# ...` comments
+               are dropped). Each must exit 0.
+- ```console   a transcript: `$ ` lines are commands, the lines after one are its output.
+               Each command runs; when its output shows `error:`, `stopped:` or
+               `exit status N`, it must fail, otherwise succeed.
+- ```python    a script, run top to bottom in the sandbox; it must not raise.
+- ```text, ```yaml, ...   not code (file trees, usage synopses, program output); never run.
+               A `$ ` transcript line there is an error: transcripts are ```console.
+- A fence without a language is an error: every block says which of these it is.
+- `<!-- docs-test: skip: REASON -->` on the line before a block: not run (it downloads,
+  installs, trains for minutes, needs two processes), with the reason written down. Its
+  `vitlab` commands are still parsed by vitlab's own argument parser and its Python compiled,
+  so a renamed flag fails even there.
+
+The blocks of one file run in order in one sandbox: a folder laid out as the project is,
+beside a `shared/data/cifar10` of a few real-format WebDataset shards, holding what the docs
+assume a user has made: `runs/digits` (a short real training), `runs/cifar10*` (a small
+32 px CIFAR-shaped ViT), the official-layout files `ViT-Ti_16.npz` and `ViT-B_16.npz`
+(small models in the official format), a few test images. VITLAB_OFFLINE=1: nothing
+downloads. The `--help` examples of every command are held to the same parser and data specs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab.cli import COMMANDS, build_parser, main
+
+from conftest import ROOT, perturb, tiny_model
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUNNABLE = ("bash", "console", "python")
+NOT_CODE = ("text", "yaml", "json", "csv", "html")
+MARKER = re.compile(r"<!--\s*docs-test:\s*skip:\s*(.+?)\s*-->")
+CIFAR = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+# Programs a doc may name that the test cannot run (they install, or start many processes).
+NEVER_RUN = ("pip", "torchrun", "apt-get", "docker", "python -m pytest", "wandb sync", "tensorboard")
+
+
+@dataclass
+class Block:
+    path: Path
+    line: int
+    language: str
+    text: str
+    skip: str  # the reason, or ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def read_blocks(path: Path) -> list[Block]:
+    lines = path.read_text().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        m = re.match(r"^```(\S*)\s*$", lines[i])
+        if not m:
+            i += 1
+            continue
+        start, language = i, m.group(1)
+        i += 1
+        while i < len(lines) and lines[i].rstrip() != "```":
+            i += 1
+        marker = MARKER.search(lines[start - 1]) if start else None
+        blocks.append(Block(path, start + 1, language, "\n".join(lines[start + 1 : i]) + "\n",
+                            marker.group(1) if marker else ""))
+        i += 1
+    return blocks
+
+
+def joined(lines: list[str]) -> list[tuple[int, str]]:
+    """(index of the first line, the command) with backslash continuations joined."""
+    out, buf, first = [], "", 0
+    for n, line in enumerate(lines):
+        if not buf:
+            first = n
+        if line.rstrip().endswith("\\"):
+            buf += line.rstrip()[:-1] + " "
+            continue
+        out.append((first, buf + line))
+        buf = ""
+    return out
+
+
+def commands(block: Block) -> list[tuple[str, str]]:
+    """(command, the output the doc shows for it) in order."""
+    lines = block.text.splitlines()
+    if block.language == "bash":
+        return [(c.strip(), "") for _, c in joined(lines) if c.strip() and not c.strip().startswith("#")]
+    found = []
+    cmd_lines = [(n, line[2:]) for n, line in enumerate(lines) if line.startswith("$ ")]
+    for k, (n, _) in enumerate(cmd_lines):
+        end = n + 1
+        while end < len(lines) and lines[end - 1].rstrip().endswith("\\"):
+            end += 1
+        text = " ".join(x.rstrip().rstrip("\\") for x in [lines[n][2:], *lines[n + 1 : end]])
+        stop = cmd_lines[k + 1][0] if k + 1 < len(cmd_lines) else len(lines)
+        found.append((text.strip(), "\n".join(lines[end:stop])))
+    return found
+
+
+def argv_of(command: str) -> tuple[dict[str, str], list[str]]:
+    """Leading NAME=value assignments and the words, comments dropped."""
+    words = shlex.split(command, comments=True)
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return env, words
+
+
+def expects_failure(shown: str) -> bool:
+    return bool(re.search(r"(^|\s)(vitlab \S+: )?(error|stopped):|^exit status [1-9]", shown, re.M))
+
+
+# The sandbox -------------------------------------------------------------------------------
+def write_shards(folder: Path, split: str, per_class: int, shards: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    samples = [(c, i) for i in range(per_class) for c in range(10)]
+    for s in range(shards):
+        with tarfile.open(folder / f"{split}-{s:06d}.tar.gz", "w:gz") as tar:
+            for c, i in samples[s::shards]:
+                key = f"{split}_{c}_{i:05d}"
+                buf = io.BytesIO()
+                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, "PNG")
+                for name, data in ((f"{key}.png", buf.getvalue()), (f"{key}.cls", str(c).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+
+
+def cifar_model(seed: int) -> vitlab.VisionTransformer:
+    return perturb(tiny_model(seed, class_names=list(CIFAR), image_size=32, depth=2, head_init="xavier"), seed)
+
+
+def mpp_run(shards: Path, out: Path) -> None:
+    """A two-step masked-patch-prediction run: a checkpoint with the objective's extras."""
+    from vitlab.config import RunConfig
+    from vitlab.train.loop import Trainer
+
+    cfg = RunConfig.from_dict({
+        "model": {"name": "ViT-C/4", "depth": 1, "hidden_size": 32, "num_heads": 2, "mlp_dim": 64},
+        "data": {"name": f"wds:{shards}", "eval_splits": ["test"]},
+        "train": {"objective": "mpp", "steps": 2, "batch_size": 16, "threads": 1},
+    })
+    Trainer(cfg, out, quiet=True).run()
+
+
+@pytest.fixture(scope="session")
+def sandbox_template(tmp_path_factory, digits_run) -> Path:
+    root = tmp_path_factory.mktemp("docs")
+    project = root / "project"
+    write_shards(root / "shared" / "data" / "cifar10", "train", 30, 2, 0)  # 25 shots need 25 per class
+    write_shards(root / "shared" / "data" / "cifar10", "test", 5, 1, 1)
+    shutil.copytree(digits_run, project / "runs" / "digits")
+    for run, seed in (("cifar10", 1), ("cifar10-4ep", 2)):
+        ckpt = project / "runs" / run / "checkpoints"
+        ckpt.mkdir(parents=True)
+        vitlab.save(cifar_model(seed), ckpt / "last.safetensors")
+        shutil.copy(ckpt / "last.safetensors", ckpt / "step-00000390.safetensors")
+    for name, size, patch in (("ViT-Ti_16.npz", 224, 16), ("ViT-B_16.npz", 224, 16)):
+        official = tiny_model(3, image_size=size, patch_size=patch, depth=1, gelu="tanh")
+        vitlab.save(perturb(official), project / name, format="npz")
+    mpp_run(root / "shared" / "data" / "cifar10", project / "runs" / "mpp-cifar10")
+    rng = np.random.default_rng(4)
+    for name in ("horse_test_00006.png", "cat_test_00001.png", "truck_test_00007.png"):
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(project / name)
+    (project / "notes.png").write_text("not an image")
+    shim = root / "bin"
+    shim.mkdir()
+    (shim / "vitlab").write_text(f"#!/bin/sh\nexec {sys.executable} -m vitlab \"$@\"\n")
+    (shim / "vitlab").chmod(0o755)
+    return root
+
+
+@pytest.fixture
+def sandbox(sandbox_template, tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "sandbox"
+    shutil.copytree(sandbox_template, root, symlinks=True)
+    project = root / "project"
+    monkeypatch.chdir(project)
+    for name, value in {"VITLAB_CACHE": str(root / "cache"), "VITLAB_OFFLINE": "1", "MPLBACKEND": "Agg",
+                        "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1",
+                        "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}"}.items():
+        monkeypatch.setenv(name, value)
+    return project
+
+
+# Running -----------------------------------------------------------------------------------
+def run_vitlab(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """`vitlab ARGS` in this process (a second each instead of a fresh interpreter's start)."""
+    out = io.StringIO()
+    threads = torch.get_num_threads()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                code = main(argv)
+            except SystemExit as e:  # argparse
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        torch.set_num_threads(threads)
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return code, out.getvalue()
+
+
+def run_command(command: str, where: str) -> tuple[int, str]:
+    env, words = argv_of(command)
+    if any(command.startswith(p) or f"&& {p}" in command for p in NEVER_RUN):
+        pytest.fail(f"{where}: `{command}` cannot run in a test; put <!-- docs-test: skip: REASON --> before the block")
+    if words and words[0] == "vitlab" and not re.search(r"[|;&<>]", command):
+        return run_vitlab(words[1:], env)
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **env})
+    return done.returncode, done.stdout + done.stderr
+
+
+def parse_only(block: Block) -> None:
+    """A skipped block still names real flags and compiles."""
+    if block.language == "python":
+        compile(block.text, block.where, "exec")
+        return
+    for command, _ in commands(block):
+        for part in re.split(r"\s*&&\s*", command):
+            _, words = argv_of(part)
+            if words[:1] == ["vitlab"] or words[:3] == ["torchrun"] and "vitlab" in words:
+                argv = words[1:] if words[0] == "vitlab" else words[words.index("vitlab") + 1 :]
+                try:
+                    build_parser().parse_args(argv)
+                except SystemExit:
+                    pytest.fail(f"{block.where}: `{part}` does not parse")
+
+
+def run_block(block: Block) -> None:
+    if block.language == "python":
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(block.text, block.where, "exec"), {"__name__": "__main__"})
+        return
+    for command, shown in commands(block):
+        code, output = run_command(command, block.where)
+        should_fail = block.language == "console" and expects_failure(shown)
+        assert (code != 0) == should_fail, (
+            f"{block.where}: `{command}` exited {code}, the doc shows it {'failing' if should_fail else 'succeeding'}"
+            f"\n{output[-3000:]}"
+        )
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+def test_every_block_runs_as_shown(path, sandbox):
+    blocks = read_blocks(path)
+    for block in blocks:
+        assert block.language, f"{block.where}: a fence without a language; say ```bash, console, python or text"
+        if block.language not in RUNNABLE:
+            assert block.language in NOT_CODE, f"{block.where}: unknown block language {block.language!r}"
+            assert not re.search(r"^\$ ", block.text, re.M), f"{block.where}: a transcript belongs in ```console"
+            continue
+        if block.skip:
+            parse_only(block)
+        else:
+            run_block(block)
+
+
+def test_the_docs_use_paths_relative_to_the_project():
+    for path in DOCS:
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            assert not re.search(r"(?<![\w.])/(work|root|home|tmp)/", line), f"{path.name}:{n}: an absolute path: {line}"
+
+
+def test_skips_say_why():
+    for path in DOCS:
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if "docs-test" in line:
+                m = MARKER.search(line)
+                assert m and len(m.group(1)) > 10, f"{path.name}:{n}: write <!-- docs-test: skip: REASON -->"
+
+
+def help_examples() -> list[tuple[str, str]]:
+    found = []
+    for name, module_name in COMMANDS.items():
+        module = __import__(f"vitlab.cli.{module_name}", fromlist=["DESCRIPTION"])
+        text = module.DESCRIPTION.split("examples:", 1)[1]
+        found += [(name, c.strip()) for _, c in joined(text.splitlines()) if c.strip().startswith(("vitlab", "torchrun"))]
+    return found
+
+
+def test_help_examples_parse_and_name_data_that_opens(sandbox):
+    from vitlab.data import open_dataset
+
+    examples = help_examples()
+    assert {name for name, _ in examples} == set(COMMANDS)
+    for name, command in examples:
+        _, words = argv_of(command)
+        argv = words[1:] if words[0] == "vitlab" else words[words.index("vitlab") + 1 :]
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"vitlab {name} --help: `{command}` does not parse")
+        for spec in (getattr(args, "data", None), getattr(args, "images", None)):
+            if isinstance(spec, str) and "../shared/data" in spec:  # it exists in the sandbox: it must open
+                open_dataset(spec, "test", image_size=32)
+
+
+def test_the_analysis_snippet_works_for_a_greyscale_model(sandbox):
+    """docs/analysis.md's Python on the 1-channel digits model, with the digits data."""
+    (block,) = [b for b in read_blocks(ROOT / "docs" / "analysis.md") if b.language == "python"]
+    code = block.text.replace("runs/cifar10/checkpoints/step-00000390.safetensors", "runs/digits/checkpoints/last.safetensors")
+    code = code.replace("wds:../shared/data/cifar10", "digits")
+    assert code != block.text and vitlab.load("runs/digits/checkpoints/last.safetensors").config.in_channels == 1
+    run_block(Block(block.path, block.line, "python", code, ""))

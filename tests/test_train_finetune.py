@@ -1,0 +1,55 @@
+"""The fine-tuning defaults fitted to the checkpoint and the data (train/finetune.py)."""
+
+from __future__ import annotations
+
+from vitlab.config import load_recipe
+from vitlab.train import finetune
+
+
+def test_defaults_scale_to_a_small_training_set():
+    cfg = load_recipe("finetune").with_overrides({"train.steps": 500})
+    fitted = finetune.fit_defaults(cfg, 1_293, explicit=set())
+    t, o = fitted.config.train, fitted.config.optim
+    assert t.batch_size == 256 and 1_293 // t.batch_size >= finetune.MIN_STEPS_PER_EPOCH
+    assert o.warmup_steps == 25 <= 0.05 * t.steps  # the recipe's 500 would be the whole run
+    assert fitted.quick_sweep_steps == 50 and o.lr == cfg.optim.lr
+    text = " | ".join(fitted.notes)
+    assert "warm-up 25 steps: 5% of the 500" in text and "batch 256" in text and "quick sweep" in text
+
+
+def test_defaults_leave_large_data_and_explicit_choices_alone():
+    cfg = load_recipe("finetune").with_overrides({"train.steps": 10_000})
+    big = finetune.fit_defaults(cfg, 50_000, explicit=set())
+    assert big.config.train.batch_size == 512 and big.config.optim.warmup_steps == 500  # the paper's own numbers
+    assert big.quick_sweep_steps is None and any("--lr-sweep picks it" in n for n in big.notes)
+    small = cfg.with_overrides({"train.steps": 100, "train.batch_size": 1024, "optim.warmup_steps": 80})
+    kept = finetune.fit_defaults(small, 300, explicit={"train.batch_size", "optim.warmup_steps", "optim.lr"})
+    assert kept.config == small and kept.quick_sweep_steps is None
+    assert finetune.fit_defaults(small, 300, set(), lr_sweep_asked=True).quick_sweep_steps is None
+
+
+def test_resolution_notes_and_the_papers_step_up():
+    assert finetune.paper_resolution((224, 224), 16) == 384
+    assert finetune.paper_resolution((32, 32), 4) == 56 and finetune.paper_resolution((16, 16), 4) == 28
+    assert "the checkpoint's own" in finetune.resolution_note((32, 32), explicit=False)
+    assert finetune.resolution_note((48, 48), explicit=True) == "resolution 48x48 (--image-size)"
+
+
+def test_the_edge_of_the_grid_is_named():
+    grid = (0.001, 0.003, 0.01, 0.03)
+    assert "largest" in finetune.edge_note(grid, 0.03) and "0.09" in finetune.edge_note(grid, 0.03)
+    assert "smallest" in finetune.edge_note(grid, 0.001)
+    assert finetune.edge_note(grid, 0.01) == ""
+
+
+def test_a_sweep_that_cannot_tell_the_rates_apart_says_so():
+    # 21 vs 20 of 144 dev images (the transfer table's digits sweep): one image apart.
+    close = {0.001: 14 / 144, 0.003: 11 / 144, 0.01: 21 / 144, 0.03: 20 / 144}
+    note = finetune.noise_note(close, 144)
+    assert "within sampling noise" in note and "14.6%" in note and "13.9%" in note
+    # 900 vs 600 of 1,000 (a CIFAR-sized dev split): far apart.
+    assert finetune.noise_note({0.001: 0.6, 0.003: 0.9, 0.01: 0.5}, 1000) == ""
+    # The same gap of 3 points is noise on 100 images and a real difference on 10,000.
+    assert finetune.noise_note({0.01: 0.80, 0.03: 0.83}, 100) != ""
+    assert finetune.noise_note({0.01: 0.80, 0.03: 0.83}, 10_000) == ""
+    assert finetune.noise_note({0.01: 0.5}, 100) == ""

@@ -1,0 +1,126 @@
+"""What a run shows its user: tqdm progress on a terminal and plain lines in a log, the loss
+named for what it is, evaluation progress, and the run's figures (learning curve with the
+learning rate and the evaluation points; confusion matrix with colour bar and class names)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import numpy as np
+import pytest
+
+from vitlab.analysis import plots
+from vitlab.train.report import Progress, eval_batches, plot_learning_curve
+
+pytest.importorskip("matplotlib")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_plain_lines_name_the_mean_and_the_last_loss():
+    log = io.StringIO()
+    p = Progress(40, stream=log)
+    for step in range(1, 41):
+        p.update(step, 2.0 - step / 100, 1e-3, 500.0, log_line=step % 20 == 0, last_loss=1.5)
+    p.close()
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 3 and "\r" not in log.getvalue()  # the first step, then every log step
+    assert lines[1].startswith("step 20/40  mean loss 1.8000  last loss 1.5000  lr 1.00e-03  500 img/s  ETA")
+
+
+def test_a_terminal_gets_a_tqdm_bar_and_messages_above_it():
+    term = Terminal()
+    p = Progress(10, start=2, stream=term)
+    p.update(5, 1.25, 2e-3, 100.0, log_line=False, last_loss=1.0)
+    p.message("eval test @ step 5: top1 0.5")
+    p.close()
+    out = term.getvalue()
+    assert "\r" in out and "5/10" in out and "mean loss 1.2500" in out and "last loss 1.0000" in out
+    assert "eval test @ step 5: top1 0.5\n" in out
+
+
+def test_evaluation_says_what_it_evaluates():
+    batches = [(np.zeros((4, 1)), np.zeros(4)), (np.zeros((2, 1)), np.zeros(2))]
+    log = io.StringIO()
+    assert list(eval_batches(batches, "test", 6, stream=log)) == batches
+    assert log.getvalue() == "evaluating test: 6 images\n"
+    term = Terminal()
+    assert len(list(eval_batches(iter(batches), "test", 6, stream=term))) == 2
+    assert "eval test:" in term.getvalue() and "/6 [" in term.getvalue()  # a bar over the 6 images
+    quiet = io.StringIO()
+    list(eval_batches(batches, "test", 6, stream=quiet, quiet=True))
+    assert quiet.getvalue() == ""
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The matplotlib figures the plot functions build, instead of their files."""
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or path)
+    return figures
+
+
+def write_metrics(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_learning_curve_has_a_title_the_lr_axis_and_the_eval_points(tmp_path, drawn):
+    records = [{"step": s, "split": "train", "loss": 2.0 / s, "accuracy": s / 40, "lr": 1e-3 * s / 30} for s in (10, 20, 30)]
+    records += [{"step": 15, "split": "dev", "loss": 1.0, "top1": 0.4, "accuracy": 0.4},
+                {"step": 30, "split": "test", "loss": 0.9, "top1": 0.6, "accuracy": 0.6}]
+    write_metrics(tmp_path / "metrics.jsonl", records)
+    plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "lc.png", title="ViT-Ti/4 on digits (run)")
+    (fig,) = drawn
+    assert fig._suptitle.get_text() == "ViT-Ti/4 on digits (run)"
+    loss_ax, acc_ax, lr_ax = fig.axes
+    assert lr_ax.get_ylabel() == "learning rate"
+    assert list(lr_ax.lines[0].get_ydata()) == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3])
+    assert acc_ax.get_ylabel() == "top-1 accuracy"
+    evals = {line.get_label(): line for line in acc_ax.lines}
+    assert list(evals["test (evaluation)"].get_xdata()) == [30] and evals["test (evaluation)"].get_marker() == "o"
+    assert list(evals["dev (evaluation)"].get_ydata()) == [0.4]
+    assert any(t.get_text() == "60.0%" for t in acc_ax.texts)  # each evaluation point is labelled
+
+
+def test_an_mpp_learning_curve_plots_colour_accuracy_with_its_dev_point(tmp_path, drawn):
+    records = [{"step": s, "split": "train", "loss": 5.0, "accuracy": 0.1, "lr": 1e-3} for s in (10, 20)]
+    records += [{"step": 20, "split": "dev", "loss": 4.0, "color_acc": 0.15, "accuracy": 0.15}]
+    write_metrics(tmp_path / "metrics.jsonl", records)
+    plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "lc.png", objective="mpp")
+    acc_ax = drawn[0].axes[1]
+    assert "colour accuracy" in acc_ax.get_ylabel() and "top-1" not in acc_ax.get_ylabel()
+    dev = [line for line in acc_ax.lines if line.get_label().startswith("dev")]
+    assert len(dev) == 1 and list(dev[0].get_ydata()) == [0.15]
+
+
+def test_confusion_matrix_has_a_colour_bar_and_the_class_names(tmp_path, drawn):
+    names = ["cat", "dog", "bird"]
+    plots.plot_confusion([[5, 1, 0], [0, 6, 0], [2, 0, 4]], names, tmp_path / "c.png", title="test")
+    (fig,) = drawn
+    ax, bar = fig.axes
+    assert bar.get_ylabel() == "share of the true class's images"
+    assert [t.get_text() for t in ax.get_xticklabels()] == names
+    assert [t.get_text() for t in ax.get_yticklabels()] == names
+    assert "18 images" in ax.get_title() and "test" in ax.get_title()
+
+
+def test_progress_by_time_and_within_a_long_step(monkeypatch):
+    """A line after the first step, then by steps and by time, and from a watcher when one
+    step takes longer than EVERY_S (a big model on a CPU)."""
+    monkeypatch.setattr(Progress, "EVERY_S", 0.3)
+    out = io.StringIO()
+    p = Progress(100, stream=out, tty=False)
+    p.update(1, 2.0, 1e-3, 10.0, log_line=False)  # the first step always prints
+    p.update(2, 2.0, 1e-3, 10.0, log_line=False)  # too soon, not a log step: silent
+    time.sleep(1.6)  # a long step 3: the watcher says the run is alive
+    p.update(3, 1.9, 1e-3, 10.0, log_line=False)  # the time since the last progress line has passed
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("step 1/100  mean loss 2.0000")
+    assert any(line.startswith("step 3/100 running") for line in lines[1:-1])
+    assert lines[-1].startswith("step 3/100  mean loss 1.9000") and not any(x.startswith("step 2/100") for x in lines)
