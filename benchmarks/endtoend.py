@@ -75,7 +75,7 @@ def train_rate(out: Path, data: str, threads: int, workers: int, steps: int) -> 
     return statistics.median(rates), others, lines[-1].get("step", 0) if lines else 0
 
 
-def end_to_end(out_dir: Path, info: dict, data: str, runs_dir: Path, log, configs=((1, 1, 0), (2, 1, 150))) -> None:
+def end_to_end(out_dir: Path, info: dict, data: str, runs_dir: Path, log, configs=((1, 1, 0), (2, 1, 150), (2, 0, 150))) -> None:
     """For each (threads, data workers, steps; 0 = the recipe's epoch): bare, end to end, bare."""
     recipe = load_recipe(str(RECIPE))
     records = []
@@ -97,7 +97,8 @@ def end_to_end(out_dir: Path, info: dict, data: str, runs_dir: Path, log, config
         ]
     notes = (f"Recipe: `{RECIPE.relative_to(ROOT)}` (ViT-C/4, batch 128, bf16 autocast) on the real CIFAR-10 "
              "shards. End to end: the trainer's own images/s per 10-step window (median, start-up window "
-             "left out), data decoding and augmentation in its worker process included. Bare step: the "
+             "left out), data decoding and augmentation included (in data_workers worker processes; 0: in "
+             "the training process itself, between steps). Bare step: the "
              "same model, batch, precision and threads on one batch in memory (forward, cross-entropy, "
              "backward, AdamW), 20 s each, before and after the run. of_bare_step is end to end over the "
              "mean of the two. others_cores: other processes' CPU use during the measurement (the "

@@ -225,7 +225,8 @@ def main() -> int:
     config = runner.BenchConfig(rounds=2 if args.quick else 3, min_time=0.5 if args.quick else 1.0, clock=args.clock)
     t0 = time.perf_counter()
     if "end-to-end" in args.only:
-        end_to_end(out, info, f"wds:{CIFAR}", ROOT / "runs", log, ((1, 1, 100 if args.quick else 0), (2, 1, 100)))
+        end_to_end(out, info, f"wds:{CIFAR}", ROOT / "runs", log,
+                   ((1, 1, 100 if args.quick else 0), (2, 1, 100 if args.quick else 150), (2, 0, 100 if args.quick else 150)))
     if "serving" in args.only:
         serving_accuracy(out, info, Path(args.checkpoint), 2000 if args.quick else 10000)
     if "training" in args.only:
@@ -237,8 +238,8 @@ def main() -> int:
         scaling(out, info, shares, ROOT / "docs" / "figures" / "scaling.png", log, config)
     if "throughput" in args.only:
         name = "quick" if args.quick else "full"
-        rows = runner.run(suites.suite(name), config, log=log,
-                          progress=lambda rows: report.write_results(rows, out, "throughput", info, config))
+        runner.run(suites.suite(name), config, log=log,
+                   progress=lambda rows: report.write_results(rows, out, "throughput", info, config))
         log(f"wrote {out / 'throughput'}.csv and .md")
     log(f"done in {time.perf_counter() - t0:.0f} s")
     return 0

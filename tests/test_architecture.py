@@ -84,9 +84,6 @@ def is_module(name: str) -> bool:
 
 
 MAX_FUNCTION_LINES, MAX_FILE_LINES = 80, 500
-# Benchmarking is moving out of deploy/ into its own subpackage (vitlab/bench/); until it
-# lands these two files are exempt from the checks below.
-PENDING_MOVE = {"vitlab.deploy.bench", "vitlab.deploy.peers"}
 
 FILES = sorted(SRC.rglob("*.py"))
 GRAPH = {module_name(f): imports(f) for f in FILES}
@@ -106,8 +103,6 @@ def test_no_import_crosses_a_layer():
     bad = []
     for module, found in GRAPH.items():
         mine = package_of(module)
-        if module in PENDING_MOVE:
-            continue
         for target, line, _ in found:
             theirs = package_of(target)
             if theirs != mine and theirs not in LAYERS[mine]:
@@ -142,8 +137,7 @@ def is_package(module: str) -> bool:
     return (SRC.parent / Path(*module.split(".")) / "__init__.py").is_file()
 
 
-LIBRARY = [f for f in FILES if f.name != "__init__.py" and "cli" not in f.relative_to(SRC).parts
-           and module_name(f) not in PENDING_MOVE]
+LIBRARY = [f for f in FILES if f.name != "__init__.py" and "cli" not in f.relative_to(SRC).parts]
 
 
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda f: str(f.relative_to(SRC)))
@@ -155,8 +149,6 @@ def test_library_modules_import_vitlab_at_the_top(path):
 def test_functions_and_files_stay_short():
     long = []
     for f in FILES:
-        if module_name(f) in PENDING_MOVE:
-            continue
         text = f.read_text()
         if len(text.splitlines()) > MAX_FILE_LINES:
             long.append(f"{f.relative_to(SRC)}: {len(text.splitlines())} lines")

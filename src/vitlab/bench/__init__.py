@@ -8,6 +8,8 @@
     runner.py    interleaved rounds, medians of clean samples, ratios within a round
     suites.py    the named suites
     report.py    CSV and Markdown
+    profile.py   where a call's time goes: operators by kind, by their thread's CPU time
+
 """
 
 # What `vitlab bench` can time: fp32 (the model as it is); fp32 with oneDNN-packed Dense
