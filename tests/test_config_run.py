@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import vitlab
 from vitlab.config import ConfigError, OptimConfig, RunConfig, load_recipe, parse_override
@@ -116,3 +117,14 @@ def test_cli_reports_a_bad_override_in_one_line(tmp_path):
     assert r.returncode == 2
     assert "optim.weight_decai" in r.stderr and "weight_decay" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_hybrid_stem_change_is_written_and_read_back_as_plain_yaml():
+    """`model.resnet={layers: [1]}` is checked into a ResNetConfig; the run's config.yaml must
+    still be plain YAML that loads into the same run."""
+    cfg = RunConfig.from_dict({"model": {"name": "R8+ViT-C/4", "resnet": {"layers": [1]}}})
+    text = yaml.safe_dump(cfg.to_dict())
+    assert yaml.safe_load(text)["model"]["resnet"]["layers"] == [1]
+    again = RunConfig.from_dict(yaml.safe_load(text))
+    assert again.model.changes["resnet"] == cfg.model.changes["resnet"]
+    assert again.model.changes["resnet"].layers == (1,)

@@ -63,6 +63,21 @@ def test_cells_are_the_product_of_the_axes_with_bundles_and_scale(tmp_path):
     assert len({c.key for c in cells}) == len(cells)
 
 
+def test_tags_label_a_cell_and_train_nothing(tmp_path):
+    """Fig. 5's series: a bundle's `tag.family` names the family in results.csv and the
+    figures; it never reaches the trainer's command line, nor the folder name."""
+    spec = SweepSpec.from_dict({
+        "train": {"config": "digits"},
+        "grid": {"model": {"ViT-small": {"model.depth": 2, "tag.family": "ViT"},
+                           "BiT-small": {"model": "BiT-R26-C", "tag.family": "BiT"}}},
+    }, "t")
+    vit, bit = expand(spec, tmp_path)
+    assert vit.key == "model-ViT-small" and bit.key == "model-BiT-small"
+    assert vit.labels == {"model": "ViT-small", "family": "ViT"} and bit.labels["family"] == "BiT"
+    assert "family" not in " ".join(vit.steps[0].argv) and "tag.family" not in vit.settings
+    assert "--model" in bit.steps[0].argv and "model.depth=2" in vit.steps[0].argv
+
+
 def test_flags_and_overrides_as_a_command_line():
     argv = flag_argv({"model": "ViT-C/4", "bf16": True, "compile": False, "train-fraction": 0.1,
                       "model.layers": [2, 2], "data.name": "cifar10:../shared/data/cifar10"})
@@ -97,7 +112,9 @@ def test_shipped_specs_load_and_expand(tmp_path):
 
 
 def test_flatten_and_pareto_front():
-    flat = flatten({"a": {"b": 1, "per_class": {"x": 1}}, "c": [1.0, 2.0], "t": [[1, 3], [2, 2]], "s": "x"})
+    # `maps` is inspect's position similarity: a map per position, too deep for a column.
+    flat = flatten({"a": {"b": 1, "per_class": {"x": 1}}, "c": [1.0, 2.0], "t": [[1, 3], [2, 2]], "s": "x",
+                    "maps": [[[0.5, 1.0], [1.0, 0.5]]]})
     assert flat == {"a.b": 1, "c": [1.0, 2.0], "t": [2.0, 2.0], "s": "x"}
     points = [(1, 0.5), (2, 0.4), (3, 0.7), (3, 0.6), (5, 0.7), (8, 0.9)]
     assert pareto_front(points) == [(1, 0.5), (3, 0.7), (8, 0.9)]

@@ -298,6 +298,14 @@ def test_a_bit_resnet_trains_resumes_exactly_and_fine_tunes(tmp_path):
     ft = RunConfig.from_dict({**BIT, "model": {"checkpoint": str(ckpt / "last.safetensors")},
                               "train": {**BIT["train"], "steps": 2, "ema": 0.0}})
     assert Trainer(ft, tmp_path / "ft", quiet=True).run()["steps"] == 2
+    # And through `vitlab finetune`, whose recipe drops a ViT's pre-logits (representation_size:
+    # null): a ResNet has none to drop, so the recipe applies to it as it is.
+    from vitlab.cli import main
+
+    assert main(["finetune", "--from", str(ckpt / "last.safetensors"), "--data", "digits", "--steps", "2", "--lr", "0.01",
+                 "--batch-size", "16", "--eval-every", "0", "--quiet", "--out", str(tmp_path / "cli-ft")]) == 0
+    tuned = vitlab.load(tmp_path / "cli-ft" / "checkpoints" / "last.safetensors")
+    assert tuned.config.kind == "bit" and tuned.config.layers == (1, 1, 1, 1)
 
 
 def test_masked_patch_prediction_refuses_a_resnet(tmp_path):

@@ -30,10 +30,14 @@ def _numeric(xs: Sequence[Any]) -> bool:
 
 
 def _finish(ax, fig, path, title: str, xlabel: str, ylabel: str, logx: bool, logy: bool, legend: bool) -> Path:
-    if logx:
-        ax.set_xscale("log")
-    if logy:
-        ax.set_yscale("log")
+    from matplotlib.ticker import NullFormatter
+
+    for on, axis, scale in ((logx, ax.xaxis, ax.set_xscale), (logy, ax.yaxis, ax.set_yscale)):
+        if on:
+            scale("log")
+            # Labels at the powers of ten only: a log axis spanning less than two decades
+            # otherwise labels every minor tick, and the labels run into each other.
+            axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)

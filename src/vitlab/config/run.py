@@ -218,6 +218,8 @@ class RunConfig:
                 return [plain(x) for x in v]
             if isinstance(v, dict):
                 return {k: plain(x) for k, x in v.items()}
+            if dataclasses.is_dataclass(v):  # a hybrid's `model.resnet` change, checked into a ResNetConfig
+                return plain(dataclasses.asdict(v))
             return v
 
         out: dict[str, Any] = {"model": plain(self.model.to_dict())}

@@ -10,7 +10,7 @@
       seed: [0, 1, 2]
       size:                       # an axis of named bundles: each value sets several keys
         small: {model.depth: 4}
-        base: {model.depth: 9}
+        base: {model.depth: 9, tag.family: ViT}   # tag.NAME: a label (a results column), no setting
     after:                        # more vitlab commands per cell, each writing one file
       fewshot:
         command: fewshot {checkpoint} --data cifar10 --shots 5 --out {cell}/fewshot.json

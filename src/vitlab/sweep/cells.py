@@ -28,6 +28,7 @@ from vitlab.config.sweep import SweepSpec
 
 TRAIN_RESULT = "train/summary.json"
 CHECKPOINT = "train/checkpoints/last.safetensors"
+TAG = "tag."
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,15 @@ def expand(spec: SweepSpec, out: Path, scale: float = 1.0) -> list[Cell]:
         settings, labels = dict(spec.train), {}
         for axis, label, bundle in combo:
             labels[axis] = label
-            settings.update(bundle)
+            for k, v in bundle.items():  # `tag.NAME: value` labels the cell (a figure's series), trains nothing
+                if k.startswith(TAG):
+                    labels[k[len(TAG):]] = v
+                else:
+                    settings[k] = v
         for key in spec.scale:
             if key in settings:
                 settings[key] = _scaled(settings[key], scale, key)
-        key = "_".join(f"{_axis_word(a)}-{_word(v)}" for a, v in labels.items()) or "single"
+        key = "_".join(f"{_axis_word(a)}-{_word(label)}" for a, label, _ in combo) or "single"
         if key in seen:
             raise ConfigError(f"grid: cells {seen[key]} and {labels} get the same folder name {key!r}; make the values distinct")
         seen[key] = labels

@@ -23,6 +23,10 @@ from vitlab.sweep.cells import Cell
 SKIP = ("per_class", "confusion")  # per-class tables: too wide for a results row
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     if isinstance(d, dict):
@@ -33,11 +37,11 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
         return out
     key = prefix[:-1]
     if isinstance(d, list):
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in d):
+        if all(_is_number(v) for v in d):
             out[key] = d
-        elif all(isinstance(v, list) for v in d):  # a table (layer x head): keep the row means
-            out[key] = [sum(r) / len(r) if r else float("nan") for r in d]
-        return out
+        elif all(isinstance(v, list) and all(_is_number(x) for x in v) for v in d):
+            out[key] = [sum(r) / len(r) if r else float("nan") for r in d]  # a table (layer x head): row means
+        return out  # deeper (maps of a map per position, images): not a results column
     if d is None or isinstance(d, (int, float, str, bool)):
         out[key] = d
     return out

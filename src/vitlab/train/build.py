@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 import torch
@@ -23,17 +24,28 @@ def architecture(section: ModelSection) -> ModelConfig:
     """The network a run trains, before the class count is known: a registered variant, or
     the one a start checkpoint holds, with the section's changes."""
     if section.checkpoint:
-        return checkpoints.read_checkpoint(section.checkpoint).config.replace(**{**FINETUNE_PREPROCESSING, **section.changes})
+        config = checkpoints.read_checkpoint(section.checkpoint).config
+        return config.replace(**_applicable(config, {**FINETUNE_PREPROCESSING, **section.changes}))
     return variant_config(section.name, **section.changes)
+
+
+def _applicable(config: ModelConfig, changes: dict[str, Any]) -> dict[str, Any]:
+    """The changes a start checkpoint's network can take. A recipe's `key: null` ("none of
+    it", e.g. finetune.yaml's representation_size: null, which drops a ViT's pre-logits) is
+    already true of a network without that part (a BiT ResNet), so it is left out; any other
+    key the network lacks stays, to be refused by name."""
+    own = {f.name for f in dataclasses.fields(config)}
+    return {k: v for k, v in changes.items() if k in own or v is not None}
 
 
 def build_model(section: ModelSection, class_names: list[str]) -> Model:
     changes = {"num_classes": len(class_names), **section.changes}
     if section.checkpoint:
-        changes = {**FINETUNE_PREPROCESSING, **changes}
+        imported = checkpoints.read_checkpoint(section.checkpoint)
+        changes = _applicable(imported.config, {**FINETUNE_PREPROCESSING, **changes})
         # Fine-tuning (§3.2): position embeddings resized to the new resolution, the head
         # replaced when the class count changes, pre-logits dropped with representation_size=None.
-        model = checkpoints.load(section.checkpoint, **changes)
+        model = checkpoints.build_model(imported, section.checkpoint, **changes)
         model.reset_classifier(model.config.num_classes, init="zeros")  # a fresh zero head, always
     else:
         model = build(variant_config(section.name, **changes))
