@@ -151,3 +151,17 @@ def test_timm_refuses_and_foreign_resnets_are_named(tmp_path):
     torch.save(state, tmp_path / "bn.pth")
     with pytest.raises(CheckpointError, match="running_mean"):
         vitlab.load(tmp_path / "bn.pth")
+
+
+@pytest.mark.parametrize("target", ["hf", "torchvision"])
+def test_formats_without_a_resnet_refuse_one_by_name(tmp_path, capsys, target):
+    """Hugging Face's ViT folders and torchvision's ViT state dicts have no form of a BiT
+    ResNet: saving or converting one is refused in one line, naming the formats that hold it."""
+    with pytest.raises(CheckpointError, match=rf"the {target} format holds ViT models only, not BiT-R26-C"):
+        vitlab.save(tiny_bit(), tmp_path / "x", format=target)
+    vitlab.save(tiny_bit(), tmp_path / "bit.safetensors")
+    dst = tmp_path / ("hf" if target == "hf" else "tv.pth")
+    assert main(["convert", str(tmp_path / "bit.safetensors"), str(dst), "--to", target]) == 2
+    err = capsys.readouterr().err
+    assert "write it as vitlab, npz, timm" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bit.safetensors"]

@@ -202,3 +202,17 @@ def test_overlays_name_the_predicted_class(ckpts, images, tmp_path, monkeypatch,
     rc, res, _ = run_json(capsys, root / "model.safetensors", images / "rgb.png", "--attention", tmp_path)
     top = res["results"][0]["predictions"][0]
     assert rc == 0 and titles == [f"predicted: {top['class']} ({100 * top['probability']:.1f}%)"]
+
+
+def test_a_bit_resnet_predicts_and_refuses_attention_by_name(tmp_path, capsys):
+    from conftest import tiny_bit
+
+    vitlab.save(tiny_bit().eval(), tmp_path / "bit.safetensors")
+    image = tmp_path / "x.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(image)
+    assert main(["predict", str(tmp_path / "bit.safetensors"), str(image)]) == 0
+    assert "x.png" in capsys.readouterr().out
+    assert main(["predict", str(tmp_path / "bit.safetensors"), str(image), "--attention", str(tmp_path / "maps")]) == 2
+    err = capsys.readouterr().err
+    assert "has no attention to draw" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "maps").exists()

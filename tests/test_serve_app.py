@@ -249,3 +249,28 @@ def test_docs_and_page_are_served_without_anything_from_elsewhere(client):
         assert r.status_code == 200 and "http://" not in r.text and "https://" not in r.text
     assert client.get("/static/../app.py").status_code == 404
     assert client.get("/static/engine.py").status_code == 404
+
+
+def test_a_bit_resnet_is_served_without_attention():
+    """A BiT ResNet classifies like a ViT; it has no attention, so /info says so, the page
+    asks for classes only, and ?attention=true is a 400 that says why."""
+    from conftest import tiny_bit
+
+    bit = tiny_bit(num_classes=3).eval()
+    bit.class_names = ["cat", "dog", "fox"]
+    with serving(bit) as c:
+        wait_ready(c)
+        info = c.get("/info").json()
+        assert info["attention"] is None and info["classes"] == ["cat", "dog", "fox"]
+        data = png(3, size=(32, 32))
+        answer = c.post("/predict?top_k=2", files={"file": ("a.png", data, "image/png")})
+        assert answer.status_code == 200
+        top = answer.json()["results"][0]["predictions"]
+        x = eval_transform(bit.config.image_size, bit.config.mean, bit.config.std, 3)(read_image(io.BytesIO(data)))
+        with torch.no_grad():
+            want = bit(x[None]).softmax(-1)[0].numpy()
+        order = np.argsort(-want, kind="stable")[:2]
+        assert [p["class"] for p in top] == [bit.class_names[i] for i in order]
+        np.testing.assert_allclose([p["probability"] for p in top], want[order], atol=1e-6)
+        refused = c.post("/predict?attention=true", files={"file": ("a.png", data, "image/png")})
+        assert refused.status_code == 400 and "has no attention" in refused.json()["error"]

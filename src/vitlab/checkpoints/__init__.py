@@ -27,6 +27,12 @@ FORMATS: dict[str, str] = {
     "timm": "vitlab.checkpoints.timm",
 }
 
+# The model kinds each format can hold: Hugging Face's ViT folders and torchvision's
+# VisionTransformer state dicts have no form of a ResNet classifier.
+HOLDS: dict[str, tuple[str, ...]] = {"vitlab": ("vit", "bit"), "npz": ("vit", "bit"), "timm": ("vit", "bit"),
+                                     "hf": ("vit",), "torchvision": ("vit",)}
+KIND_WORDS = {"vit": "ViT", "bit": "BiT ResNet"}
+
 
 def format_module(name: str) -> ModuleType:
     if name not in FORMATS:
@@ -139,6 +145,12 @@ def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs
     look for, and when the file cannot carry a preprocessing setting."""
     io.refuse_serving_copy(model)  # deploy's int8/bf16/packed copies: refused by name, before any write
     module = format_module(format)
+    kind = model.config.kind
+    if kind not in HOLDS[format]:
+        able = ", ".join(f for f, kinds in HOLDS.items() if kind in kinds)
+        kinds = " or ".join(KIND_WORDS[k] for k in HOLDS[format])
+        raise CheckpointError(f"the {format} format holds {kinds} models only, not {model.config.name} "
+                              f"({KIND_WORDS[kind]}); write it as {able}")
     note = verify.suffix_warning(path, format)
     if note:
         warnings.warn(note)
@@ -156,6 +168,6 @@ def save_verified(model: Model, path: str | os.PathLike, format: str = "vitlab",
 is_pretrained_name = hub.is_pretrained_name  # the one test of "a name, not a path"
 
 __all__ = [
-    "FORMATS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
+    "FORMATS", "HOLDS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
     "read_checkpoint", "resolve", "save", "save_verified",
 ]

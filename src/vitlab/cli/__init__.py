@@ -104,7 +104,9 @@ def check_arguments(args: argparse.Namespace) -> None:
                 raise UsageError(f"{flag} must be at least {least}, got {v:g}")
     device = getattr(args, "device", None)
     if isinstance(device, str):
-        check_device(device)
+        from vitlab.config import pick_device
+
+        pick_device(device)  # a device this machine lacks is refused before any work
     from vitlab.files import check_writable
 
     for command, name, folder in OUTPUTS:
@@ -113,13 +115,6 @@ def check_arguments(args: argparse.Namespace) -> None:
             check_writable(os.path.expanduser(value), folder=folder)
     if args.command == "convert":
         check_writable(args.dst, folder=args.to == "hf")
-
-
-def check_device(device: str) -> None:
-    """A device string that names hardware this machine has."""
-    from vitlab.config import pick_device
-
-    pick_device(device)
 
 
 def one_line(e: BaseException) -> str:

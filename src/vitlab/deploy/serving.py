@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.checkpoints import io
+from vitlab.config import ConfigError
 from vitlab.deploy.int8 import quantize_calibrated
 from vitlab.models.layers import onednn_available
 from vitlab.models.vit import VisionTransformer
@@ -244,8 +245,8 @@ def for_precision(model: VisionTransformer, precision: str, calibration: Optiona
     if precision == "fp32":
         return model.eval()
     if not hasattr(model, "blocks"):
-        raise ValueError(f"{precision} serving copies pack a ViT's encoder blocks; {model.config.name} has none "
-                         "(time it in fp32 or bf16-autocast)")
+        raise ConfigError(f"{precision} serving copies pack a ViT's encoder blocks; {model.config.name} has none: "
+                          "run it in fp32 (vitlab bench also times it under bf16 autocast)")
     if precision == "fp32-packed":
         return to_packed_fp32(model)
     if precision == "bf16":

@@ -99,7 +99,9 @@ class Engine:
         self.precision = precision
         self.checkpoint = checkpoint
         self.parameters = sum(p.numel() for p in model.parameters())
-        self.num_prefix = model.num_prefix_tokens
+        # A BiT ResNet classifies like a ViT but has no attention to map.
+        self.has_attention = cfg.kind == "vit"
+        self.num_prefix = model.num_prefix_tokens if self.has_attention else 0
         names = list(getattr(model, "class_names", None) or [])
         self.class_names = names if len(names) == cfg.num_classes else [f"class {i}" for i in range(cfg.num_classes)]
         self.model = for_precision(model.eval(), precision)
@@ -151,7 +153,8 @@ class Engine:
         x = torch.zeros(self.config.in_channels, *self.config.image_size)
         self.classify([x])
         self.classify([x] * max_batch)
-        self.look([x])
+        if self.has_attention:
+            self.look([x])
 
     def describe(self) -> dict:
         cfg = self.config
@@ -172,5 +175,6 @@ class Engine:
                 "std": list(cfg.std),
                 "modes": "greyscale, palette, 16-bit and transparent images are converted (transparency over white)",
             },
-            "attention": {"layers": cfg.depth, "heads": cfg.num_heads, "grid": list(cfg.grid_size)},
+            "attention": ({"layers": cfg.depth, "heads": cfg.num_heads, "grid": list(cfg.grid_size)}
+                          if self.has_attention else None),  # a BiT ResNet has none
         }

@@ -38,6 +38,11 @@ function drawScale() {
 }
 
 function fillOptions() {
+  if (!state.info.attention) {  // a BiT ResNet: classes only, no map to choose
+    $("layer").disabled = true;
+    $("head").disabled = true;
+    return;
+  }
   const { layers, heads } = state.info.attention;
   for (let l = 1; l <= layers; l++) $("layer").add(new Option(`layer ${l} (class token)`, String(l - 1)));
   for (let h = 1; h <= heads; h++) $("head").add(new Option(`head ${h}`, String(h - 1)));
@@ -168,7 +173,8 @@ async function classify(file) {
   body.append("file", file, file.name);
   const headers = {};
   if ($("apikey").value) headers["X-API-Key"] = $("apikey").value;
-  const url = `/predict?attention=true&heads=true&top_k=${encodeURIComponent($("topk").value)}`;
+  const maps = state.info.attention ? "attention=true&heads=true&" : "";
+  const url = `/predict?${maps}top_k=${encodeURIComponent($("topk").value)}`;
   try {
     const [response, image] = await Promise.all([
       fetch(url, { method: "POST", body, headers }),
