@@ -18,7 +18,6 @@ from vitlab.analysis.pos_similarity import (
     similarity_vs_distance,
 )
 from vitlab.analysis.rollout import attention_rollout
-from vitlab.models.bit import BiTResNet
 
 NO_ATTENTION = "a BiT ResNet has no attention: its receptive field grows with depth by construction"
 
@@ -86,7 +85,7 @@ def analyse_model(
     model.eval()
     cfg = model.config
     filters = embedding_filters(model, num_components)
-    if isinstance(model, BiTResNet):  # of §4.5's analyses only the first filters apply
+    if not model.config.has_attention:  # a BiT ResNet: of §4.5's analyses only the first filters apply
         return convolutional_analysis(filters)
     grid = cfg.grid_size
     try:

@@ -61,7 +61,7 @@ def run(args) -> int:
             f"{args.checkpoint}: the checkpoint has no classification head (num_classes=0); fine-tune it "
             "(`vitlab finetune`) or evaluate its features with `vitlab linear-probe`"
         )
-    if args.attention and cfg.kind != "vit":
+    if args.attention and not cfg.has_attention:
         raise UsageError(f"--attention: {cfg.name} is a BiT ResNet and has no attention to draw; drop --attention")
     names = model.class_names or [f"class {i}" for i in range(cfg.num_classes)]
     paths = find_images(args.images)

@@ -164,6 +164,10 @@ class ViTConfig(_StoredConfig):
         return "vit"
 
     @property
+    def has_attention(self) -> bool:  # what attention maps, rollout and attention distance need
+        return True
+
+    @property
     def total_stride(self) -> int:
         """Pixels per token side: the patch size, times the ResNet stride for a hybrid."""
         return self.patch_size * (self.resnet.stride if self.resnet else 1)
@@ -302,6 +306,10 @@ class BiTConfig(_StoredConfig):
     @property
     def kind(self) -> str:
         return "bit"
+
+    @property
+    def has_attention(self) -> bool:  # a ResNet: convolutions only
+        return False
 
     @property
     def root_width(self) -> int:

@@ -99,8 +99,7 @@ class Engine:
         self.precision = precision
         self.checkpoint = checkpoint
         self.parameters = sum(p.numel() for p in model.parameters())
-        # A BiT ResNet classifies like a ViT but has no attention to map.
-        self.has_attention = cfg.kind == "vit"
+        self.has_attention = cfg.has_attention  # a BiT ResNet classifies like a ViT, with nothing to map
         self.num_prefix = model.num_prefix_tokens if self.has_attention else 0
         names = list(getattr(model, "class_names", None) or [])
         self.class_names = names if len(names) == cfg.num_classes else [f"class {i}" for i in range(cfg.num_classes)]
