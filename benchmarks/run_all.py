@@ -37,7 +37,7 @@ import vitlab
 from vitlab.bench import machine, report, runner, suites
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.data import make_loader, open_dataset
-from vitlab.deploy import serving
+from vitlab.deploy import copies
 
 from endtoend import end_to_end  # noqa: E402 (this folder's modules; the script's folder is on sys.path)
 from profiles import profiles
@@ -86,7 +86,7 @@ def serving_accuracy(out: Path, info: dict, checkpoint: Path, n: int, calibratio
     with torch.inference_mode():
         ref = torch.cat([model(images[i : i + 500]) for i in range(0, len(images), 500)])
     for name, (precision, calibrated) in SERVING.items():
-        m = serving.for_precision(model, precision, calibration=calibration if calibrated else None)
+        m = copies.for_precision(model, precision, calibration=calibration if calibrated else None)
         t0 = time.perf_counter()
         with torch.inference_mode():
             logits = torch.cat([m(images[i : i + 500]).float() for i in range(0, len(images), 500)])

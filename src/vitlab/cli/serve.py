@@ -70,7 +70,7 @@ def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.config.serve import ServeConfig
 
-    from vitlab.deploy.serving import PRECISIONS
+    from vitlab.deploy.copies import PRECISIONS
 
     config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})
     if args.precision not in PRECISIONS:
