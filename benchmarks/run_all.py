@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.bench import machine, report, runner, suites
+from vitlab.bench import machine, runner, suites, tables
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.data import make_loader, open_dataset
 from vitlab.deploy import copies
@@ -53,7 +53,7 @@ def log(msg: str) -> None:
 
 
 def write(out: Path, name: str, title: str, info: dict, rows: list[dict], columns: list[str], notes: str = "") -> None:
-    report.write_table(out, name, title, info, rows, columns, notes)
+    tables.write_table(out, name, title, info, rows, columns, notes)
     log(f"wrote {out / name}.csv and .md")
 
 
@@ -239,7 +239,7 @@ def main() -> int:
     if "throughput" in args.only:
         name = "quick" if args.quick else "full"
         runner.run(suites.suite(name), config, log=log,
-                   progress=lambda rows: report.write_results(rows, out, "throughput", info, config))
+                   progress=lambda rows: tables.write_results(rows, out, "throughput", info, config))
         log(f"wrote {out / 'throughput'}.csv and .md")
     log(f"done in {time.perf_counter() - t0:.0f} s")
     return 0

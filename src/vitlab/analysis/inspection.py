@@ -19,7 +19,7 @@ import torch
 from vitlab.analysis import plots
 from vitlab.analysis.figure import Figure
 from vitlab.analysis.objective_figures import objective_figures
-from vitlab.analysis.report import write_html
+from vitlab.analysis.page import write_html
 from vitlab.analysis.rollout import upsample_map
 from vitlab.analysis.summary import Analysis, analyse_model, display_images
 from vitlab.checkpoints.io import Imported

@@ -70,7 +70,7 @@ def run(args) -> int:
     import sys
 
     from vitlab.api import get_config
-    from vitlab.bench import machine, report, runner, suites, systems
+    from vitlab.bench import machine, runner, suites, systems, tables
     from vitlab.bench.peers import PEERS
     from vitlab.cli import UsageError
 
@@ -106,10 +106,10 @@ def run(args) -> int:
 
     def save(rows):  # after every setting, so an interrupted run keeps what it measured
         if args.out:
-            return report.write_results(rows, args.out, name, info, config)
+            return tables.write_results(rows, args.out, name, info, config)
 
     rows = runner.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True), progress=save)
-    print(report.markdown(rows, info, config))
+    print(tables.markdown(rows, info, config))
     if args.out:
         csv_path, md_path = save(rows)
         print(f"wrote {csv_path} and {md_path}")

@@ -38,11 +38,11 @@ def bad_image_message(e: Exception) -> str:
     return re.sub(r"^(\w+\.)*BadImageError: ", "", line)
 
 
-def progress(iterable=None, total=None, desc: str = "", unit: str = "img"):
-    """A tqdm bar on stderr when it is a terminal; nothing in a log file."""
-    from tqdm import tqdm
+def progress(total=None, desc: str = "", unit: str = "img"):
+    """vitlab.progress's one behaviour, on stderr: a bar on a terminal; the heartbeat in a log."""
+    from vitlab.progress import Progress
 
-    return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, disable=None)
+    return Progress(total, desc, unit)
 
 
 def add_training_arguments(p, default_recipe: str) -> None:

@@ -76,11 +76,11 @@ def _batches(args, model):
 
 
 def _counted(batches, bar):
-    """The batches, each counted on the bar once the analysis has taken it."""
+    """The batches, each counted on the bar as the analysis takes it."""
     for batch in batches:
-        yield batch
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         bar.update(min(len(x), bar.total - bar.n))
+        yield batch
 
 
 def run(args) -> int:

@@ -47,9 +47,13 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from vitlab.config.run import SHUFFLE_BUFFER
+from vitlab.data import datasets as ds, transforms as T
 from vitlab.data.datasets import BadImageError, DataError, read_image
+from vitlab.data.foreign import ForeignDataset, hf_split
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
+from vitlab.data.wds import WebDataset
 
 NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds", "hf")
 # The dev split the paper holds out to choose a learning rate (Appendix B.1.1); 10% elsewhere.
@@ -88,8 +92,6 @@ def open_dataset(
     **options: Any,
 ):
     """A dataset by spec and split; see the module docstring."""
-    from vitlab.data import datasets as ds
-
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
     if name not in NAMED:
@@ -118,10 +120,8 @@ def open_dataset(
     download = bool(options.get("download", True))
 
     if name == "wds":
-        from vitlab.data.wds import WebDataset
-
         stream = WebDataset(
-            arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", 2000)),
+            arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", SHUFFLE_BUFFER)),
             skip_bad_images=skip, dev_fraction=dev_fraction, classes=options.get("classes"),
         )
         check_classes(spec, stream.class_names)
@@ -130,8 +130,6 @@ def open_dataset(
     if name == "imagefolder":
         dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
     elif name == "hf":
-        from vitlab.data.foreign import ForeignDataset, hf_split
-
         dataset = ForeignDataset(hf_split(arg, base), transform, seed=seed)
     else:
         if name == "digits":
@@ -155,8 +153,6 @@ def open_dataset(
 
 def _transform(image_size, mean, std, in_channels: int, train: bool, options: dict[str, Any]):
     """The training augmentation (§4.1, Appendix B.1) or the evaluation resize and crop."""
-    from vitlab.data import transforms as T
-
     if train:
         aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
                                        "interpolation") if k in options}
