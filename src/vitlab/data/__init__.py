@@ -48,13 +48,11 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from vitlab.data.datasets import BadImageError, DataError, read_image
+from vitlab.data.identity import DEV_FRACTIONS, PAPER_DATASETS
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
 
 NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds", "hf")
-# The dev split the paper holds out to choose a learning rate (Appendix B.1.1); 10% elsewhere.
-DEV_FRACTIONS = {"imagenet": 0.01, "cifar10": 0.02, "cifar100": 0.02, "pets": 0.1, "flowers": 0.1}
-PAPER_DATASETS = ("cifar100", "cifar10", "imagenet", "pets", "flowers", "vtab")
 
 
 def paper_dataset(spec: str) -> Optional[str]:
@@ -88,7 +86,10 @@ def open_dataset(
     **options: Any,
 ):
     """A dataset by spec and split; see the module docstring."""
+    import numpy as np
+
     from vitlab.data import datasets as ds
+    from vitlab.data.identity import by_name, dev_fraction, recognise
 
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
@@ -110,9 +111,8 @@ def open_dataset(
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"open_dataset got unknown option(s) {unknown}; known: {', '.join(sorted(known))}")
-    dev_fraction = options.get("dev_fraction")
-    if dev_fraction is None or dev_fraction < 0:
-        dev_fraction = DEV_FRACTIONS.get(paper_dataset(spec) or "", 0.1)
+    explicit = options.get("dev_fraction")
+    explicit = None if explicit is None or explicit < 0 else float(explicit)
     transform = _transform(image_size, mean, std, in_channels, train, options)
     skip = bool(options.get("skip_bad_images", False))
     download = bool(options.get("download", True))
@@ -122,7 +122,7 @@ def open_dataset(
 
         stream = WebDataset(
             arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", 2000)),
-            skip_bad_images=skip, dev_fraction=dev_fraction, classes=options.get("classes"),
+            skip_bad_images=skip, dev_fraction=explicit, classes=options.get("classes"), identity=by_name(spec),
         )
         check_classes(spec, stream.class_names)
         return stream
@@ -147,8 +147,11 @@ def open_dataset(
                             f"{len(classes)} classes; the label file is damaged")
         dataset = ds.ArrayDataset(images, labels, classes, transform, **common)
     check_classes(spec, dataset.class_names)
+    # What the data is: declared by the spec's name, else recognised from the training
+    # split's class counts (never from its path); it sets the dev split's size.
+    dataset.identity = by_name(spec) or (recognise(np.bincount(dataset.labels)) if base == "train" else None)
     if split in ("dev", "train-minus-dev"):
-        dev, rest = ds.dev_split(len(dataset), dev_fraction)
+        dev, rest = ds.dev_split(len(dataset), dev_fraction(dataset.identity, explicit))
         dataset = dataset.select(dev if split == "dev" else rest)
     return dataset
 
