@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "info": "info",
     "train": "train",
     "finetune": "finetune",
+    "recipes": "recipes",
     "eval": "evaluate",
     "fewshot": "fewshot",
     "linear-probe": "linear_probe",
