@@ -47,8 +47,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from vitlab.data.datasets import BadImageError, DataError, read_image
-from vitlab.data.identity import DEV_FRACTIONS, PAPER_DATASETS
+from vitlab.data.identity import DEV_FRACTIONS, PAPER_DATASETS, by_name, dev_fraction, recognise
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
 
@@ -86,10 +88,7 @@ def open_dataset(
     **options: Any,
 ):
     """A dataset by spec and split; see the module docstring."""
-    import numpy as np
-
     from vitlab.data import datasets as ds
-    from vitlab.data.identity import by_name, dev_fraction, recognise
 
     name, _, arg = spec.partition(":")
     name = name.strip().lower()

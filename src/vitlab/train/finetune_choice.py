@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from vitlab.config import RunConfig
+from vitlab.config import ConfigError, RunConfig
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed
+from vitlab.train.run_folder import RunFolder
 
 CHOICES = ("auto", "paper", "adamw")  # --recipe: auto = choose on the dev split
 
@@ -212,9 +213,6 @@ def source_run_folder(checkpoint: str) -> Path:
 def source_run_config(checkpoint: str) -> Optional[RunConfig]:
     """The config of the vitlab run that wrote `checkpoint`, or None (another format, a
     name, a file outside a run folder, an unreadable config)."""
-    from vitlab.config import ConfigError
-    from vitlab.train.run_folder import RunFolder
-
     path = Path(checkpoint)
     if path.parent.name != "checkpoints" or not (source_run_folder(checkpoint) / "config.yaml").is_file():
         return None
