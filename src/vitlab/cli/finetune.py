@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fine-tune at the paper's step up from the checkpoint's resolution (x384/224, e.g. 224 -> 384)")
     p.add_argument("--lr-sweep", action="store_true", help="choose the learning rate on a dev split first (Table 4's grid)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="the rates a sweep tries (default: Table 4's for the dataset)")
+    p.add_argument("--recipe", choices=("auto", "paper", "adamw"), default="auto",
+                   help="the fine-tuning recipe: auto (default) chooses between the paper's SGD and AdamW on a dev "
+                   "split; paper: the paper's protocol (SGD, Table 4's rates); adamw: vitlab's from-scratch recipe")
     p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "
                    "imagenet, pets, flowers, vtab (default: guessed from --data)")
 
@@ -78,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
     plan = finetune.plan(args.checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
                          paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=rates(args.lr_grid),
-                         table4=args.table4, out=args.out)
+                         table4=args.table4, out=args.out, choose=args.recipe)
     result: dict = {}
     code = training_exit(lambda: result.update(finetune.run(plan, command=command_line(), quiet=args.quiet,
                                                             trackers=args.log or ())), "finetune")
-    if code == 0 and "best_lr" in result:
-        print(f"lr-sweep done: best lr {result['best_lr']:g}; scores in {plan.out / 'sweep.json'}; "
-              f"final run in {plan.out / 'final'}")
+    done = finetune.done_line(plan, result) if code == 0 else None
+    if done:
+        print(done)
     return code

@@ -93,6 +93,67 @@ def apply(cfg: RunConfig, recipe: Recipe, explicit: set[str], steps: Optional[in
     return cfg.with_overrides(changes)
 
 
+ARM_SHARE = 0.05  # each arm of the quick sweep trains for this share of the run's steps
+MIN_ARM_STEPS = 10
+
+
+def arm_steps(total: int) -> int:
+    """The quick sweep's length per arm: 5% of the run, at least 10 steps."""
+    return max(MIN_ARM_STEPS, round(ARM_SHARE * total))
+
+
+@dataclass
+class Resolved:
+    """The recipe a plan follows ("paper", "adamw", or "auto": chosen by the sweep)."""
+
+    name: str
+    notes: list[str] = field(default_factory=list)
+
+
+def resolved(choose: str, explicit: set[str], cfg: RunConfig) -> Resolved:
+    """`--recipe` as it applies: auto chooses on the dev split, unless the user set the rate
+    or the optimiser (a rate means one optimiser's scale: the paper's SGD, or AdamW when
+    optim.name says so)."""
+    if choose != "auto" or not {"optim.lr", "optim.name"} & explicit:
+        return Resolved(choose)
+    name = "adamw" if "optim.name" in explicit and cfg.optim.name in ("adamw", "adam") else "paper"
+    given = "--lr" if "optim.lr" in explicit else "optim.name"
+    return Resolved(name, [f"recipe: {RECIPES[name].words}, as {given} was given: no sweep chooses between the "
+                           "recipes (--recipe to pick one)"])
+
+
+@dataclass
+class Decided:
+    """A plan's recipe part: the config (of the run, or the arms' base), the arms to sweep
+    (none: the config runs as it is), their length (None: full-length runs) and plan lines."""
+
+    config: RunConfig
+    arms: list[Arm]
+    steps: Optional[int]
+    notes: list[str]
+
+
+def decide(cfg: RunConfig, chosen: Resolved, explicit: set[str], table4_grid: Sequence[float],
+           rates: Optional[Sequence[float]], full_sweep: bool, dev_note: str) -> Decided:
+    """The AdamW recipe, or the choice between both (the paper's alone is finetune.fit_defaults')."""
+    total = cfg.train.steps
+    warm = f"warm-up {PAPER.warmup_share:.0%} of each run with the paper's recipe, {ADAMW.warmup_share:.0%} with " \
+        "AdamW (the CPU recipes' 100 of 390 steps)"
+    if chosen.name == "adamw" and "optim.lr" in explicit:
+        return Decided(apply(cfg, ADAMW, explicit), [], None, [*chosen.notes, f"recipe: {ADAMW.words}",
+                                                             f"warm-up {ADAMW.warmup_share:.0%} of the run"])
+    candidates = arms(chosen.name, table4_grid, rates)
+    steps = None if full_sweep else arm_steps(total)
+    length = "the whole run" if steps is None else f"{steps} steps"
+    what = "between the paper's SGD and AdamW" if chosen.name == "auto" else f"for {ADAMW.words}"
+    sweep = (f"recipe and learning rate: a sweep {what} first, {len(candidates)} runs of {length} "
+             f"({', '.join(a.name for a in candidates)}) on the training set minus the dev split, "
+             "scored on the dev split; the best trains on the whole training set, and the sweep's "
+             f"{len(candidates)} x {steps or total} steps count as compute (--recipe paper for the paper's protocol; "
+             "--lr to skip the sweep)")
+    return Decided(cfg, candidates, steps, [*chosen.notes, sweep, dev_note, warm])
+
+
 def two_standard_errors(p1: float, p2: float, n: int) -> float:
     """Two standard errors of the difference of two accuracies measured on the same n images
     (as independent: a conservative margin for paired runs)."""
