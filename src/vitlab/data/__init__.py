@@ -131,11 +131,9 @@ def open_dataset(
         return stream
     common = dict(seed=seed, skip_bad_images=skip)
     if name == "imagenet-val":
-        if base != "test":
-            raise DataError(f"{spec}: the ImageNet validation set has one split; evaluate it with --split test (or val)")
         from vitlab.data.imagenet_val import imagenet_val
 
-        dataset = imagenet_val(arg, transform, **common)
+        dataset = imagenet_val(arg, base, transform, **common)
     elif name == "imagefolder":
         dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
     elif name == "hf":

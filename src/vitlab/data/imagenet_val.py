@@ -48,9 +48,11 @@ def _flat_labels(root: Path, count: int) -> tuple[np.ndarray, list[str]]:
     return labels, classes
 
 
-def imagenet_val(path: str, transform: Callable, **kw) -> FileDataset:
+def imagenet_val(path: str, split: str, transform: Callable, **kw) -> FileDataset:
     """The validation images of DIR in sorted file-name order, with their labels."""
     root = Path(path).expanduser()
+    if split != "test":
+        raise DataError(f"imagenet-val:{path}: the ImageNet validation set has one split; use --split test (or val)")
     if not root.is_dir():
         raise DataError(f"imagenet-val:{root} is not a folder; give the folder of the 50,000 validation images")
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
