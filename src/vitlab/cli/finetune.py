@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fine-tune at the paper's step up from the checkpoint's resolution (x384/224, e.g. 224 -> 384)")
     p.add_argument("--lr-sweep", action="store_true", help="choose the learning rate on a dev split first (Table 4's grid)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="the rates a sweep tries (default: Table 4's for the dataset)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
+                   "(OUT/seed-K) and report top-1 as mean ± std, as Table 2 does (a sweep runs once, with seed 0)")
     p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "
                    "imagenet, pets, flowers, vtab (default: guessed from --data)")
 
@@ -80,8 +82,18 @@ def run(args: argparse.Namespace) -> int:
                          paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=rates(args.lr_grid),
                          table4=args.table4, out=args.out)
     result: dict = {}
-    code = training_exit(lambda: result.update(finetune.run(plan, command=command_line(), quiet=args.quiet,
-                                                            trackers=args.log or ())), "finetune")
+
+    def one(p):
+        return finetune.run(p, command=command_line(), quiet=args.quiet, trackers=args.log or ())
+
+    if args.repeats > 1:
+        from vitlab.train import repeats
+
+        code = training_exit(lambda: result.update(repeats.repeat(plan, args.repeats, one)), "finetune")
+        if code == 0:
+            print(f"{repeats.report(result)}; every run in {plan.out / 'repeats.json'}")
+        return code
+    code = training_exit(lambda: result.update(one(plan)), "finetune")
     if code == 0 and "best_lr" in result:
         print(f"lr-sweep done: best lr {result['best_lr']:g}; scores in {plan.out / 'sweep.json'}; "
               f"final run in {plan.out / 'final'}")
