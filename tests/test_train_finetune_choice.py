@@ -79,3 +79,25 @@ def test_threads_come_from_the_source_run(tmp_path):
     assert "one compute thread per core and 0 data workers, the recipe's (the source is not a vitlab run)" in line
     (run / "config.yaml").write_text("model: [")  # damaged: treated as no source run
     assert choice.source_run_config(str(run / "checkpoints" / "last.safetensors")) is None
+
+
+def test_repeats_reuse_the_chosen_recipe_not_only_its_rate(tmp_path):
+    import torch
+
+    import vitlab
+    from vitlab.train import finetune, repeats
+
+    torch.manual_seed(0)
+    ck = tmp_path / "ck.safetensors"
+    vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=16, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
+                                    hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5), ck)
+    plan = finetune.plan(str(ck), "digits", options={"steps": 40}, out=tmp_path / "ft")
+    seen = []
+
+    def fake(p):  # the first run sweeps and picks AdamW at 0.003; the others must train that
+        seen.append((p.sweep, p.config.optim.name, p.config.optim.lr, p.config.train.label_smoothing))
+        final = {"splits": {"test": {"top1": 0.5}}}
+        return {"best_recipe": "adamw", "best_lr": 0.003, "final": final} if p.sweep else final
+
+    repeats.repeat(plan, 3, fake, log=lambda _: None)
+    assert seen[0][0] and seen[1:] == [(False, "adamw", 0.003, 0.1)] * 2

@@ -67,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", choices=("auto", "paper", "adamw"), default="auto",
                    help="the fine-tuning recipe: auto (default) chooses between the paper's SGD and AdamW on a dev "
                    "split; paper: the paper's protocol (SGD, Table 4's rates); adamw: vitlab's from-scratch recipe")
+    p.add_argument("--repeats", type=int, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
+                   "(OUT/seed-K) and report top-1 as mean ± std, as Table 2 does (a sweep runs once, with seed 0)")
     p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "
                    "imagenet, pets, flowers, vtab (default: guessed from --data)")
 
@@ -91,8 +93,18 @@ def run(args: argparse.Namespace) -> int:
                          paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=rates(args.lr_grid),
                          table4=args.table4, out=args.out, choose=args.recipe)
     result: dict = {}
-    code = training_exit(lambda: result.update(finetune.run(plan, command=command_line(), quiet=args.quiet,
-                                                            trackers=args.log or ())), "finetune")
+
+    def one(p):
+        return finetune.run(p, command=command_line(), quiet=args.quiet, trackers=args.log or ())
+
+    if args.repeats > 1:
+        from vitlab.train import repeats
+
+        code = training_exit(lambda: result.update(repeats.repeat(plan, args.repeats, one)), "finetune")
+        if code == 0:
+            print(f"{repeats.report(result)}; every run in {plan.out / 'repeats.json'}")
+        return code
+    code = training_exit(lambda: result.update(one(plan)), "finetune")
     done = finetune.done_line(plan, result) if code == 0 else None
     if done:
         print(done)
