@@ -157,8 +157,15 @@ def open_dataset(
                             f"{len(classes)} classes; the label file is damaged")
         dataset = ds.ArrayDataset(images, labels, classes, transform, **common)
     check_classes(spec, dataset.class_names)
-    # What the data is: declared by the spec's name, else recognised from the training
-    # split's class counts (never from its path); it sets the dev split's size.
+    return _dev_part(dataset, spec, split, base, explicit)
+
+
+def _dev_part(dataset: Any, spec: str, split: str, base: str, explicit: Optional[float]) -> Any:
+    """Say what the data is (`identity`: declared by the spec's name, else recognised from
+    the training split's class counts, never from its path) and carve the dev split, whose
+    size follows from it (identity.py)."""
+    from vitlab.data import datasets as ds
+
     dataset.identity = by_name(spec) or (recognise(np.bincount(dataset.labels)) if base == "train" else None)
     if split in ("dev", "train-minus-dev"):
         dev, rest = ds.dev_split(len(dataset), dev_fraction(dataset.identity, explicit))
