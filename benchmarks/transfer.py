@@ -251,7 +251,7 @@ def main() -> None:
                    "check it is the recorded one")
     p.add_argument("--tables", action="store_true", help="only regenerate the tables from the results")
     p.add_argument("--out", type=Path, default=Path("runs/transfer"), help="where the runs go")
-    p.add_argument("--steps", type=int, default=150, help="fine-tuning steps (the quick sweep adds its own)")
+    p.add_argument("--steps", type=int, default=100, help="fine-tuning steps (the quick sweep adds its own)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--jobs", type=int, default=2, help="seeds run side by side (each on 1 thread + 1 data worker)")

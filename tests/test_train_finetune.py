@@ -75,5 +75,10 @@ def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
     given = finetune.plan(str(ck), "digits", options={"lr": 0.01})
     assert given.config.optim.name == "sgd" and not given.sweep
     assert any("as --lr was given: no sweep chooses" in n for n in given.notes)
+    # Another recipe (Table 2's) is followed as it is: no choice unless asked for.
+    table2 = finetune.plan(str(ck), "digits", recipe="table2-finetune-imagenet-384", options={"steps": 40})
+    assert table2.arms == [] and table2.config.optim.name == "sgd"
+    assert finetune.plan(str(ck), "digits", recipe="table2-finetune-imagenet-384", options={"steps": 40},
+                         choose="auto").arms
     # --table4 declares the dataset, and with it the paper's dev split.
     assert finetune.plan(str(ck), "digits", table4="cifar10", options={"steps": 40}).config.data.dev_fraction == 0.02

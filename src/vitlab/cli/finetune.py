@@ -12,7 +12,8 @@ pre-logits are dropped for a fresh zero-initialised head, cosine decay, clipping
 Table 4's number of steps for the dataset (CIFAR 10k, ImageNet 20k, Pets and Flowers 500;
 500 for data Table 4 does not list) unless --steps/--epochs say otherwise.
 
-The recipe (--recipe): by default (auto) a quick sweep chooses it on a dev split, between
+The recipe (--recipe): by default (auto, with the shipped finetune recipe; another --config
+is followed as it is) a quick sweep chooses it on a dev split, between
   - paper: the paper's (§3.2, Appendix B.1.1): SGD with momentum 0.9, no weight decay, the
     inception crop, at each rate of Table 4's grid (0.001-0.03), and
   - adamw: the recipe vitlab trains from scratch with: AdamW, weight decay 0.05, crop from
@@ -64,9 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fine-tune at the paper's step up from the checkpoint's resolution (x384/224, e.g. 224 -> 384)")
     p.add_argument("--lr-sweep", action="store_true", help="choose the learning rate on a dev split first (Table 4's grid)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="the rates a sweep tries (default: Table 4's for the dataset)")
-    p.add_argument("--recipe", choices=("auto", "paper", "adamw"), default="auto",
-                   help="the fine-tuning recipe: auto (default) chooses between the paper's SGD and AdamW on a dev "
-                   "split; paper: the paper's protocol (SGD, Table 4's rates); adamw: vitlab's from-scratch recipe")
+    p.add_argument("--recipe", choices=("auto", "paper", "adamw"),
+                   help="the fine-tuning recipe: auto chooses between the paper's SGD and AdamW on a dev split (the "
+                   "default with the shipped finetune recipe); paper: the paper's protocol, or --config's recipe as "
+                   "it is (the default with any other --config); adamw: vitlab's from-scratch recipe")
     p.add_argument("--repeats", type=int, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
                    "(OUT/seed-K) and report top-1 as mean ± std, as Table 2 does (a sweep runs once, with seed 0)")
     p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "

@@ -245,11 +245,13 @@ def training_set(cfg: RunConfig) -> Any:
 def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[str, Any] = {},
          overrides: Sequence[str] = (), paper_resolution: bool = False, lr_sweep: bool = False,
          rates: Optional[Sequence[float]] = None, table4: Optional[str] = None,
-         out: Optional[Path | str] = None, choose: str = "auto") -> Plan:
+         out: Optional[Path | str] = None, choose: Optional[str] = None) -> Plan:
     """Fine-tuning `checkpoint` (a file vitlab.load reads, or a published name) on `data`, fitted
     to both; `options` and `overrides` as recipe.resolve takes them, `rates` the sweep's grid.
     `choose`: the fine-tuning recipe, "paper", "adamw" or "auto" (chosen on the dev split;
-    see finetune_choice.py)."""
+    see finetune_choice.py); None: auto with the shipped `finetune` recipe, the recipe's own
+    ("paper") with any other, such as Table 2's."""
+    choose = choose or ("auto" if recipe == RECIPE else "paper")
     if choose not in choice.CHOICES:
         raise ConfigError(f"--recipe {choose!r}: use one of {', '.join(choice.CHOICES)}")
     if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
