@@ -298,9 +298,9 @@ def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[s
         return recipes.train(p.config, p.out, command=command, quiet=quiet, notes=p.notes, trackers=trackers)
     (log or say)("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
     if p.arms:
-        def arm(c: RunConfig, o: Path) -> dict[str, Any]:
+        def arm(c: RunConfig, o: Path, more: Sequence[str] = ()) -> dict[str, Any]:
             said = (f"sweep run: {o.name}, {c.train.steps} steps, scored on the dev split",) if o.parent.name == "sweep" \
-                else p.notes
+                else (*p.notes, *more)
             return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers)
 
         steps = p.sweep_steps or p.config.train.steps

@@ -206,9 +206,10 @@ def sweep_config(cfg: RunConfig, arm: Arm, explicit: set[str], steps: int) -> Ru
 
 
 def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, explicit: set[str],
-           train_fn: Callable[[RunConfig, Path], dict[str, Any]], log: Callable[[str], None]) -> dict[str, Any]:
+           train_fn: Callable[..., dict[str, Any]], log: Callable[[str], None]) -> dict[str, Any]:
     """Run the sweep (OUT/sweep/ARM/, each resumable), train the best arm on the whole
-    training set (OUT/final/), and write OUT/sweep.json; returns its content."""
+    training set (OUT/final/), and write OUT/sweep.json; returns its content. `train_fn(config,
+    folder, more_notes=()) -> summary` runs one training."""
     scores, lrs, recipes, summaries = {}, {}, {}, []
     dev_count = 0
     for arm in candidates:
@@ -222,7 +223,7 @@ def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, exp
     log(f"{line}; training it on the full training set")
     winner = next(a for a in candidates if a.name == v["best"])
     final_cfg = apply(cfg, winner.recipe, explicit).with_overrides({"optim.lr": winner.lr})
-    final = train_fn(final_cfg, out / "final")
+    final = train_fn(final_cfg, out / "final", (line,))  # the verdict among the final run's plan lines
     sweep_compute = summed_compute(summaries)
     result = {
         "arms": [{"arm": a.name, "recipe": a.recipe.name, "lr": a.lr, "steps": steps, "dev_top1": scores[a.name]}
