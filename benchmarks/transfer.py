@@ -183,6 +183,9 @@ def seeds_table(results: dict) -> str:
             f"| {100 * p['scratch']:.1f}% ({each('scratch_top1')}; {steps['scratch_steps']} steps) "
             f"| {100 * p['mean']:+.1f} [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}] points ({p['n']} seeds) "
             f"| {verdict(p)} |")
+    if len(rows) == 2:
+        return ("Not measured yet: `python benchmarks/transfer.py --source "
+                "runs/cifar10-src/checkpoints/last.safetensors` writes this table.")
     return "\n".join(rows)
 
 
