@@ -80,6 +80,30 @@ def inspect_model(model, imported: Imported, batches: Iterable, out: str | Path,
     return Inspection(result, figures, extra)
 
 
+def summary(report: Inspection, cfg, source_format: str, source: str, out: Path) -> str:
+    """What `vitlab inspect` prints: one line per analysis and where the page is."""
+    result, f, d = report.result, report.result.filters, report.result.distance_summary
+    lines = [f"inspected {cfg.name} ({source_format}) on {source}",
+             f"  filters              {f.source}; top {len(f.components)} PCs explain {100 * f.explained.sum():.1f}%"]
+    if result.pos_similarity is not None:
+        s = result.pos_summary
+        lines.append(f"  position similarity  neighbours {s['mean_similarity_neighbours']:.3f}, "
+                     f"far {s['mean_similarity_far']:.3f}, "
+                     f"corr(distance, similarity) {s['pearson_distance_similarity']:.3f}")
+    else:
+        lines.append(f"  position similarity  none: {result.pos_note}")
+    if result.attention_note:
+        lines.append(f"  attention distance   none: {result.attention_note}")
+    else:
+        per_layer = " ".join(f"{v:.1f}" for v in d["mean_per_layer"])
+        lines.append(f"  attention distance   per layer (px, mean over heads): {per_layer}; "
+                     f"Spearman(depth, distance) {d['spearman_depth_distance']:.3f}")
+    lines.append(f"  rollout              {len(result.rollout_maps)} image(s)")
+    lines += [f"  {fig.name:<20} {fig.png.name}" for fig in report.extra]
+    lines.append(f"wrote {out}/index.html, analysis.json and {len(report.figures)} PNG(s)")
+    return "\n".join(lines)
+
+
 def paper_figures(result: Analysis, model, out: Path, labels=None, heatmap: bool = False) -> list[Figure]:
     """The paper's four pictures (Fig. 6, Fig. 7 left, centre, right) with their captions."""
     figures = [_filters_figure(result, out)]

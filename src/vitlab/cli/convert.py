@@ -62,8 +62,6 @@ def _target(args) -> str:
 
 
 def run(args) -> int:
-    import json
-    import sys
     from pathlib import Path
 
     from vitlab import checkpoints
@@ -89,6 +87,15 @@ def run(args) -> int:
     result = checkpoints.save_verified(model, dst, target, verify_logits=not args.no_verify, **kwargs)
     bar.update()
     bar.close()
+    _report(args, src, dst, target, imported, model, result)
+    return 0
+
+
+def _report(args, src, dst, target: str, imported, model, result) -> None:
+    """What was read and written, the verification, and how the target's library builds the model."""
+    import json
+    import sys
+
     cfg = model.config
     params = sum(p.numel() for p in model.parameters())
     print(f"read   {src}  ({imported.source_format}: {cfg.name}, {params:,} parameters, {cfg.image_size[0]}x{cfg.image_size[1]})")
@@ -110,4 +117,3 @@ def run(args) -> int:
         print("  (vitlab.checkpoints.timm.create_timm_model(config) builds the matching timm model)")
     if target == "torchvision":
         print("torchvision model: vitlab.checkpoints.torchvision.create_torchvision_model(config) builds it")
-    return 0

@@ -39,9 +39,9 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
-def run(args) -> int:
+def _check_out(args) -> Path:
+    """--out: a file, new unless --force, named as the format's files are (a warning if not)."""
     import sys
-    import time
 
     from vitlab.cli import UsageError
 
@@ -60,12 +60,19 @@ def run(args) -> int:
             import onnxscript  # noqa: F401
         except ImportError:
             raise UsageError("ONNX export needs onnx and onnxscript: pip install 'vitlab[export]'") from None
-    model = _load(args).eval()
-    cfg = model.config
+    return out
 
+
+def run(args) -> int:
+    import time
+
+    from vitlab.cli import UsageError
     from vitlab.cli.common import progress
     from vitlab.deploy import export
 
+    out = _check_out(args)
+    model = _load(args).eval()
+    cfg = model.config
     t0 = time.perf_counter()
     bar = progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage")
     try:
@@ -82,20 +89,25 @@ def run(args) -> int:
           f"dynamic batch) in {time.perf_counter() - t0:.1f} s")
     if args.no_check:
         return 0
-    if args.format == "onnx":
-        try:
-            diff = export.check_onnx(out, model)
-        except ImportError:
-            raise UsageError("checking needs onnxruntime: pip install 'vitlab[export]', or pass --no-check") from None
-        where = "onnxruntime"
-    else:
-        diff = export.check_program(out, model)
-        where = "torch.export.load"
+    diff, where = _check(args, out, model)
     bar.update()
     bar.close()
     verdict = "ok" if diff <= args.tolerance else f"FAILED (tolerance {args.tolerance:g})"
     print(f"checked in {where} at batch 1 and 3: max |logit diff| {diff:.2e} vs PyTorch: {verdict}")
     return 0 if diff <= args.tolerance else 1
+
+
+def _check(args, out: Path, model) -> tuple[float, str]:
+    """(largest logit difference, the runtime that loaded the file back)."""
+    from vitlab.cli import UsageError
+    from vitlab.deploy import export
+
+    if args.format != "onnx":
+        return export.check_program(out, model), "torch.export.load"
+    try:
+        return export.check_onnx(out, model), "onnxruntime"
+    except ImportError:
+        raise UsageError("checking needs onnxruntime: pip install 'vitlab[export]', or pass --no-check") from None
 
 
 def _load(args):

@@ -84,7 +84,7 @@ def _counted(batches, bar):
 
 
 def run(args) -> int:
-    from vitlab.analysis.inspection import inspect_model
+    from vitlab.analysis.inspection import inspect_model, summary
     from vitlab.cli import UsageError
     from vitlab.cli.common import open_checkpoint, progress
     from vitlab.config import pick_device
@@ -99,32 +99,5 @@ def run(args) -> int:
         report = inspect_model(model, imported, _counted(batches, bar), out, labels=labels, source=source,
                                checkpoint=args.checkpoint, random_init=args.random_init, max_images=args.num_images,
                                rollout_images=args.rollout_images, components=args.components, heatmap=args.heatmap)
-    _print_summary(report.result, model.config, imported.source_format, source, report.extra, len(report.figures), out)
+    print(summary(report, model.config, imported.source_format, source, out))
     return 0
-
-
-def _print_summary(result, cfg, source_format: str, source: str, extra: list, n_figures: int, out: Path) -> None:
-    f, d = result.filters, result.distance_summary
-    print(f"inspected {cfg.name} ({source_format}) on {source}")
-    print(f"  filters              {f.source}; top {len(f.components)} PCs explain {100 * f.explained.sum():.1f}%")
-    if result.pos_similarity is not None:
-        s = result.pos_summary
-        print(
-            f"  position similarity  neighbours {s['mean_similarity_neighbours']:.3f}, "
-            f"far {s['mean_similarity_far']:.3f}, "
-            f"corr(distance, similarity) {s['pearson_distance_similarity']:.3f}"
-        )
-    else:
-        print(f"  position similarity  none: {result.pos_note}")
-    if result.attention_note:
-        print(f"  attention distance   none: {result.attention_note}")
-    else:
-        per_layer = " ".join(f"{v:.1f}" for v in d["mean_per_layer"])
-        print(
-            f"  attention distance   per layer (px, mean over heads): {per_layer}; "
-            f"Spearman(depth, distance) {d['spearman_depth_distance']:.3f}"
-        )
-    print(f"  rollout              {len(result.rollout_maps)} image(s)")
-    for fig in extra:
-        print(f"  {fig.name:<20} {fig.png.name}")
-    print(f"wrote {out}/index.html, analysis.json and {n_figures} PNG(s)")
