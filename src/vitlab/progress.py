@@ -83,7 +83,10 @@ class Progress:
             with self.lock:
                 quiet_for = self.quiet_for()
                 if quiet_for >= self.EVERY_S:
-                    self._line(self._heartbeat(quiet_for))
+                    try:
+                        self._line(self._heartbeat(quiet_for))
+                    except (ValueError, OSError):  # the stream was closed under us: nothing left to tell
+                        return
 
     def _heartbeat(self, quiet_for: float) -> str:
         if self.heartbeat is not None:

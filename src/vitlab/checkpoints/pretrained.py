@@ -273,7 +273,10 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
                 "nothing was written to the cache"
             )
 
-    atomic_write(path, stream)
+    try:
+        atomic_write(path, stream)
+    finally:
+        show.shown.close()  # a failed download too: its heartbeat stops
     _record(entry, h.hexdigest(), path)
 
 

@@ -77,16 +77,15 @@ def run(args) -> int:
         raise UsageError(f"{dst} is a folder; a {target} checkpoint is one file: give a file name")
     from vitlab.cli.common import progress
 
-    bar = progress(total=2, desc="read", unit="stage")
-    imported = checkpoints.read_checkpoint(src, args.source_format)
-    model = checkpoints.build_model(imported, src)
-    bar.update()
-    # One stage: the file is written beside DST, loaded back and compared before it moves in.
-    bar.set_description(f"write {target}" if args.no_verify else f"write {target} and verify")
-    kwargs = {} if target == "vitlab" else {"allow_numerics_change": args.allow_numerics_change}
-    result = checkpoints.save_verified(model, dst, target, verify_logits=not args.no_verify, **kwargs)
-    bar.update()
-    bar.close()
+    with progress(total=2, desc="read", unit="stage") as bar:
+        imported = checkpoints.read_checkpoint(src, args.source_format)
+        model = checkpoints.build_model(imported, src)
+        bar.update()
+        # One stage: the file is written beside DST, loaded back and compared before it moves in.
+        bar.set_description(f"write {target}" if args.no_verify else f"write {target} and verify")
+        kwargs = {} if target == "vitlab" else {"allow_numerics_change": args.allow_numerics_change}
+        result = checkpoints.save_verified(model, dst, target, verify_logits=not args.no_verify, **kwargs)
+        bar.update()
     _report(args, src, dst, target, imported, model, result)
     return 0
 

@@ -74,24 +74,23 @@ def run(args) -> int:
     model = _load(args).eval()
     cfg = model.config
     t0 = time.perf_counter()
-    bar = progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage")
-    try:
-        if args.format == "onnx":
-            export.export_onnx(model, out, opset=args.opset)
-        else:
-            export.export_program(model, out)
-    except ValueError as e:  # a serving copy ONNX cannot hold: the message says what to do
-        raise UsageError(str(e)) from None
-    bar.update()
-    bar.set_description("check")
-    size = out.stat().st_size / 2**20
-    print(f"wrote {out} ({args.format}, {size:.1f} MiB, {cfg.name} at {cfg.image_size[0]}x{cfg.image_size[1]}, "
-          f"dynamic batch) in {time.perf_counter() - t0:.1f} s")
-    if args.no_check:
-        return 0
-    diff, where = _check(args, out, model)
-    bar.update()
-    bar.close()
+    with progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage") as bar:
+        try:
+            if args.format == "onnx":
+                export.export_onnx(model, out, opset=args.opset)
+            else:
+                export.export_program(model, out)
+        except ValueError as e:  # a serving copy ONNX cannot hold: the message says what to do
+            raise UsageError(str(e)) from None
+        bar.update()
+        bar.set_description("check")
+        size = out.stat().st_size / 2**20
+        print(f"wrote {out} ({args.format}, {size:.1f} MiB, {cfg.name} at {cfg.image_size[0]}x{cfg.image_size[1]}, "
+              f"dynamic batch) in {time.perf_counter() - t0:.1f} s")
+        if args.no_check:
+            return 0
+        diff, where = _check(args, out, model)
+        bar.update()
     verdict = "ok" if diff <= args.tolerance else f"FAILED (tolerance {args.tolerance:g})"
     print(f"checked in {where} at batch 1 and 3: max |logit diff| {diff:.2e} vs PyTorch: {verdict}")
     return 0 if diff <= args.tolerance else 1
