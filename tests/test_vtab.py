@@ -191,3 +191,45 @@ def test_bad_specs_are_one_line(tmp_path):
         open_dataset(f"vtab:imagenet:{tmp_path}", "train", image_size=16)
     with pytest.raises(DataError, match="put it in"):
         open_dataset(f"vtab:cifar100:{tmp_path}", "train", image_size=16)
+
+
+def test_derived_labels_follow_vtab():
+    from vitlab.data.vtab import LABELS
+
+    # CLEVR: 3..10 objects -> 0..7; the closest object's depth binned at 8, 8.5, 9, 9.5, 10.
+    assert LABELS["clevr_count"]({"objects/size": [0] * 5}) == 2
+    assert LABELS["clevr_distance"]({"objects/pixel_coords": [1.0, 2.0, 9.2, 3.0, 4.0, 12.0]}) == 3
+    # KITTI: the closest Car/Van/Truck (types 0-2) by z; no vehicle is class 3.
+    kitti = {"objects/location": [0.0, 0.0, 5.0, 0.0, 0.0, 15.0], "objects/type": [3, 1]}  # a pedestrian at 5 m
+    assert LABELS["kitti_distance"](kitti) == 1
+    assert LABELS["kitti_distance"]({"objects/location": [], "objects/type": []}) == 3
+    # dSprites: 32 positions / 40 angles into 16 bins.
+    assert LABELS["dsprites_location"]({"label_x_position": [31]}) == 15
+    assert LABELS["dsprites_orientation"]({"label_orientation": [39]}) == 15
+    assert LABELS["dsprites_orientation"]({"label_orientation": [5]}) == 2
+
+
+def test_lr_grid_chooses_on_the_200_and_reruns_on_the_1000(tmp_path):
+    """The orchestration of --lr-grid with a recording train function (no training): each
+    rate on train800 scored on val200, then the best rate on train800val200, tested on test."""
+    calls = []
+
+    def train(cfg, out):
+        calls.append((cfg.optim.lr, cfg.data.train_split, tuple(cfg.data.eval_splits), out.name))
+        score = {0.001: 0.4, 0.01: 0.6}.get(cfg.optim.lr, 0.5)
+        return {"splits": {s: {"top1": score, "count": 200} for s in cfg.data.eval_splits}}
+
+    task = TASKS["dtd"]
+    s = vtab.Settings(steps=10, grid=(0.001, 0.01), seed=2)
+    result = vtab.run_task("ckpt.safetensors", task, tmp_path / "data", tmp_path / "out", s, train, log=lambda _: None)
+    assert calls == [(0.001, "train-minus-dev", ("dev",), "lr-0.001"), (0.01, "train-minus-dev", ("dev",), "lr-0.01"),
+                     (0.01, "train", ("test",), "final")]
+    assert result["lr"] == 0.01 and result["top1"] == 0.6
+    assert json.loads((tmp_path / "out" / "dtd" / "result.json").read_text())["lr"] == 0.01
+    cfg = vtab.task_config("ckpt.safetensors", task, tmp_path / "data", s)
+    assert (cfg.train.steps, cfg.train.seed, cfg.optim.name, cfg.optim.momentum, cfg.optim.weight_decay) == \
+        (10, 2, "sgd", 0.9, 0.0)
+    assert cfg.data.hflip is False and cfg.data.crop_scale == (1.0, 1.0)  # VTAB-1k: no augmentation
+    default = vtab.task_config("ckpt.safetensors", task, tmp_path / "data", vtab.Settings())
+    assert (default.train.steps, default.optim.lr, default.train.batch_size, default.optim.warmup_steps) == \
+        (2500, 0.01, 512, 500)  # Table 4's VTAB row, the fine-tuning recipe's batch and warm-up
