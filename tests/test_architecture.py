@@ -51,7 +51,7 @@ LAYERS: dict[str, set[str]] = {
     "bench": {"checkpoints", "config", "deploy", "files", "models"},
     "api": {"checkpoints", "config", "data", "models"},
     "serve": {"analysis", "config", "data", "deploy", "models"},
-    "sweep": {"analysis", "config", "files", "run_layout"},
+    "sweep": {"analysis", "config", "data", "files", "run_layout", "train"},
     "cli": {"analysis", "api", "bench", "checkpoints", "config", "data", "deploy", "eval", "files", "progress", "serve",
             "sweep", "train"},
 }

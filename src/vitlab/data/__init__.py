@@ -63,6 +63,7 @@ from vitlab.data.identity import DEV_FRACTIONS, PAPER_DATASETS, by_name, dev_fra
 from vitlab.data.imagenet_val import imagenet_val
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
+from vitlab.data.vtab_sources import open_vtab
 from vitlab.data.wds import WebDataset
 
 NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "vtab", "wds", "hf")
@@ -131,8 +132,6 @@ def open_dataset(
         return stream
     common = dict(seed=seed, skip_bad_images=skip)
     if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
-        from vitlab.data.vtab_sources import open_vtab
-
         return open_vtab(arg, split, transform, **common)
     if name == "imagenet-val":
         dataset = imagenet_val(arg, base, transform, **common)
