@@ -37,6 +37,7 @@ import vitlab
 from vitlab.bench import machine, report, runner, suites
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.data import make_loader, open_dataset
+from vitlab.data.transforms import eval_transform, model_transform, train_transform
 from vitlab.deploy import serving
 
 from endtoend import end_to_end  # noqa: E402 (this folder's modules; the script's folder is on sys.path)
@@ -59,7 +60,8 @@ def write(out: Path, name: str, title: str, info: dict, rows: list[dict], column
 
 def cifar(split: str, n: int, image_size: int, mean, std, train: bool = False, batch: int = 256):
     """The first n images of a real CIFAR-10 split, as (images, labels) tensors."""
-    data = open_dataset(f"wds:{CIFAR}", split, image_size=image_size, mean=mean, std=std, train=train, seed=0)
+    transform = (train_transform if train else eval_transform)(image_size, mean, std)
+    data = open_dataset(f"wds:{CIFAR}", split, transform, train=train, seed=0)
     xs, ys = [], []
     for x, y, _ in itertools.islice(make_loader(data, batch, train=train, seed=0), (n + batch - 1) // batch):
         xs.append(x)
@@ -160,7 +162,7 @@ def data_pipeline_rates(cfg, batch: int) -> list[dict]:
     """The data pipeline alone: decode + inception crop + flip of the training shards."""
     rows = []
     for workers in (0, 2):
-        data = open_dataset(f"wds:{CIFAR}", "train", image_size=32, mean=cfg.mean, std=cfg.std, train=True, seed=1)
+        data = open_dataset(f"wds:{CIFAR}", "train", model_transform(cfg, train=True), train=True, seed=1)
         it = iter(make_loader(data, batch, train=True, seed=1, num_workers=workers))
         next(it)  # start-up (workers, first shard) is not throughput
         t0, n = time.perf_counter(), 0

@@ -189,8 +189,9 @@ def write_tables(results: dict, source: Path) -> None:
 
 def _train_size(data: str) -> int:
     from vitlab.data import open_dataset
+    from vitlab.data.transforms import eval_transform
 
-    return len(open_dataset(data, "train", image_size=32))
+    return len(open_dataset(data, "train", eval_transform(32)))
 
 
 if __name__ == "__main__":

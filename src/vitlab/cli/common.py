@@ -88,25 +88,14 @@ def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = 
     checkpoint's class names (when it has one per class) name them.
     """
     from vitlab.data import open_dataset
+    from vitlab.data.transforms import model_transform
 
     options = {}
     if spec.lower().startswith("wds:") and class_names and len(class_names) == config.num_classes:
         shards = Path(spec[4:]).expanduser()
         if not (shards.is_dir() and (shards / "classes.txt").is_file()):
             options["classes"] = list(class_names)
-    return open_dataset(
-        spec,
-        split,
-        image_size=config.image_size,
-        in_channels=config.in_channels,
-        mean=config.mean,
-        std=config.std,
-        train=False,
-        crop_fraction=config.crop_fraction,
-        crop_mode=config.crop_mode,
-        interpolation=config.interpolation,
-        **options,
-    )
+    return open_dataset(spec, split, model_transform(config), **options)
 
 
 def data_key(spec: str, split: str, config) -> dict:
@@ -119,6 +108,7 @@ def data_key(spec: str, split: str, config) -> dict:
         "mean": list(config.mean),
         "std": list(config.std),
         "crop": [config.crop_fraction, config.crop_mode, config.interpolation],
+        **({} if config.resize_backend == "pil" else {"resize_backend": config.resize_backend}),
     }
 
 

@@ -104,9 +104,9 @@ def _length(args, row, extra: dict, notes: list[str]) -> None:
 
 def _train_size(cfg, arch) -> int:
     from vitlab.data import open_dataset
+    from vitlab.data.transforms import model_transform
 
-    return len(open_dataset(cfg.data.name, cfg.data.train_split, image_size=arch.image_size,
-                            in_channels=arch.in_channels, mean=arch.mean, std=arch.std))
+    return len(open_dataset(cfg.data.name, cfg.data.train_split, model_transform(arch)))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,14 +6,16 @@ added before dividing: `batch_counts` per batch, add them up, `metrics_from_coun
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitlab.data import foreign
+from vitlab.data import DataError, foreign, make_loader, open_dataset
+from vitlab.eval.classes import class_names_for, only_numbers
 from vitlab.data.transforms import model_transform
 
 
@@ -87,6 +89,48 @@ def evaluate(
     if total is None:
         raise ValueError("the evaluation data is empty")
     return metrics_from_counts(total)
+
+
+def evaluate_dataset(model: torch.nn.Module, spec: str, split: str = "test", *, batch_size: int = 256,
+                     workers: int = 0, skip_bad_images: bool = False, device: str | torch.device = "cpu",
+                     autocast_dtype: Optional[torch.dtype] = None, progress: Optional[Callable] = None,
+                     ) -> tuple[dict[str, Any], list[str]]:
+    """(metrics, class names) of a classifier on a dataset spec's split (`vitlab eval`): the
+    images through the model's own preprocessing (`model_transform`), the results labelled
+    with the checkpoint's class names (`class_names_for`). `metrics` has evaluate's keys and
+    `bad_images_skipped`. `progress(total, desc)` makes a bar with .update(n) (a context manager)."""
+    cfg = model.config
+    if not cfg.num_classes:
+        raise DataError(f"{cfg.name} has no classification head; evaluate it with vitlab fewshot or linear-probe")
+    dataset = open_dataset(spec, split, model_transform(cfg), skip_bad_images=skip_bad_images)
+    data_names = list(dataset.class_names)
+    if len(data_names) != cfg.num_classes and not (only_numbers(data_names) and len(data_names) < cfg.num_classes):
+        raise DataError(f"the checkpoint predicts {cfg.num_classes} classes but {spec} has {len(data_names)}; "
+                        "fine-tune it first (vitlab finetune) or pick the dataset it was trained on")
+    names = class_names_for(getattr(model, "class_names", None), cfg.num_classes, data_names, spec)
+    loader = make_loader(dataset, batch_size, train=False, num_workers=workers)
+    bad = 0
+
+    def batches(bar):
+        nonlocal bad
+        for images, labels, skipped in loader:
+            bad += len(skipped)  # one evaluation pass: each file once
+            if bar is not None:
+                bar.update(len(labels) + len(skipped))
+            if labels.numel():
+                yield images, labels
+
+    with (progress(_length(dataset), f"eval {split}") if progress else contextlib.nullcontext()) as bar:
+        metrics = evaluate(model, batches(bar), cfg.num_classes, device, autocast_dtype)
+    metrics["bad_images_skipped"] = bad
+    return metrics, names
+
+
+def _length(dataset) -> Optional[int]:
+    try:
+        return len(dataset)
+    except TypeError:  # a stream of unknown length
+        return None
 
 
 def preprocessing(model: torch.nn.Module):
