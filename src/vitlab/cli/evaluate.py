@@ -26,6 +26,11 @@ examples:
   vitlab eval runs/cifar10/checkpoints/last.safetensors --data wds:../shared/data/cifar10 --json
   vitlab eval runs/digits/checkpoints/last.safetensors --data digits --random-init 0 --out eval-random
   vitlab eval model.safetensors --data imagefolder:~/pets --split val --out results/pets --device cuda
+  vitlab eval ViT-B_16.npz --data imagenet-val:~/imagenet/val --real ~/imagenet/real.json --image-size 384
+
+--real LABELS.json adds ImageNet ReaL accuracy beside top-1: the reassessed labels of Beyer
+et al. 2020 as published (one list of class ids per validation image, in file-name order;
+an empty list leaves the image out), with --data imagenet-val:DIR.
 """
 
 
@@ -43,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--real", metavar="LABELS.json", help="ImageNet ReaL labels (real.json): ReaL accuracy beside top-1")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         metrics, names = evaluate_dataset(
             model, args.data, args.split, batch_size=args.batch_size, workers=args.workers,
             skip_bad_images=args.skip_bad_images, device=device, autocast_dtype=torch.bfloat16 if args.bf16 else None,
-            progress=bar)
+            progress=bar, real=args.real)
     except BadImageError as e:
         raise UsageError(bad_image_message(e)) from None
     text = to_json(metrics, names)
@@ -72,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         return 0
     print(report(metrics, names))
+    if args.real:
+        from vitlab.eval.real import real_line
+
+        print(real_line(metrics))
     if metrics["bad_images_skipped"]:
         print(f"skipped {metrics['bad_images_skipped']} unreadable images")
     print("\n" + "\n".join(written))

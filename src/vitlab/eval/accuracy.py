@@ -16,6 +16,7 @@ from torch import Tensor
 
 from vitlab.data import DataError, foreign, make_loader, open_dataset
 from vitlab.eval.classes import class_names_for, only_numbers
+from vitlab.eval.real import read_real_labels, real_accuracy
 from vitlab.data.transforms import model_transform
 
 
@@ -68,38 +69,46 @@ def evaluate(
     device: str | torch.device = "cpu",
     autocast_dtype: Optional[torch.dtype] = None,
     batch_size: int = 128,
+    keep_predictions: bool = False,
 ) -> dict[str, Any]:
     """Top-1/top-5/loss/per-class/confusion of `model` on `data`: any dataset (torch,
     torchvision, Hugging Face `datasets`, vitlab), a DataLoader, or an iterable of
     (images, labels, ...) batches. Raw images get the model's own preprocessing
-    (`vitlab.transform`); `num_classes` defaults to the model's."""
+    (`vitlab.transform`); `num_classes` defaults to the model's. `keep_predictions` adds
+    "predictions": each image's top-1 class, in the data's order (for ImageNet ReaL)."""
     device = torch.device(device)
     num_classes = num_classes or model.config.num_classes
     was_training = model.training
     model.eval()
-    total = None
+    total, predictions = None, []
     try:
         for images, labels in foreign.batches(data, preprocessing(model), batch_size):
             images, labels = images.to(device), labels.to(device)
             with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
                 logits = model(images)
             total = add_counts(total, batch_counts(logits.float(), labels, num_classes))
+            if keep_predictions:
+                predictions += logits.argmax(-1).tolist()
     finally:
         model.train(was_training)
     if total is None:
         raise ValueError("the evaluation data is empty")
-    return metrics_from_counts(total)
+    metrics = metrics_from_counts(total)
+    return {**metrics, "predictions": predictions} if keep_predictions else metrics
 
 
 def evaluate_dataset(model: torch.nn.Module, spec: str, split: str = "test", *, batch_size: int = 256,
                      workers: int = 0, skip_bad_images: bool = False, device: str | torch.device = "cpu",
                      autocast_dtype: Optional[torch.dtype] = None, progress: Optional[Callable] = None,
-                     ) -> tuple[dict[str, Any], list[str]]:
+                     real: Optional[str] = None) -> tuple[dict[str, Any], list[str]]:
     """(metrics, class names) of a classifier on a dataset spec's split (`vitlab eval`): the
     images through the model's own preprocessing (`model_transform`), the results labelled
     with the checkpoint's class names (`class_names_for`). `metrics` has evaluate's keys and
-    `bad_images_skipped`. `progress(total, desc)` makes a bar with .update(n) (a context manager)."""
+    `bad_images_skipped`. `progress(total, desc)` makes a bar with .update(n) (a context manager).
+    `real`: ImageNet ReaL labels (real.json) scored beside top-1 (eval/real.py)."""
     cfg = model.config
+    if real and skip_bad_images:
+        raise DataError("--real pairs each image with its line of the labels: fix unreadable images, do not skip them")
     if not cfg.num_classes:
         raise DataError(f"{cfg.name} has no classification head; evaluate it with vitlab fewshot or linear-probe")
     dataset = open_dataset(spec, split, model_transform(cfg), skip_bad_images=skip_bad_images)
@@ -121,7 +130,9 @@ def evaluate_dataset(model: torch.nn.Module, spec: str, split: str = "test", *, 
                 yield images, labels
 
     with (progress(_length(dataset), f"eval {split}") if progress else contextlib.nullcontext()) as bar:
-        metrics = evaluate(model, batches(bar), cfg.num_classes, device, autocast_dtype)
+        metrics = evaluate(model, batches(bar), cfg.num_classes, device, autocast_dtype, keep_predictions=bool(real))
+    if real:
+        metrics.update(real_accuracy(metrics.pop("predictions"), read_real_labels(real, len(dataset), cfg.num_classes)))
     metrics["bad_images_skipped"] = bad
     return metrics, names
 
