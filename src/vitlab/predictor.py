@@ -31,7 +31,7 @@ from vitlab.analysis.overlay import captioned, overlay
 from vitlab.config import ConfigError
 from vitlab.data import read_image
 from vitlab.data.transforms import model_transform, to_mode
-from vitlab.deploy.serving import PRECISIONS, Serving, for_precision
+from vitlab.deploy import PRECISIONS, Serving, for_precision
 from vitlab.files import atomic_write
 
 DISPLAY_SIDE = 384  # the longer side of an overlay image

@@ -50,7 +50,7 @@ AT_LEAST_ZERO = ("workers", "test_limit", "pool", "max_per_class", "eval_every",
 OUTPUTS = (
     ("train", "out", True), ("finetune", "out", True), ("eval", "out", True), ("inspect", "out", True),
     ("predict", "attention", True), ("fewshot", "out", False), ("linear-probe", "out", False),
-    ("export", "out", False), ("predict", "csv", False), ("bench", "out", True),
+    ("export", "out", False), ("predict", "csv", False), ("bench", "out", True), ("eval", "predictions", False),
 )
 
 

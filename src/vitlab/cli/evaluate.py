@@ -15,7 +15,8 @@ the results are labelled with the checkpoint's class names (a dataset whose clas
 numbers, such as WebDataset shards without a classes.txt, takes them; names that disagree are
 a warning, the same names in another order an error). Results go to OUT/eval-SPLIT.json and
 OUT/confusion-SPLIT.png: --out OUT, or RUN/eval for a checkpoint inside a run folder
-(RUN/checkpoints/); otherwise they are printed and not written.
+(RUN/checkpoints/); otherwise they are printed and not written. --predictions FILE.csv also
+writes each image's probabilities of every class (one row per image, in the data's order).
 
 --format and --random-init SEED work as in the other evaluation commands (the checkpoint's
 shape with fresh weights is the baseline); --json prints everything, the confusion matrix
@@ -48,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--predictions", metavar="FILE.csv", help="also write each image's probabilities of every class")
     p.add_argument("--real", metavar="LABELS.json", help="ImageNet ReaL labels (real.json): ReaL accuracy beside top-1")
 
 
@@ -68,9 +70,11 @@ def run(args: argparse.Namespace) -> int:
         metrics, names = evaluate_dataset(
             model, args.data, args.split, batch_size=args.batch_size, workers=args.workers,
             skip_bad_images=args.skip_bad_images, device=device, autocast_dtype=torch.bfloat16 if args.bf16 else None,
-            progress=bar, real=args.real)
+            progress=bar, real=args.real, probabilities=bool(args.predictions))
     except BadImageError as e:
         raise UsageError(bad_image_message(e)) from None
+    if args.predictions:
+        write_predictions(args.predictions, metrics.pop("images"), metrics.pop("probabilities"), names)
     text = to_json(metrics, names)
     out = results_folder(args.checkpoint, args.out)
     written = _write(out, args.split, text, metrics["confusion"], names, f"{model.config.name} on {args.data}, {args.split}")
@@ -86,6 +90,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {metrics['bad_images_skipped']} unreadable images")
     print("\n" + "\n".join(written))
     return 0
+
+
+def write_predictions(path: str, images: list, probabilities: list, names: list[str]) -> None:
+    """One CSV row per image: the image (its file, or its position), its top-1 class and the
+    probability of every class."""
+    import csv
+    import io
+
+    from vitlab.files import atomic_write_text
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["image", "predicted", *names])
+    for image, probs in zip(images, probabilities):
+        writer.writerow([image, names[max(range(len(probs)), key=probs.__getitem__)], *(f"{p:.8g}" for p in probs)])
+    atomic_write_text(path, buffer.getvalue())
 
 
 def results_folder(checkpoint: str, out: str | None) -> Path | None:

@@ -50,7 +50,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.cli.common import progress
-    from vitlab.deploy.serving import PRECISIONS
+    from vitlab.deploy import PRECISIONS
     from vitlab.predictor import Predictor
 
     for name in ("top_k", "batch_size"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from vitlab.cli.common import open_checkpoint
@@ -66,7 +65,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.config.serve import ServeConfig
-    from vitlab.deploy.serving import PRECISIONS
+    from vitlab.deploy import PRECISIONS
     from vitlab.serve import Engine, server
 
     config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})
@@ -74,8 +73,4 @@ def run(args) -> int:
         raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
     model, _ = open_checkpoint(args.checkpoint, args.format)  # before the port: a bad file binds nothing
     engine = Engine(model, args.precision, checkpoint=Path(args.checkpoint).name)
-    return server.run(engine, config, access_log=args.access_log, say=say)
-
-
-def say(message: str) -> None:
-    print(f"vitlab serve: {message}", file=sys.stderr, flush=True)
+    return server.start(engine, config, access_log=args.access_log)
