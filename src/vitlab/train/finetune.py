@@ -284,6 +284,10 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
         return Plan(fitted.config, out, [*head, *chosen.notes, *fitted.notes, *notes], grid, sweep,
                     fitted.quick_sweep_steps, explicit=explicit)
     fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep_asked=True)  # batch and length; warm-up per recipe
+    t = fitted.config.train
+    if not t.steps:  # --epochs: in steps, which the arms' length and the warm-up shares are of
+        steps = max(1, math.ceil(t.epochs * (len(train_set) // t.batch_size)))
+        fitted.config = fitted.config.with_overrides({"train.steps": steps, "train.epochs": 0.0})
     dev = identity.describe(getattr(train_set, "identity", None), cfg.data.dev_fraction)
     c = choice.decide(fitted.config, chosen, explicit, grid, rates, lr_sweep, dev)
     kept = [n for n in fitted.notes if not n.startswith("warm-up")]
