@@ -25,7 +25,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vitlab"
 ROWS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("serve", "sweep", "bench", "api"),
-    ("train",),
+    ("train", "predictor"),
     ("analysis", "deploy"),
     ("eval",),
     ("checkpoints", "data"),
@@ -49,11 +49,12 @@ LAYERS: dict[str, set[str]] = {
     "deploy": {"checkpoints", "config", "files", "models"},
     "train": {"analysis", "checkpoints", "config", "data", "eval", "files", "models", "progress", "run_layout"},
     "bench": {"checkpoints", "config", "deploy", "files", "models"},
-    "api": {"checkpoints", "config", "data", "models"},
-    "serve": {"analysis", "config", "data", "deploy", "models"},
+    "predictor": {"analysis", "checkpoints", "config", "data", "deploy", "files"},
+    "api": {"checkpoints", "config", "data", "models", "predictor"},
+    "serve": {"analysis", "config", "data", "predictor"},
     "sweep": {"analysis", "config", "data", "files", "run_layout", "train"},
-    "cli": {"analysis", "api", "bench", "checkpoints", "config", "data", "deploy", "eval", "files", "progress", "serve",
-            "sweep", "train"},
+    "cli": {"analysis", "api", "bench", "checkpoints", "config", "data", "deploy", "eval", "files", "predictor",
+            "progress", "serve", "sweep", "train"},
 }
 ROOT = SRC.parents[1]
 
@@ -214,6 +215,22 @@ LIBRARY = [f for f in FILES if f != LAZY_ROOT and "cli" not in f.relative_to(SRC
 def test_library_modules_import_vitlab_at_the_top(path):
     local = [f"line {line}: {target}" for target, line, top in imports(path) if not top]
     assert not local, f"{path.relative_to(SRC)} imports vitlab inside functions (move to the top): {local}"
+
+
+MATPLOTLIB = {"analysis/plots.py", "analysis/mpp_plot.py", "analysis/sweep_plots.py", "analysis/overlay.py"}
+
+
+def test_only_the_drawing_modules_import_matplotlib():
+    found = set()
+    for f in FILES:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] == "matplotlib" for n in names):
+                found.add(str(f.relative_to(SRC)))
+    assert found == MATPLOTLIB, f"modules that import matplotlib: {sorted(found)}; docs/architecture.md names {sorted(MATPLOTLIB)}"
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert all(f"`{Path(m).name}`" in page for m in MATPLOTLIB)
 
 
 def test_functions_and_files_stay_short():

@@ -1,7 +1,7 @@
 """The paper's look inside a ViT (§4.5, Figures 6 and 7; Appendix D.7, D.8).
 
-Pure functions, tensors in and arrays out; `plots.py` (with mpp_plot.py and sweep_plots.py,
-the only matplotlib importers) draws them and `page.py` writes the HTML page. Attention
+Pure functions, tensors in and arrays out; `plots.py` (with mpp_plot.py, sweep_plots.py and
+overlay.py, the only matplotlib importers) draws them and `page.py` writes the HTML page. Attention
 always comes from the model's own exact path (`model(x, return_intermediates=True)["attentions"]`), never from hooks.
 
     from vitlab import analysis
