@@ -50,53 +50,9 @@ def parse_shots(text: str) -> list[int]:
     return shots
 
 
-def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):
-    """Cached features of one split, with progress on stderr (a bar on a terminal, a line
-    every 20 batches in a log)."""
-    from vitlab.cli.common import data_key, open_data, progress
-    from vitlab.eval.features import cached_features
-
-    dataset = open_data(args.data, split, model.config, model.class_names)
-    num_classes = len(getattr(dataset, "class_names", None) or []) or None
-    log = lambda m: print(f"  {split}: {m}", file=sys.stderr)  # noqa: E731
-    every = args.batch_size * 20
-    bar = progress(total=_expected(dataset, max_per_class, num_classes, limit), desc=f"features {split}")
-
-    def counted(n: int) -> None:
-        bar.update(n - bar.n)
-        if bar.disable and n % every == 0:
-            log(f"{n} images")
-
-    with bar:
-        features = cached_features(
-            model,
-            dataset,
-            data_key(args.data, split, model.config),
-            use_cache=not args.no_cache,
-            model_hash=model_hash,
-            log=log,
-            batch_size=args.batch_size,
-            max_per_class=max_per_class or None,
-            limit=limit or None,
-            num_classes=num_classes,
-            progress=counted,
-        )
-    return features, getattr(dataset, "class_names", None)
-
-
-def _expected(dataset, max_per_class, num_classes, limit):
-    """How many images the extraction will read, where that is known beforehand."""
-    try:
-        n = len(dataset)
-    except TypeError:
-        n = None
-    caps = [c for c in (n, limit or None, max_per_class * num_classes if max_per_class and num_classes else None) if c]
-    return min(caps) if caps else None
-
-
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.cli.common import open_checkpoint, print_result
+    from vitlab.cli.common import frozen_features, open_checkpoint, print_result
     from vitlab.config import pick_device
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.fewshot import fewshot_eval
