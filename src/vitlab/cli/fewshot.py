@@ -57,6 +57,28 @@ def run(args) -> int:
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.fewshot import fewshot_eval
 
+    shots = _check(args)
+    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
+    fp = model_fingerprint(model)
+    print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
+    (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)
+    (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
+    try:
+        result = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=args.l2,
+                              num_classes=len(class_names) if class_names else None)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    result.update(checkpoint=args.checkpoint, model=model.config.name, random_init=args.random_init, data=args.data,
+                  train_split=args.train_split, test_split=args.test_split, pool_per_class=args.pool or "all",
+                  num_train_pool=int(len(tr_y)), weights_sha256=fp)
+    if not print_result(args, result):
+        _print_table(args, model.config.name, result)
+    return 0
+
+
+def _check(args) -> list[int]:
+    from vitlab.cli import UsageError
+
     shots = parse_shots(args.shots)
     if args.seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
@@ -64,39 +86,12 @@ def run(args) -> int:
         raise UsageError(f"--pool {args.pool} is smaller than the largest shot count {max(shots)}; raise --pool")
     if args.l2 is not None and args.l2 <= 0:
         raise UsageError(f"--l2 must be positive, got {args.l2}")
-    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
-    fp = model_fingerprint(model)
-    print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
-    (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)
-    (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
-    try:
-        result = fewshot_eval(
-            tr_x,
-            tr_y,
-            te_x,
-            te_y,
-            shots=shots,
-            seeds=args.seeds,
-            l2=args.l2,
-            num_classes=len(class_names) if class_names else None,
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    result.update(
-        checkpoint=args.checkpoint,
-        model=model.config.name,
-        random_init=args.random_init,
-        data=args.data,
-        train_split=args.train_split,
-        test_split=args.test_split,
-        pool_per_class=args.pool or "all",
-        num_train_pool=int(len(tr_y)),
-        weights_sha256=fp,
-    )
-    if print_result(args, result):
-        return 0
+    return shots
+
+
+def _print_table(args, name: str, result: dict) -> None:
     what = "random init" if args.random_init is not None else args.checkpoint
-    print(f"few-shot linear accuracy  {model.config.name} ({what})  on {args.data}")
+    print(f"few-shot linear accuracy  {name} ({what})  on {args.data}")
     print(
         f"{result['num_classes']} classes, {result['feature_dim']}-d features, "
         f"test {result['num_test']} images, {args.seeds} seed(s), L2: {result['l2']}"
@@ -108,7 +103,6 @@ def run(args) -> int:
         print(f"{s:>5}  {100 * r['mean']:>7.2f} ± {100 * r['std']:<5.2f}%  {per:<24}  {lam}")
     if args.out:
         print(f"wrote {args.out}")
-    return 0
 
 
 def _log2(v: float) -> str:
