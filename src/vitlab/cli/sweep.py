@@ -42,24 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print each cell's commands and run nothing")
 
 
-def _params(items: list[str]) -> dict:
-    import yaml
-
-    from vitlab.cli import UsageError
-
-    params = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--slurm {item!r}: write KEY=VALUE, e.g. --slurm timeout_min=60")
-        params[key.strip()] = yaml.safe_load(value)
-    return params
-
-
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from vitlab.cli import UsageError
+    from vitlab.cli.common import launcher_params
     from vitlab.config.sweep import load_sweep
     from vitlab.sweep import LAUNCHERS, expand, run_sweep
 
@@ -82,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     local = args.launcher != "slurm"
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)
     summary = run_sweep(spec, out, scale=args.scale, jobs=args.jobs, threads=threads, launcher=args.launcher,
-                        params=_params(args.slurm), wait=not args.no_wait, report_only=args.report)
+                        params=launcher_params(args.slurm), wait=not args.no_wait, report_only=args.report)
     if summary.get("submitted"):
         print(f"then: vitlab sweep {args.spec} --out {out} --report")
         return 0
