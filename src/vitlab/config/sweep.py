@@ -25,7 +25,8 @@
         - {claim: "Table 8: a position embedding beats none", axis: model.pos_embed,
            a: learned, b: none, expect: higher}
 
-A command may use {checkpoint} (the cell's final weights), {run} (its run folder), {cell}
+A command may use {checkpoint} (the cell's final weights), {best} (its best.safetensors, with
+train.keep_best), {run} (its run folder), {cell}
 (its folder) and {scaled:N} (N x --scale, rounded, at least 1). Results are named as in
 results.csv: the train summary's `test.top1`, `compute.train_flops`, ...; an after-step's
 numbers under its name, `fewshot.shots.5.mean`.

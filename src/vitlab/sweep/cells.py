@@ -28,6 +28,7 @@ from vitlab.config.sweep import SweepSpec
 
 TRAIN_RESULT = "train/summary.json"
 CHECKPOINT = "train/checkpoints/last.safetensors"
+BEST = "train/checkpoints/best.safetensors"  # with train.keep_best
 TAG = "tag."
 
 
@@ -84,14 +85,15 @@ def flag_argv(settings: dict[str, Any]) -> list[str]:
 
 
 def _fill(command: str, cell_dir: Path, scale: float) -> tuple[str, ...]:
-    words = {"checkpoint": str(cell_dir / CHECKPOINT), "run": str(cell_dir / "train"), "cell": str(cell_dir)}
+    words = {"checkpoint": str(cell_dir / CHECKPOINT), "best": str(cell_dir / BEST), "run": str(cell_dir / "train"),
+             "cell": str(cell_dir)}
 
     def one(m: re.Match) -> str:
         name, _, arg = m.group(1).partition(":")
         if name == "scaled":
             return str(max(1, round(float(arg) * scale)))
         if name not in words:
-            raise ConfigError(f"after: unknown placeholder {{{name}}} in {command!r}; known: checkpoint, run, cell, scaled:N")
+            raise ConfigError(f"after: unknown placeholder {{{name}}} in {command!r}; known: checkpoint, best, run, cell, scaled:N")
         return words[name]
 
     return tuple(re.sub(r"\{([a-z]+(?::[0-9.]+)?)\}", one, w) for w in shlex.split(command))
