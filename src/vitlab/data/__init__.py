@@ -16,6 +16,8 @@ The API other parts of vitlab (and users) call:
                 wds:PATTERN            WebDataset tar shards (.tar, .tar.gz), brace patterns or
                                        a folder of train-*/test-* shards; streamed (an
                                        IterableDataset split across loader workers and processes)
+                synthetic:TASK[:SEED]  a procedural 16x16 task with a known answer: halfswap or
+                                       crossover (see synthetic.py; the `synthetic` recipe)
                 hf:NAME[:CONFIG]       a Hugging Face dataset by name, from the datasets cache
                                        (offline with HF_HUB_OFFLINE=1), or hf:DIR for a folder
                                        written by save_to_disk; splits train and test (or
@@ -51,7 +53,7 @@ from vitlab.data.datasets import BadImageError, DataError, read_image
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
 
-NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds", "hf")
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds", "hf", "synthetic")
 # The dev split the paper holds out to choose a learning rate (Appendix B.1.1); 10% elsewhere.
 DEV_FRACTIONS = {"imagenet": 0.01, "cifar10": 0.02, "cifar100": 0.02, "pets": 0.1, "flowers": 0.1}
 PAPER_DATASETS = ("cifar100", "cifar10", "imagenet", "pets", "flowers", "vtab")
@@ -95,9 +97,9 @@ def open_dataset(
     if name not in NAMED:
         raise DataError(
             f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
+            "cifar100[:FOLDER], imagefolder:PATH, wds:PATTERN, hf:NAME (a Hugging Face dataset), synthetic:TASK"
         )
-    if name in ("imagefolder", "wds", "hf") and not arg:
+    if name in ("imagefolder", "wds", "hf", "synthetic") and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
     if len(mean) != in_channels or len(std) != in_channels:
@@ -136,6 +138,11 @@ def open_dataset(
     else:
         if name == "digits":
             arrays, classes = ds.digits_arrays(), [str(i) for i in range(10)]
+        elif name == "synthetic":
+            from vitlab.data import synthetic
+
+            task, task_seed = synthetic.parse(arg)
+            arrays, classes = synthetic.arrays(task, task_seed), synthetic.CLASSES.get(task, [])
         elif name == "fashion-mnist":
             mirror = options.get("mirror", ds.FASHION_MNIST_URL)
             arrays, classes = ds.fashion_mnist_arrays(arg or None, download, mirror), ds.FASHION_MNIST_CLASSES
