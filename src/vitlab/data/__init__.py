@@ -51,6 +51,7 @@ from typing import Any, Optional, Sequence
 
 from vitlab.data.datasets import BadImageError, DataError, read_image
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
+from vitlab.data import synthetic
 from vitlab.data.subset import training_subset
 
 NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds", "hf", "synthetic")
@@ -139,10 +140,7 @@ def open_dataset(
         if name == "digits":
             arrays, classes = ds.digits_arrays(), [str(i) for i in range(10)]
         elif name == "synthetic":
-            from vitlab.data import synthetic
-
-            task, task_seed = synthetic.parse(arg)
-            arrays, classes = synthetic.arrays(task, task_seed), synthetic.CLASSES.get(task, [])
+            arrays, classes = synthetic.named(arg)
         elif name == "fashion-mnist":
             mirror = options.get("mirror", ds.FASHION_MNIST_URL)
             arrays, classes = ds.fashion_mnist_arrays(arg or None, download, mirror), ds.FASHION_MNIST_CLASSES

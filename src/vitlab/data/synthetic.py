@@ -82,3 +82,9 @@ def parse(arg: str) -> tuple[str, int]:
         return task.strip().lower(), int(seed or 0)
     except ValueError:
         raise DataError(f"synthetic:{arg}: the seed after the task must be a whole number, e.g. synthetic:{task}:1") from None
+
+
+def named(arg: str) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[str]]:
+    """The arrays and class names of `synthetic:ARG`."""
+    task, seed = parse(arg)
+    return arrays(task, seed), CLASSES.get(task, [])
