@@ -29,7 +29,7 @@ MODELS = {
     "ViT-none": {"model.pos_embed": "none"},
     "ResNet": {"model.name": "BiT-R26-C", "model.layers": [1, 1, 1, 1], "model.base_width": 8, "model.gn_groups": 4},
 }
-SIZES = {"halfswap": [0], "crossover": [500, 2000, 0]}  # 0 = all 10,000
+SIZES = {"halfswap": [0], "crossover": [0, 2000, 500]}  # 0 = all 10,000; the full set first
 
 
 def one(task: str, model: str, size: int, seed: int, steps: int, out: Path) -> dict:
@@ -94,22 +94,26 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     runs = args.runs or Path("/tmp") / "vitlab-synthetic-runs"
     start, cells = time.time(), []
-    for task in args.tasks.split(","):
-        for size in SIZES[task]:
-            for model in MODELS:
-                for seed in range(args.seeds):
-                    cells.append(one(task, model, size, seed, args.steps, runs))
-                    print(json.dumps(cells[-1]), flush=True)
+    plan = [(task, size, model, seed) for task in args.tasks.split(",") for size in SIZES[task]
+            for model in MODELS for seed in range(args.seeds)]
+    for task, size, model, seed in plan:  # the results are rewritten after each cell: a stopped run keeps them
+        cells.append(one(task, model, size, seed, args.steps, runs))
+        print(json.dumps(cells[-1]), flush=True)
+        write(args, cells, len(plan), time.time() - start)
+    print(f"wrote {args.out / 'synthetic.json'} and synthetic.md in {time.time() - start:.0f} s")
+    return 0
+
+
+def write(args, cells: list[dict], planned: int, seconds: float) -> None:
     result = {"steps": args.steps, "batch_size": 64, "seeds": args.seeds, "cells": cells, **analyse(cells),
-              "wall_s": round(time.time() - start, 1),
-              "note": (f"{args.steps} steps of 64 for every cell, {args.seeds} seeds, one CPU thread per run, on 2 "
-                       "CPU cores that other jobs shared. Intervals: 95% Student t over seeds; differences "
-                       "paired by seed.")}
+              "wall_s": round(seconds, 1), "planned_cells": planned,
+              "note": (f"{len(cells)} of {planned} cells finished; {args.steps} steps of 64 for every cell, "
+                       f"{args.seeds} seeds, one CPU thread per run, on 2 CPU cores that other jobs shared "
+                       f"({seconds / 60:.0f} minutes of wall time). Intervals: 95% Student t over seeds; "
+                       "differences paired by seed.")}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "synthetic.json").write_text(json.dumps(result, indent=2))
     (args.out / "synthetic.md").write_text(markdown(result))
-    print(f"wrote {args.out / 'synthetic.json'} and synthetic.md in {result['wall_s']:.0f} s")
-    return 0
 
 
 if __name__ == "__main__":
