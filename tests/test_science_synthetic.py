@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+import vitlab
 from vitlab.config import load_recipe
 from vitlab.data import open_dataset, synthetic
 from vitlab.train.loop import Trainer
@@ -45,10 +46,8 @@ def test_the_tasks_are_what_they_say():
 
 def test_halfswap_needs_a_position_embedding(tmp_path):
     none, folder = train(tmp_path, "halfswap", "none", 60)
-    from vitlab import load
-
-    model = load(str(folder / "checkpoints" / "last.safetensors")).eval()
-    test = open_dataset("synthetic:halfswap", "test", image_size=16)
+    model = vitlab.load(str(folder / "checkpoints" / "last.safetensors")).eval()
+    test = open_dataset("synthetic:halfswap", "test", vitlab.transform(model))
     x = torch.stack([test[i][0] for i in range(64)])
     swapped = torch.cat([x[..., 8:], x[..., :8]], dim=-1)
     with torch.no_grad():
