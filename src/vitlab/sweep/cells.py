@@ -25,10 +25,11 @@ import yaml
 
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
+from vitlab.run_layout import RunLayout
 
 TRAIN_RESULT = "train/summary.json"
-CHECKPOINT = "train/checkpoints/last.safetensors"
-BEST = "train/checkpoints/best.safetensors"  # with train.keep_best
+TRAIN = "train"  # the cell's training run: CELL/train, a run folder (vitlab.run_layout)
+BEST = "best.safetensors"  # with train.keep_best, in the run's checkpoints folder
 TAG = "tag."
 
 
@@ -85,7 +86,8 @@ def flag_argv(settings: dict[str, Any]) -> list[str]:
 
 
 def _fill(command: str, cell_dir: Path, scale: float) -> tuple[str, ...]:
-    words = {"checkpoint": str(cell_dir / CHECKPOINT), "best": str(cell_dir / BEST), "run": str(cell_dir / "train"),
+    run = RunLayout(cell_dir / TRAIN)
+    words = {"checkpoint": str(run.last), "best": str(run.checkpoint_file(BEST)), "run": str(run.path),
              "cell": str(cell_dir)}
 
     def one(m: re.Match) -> str:
@@ -125,7 +127,7 @@ def expand(spec: SweepSpec, out: Path, scale: float = 1.0) -> list[Cell]:
             raise ConfigError(f"grid: cells {seen[key]} and {labels} get the same folder name {key!r}; make the values distinct")
         seen[key] = labels
         cell_dir = out / key
-        train = Step("train", ("train", *flag_argv(settings), "--out", str(cell_dir / "train")), TRAIN_RESULT)
+        train = Step("train", ("train", *flag_argv(settings), "--out", str(cell_dir / TRAIN)), TRAIN_RESULT)
         after = tuple(Step(a.name, _fill(a.command, cell_dir, scale), a.result) for a in spec.after)
         cells.append(Cell(key, labels, settings, (train, *after)))
     return cells
