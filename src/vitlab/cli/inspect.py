@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
     p.add_argument("--components", type=int, default=28, help="principal components of the filters shown (default 28)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--heatmap", action="store_true", help="draw the rollout as a heat map over each image")
+    p.add_argument("--distance", choices=("centres", "pixels"), default="centres",
+                   help="attention distance between patch centres (default) or averaged over pixel pairs "
+                        "(App. D.7's image-space distance)")
 
 
 def _is_paths(text: str) -> bool:
@@ -98,6 +101,7 @@ def run(args) -> int:
     with progress(total=args.num_images, desc="inspect") as bar:
         report = inspect_model(model, imported, _counted(batches, bar), out, labels=labels, source=source,
                                checkpoint=args.checkpoint, random_init=args.random_init, max_images=args.num_images,
-                               rollout_images=args.rollout_images, components=args.components, heatmap=args.heatmap)
+                               rollout_images=args.rollout_images, components=args.components, heatmap=args.heatmap,
+                               distance_mode=args.distance)
     print(summary(report, model.config, imported.source_format, source, out))
     return 0
