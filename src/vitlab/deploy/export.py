@@ -90,9 +90,26 @@ def export_onnx(model: VisionTransformer, path: str | os.PathLike, opset: int = 
         optimize=True,
         verbose=False,
     )
+    name_batch_axis(onnx_program.model)
     onnx_program.model.metadata_props.update(onnx_metadata(model))
     atomic_write(path, lambda tmp: onnx_program.save(tmp))
     return Path(path)
+
+
+def name_batch_axis(onnx_model) -> None:
+    """Call the dynamic batch axis "batch" wherever it appears. The exporter names it after
+    torch's internal symbol ("s77"), which a runtime shows to the user as the input's shape."""
+    import onnx_ir as ir
+
+    symbol = onnx_model.graph.inputs[0].shape[0]
+    if not isinstance(symbol, ir.SymbolicDim):
+        return
+    values = [*onnx_model.graph.inputs, *onnx_model.graph.outputs]
+    values += [v for node in ir.traversal.RecursiveGraphIterator(onnx_model.graph) for v in node.outputs]
+    for v in values:
+        if v.shape is not None and any(isinstance(d, ir.SymbolicDim) and d.value == symbol.value for d in v.shape):
+            v.shape = ir.Shape(["batch" if isinstance(d, ir.SymbolicDim) and d.value == symbol.value else d
+                                for d in v.shape])
 
 
 def read_onnx_metadata(path: str | os.PathLike) -> dict[str, str]:
