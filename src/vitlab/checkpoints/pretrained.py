@@ -239,62 +239,39 @@ def _offline_message(entry: Pretrained, path: Path, reason: str) -> str:
 
 
 def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
+    """One download through torch.hub.download_url_to_file (http(s) and file:// URLs, a
+    temporary file renamed only when complete, its tqdm bar on a terminal), then vitlab's
+    own checks: the published sha256 (torch checks it too, as a prefix) or the first
+    download's, recorded in the cache's sha256.json and enforced on later reads."""
+    import socket
     import urllib.error
-    import urllib.request
 
-    try:
-        response = urllib.request.urlopen(entry.url, timeout=TIMEOUT_S)
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise CheckpointError(_offline_message(entry, path, str(reason))) from None
-    total = int(response.headers.get("Content-Length") or 0)
-    show = _Progress(entry.name, total, sys.stderr.isatty() if progress is None else progress)
-    h = hashlib.sha256()
+    import torch.hub
 
-    def stream(tmp: str) -> None:  # a failure here leaves no file in the cache
-        with open(tmp, "wb") as out, response:
-            while True:
-                try:
-                    block = response.read(1 << 20)
-                except OSError as e:
-                    raise CheckpointError(_offline_message(entry, path, f"connection lost: {e}")) from None
-                if not block:
-                    break
-                out.write(block)
-                h.update(block)
-                show.update(len(block))
-        show.done()
-        if total and os.path.getsize(tmp) != total:
-            raise CheckpointError(f"{entry.url}: download incomplete ({os.path.getsize(tmp)} of {total} bytes); try again")
-        if entry.sha256 is not None and h.hexdigest() != entry.sha256:
-            raise CheckpointError(
-                f"{entry.url}: sha256 {h.hexdigest()[:16]}... does not match the published {entry.sha256[:16]}...; "
-                "nothing was written to the cache"
-            )
+    tty = sys.stderr.isatty() if progress is None else progress
+    start = time.time()
+    print(f"downloading {entry.name} from {entry.url}", file=sys.stderr, flush=True)
 
-    atomic_write(path, stream)
-    _record(entry, h.hexdigest(), path)
+    def download(tmp: str) -> None:  # a failure here leaves no file in the cache
+        # torch.hub opens the URL without a timeout: the process default bounds the wait for
+        # the first bytes, so that an offline machine fails at once instead of hanging.
+        previous = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(TIMEOUT_S)
+        try:
+            torch.hub.download_url_to_file(entry.url, tmp, hash_prefix=entry.sha256, progress=tty)
+        except RuntimeError as e:  # torch's "invalid hash value": the file was removed
+            raise CheckpointError(f"{entry.url}: sha256 does not match the published {entry.sha256[:16]}... ({e}); "
+                                  "nothing was written to the cache") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise CheckpointError(_offline_message(entry, path, str(reason))) from None
+        except Exception as e:  # http.client's IncompleteRead and kin: the connection broke
+            raise CheckpointError(_offline_message(entry, path, f"connection lost: {e}")) from None
+        finally:
+            socket.setdefaulttimeout(previous)
 
-
-class _Progress:
-    """tqdm's byte counter on a terminal; elsewhere a line when the download starts and one
-    when it ends (a bar in a log file is a stream of carriage returns)."""
-
-    def __init__(self, name: str, total: int, tty: bool):
-        from tqdm import tqdm
-
-        self.start = time.time()
-        if not tty:
-            print(f"downloading {name} ({total / 1e6:.0f} MB)" if total else f"downloading {name}", file=sys.stderr)
-        self.bar = tqdm(total=total or None, unit="B", unit_scale=True, unit_divisor=1000, desc=f"downloading {name}",
-                        file=sys.stderr, disable=not tty, dynamic_ncols=True)
-        self.seen = 0
-
-    def update(self, n: int) -> None:
-        self.seen += n
-        self.bar.update(n)
-
-    def done(self) -> None:
-        self.bar.close()
-        rate = self.seen / 1e6 / max(time.time() - self.start, 1e-6)
-        print(f"  done: {self.seen / 1e6:.1f} MB at {rate:.1f} MB/s", file=sys.stderr, flush=True)
+    atomic_write(path, download)
+    size = path.stat().st_size
+    rate = size / 1e6 / max(time.time() - start, 1e-6)
+    print(f"  done: {size / 1e6:.1f} MB at {rate:.1f} MB/s", file=sys.stderr, flush=True)
+    _record(entry, sha256_of(path), path)

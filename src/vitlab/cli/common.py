@@ -83,6 +83,14 @@ def _add_regularisation(p) -> None:
     reg.add_argument("--randaugment", type=int, nargs=2, metavar=("N", "M"),
                      help="RandAugment: N ops of magnitude M per image (data.randaugment, data.randaugment_magnitude; "
                      "DeiT 2 9)")
+    reg.add_argument("--autoaugment", metavar="POLICY", choices=("imagenet", "cifar10", "svhn"),
+                     help="torchvision's AutoAugment with this policy (data.autoaugment)")
+    reg.add_argument("--trivialaugment", action="store_true", default=None,
+                     help="torchvision's TrivialAugmentWide (data.trivialaugment)")
+    reg.add_argument("--augmix", type=int, nargs="?", const=3, metavar="SEVERITY",
+                     help="torchvision's AugMix, severity 1-10, default 3 (data.augmix)")
+    reg.add_argument("--random-erasing", type=float, metavar="P",
+                     help="torchvision's RandomErasing on a share P of the images (data.random_erasing)")
     reg.add_argument("--label-smoothing", type=float, metavar="EPS", help="label smoothing (train.label_smoothing; 0.1)")
     reg.add_argument("--drop-path", type=float, metavar="RATE", help="stochastic depth, largest rate at the last block "
                      "(model.drop_path; DeiT 0.1)")

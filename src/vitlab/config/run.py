@@ -87,6 +87,9 @@ class ModelSection:
         return {**head, **self.changes}
 
 
+AUTOAUGMENT_POLICIES = ("", "imagenet", "cifar10", "svhn")  # torchvision.transforms.AutoAugmentPolicy
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the images come from and how they are augmented (§4.1, Appendix B.1)."""
@@ -102,6 +105,11 @@ class DataConfig:
     hflip: bool = True
     randaugment: int = setting(0, at_least=0, hint="RandAugment ops per image; 0 = off")
     randaugment_magnitude: int = setting(9, at_least=0, at_most=30)
+    # torchvision's other learned-policy augmentations, and random erasing after normalising.
+    autoaugment: str = setting("", one_of=AUTOAUGMENT_POLICIES, hint="AutoAugment's policy; \"\" = off")
+    trivialaugment: bool = False  # TrivialAugmentWide: one random op of random magnitude per image
+    augmix: int = setting(0, at_least=0, at_most=10, hint="AugMix severity (torchvision's default 3); 0 = off")
+    random_erasing: float = setting(0.0, at_least=0, at_most=1, hint="the share of images given an erased box")
     # Held-out dev share; < 0: the dataset's paper value (2% of CIFAR, 1% of ImageNet, 10% else).
     dev_fraction: float = setting(-1.0, below=1)
     skip_bad_images: bool = False

@@ -25,9 +25,10 @@ The API other parts of vitlab (and users) call:
                                        validation); needs `datasets` (vitlab[datasets])
         split:  "train", "test" (= "val"), "dev" (a held-out part of train, fixed seed: 2% of
                 CIFAR, 10% of others, as the paper) or "train-minus-dev" (the rest).
-        train:  True = training augmentation (inception crop + flip, optional RandAugment).
-        options: crop_scale, crop_ratio, hflip, randaugment, randaugment_magnitude (training
-                transform); crop_fraction, crop_mode (evaluation transform); interpolation
+        train:  True = training augmentation (inception crop + flip, optional RandAugment,
+                AutoAugment, TrivialAugment, AugMix, random erasing: torchvision's).
+        options: crop_scale, crop_ratio, hflip, randaugment, randaugment_magnitude, autoaugment,
+                trivialaugment, augmix, random_erasing (training transform); crop_fraction, crop_mode (evaluation transform); interpolation
                 (both); dev_fraction; skip_bad_images (unreadable images are dropped and
                 counted instead of raising BadImageError); shuffle_buffer and classes (wds);
                 download (default True: fetch a missing named set when online).
@@ -53,6 +54,7 @@ from typing import Any, Optional, Sequence
 from vitlab.data.datasets import BadImageError, DataError, read_image
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
+from vitlab.data.transforms import AUGMENT_OPTIONS
 
 NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "wds", "hf")
 # The dev split the paper holds out to choose a learning rate (Appendix B.1.1); 10% elsewhere.
@@ -106,7 +108,7 @@ def open_dataset(
     if len(mean) != in_channels or len(std) != in_channels:
         raise DataError(f"mean/std need one value per channel ({in_channels}), got {tuple(mean)} and {tuple(std)}")
     known = {
-        "crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "dev_fraction",
+        *AUGMENT_OPTIONS, "dev_fraction",
         "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
         "crop_fraction", "crop_mode", "interpolation",
     }
@@ -165,8 +167,7 @@ def _transform(image_size, mean, std, in_channels: int, train: bool, options: di
     from vitlab.data import transforms as T
 
     if train:
-        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
-                                       "interpolation") if k in options}
+        aug = {k: options[k] for k in (*AUGMENT_OPTIONS, "interpolation") if k in options}
         return T.train_transform(image_size, mean, std, in_channels, **aug)
     crop = {k: options[k] for k in ("crop_fraction", "crop_mode", "interpolation") if k in options}
     return T.eval_transform(image_size, mean, std, in_channels, **crop)

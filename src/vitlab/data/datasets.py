@@ -212,7 +212,14 @@ def digits_arrays(split_seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """An IDX file (the MNIST format), gzipped or not: big-endian dims, then uint8 data."""
+    """An IDX file (the MNIST format), gzipped or not: big-endian dims, then uint8 data.
+
+    Written here rather than taken from torchvision on purpose: torchvision.datasets.
+    FashionMNIST (and its read_image_file) reads only the uncompressed files, and only under
+    ROOT/FashionMNIST/raw/. Debian's dataset-fashion-mnist, the copy vitlab looks for first,
+    is the four gzipped files in one flat folder, which torchvision would need decompressed
+    into a second, 55 MB copy. tests/test_data.py checks that this reader gives torchvision's
+    arrays on the real files."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
         data = f.read()

@@ -10,7 +10,7 @@ import torch
 from vitlab import checkpoints
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
 from vitlab.data import foreign, open_dataset, training_subset
-from vitlab.data.transforms import model_transform, train_transform
+from vitlab.data.transforms import AUGMENT_OPTIONS, model_transform, train_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
 
@@ -68,6 +68,11 @@ def describe_source(source: Any) -> str:
     return f"object:{type(source).__module__.split('.')[0]}.{type(source).__name__}{size}"
 
 
+def augmentation(d) -> dict[str, Any]:
+    """The data section's training augmentation, as train_transform's keyword arguments."""
+    return {k: getattr(d, k) for k in AUGMENT_OPTIONS}
+
+
 def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
     """Datasets given as objects, with the model's preprocessing: the recipe's augmentation
     for training, the model's own eval transform (vitlab.transform) for evaluation. Training
@@ -77,8 +82,7 @@ def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[st
     if isinstance(train, torch.utils.data.DataLoader):
         train = train.dataset  # vitlab's own sampler sets the order and the batch
     train_set = foreign.wrap(train, train_transform(
-        model.image_size, model.mean, model.std, model.in_channels, crop_scale=d.crop_scale, crop_ratio=d.crop_ratio,
-        hflip=d.hflip, randaugment=d.randaugment, randaugment_magnitude=d.randaugment_magnitude,
+        model.image_size, model.mean, model.std, model.in_channels, **augmentation(d),
         interpolation=model.interpolation), seed=cfg.train.seed)
     if not hasattr(train_set, "__len__") or isinstance(train_set, torch.utils.data.IterableDataset):
         raise ConfigError("training data given as a stream (an IterableDataset): give a map-style dataset (with "
@@ -97,8 +101,7 @@ def open_datasets(cfg: RunConfig, model: ModelConfig,
         return wrap_sources(cfg, model, sources)
     d = cfg.data
     options: dict[str, Any] = dict(
-        crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
-        randaugment_magnitude=d.randaugment_magnitude, dev_fraction=d.dev_fraction,
+        **augmentation(d), dev_fraction=d.dev_fraction,
         skip_bad_images=d.skip_bad_images, shuffle_buffer=d.shuffle_buffer,
     )
 

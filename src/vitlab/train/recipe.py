@@ -37,6 +37,8 @@ FLAG_KEYS = {
     "objective": "train.objective", "mixup": "train.mixup", "cutmix": "train.cutmix",
     "label_smoothing": "train.label_smoothing", "drop_path": "model.drop_path",
     "train_fraction": "data.train_fraction", "train_size": "data.train_size",
+    "autoaugment": "data.autoaugment", "trivialaugment": "data.trivialaugment", "augmix": "data.augmix",
+    "random_erasing": "data.random_erasing",
 }
 
 
