@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from vitlab.checkpoints import io
+from vitlab.checkpoints import io, read_checkpoint
 from vitlab.config import model_flops
 
 
@@ -24,8 +24,6 @@ def serving_kind(path: str | os.PathLike) -> str:
 
 def describe(path_or_name: str | os.PathLike, format: Optional[str] = None) -> dict[str, Any]:
     """A JSON-ready description of a checkpoint file, folder or published name."""
-    from vitlab.checkpoints import read_checkpoint  # the package imports this module's siblings
-
     kind = "" if format not in (None, "vitlab") else serving_kind(path_or_name)
     if kind:
         imported = io.read(path_or_name, serving=kind)

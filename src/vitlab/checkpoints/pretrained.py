@@ -151,6 +151,17 @@ def list_pretrained() -> list[str]:
     return list(PRETRAINED)
 
 
+def pretrained_rows(names: list[str]) -> list[dict]:
+    """What `vitlab models --pretrained` prints for each published name: its variant, the
+    resolution and classes of the weights, what they were trained on, where they come from."""
+    rows = []
+    for name in names:
+        e = PRETRAINED[name]
+        rows.append({"name": name, "model": e.model, "resolution": e.resolution, "classes": e.num_classes,
+                     "dataset": e.dataset, "file": e.path, "hf_hub_id": e.hf_hub_id, "timm_name": e.timm_name})
+    return rows
+
+
 def lookup(name: str) -> Pretrained:
     if name in PRETRAINED:
         return PRETRAINED[name]
