@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"
+HELP = "evaluate a checkpoint: top-1/top-5, precision/recall/F1, calibration (ECE), confusion matrix"
 DESCRIPTION = """\
 Classify a dataset split with any checkpoint vitlab.load reads and report top-1 and top-5
-accuracy, the loss, the accuracy of each class and the confusion matrix (a PNG when
-matplotlib is installed). Images are preprocessed as the model's config says (its
+accuracy, the loss, precision, recall and F1 (macro and per class), the calibration (expected
+calibration error over 15 confidence bins), the accuracy of each class, the confusion matrix
+and a reliability diagram (PNGs when matplotlib is installed). Images are preprocessed as the model's config says (its
 resolution, channels, mean and std). Results go to OUT/eval-SPLIT.json (OUT defaults to the
 run folder of a checkpoint inside RUN/checkpoints/, else ./eval).
 
@@ -50,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from vitlab.analysis.plots import plot_confusion
+    from vitlab.analysis.plots import plot_confusion, plot_reliability
     from vitlab.cli import UsageError
     from vitlab.cli.common import bad_image_message, open_checkpoint, progress
     from vitlab.config import pick_device
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     png = out / f"confusion-{args.split}.png"
     try:
         drew = bool(plot_confusion(metrics["confusion"], names, png, title=f"{cfg.name} on {args.data}, {args.split}"))
+        plot_reliability(metrics["reliability"], out / f"reliability-{args.split}.png", metrics["ece"], args.split)
     except ImportError:  # matplotlib is an optional extra
         drew = False
     if args.json:
@@ -122,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         if bad:
             print(f"skipped {bad} unreadable images")
         print(f"\nresults: {json_path}")
-        print(f"confusion matrix: {png}" if drew else "no confusion-matrix PNG: matplotlib is not installed")
+        print(f"confusion matrix: {png}; reliability diagram: {out / f'reliability-{args.split}.png'}" if drew
+              else "no confusion-matrix or reliability PNG: matplotlib is not installed")
     return 0
 
 
