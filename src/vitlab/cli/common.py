@@ -155,6 +155,7 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     p.add_argument("--test-split", default="test", help=f"{test_help} (default test)")
     p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workers", type=int, default=0, help="data-loader processes decoding images (default 0)")
     p.add_argument("--no-cache", action="store_true", help="recompute features, do not read or write the cache")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--out", help="also write the JSON result to this file")

@@ -37,6 +37,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest accepted |logit| difference")
     p.add_argument("--no-check", action="store_true", help="skip running the exported file")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--device", default="cpu", help="trace and check on this device: cpu (default), cuda, cuda:N, mps; "
+                   "a torch-export program keeps it, an ONNX file runs anywhere")
 
 
 def run(args) -> int:
@@ -60,7 +62,9 @@ def run(args) -> int:
             import onnxscript  # noqa: F401
         except ImportError:
             raise UsageError("ONNX export needs onnx and onnxscript: pip install 'vitlab[export]'") from None
-    model = _load(args).eval()
+    from vitlab.config import pick_device
+
+    model = _load(args).eval().to(pick_device(args.device))
     cfg = model.config
 
     from vitlab.cli.common import progress

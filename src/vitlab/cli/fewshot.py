@@ -80,6 +80,7 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
             limit=limit or None,
             num_classes=num_classes,
             progress=counted,
+            workers=args.workers,
         )
     return features, getattr(dataset, "class_names", None)
 
@@ -149,7 +150,8 @@ def run(args) -> int:
     for s, r in result["shots"].items():
         per = " ".join(f"{100 * a:.1f}" for a in r["accuracy"])
         lam = " ".join(f"2^{_log2(v)}" for v in r["l2"])
-        print(f"{s:>5}  {100 * r['mean']:>7.2f} ± {100 * r['std']:<5.2f}%  {per:<24}  {lam}")
+        spread = f" ± {100 * r['std']:<5.2f}" if len(r["accuracy"]) > 1 else " " * 8  # one seed: no spread to show
+        print(f"{s:>5}  {100 * r['mean']:>7.2f}{spread}%  {per:<24}  {lam}")
     if args.out:
         print(f"wrote {args.out}")
     return 0

@@ -64,6 +64,7 @@ def add_arguments(p) -> None:
         "of the machine cannot read from the process list",
     )
     p.add_argument("--access-log", action="store_true", help="log every request (off: /metrics counts them)")
+    p.add_argument("--device", default="cpu", help="run the model on cpu (default), cuda, cuda:N or mps")
 
 
 def run(args) -> int:
@@ -83,7 +84,12 @@ def run(args) -> int:
         )
     from vitlab.serve import Engine, create_app
 
-    engine = Engine(model, args.precision, checkpoint=Path(args.checkpoint).name)
+    from vitlab.config import pick_device
+
+    try:
+        engine = Engine(model, args.precision, checkpoint=Path(args.checkpoint).name, device=pick_device(args.device))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     sock = _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"

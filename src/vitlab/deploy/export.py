@@ -24,7 +24,8 @@ from vitlab.models.vit import VisionTransformer
 def _example(model: nn.Module, batch: int = 2) -> Tensor:
     # Batch 2, not 1: the exporters would take a size-1 axis for a constant.
     cfg = model.config
-    return torch.randn(batch, cfg.in_channels, *cfg.image_size)
+    device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+    return torch.randn(batch, cfg.in_channels, *cfg.image_size).to(device)  # on the model's device (--device)
 
 
 def export_program(model: VisionTransformer, path: Optional[str | os.PathLike] = None):
@@ -132,8 +133,8 @@ def check_onnx(path: str | os.PathLike, model: nn.Module, batch_sizes: tuple[int
     worst = 0.0
     for b in batch_sizes:
         x = _example(model, b)
-        ours = model(x).float().numpy()
-        theirs = session.run(None, {name: x.numpy()})[0]
+        ours = model(x).float().cpu().numpy()
+        theirs = session.run(None, {name: x.cpu().numpy()})[0]
         if theirs.shape != ours.shape:
             raise RuntimeError(f"onnxruntime returned shape {theirs.shape} for batch {b}, expected {ours.shape}")
         worst = max(worst, float(abs(theirs - ours).max()))

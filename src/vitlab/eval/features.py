@@ -65,6 +65,7 @@ def extract_features(
     limit: Optional[int] = None,
     num_classes: Optional[int] = None,
     progress: Optional[Callable[[int], None]] = None,
+    workers: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features (N, F) float32, labels (N,) int64) for the dataset's images, in its order.
 
@@ -72,6 +73,10 @@ def extract_features(
     DataLoader; raw images get the model's own preprocessing (`vitlab.transform`).
     max_per_class keeps the first that many images of each class (for a streaming dataset
     it stops reading once every class is full, given `num_classes`); limit caps the total.
+    `workers` data-loader processes decode the images ahead of the model, in the same order
+    (a DataLoader without batching hands the items out worker by worker, in turn, and a
+    streamed set gives worker w the samples w, w + workers, ...), so the features do not
+    depend on it.
     """
     model.eval()
     device = next(model.parameters()).device
@@ -89,6 +94,11 @@ def extract_features(
             if limit and len(keep) >= limit:
                 break
         items = (dataset[i] for i in keep)
+        if workers:
+            items = iter(torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, keep), batch_size=None,
+                                                     num_workers=workers))
+    elif workers:
+        items = iter(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers))
     else:
         items = iterate(dataset)
 

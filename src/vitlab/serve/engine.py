@@ -91,8 +91,13 @@ class Looked:
 class Engine:
     """One inference copy of a classifier, its preprocessing and its class names."""
 
-    def __init__(self, model: VisionTransformer, precision: str = "fp32", checkpoint: str = ""):
+    def __init__(self, model: VisionTransformer, precision: str = "fp32", checkpoint: str = "",
+                 device: str | torch.device = "cpu"):
         cfg = model.config
+        self.device = torch.device(device)
+        if self.device.type != "cpu" and precision in ("fp32-packed", "int8"):
+            raise ValueError(f"--precision {precision} is a CPU serving copy (oneDNN kernels); on {self.device} "
+                             "serve fp32, bf16 or fp16")
         if not cfg.num_classes:
             raise ValueError("the model has no classification head (num_classes=0)")
         self.config = cfg
@@ -103,7 +108,7 @@ class Engine:
         self.num_prefix = model.num_prefix_tokens if self.has_attention else 0
         names = list(getattr(model, "class_names", None) or [])
         self.class_names = names if len(names) == cfg.num_classes else [f"class {i}" for i in range(cfg.num_classes)]
-        self.model = for_precision(model.eval(), precision)
+        self.model = for_precision(model.eval().to(self.device), precision)
         self.transform = eval_transform(cfg.image_size, cfg.mean, cfg.std, cfg.in_channels)
 
     # Uploads -> tensors (any thread) -------------------------------------------------------
@@ -122,19 +127,19 @@ class Engine:
     @torch.inference_mode()
     def classify(self, batch: list[Tensor]) -> list[np.ndarray]:
         """Softmax probabilities, one (num_classes,) array per image."""
-        logits = self.model(torch.stack(batch))  # (B, classes)
-        return list(logits.float().softmax(-1).numpy())
+        logits = self.model(torch.stack(batch).to(self.device))  # (B, classes)
+        return list(logits.float().softmax(-1).cpu().numpy())
 
     @torch.inference_mode()
     def look(self, batch: list[Tensor]) -> list[Looked]:
         """Probabilities plus attention: the rollout and each head's map, per image."""
-        x = torch.stack(batch)  # (B, C, H, W)
+        x = torch.stack(batch).to(self.device)  # (B, C, H, W)
         inner, dtype = (
             (self.model.model, self.model.dtype) if isinstance(self.model, Serving) else (self.model, x.dtype)
         )
         out = inner(x.to(dtype), return_intermediates=True)
-        attentions = [a.float() for a in out["attentions"]]  # per block, (B, heads, T, T)
-        probs = out["logits"].float().softmax(-1).numpy()
+        attentions = [a.float().cpu() for a in out["attentions"]]  # per block, (B, heads, T, T)
+        probs = out["logits"].float().softmax(-1).cpu().numpy()
         rollout = attention_rollout(attentions, out["grid"], self.num_prefix)  # (B, gh, gw)
         heads = self._head_maps(attentions, out["grid"])
         return [Looked(p, r, h) for p, r, h in zip(probs, rollout, heads)]
