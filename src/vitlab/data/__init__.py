@@ -14,6 +14,9 @@ The API other parts of vitlab (and users) call:
                 imagenet-val:DIR       the ImageNet validation images in file-name order (one
                                        folder per wnid, or flat with labels.txt), the order
                                        of the ReaL labels (see imagenet_val.py); split test
+                vtab:TASK:ROOT         a VTAB-1k task (data/vtab.py): train = its 1,000
+                                       examples, train-minus-dev its 800, dev its 200 val,
+                                       test its full test split, as VTAB defines them
                 imagefolder:PATH       PATH/CLASS/IMAGE, with PATH/train + PATH/val|test
                                        splits, or a fixed 20% held out as "test"
                 wds:PATTERN            WebDataset tar shards (.tar, .tar.gz), brace patterns or
@@ -59,7 +62,7 @@ from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
 from vitlab.data.transforms import AUGMENT_OPTIONS
 
-NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "wds", "hf")
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "vtab", "wds", "hf")
 
 
 def paper_dataset(spec: str) -> Optional[str]:
@@ -104,21 +107,14 @@ def open_dataset(
     if name not in NAMED:
         raise DataError(
             f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
+            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
         )
-    if name in ("imagefolder", "imagenet-val", "wds", "hf") and not arg:
+    if name in ("imagefolder", "imagenet-val", "vtab", "wds", "hf") and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
     if len(mean) != in_channels or len(std) != in_channels:
         raise DataError(f"mean/std need one value per channel ({in_channels}), got {tuple(mean)} and {tuple(std)}")
-    known = {
-        *AUGMENT_OPTIONS, "dev_fraction",
-        "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
-        "crop_fraction", "crop_mode", "interpolation",
-    }
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise TypeError(f"open_dataset got unknown option(s) {unknown}; known: {', '.join(sorted(known))}")
+    _check_options(options)
     explicit = options.get("dev_fraction")
     explicit = None if explicit is None or explicit < 0 else float(explicit)
     transform = _transform(image_size, mean, std, in_channels, train, options)
@@ -135,6 +131,10 @@ def open_dataset(
         check_classes(spec, stream.class_names)
         return stream
     common = dict(seed=seed, skip_bad_images=skip)
+    if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
+        from vitlab.data.vtab_sources import open_vtab
+
+        return open_vtab(arg, split, transform, **common)
     if name == "imagenet-val":
         from vitlab.data.imagenet_val import imagenet_val
 
@@ -160,6 +160,19 @@ def open_dataset(
         dataset = ds.ArrayDataset(images, labels, classes, transform, **common)
     check_classes(spec, dataset.class_names)
     return _dev_part(dataset, spec, split, base, explicit)
+
+
+OPTIONS = {
+    *AUGMENT_OPTIONS, "dev_fraction",
+    "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
+    "crop_fraction", "crop_mode", "interpolation",
+}
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - OPTIONS)
+    if unknown:
+        raise TypeError(f"open_dataset got unknown option(s) {unknown}; known: {', '.join(sorted(OPTIONS))}")
 
 
 def _dev_part(dataset: Any, spec: str, split: str, base: str, explicit: Optional[float]) -> Any:
