@@ -52,6 +52,7 @@ OUTPUTS = (
     ("train", "out", True), ("finetune", "out", True), ("eval", "out", True), ("inspect", "out", True),
     ("predict", "attention", True), ("fewshot", "out", False), ("linear-probe", "out", False),
     ("export", "out", False), ("predict", "csv", False), ("bench", "out", True), ("vtab", "out", True),
+    ("eval", "predictions", False),
 )
 
 
