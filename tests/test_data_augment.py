@@ -26,8 +26,9 @@ OPTIONS = {  # option -> (value, the torchvision class it adds)
 @pytest.fixture(scope="module")
 def cifar_images(cifar_dir_module):
     from vitlab.data import open_dataset
+    from vitlab.data.transforms import eval_transform
 
-    ds = open_dataset(f"wds:{cifar_dir_module}", "test", image_size=32, train=False)
+    ds = open_dataset(f"wds:{cifar_dir_module}", "test", eval_transform(32))
     raw = []
     for k, (x, _) in enumerate(ds):
         raw.append(T.functional.to_pil_image(((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)))

@@ -21,7 +21,7 @@ from vitlab.eval.calibration import calibration_counts, calibration_metrics, cla
 def digits_eval(digits_run):
     model = vitlab.load(digits_run / "checkpoints" / "last.safetensors")
     cfg = model.config
-    ds = open_dataset("digits", "test", image_size=cfg.image_size, in_channels=1, mean=cfg.mean, std=cfg.std)
+    ds = open_dataset("digits", "test", vitlab.transform(model))
     batches = [(x, y) for x, y, _ in make_loader(ds, 64, train=False)]
     with torch.no_grad():
         logits = torch.cat([model(x) for x, _ in batches])

@@ -24,7 +24,7 @@ def model():
 
 def test_workers_give_the_same_features_on_a_map_style_set(model):
     grey = perturb(tiny_model(in_channels=1, mean=(0.5,), std=(0.5,)))
-    ds = open_dataset("digits", "test", image_size=16, in_channels=1, mean=(0.5,), std=(0.5,))
+    ds = open_dataset("digits", "test", vitlab.transform(grey))
     one, y1 = extract_features(grey, ds, batch_size=32, max_per_class=5)
     two, y2 = extract_features(grey, ds, batch_size=32, max_per_class=5, workers=2)
     assert np.array_equal(y1, y2) and np.allclose(one, two, atol=1e-6) and len(y1) == 50
@@ -33,7 +33,7 @@ def test_workers_give_the_same_features_on_a_map_style_set(model):
 def test_workers_give_the_same_features_on_a_stream(model):
     if not any((SHARED_DATA / "cifar10").glob("test-*.tar*")):
         pytest.skip("needs the CIFAR-10 shards")
-    ds = open_dataset(f"wds:{SHARED_DATA / 'cifar10'}", "test", image_size=32)
+    ds = open_dataset(f"wds:{SHARED_DATA / 'cifar10'}", "test", vitlab.transform(model))
     one, y1 = extract_features(model, ds, batch_size=64, limit=300)
     two, y2 = extract_features(model, ds, batch_size=64, limit=300, workers=2)
     assert np.array_equal(y1, y2) and np.allclose(one, two, atol=1e-6)

@@ -25,7 +25,7 @@ def pushed(digits_run, tmp_path_factory):
 def digits_batch(digits_run):
     model = vitlab.load(digits_run / "checkpoints" / "last.safetensors")
     cfg = model.config
-    ds = open_dataset("digits", "test", image_size=cfg.image_size, in_channels=1, mean=cfg.mean, std=cfg.std)
+    ds = open_dataset("digits", "test", vitlab.transform(model))
     images, labels, _ = next(iter(make_loader(ds, 32, train=False)))
     with torch.no_grad():
         return model, images, model(images)
