@@ -30,6 +30,9 @@ from typing import Optional
 
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import atomic_write, atomic_write_text, cache_dir
+from vitlab.log import get_logger, notice
+
+LOG = get_logger("checkpoints")
 
 BASE_URL = "https://storage.googleapis.com/vit_models"
 TIMEOUT_S = 10.0  # the first bytes must come this fast; offline machines fail at once
@@ -261,7 +264,7 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
 
     tty = sys.stderr.isatty() if progress is None else progress
     start = time.time()
-    print(f"downloading {entry.name} from {entry.url}", file=sys.stderr, flush=True)
+    notice(LOG, f"downloading {entry.name} from {entry.url}")
 
     def download(tmp: str) -> None:  # a failure here leaves no file in the cache
         # torch.hub opens the URL without a timeout: the process default bounds the wait for
@@ -284,5 +287,5 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
     atomic_write(path, download)
     size = path.stat().st_size
     rate = size / 1e6 / max(time.time() - start, 1e-6)
-    print(f"  done: {size / 1e6:.1f} MB at {rate:.1f} MB/s", file=sys.stderr, flush=True)
+    notice(LOG, f"  done: {size / 1e6:.1f} MB at {rate:.1f} MB/s")
     _record(entry, sha256_of(path), path)

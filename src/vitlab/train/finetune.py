@@ -37,6 +37,9 @@ from vitlab.files import atomic_write_text
 from vitlab.train import distributed, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
 from vitlab.train.compute import format_compute
+from vitlab.log import get_logger
+
+LOG = get_logger("train")
 
 # Table 4: fine-tuning steps and the learning-rate grid per dataset.
 TABLE4_STEPS = {"imagenet": 20_000, "cifar10": 10_000, "cifar100": 10_000, "pets": 500, "flowers": 500, "vtab": 2_500}
@@ -66,8 +69,9 @@ EXPLICIT_OPTIONS = {"batch_size": "train.batch_size", "warmup_steps": "optim.war
 
 
 def say(line: str) -> None:
-    """The plan and sweep lines, on stdout as they happen (a log file sees them in order)."""
-    print(line, flush=True)
+    """The plan and sweep lines, on stdout as they happen (a log file sees them in order),
+    through the "vitlab.train" logger (vitlab/log.py)."""
+    LOG.info(line)
 
 
 @dataclass

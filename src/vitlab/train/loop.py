@@ -44,6 +44,9 @@ from vitlab.train.optim import EMA, build_optimizer, lr_at
 from vitlab.train.report import MetricsLog, Progress, eval_batches, final_report, plot_run, truncate_after
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
+from vitlab.log import get_logger
+
+LOG = get_logger("train")
 
 # Devices where train.precision=fp16 runs. fp16 autocast needs a loss scaler because fp16's
 # range underflows small gradients; CPUs have no fp16 matrix units (bf16 is their fast type,
@@ -146,8 +149,8 @@ class Trainer:
                                   f"than that (--steps), not {run.plan.total}")
             if resume_from == run.plan.total and self.folder.summary.exists():
                 if ctx.is_main:  # printed with --quiet too: it is this command's summary
-                    print(f"{self.out}: this run is already complete ({run.plan.total} steps); "
-                          f"its results are in {self.folder.summary}", flush=True)
+                    LOG.info(f"{self.out}: this run is already complete ({run.plan.total} steps); "
+                             f"its results are in {self.folder.summary}")
                 return self.folder.read_summary()
             self._restore(run, resume_from)
             train_seconds = self._train(run)
@@ -159,12 +162,12 @@ class Trainer:
 
     def _say(self, text: str) -> None:
         if self.ctx.is_main and not self.quiet:
-            print(text, flush=True)
+            LOG.info(text)
 
     def _warn(self, text: str) -> None:
         """A warning: on stderr, even with --quiet."""
         if self.ctx.is_main:
-            print(f"warning: {text}", file=sys.stderr, flush=True)
+            LOG.warning(f"warning: {text}")
 
     def _check_precision(self, ctx: distributed.Context) -> None:
         t = self.cfg.train
@@ -425,7 +428,7 @@ class Trainer:
         if run.progress and not final:
             run.progress.message(line)
         elif not self.quiet:
-            print(line, flush=True)
+            LOG.info(line)
 
     # Save and report ----------------------------------------------------------------------
     def _save(self, run: Run, step: int, seconds: float) -> None:
@@ -471,7 +474,7 @@ class Trainer:
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
         title = f"{run.model.config.name} on {self.cfg.data.name} ({self.out.name})"
         notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
-        print(final_report(self.folder, summary, results, notes, where), flush=True)  # --quiet too
+        LOG.info(final_report(self.folder, summary, results, notes, where))  # --quiet too
         return summary
 
 

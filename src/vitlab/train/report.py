@@ -22,6 +22,9 @@ from vitlab.analysis import plots
 from vitlab.files import atomic_write_text
 from vitlab.train.compute import format_compute
 from vitlab.train.tracking import Tracker
+from vitlab.log import get_logger, notice
+
+LOG = get_logger("train")
 
 # What "accuracy" means in a run's metrics, per objective (the learning curve's axis label).
 ACCURACY_LABELS = {"supervised": "top-1 accuracy", "mpp": "colour accuracy of corrupted patches (§4.6)"}
@@ -104,7 +107,10 @@ class Progress:
                     self._line(f"step {self.step + 1}/{self.total} running ({format_seconds(quiet_for)} since the last line)")
 
     def _line(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        if self.stream is sys.stderr:  # the default: through the "vitlab.train" logger (vitlab/log.py)
+            notice(LOG, text)
+        else:
+            print(text, file=self.stream, flush=True)
         self.last_line = time.perf_counter()
 
     def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool,
@@ -145,7 +151,10 @@ def eval_batches(batches: Iterable, split: str, count: Optional[int], stream: Op
     size = f"{count:,} images" if count else "all images"
     if not is_terminal(stream):
         if not quiet:
-            print(f"evaluating {split}: {size}", file=stream, flush=True)
+            if stream is sys.stderr:
+                notice(LOG, f"evaluating {split}: {size}")
+            else:
+                print(f"evaluating {split}: {size}", file=stream, flush=True)
         return batches
     bar = tqdm(total=count or None, file=stream, unit="img", desc=f"eval {split}", leave=False,
                dynamic_ncols=True, disable=quiet)
