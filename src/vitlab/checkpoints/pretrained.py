@@ -31,6 +31,7 @@ from typing import Optional
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import atomic_write, atomic_write_text, cache_dir
 from vitlab.log import get_logger, notice
+from vitlab.progress import Progress
 
 LOG = get_logger("checkpoints")
 
@@ -264,7 +265,6 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
 
     tty = sys.stderr.isatty() if progress is None else progress
     start = time.time()
-    notice(LOG, f"downloading {entry.name} from {entry.url}")
 
     def download(tmp: str) -> None:  # a failure here leaves no file in the cache
         # torch.hub opens the URL without a timeout: the process default bounds the wait for
@@ -284,7 +284,14 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
         finally:
             socket.setdefaulttimeout(previous)
 
-    atomic_write(path, download)
+    # torch.hub draws its own byte counter on a terminal; in a log, vitlab.progress's start
+    # line and heartbeat say that the download is under way.
+    shown = Progress(None, f"downloading {entry.name}", "B", start=f"downloading {entry.name} from {entry.url}",
+                     tty=tty, leave=True, unit_scale=True)
+    try:
+        atomic_write(path, download)
+    finally:
+        shown.close()  # a failed download too: its heartbeat stops
     size = path.stat().st_size
     rate = size / 1e6 / max(time.time() - start, 1e-6)
     notice(LOG, f"  done: {size / 1e6:.1f} MB at {rate:.1f} MB/s")

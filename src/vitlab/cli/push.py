@@ -37,28 +37,6 @@ def add_arguments(p) -> None:
     p.add_argument("--license", default="apache-2.0", help="the card's license, a Hub license id (default apache-2.0)")
 
 
-def _source(path: str):
-    """(checkpoint, run folder or None) for a run folder or a checkpoint."""
-    from pathlib import Path
-
-    from vitlab.checkpoints import share
-
-    p = Path(path)
-    if p.is_dir() and (p / "summary.json").is_file():
-        import json
-
-        summary = json.loads((p / "summary.json").read_text())
-        ckpt = Path(summary.get("checkpoint") or "")
-        if not ckpt.is_file():
-            ckpt = p / "checkpoints" / "last.safetensors"
-        if not ckpt.is_file():
-            from vitlab.cli import UsageError
-
-            raise UsageError(f"{p}: a run folder without checkpoints/last.safetensors; pass the checkpoint file itself")
-        return str(ckpt), p
-    return path, share.find_run(path)
-
-
 def _dataset(facts) -> "str | None":
     """What the run's training data is (vitlab.data's identity: declared or recognised from
     its class counts), for the card; None when the data is not here or not a known set."""
@@ -74,7 +52,7 @@ def run(args) -> int:
     from vitlab.checkpoints import build_model, read_checkpoint, share
 
     repo_id = share.repo_of(args.repo)
-    checkpoint, run_dir = _source(args.source)
+    checkpoint, run_dir = share.source(args.source)
     model = build_model(read_checkpoint(checkpoint, args.format), checkpoint)
     card = {"license": args.license, "dataset": _dataset(share.run_facts(run_dir))}
     if args.folder:
