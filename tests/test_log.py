@@ -50,4 +50,4 @@ def test_a_python_user_redirects_it_to_their_own_handler(tmp_path, capsys, vitla
     Trainer(RunConfig.from_dict(RUN), tmp_path / "run").run()
     assert "training" not in capsys.readouterr().out
     names = {r.name for r in seen}
-    assert names == {"vitlab.train"} and any("outputs in" in r.getMessage() for r in seen)
+    assert names == {"vitlab.train", "vitlab.progress"} and any("outputs in" in r.getMessage() for r in seen)

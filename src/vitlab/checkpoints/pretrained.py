@@ -286,6 +286,8 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
 
     # torch.hub draws its own byte counter on a terminal; in a log, vitlab.progress's start
     # line and heartbeat say that the download is under way.
+    if tty:  # torch.hub's bar has no title: the line above it says what it counts
+        notice(LOG, f"downloading {entry.name} from {entry.url}")
     shown = Progress(None, f"downloading {entry.name}", "B", start=f"downloading {entry.name} from {entry.url}",
                      tty=tty, leave=True, unit_scale=True)
     try:
