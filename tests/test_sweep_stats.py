@@ -48,6 +48,26 @@ def test_describe_and_paired_match_scipy():
     assert stats.paired({0: 1.0}, {1: 2.0})["n"] == 0
 
 
+def test_slope_matches_scipy_linregress():
+    xs = [11.2, 11.5, 11.9, 12.2, 11.3, 11.6, 12.0, 12.3]
+    ys = [0.27, 0.30, 0.34, 0.35, 0.26, 0.31, 0.33, 0.36]
+    r, ref = stats.slope(xs, ys), scipy_stats.linregress(xs, ys)
+    assert r["slope"] == pytest.approx(ref.slope, rel=1e-10) and r["se"] == pytest.approx(ref.stderr, rel=1e-9)
+    assert r["p"] == pytest.approx(ref.pvalue, rel=1e-8)
+    half = scipy_stats.t.ppf(0.975, len(xs) - 2) * ref.stderr
+    assert (r["lo"], r["hi"]) == (pytest.approx(ref.slope - half, rel=1e-9), pytest.approx(ref.slope + half, rel=1e-9))
+    assert stats.slope([1, 2], [1, 2])["slope"] is None and stats.slope([1, 1, 1], [1, 2, 3])["slope"] is None
+
+
+def test_slopes_per_family_from_rows():
+    spec = SweepSpec.from_dict({**SPEC, "report": {"slopes": [{"x": "flops", "y": "test.top1", "by": "family"}]}}, "t")
+    rows = [{"status": "done", "family": f, "flops": 10.0 ** k, "test.top1": 0.2 + g * k}
+            for f, g in (("ViT", 0.05), ("BiT", 0.02)) for k in (1, 2, 3, 4)]
+    got = {s["group"]: s for s in findings.build(spec, rows)["slopes"]}
+    assert got["ViT"]["slope"] == pytest.approx(0.05) and got["BiT"]["slope"] == pytest.approx(0.02)
+    assert "| test.top1 (points) | log10 flops | ViT | 4 | +5.00 |" in findings.slopes_table({"slopes": list(got.values())})
+
+
 @pytest.mark.parametrize("lo,hi,mean,expect,margin,want", [
     (0.01, 0.03, 0.02, "higher", 0, "Reproduced"),
     (-0.01, 0.03, 0.01, "higher", 0, "In direction"),
