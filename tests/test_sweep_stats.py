@@ -161,3 +161,19 @@ def test_report_dir_without_a_spec_says_what_to_do(tmp_path, capsys):
     assert "no sweep.json" in err and "Traceback" not in err
     assert main(["sweep"]) != 0
     assert "name a sweep spec" in capsys.readouterr().err
+
+
+def test_curve_figures_draw_reference_lines(tmp_path):
+    from vitlab.config.sweep import FigureSpec
+    from vitlab.sweep import draw
+    from vitlab.sweep.results import references
+
+    fig = FigureSpec(file="d.png", kind="curve", y="inspect.mean", series="seed",
+                     references={"uniform attention": "inspect.uniform", "random init": "init.mean"})
+    rows = [{"status": "done", "seed": s, "inspect.mean": [15.0 + s, 16.0], "inspect.uniform": 16.55,
+             "init.mean": [16.3 + s, 16.5]} for s in (0, 1)]
+    assert references(rows, fig) == {"uniform attention": 16.55, "random init": [16.8, 16.5]}
+    path = draw(fig, rows, tmp_path)
+    assert path.exists() and path.stat().st_size > 1000
+    with pytest.raises(ConfigError, match="references"):
+        FigureSpec(file="d.png", kind="curve", y="m", references=["x"])

@@ -83,6 +83,7 @@ class FigureSpec:
     y: str = setting("", check=_nonempty)
     series: str = ""
     where: Mapping[str, Any] = field(default_factory=dict)  # keep only rows with these values
+    references: Mapping[str, str] = field(default_factory=dict)  # curve: label -> a results column, drawn dashed
     logx: bool = False
     logy: bool = False
     title: str = ""
