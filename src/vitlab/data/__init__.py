@@ -25,7 +25,10 @@ The API other parts of vitlab (and users) call:
         train:  True = training augmentation (inception crop + flip, optional RandAugment).
         options: crop_scale, crop_ratio, hflip, randaugment, randaugment_magnitude (training
                 transform); crop_fraction, crop_mode (evaluation transform); interpolation
-                (both); dev_fraction; skip_bad_images (unreadable images are dropped and
+                (both); decode ("pil": decode in full, the default; "fast": decode a JPEG
+                only at the scale its crop needs, see decode.py, with uint8=True for uint8
+                training images normalised later by decode.Normalise; "cuda": training
+                items planned for decode.decode_planned on the GPU); dev_fraction; skip_bad_images (unreadable images are dropped and
                 counted instead of raising BadImageError); shuffle_buffer and classes (wds);
                 download (default True: fetch a missing named set when online).
     read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
@@ -105,7 +108,7 @@ def open_dataset(
     known = {
         "crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "dev_fraction",
         "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
-        "crop_fraction", "crop_mode", "interpolation",
+        "crop_fraction", "crop_mode", "interpolation", "decode", "uint8",
     }
     unknown = sorted(set(options) - known)
     if unknown:
@@ -155,13 +158,26 @@ def open_dataset(
 
 def _transform(image_size, mean, std, in_channels: int, train: bool, options: dict[str, Any]):
     """The training augmentation (§4.1, Appendix B.1) or the evaluation resize and crop."""
+    from vitlab.data import decode as D
     from vitlab.data import transforms as T
 
+    how = options.get("decode", "pil")
+    if how not in D.DECODERS:
+        raise DataError(f"decode={how!r}: use one of {', '.join(D.DECODERS)}")
     if train:
         aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
                                        "interpolation") if k in options}
+        if how == "cuda":
+            if aug.get("randaugment"):
+                raise DataError("RandAugment runs on the CPU: use decode=fast (data.decode=fast) with randaugment")
+            return D.PlanTransform(aug.get("crop_scale", (0.08, 1.0)), aug.get("crop_ratio", (3 / 4, 4 / 3)),
+                                   aug.get("hflip", True), in_channels)
+        if how == "fast":
+            return D.fast_train_transform(image_size, mean, std, in_channels, uint8=bool(options.get("uint8")), **aug)
         return T.train_transform(image_size, mean, std, in_channels, **aug)
     crop = {k: options[k] for k in ("crop_fraction", "crop_mode", "interpolation") if k in options}
+    if how == "fast":  # opt-in: the pixels differ a little from a full decode
+        return D.fast_eval_transform(image_size, mean, std, in_channels, **crop)
     return T.eval_transform(image_size, mean, std, in_channels, **crop)
 
 

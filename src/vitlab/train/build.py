@@ -104,6 +104,8 @@ def open_datasets(cfg: RunConfig, model: ModelConfig,
 
     def open_split(spec: str, split: str, train: bool):
         extra = {"classes": list(d.classes)} if spec.startswith("wds:") and d.classes else {}
+        # uint8 training images, normalised by the trainer (train.loop) on its device
+        extra.update({"decode": d.decode, "uint8": True} if train else {"decode": d.eval_decode})
         return open_dataset(
             spec, split, image_size=model.image_size, in_channels=model.in_channels, mean=model.mean, std=model.std,
             train=train, seed=cfg.train.seed, interpolation=model.interpolation, **options, **extra,

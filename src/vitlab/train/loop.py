@@ -33,6 +33,7 @@ from torch import nn
 
 from vitlab.config import ConfigError, RunConfig
 from vitlab.data import make_loader
+from vitlab.data.decode import model_input
 from vitlab.data.loader import batches_per_epoch
 from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
@@ -278,9 +279,13 @@ class Trainer:
                 f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
                 f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps"
             )
+        if cfg.data.decode == "cuda" and ctx.device.type != "cuda":
+            raise ConfigError(f"data.decode=cuda decodes on a CUDA device, and this run is on {ctx.device}; "
+                              "use data.decode=fast")
         loader = iter(make_loader(
             run.train_set, run.plan.per_rank, seed=t.seed, rank=ctx.rank, world=ctx.world, train=True,
             start_step=run.start, num_steps=run.plan.total - run.start, num_workers=cfg.data.num_workers,
+            pin_memory=ctx.device.type == "cuda",
         ))
         t_start = time.perf_counter()
         step = run.start
@@ -289,6 +294,7 @@ class Trainer:
             while step < run.plan.total:
                 images, labels, bad = next(loader)
                 run.bad_images.update(bad)
+                images = model_input(images, ctx.device, run.model.config)  # uint8 normalised here
                 lr = lr_at(step, run.plan.total, cfg.optim)
                 loss, acc = self._step(run, step, images, labels, lr)
                 step += 1

@@ -1,0 +1,328 @@
+"""Decode only what the crop needs, and keep the pixels uint8 until the training process.
+
+A JPEG is stored as 8x8 DCT blocks, and libjpeg can decode it at 1/2, 1/4 or 1/8 of its size
+for a fraction of the work (PIL's `Image.draft`). When the crop is known before decoding --
+the Inception crop's box is drawn from the image's size alone, the evaluation resize is a
+function of it -- the image is decoded at the smallest of those scales at which the crop
+still has at least the output's pixels, so the resize that follows still shrinks (or
+keeps) and never enlarges what the full decode would have shrunk.
+
+`FastTrainTransform` is the training transform of `transforms.train_transform` (the same
+crop and flip, drawn from torch's generator in the same order, so one seed gives the same
+box and flip), done on uint8 tensors: the crop is cut in PIL, resized by torch's uint8
+antialiased kernel and flipped, and stays uint8 (C, H, W) -- a quarter of a float image
+through the workers' shared memory. `Normalise` turns a uint8 batch into the model's input
+in the training process, or on the device. `FastEvalTransform` decodes at the reduced scale
+and then runs the evaluation transform unchanged; its pixels differ from a full decode (by
+the mean absolute difference `benchmarks/pipeline.py` reports), so it is opt-in: evaluation
+by default decodes in full, as timm and Hugging Face do.
+
+`plan_crops` and `decode_planned` are the GPU path: the boxes and flips are drawn on the CPU
+from the same seeds, the bytes go to the device, and `torchvision.io.decode_jpeg(device=
+"cuda")` decodes a batch there, where it is cropped, resized, flipped and normalised.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitlab.data.datasets import Encoded, bad_image, decoded
+from vitlab.data.transforms import to_mode
+from vitlab.files import NotRegularFileError, require_regular_file
+
+SCALES = (8, 4, 2, 1)
+# EXIF orientations that turn the stored image a quarter: its width is the shown height.
+TRANSPOSED = (5, 6, 7, 8)
+
+
+def dct_scale(box: tuple[int, int], out: tuple[int, int]) -> int:
+    """The largest of 8, 4, 2, 1 that leaves a (h, w) crop box at least the (h, w) output."""
+    return next((s for s in SCALES if box[0] // s >= out[0] and box[1] // s >= out[1]), 1)
+
+
+def open_lazy(image: Encoded) -> Image.Image:
+    """Open a file or bytes without decoding the pixels, with `read_image`'s checks (a regular
+    file; PIL's decompression-bomb limit). The caller decodes (after a `draft`)."""
+    source = image.source
+    try:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            source = io.BytesIO(source)
+        else:
+            try:
+                require_regular_file(source, "image file")
+            except NotRegularFileError as e:
+                raise ValueError(f"it is {e.kind}, not a regular file") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            return Image.open(source)
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        raise bad_image(image.name, e) from None
+
+
+def shown_size(im: Image.Image) -> tuple[int, int]:
+    """(height, width) as shown: after the EXIF orientation that `decoded` applies."""
+    try:
+        turned = im.getexif().get(0x0112, 1) in TRANSPOSED
+    except Exception:  # a broken EXIF block: decoded() leaves such an image as stored
+        turned = False
+    return (im.width, im.height) if turned else (im.height, im.width)
+
+
+def decode_at(im: Image.Image, scale: int, name: str) -> Image.Image:
+    """Decode an opened image at 1/scale of its size (JPEG; other formats in full), upright."""
+    try:
+        if scale > 1 and im.format == "JPEG" and im.width >= scale and im.height >= scale:
+            im.draft(None, (im.width // scale, im.height // scale))
+        return decoded(im)
+    except Exception as e:
+        raise bad_image(name, e) from None
+    finally:
+        im.close()
+
+
+def to_uint8(image: Image.Image) -> torch.Tensor:
+    """An L or RGB PIL image as a uint8 (C, H, W) tensor (one copy)."""
+    a = torch.from_numpy(np.array(image))
+    return a[None] if a.ndim == 2 else a.permute(2, 0, 1)
+
+
+class Box(NamedTuple):
+    """A crop (top, left, height, width) in the shown image's pixels, and the flip."""
+
+    top: int
+    left: int
+    height: int
+    width: int
+    flip: bool
+
+
+def draw_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[float], hflip: bool) -> Box:
+    """torchvision's RandomResizedCrop box, then RandomHorizontalFlip's coin, drawn from torch's
+    global generator in that order: the same draws as `transforms.train_transform`."""
+    from torchvision import transforms as T
+
+    shape_only = torch.empty(1, 1, 1, dtype=torch.uint8).expand(1, height, width)
+    i, j, h, w = T.RandomResizedCrop.get_params(shape_only, list(scale), list(ratio))
+    flip = bool(torch.rand(1) < 0.5) if hflip else False
+    return Box(i, j, h, w, flip)
+
+
+def scaled(box: Box, full: tuple[int, int], now: tuple[int, int]) -> tuple[int, int, int, int]:
+    """The box (left, upper, right, lower) in an image decoded at (h, w) = `now` from `full`."""
+    fy, fx = now[0] / full[0], now[1] / full[1]
+    top, left = round(box.top * fy), round(box.left * fx)
+    bottom = max(top + 1, min(now[0], round((box.top + box.height) * fy)))
+    right = max(left + 1, min(now[1], round((box.left + box.width) * fx)))
+    return left, top, right, bottom
+
+
+class Normalise:
+    """uint8 (..., C, H, W) -> float32 ((x / 255) - mean) / std, on whatever device x is:
+    the same arithmetic as the float transforms, so both paths give the same values."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]):
+        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8:
+            return x
+        shape = (-1, 1, 1)
+        mean = torch.tensor(self.mean, device=x.device).view(shape)
+        std = torch.tensor(self.std, device=x.device).view(shape)
+        return x.to(torch.float32).div_(255.0).sub_(mean).div_(std)
+
+
+class FastTrainTransform:
+    """The Inception crop and flip of `train_transform`, decoding only what the crop needs.
+
+    Takes an `Encoded` image (decoded here, at the reduced scale) or a PIL image; returns uint8
+    (C, H, W), or the normalised float image with `uint8=False`."""
+
+    takes_encoded = True
+
+    def __init__(self, size: tuple[int, int], mean: Sequence[float], std: Sequence[float], in_channels: int = 3,
+                 crop_scale: Sequence[float] = (0.08, 1.0), crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+                 hflip: bool = True, randaugment: int = 0, randaugment_magnitude: int = 9,
+                 interpolation: Any = None, uint8: bool = True):
+        from torchvision import transforms as T
+
+        self.size, self.in_channels, self.uint8 = tuple(size), in_channels, uint8
+        self.crop_scale, self.crop_ratio, self.hflip = tuple(crop_scale), tuple(crop_ratio), hflip
+        self.interpolation = interpolation or T.InterpolationMode.BILINEAR
+        self.randaugment = T.RandAugment(num_ops=randaugment, magnitude=randaugment_magnitude) if randaugment else None
+        self.normalise = Normalise(mean, std)
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        from torchvision.transforms.v2 import functional as F
+
+        if isinstance(image, Encoded):
+            im = open_lazy(image)
+            full = shown_size(im)
+            box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
+            image = decode_at(im, dct_scale((box.height, box.width), self.size), image.name)
+        else:
+            full = (image.height, image.width)
+            box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
+        image = to_mode(image, self.in_channels)
+        x = to_uint8(image.crop(scaled(box, full, (image.height, image.width))))
+        x = F.resize(x, list(self.size), self.interpolation, antialias=True)
+        if box.flip:
+            x = x.flip(-1)
+        if self.randaugment is not None:
+            x = self.randaugment(x)
+        return x.contiguous() if self.uint8 else self.normalise(x)
+
+
+class FastEvalTransform:
+    """An evaluation transform (a torchvision Compose from `eval_transform`) fed by an image
+    decoded at the largest DCT reduction that still leaves its resize at least `resize_to`
+    (h, w: the size the transform resizes to before its crop, or its output). Opt-in: the
+    pixels differ from a full decode by a little (see the module docstring)."""
+
+    takes_encoded = True
+
+    def __init__(self, transform: Callable, resize_to: tuple[int, int], keep_ratio: bool):
+        self.transform, self.resize_to, self.keep_ratio = transform, tuple(resize_to), keep_ratio
+
+    def needed(self, full: tuple[int, int]) -> tuple[int, int]:
+        """The (h, w) the resize makes of a shown (h, w) image."""
+        if not self.keep_ratio:
+            return self.resize_to
+        r = max(self.resize_to[0] / full[0], self.resize_to[1] / full[1])
+        return (round(full[0] * r), round(full[1] * r))
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        if isinstance(image, Encoded):
+            im = open_lazy(image)
+            full = shown_size(im)
+            image = decode_at(im, dct_scale(full, self.needed(full)), image.name)
+        return self.transform(image)
+
+
+# The GPU path --------------------------------------------------------------------------
+class Planned(NamedTuple):
+    """One training image for the device: its JPEG bytes (encoded=True) or, for what nvjpeg
+    does not take (other formats, CMYK, an EXIF rotation, images held in memory), its pixels
+    decoded on the CPU, uint8 (C, H, W); and the box and flip drawn for it."""
+
+    data: torch.Tensor
+    box: Box
+    shown: tuple[int, int]
+    encoded: bool
+
+
+class PlanTransform:
+    """For `data.decode=cuda`: reads a JPEG's header, draws the crop and flip as the CPU path
+    does (the same draws for the same seed), and leaves decoding to the device (`decode_planned`)."""
+
+    takes_encoded = True
+
+    def __init__(self, crop_scale: Sequence[float], crop_ratio: Sequence[float], hflip: bool, in_channels: int = 3):
+        self.crop_scale, self.crop_ratio, self.hflip = tuple(crop_scale), tuple(crop_ratio), hflip
+        self.in_channels = in_channels
+
+    def __call__(self, image: Any) -> Planned:
+        if isinstance(image, Encoded):
+            im = open_lazy(image)
+            full = shown_size(im)
+            if im.format == "JPEG" and im.mode in ("RGB", "L") and full == (im.height, im.width):
+                im.close()
+                box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
+                source = image.source
+                data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else Path(source).read_bytes()
+                return Planned(torch.frombuffer(bytearray(data), dtype=torch.uint8), box, full, True)
+            image = decode_at(im, 1, image.name)
+        pixels = to_uint8(to_mode(image, self.in_channels))
+        full = tuple(pixels.shape[-2:])
+        return Planned(pixels, draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip), full, False)
+
+
+def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any, normalise: Optional[Normalise] = None,
+                   interpolation: Any = None, in_channels: int = 3) -> torch.Tensor:
+    """Decode, crop, resize and flip a batch of planned images on `device` (CUDA: nvjpeg through
+    torchvision.io.decode_jpeg; the CPU runs the same operations, which is how it is tested).
+    Returns uint8 (B, C, H, W), or the normalised float batch with `normalise`."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as F
+
+    mode = ImageReadMode.RGB if in_channels == 3 else ImageReadMode.GRAY
+    device = torch.device(device)
+    jpegs = [p.data for p in items if p.encoded]
+    if jpegs:
+        with warnings.catch_warnings():  # torchvision 0.29 points its decoders to torchcodec
+            warnings.simplefilter("ignore", DeprecationWarning)
+            jpegs = decode_jpeg(jpegs, mode=mode, device=device) if device.type == "cuda" else \
+                [decode_jpeg(d, mode=mode) for d in jpegs]
+    done = iter(jpegs)
+    decoded_images = [next(done) if p.encoded else p.data.to(device, non_blocking=True) for p in items]
+    out = []
+    for x, p in zip(decoded_images, items):
+        left, top, right, bottom = scaled(p.box, p.shown, tuple(x.shape[-2:]))
+        y = F.resize(x[:, top:bottom, left:right], list(size), interpolation or InterpolationMode.BILINEAR,
+                     antialias=True)
+        out.append(y.flip(-1) if p.box.flip else y)
+    batch = torch.stack(out)
+    return normalise(batch) if normalise is not None else batch
+
+
+def stack_images(good: list, bad: tuple[str, ...]) -> tuple[Any, torch.Tensor, tuple[str, ...]]:
+    """(images, labels, skipped): images stacked, or for the GPU path (decode.Planned items) a
+    list that `decode.decode_planned` turns into a batch on the device."""
+    if not good:
+        return torch.empty(0), torch.empty(0, dtype=torch.long), bad
+    labels = torch.tensor([y for _, y in good], dtype=torch.long)
+    if isinstance(good[0][0], Planned):
+        return [x for x, _ in good], labels, bad
+    return torch.stack([x for x, _ in good]), labels, bad
+
+
+
+def model_input(images: Any, device: Any, config: Any) -> torch.Tensor:
+    """A loader's batch as the model's input on `device`, for a model of `config` (mean, std,
+    image_size, in_channels, interpolation): planned images decoded there, uint8 moved there
+    (a quarter of the bytes of floats) and normalised there, float batches moved."""
+    from vitlab.data.transforms import _interpolation
+
+    normalise = Normalise(config.mean, config.std)
+    if isinstance(images, list):
+        return decode_planned(images, tuple(config.image_size), device, normalise,
+                              _interpolation(config.interpolation), config.in_channels)
+    return normalise(images.to(device, non_blocking=True))
+
+
+# Builders, with the arguments of transforms.train_transform / eval_transform ------------
+DECODERS = ("pil", "fast", "cuda")
+
+
+def fast_train_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
+                         in_channels: int = 3, interpolation: str = "bilinear", uint8: bool = False,
+                         **augment: Any) -> FastTrainTransform:
+    """`train_transform`'s augmentation, decoding only what the crop needs (uint8 out with uint8=True)."""
+    from vitlab.data.transforms import _interpolation, _size
+
+    return FastTrainTransform(_size(image_size), mean, std, in_channels, interpolation=_interpolation(interpolation),
+                              uint8=uint8, **augment)
+
+
+def fast_eval_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
+                        in_channels: int = 3, crop_fraction: float = 1.0, crop_mode: str = "squash",
+                        interpolation: str = "bilinear") -> FastEvalTransform:
+    """`eval_transform`, fed by a JPEG decoded at the largest reduction its resize allows."""
+    import math
+
+    from vitlab.data.transforms import _size, eval_transform
+
+    inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation)
+    size = _size(image_size)
+    resize_to = (math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction))
+    return FastEvalTransform(inner, resize_to, keep_ratio=crop_mode == "center")
