@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from torchvision.transforms import InterpolationMode
+
 from vitlab.data.datasets import Encoded, bad_image, decoded
 from vitlab.data.transforms import to_mode
 from vitlab.files import NotRegularFileError, require_regular_file
@@ -47,46 +49,78 @@ def dct_scale(box: tuple[int, int], out: tuple[int, int]) -> int:
     return next((s for s in SCALES if box[0] // s >= out[0] and box[1] // s >= out[1]), 1)
 
 
-def open_lazy(image: Encoded) -> Image.Image:
-    """Open a file or bytes without decoding the pixels, with `read_image`'s checks (a regular
-    file; PIL's decompression-bomb limit). The caller decodes (after a `draft`)."""
+def read_encoded(image: Encoded) -> bytes:
+    """The encoded bytes, with `read_image`'s check that a path is a regular file."""
     source = image.source
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
     try:
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            source = io.BytesIO(source)
-        else:
-            try:
-                require_regular_file(source, "image file")
-            except NotRegularFileError as e:
-                raise ValueError(f"it is {e.kind}, not a regular file") from None
+        require_regular_file(source, "image file")
+    except NotRegularFileError as e:
+        raise bad_image(image.name, ValueError(f"it is {e.kind}, not a regular file")) from None
+    return Path(source).read_bytes()
+
+
+def open_lazy(image: Encoded) -> tuple[Image.Image, bytes]:
+    """An image opened without decoding its pixels (the caller decodes, after a `draft`) and its
+    bytes, read once; PIL's decompression-bomb limit applies as in `read_image`."""
+    data = read_encoded(image)
+    try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return Image.open(source)
-    except FileNotFoundError:
-        raise
+            return Image.open(io.BytesIO(data)), data
     except Exception as e:
         raise bad_image(image.name, e) from None
 
 
+def orientation(im: Image.Image) -> int:
+    """The EXIF orientation (1: as stored); 1 for a broken EXIF block, which decoded() ignores."""
+    try:
+        return int(im.getexif().get(0x0112, 1))
+    except Exception:
+        return 1
+
+
 def shown_size(im: Image.Image) -> tuple[int, int]:
     """(height, width) as shown: after the EXIF orientation that `decoded` applies."""
-    try:
-        turned = im.getexif().get(0x0112, 1) in TRANSPOSED
-    except Exception:  # a broken EXIF block: decoded() leaves such an image as stored
-        turned = False
-    return (im.width, im.height) if turned else (im.height, im.width)
+    return (im.width, im.height) if orientation(im) in TRANSPOSED else (im.height, im.width)
 
 
 def decode_at(im: Image.Image, scale: int, name: str) -> Image.Image:
-    """Decode an opened image at 1/scale of its size (JPEG; other formats in full), upright."""
+    """Decode an opened image at 1/scale of its size (JPEG; other formats in full), upright,
+    as `datasets.decoded` does, without its copy when nothing needs turning."""
     try:
         if scale > 1 and im.format == "JPEG" and im.width >= scale and im.height >= scale:
             im.draft(None, (im.width // scale, im.height // scale))
-        return decoded(im)
+        if orientation(im) != 1 or im.mode == "P":
+            return decoded(im)
+        im.load()  # PIL closes a file it opened itself once the pixels are read
+        if im.width < 1 or im.height < 1:
+            raise ValueError(f"the image is {im.width}x{im.height} pixels")
+        return im
     except Exception as e:
         raise bad_image(name, e) from None
-    finally:
-        im.close()
+
+
+def decode_uint8(im: Image.Image, data: bytes, name: str, scale: int, in_channels: int) -> torch.Tensor:
+    """uint8 (C, H, W) of an opened image at 1/scale, in the model's channels. A JPEG needing
+    no reduction, no turn and no colour conversion goes to torchvision.io.decode_jpeg (the same
+    libjpeg-turbo pixels, one copy fewer); everything else to PIL."""
+    plain = (im.mode == "RGB" and in_channels == 3) or (im.mode == "L" and in_channels == 1)
+    if scale == 1 and im.format == "JPEG" and plain and orientation(im) == 1:
+        try:
+            from torchvision.io import ImageReadMode, decode_jpeg
+        except ImportError:  # torchvision's decoders are deprecated for torchcodec
+            decode_jpeg = None
+        if decode_jpeg is not None:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                                       mode=ImageReadMode.RGB if in_channels == 3 else ImageReadMode.GRAY)
+            except RuntimeError as e:
+                raise bad_image(name, e) from None
+    return to_uint8(to_mode(decode_at(im, scale, name), in_channels))
 
 
 def to_uint8(image: Image.Image) -> torch.Tensor:
@@ -126,8 +160,7 @@ def scaled(box: Box, full: tuple[int, int], now: tuple[int, int]) -> tuple[int, 
 
 
 class Normalise:
-    """uint8 (..., C, H, W) -> float32 ((x / 255) - mean) / std, on whatever device x is:
-    the same arithmetic as the float transforms, so both paths give the same values."""
+    """uint8 (..., C, H, W) -> float32 ((x / 255) - mean) / std, on whatever device x is."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]):
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
@@ -135,10 +168,12 @@ class Normalise:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.uint8:
             return x
-        shape = (-1, 1, 1)
-        mean = torch.tensor(self.mean, device=x.device).view(shape)
-        std = torch.tensor(self.std, device=x.device).view(shape)
-        return x.to(torch.float32).div_(255.0).sub_(mean).div_(std)
+        # (x - 255 mean) * (1 / (255 std)) in place on the float copy, channel by channel with
+        # scalars (broadcast tensors take a slower path on the CPU): the float path to 1e-6
+        y = x.to(torch.float32)
+        for c, (m, s) in enumerate(zip(self.mean, self.std)):
+            y[..., c, :, :].sub_(255.0 * m).mul_(1.0 / (255.0 * s))
+        return y
 
 
 class FastTrainTransform:
@@ -165,21 +200,26 @@ class FastTrainTransform:
         from torchvision.transforms.v2 import functional as F
 
         if isinstance(image, Encoded):
-            im = open_lazy(image)
+            im, data = open_lazy(image)
             full = shown_size(im)
             box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
-            image = decode_at(im, dct_scale((box.height, box.width), self.size), image.name)
+            x = decode_uint8(im, data, image.name, dct_scale((box.height, box.width), self.size), self.in_channels)
         else:
             full = (image.height, image.width)
             box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
-        image = to_mode(image, self.in_channels)
-        x = to_uint8(image.crop(scaled(box, full, (image.height, image.width))))
-        x = F.resize(x, list(self.size), self.interpolation, antialias=True)
+            x = to_uint8(to_mode(image, self.in_channels))
+        left, top, right, bottom = scaled(box, full, tuple(x.shape[-2:]))
+        # the crop copied to one channels-last block: torch's uint8 kernel runs a third faster on it
+        crop = x[None, :, top:bottom, left:right].contiguous(memory_format=torch.channels_last)
+        if self.interpolation == InterpolationMode.BILINEAR:  # torch's native uint8 kernel, called directly
+            x = torch.nn.functional.interpolate(crop, self.size, mode="bilinear", align_corners=False, antialias=True)[0]
+        else:
+            x = F.resize(crop, list(self.size), self.interpolation, antialias=True)[0]
         if box.flip:
             x = x.flip(-1)
         if self.randaugment is not None:
             x = self.randaugment(x)
-        return x.contiguous() if self.uint8 else self.normalise(x)
+        return x if self.uint8 else self.normalise(x)
 
 
 class FastEvalTransform:
@@ -202,7 +242,7 @@ class FastEvalTransform:
 
     def __call__(self, image: Any) -> torch.Tensor:
         if isinstance(image, Encoded):
-            im = open_lazy(image)
+            im, _ = open_lazy(image)
             full = shown_size(im)
             image = decode_at(im, dct_scale(full, self.needed(full)), image.name)
         return self.transform(image)
@@ -232,13 +272,10 @@ class PlanTransform:
 
     def __call__(self, image: Any) -> Planned:
         if isinstance(image, Encoded):
-            im = open_lazy(image)
+            im, data = open_lazy(image)
             full = shown_size(im)
             if im.format == "JPEG" and im.mode in ("RGB", "L") and full == (im.height, im.width):
-                im.close()
                 box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
-                source = image.source
-                data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else Path(source).read_bytes()
                 return Planned(torch.frombuffer(bytearray(data), dtype=torch.uint8), box, full, True)
             image = decode_at(im, 1, image.name)
         pixels = to_uint8(to_mode(image, self.in_channels))
@@ -252,7 +289,6 @@ def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any,
     torchvision.io.decode_jpeg; the CPU runs the same operations, which is how it is tested).
     Returns uint8 (B, C, H, W), or the normalised float batch with `normalise`."""
     from torchvision.io import ImageReadMode, decode_jpeg
-    from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as F
 
     mode = ImageReadMode.RGB if in_channels == 3 else ImageReadMode.GRAY
@@ -281,9 +317,14 @@ def stack_images(good: list, bad: tuple[str, ...]) -> tuple[Any, torch.Tensor, t
     if not good:
         return torch.empty(0), torch.empty(0, dtype=torch.long), bad
     labels = torch.tensor([y for _, y in good], dtype=torch.long)
-    if isinstance(good[0][0], Planned):
-        return [x for x, _ in good], labels, bad
-    return torch.stack([x for x, _ in good]), labels, bad
+    images = [x for x, _ in good]
+    if isinstance(images[0], Planned):
+        return images, labels, bad
+    if images[0].ndim == 3 and not images[0].is_contiguous() and all(x.permute(1, 2, 0).is_contiguous() for x in images):
+        # channels-last images (the fast path's): stacked as (B, H, W, C) blocks, a plain copy,
+        # and seen as (B, C, H, W) in channels-last layout
+        return torch.stack([x.permute(1, 2, 0) for x in images]).permute(0, 3, 1, 2), labels, bad
+    return torch.stack(images), labels, bad
 
 
 
