@@ -3,6 +3,7 @@ beside the limit (decoding alone), on the same photographs, interleaved in one r
 
     python benchmarks/pipeline.py                    # about 6 minutes on one quiet core
     python benchmarks/pipeline.py --rounds 2 --quick
+    python benchmarks/pipeline.py --gpu --rounds 3   # on a CUDA machine (benchmarks/gpu.sh)
 
 Photographs: Debian's mate-backgrounds (/usr/share/backgrounds/mate: 14 photographs of
 1280x1024 to 5640x3172; `apt-get install mate-backgrounds`), cut into 4:3 tiles at several
@@ -18,7 +19,8 @@ a horizontal flip and normalisation (vitlab's fast path hands uint8 batches to t
 process, which normalises them on its device: it is shown with and without that step counted);
 evaluation is resize to 256, centre crop 224, normalise.
 Systems are shuffled in every round; other processes' CPU use during each sample is read from
-/proc/stat. Writes benchmarks/results/pipeline.md and pipeline.csv.
+/proc/stat. Writes benchmarks/results/pipeline.md, pipeline.csv and pipeline-profile.md (each stage's
+share of the fast path).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from PIL import Image
 from vitlab.bench import machine, report
 from vitlab.data import decode as D
 from vitlab.data import make_loader, open_dataset
+from vitlab.files import atomic_write_text
 
 MATE = Path("/usr/share/backgrounds/mate")
 PHOTOS = ("Elephants_5640x3172", "Aqua", "Blinds", "Dune", "FreshFlower", "Garden", "GreenMeadow", "LadyBird",
@@ -163,6 +166,73 @@ def limits(files: list[Path]) -> dict[str, Callable[[], int]]:
             "limit: decode only, at the Inception crop's scale (PIL draft)": at_crop_scale}
 
 
+def gpu_rows(files: list[Path], rounds: int, device: str = "cuda") -> list[dict]:
+    """data.decode=cuda: the CPU's share (reading the header, drawing the box) per core, and
+    the device's (nvjpeg decode, crop, resize, flip, normalise of a batch of 128) per second."""
+    from vitlab.data.datasets import Encoded
+
+    plan = D.PlanTransform((0.08, 1.0), (3 / 4, 4 / 3), True)
+    normalise = D.Normalise(MEAN, STD)
+    encoded = [Encoded(f, str(f)) for f in files]
+    planned = [plan(e) for e in (encoded * (128 // len(encoded) + 1))[:128]]
+    D.decode_planned(planned, (224, 224), device, normalise)  # warm-up: nvjpeg handles, kernels
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    rows = []
+    for _ in range(rounds):
+        t0 = time.thread_time()
+        for e in encoded:
+            plan(e)
+        cpu_rate = len(encoded) / (time.thread_time() - t0)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            D.decode_planned(planned, (224, 224), device, normalise)
+        sync()
+        rows.append((cpu_rate, 5 * len(planned) / (time.perf_counter() - t0)))
+    return [{"photos": "500x375", "transform": "train", "system": "data.decode=cuda: planning on the CPU (per core)",
+             "img/s per core": f"{statistics.median(r[0] for r in rows):.0f}", "samples": str(rounds)},
+            {"photos": "500x375", "transform": "train", "system": f"data.decode=cuda: decode and augment on {device}, "
+             "batch 128 (img/s of the device)", "wall img/s": f"{statistics.median(r[1] for r in rows):.0f}",
+             "samples": str(rounds)}]
+
+
+def stage_profile(files: list[Path], reps: int = 3) -> list[dict]:
+    """Where the fast training transform's time goes: each stage timed by the thread's CPU
+    time, summed over the images (the loader's batching shown apart)."""
+    from torch.nn import functional as NF
+
+    from vitlab.data.datasets import Encoded
+
+    spent: dict[str, float] = {}
+
+    def tick(stage: str, t0: float) -> float:
+        t = time.thread_time()
+        spent[stage] = spent.get(stage, 0.0) + t - t0
+        return t
+
+    for _ in range(reps):
+        for f in files:
+            t = time.thread_time()
+            im, data = D.open_lazy(Encoded(f, str(f)))
+            full = D.shown_size(im)
+            t = tick("read the file, parse the JPEG header", t)
+            box = D.draw_box(*full, (0.08, 1.0), (3 / 4, 4 / 3), True)
+            t = tick("draw the box and the flip", t)
+            x = D.decode_uint8(im, data, str(f), D.dct_scale((box.height, box.width), (224, 224)), 3)
+            t = tick("decode (at the crop's DCT scale)", t)
+            left, top, right, bottom = D.scaled(box, full, tuple(x.shape[-2:]))
+            crop = x[None, :, top:bottom, left:right].contiguous(memory_format=torch.channels_last)
+            t = tick("cut the crop", t)
+            y = NF.interpolate(crop, (224, 224), mode="bilinear", align_corners=False, antialias=True)[0]
+            t = tick("resize to 224 (uint8, antialiased)", t)
+            if box.flip:
+                y = y.flip(-1)
+            tick("flip", t)
+    total = sum(spent.values())
+    return [{"stage": k, "ms per image": f"{1e3 * v / (reps * len(files)):.3f}", "share": f"{v / total:.0%}"}
+            for k, v in spent.items()]
+
+
 def measure(fn: Callable[[], int]) -> dict[str, float]:
     with machine.CpuMeter() as meter:
         t0 = time.thread_time()
@@ -171,7 +241,7 @@ def measure(fn: Callable[[], int]) -> dict[str, float]:
     return {"per_core": n / cpu, "wall": n / meter.wall, "others": meter.others}
 
 
-def run(args: argparse.Namespace) -> list[dict]:
+def run(args: argparse.Namespace, profiles: dict[str, list[dict]]) -> list[dict]:
     torch.set_num_threads(1)
     records = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,6 +265,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                         machine.wait_quiet(args.contended, args.max_wait)
                         samples[name].append(measure(chosen[name]))
                 records += summarise(label, what, task, samples, args.contended)
+            profiles[label] = stage_profile(files)
     return records
 
 
@@ -222,8 +293,20 @@ def main() -> None:
     ap.add_argument("--contended", type=float, default=0.1)
     ap.add_argument("--max-wait", type=float, default=5.0)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--gpu", action="store_true", help="also data.decode=cuda on the GPU; writes pipeline-gpu.md")
     args = ap.parse_args()
-    records = run(args)
+    if args.gpu:
+        torch.set_num_threads(1)
+        with tempfile.TemporaryDirectory() as tmp:
+            what = make_photos(Path(tmp), (500, 375), 3)
+            records = gpu_rows(sorted(Path(tmp).rglob("*.jpg")), args.rounds)
+        columns = ["photos", "transform", "system", "img/s per core", "wall img/s", "samples"]
+        report.write_table(args.out, "pipeline-gpu", "The GPU data path (data.decode=cuda)", machine.machine_info("cuda"),
+                           records, columns, f"Photographs: {what}.\n")
+        print(report.table(records, columns))
+        return
+    profiles: dict[str, list[dict]] = {}
+    records = run(args, profiles)
     info = machine.machine_info()
     info["threads"] = "1"
     notes = (f"One thread, num_workers=0, timed by its own CPU time (images per second per core); {args.rounds} "
@@ -234,6 +317,12 @@ def main() -> None:
     report.write_table(args.out, "pipeline", "The input pipeline per core, beside torchvision, timm and decoding alone",
                        info, records, columns, notes + f"Photographs: {records[0]['source']}" +
                        (f"; {records[-1]['source']}" if records[-1]["source"] != records[0]["source"] else "") + ".\n")
+    lines = [f"# Where the fast training transform's time goes\n\n{report.header(info)}\n\nEach stage of vitlab's "
+             "data.decode=fast training transform timed by the thread's CPU time, in the same run as pipeline.md "
+             "(the loader's batching and the trainer's normalisation not included).\n"]
+    for label, rows in profiles.items():
+        lines.append(f"\n## {label}\n\n" + report.table(rows, ["stage", "ms per image", "share"]))
+    atomic_write_text(Path(args.out) / "pipeline-profile.md", "".join(lines))
     print(report.table(records, columns))
 
 

@@ -161,3 +161,31 @@ def test_datasets_hand_over_encoded_images_and_bad_ones_are_named(photos, cifar_
     assert image.dtype == torch.float32 and image.shape == (3, 32, 32)
     with pytest.raises(Exception, match="decode='gpu': use one of pil, fast, cuda"):
         open_dataset(f"imagefolder:{root}", "train", image_size=224, train=True, decode="gpu")
+
+
+def test_jpeg_header_reads_what_pil_reads_and_rotated_photos_stay_upright(photos, tmp_path):
+    for photo in photos:
+        im = Image.open(photo)
+        assert D.jpeg_header(photo.read_bytes()) == (im.height, im.width, 3, False)
+    grey = tmp_path / "grey.jpg"
+    Image.open(photos[0]).convert("L").save(grey, quality=90)
+    assert D.jpeg_header(grey.read_bytes()) == (375, 500, 1, False)
+    png = tmp_path / "a.png"
+    Image.open(photos[0]).save(png)
+    assert D.jpeg_header(png.read_bytes()) is None and D.jpeg_header(photos[0].read_bytes()[:20]) is None
+    # A photo stored sideways with EXIF orientation 6 (turn 90 degrees): the box is drawn on the
+    # upright 375x500 image, as the PIL path draws it, and the pixels agree.
+    turned = tmp_path / "turned.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.open(photos[0]).save(turned, quality=90, exif=exif)
+    assert D.jpeg_header(turned.read_bytes())[3] is True
+    fast, slow = D.fast_train_transform(224, uint8=True), train_transform(224)
+    torch.manual_seed(1)
+    x = fast(Encoded(turned, str(turned)))
+    torch.manual_seed(1)
+    from vitlab.data import read_image
+
+    y = slow(read_image(turned))
+    assert read_image(turned).size == (375, 500)
+    assert (D.Normalise((0.5,) * 3, (0.5,) * 3)(x) - y).abs().mean() * 127.5 < 0.5

@@ -125,6 +125,9 @@ class DataConfig:
             # One class trains to 100% with loss 0; a name twice makes two labels print alike.
             raise ConfigError(f"data.classes={list(self.classes)!r}: give two or more distinct class names, "
                               "or leave the key out for the dataset's own")
+        if self.decode == "cuda" and self.randaugment:
+            raise ConfigError(f"data.randaugment={self.randaugment} runs on the CPU and data.decode=cuda augments on the "
+                              "GPU; use data.decode=fast with RandAugment")
         if self.train_size and self.train_fraction < 1:
             raise ConfigError(
                 f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g} both pick the "

@@ -167,14 +167,10 @@ def _transform(image_size, mean, std, in_channels: int, train: bool, options: di
     if train:
         aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
                                        "interpolation") if k in options}
-        if how == "cuda":
-            if aug.get("randaugment"):
-                raise DataError("RandAugment runs on the CPU: use decode=fast (data.decode=fast) with randaugment")
-            return D.PlanTransform(aug.get("crop_scale", (0.08, 1.0)), aug.get("crop_ratio", (3 / 4, 4 / 3)),
-                                   aug.get("hflip", True), in_channels)
-        if how == "fast":
-            return D.fast_train_transform(image_size, mean, std, in_channels, uint8=bool(options.get("uint8")), **aug)
-        return T.train_transform(image_size, mean, std, in_channels, **aug)
+        try:
+            return D.training_transform(how, image_size, mean, std, in_channels, bool(options.get("uint8")), **aug)
+        except ValueError as e:
+            raise DataError(str(e)) from None
     crop = {k: options[k] for k in ("crop_fraction", "crop_mode", "interpolation") if k in options}
     if how == "fast":  # opt-in: the pixels differ a little from a full decode
         return D.fast_eval_transform(image_size, mean, std, in_channels, **crop)

@@ -25,6 +25,7 @@ from the same seeds, the bytes go to the device, and `torchvision.io.decode_jpeg
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional, Sequence
@@ -33,10 +34,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from torchvision.transforms import InterpolationMode
-
 from vitlab.data.datasets import Encoded, bad_image, decoded
-from vitlab.data.transforms import to_mode
+from vitlab.data.transforms import _interpolation, _size, eval_transform, to_mode, train_transform
 from vitlab.files import NotRegularFileError, require_regular_file
 
 SCALES = (8, 4, 2, 1)
@@ -61,10 +60,41 @@ def read_encoded(image: Encoded) -> bytes:
     return Path(source).read_bytes()
 
 
-def open_lazy(image: Encoded) -> tuple[Image.Image, bytes]:
+# Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic).
+SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+
+
+def jpeg_header(data: bytes) -> Optional[tuple[int, int, int, bool]]:
+    """(height, width, components, has EXIF) read from a JPEG's markers up to its frame header,
+    or None where they cannot be read so (then PIL reads the file). A tenth of PIL's open."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i, n, exif = 2, len(data), False
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if marker in SOF:
+            if i + 10 > n:
+                return None
+            return int.from_bytes(data[i + 5:i + 7], "big"), int.from_bytes(data[i + 7:i + 9], "big"), data[i + 9], exif
+        if marker in (0xDA, 0xD9):  # a scan or the end before any frame header
+            return None
+        exif = exif or (marker == 0xE1 and data[i + 4:i + 10] == b"Exif\0\0")
+        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+    return None
+
+
+def open_lazy(image: Encoded, data: Optional[bytes] = None) -> tuple[Image.Image, bytes]:
     """An image opened without decoding its pixels (the caller decodes, after a `draft`) and its
     bytes, read once; PIL's decompression-bomb limit applies as in `read_image`."""
-    data = read_encoded(image)
+    data = read_encoded(image) if data is None else data
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -102,24 +132,31 @@ def decode_at(im: Image.Image, scale: int, name: str) -> Image.Image:
         raise bad_image(name, e) from None
 
 
+def jpeg_tensor(data: bytes, name: str, in_channels: int) -> Optional[torch.Tensor]:
+    """torchvision.io.decode_jpeg of the bytes as uint8 (C, H, W); None without it (torchvision's
+    decoders are deprecated for torchcodec and may go)."""
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except ImportError:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                               mode=ImageReadMode.RGB if in_channels == 3 else ImageReadMode.GRAY)
+    except RuntimeError as e:
+        raise bad_image(name, e) from None
+
+
 def decode_uint8(im: Image.Image, data: bytes, name: str, scale: int, in_channels: int) -> torch.Tensor:
     """uint8 (C, H, W) of an opened image at 1/scale, in the model's channels. A JPEG needing
     no reduction, no turn and no colour conversion goes to torchvision.io.decode_jpeg (the same
     libjpeg-turbo pixels, one copy fewer); everything else to PIL."""
     plain = (im.mode == "RGB" and in_channels == 3) or (im.mode == "L" and in_channels == 1)
     if scale == 1 and im.format == "JPEG" and plain and orientation(im) == 1:
-        try:
-            from torchvision.io import ImageReadMode, decode_jpeg
-        except ImportError:  # torchvision's decoders are deprecated for torchcodec
-            decode_jpeg = None
-        if decode_jpeg is not None:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                                       mode=ImageReadMode.RGB if in_channels == 3 else ImageReadMode.GRAY)
-            except RuntimeError as e:
-                raise bad_image(name, e) from None
+        x = jpeg_tensor(data, name, in_channels)
+        if x is not None:
+            return x
     return to_uint8(to_mode(decode_at(im, scale, name), in_channels))
 
 
@@ -193,6 +230,7 @@ class FastTrainTransform:
         self.size, self.in_channels, self.uint8 = tuple(size), in_channels, uint8
         self.crop_scale, self.crop_ratio, self.hflip = tuple(crop_scale), tuple(crop_ratio), hflip
         self.interpolation = interpolation or T.InterpolationMode.BILINEAR
+        self.bilinear = self.interpolation == T.InterpolationMode.BILINEAR
         self.randaugment = T.RandAugment(num_ops=randaugment, magnitude=randaugment_magnitude) if randaugment else None
         self.normalise = Normalise(mean, std)
 
@@ -200,10 +238,7 @@ class FastTrainTransform:
         from torchvision.transforms.v2 import functional as F
 
         if isinstance(image, Encoded):
-            im, data = open_lazy(image)
-            full = shown_size(im)
-            box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
-            x = decode_uint8(im, data, image.name, dct_scale((box.height, box.width), self.size), self.in_channels)
+            x, full, box = self.decode(image)
         else:
             full = (image.height, image.width)
             box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
@@ -211,7 +246,7 @@ class FastTrainTransform:
         left, top, right, bottom = scaled(box, full, tuple(x.shape[-2:]))
         # the crop copied to one channels-last block: torch's uint8 kernel runs a third faster on it
         crop = x[None, :, top:bottom, left:right].contiguous(memory_format=torch.channels_last)
-        if self.interpolation == InterpolationMode.BILINEAR:  # torch's native uint8 kernel, called directly
+        if self.bilinear:  # torch's native uint8 kernel, called directly
             x = torch.nn.functional.interpolate(crop, self.size, mode="bilinear", align_corners=False, antialias=True)[0]
         else:
             x = F.resize(crop, list(self.size), self.interpolation, antialias=True)[0]
@@ -220,6 +255,27 @@ class FastTrainTransform:
         if self.randaugment is not None:
             x = self.randaugment(x)
         return x if self.uint8 else self.normalise(x)
+
+
+    def decode(self, image: Encoded) -> tuple[torch.Tensor, tuple[int, int], Box]:
+        """(uint8 pixels at the scale the crop needs, the shown (h, w), the box drawn on it)."""
+        data = read_encoded(image)
+        header = jpeg_header(data)
+        if header is not None and not header[3] and header[2] == self.in_channels and min(header[:2]) > 0:
+            full = header[:2]  # no EXIF block, so no turn: the header's size is the shown size
+            if full[0] * full[1] > Image.MAX_IMAGE_PIXELS:  # as read_image: refused, not decoded
+                raise bad_image(image.name, ValueError(f"{full[1]}x{full[0]} pixels, over PIL's decompression-bomb "
+                                                       f"limit of {Image.MAX_IMAGE_PIXELS:,}"))
+            box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
+            x = jpeg_tensor(data, image.name, self.in_channels) if dct_scale(box[2:4], self.size) == 1 else None
+            if x is not None and tuple(x.shape[-2:]) == full:
+                return x, full, box
+            im, _ = open_lazy(image, data)
+            return decode_uint8(im, data, image.name, dct_scale(box[2:4], self.size), self.in_channels), full, box
+        im, _ = open_lazy(image, data)
+        full = shown_size(im)
+        box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
+        return decode_uint8(im, data, image.name, dct_scale(box[2:4], self.size), self.in_channels), full, box
 
 
 class FastEvalTransform:
@@ -289,6 +345,7 @@ def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any,
     torchvision.io.decode_jpeg; the CPU runs the same operations, which is how it is tested).
     Returns uint8 (B, C, H, W), or the normalised float batch with `normalise`."""
     from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as F
 
     mode = ImageReadMode.RGB if in_channels == 3 else ImageReadMode.GRAY
@@ -332,8 +389,6 @@ def model_input(images: Any, device: Any, config: Any) -> torch.Tensor:
     """A loader's batch as the model's input on `device`, for a model of `config` (mean, std,
     image_size, in_channels, interpolation): planned images decoded there, uint8 moved there
     (a quarter of the bytes of floats) and normalised there, float batches moved."""
-    from vitlab.data.transforms import _interpolation
-
     normalise = Normalise(config.mean, config.std)
     if isinstance(images, list):
         return decode_planned(images, tuple(config.image_size), device, normalise,
@@ -349,20 +404,31 @@ def fast_train_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5
                          in_channels: int = 3, interpolation: str = "bilinear", uint8: bool = False,
                          **augment: Any) -> FastTrainTransform:
     """`train_transform`'s augmentation, decoding only what the crop needs (uint8 out with uint8=True)."""
-    from vitlab.data.transforms import _interpolation, _size
-
     return FastTrainTransform(_size(image_size), mean, std, in_channels, interpolation=_interpolation(interpolation),
                               uint8=uint8, **augment)
+
+
+def training_transform(decode: str, image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5),
+                       std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3, uint8: bool = False,
+                       **augment: Any) -> Callable:
+    """The training transform a `decode` setting names: "pil" transforms.train_transform (float
+    out), "fast" FastTrainTransform, "cuda" PlanTransform (for decode_planned on the device)."""
+    if decode not in DECODERS:
+        raise ValueError(f"decode={decode!r}: use one of {', '.join(DECODERS)}")
+    if decode == "cuda":
+        if augment.get("randaugment"):
+            raise ValueError("RandAugment runs on the CPU: use decode=fast (data.decode=fast) with randaugment")
+        return PlanTransform(augment.get("crop_scale", (0.08, 1.0)), augment.get("crop_ratio", (3 / 4, 4 / 3)),
+                             augment.get("hflip", True), in_channels)
+    if decode == "fast":
+        return fast_train_transform(image_size, mean, std, in_channels, uint8=uint8, **augment)
+    return train_transform(image_size, mean, std, in_channels, **augment)
 
 
 def fast_eval_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
                         in_channels: int = 3, crop_fraction: float = 1.0, crop_mode: str = "squash",
                         interpolation: str = "bilinear") -> FastEvalTransform:
     """`eval_transform`, fed by a JPEG decoded at the largest reduction its resize allows."""
-    import math
-
-    from vitlab.data.transforms import _size, eval_transform
-
     inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation)
     size = _size(image_size)
     resize_to = (math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction))

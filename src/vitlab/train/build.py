@@ -10,7 +10,8 @@ import torch
 from vitlab import checkpoints
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
 from vitlab.data import foreign, open_dataset, training_subset
-from vitlab.data.transforms import model_transform, train_transform
+from vitlab.data.decode import training_transform
+from vitlab.data.transforms import model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
 
@@ -76,10 +77,10 @@ def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[st
     train, evals = sources
     if isinstance(train, torch.utils.data.DataLoader):
         train = train.dataset  # vitlab's own sampler sets the order and the batch
-    train_set = foreign.wrap(train, train_transform(
-        model.image_size, model.mean, model.std, model.in_channels, crop_scale=d.crop_scale, crop_ratio=d.crop_ratio,
-        hflip=d.hflip, randaugment=d.randaugment, randaugment_magnitude=d.randaugment_magnitude,
-        interpolation=model.interpolation), seed=cfg.train.seed)
+    train_set = foreign.wrap(train, training_transform(  # as open_datasets decodes (data.decode), uint8 out
+        d.decode, model.image_size, model.mean, model.std, model.in_channels, uint8=True, crop_scale=d.crop_scale,
+        crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
+        randaugment_magnitude=d.randaugment_magnitude, interpolation=model.interpolation), seed=cfg.train.seed)
     if not hasattr(train_set, "__len__") or isinstance(train_set, torch.utils.data.IterableDataset):
         raise ConfigError("training data given as a stream (an IterableDataset): give a map-style dataset (with "
                           "__len__ and __getitem__), which an exact resume and many processes can index")
