@@ -3,152 +3,111 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from vitlab.cli.train import add_common, command_line, execute, resolve
-
-HELP = "fine-tune a checkpoint on a new dataset (the paper's protocol, fitted to the checkpoint and the data)"
+HELP = "fine-tune a checkpoint on a new dataset (the recipe chosen on a dev split, fitted to the checkpoint and the data)"
 DESCRIPTION = """\
 Fine-tune any checkpoint vitlab.load reads (a vitlab run, an official .npz, timm or Hugging
-Face weights, a name such as hf-hub:ORG/NAME) on a dataset, the paper's way (§3.2, Appendix
-B.1.1): the pretrained head and pre-logits are dropped for a fresh zero-initialised head,
-SGD with momentum 0.9, cosine decay, no weight decay, clipping at 1, and Table 4's number of
-steps for the dataset (CIFAR 10k, ImageNet 20k, Pets and Flowers 500; 500 for data Table 4
-does not list) unless --steps/--epochs say otherwise.
+Face weights, a name such as hf-hub:ORG/NAME) on a dataset: the pretrained head and
+pre-logits are dropped for a fresh zero-initialised head, cosine decay, clipping at 1, and
+Table 4's number of steps for the dataset (CIFAR 10k, ImageNet 20k, Pets and Flowers 500;
+500 for data Table 4 does not list) unless --steps/--epochs say otherwise.
 
-The paper's numbers are for 224 px ImageNet models on large targets; with only --from and
---data the rest is fitted to the checkpoint and the data, and the plan line says what was
-chosen and why:
+The recipe (--recipe): by default (auto, with the shipped finetune recipe; another --config
+is followed as it is) a quick sweep chooses it on a dev split, between
+  - paper: the paper's (§3.2, Appendix B.1.1): SGD with momentum 0.9, no weight decay, the
+    inception crop, at each rate of Table 4's grid (0.001-0.03), and
+  - adamw: the recipe vitlab trains from scratch with: AdamW, weight decay 0.05, crop from
+    35%, label smoothing 0.1, at 0.001 and 0.003.
+Each of the six arms trains for 5% of the steps (at least 10) on the training set minus the
+dev split (2% of CIFAR, 1% of ImageNet, 10% of others, told by the data's identity) and is
+scored on the dev split; the best trains on the whole set. The plan line says which recipe
+won, by how much and with what noise; the sweep's steps count as compute (OUT/final/
+summary.json: compute_with_sweep). --recipe paper is the paper's protocol as it was (a
+quick sweep of Table 4's rates on a training set of up to 20,000 images, else the recipe's
+0.003); --lr skips the sweep (the paper's recipe, or AdamW with --recipe adamw).
+
+The rest is fitted to the checkpoint and the data, and the plan line says what was chosen:
   - resolution: the checkpoint's own. The paper fine-tunes at a higher resolution than it
     pre-trains (224 -> 384, position embeddings resized): --paper-resolution takes that step
     (x384/224), --image-size N any other. It pays when the target images hold detail finer
     than the pre-training patches resolve (photos larger than the pre-training size), at
     about (384/224)^2 = 3x the tokens and more than 3x the compute per step; upsampling small
     images (CIFAR's 32 px, digits' 8 px) adds cost and no information;
-  - warm-up: at most 5% of the run (the paper's 500 of 10,000 steps);
+  - threads and data workers: the source run's own (a vitlab run folder's config.yaml),
+    else the recipe's;
+  - warm-up: 5% of the run with the paper's recipe (its 500 of 10,000 steps), 25% with AdamW;
   - batch: the recipe's 512, or less: a power of two at most a quarter of the training set
     (at least 4 steps an epoch, as the paper's smallest set, Flowers);
-  - learning rate: on a training set of up to 20,000 images, a quick sweep first (Table 4's
-    grid, each rate trained for a tenth of the steps on the training set minus a dev
-    split and scored on the dev split), then the best rate on the whole set; on larger
-    sets the recipe's 0.003, which can be far from the best: use --lr-sweep;
   - progress: a line after the first step and then every 10 s at least.
 
---lr-sweep runs the paper's protocol in full: Table 4's learning-rate grid (or --lr-grid),
-each trained for the whole run on the training set minus a dev split (2% of CIFAR, 10% of
-others) and scored on the dev split, then the best rate trained on the full training set.
-It says so when the best rate is at the edge of the grid, and when its dev score is within
-sampling noise of the runner-up's (the pick is then uncertain). Sweeps write OUT/sweep/lr-*/ and
+--lr-sweep runs the sweep in full: every arm (or, with --recipe paper, Table 4's rates or
+--lr-grid) trained for the whole run, then the best on the full training set. It says so
+when the best rate is at the edge of the grid, and when the winner's dev score is within
+sampling noise of the runner-up's (the pick is then uncertain). Sweeps write OUT/sweep/*/ and
 the final run OUT/final/ (OUT/sweep.json has the scores).
 
 examples:
   vitlab finetune --from runs/cifar10/checkpoints/last.safetensors --data digits
+  vitlab finetune --from runs/cifar10/checkpoints/last.safetensors --data digits --recipe paper
   vitlab finetune --from runs/cifar10/checkpoints/last.safetensors --data cifar10:~/data --paper-resolution --steps 200
   vitlab finetune --from vit_b16_in21k.npz --data imagefolder:~/pets --image-size 384 --lr-sweep
   vitlab finetune --from hf-hub:google/vit-base-patch16-224-in21k --data imagefolder:~/photos --lr 0.01
 """
 
-# Flags whose value, when given, the fitted defaults leave alone.
-EXPLICIT_FLAGS = {"batch_size": "train.batch_size", "warmup_steps": "optim.warmup_steps", "lr": "optim.lr",
-                  "image_size": "model.image_size"}
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from vitlab.cli.common import add_training_arguments
+
     p.add_argument("--from", dest="checkpoint", required=True, metavar="CHECKPOINT",
                    help="pretrained weights: any file vitlab.load reads, or a name (hf-hub:, timm:, MODEL:WEIGHTS)")
-    add_common(p, "finetune")
+    add_training_arguments(p, "finetune")
     p.add_argument("--paper-resolution", action="store_true",
                    help="fine-tune at the paper's step up from the checkpoint's resolution (x384/224, e.g. 224 -> 384)")
     p.add_argument("--lr-sweep", action="store_true", help="choose the learning rate on a dev split first (Table 4's grid)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="the rates a sweep tries (default: Table 4's for the dataset)")
+    p.add_argument("--recipe", choices=("auto", "paper", "adamw"),
+                   help="the fine-tuning recipe: auto chooses between the paper's SGD and AdamW on a dev split (the "
+                   "default with the shipped finetune recipe); paper: the paper's protocol, or --config's recipe as "
+                   "it is (the default with any other --config); adamw: vitlab's from-scratch recipe")
+    p.add_argument("--repeats", type=int, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
+                   "(OUT/seed-K) and report top-1 as mean ± std, as Table 2 does (a sweep runs once, with seed 0)")
     p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "
                    "imagenet, pets, flowers, vtab (default: guessed from --data)")
 
 
-def explicit_keys(args: argparse.Namespace) -> set[str]:
-    """The config keys the user set by flag or SECTION.KEY=VALUE."""
-    keys = {key for attr, key in EXPLICIT_FLAGS.items() if getattr(args, attr, None) is not None}
-    keys |= {o.split("=", 1)[0].strip() for o in args.overrides if "=" in o}
-    return keys | ({"model.image_size"} if args.paper_resolution else set())
-
-
-def _grid(args, row) -> tuple[float, ...]:
+def rates(text: str | None) -> list[float] | None:
+    """--lr-grid's rates, or None for Table 4's."""
     from vitlab.cli import UsageError
-    from vitlab.train import finetune
 
-    if not args.lr_grid:
-        return finetune.TABLE4_LRS.get(row or "", finetune.DEFAULT_GRID)
+    if not text:
+        return None
     try:
-        grid = tuple(float(v) for v in args.lr_grid.split(",") if v.strip())
+        return [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise UsageError(f"--lr-grid {args.lr_grid!r}: give rates separated by commas, e.g. 0.001,0.003,0.01") from None
-    if not grid or min(grid) <= 0:
-        raise UsageError(f"--lr-grid {args.lr_grid!r}: give positive rates separated by commas")
-    return grid
-
-
-def _length(args, row, extra: dict, notes: list[str]) -> None:
-    from vitlab.cli import UsageError
-    from vitlab.config import load_recipe
-    from vitlab.train import finetune
-
-    if row is not None and row not in finetune.TABLE4_STEPS:
-        raise UsageError(f"--table4 {row!r}: not a Table 4 dataset; use one of {', '.join(finetune.TABLE4_STEPS)}")
-    if args.steps is None and args.epochs is None and load_recipe(args.config).train.steps == 0:
-        if row is None:
-            extra["train.steps"] = finetune.DEFAULT_STEPS
-            notes.append(f"{finetune.DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)")
-        else:
-            extra["train.steps"] = finetune.TABLE4_STEPS[row]
-
-
-def _train_size(cfg, arch) -> int:
-    from vitlab.data import open_dataset
-
-    return len(open_dataset(cfg.data.name, cfg.data.train_split, image_size=arch.image_size,
-                            in_channels=arch.in_channels, mean=arch.mean, std=arch.std))
+        raise UsageError(f"--lr-grid {text!r}: give rates separated by commas, e.g. 0.001,0.003,0.01") from None
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.checkpoints import is_pretrained_name, read_checkpoint
-    from vitlab.cli import UsageError
-    from vitlab.data import paper_dataset
+    from vitlab.cli.common import command_line, training_exit
     from vitlab.train import finetune
-    from vitlab.train.build import architecture
 
-    if not Path(args.checkpoint).exists() and not is_pretrained_name(args.checkpoint):
-        raise UsageError(f"--from {args.checkpoint}: no such file")
-    if args.data is None:
-        raise UsageError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")
-    if args.paper_resolution and args.image_size:
-        raise UsageError("--paper-resolution and --image-size both set the resolution: give one")
-    extra: dict = {"model.checkpoint": args.checkpoint}
-    notes: list[str] = []
-    row = args.table4 or paper_dataset(args.data)
-    grid = _grid(args, row)
-    _length(args, row, extra, notes)
-    if args.paper_resolution:
-        own = read_checkpoint(args.checkpoint).config
-        extra["model.image_size"] = finetune.paper_resolution(own.image_size, own.total_stride)
-    cfg, recipe = resolve(args, extra)
-    arch = architecture(cfg.model)
-    explicit = explicit_keys(args)
-    fitted = finetune.fit_defaults(cfg, _train_size(cfg, arch), explicit, args.lr_sweep)
-    notes = [finetune.resolution_note(arch.image_size, "model.image_size" in explicit), *fitted.notes, *notes]
-    out = Path(args.out or f"runs/{recipe}-{Path(args.checkpoint).stem}")
-    if not args.lr_sweep and fitted.quick_sweep_steps is None:
-        return execute(fitted.config, out, args.quiet, notes, trackers=tuple(args.log or ()))
+    plan = finetune.plan(args.checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
+                         paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=rates(args.lr_grid),
+                         table4=args.table4, out=args.out, choose=args.recipe)
+    result: dict = {}
 
-    from vitlab.train.loop import Trainer
+    def one(p):
+        return finetune.run(p, command=command_line(), quiet=args.quiet, trackers=args.log or ())
 
-    print("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *notes)), flush=True)
+    if args.repeats > 1:
+        from vitlab.train import repeats
 
-    def train(c, o):
-        sweeping = o.parent.name == "sweep"
-        said = (f"lr-sweep run: lr {c.optim.lr:g}, {c.train.steps} steps, scored on the dev split",) if sweeping else notes
-        return Trainer(c, o, command=command_line(), quiet=args.quiet, notes=tuple(said),
-                       trackers=tuple(args.log or ())).run()
-
-    result = finetune.lr_sweep(fitted.config, out, grid, train, sweep_steps=fitted.quick_sweep_steps)
-    print(f"lr-sweep done: best lr {result['best_lr']:g}; scores in {out / 'sweep.json'}; final run in {out / 'final'}")
-    return 0
+        code = training_exit(lambda: result.update(repeats.repeat(plan, args.repeats, one)), "finetune")
+        if code == 0:
+            print(f"{repeats.report(result)}; every run in {plan.out / 'repeats.json'}")
+        return code
+    code = training_exit(lambda: result.update(one(plan)), "finetune")
+    done = finetune.done_line(plan, result) if code == 0 else None
+    if done:
+        print(done)
+    return code
