@@ -19,8 +19,8 @@ a horizontal flip and normalisation (vitlab's fast path hands uint8 batches to t
 process, which normalises them on its device: it is shown with and without that step counted);
 evaluation is resize to 256, centre crop 224, normalise.
 Systems are shuffled in every round; other processes' CPU use during each sample is read from
-/proc/stat. Writes benchmarks/results/pipeline.md, pipeline.csv and pipeline-profile.md (each stage's
-share of the fast path).
+/proc/stat. Writes benchmarks/results/pipeline.md, pipeline.csv, pipeline-profile.md (each stage's
+share of the fast path) and pipeline-cores.md (the cores a GPU's ViT-B/16 training needs).
 """
 
 from __future__ import annotations
@@ -286,6 +286,28 @@ def summarise(label: str, what: str, task: str, samples: dict[str, list[dict]], 
     return out
 
 
+def cores_needed(records: list[dict], mfu: float = 0.5) -> list[dict]:
+    """For each device of vitlab.bench.machine.GPU_PEAKS: ViT-B/16's training rate at `mfu`, and
+    the cores of each pipeline it takes to feed it."""
+    from vitlab.bench.machine import GPU_PEAKS
+    from vitlab.config import model_flops
+    from vitlab.models.variants import variant_config
+
+    per_image = 3 * model_flops(variant_config("ViT-B/16"))
+    rates = {r["system"]: float(r["img/s per core"]) for r in records if r["photos"] == "500x375" and r["transform"] == "train"}
+    fast = next(v for k, v in rates.items() if k.startswith("vitlab (data.decode=fast, each batch"))
+    out = []
+    for name, peaks in GPU_PEAKS:
+        if "bf16" not in peaks:
+            continue
+        step = peaks["bf16"] * 1e12 * mfu / per_image
+        out.append({"device": name, "ViT-B/16 training img/s at 50% MFU": f"{step:,.0f}",
+                    "cores, vitlab (data.decode=fast)": f"{step / fast:.1f}",
+                    "cores, torchvision ImageFolder": f"{step / rates['torchvision ImageFolder']:.1f}",
+                    "cores, timm create_loader": f"{step / rates['timm create_loader']:.1f}"})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -317,6 +339,13 @@ def main() -> None:
     report.write_table(args.out, "pipeline", "The input pipeline per core, beside torchvision, timm and decoding alone",
                        info, records, columns, notes + f"Photographs: {records[0]['source']}" +
                        (f"; {records[-1]['source']}" if records[-1]["source"] != records[0]["source"] else "") + ".\n")
+    cores = cores_needed(records)
+    atomic_write_text(Path(args.out) / "pipeline-cores.md",
+                      "# Cores of decoding a ViT-B/16 at 224 needs for training\n\n" + report.header(info) + "\n\n" +
+                      "The training step's rate at 50% MFU of each device's bf16 peak (3 x the forward FLOPs of "
+                      "vitlab.config.model_flops per image), over the per-core rates measured in pipeline.md "
+                      "(500x375 photographs, training transform). Arithmetic, not a measurement on the device.\n\n" +
+                      report.table(cores, list(cores[0])))
     lines = [f"# Where the fast training transform's time goes\n\n{report.header(info)}\n\nEach stage of vitlab's "
              "data.decode=fast training transform timed by the thread's CPU time, in the same run as pipeline.md "
              "(the loader's batching and the trainer's normalisation not included).\n"]
