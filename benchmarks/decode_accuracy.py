@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 import vitlab
-from vitlab.bench import machine, report
+from vitlab.bench import machine, tables
 from vitlab.data import decode as D
 from vitlab.data.datasets import Encoded, read_image
 from vitlab.data.transforms import eval_transform
@@ -100,9 +100,9 @@ def main() -> None:
              "(the goal: within 0.1). Speeds are one thread's CPU time on a shared machine, not an interleaved "
              "benchmark.\n")
     columns = list(records[0])
-    report.write_table(args.out, args.name, "Reduced-scale decoding: top-1 of a trained model",
+    tables.write_table(args.out, args.name, "Reduced-scale decoding: top-1 of a trained model",
                        machine.machine_info(), records, columns, notes)
-    print(report.table(records, columns))
+    print(tables.table(records, columns))
     print(notes)
 
 

@@ -1,6 +1,6 @@
 """`vitlab finetune` beside `vitlab train` on the same model and data, measured in one run.
 
-    python benchmarks/finetune_speed.py          # about 4 CPU-minutes; results/finetune-speed.md/.csv
+    python benchmarks/finetune_speed.py          # about 1 CPU-minute; results/finetune-speed.md/.csv
 
 The model is the CPU CIFAR-10 recipe's ViT-C/4 (6 blocks of width 128, 32 px), on the
 digits (upsampled), batch 64. Rounds, interleaved so that a change in the machine's load
@@ -13,7 +13,7 @@ hits every system alike:
 3. the same with `train.threads=0 data.num_workers=0`: the policy fine-tuning had before
    (one thread per core, data in the training process).
 
-The rate of each is the trainer's own images/s per 10-step window (median, the first
+The rate of each is the trainer's own images/s per 5-step window (median, the first
 window, start-up, left out). Fine-tuning and training should be within 10%: the same model,
 batch, data and threads do the same work per step (SGD and AdamW cost alike next to the
 forward and backward passes).
@@ -29,11 +29,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vitlab.bench import machine, report
+from vitlab.bench import machine, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["round", "measurement", "threads", "data_workers", "steps", "images_per_s", "of_train", "others_cores"]
-COMMON = ("--data", "digits", "--batch-size", "64", "--quiet", "train.log_every=10", "train.ckpt_every=1000")
+COMMON = ("--data", "digits", "--batch-size", "64", "--quiet", "train.log_every=5", "train.ckpt_every=1000")
 
 
 def rate(args: list[str], out: Path) -> tuple[float, float, dict]:
@@ -58,8 +58,8 @@ def rate(args: list[str], out: Path) -> tuple[float, float, dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--runs", type=Path, default=Path("runs/finetune-speed"))
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args()
@@ -87,11 +87,11 @@ def main() -> None:
                             "others_cores": f"{others:.2f}"})
             print(records[-1], flush=True)
     notes = ("The CPU CIFAR-10 recipe's ViT-C/4 (811k parameters, 32 px) on the digits, batch 64, "
-             f"{args.steps} steps per run, {args.rounds} interleaved rounds. images_per_s: the trainer's own "
-             "rate per 10-step window (median, start-up window left out). of_train: over the same round's "
+             f"{args.steps} steps per run, {args.rounds} round(s), the systems in turn. images_per_s: the trainer's own "
+             "rate per 5-step window (median, start-up window left out). of_train: over the same round's "
              "`vitlab train`. threads 0 = one per core. others_cores: other processes' CPU use meanwhile "
              "(the machine is shared with other jobs).\n")
-    report.write_table(args.out, "finetune-speed", "vitlab finetune beside vitlab train, same model and data", info,
+    tables.write_table(args.out, "finetune-speed", "vitlab finetune beside vitlab train, same model and data", info,
                        records, COLUMNS, notes)
 
 

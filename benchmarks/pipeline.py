@@ -38,9 +38,10 @@ from typing import Callable
 import torch
 from PIL import Image
 
-from vitlab.bench import machine, report
+from vitlab.bench import machine, tables
 from vitlab.data import decode as D
 from vitlab.data import make_loader, open_dataset
+from vitlab.data.transforms import eval_transform, train_transform
 from vitlab.files import atomic_write_text
 
 MATE = Path("/usr/share/backgrounds/mate")
@@ -95,10 +96,10 @@ def systems(root: Path, files: list[Path], train: bool) -> dict[str, Callable[[]
 
     steps = len(files) // BATCH
     spec = f"imagefolder:{root}"
-    common = dict(image_size=224, mean=MEAN, std=STD, test_fraction=0.0001)
+    common = dict(test_fraction=0.0001)
     if train:
-        fast = open_dataset(spec, "train", train=True, decode="fast", uint8=True, **common)
-        pil = open_dataset(spec, "train", train=True, **common)
+        fast = open_dataset(spec, "train", D.fast_train_transform(224, MEAN, STD, uint8=True), train=True, **common)
+        pil = open_dataset(spec, "train", train_transform(224, MEAN, STD), train=True, **common)
         tv_t = T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(), T.ToTensor(),
                           T.Normalize(MEAN, STD)])
         timm_loader = timm.data.create_loader(
@@ -115,8 +116,8 @@ def systems(root: Path, files: list[Path], train: bool) -> dict[str, Callable[[]
         }
     else:
         crop = dict(crop_fraction=0.875, crop_mode="center")
-        fast = open_dataset(spec, "train", decode="fast", **common, **crop)
-        pil = open_dataset(spec, "train", **common, **crop)
+        fast = open_dataset(spec, "train", D.fast_eval_transform(224, MEAN, STD, **crop), **common)
+        pil = open_dataset(spec, "train", eval_transform(224, MEAN, STD, **crop), **common)
         tv_t = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
         timm_t = timm.data.create_transform(224, is_training=False, crop_pct=0.875, interpolation="bilinear",
                                             mean=MEAN, std=STD)
@@ -323,9 +324,9 @@ def main() -> None:
             what = make_photos(Path(tmp), (500, 375), 3)
             records = gpu_rows(sorted(Path(tmp).rglob("*.jpg")), args.rounds)
         columns = ["photos", "transform", "system", "img/s per core", "wall img/s", "samples"]
-        report.write_table(args.out, "pipeline-gpu", "The GPU data path (data.decode=cuda)", machine.machine_info("cuda"),
+        tables.write_table(args.out, "pipeline-gpu", "The GPU data path (data.decode=cuda)", machine.machine_info("cuda"),
                            records, columns, f"Photographs: {what}.\n")
-        print(report.table(records, columns))
+        print(tables.table(records, columns))
         return
     profiles: dict[str, list[dict]] = {}
     records = run(args, profiles)
@@ -336,23 +337,23 @@ def main() -> None:
              "what other processes used while a sample ran (the machine is shared).\n")
     columns = ["photos", "transform", "system", "img/s per core", "spread", "x torchvision", "wall img/s",
                "others' cores", "samples"]
-    report.write_table(args.out, "pipeline", "The input pipeline per core, beside torchvision, timm and decoding alone",
+    tables.write_table(args.out, "pipeline", "The input pipeline per core, beside torchvision, timm and decoding alone",
                        info, records, columns, notes + f"Photographs: {records[0]['source']}" +
                        (f"; {records[-1]['source']}" if records[-1]["source"] != records[0]["source"] else "") + ".\n")
     cores = cores_needed(records)
     atomic_write_text(Path(args.out) / "pipeline-cores.md",
-                      "# Cores of decoding a ViT-B/16 at 224 needs for training\n\n" + report.header(info) + "\n\n" +
+                      "# Cores of decoding a ViT-B/16 at 224 needs for training\n\n" + tables.header(info) + "\n\n" +
                       "The training step's rate at 50% MFU of each device's bf16 peak (3 x the forward FLOPs of "
                       "vitlab.config.model_flops per image), over the per-core rates measured in pipeline.md "
                       "(500x375 photographs, training transform). Arithmetic, not a measurement on the device.\n\n" +
-                      report.table(cores, list(cores[0])))
-    lines = [f"# Where the fast training transform's time goes\n\n{report.header(info)}\n\nEach stage of vitlab's "
+                      tables.table(cores, list(cores[0])))
+    lines = [f"# Where the fast training transform's time goes\n\n{tables.header(info)}\n\nEach stage of vitlab's "
              "data.decode=fast training transform timed by the thread's CPU time, in the same run as pipeline.md "
              "(the loader's batching and the trainer's normalisation not included).\n"]
     for label, rows in profiles.items():
-        lines.append(f"\n## {label}\n\n" + report.table(rows, ["stage", "ms per image", "share"]))
+        lines.append(f"\n## {label}\n\n" + tables.table(rows, ["stage", "ms per image", "share"]))
     atomic_write_text(Path(args.out) / "pipeline-profile.md", "".join(lines))
-    print(report.table(records, columns))
+    print(tables.table(records, columns))
 
 
 if __name__ == "__main__":

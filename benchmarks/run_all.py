@@ -34,10 +34,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.bench import machine, report, runner, suites
+from vitlab.bench import machine, runner, suites, tables
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.data import make_loader, open_dataset
-from vitlab.deploy import serving
+from vitlab.data.transforms import model_transform
+from vitlab.deploy import copies
 
 from endtoend import end_to_end  # noqa: E402 (this folder's modules; the script's folder is on sys.path)
 from profiles import profiles
@@ -53,13 +54,14 @@ def log(msg: str) -> None:
 
 
 def write(out: Path, name: str, title: str, info: dict, rows: list[dict], columns: list[str], notes: str = "") -> None:
-    report.write_table(out, name, title, info, rows, columns, notes)
+    tables.write_table(out, name, title, info, rows, columns, notes)
     log(f"wrote {out / name}.csv and .md")
 
 
-def cifar(split: str, n: int, image_size: int, mean, std, train: bool = False, batch: int = 256):
+def cifar(split: str, n: int, cfg, train: bool = False, batch: int = 256):
     """The first n images of a real CIFAR-10 split, as (images, labels) tensors."""
-    data = open_dataset(f"wds:{CIFAR}", split, image_size=image_size, mean=mean, std=std, train=train, seed=0)
+    transform = model_transform(cfg, train=train)  # the model's own preprocessing, as every vitlab command
+    data = open_dataset(f"wds:{CIFAR}", split, transform, train=train, seed=0)
     xs, ys = [], []
     for x, y, _ in itertools.islice(make_loader(data, batch, train=train, seed=0), (n + batch - 1) // batch):
         xs.append(x)
@@ -80,13 +82,13 @@ def serving_accuracy(out: Path, info: dict, checkpoint: Path, n: int, calibratio
         return
     model = vitlab.load(checkpoint).eval()
     cfg = model.config
-    images, labels = cifar("test", n, cfg.image_size[0], cfg.mean, cfg.std)
-    calibration, _ = cifar("train", calibration_images, cfg.image_size[0], cfg.mean, cfg.std)
+    images, labels = cifar("test", n, cfg)
+    calibration, _ = cifar("train", calibration_images, cfg)
     rows = []
     with torch.inference_mode():
         ref = torch.cat([model(images[i : i + 500]) for i in range(0, len(images), 500)])
     for name, (precision, calibrated) in SERVING.items():
-        m = serving.for_precision(model, precision, calibration=calibration if calibrated else None)
+        m = copies.for_precision(model, precision, calibration=calibration if calibrated else None)
         t0 = time.perf_counter()
         with torch.inference_mode():
             logits = torch.cat([m(images[i : i + 500]).float() for i in range(0, len(images), 500)])
@@ -160,7 +162,7 @@ def data_pipeline_rates(cfg, batch: int) -> list[dict]:
     """The data pipeline alone: decode + inception crop + flip of the training shards."""
     rows = []
     for workers in (0, 2):
-        data = open_dataset(f"wds:{CIFAR}", "train", image_size=32, mean=cfg.mean, std=cfg.std, train=True, seed=1)
+        data = open_dataset(f"wds:{CIFAR}", "train", model_transform(cfg, train=True), train=True, seed=1)
         it = iter(make_loader(data, batch, train=True, seed=1, num_workers=workers))
         next(it)  # start-up (workers, first shard) is not throughput
         t0, n = time.perf_counter(), 0
@@ -174,7 +176,7 @@ def data_pipeline_rates(cfg, batch: int) -> list[dict]:
 
 def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
     cfg = vitlab.get_config("ViT-C/4")
-    images, labels = cifar("train", steps * batch, 32, cfg.mean, cfg.std, train=True, batch=batch)
+    images, labels = cifar("train", steps * batch, cfg, train=True, batch=batch)
     log(f"training: {steps} steps of {batch} real CIFAR-10 training images, {len(TRAINING_SYSTEMS)} systems")
     losses, seconds, busy = loss_curves(same_start(cfg), images, labels, steps, batch)
     rows = []
@@ -239,7 +241,7 @@ def main() -> int:
     if "throughput" in args.only:
         name = "quick" if args.quick else "full"
         runner.run(suites.suite(name), config, log=log,
-                   progress=lambda rows: report.write_results(rows, out, "throughput", info, config))
+                   progress=lambda rows: tables.write_results(rows, out, "throughput", info, config))
         log(f"wrote {out / 'throughput'}.csv and .md")
     log(f"done in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -92,6 +92,7 @@ def test_no_position_table_is_explained(tmp_path, capsys):
 @pytest.mark.slow
 def test_objective_figures_hook(tmp_path, monkeypatch, capsys):
     from vitlab import analysis
+    from vitlab.analysis import inspection
 
     save_model(tmp_path / "m.safetensors")
     seen = {}
@@ -103,7 +104,7 @@ def test_objective_figures_hook(tmp_path, monkeypatch, capsys):
         png.write_bytes((out_dir / "filters.png").read_bytes())
         return [analysis.Figure("mine", "My figure", png, "a caption", {"answer": 42})]
 
-    monkeypatch.setattr(analysis, "objective_figures", extra)
+    monkeypatch.setattr(inspection, "objective_figures", extra)
     out = tmp_path / "out"
     assert (
         main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"])
@@ -176,7 +177,7 @@ def test_rollout_titles_name_the_prediction_and_heatmap_draws_a_heat_map(tmp_pat
     assert seen["heatmap"] is True and len(seen["titles"]) == 2
     from vitlab.data import open_dataset
 
-    data = open_dataset("digits", "test", image_size=16, in_channels=1, mean=(0.5,), std=(0.5,))
+    data = open_dataset("digits", "test", vitlab.transform(model))
     x = torch.stack([data[i][0] for i in range(2)])
     with torch.no_grad():
         predicted = model(x).argmax(-1).tolist()

@@ -145,7 +145,7 @@ def test_gpu_path_on_the_cpu_equals_the_cpu_path(photos):
 
 def test_datasets_hand_over_encoded_images_and_bad_ones_are_named(photos, cifar_dir, tmp_path):
     root = photos[0].parent.parent
-    data = open_dataset(f"imagefolder:{root}", "train", image_size=224, train=True, decode="fast", uint8=True)
+    data = open_dataset(f"imagefolder:{root}", "train", D.fast_train_transform(224, uint8=True), train=True)
     x, label = data[0]
     assert x.dtype == torch.uint8 and x.shape == (3, 224, 224) and label in (0, 1)
     broken = root / "class0" / "broken.jpg"
@@ -156,11 +156,14 @@ def test_datasets_hand_over_encoded_images_and_bad_ones_are_named(photos, cifar_
         files[1]
     files.skip_bad_images = True
     assert str(files[1]).endswith("broken.jpg")
-    stream = open_dataset(f"wds:{cifar_dir}", "test", image_size=32, decode="fast")
+    stream = open_dataset(f"wds:{cifar_dir}", "train", D.fast_train_transform(32, uint8=True), train=True)
+    image, _ = next(iter(stream))  # a shard's JPEG bytes, handed over undecoded
+    assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)
+    stream = open_dataset(f"wds:{cifar_dir}", "test", D.fast_eval_transform(32))
     image, _ = next(iter(stream))
     assert image.dtype == torch.float32 and image.shape == (3, 32, 32)
-    with pytest.raises(Exception, match="decode='gpu': use one of pil, fast, cuda"):
-        open_dataset(f"imagefolder:{root}", "train", image_size=224, train=True, decode="gpu")
+    with pytest.raises(ValueError, match="decode='gpu': use one of pil, fast, cuda"):
+        D.training_transform("gpu", 224)
 
 
 def test_jpeg_header_reads_what_pil_reads_and_rotated_photos_stay_upright(photos, tmp_path):

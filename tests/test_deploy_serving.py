@@ -1,4 +1,4 @@
-"""bf16 and int8 serving copies (vitlab.deploy.serving), checked on real CIFAR-10 images.
+"""bf16 and int8 serving copies (vitlab.deploy.copies), checked on real CIFAR-10 images.
 
 What is checked: the int8 layer's arithmetic against a float computation of the same
 rounded numbers; that the serving copies leave the model untouched; and that bf16 and int8
@@ -18,6 +18,7 @@ import torch
 
 import vitlab
 from vitlab import deploy
+from vitlab.data.transforms import eval_transform
 
 CIFAR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10"
 
@@ -28,7 +29,7 @@ def cifar_images() -> torch.Tensor:
         pytest.skip(f"real CIFAR-10 shards not found at {CIFAR}")
     from vitlab.data import open_dataset
 
-    data = open_dataset(f"wds:{CIFAR}", "test", image_size=32)
+    data = open_dataset(f"wds:{CIFAR}", "test", eval_transform(32))
     return torch.stack([x for x, _ in itertools.islice(iter(data), 128)])
 
 
@@ -53,7 +54,7 @@ def test_int8_linear_is_the_rounded_product():
 
 
 def test_packed_fp32_is_the_same_function():
-    if not deploy.serving.onednn_available():
+    if not deploy.copies.onednn_available():
         pytest.skip("this PyTorch build has no oneDNN")
     m = model(depth=2)
     packed = deploy.to_packed_fp32(m)

@@ -75,6 +75,8 @@ def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
     given = finetune.plan(str(ck), "digits", options={"lr": 0.01})
     assert given.config.optim.name == "sgd" and not given.sweep
     assert any("as --lr was given: no sweep chooses" in n for n in given.notes)
+    by_epochs = finetune.plan(str(ck), "digits", options={"epochs": 2.0, "batch_size": 64})
+    assert by_epochs.config.train.steps == 44 and by_epochs.sweep_steps == 10  # 2 x (1,437 // 64); at least 10 an arm
     # Another recipe (Table 2's) is followed as it is: no choice unless asked for.
     table2 = finetune.plan(str(ck), "digits", recipe="table2-finetune-imagenet-384", options={"steps": 40})
     assert table2.arms == [] and table2.config.optim.name == "sgd"

@@ -1,5 +1,6 @@
 """Drawing the analyses (Figures 6 and 7) and the training and evaluation figures (learning
-curve, confusion matrix). The only module of vitlab that imports matplotlib.
+curve, confusion matrix). With mpp_plot.py, sweep_plots.py and overlay.py's colour map, the only
+modules of vitlab that import matplotlib (inside the functions that draw).
 
 Each function takes the numbers the analysis functions return and writes one PNG. Figures
 are built with matplotlib's object API (no pyplot), so nothing global changes and no
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+
+from vitlab.analysis.overlay import colormap
 
 
 def new_figure(width: float, height: float):
@@ -157,7 +160,7 @@ def _draw_map(ax, image: np.ndarray, amap: np.ndarray, heatmap: bool, smooth: st
     """The rollout on `ax`: a heat map over the image, or the image weighted by the map."""
     if heatmap:
         ax.imshow(image, interpolation=smooth)
-        return ax.imshow(amap, cmap="jet", alpha=0.5, vmin=0, vmax=1, interpolation=smooth)
+        return ax.imshow(amap, cmap=colormap(), alpha=0.55, vmin=0, vmax=1, interpolation=smooth)  # overlay.py's colours
     return ax.imshow(np.clip(image * amap[..., None], 0, 1), interpolation=smooth)
 
 

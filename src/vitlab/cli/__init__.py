@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "push": "push",
     "bench": "bench",
     "sweep": "sweep",
+    "vtab": "vtab",
 }
 
 # Arguments that must be at least 1 wherever a command has them (a batch of 0 divides by
@@ -50,7 +51,8 @@ AT_LEAST_ZERO = ("workers", "test_limit", "pool", "max_per_class", "eval_every",
 OUTPUTS = (
     ("train", "out", True), ("finetune", "out", True), ("eval", "out", True), ("inspect", "out", True),
     ("predict", "attention", True), ("fewshot", "out", False), ("linear-probe", "out", False),
-    ("export", "out", False), ("predict", "csv", False), ("bench", "out", True),
+    ("export", "out", False), ("predict", "csv", False), ("bench", "out", True), ("vtab", "out", True),
+    ("eval", "predictions", False),
 )
 
 

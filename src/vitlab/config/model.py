@@ -18,6 +18,9 @@ from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
 
 CLASSIFIERS = ("token", "gap")
 POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "relative", "none")
+# Where an absolute position embedding is added (App. D.4): once after the stem (the paper's
+# default), at the input of every block with its own table, or at every block, one shared table.
+POS_EMBED_AT = ("stem", "every_block", "every_block_shared")
 GELUS = ("exact", "tanh")
 RESIZE_MODES = ("bilinear_aligned", "bilinear", "bicubic", "bicubic_antialias")
 HEAD_INITS = ("zeros", "xavier")
@@ -25,6 +28,10 @@ WS_MODES = ("std", "var")
 BIT_STEMS = ("bit", "cifar")
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 CROP_MODES = ("squash", "center")
+# Who resizes an image for evaluation: "pil" (PIL's filters: timm, torchvision's presets, the
+# paper's own pipeline) or "tensor" (the image as a uint8 tensor, resized by torchvision's
+# antialiased kernels: transformers 5.x's ViTImageProcessor). The two differ by a grey level here and there.
+RESIZE_BACKENDS = ("pil", "tensor")
 
 
 def as_pair(value: Any) -> Any:
@@ -116,6 +123,7 @@ class ViTConfig(_StoredConfig):
     num_classes: int = setting(1000, at_least=0, hint="0 = no head, the model returns pooled features")
     classifier: str = setting("token", one_of=CLASSIFIERS)  # "token" (Eq. 4) or "gap" (App. D.3)
     pos_embed: str = setting("learned", one_of=POS_EMBEDS)  # App. D.4
+    pos_embed_at: str = setting("stem", one_of=POS_EMBED_AT)  # App. D.4: where it is added
     representation_size: Optional[int] = setting(None, at_least=1)  # pre-logits Dense + tanh
     gelu: str = setting("tanh", one_of=GELUS)  # the official code's GELU (the JAX default); "exact" is erf
     layer_norm_eps: float = setting(1e-6, above=0)
@@ -137,6 +145,7 @@ class ViTConfig(_StoredConfig):
     crop_fraction: float = setting(1.0, above=0, at_most=1)
     crop_mode: str = setting("squash", one_of=CROP_MODES)
     interpolation: str = setting("bilinear", one_of=INTERPOLATIONS)  # of the image resize
+    resize_backend: str = setting("pil", one_of=RESIZE_BACKENDS)  # the source library's resize (above)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", as_pair(self.image_size))
@@ -146,6 +155,9 @@ class ViTConfig(_StoredConfig):
                 f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
                 "pick a head count that divides the width"
             )
+        if self.pos_embed_at != "stem" and self.pos_embed in ("relative", "none"):
+            raise ConfigError(f"pos_embed_at={self.pos_embed_at!r} needs an absolute embedding (learned, learned_2d, "
+                              f"sincos_2d); pos_embed={self.pos_embed!r} adds nothing to the tokens")
         if self.pos_embed in ("learned_2d", "sincos_2d") and self.hidden_size % 4:
             raise ConfigError(f"pos_embed={self.pos_embed!r} needs hidden_size divisible by 4")
         _check_preprocessing(self)
@@ -290,6 +302,7 @@ class BiTConfig(_StoredConfig):
     crop_fraction: float = setting(1.0, above=0, at_most=1)  # as ViTConfig's
     crop_mode: str = setting("squash", one_of=CROP_MODES)
     interpolation: str = setting("bilinear", one_of=INTERPOLATIONS)
+    resize_backend: str = setting("pil", one_of=RESIZE_BACKENDS)
     head_init: str = setting("zeros", one_of=HEAD_INITS)  # BiT starts transfer from a zero head
 
     def __post_init__(self) -> None:

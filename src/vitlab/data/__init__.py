@@ -2,9 +2,9 @@
 
 The API other parts of vitlab (and users) call:
 
-    open_dataset(spec, split, *, image_size, in_channels=3, mean=(0.5,)*3, std=(0.5,)*3,
-                 train=False, seed=0, **options) -> dataset
-        Items are (image, label): image a normalised float tensor (C, H, W), label an int.
+    open_dataset(spec, split, transform, *, train=False, seed=0, **options) -> dataset
+        Items are (transform(image), label): with `model_transform(config)` (what
+        `vitlab.transform(model)` returns) a normalised float tensor (C, H, W), label an int.
         The dataset has `.class_names` (list[str]) and a length.
         spec:   digits                 scikit-learn's 8x8 digits, shipped inside vitlab (offline)
                 fashion-mnist[:FOLDER] IDX files (gz or not); default Debian's
@@ -14,26 +14,31 @@ The API other parts of vitlab (and users) call:
                 imagenet-val:DIR       the ImageNet validation images in file-name order (one
                                        folder per wnid, or flat with labels.txt), the order
                                        of the ReaL labels (see imagenet_val.py); split test
+                vtab:TASK:ROOT         a VTAB-1k task (data/vtab.py): train = its 1,000
+                                       examples, train-minus-dev its 800, dev its 200 val,
+                                       test its full test split, as VTAB defines them
                 imagefolder:PATH       PATH/CLASS/IMAGE, with PATH/train + PATH/val|test
                                        splits, or a fixed 20% held out as "test"
                 wds:PATTERN            WebDataset tar shards (.tar, .tar.gz), brace patterns or
                                        a folder of train-*/test-* shards; streamed (an
                                        IterableDataset split across loader workers and processes)
+                synthetic:TASK[:SEED]  a procedural 16x16 task with a known answer: halfswap or
+                                       crossover (see synthetic.py; the `synthetic` recipe)
                 hf:NAME[:CONFIG]       a Hugging Face dataset by name, from the datasets cache
                                        (offline with HF_HUB_OFFLINE=1), or hf:DIR for a folder
                                        written by save_to_disk; splits train and test (or
                                        validation); needs `datasets` (vitlab[datasets])
         split:  "train", "test" (= "val"), "dev" (a held-out part of train, fixed seed: 2% of
                 CIFAR, 10% of others, as the paper) or "train-minus-dev" (the rest).
-        train:  True = training augmentation (inception crop + flip, optional RandAugment).
-        options: crop_scale, crop_ratio, hflip, randaugment, randaugment_magnitude (training
-                transform); crop_fraction, crop_mode (evaluation transform); interpolation
-                (both); decode ("pil": decode in full, the default; "fast": decode a JPEG
-                only at the scale its crop needs, see decode.py, with uint8=True for uint8
-                training images normalised later by decode.Normalise; "cuda": training
-                items planned for decode.decode_planned on the GPU); dev_fraction; skip_bad_images (unreadable images are dropped and
-                counted instead of raising BadImageError); shuffle_buffer and classes (wds);
-                download (default True: fetch a missing named set when online).
+        transform: what each image goes through: the model's preprocessing for evaluation
+                (model_transform(config)), its augmentation for training
+                (model_transform(config, train=True, crop_scale=..., randaugment=...)).
+        train:  True = a training stream (wds: shuffled, with the seed); the augmentation
+                itself is the transform's.
+        options: dev_fraction; skip_bad_images (unreadable images are dropped and counted
+                instead of raising BadImageError); shuffle_buffer and classes (wds);
+                test_fraction (imagefolder); download (default True: fetch a missing named
+                set when online), mirror (fashion-mnist).
     read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
     training_subset(dataset, fraction=1.0, size=0, seed=0) -> dataset
                                         a fixed, class-balanced part of a training set
@@ -51,16 +56,24 @@ This package never imports vitlab.models: data knows nothing about the network.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from vitlab.config.run import SHUFFLE_BUFFER
+from vitlab.data import datasets as ds, transforms as T
 from vitlab.data.datasets import BadImageError, DataError, read_image
+from vitlab.data.foreign import ForeignDataset, hf_split
 from vitlab.data.identity import DEV_FRACTIONS, PAPER_DATASETS, by_name, dev_fraction, recognise
+from vitlab.data.imagenet_val import imagenet_val
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
+from vitlab.data import synthetic
 from vitlab.data.subset import training_subset
+from vitlab.data.vtab_sources import open_vtab
+from vitlab.data.wds import WebDataset
 
-NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "wds", "hf")
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "vtab", "wds", "hf",
+         "synthetic")
 
 
 def paper_dataset(spec: str) -> Optional[str]:
@@ -72,7 +85,7 @@ def paper_dataset(spec: str) -> Optional[str]:
     if named or spec.partition(":")[0].strip().lower() not in NAMED:
         return named
     try:
-        return open_dataset(spec, "train", image_size=8).identity
+        return open_dataset(spec, "train", lambda image: image).identity  # labels only: no image is decoded
     except (DataError, OSError, ValueError):
         return None
 
@@ -88,67 +101,54 @@ def _base_split(split: str) -> str:
 def open_dataset(
     spec: str,
     split: str,
+    transform: Callable,
     *,
-    image_size: int | Sequence[int],
-    in_channels: int = 3,
-    mean: Sequence[float] = (0.5, 0.5, 0.5),
-    std: Sequence[float] = (0.5, 0.5, 0.5),
     train: bool = False,
     seed: int = 0,
     **options: Any,
 ):
     """A dataset by spec and split; see the module docstring."""
-    from vitlab.data import datasets as ds
-
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
     if name not in NAMED:
         raise DataError(
             f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
+            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face "
+            "dataset), synthetic:TASK"
         )
-    if name in ("imagefolder", "imagenet-val", "wds", "hf") and not arg:
+    if name in ("imagefolder", "imagenet-val", "vtab", "wds", "hf", "synthetic") and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
-    if len(mean) != in_channels or len(std) != in_channels:
-        raise DataError(f"mean/std need one value per channel ({in_channels}), got {tuple(mean)} and {tuple(std)}")
-    known = {
-        "crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "dev_fraction",
-        "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
-        "crop_fraction", "crop_mode", "interpolation", "decode", "uint8",
-    }
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise TypeError(f"open_dataset got unknown option(s) {unknown}; known: {', '.join(sorted(known))}")
+    if not callable(transform):
+        raise TypeError(f"open_dataset takes the images' transform (model_transform(config), vitlab.transform(model)), "
+                        f"not {type(transform).__name__}")
+    _check_options(options)
     explicit = options.get("dev_fraction")
     explicit = None if explicit is None or explicit < 0 else float(explicit)
-    transform = _transform(image_size, mean, std, in_channels, train, options)
     skip = bool(options.get("skip_bad_images", False))
     download = bool(options.get("download", True))
 
     if name == "wds":
-        from vitlab.data.wds import WebDataset
-
         stream = WebDataset(
-            arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", 2000)),
+            arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", SHUFFLE_BUFFER)),
             skip_bad_images=skip, dev_fraction=explicit, classes=options.get("classes"), identity=by_name(spec),
         )
         check_classes(spec, stream.class_names)
         return stream
     common = dict(seed=seed, skip_bad_images=skip)
+    if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
+        return open_vtab(arg, split, transform, **common)
     if name == "imagenet-val":
-        from vitlab.data.imagenet_val import imagenet_val
-
         dataset = imagenet_val(arg, base, transform, **common)
     elif name == "imagefolder":
         dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
     elif name == "hf":
-        from vitlab.data.foreign import ForeignDataset, hf_split
-
         dataset = ForeignDataset(hf_split(arg, base), transform, seed=seed)
     else:
         if name == "digits":
             arrays, classes = ds.digits_arrays(), [str(i) for i in range(10)]
+        elif name == "synthetic":
+            arrays, classes = synthetic.named(arg)
         elif name == "fashion-mnist":
             mirror = options.get("mirror", ds.FASHION_MNIST_URL)
             arrays, classes = ds.fashion_mnist_arrays(arg or None, download, mirror), ds.FASHION_MNIST_CLASSES
@@ -163,38 +163,24 @@ def open_dataset(
     return _dev_part(dataset, spec, split, base, explicit)
 
 
+OPTIONS = {"dev_fraction", "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror"}
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - OPTIONS)
+    if unknown:
+        raise TypeError(f"open_dataset got unknown option(s) {unknown}; known: {', '.join(sorted(OPTIONS))}")
+
+
 def _dev_part(dataset: Any, spec: str, split: str, base: str, explicit: Optional[float]) -> Any:
     """Say what the data is (`identity`: declared by the spec's name, else recognised from
     the training split's class counts, never from its path) and carve the dev split, whose
     size follows from it (identity.py)."""
-    from vitlab.data import datasets as ds
-
     dataset.identity = by_name(spec) or (recognise(np.bincount(dataset.labels)) if base == "train" else None)
     if split in ("dev", "train-minus-dev"):
         dev, rest = ds.dev_split(len(dataset), dev_fraction(dataset.identity, explicit))
         dataset = dataset.select(dev if split == "dev" else rest)
     return dataset
-
-
-def _transform(image_size, mean, std, in_channels: int, train: bool, options: dict[str, Any]):
-    """The training augmentation (§4.1, Appendix B.1) or the evaluation resize and crop."""
-    from vitlab.data import decode as D
-    from vitlab.data import transforms as T
-
-    how = options.get("decode", "pil")
-    if how not in D.DECODERS:
-        raise DataError(f"decode={how!r}: use one of {', '.join(D.DECODERS)}")
-    if train:
-        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
-                                       "interpolation") if k in options}
-        try:
-            return D.training_transform(how, image_size, mean, std, in_channels, bool(options.get("uint8")), **aug)
-        except ValueError as e:
-            raise DataError(str(e)) from None
-    crop = {k: options[k] for k in ("crop_fraction", "crop_mode", "interpolation") if k in options}
-    if how == "fast":  # opt-in: the pixels differ a little from a full decode
-        return D.fast_eval_transform(image_size, mean, std, in_channels, **crop)
-    return T.eval_transform(image_size, mean, std, in_channels, **crop)
 
 
 def check_classes(spec: str, class_names: Sequence[str]) -> None:

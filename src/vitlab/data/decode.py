@@ -426,13 +426,19 @@ def training_transform(decode: str, image_size: Any, mean: Sequence[float] = (0.
     return train_transform(image_size, mean, std, in_channels, **augment)
 
 
+def fast_model_transform(config: Any) -> FastEvalTransform:
+    """`transforms.model_transform(config)` for evaluation, fed at the reduced scale (opt-in)."""
+    return fast_eval_transform(config.image_size, config.mean, config.std, config.in_channels, config.crop_fraction,
+                               config.crop_mode, config.interpolation, backend=getattr(config, "resize_backend", "pil"))
+
+
 def fast_eval_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
                         in_channels: int = 3, crop_fraction: float = 1.0, crop_mode: str = "squash",
-                        interpolation: str = "bilinear", margin: int = 2) -> FastEvalTransform:
+                        interpolation: str = "bilinear", margin: int = 2, backend: str = "pil") -> FastEvalTransform:
     """`eval_transform`, fed by a JPEG decoded at the largest reduction that leaves `margin` times
     the size its resize makes (2: within 0.1 point of top-1 of the full decode, where 1 was not;
     benchmarks/results/decode-accuracy.md)."""
-    inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation)
+    inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend)
     size = _size(image_size)
     resize_to = (math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction))
     return FastEvalTransform(inner, resize_to, keep_ratio=crop_mode == "center", margin=margin)

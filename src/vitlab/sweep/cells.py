@@ -25,9 +25,11 @@ import yaml
 
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
+from vitlab.run_layout import RunLayout
 
 TRAIN_RESULT = "train/summary.json"
-CHECKPOINT = "train/checkpoints/last.safetensors"
+TRAIN = "train"  # the cell's training run: CELL/train, a run folder (vitlab.run_layout)
+BEST = "best.safetensors"  # with train.keep_best, in the run's checkpoints folder
 TAG = "tag."
 
 
@@ -84,14 +86,16 @@ def flag_argv(settings: dict[str, Any]) -> list[str]:
 
 
 def _fill(command: str, cell_dir: Path, scale: float) -> tuple[str, ...]:
-    words = {"checkpoint": str(cell_dir / CHECKPOINT), "run": str(cell_dir / "train"), "cell": str(cell_dir)}
+    run = RunLayout(cell_dir / TRAIN)
+    words = {"checkpoint": str(run.last), "best": str(run.checkpoint_file(BEST)), "run": str(run.path),
+             "cell": str(cell_dir)}
 
     def one(m: re.Match) -> str:
         name, _, arg = m.group(1).partition(":")
         if name == "scaled":
             return str(max(1, round(float(arg) * scale)))
         if name not in words:
-            raise ConfigError(f"after: unknown placeholder {{{name}}} in {command!r}; known: checkpoint, run, cell, scaled:N")
+            raise ConfigError(f"after: unknown placeholder {{{name}}} in {command!r}; known: checkpoint, best, run, cell, scaled:N")
         return words[name]
 
     return tuple(re.sub(r"\{([a-z]+(?::[0-9.]+)?)\}", one, w) for w in shlex.split(command))
@@ -123,7 +127,7 @@ def expand(spec: SweepSpec, out: Path, scale: float = 1.0) -> list[Cell]:
             raise ConfigError(f"grid: cells {seen[key]} and {labels} get the same folder name {key!r}; make the values distinct")
         seen[key] = labels
         cell_dir = out / key
-        train = Step("train", ("train", *flag_argv(settings), "--out", str(cell_dir / "train")), TRAIN_RESULT)
+        train = Step("train", ("train", *flag_argv(settings), "--out", str(cell_dir / TRAIN)), TRAIN_RESULT)
         after = tuple(Step(a.name, _fill(a.command, cell_dir, scale), a.result) for a in spec.after)
         cells.append(Cell(key, labels, settings, (train, *after)))
     return cells

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
-from vitlab.data import foreign, open_dataset, training_subset
-from vitlab.data.decode import training_transform
+from vitlab.data import foreign, make_loader, open_dataset, training_subset
+from vitlab.data.decode import fast_model_transform, model_input, training_transform
 from vitlab.data.transforms import model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
@@ -56,13 +56,6 @@ def build_model(section: ModelSection, class_names: list[str]) -> Model:
     return model
 
 
-def fresh_model(config: ModelConfig) -> Model:
-    """A model to copy weights into. Built with the random state put back afterwards: its
-    initialisation must not shift the run's random stream (exact resume)."""
-    with torch.random.fork_rng(devices=[]):
-        return build(config)
-
-
 def describe_source(source: Any) -> str:
     """What the config records for a dataset given as an object: its type and size."""
     size = f", {len(source)} items" if hasattr(source, "__len__") else ""
@@ -77,16 +70,29 @@ def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[st
     train, evals = sources
     if isinstance(train, torch.utils.data.DataLoader):
         train = train.dataset  # vitlab's own sampler sets the order and the batch
-    train_set = foreign.wrap(train, training_transform(  # as open_datasets decodes (data.decode), uint8 out
-        d.decode, model.image_size, model.mean, model.std, model.in_channels, uint8=True, crop_scale=d.crop_scale,
-        crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
-        randaugment_magnitude=d.randaugment_magnitude, interpolation=model.interpolation), seed=cfg.train.seed)
+    train_set = foreign.wrap(train, data_transforms(cfg, model)[0], seed=cfg.train.seed)
     if not hasattr(train_set, "__len__") or isinstance(train_set, torch.utils.data.IterableDataset):
         raise ConfigError("training data given as a stream (an IterableDataset): give a map-style dataset (with "
                           "__len__ and __getitem__), which an exact resume and many processes can index")
     names = train_set.class_names
     train_set = training_subset(train_set, d.train_fraction, d.train_size, d.subset_seed)
-    return train_set, {split: foreign.wrap(src, model_transform(model), names) for split, src in evals.items()}
+    return train_set, {split: foreign.wrap(src, data_transforms(cfg, model)[1], names) for split, src in evals.items()}
+
+
+def data_transforms(cfg: RunConfig, model: ModelConfig) -> tuple[Any, Any]:
+    """(training, evaluation) transforms of a run: the model's preprocessing with the recipe's
+    augmentation, decoded as data.decode and data.eval_decode say (vitlab.data.decode). The
+    training images come out uint8 (but for data.decode=pil); the trainer normalises them on
+    its device (decode.model_input)."""
+    d = cfg.data
+    augment = dict(crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
+                   randaugment_magnitude=d.randaugment_magnitude)
+    if d.decode == "pil":
+        train = model_transform(model, train=True, **augment)
+    else:
+        train = training_transform(d.decode, model.image_size, model.mean, model.std, model.in_channels, uint8=True,
+                                   interpolation=model.interpolation, **augment)
+    return train, (fast_model_transform(model) if d.eval_decode == "fast" else model_transform(model))
 
 
 def open_datasets(cfg: RunConfig, model: ModelConfig,
@@ -97,22 +103,27 @@ def open_datasets(cfg: RunConfig, model: ModelConfig,
     if sources is not None:
         return wrap_sources(cfg, model, sources)
     d = cfg.data
-    options: dict[str, Any] = dict(
-        crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
-        randaugment_magnitude=d.randaugment_magnitude, dev_fraction=d.dev_fraction,
-        skip_bad_images=d.skip_bad_images, shuffle_buffer=d.shuffle_buffer,
-    )
+    options: dict[str, Any] = dict(dev_fraction=d.dev_fraction, skip_bad_images=d.skip_bad_images,
+                                   shuffle_buffer=d.shuffle_buffer)
+    transforms = data_transforms(cfg, model)
 
     def open_split(spec: str, split: str, train: bool):
         extra = {"classes": list(d.classes)} if spec.startswith("wds:") and d.classes else {}
-        # uint8 training images, normalised by the trainer (train.loop) on its device
-        extra.update({"decode": d.decode, "uint8": True} if train else {"decode": d.eval_decode})
-        return open_dataset(
-            spec, split, image_size=model.image_size, in_channels=model.in_channels, mean=model.mean, std=model.std,
-            train=train, seed=cfg.train.seed, interpolation=model.interpolation, **options, **extra,
-            **({} if train else {"crop_fraction": model.crop_fraction, "crop_mode": model.crop_mode}),
-        )
+        transform = transforms[0] if train else transforms[1]
+        return open_dataset(spec, split, transform, train=train, seed=cfg.train.seed, **options, **extra)
 
     eval_spec = d.eval_data or d.name
     train = training_subset(open_split(d.name, d.train_split, True), d.train_fraction, d.train_size, d.subset_seed)
     return train, {s: open_split(eval_spec, s, False) for s in d.eval_splits}
+
+
+def train_loader(cfg: RunConfig, train_set: Any, batch: int, start: int, total: int, ctx: Any) -> Iterator:
+    """The run's training batches of global steps [start, total) for this process, pinned when
+    the device is CUDA (uint8 batches go to it and are normalised there: `model_input`)."""
+    if cfg.data.decode == "cuda" and ctx.device.type != "cuda":
+        raise ConfigError(f"data.decode=cuda decodes on a CUDA device, and this run is on {ctx.device}; "
+                          "use data.decode=fast")
+    return iter(make_loader(
+        train_set, batch, seed=cfg.train.seed, rank=ctx.rank, world=ctx.world, train=True, start_step=start,
+        num_steps=total - start, num_workers=cfg.data.num_workers, pin_memory=ctx.device.type == "cuda",
+    ))

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from vitlab.checkpoints import is_pretrained_name, read_checkpoint
 from vitlab.config import ConfigError, RunConfig, load_recipe
 from vitlab.data import DEV_FRACTIONS, identity, open_dataset, paper_dataset
+from vitlab.data.transforms import model_transform
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
@@ -237,8 +238,7 @@ def _length(recipe: str, options: Mapping[str, Any], row: Optional[str], extra: 
 def training_set(cfg: RunConfig) -> Any:
     """The run's training split (its length and `identity`: which paper dataset it is)."""
     arch = architecture(cfg.model)
-    return open_dataset(cfg.data.name, cfg.data.train_split, image_size=arch.image_size,
-                        in_channels=arch.in_channels, mean=arch.mean, std=arch.std,
+    return open_dataset(cfg.data.name, cfg.data.train_split, model_transform(arch),
                         **({"dev_fraction": cfg.data.dev_fraction} if cfg.data.dev_fraction >= 0 else {}))
 
 
@@ -284,6 +284,10 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
         return Plan(fitted.config, out, [*head, *chosen.notes, *fitted.notes, *notes], grid, sweep,
                     fitted.quick_sweep_steps, explicit=explicit)
     fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep_asked=True)  # batch and length; warm-up per recipe
+    t = fitted.config.train
+    if not t.steps:  # --epochs: in steps, which the arms' length and the warm-up shares are of
+        steps = max(1, math.ceil(t.epochs * (len(train_set) // t.batch_size)))
+        fitted.config = fitted.config.with_overrides({"train.steps": steps, "train.epochs": 0.0})
     dev = identity.describe(getattr(train_set, "identity", None), cfg.data.dev_fraction)
     c = choice.decide(fitted.config, chosen, explicit, grid, rates, lr_sweep, dev)
     kept = [n for n in fitted.notes if not n.startswith("warm-up")]

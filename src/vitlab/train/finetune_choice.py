@@ -192,7 +192,7 @@ def summed_compute(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The compute of several runs added up (images, FLOPs, seconds; the last one's device)."""
     keys = ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")
     parts = [s["compute"] for s in summaries if s.get("compute")]
-    total: dict[str, Any] = {k: sum(p.get(k, 0) for p in parts) for k in keys}
+    total: dict[str, Any] = {k: round(sum(p.get(k, 0) for p in parts), 3) for k in keys}
     if parts:
         total.update(forward_gflops=parts[-1]["forward_gflops"], device=parts[-1]["device"])
     return total
