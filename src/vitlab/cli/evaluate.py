@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.cli.common import bad_image_message, progress
     from vitlab.config import pick_device
     from vitlab.data import BadImageError
-    from vitlab.eval.accuracy import evaluate_dataset, report, to_json
+    from vitlab.eval.accuracy import evaluate_dataset, report, to_json, write_predictions
     from vitlab.run_layout import results_folder
 
     device = pick_device(args.device)
@@ -92,22 +92,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {metrics['bad_images_skipped']} unreadable images")
     print("\n" + "\n".join(written))
     return 0
-
-
-def write_predictions(path: str, images: list, probabilities: list, names: list[str]) -> None:
-    """One CSV row per image: the image (its file, or its position), its top-1 class and the
-    probability of every class."""
-    import csv
-    import io
-
-    from vitlab.files import atomic_write_text
-
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["image", "predicted", *names])
-    for image, probs in zip(images, probabilities):
-        writer.writerow([image, names[max(range(len(probs)), key=probs.__getitem__)], *(f"{p:.8g}" for p in probs)])
-    atomic_write_text(path, buffer.getvalue())
 
 
 def _write(out: Path | None, split: str, text: str, confusion, names: list[str], title: str) -> list[str]:
