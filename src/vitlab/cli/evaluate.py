@@ -58,10 +58,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from vitlab.cli import UsageError
-    from vitlab.cli.common import bad_image_message, open_checkpoint, progress
+    from vitlab.checkpoints import open_checkpoint
+    from vitlab.cli.common import bad_image_message, progress
     from vitlab.config import pick_device
     from vitlab.data import BadImageError
-    from vitlab.eval.accuracy import evaluate_dataset, report, to_json
+    from vitlab.eval.accuracy import evaluate_dataset, report, to_json, write_predictions
+    from vitlab.run_layout import results_folder
 
     device = pick_device(args.device)
     overrides = {"image_size": args.image_size} if args.image_size else {}
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.predictions:
         write_predictions(args.predictions, metrics.pop("images"), metrics.pop("probabilities"), names)
     text = to_json(metrics, names)
-    out = results_folder(args.checkpoint, args.out)
+    out = Path(args.out) if args.out else results_folder(args.checkpoint)
     written = _write(out, args.split, text, metrics, names, f"{model.config.name} on {args.data}, {args.split}")
     if args.json:
         print(text)
@@ -91,33 +93,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {metrics['bad_images_skipped']} unreadable images")
     print("\n" + "\n".join(written))
     return 0
-
-
-def write_predictions(path: str, images: list, probabilities: list, names: list[str]) -> None:
-    """One CSV row per image: the image (its file, or its position), its top-1 class and the
-    probability of every class."""
-    import csv
-    import io
-
-    from vitlab.files import atomic_write_text
-
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["image", "predicted", *names])
-    for image, probs in zip(images, probabilities):
-        writer.writerow([image, names[max(range(len(probs)), key=probs.__getitem__)], *(f"{p:.8g}" for p in probs)])
-    atomic_write_text(path, buffer.getvalue())
-
-
-def results_folder(checkpoint: str, out: str | None) -> Path | None:
-    """--out, else the run folder of a checkpoint in RUN/checkpoints/ (RUN/eval), else None:
-    nothing is written into the current directory unasked."""
-    if out:
-        return Path(out)
-    ckpt = Path(checkpoint)
-    if ckpt.parent.name == "checkpoints":
-        return ckpt.parent.parent / "eval"
-    return None
 
 
 def _write(out: Path | None, split: str, text: str, metrics, names: list[str], title: str) -> list[str]:

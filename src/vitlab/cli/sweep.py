@@ -48,26 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print each cell's commands and run nothing")
 
 
-def _params(items: list[str]) -> dict:
-    import yaml
-
+def _check(args: argparse.Namespace) -> None:
     from vitlab.cli import UsageError
-
-    params = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--slurm {item!r}: write KEY=VALUE, e.g. --slurm timeout_min=60")
-        params[key.strip()] = yaml.safe_load(value)
-    return params
-
-
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from vitlab.cli import UsageError
-    from vitlab.config.sweep import load_sweep
-    from vitlab.sweep import LAUNCHERS, expand, run_sweep
+    from vitlab.sweep import LAUNCHERS
 
     if args.scale <= 0:
         raise UsageError(f"--scale must be positive, got {args.scale}")
@@ -75,6 +58,28 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.launcher not in LAUNCHERS:
         raise UsageError(f"--launcher {args.launcher!r}: use one of {', '.join(LAUNCHERS)}")
+
+
+def _dry_run(spec, out, scale: float) -> int:
+    """Each cell's commands, run nothing."""
+    from vitlab.sweep import expand
+
+    for cell in expand(spec, out, scale):
+        print(f"{cell.key}:")
+        for step in cell.steps:
+            print(f"  vitlab {' '.join(step.argv)}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from vitlab.cli import UsageError
+    from vitlab.cli.common import launcher_params
+    from vitlab.config.sweep import load_sweep
+    from vitlab.sweep import run_sweep
+
+    _check(args)
     if isinstance(args.report, str):  # --report DIR: the folder says what it is
         if args.out and Path(args.out) != Path(args.report):
             raise UsageError(f"--report {args.report} and --out {args.out} name two folders; give one")
@@ -91,16 +96,12 @@ def run(args: argparse.Namespace) -> int:
     suffix = "" if args.scale == 1 else f"-x{args.scale:g}"
     out = Path(args.out or f"runs/sweeps/{spec.name}{suffix}")
     if args.dry_run:
-        for cell in expand(spec, out, args.scale):
-            print(f"{cell.key}:")
-            for step in cell.steps:
-                print(f"  vitlab {' '.join(step.argv)}")
-        return 0
+        return _dry_run(spec, out, args.scale)
     # A Slurm job runs on its own allocation: its threads are the job's, not this machine's.
     local = args.launcher != "slurm"
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)
     summary = run_sweep(spec, out, scale=args.scale, jobs=args.jobs, threads=threads, launcher=args.launcher,
-                        params=_params(args.slurm), wait=not args.no_wait, report_only=bool(args.report))
+                        params=launcher_params(args.slurm), wait=not args.no_wait, report_only=bool(args.report))
     if summary.get("submitted"):
         print(f"then: vitlab sweep {args.spec} --out {out} --report")
         return 0
