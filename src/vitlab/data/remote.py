@@ -146,3 +146,12 @@ def classes_beside(shard: RemoteShard) -> Optional[list[str]]:
     except (urllib.error.URLError, OSError, ValueError, UnicodeDecodeError):
         return None
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def shard_version(path: Any) -> str:
+    """The index cache's key for this version of a shard: a file's path, size and mtime, a
+    URL's ETag or Last-Modified (version_tag); "uncached" when a remote one says neither."""
+    if isinstance(path, RemoteShard):
+        return version_tag(path) or "uncached"
+    st = path.stat()
+    return hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]

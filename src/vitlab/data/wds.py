@@ -178,20 +178,11 @@ def dev_bucket(key: str) -> int:
     return zlib.crc32(key.encode()) % DEV_BUCKETS
 
 
-def _version(path: Path) -> str:
-    """The index cache's key for this version of a shard: a file's path, size and mtime, a
-    URL's ETag or Last-Modified (remote.version_tag); "uncached" when a remote one says none."""
-    if isinstance(path, remote.RemoteShard):
-        return remote.version_tag(path) or "uncached"
-    st = path.stat()
-    return hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
-
-
 def shard_index(path: Path) -> dict[str, Any]:
     """Per shard: how many samples in each dev bucket, the smallest and largest label and
     the count of each label. Cached on disk, keyed by the shard's path, size and modification
     time, so a stream knows its length (and what data it holds) without decoding an image."""
-    tag = _version(path)
+    tag = remote.shard_version(path)
     cache = data_cache() / "wds-index" / f"{tag}.json"
     try:
         if tag == "uncached":
@@ -237,7 +228,7 @@ def label_error(shard: Path, key: str, label: int, num_classes: int) -> None:
 def shard_labels(path: Path) -> tuple[list[str], list[int]]:
     """Every sample's key and label in one shard, in stream order; cached like `shard_index`
     (apart from it: only a training subset needs them)."""
-    tag = _version(path)
+    tag = remote.shard_version(path)
     cache = data_cache() / "wds-index" / f"labels-{tag}.labels.json"
     try:
         if tag == "uncached":
