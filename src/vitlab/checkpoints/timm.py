@@ -117,8 +117,8 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 def folder_config(folder: Path) -> Optional[dict[str, Any]]:
     """A timm config.json (an "architecture" and its pretrained_cfg), or None."""
     try:
-        c = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        c = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not a timm folder
         return None
     return c if isinstance(c, dict) and "architecture" in c else None
 

@@ -51,6 +51,9 @@ OUTPUTS = (
     ("predict", "attention", True), ("fewshot", "out", False), ("linear-probe", "out", False),
     ("export", "out", False), ("predict", "csv", False), ("bench", "out", True),
 )
+# Single-file outputs that may name a user's file: written only when new, or with --force
+# (docs/reliability.md, "What each command writes"). export and convert check their own.
+NEW_FILES = (("predict", "csv"), ("fewshot", "out"), ("linear-probe", "out"))
 
 
 class UsageError(ValueError):
@@ -115,6 +118,12 @@ def check_arguments(args: argparse.Namespace) -> None:
             check_writable(os.path.expanduser(value), folder=folder)
     if args.command == "convert":
         check_writable(args.dst, folder=args.to == "hf")
+    from vitlab.files import check_new_file
+
+    for command, name in NEW_FILES:
+        value = getattr(args, name, None)
+        if command == args.command and isinstance(value, str) and value:
+            check_new_file(os.path.expanduser(value), command, force=bool(getattr(args, "force", False)))
 
 
 def one_line(e: BaseException) -> str:
@@ -146,8 +155,11 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     from vitlab.checkpoints.io import CheckpointError
     from vitlab.config import ConfigError
     from vitlab.data import BadImageError, DataError
+    from vitlab.extras import MissingExtraError
+    from vitlab.files import UnsafeNameError
 
-    errors = [UsageError, ConfigError, CheckpointError, DataError, BadImageError, OSError, yaml.YAMLError, MemoryError]
+    errors = [UsageError, ConfigError, CheckpointError, DataError, BadImageError, OSError, yaml.YAMLError, MemoryError,
+              UnsafeNameError, MissingExtraError]
     if "torch" in sys.modules:
         errors.append(sys.modules["torch"].OutOfMemoryError)
     return tuple(errors)

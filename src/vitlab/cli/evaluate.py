@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--force", action="store_true", help="replace files in --out of eval's names that eval did not write")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,17 +87,17 @@ def run(args: argparse.Namespace) -> int:
     metrics["bad_images_skipped"] = bad
     ckpt = Path(args.checkpoint)
     out = Path(args.out) if args.out else (ckpt.parent.parent / "eval" if ckpt.parent.name == "checkpoints" else Path("eval"))
-    out.mkdir(parents=True, exist_ok=True)
-    text = to_json(metrics, names)
-    json_path = out / f"eval-{args.split}.json"
-    from vitlab.files import atomic_write_text
+    from vitlab.files import OutputFolder, atomic_write_text
 
+    owner = OutputFolder(out, "eval", args.force)  # a user's file of these names is never replaced
+    json_path, png = owner.path(f"eval-{args.split}.json"), owner.path(f"confusion-{args.split}.png")
+    text = to_json(metrics, names)
     atomic_write_text(json_path, text + "\n")
-    png = out / f"confusion-{args.split}.png"
     try:
         drew = bool(plot_confusion(metrics["confusion"], names, png, title=f"{cfg.name} on {args.data}, {args.split}"))
     except ImportError:  # matplotlib is an optional extra
         drew = False
+    owner.record()
     if args.json:
         print(text)
     else:

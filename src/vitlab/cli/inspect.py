@@ -44,6 +44,7 @@ def add_arguments(p) -> None:
     p.add_argument("--components", type=int, default=28, help="principal components of the filters shown (default 28)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--heatmap", action="store_true", help="draw the rollout as a heat map over each image")
+    p.add_argument("--force", action="store_true", help="replace files in --out of a report's names that inspect did not write")
 
 
 def _is_paths(text: str) -> bool:
@@ -106,7 +107,7 @@ def _items(dataset):
 
 def run(args) -> int:
     from vitlab import analysis
-    from vitlab.analysis.report import write_html
+    from vitlab.analysis.report import ReportFolder, write_html
     from vitlab.cli import UsageError
     from vitlab.cli.common import open_checkpoint, progress, write_json
     from vitlab.config import pick_device
@@ -117,9 +118,7 @@ def run(args) -> int:
     model, imported = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
     cfg = model.config
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a folder; name a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    report = ReportFolder(out, args.force)  # a user's index.html or PNGs there: refused now, not replaced
 
     batches, labels, source = _batches(args, model)
     with progress(total=args.num_images, desc="inspect") as bar:
@@ -152,6 +151,7 @@ def run(args) -> int:
         "position embedding": result.pos_note,
     }
     write_html(out / "index.html", f"vitlab inspect: {cfg.name}", facts, figures)
+    report.record()
 
     _print_summary(result, cfg, imported.source_format, source, extra, len(figures), out)
     return 0

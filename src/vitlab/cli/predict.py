@@ -11,6 +11,7 @@ from pathlib import Path
 from vitlab.cli.common import add_checkpoint_arguments, add_device_argument, find_images, open_checkpoint, read_images
 
 from vitlab.config import pick_device
+from vitlab.files import OutputFolder, to_name
 
 HELP = "classify images with a checkpoint: top-k classes, probabilities, rollout overlays"
 DESCRIPTION = """\
@@ -40,6 +41,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table (at the end)")
     p.add_argument("--csv", metavar="FILE", help="also write one CSV row per image to FILE")
     p.add_argument("--attention", metavar="DIR", help="write an attention-rollout overlay PNG per image here")
+    p.add_argument("--force", action="store_true", help="replace --csv and overlays that exist and are not predict's")
     p.add_argument("--batch-size", type=int, default=16, help="images decoded and classified at a time (default 16)")
     add_device_argument(p)
 
@@ -67,6 +69,10 @@ def run(args) -> int:
     paths = find_images(args.images)
     k = min(args.top_k, cfg.num_classes)
     width = max(len(str(p)) for p in paths)
+    overlays = None
+    if args.attention:  # the user may keep files there: only new ones, or predict's own, are written
+        overlays = OutputFolder(args.attention, "predict", args.force)
+        overlays.claim(overlay_name(i, p) for i, p in enumerate(paths))
     results, failed = [], []
     with progress(total=len(paths), desc="predict") as bar, torch.no_grad():
         for start in range(0, len(paths), args.batch_size):
@@ -75,12 +81,14 @@ def run(args) -> int:
                 bar.write(f"vitlab predict: {p}: {why}; skipped", file=sys.stderr)
             failed += bad
             if chunk:
-                rows = _classify(model, chunk, names, k, device, args.attention, start)
+                rows = _classify(model, chunk, names, k, device, overlays, start)
                 results += rows
                 if not args.json:
                     for r in rows:
                         bar.write(_line(r, width), file=sys.stdout)
             bar.update(len(chunk) + len(bad))
+    if overlays is not None:
+        overlays.record()
     if args.csv:
         _write_csv(args.csv, paths, results, failed, k)
     if args.json:
@@ -92,7 +100,7 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
-def _classify(model, chunk, names: list[str], k: int, device, attention: str | None, offset: int) -> list[dict]:
+def _classify(model, chunk, names: list[str], k: int, device, attention: "OutputFolder | None", offset: int) -> list[dict]:
     import torch
 
     x = torch.stack([t for _, t in chunk]).to(device)
@@ -104,7 +112,7 @@ def _classify(model, chunk, names: list[str], k: int, device, attention: str | N
         rows.append({"image": str(p), "predictions": [{"class": names[i], "index": i, "probability": pr}
                                                       for pr, i in zip(ps, ix)]})
     if out is not None:
-        for row, png in zip(rows, _write_overlays(model, x, out, rows, Path(attention), offset)):
+        for row, png in zip(rows, _write_overlays(model, x, out, rows, attention, offset)):
             row["attention"] = str(png)
     return rows
 
@@ -135,7 +143,12 @@ def _write_csv(path: str, paths: list[Path], results: list[dict], failed: list, 
     atomic_write_text(path, buffer.getvalue())
 
 
-def _write_overlays(model, x, out, rows: list[dict], folder: Path, offset: int) -> list[Path]:
+def overlay_name(index: int, image: Path) -> str:
+    """The overlay PNG of the index-th image: its name made safe and short (files.to_name)."""
+    return to_name(f"{index:04d}_{Path(image).stem}_rollout", 100) + ".png"
+
+
+def _write_overlays(model, x, out, rows: list[dict], folder: "OutputFolder", offset: int) -> list[Path]:
     from vitlab.analysis import attention_rollout, display_images, upsample_map
     from vitlab.analysis.plots import plot_overlay
 
@@ -145,7 +158,7 @@ def _write_overlays(model, x, out, rows: list[dict], folder: Path, offset: int) 
     written = []
     for i, row in enumerate(rows):
         top = row["predictions"][0]
-        target = folder / f"{offset + i:04d}_{Path(row['image']).stem}_rollout.png"
+        target = folder.path(overlay_name(offset + i, row["image"]))
         written.append(plot_overlay(images[i], maps[i], target, title=Path(row["image"]).name,
                                     prediction=f"{top['class']} ({100 * top['probability']:.1f}%)"))
     return written

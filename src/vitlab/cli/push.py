@@ -34,6 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--message", help="the commit message")
     p.add_argument("--no-timm", action="store_true", help="leave out timm's copy of the weights")
     p.add_argument("--format", help="the checkpoint's format, when detection cannot tell")
+    p.add_argument("--force", action="store_true",
+                   help="with --folder: replace files there of the folder's names (README.md, ...) that push did not write")
 
 
 def _source(path: str):
@@ -67,7 +69,7 @@ def run(args) -> int:
     checkpoint, run_dir = _source(args.source)
     model = build_model(read_checkpoint(checkpoint, args.format), checkpoint)
     if args.folder:
-        files = share.write_folder(model, Path(args.folder), repo_id, run_dir, with_timm=not args.no_timm)
+        files = share.write_folder(model, Path(args.folder), repo_id, run_dir, with_timm=not args.no_timm, force=args.force)
         print(f"wrote {args.folder}: {', '.join(files)} (nothing uploaded)")
         return 0
     url = share.push(model, repo_id, run=run_dir, private=args.private or None, revision=args.revision,

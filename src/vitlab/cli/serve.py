@@ -71,7 +71,9 @@ def run(args) -> int:
     from vitlab.config.serve import ServeConfig
 
     from vitlab.deploy.serving import PRECISIONS
+    from vitlab.extras import require
 
+    require("serve", "vitlab serve", modules=())  # every module of the extra, checked before any work
     config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})
     if args.precision not in PRECISIONS:
         raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 HELP = "run a grid of trainings (models x data sizes x seeds x any key=value), then tabulate and plot"
@@ -39,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a submitit executor parameter, e.g. timeout_min=60 or slurm_partition=gpu")
     p.add_argument("--no-wait", action="store_true", help="submit the jobs and return (then collect with --report)")
     p.add_argument("--report", action="store_true", help="run nothing: write results.csv and the figures so far")
-    p.add_argument("--dry-run", action="store_true", help="print each cell's commands and run nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the number of cells and each cell's commands; run nothing")
+    p.add_argument("--max-cells", type=int, default=None, metavar="N",
+                   help="run a grid of up to N cells (default 10000: a bigger grid is refused as a likely mistake)")
 
 
 def _params(items: list[str]) -> dict:
@@ -61,19 +64,29 @@ def run(args: argparse.Namespace) -> int:
 
     from vitlab.cli import UsageError
     from vitlab.config.sweep import load_sweep
-    from vitlab.sweep import LAUNCHERS, expand, run_sweep
+    from vitlab.sweep import run_sweep
+    from vitlab.sweep.cells import MAX_CELLS, count, expand, too_many
+    from vitlab.sweep.runner import check_launcher
 
-    if args.scale <= 0:
-        raise UsageError(f"--scale must be positive, got {args.scale}")
+    if not math.isfinite(args.scale) or args.scale <= 0:
+        raise UsageError(f"--scale must be a positive finite number, got {args.scale}")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.launcher not in LAUNCHERS:
-        raise UsageError(f"--launcher {args.launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    max_cells = MAX_CELLS if args.max_cells is None else args.max_cells
+    if max_cells < 1:
+        raise UsageError(f"--max-cells must be at least 1, got {max_cells}")
     spec, _ = load_sweep(args.spec)
+    if not (args.dry_run or args.report):
+        check_launcher(args.launcher)  # Slurm or submitit missing: said now, before any cell
     suffix = "" if args.scale == 1 else f"-x{args.scale:g}"
     out = Path(args.out or f"runs/sweeps/{spec.name}{suffix}")
+    n = count(spec)
     if args.dry_run:
-        for cell in expand(spec, out, args.scale):
+        print(f"sweep {spec.name}: {n:,} cell(s) -> {out}")
+        if n > max_cells:
+            print(f"not listed: {too_many(n, max_cells)}")
+            return 0
+        for cell in expand(spec, out, args.scale, max_cells):
             print(f"{cell.key}:")
             for step in cell.steps:
                 print(f"  vitlab {' '.join(step.argv)}")
@@ -82,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     local = args.launcher != "slurm"
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)
     summary = run_sweep(spec, out, scale=args.scale, jobs=args.jobs, threads=threads, launcher=args.launcher,
-                        params=_params(args.slurm), wait=not args.no_wait, report_only=args.report)
+                        params=_params(args.slurm), wait=not args.no_wait, report_only=args.report, max_cells=max_cells)
     if summary.get("submitted"):
         print(f"then: vitlab sweep {args.spec} --out {out} --report")
         return 0

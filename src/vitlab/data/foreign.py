@@ -226,10 +226,12 @@ def hf_split(arg: str, split: str):
     which reads its own cache ($HF_DATASETS_CACHE) and, with $HF_HUB_OFFLINE=1, only that."""
     from pathlib import Path
 
+    from vitlab.extras import MissingExtraError, require
+
     try:
-        import datasets  # optional: pip install 'vitlab[datasets]'
-    except ImportError:
-        raise DataError("hf: data needs the datasets package: pip install 'vitlab[datasets]'") from None
+        datasets = require("datasets", "hf: data")["datasets"]  # optional: pip install "vitlab[datasets]"
+    except MissingExtraError as e:
+        raise DataError(str(e)) from None
     folder = Path(arg).expanduser()
     try:
         if folder.is_dir() and any((folder / f).is_file() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):

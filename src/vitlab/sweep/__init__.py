@@ -17,8 +17,9 @@ from typing import Any, Optional
 
 from vitlab.analysis import sweep_plots
 from vitlab.config.sweep import FigureSpec, SweepSpec
+from vitlab.files import OutputFolder
 from vitlab.sweep import results as res
-from vitlab.sweep.cells import Cell, expand
+from vitlab.sweep.cells import MAX_CELLS, Cell, expand
 from vitlab.sweep.runner import LAUNCHERS, Say, run
 
 __all__ = ["LAUNCHERS", "Cell", "draw", "expand", "run_sweep"]
@@ -59,13 +60,17 @@ def report(spec: SweepSpec, cells: list[Cell], out: Path, say: Say = print) -> d
 
 def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, threads: int = 0,
               launcher: str = "local", params: Optional[dict[str, Any]] = None, wait: bool = True,
-              report_only: bool = False, say: Say = print) -> dict[str, Any]:
-    cells = expand(spec, out, scale)
+              report_only: bool = False, max_cells: int = MAX_CELLS, say: Say = print) -> dict[str, Any]:
+    cells = expand(spec, out, scale, max_cells)
+    # The sweep folder may be one the user keeps files in: its own tables and figures only.
+    owner = OutputFolder(out, "sweep")
+    owner.claim(["results.csv", *(f.file for f in spec.figures)])
     ran = None
     if not report_only:
         ran = run(cells, spec, out, jobs=jobs, threads=threads, launcher=launcher, params=params, wait=wait, say=say)
         if ran is None:  # submitted, not waited for: `vitlab sweep SPEC --report` collects later
             return {"submitted": True, "cells": len(cells)}
     summary = report(spec, cells, out, say)
+    owner.record([summary["csv"].name, *(p.name for p in summary["figures"])])
     summary["failed"] = [r for r in (ran or []) if r["status"] != "done"]
     return summary

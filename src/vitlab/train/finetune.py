@@ -22,7 +22,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from vitlab.config import RunConfig
+from vitlab.config import ConfigError, RunConfig
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed
 
@@ -102,6 +102,20 @@ def paper_resolution(image_size: tuple[int, int], stride: int) -> int:
     return max(stride, round(image_size[0] * RESOLUTION_STEP / stride) * stride)
 
 
+SWEEP_FOLDER = ("sweep", "final", "sweep.json")  # what lr_sweep writes into its folder
+
+
+def check_sweep_folder(out: Path) -> None:
+    """Refuse, before any training, a folder that is not new, empty or a learning-rate sweep's:
+    its runs and sweep.json would go among the user's files."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the learning-rate sweep")
+    theirs = sorted(p.name for p in out.iterdir() if p.name not in SWEEP_FOLDER) if out.is_dir() else []
+    if theirs:
+        raise ConfigError(f"{out} exists and is not a vitlab run folder or learning-rate sweep (it holds "
+                          f"{', '.join(theirs[:3])}); refusing to write into it: choose a new --out folder")
+
+
 def lr_sweep(
     cfg: RunConfig,
     out: Path,
@@ -116,6 +130,7 @@ def lr_sweep(
     has its own folder under out/sweep/, so a stopped sweep resumes where it was.
     `sweep_steps` shortens the sweep runs (the quick sweep), their warm-up kept at 5%.
     """
+    check_sweep_folder(out)
     scores, counts = {}, {}
     short = {}
     if sweep_steps:
