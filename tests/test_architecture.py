@@ -18,10 +18,11 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "vitlab"
 
 # package -> the vitlab packages it may import. "api" is vitlab.api and the package root.
-BASE = {"config", "files"}
+BASE = {"config", "files", "extras"}
 LAYERS: dict[str, set[str]] = {
     "files": set(),
-    "config": {"files"},
+    "extras": set(),
+    "config": {"files", "extras"},
     "models": BASE,
     "checkpoints": BASE | {"models"},
     "data": BASE,

@@ -13,10 +13,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from vitlab.extras import require
+
 
 def new_figure(width: float, height: float):
-    from vitlab.extras import require
-
     require("plots", "drawing figures", modules=())  # a MissingExtraError (an ImportError) names the module
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

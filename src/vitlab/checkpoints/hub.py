@@ -40,6 +40,8 @@ from typing import Any, Optional
 
 from vitlab.checkpoints import pretrained
 from vitlab.checkpoints.io import CheckpointError
+from vitlab.extras import MissingExtraError, require
+from vitlab.files import require_regular_file
 
 HF_PREFIX, TIMM_PREFIX = "hf-hub:", "timm:"
 REACH_TIMEOUT_S = 5.0
@@ -83,9 +85,9 @@ def parse_hub_name(name: str, revision: Optional[str] = None) -> Optional[HubRep
     for prefix, layout in ((HF_PREFIX, "any"), (TIMM_PREFIX, "timm")):
         if name.startswith(prefix):
             rest = name[len(prefix) :].strip()
-            rest, _, pinned = rest.partition("@")
+            rest, at, pinned = rest.partition("@")
             if not rest or rest.count("/") > 1 or not all(map(_hub_word, rest.split("/"))) or (
-                    pinned and not _REVISION.fullmatch(pinned)):
+                    at and not _REVISION.fullmatch(pinned)) or ".." in pinned:
                 raise CheckpointError(
                     f"{name[:120]!r}: not a Hub model name; write {prefix}ORG/NAME"
                     + (" or timm:MODEL_NAME.TAG" if layout == "timm" else "")
@@ -192,8 +194,6 @@ def reachable(endpoint: Optional[str]) -> bool:
 
 
 def _require_hub():
-    from vitlab.extras import MissingExtraError, require
-
     try:
         return require("hub", "a Hub name")["huggingface_hub"]  # the Hub client is optional: vitlab[hub]
     except MissingExtraError as e:
@@ -208,6 +208,7 @@ def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = Tr
 
     where = f"{repo.repo_id}@{repo.revision or 'main'}"
     cache_only = offline() or not reachable(hub_endpoint())
+    _check_cached_ref(repo)
     try:
         path = hub.hf_hub_download(
             repo.repo_id, filename, revision=repo.revision, cache_dir=hub_cache(), local_files_only=cache_only,
@@ -235,11 +236,33 @@ def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = Tr
         raise CheckpointError(f"hf-hub:{repo.repo_id} has no revision {repo.revision!r}; use a branch, tag or commit it has") from None
     except (errors.HfHubHTTPError, OSError) as e:  # connection refused, DNS, timeouts
         raise CheckpointError(_offline_message(repo, filename, e, hint)) from None
+    except ValueError as e:  # huggingface_hub's own refusal of a damaged cache entry
+        raise CheckpointError(f"hf-hub:{where}: the Hub cache's copy ({_cache_folder(repo)}) is damaged "
+                              f"({str(e).splitlines()[0][:160]}); delete that folder to download the repo again") from None
+
+
+def _cache_folder(repo: HubRepo) -> Path:
+    return Path(hub_cache()) / ("models--" + repo.repo_id.replace("/", "--"))
+
+
+def _check_cached_ref(repo: HubRepo) -> None:
+    """A cached refs/<branch> must name a commit: one that climbs out (`../../etc`) or is not
+    text is a damaged cache, said in one line before huggingface_hub follows it."""
+    ref = _cache_folder(repo) / "refs" / (repo.revision or "main")
+    if not ref.is_file():
+        return
+    try:
+        commit = ref.read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):
+        commit = ""
+    if ".." in commit or not _REVISION.fullmatch(commit):
+        raise CheckpointError(f"hf-hub:{repo.repo_id}: the Hub cache's ref file {ref} names no commit ({commit[:40]!r}); "
+                              f"the cache is damaged: delete {_cache_folder(repo)} to download the repo again")
 
 
 def _cached_revision(repo: HubRepo) -> Optional[str]:
     """The commit the cache holds for the repo's revision (refs/<branch> or a hash), or None."""
-    folder = Path(hub_cache()) / ("models--" + repo.repo_id.replace("/", "--"))
+    folder = _cache_folder(repo)
     rev = repo.revision or "main"
     ref = folder / "refs" / rev
     try:
@@ -299,8 +322,6 @@ def download_repo(repo: HubRepo, hint: str = "") -> tuple[Path, str]:
 def read_json_object(path: Path, where: str) -> dict[str, Any]:
     """A JSON file of a Hub repo (or any checkpoint folder) that must hold one object: UTF-8,
     valid JSON, a mapping; anything else is a CheckpointError naming the file."""
-    from vitlab.files import require_regular_file
-
     try:
         data = json.loads(require_regular_file(path, path.name).read_text(encoding="utf-8"))
     except UnicodeDecodeError:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from vitlab.data.datasets import DataError, ImageDataset, apply_seeded, item_seed
 from vitlab.data.loader import collate
+from vitlab.extras import MissingExtraError, require
 
 IMAGE_KEYS = ("image", "img", "pixel_values", "jpg", "png")
 LABEL_KEYS = ("label", "labels", "fine_label", "target")
@@ -225,8 +226,6 @@ def hf_split(arg: str, split: str):
     `save_to_disk` or a local dataset folder, else NAME[:CONFIG] read with `load_dataset`,
     which reads its own cache ($HF_DATASETS_CACHE) and, with $HF_HUB_OFFLINE=1, only that."""
     from pathlib import Path
-
-    from vitlab.extras import MissingExtraError, require
 
     try:
         datasets = require("datasets", "hf: data")["datasets"]  # optional: pip install "vitlab[datasets]"

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
+from vitlab.extras import require
 from vitlab.files import atomic_write_text, require_regular_file
 from vitlab.sweep.cells import Cell, Step
 
@@ -129,8 +130,6 @@ def run_local(todo: list[tuple[Cell, Path, list[Step]]], jobs: int, threads: int
 
 
 def _submitit(launcher: str):
-    from vitlab.extras import require
-
     return require("sweep", f"--launcher {launcher}")["submitit"]
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.config import ConfigError
+from vitlab.extras import MissingExtraError, require
 from vitlab.files import atomic_write_text
 
 # name -> (module that must be importable, the pip extra that installs it)
@@ -35,8 +36,6 @@ def check(names: list[str]) -> None:
     for name in names:
         if name not in PACKAGES:
             raise ConfigError(f"--log {name}: not a tracker; choose from {', '.join(TRACKERS)}")
-        from vitlab.extras import MissingExtraError, require
-
         try:
             require(PACKAGES[name][1], f"--log {name}", modules=())
         except MissingExtraError as e:
