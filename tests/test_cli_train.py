@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from vitlab.cli import build_parser, main
-from vitlab.cli.train import flag_overrides, resolve
+from vitlab.train.recipe import option_overrides, resolve
 from vitlab.train import loop, state
 from vitlab.train.loop import Trainer
 
@@ -68,14 +68,14 @@ def test_the_deit_flags_set_their_config_keys():
     args = build_parser().parse_args(
         ["train", "--mixup", "0.8", "--cutmix", "1.0", "--randaugment", "2", "9", "--label-smoothing", "0.1",
          "--drop-path", "0.1", "--fp16"])
-    assert flag_overrides(args) == {
+    assert option_overrides(vars(args)) == {
         "train.mixup": 0.8, "train.cutmix": 1.0, "data.randaugment": 2, "data.randaugment_magnitude": 9,
         "train.label_smoothing": 0.1, "model.drop_path": 0.1, "train.precision": "fp16",
     }
-    cfg, _ = resolve(args)
+    cfg, _ = resolve(args.config, vars(args), args.overrides)
     assert (cfg.train.mixup, cfg.data.randaugment, cfg.model.changes["drop_path"]) == (0.8, 2, 0.1)
-    deit, _ = resolve(build_parser().parse_args(["train", "--config", "cifar10-deit"]))
-    base, _ = resolve(build_parser().parse_args(["train", "--config", "cifar10"]))
+    deit, _ = resolve("cifar10-deit")
+    base, _ = resolve("cifar10")
     assert deit.train.mixup > 0 and deit.train.cutmix > 0 and deit.data.randaugment == 2
     assert (deit.optim, deit.train.batch_size) == (base.optim, base.train.batch_size)  # the same compute
 

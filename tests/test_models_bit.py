@@ -35,6 +35,42 @@ def test_counts_match_timm_bit_models(name):
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
 
 
+# Table 6's ResNets that timm registers under no name: timm's own ResNetV2 builder with the
+# same stages and width factor (BiT's R200 has 3, 24, 36, 3 units).
+TABLE6_BIT = {"BiT-R50x2": ((3, 4, 6, 3), 2), "BiT-R152x1": ((3, 8, 36, 3), 1), "BiT-R200x3": ((3, 24, 36, 3), 3)}
+# Table 6's hybrids: timm's hybrid builder on the same ResNet stages (stage 4 kept: /32; folded into stage 3: /16).
+TABLE6_HYBRIDS = {"R50x1+ViT-B/32": ((3, 4, 6, 3), 768, 12, 12), "R50x1+ViT-L/16": ((3, 4, 9), 1024, 24, 16)}
+
+
+@pytest.mark.parametrize("name", list(TABLE6_BIT))
+def test_table6_resnets_match_timm_resnetv2(name):
+    pytest.importorskip("timm")
+    from timm.models import resnetv2
+
+    layers, width = TABLE6_BIT[name]
+    with torch.device("meta"):
+        ours = vitlab.create_model(name)
+        theirs = resnetv2._create_resnetv2_bit("resnetv2_50x1_bit", layers=list(layers), width_factor=width)
+    assert ours.config.layers == layers and ours.config.width_factor == width
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+
+
+@pytest.mark.parametrize("name", list(TABLE6_HYBRIDS))
+def test_table6_hybrids_match_timm_hybrids(name):
+    pytest.importorskip("timm")
+    from timm.models import vision_transformer_hybrid as hybrid
+
+    layers, width, depth, heads = TABLE6_HYBRIDS[name]
+    with torch.device("meta"):
+        ours = vitlab.create_model(name, num_classes=1000)
+        backbone = hybrid._resnetv2(layers=layers)
+        theirs = hybrid._create_vision_transformer_hybrid("vit_base_r50_s16_224", backbone=backbone, embed_dim=width,
+                                                          depth=depth, num_heads=heads, num_classes=1000)
+    assert ours.config.name == name.replace("R50x1+", "R50+")  # Table 6's spelling names the registered variant
+    assert ours.config.resnet.layers == layers and ours.config.total_stride == int(name.split("/")[-1])
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+
+
 def test_registered_names_and_the_api():
     names = vitlab.list_models()
     for name in [*TIMM_NAMES, "BiT-R26x1", "BiT-R26-C"]:

@@ -25,6 +25,10 @@ PINNED_PARAMS = {
     "R50+ViT-B/16": 98_659_112,
     "R50+ViT-L/32": 328_994_856,
     "R26+ViT-S/32": 36_431_912,
+    # Table 6's other hybrids (R50x1+ViT-B/32, R50x1+ViT-L/16), equal to timm's hybrid
+    # built on the same stages (test_models_bit.py).
+    "R50+ViT-B/32": 110_945_832,
+    "R50+ViT-L/16": 316_483_624,
     "ViT-Ti/4": 6_143_656,
     "ViT-S/4": 22_903_144,
     "ViT-C/4": 3_478_504,
@@ -37,6 +41,11 @@ PINNED_PARAMS = {
     "BiT-R152x2": 236_335_208,
     "BiT-R152x4": 936_533_224,
     "BiT-R26x1": 15_987_496,
+    # Table 6's ResNet50x2, ResNet152x1, ResNet200x3 (R200 = 3, 24, 36, 3 units), equal to
+    # timm's ResNetV2 built with the same layers and width (test_models_bit.py).
+    "BiT-R50x2": 97_988_712,
+    "BiT-R152x1": 60_185_128,
+    "BiT-R200x3": 568_633_000,
     "BiT-R26-C": 4_513_928,
 }
 

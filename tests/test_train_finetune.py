@@ -29,8 +29,8 @@ def test_defaults_leave_large_data_and_explicit_choices_alone():
 
 
 def test_resolution_notes_and_the_papers_step_up():
-    assert finetune.paper_resolution((224, 224), 16) == 384
-    assert finetune.paper_resolution((32, 32), 4) == 56 and finetune.paper_resolution((16, 16), 4) == 28
+    assert finetune.paper_step_up((224, 224), 16) == 384
+    assert finetune.paper_step_up((32, 32), 4) == 56 and finetune.paper_step_up((16, 16), 4) == 28
     assert "the checkpoint's own" in finetune.resolution_note((32, 32), explicit=False)
     assert finetune.resolution_note((48, 48), explicit=True) == "resolution 48x48 (--image-size)"
 

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "info": "info",
     "train": "train",
     "finetune": "finetune",
+    "recipes": "recipes",
     "eval": "evaluate",
     "fewshot": "fewshot",
     "linear-probe": "linear_probe",
@@ -43,7 +44,7 @@ COMMANDS: dict[str, str] = {
 # Arguments that must be at least 1 wherever a command has them (a batch of 0 divides by
 # zero deep inside; a batch of -1 silently does nothing).
 POSITIVE = ("batch_size", "micro_batch_size", "eval_batch_size", "top_k", "steps", "image_size", "num_images",
-            "rollout_images", "components", "seeds", "k", "max_iter", "rounds", "ckpt_every", "opset")
+            "rollout_images", "components", "seeds", "k", "max_iter", "rounds", "ckpt_every", "opset", "repeats")
 AT_LEAST_ZERO = ("workers", "test_limit", "pool", "max_per_class", "eval_every", "warmup_steps", "threads")
 # Outputs, checked writable before the work: (command or "*", argument, is a folder).
 OUTPUTS = (

@@ -45,6 +45,97 @@ def progress(iterable=None, total=None, desc: str = "", unit: str = "img"):
     return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, disable=None)
 
 
+def add_training_arguments(p, default_recipe: str) -> None:
+    """The flags `train` and `finetune` share: the recipe, the data, the run's length and its settings."""
+    p.add_argument("--config", default=default_recipe, metavar="RECIPE",
+                   help=f"a recipe YAML file or a shipped recipe's name (default: {default_recipe})")
+    p.add_argument("--data", metavar="SPEC", help="digits | fashion-mnist[:DIR] | cifar10[:DIR] | cifar100[:DIR] | "
+                   "imagefolder:PATH | wds:PATTERN | hf:NAME (a Hugging Face dataset)")
+    p.add_argument("--image-size", type=int, metavar="N", help="training resolution (model.image_size)")
+    subset = p.add_mutually_exclusive_group()
+    subset.add_argument("--train-fraction", type=float, metavar="F", help="train on a fixed, class-balanced share "
+                        "F of the training split, the same in every run (data.train_fraction)")
+    subset.add_argument("--train-size", type=int, metavar="N", help="... or on N images of it (data.train_size)")
+    p.add_argument("--batch-size", type=int, metavar="N", help="global batch size (train.batch_size)")
+    p.add_argument("--micro-batch-size", type=int, metavar="N", help="per process and forward pass; the rest is "
+                   "gradient accumulation")
+    p.add_argument("--lr", type=float, help="peak learning rate (optim.lr)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=float, help="train for this many epochs")
+    length.add_argument("--steps", type=int, help="train for this many optimiser steps")
+    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (optim.warmup_steps)")
+    p.add_argument("--seed", type=int, help="random seed (train.seed)")
+    p.add_argument("--out", metavar="DIR", help="the run folder (default: runs/RECIPE)")
+    p.add_argument("--ckpt-every", type=int, metavar="STEPS", help="write a checkpoint every STEPS steps")
+    p.add_argument("--eval-every", type=int, metavar="STEPS", help="evaluate every STEPS steps (0: at the end)")
+    p.add_argument("--workers", type=int, metavar="N", help="data-loader worker processes (data.num_workers)")
+    p.add_argument("--skip-bad-images", action="store_true", default=None,
+                   help="skip and count unreadable images instead of stopping with the file's name")
+    _add_regularisation(p)
+    _add_precision_and_output(p)
+
+
+def _add_regularisation(p) -> None:
+    reg = p.add_argument_group("regularisation (DeiT, and Steiner et al.'s \"How to train your ViT\")")
+    reg.add_argument("--mixup", type=float, metavar="ALPHA", help="Mixup with Beta(ALPHA, ALPHA) (train.mixup; DeiT 0.8)")
+    reg.add_argument("--cutmix", type=float, metavar="ALPHA", help="CutMix with Beta(ALPHA, ALPHA) (train.cutmix; DeiT "
+                     "1.0); with --mixup, one of the two per batch")
+    reg.add_argument("--randaugment", type=int, nargs=2, metavar=("N", "M"),
+                     help="RandAugment: N ops of magnitude M per image (data.randaugment, data.randaugment_magnitude; "
+                     "DeiT 2 9)")
+    reg.add_argument("--label-smoothing", type=float, metavar="EPS", help="label smoothing (train.label_smoothing; 0.1)")
+    reg.add_argument("--drop-path", type=float, metavar="RATE", help="stochastic depth, largest rate at the last block "
+                     "(model.drop_path; DeiT 0.1)")
+    reg.add_argument("--ema", type=float, nargs="?", const=0.9999, metavar="DECAY",
+                     help="Polyak averaging of the weights (default decay 0.9999, the paper's)")
+
+
+def _add_precision_and_output(p) -> None:
+    from vitlab.train.tracking import TRACKERS
+
+    precision = p.add_mutually_exclusive_group()
+    precision.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast (train.precision=bf16)")
+    precision.add_argument("--fp16", action="store_true", default=None,
+                           help="float16 autocast with a gradient scaler, on CUDA GPUs (train.precision=fp16)")
+    p.add_argument("--grad-checkpointing", action="store_true", default=None,
+                   help="recompute block activations in the backward pass to save memory")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the training step")
+    p.add_argument("--fsdp", action="store_true", default=None, help="under torchrun: shard the model (FSDP)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    p.add_argument("--log", action="append", choices=TRACKERS, metavar="TRACKER",
+                   help=f"also log to {', '.join(TRACKERS)} (repeatable; off by default; each is a pip extra)")
+    p.add_argument("--quiet", action="store_true", help="print only the final summary")
+    p.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE",
+                   help="change any recipe value, e.g. optim.weight_decay=0.05 model.dropout=0.1")
+
+
+def command_line() -> str:
+    """The command as typed, for the run folder's record."""
+    import shlex
+    import sys
+
+    return "vitlab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def training_exit(train, command: str = "train") -> int:
+    """Run `train()` and turn how a training ends into the exit status: 0 done, 3 stopped by a
+    diverging loss, 2 an unreadable image (named; the checkpoints written so far are kept)."""
+    import sys
+
+    from vitlab.data import BadImageError
+    from vitlab.train.loop import TrainingDiverged
+
+    try:
+        train()
+    except TrainingDiverged as e:
+        print(f"vitlab {command}: stopped: {e}", file=sys.stderr)
+        return 3
+    except BadImageError as e:
+        print(f"vitlab {command}: error: {bad_image_message(e)}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     """What the commands that read frozen features share: the checkpoint, the data, its splits,
     the batch, the device, the feature cache and the output."""

@@ -22,6 +22,11 @@ examples:
   vitlab eval runs/cifar10/checkpoints/last.safetensors --data wds:../shared/data/cifar10 --json
   vitlab eval runs/digits/checkpoints/last.safetensors --data digits --random-init 0 --out eval-random
   vitlab eval model.safetensors --data imagefolder:~/pets --split val --out results/pets --device cuda
+  vitlab eval ViT-B_16.npz --data imagenet-val:~/imagenet/val --real ~/imagenet/real.json --image-size 384
+
+--real LABELS.json adds ImageNet ReaL accuracy beside top-1: the reassessed labels of Beyer
+et al. 2020 as published (one list of class ids per validation image, in file-name order;
+an empty list leaves the image out), with --data imagenet-val:DIR.
 """
 
 
@@ -39,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--real", metavar="LABELS.json", help="ImageNet ReaL labels (real.json): ReaL accuracy beside top-1")
     p.add_argument("--force", action="store_true", help="replace files in --out of eval's names that eval did not write")
 
 
@@ -80,10 +86,18 @@ def run(args: argparse.Namespace) -> int:
                 if labels.numel():
                     yield images, labels
 
+    if args.real and args.skip_bad_images:
+        raise UsageError("--real pairs each image with its line of the labels: fix unreadable images, do not skip them")
     try:
-        metrics = evaluate(model, batches(), cfg.num_classes, device, torch.bfloat16 if args.bf16 else None)
+        metrics = evaluate(model, batches(), cfg.num_classes, device, torch.bfloat16 if args.bf16 else None,
+                           keep_predictions=bool(args.real))
     except BadImageError as e:
         raise UsageError(bad_image_message(e)) from None
+    if args.real:
+        from vitlab.eval.real import read_real_labels, real_accuracy
+
+        labels = read_real_labels(args.real, len(dataset), cfg.num_classes)
+        metrics.update(real_accuracy(metrics.pop("predictions"), labels))
     metrics["bad_images_skipped"] = bad
     ckpt = Path(args.checkpoint)
     out = Path(args.out) if args.out else (ckpt.parent.parent / "eval" if ckpt.parent.name == "checkpoints" else Path("eval"))
@@ -102,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
         print(text)
     else:
         print(report(metrics, names))
+        if args.real:
+            from vitlab.eval.real import real_line
+
+            print(real_line(metrics))
         if bad:
             print(f"skipped {bad} unreadable images")
         print(f"\nresults: {json_path}")

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-from vitlab.cli.train import add_common, command_line, execute, resolve
 
 HELP = "fine-tune a checkpoint on a new dataset (the paper's protocol, fitted to the checkpoint and the data)"
 DESCRIPTION = """\
@@ -48,107 +45,56 @@ examples:
   vitlab finetune --from hf-hub:google/vit-base-patch16-224-in21k --data imagefolder:~/photos --lr 0.01
 """
 
-# Flags whose value, when given, the fitted defaults leave alone.
-EXPLICIT_FLAGS = {"batch_size": "train.batch_size", "warmup_steps": "optim.warmup_steps", "lr": "optim.lr",
-                  "image_size": "model.image_size"}
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from vitlab.cli.common import add_training_arguments
+
     p.add_argument("--from", dest="checkpoint", required=True, metavar="CHECKPOINT",
                    help="pretrained weights: any file vitlab.load reads, or a name (hf-hub:, timm:, MODEL:WEIGHTS)")
-    add_common(p, "finetune")
+    add_training_arguments(p, "finetune")
     p.add_argument("--paper-resolution", action="store_true",
                    help="fine-tune at the paper's step up from the checkpoint's resolution (x384/224, e.g. 224 -> 384)")
     p.add_argument("--lr-sweep", action="store_true", help="choose the learning rate on a dev split first (Table 4's grid)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="the rates a sweep tries (default: Table 4's for the dataset)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
+                   "(OUT/seed-K) and report top-1 as mean ± std, as Table 2 does (a sweep runs once, with seed 0)")
     p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "
                    "imagenet, pets, flowers, vtab (default: guessed from --data)")
 
 
-def explicit_keys(args: argparse.Namespace) -> set[str]:
-    """The config keys the user set by flag or SECTION.KEY=VALUE."""
-    keys = {key for attr, key in EXPLICIT_FLAGS.items() if getattr(args, attr, None) is not None}
-    keys |= {o.split("=", 1)[0].strip() for o in args.overrides if "=" in o}
-    return keys | ({"model.image_size"} if args.paper_resolution else set())
-
-
-def _grid(args, row) -> tuple[float, ...]:
+def rates(text: str | None) -> list[float] | None:
+    """--lr-grid's rates, or None for Table 4's."""
     from vitlab.cli import UsageError
-    from vitlab.train import finetune
 
-    if not args.lr_grid:
-        return finetune.TABLE4_LRS.get(row or "", finetune.DEFAULT_GRID)
+    if not text:
+        return None
     try:
-        grid = tuple(float(v) for v in args.lr_grid.split(",") if v.strip())
+        return [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise UsageError(f"--lr-grid {args.lr_grid!r}: give rates separated by commas, e.g. 0.001,0.003,0.01") from None
-    if not grid or min(grid) <= 0:
-        raise UsageError(f"--lr-grid {args.lr_grid!r}: give positive rates separated by commas")
-    return grid
-
-
-def _length(args, row, extra: dict, notes: list[str]) -> None:
-    from vitlab.cli import UsageError
-    from vitlab.config import load_recipe
-    from vitlab.train import finetune
-
-    if row is not None and row not in finetune.TABLE4_STEPS:
-        raise UsageError(f"--table4 {row!r}: not a Table 4 dataset; use one of {', '.join(finetune.TABLE4_STEPS)}")
-    if args.steps is None and args.epochs is None and load_recipe(args.config).train.steps == 0:
-        if row is None:
-            extra["train.steps"] = finetune.DEFAULT_STEPS
-            notes.append(f"{finetune.DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)")
-        else:
-            extra["train.steps"] = finetune.TABLE4_STEPS[row]
-
-
-def _train_size(cfg, arch) -> int:
-    from vitlab.data import open_dataset
-
-    return len(open_dataset(cfg.data.name, cfg.data.train_split, image_size=arch.image_size,
-                            in_channels=arch.in_channels, mean=arch.mean, std=arch.std))
+        raise UsageError(f"--lr-grid {text!r}: give rates separated by commas, e.g. 0.001,0.003,0.01") from None
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.checkpoints import is_pretrained_name, read_checkpoint
-    from vitlab.cli import UsageError
-    from vitlab.data import paper_dataset
+    from vitlab.cli.common import command_line, training_exit
     from vitlab.train import finetune
-    from vitlab.train.build import architecture
 
-    if not Path(args.checkpoint).exists() and not is_pretrained_name(args.checkpoint):
-        raise UsageError(f"--from {args.checkpoint}: no such file")
-    if args.data is None:
-        raise UsageError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")
-    if args.paper_resolution and args.image_size:
-        raise UsageError("--paper-resolution and --image-size both set the resolution: give one")
-    extra: dict = {"model.checkpoint": args.checkpoint}
-    notes: list[str] = []
-    row = args.table4 or paper_dataset(args.data)
-    grid = _grid(args, row)
-    _length(args, row, extra, notes)
-    if args.paper_resolution:
-        own = read_checkpoint(args.checkpoint).config
-        extra["model.image_size"] = finetune.paper_resolution(own.image_size, own.total_stride)
-    cfg, recipe = resolve(args, extra)
-    arch = architecture(cfg.model)
-    explicit = explicit_keys(args)
-    fitted = finetune.fit_defaults(cfg, _train_size(cfg, arch), explicit, args.lr_sweep)
-    notes = [finetune.resolution_note(arch.image_size, "model.image_size" in explicit), *fitted.notes, *notes]
-    out = Path(args.out or f"runs/{recipe}-{Path(args.checkpoint).stem}")
-    if not args.lr_sweep and fitted.quick_sweep_steps is None:
-        return execute(fitted.config, out, args.quiet, notes, trackers=tuple(args.log or ()))
+    plan = finetune.plan(args.checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
+                         paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=rates(args.lr_grid),
+                         table4=args.table4, out=args.out)
+    result: dict = {}
 
-    from vitlab.train.loop import Trainer
+    def one(p):
+        return finetune.run(p, command=command_line(), quiet=args.quiet, trackers=args.log or ())
 
-    print("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *notes)), flush=True)
+    if args.repeats > 1:
+        from vitlab.train import repeats
 
-    def train(c, o):
-        sweeping = o.parent.name == "sweep"
-        said = (f"lr-sweep run: lr {c.optim.lr:g}, {c.train.steps} steps, scored on the dev split",) if sweeping else notes
-        return Trainer(c, o, command=command_line(), quiet=args.quiet, notes=tuple(said),
-                       trackers=tuple(args.log or ())).run()
-
-    result = finetune.lr_sweep(fitted.config, out, grid, train, sweep_steps=fitted.quick_sweep_steps)
-    print(f"lr-sweep done: best lr {result['best_lr']:g}; scores in {out / 'sweep.json'}; final run in {out / 'final'}")
-    return 0
+        code = training_exit(lambda: result.update(repeats.repeat(plan, args.repeats, one)), "finetune")
+        if code == 0:
+            print(f"{repeats.report(result)}; every run in {plan.out / 'repeats.json'}")
+        return code
+    code = training_exit(lambda: result.update(one(plan)), "finetune")
+    if code == 0 and "best_lr" in result:
+        print(f"lr-sweep done: best lr {result['best_lr']:g}; scores in {plan.out / 'sweep.json'}; "
+              f"final run in {plan.out / 'final'}")
+    return code

@@ -11,6 +11,9 @@ The API other parts of vitlab (and users) call:
                                        /usr/share/datasets/fashion-mnist; downloaded when absent
                 cifar10[:FOLDER]       torchvision's format (cifar-10-batches-py); downloaded
                 cifar100[:FOLDER]        by torchvision when absent and no FOLDER is given
+                imagenet-val:DIR       the ImageNet validation images in file-name order (one
+                                       folder per wnid, or flat with labels.txt), the order
+                                       of the ReaL labels (see imagenet_val.py); split test
                 imagefolder:PATH       PATH/CLASS/IMAGE, with PATH/train + PATH/val|test
                                        splits, or a fixed 20% held out as "test"
                 wds:PATTERN            WebDataset tar shards (.tar, .tar.gz), brace patterns or
@@ -51,7 +54,7 @@ from vitlab.data.datasets import BadImageError, DataError, read_image
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
 
-NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "wds", "hf")
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "wds", "hf")
 # The dev split the paper holds out to choose a learning rate (Appendix B.1.1); 10% elsewhere.
 DEV_FRACTIONS = {"imagenet": 0.01, "cifar10": 0.02, "cifar100": 0.02, "pets": 0.1, "flowers": 0.1}
 PAPER_DATASETS = ("cifar100", "cifar10", "imagenet", "pets", "flowers", "vtab")
@@ -95,9 +98,9 @@ def open_dataset(
     if name not in NAMED:
         raise DataError(
             f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
+            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
         )
-    if name in ("imagefolder", "wds", "hf") and not arg:
+    if name in ("imagefolder", "imagenet-val", "wds", "hf") and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
     if len(mean) != in_channels or len(std) != in_channels:
@@ -127,7 +130,11 @@ def open_dataset(
         check_classes(spec, stream.class_names)
         return stream
     common = dict(seed=seed, skip_bad_images=skip)
-    if name == "imagefolder":
+    if name == "imagenet-val":
+        from vitlab.data.imagenet_val import imagenet_val
+
+        dataset = imagenet_val(arg, base, transform, **common)
+    elif name == "imagefolder":
         dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
     elif name == "hf":
         from vitlab.data.foreign import ForeignDataset, hf_split

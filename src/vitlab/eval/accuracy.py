@@ -66,27 +66,32 @@ def evaluate(
     device: str | torch.device = "cpu",
     autocast_dtype: Optional[torch.dtype] = None,
     batch_size: int = 128,
+    keep_predictions: bool = False,
 ) -> dict[str, Any]:
     """Top-1/top-5/loss/per-class/confusion of `model` on `data`: any dataset (torch,
     torchvision, Hugging Face `datasets`, vitlab), a DataLoader, or an iterable of
     (images, labels, ...) batches. Raw images get the model's own preprocessing
-    (`vitlab.transform`); `num_classes` defaults to the model's."""
+    (`vitlab.transform`); `num_classes` defaults to the model's. `keep_predictions` adds
+    "predictions": each image's top-1 class, in the data's order (for ImageNet ReaL)."""
     device = torch.device(device)
     num_classes = num_classes or model.config.num_classes
     was_training = model.training
     model.eval()
-    total = None
+    total, predictions = None, []
     try:
         for images, labels in foreign.batches(data, preprocessing(model), batch_size):
             images, labels = images.to(device), labels.to(device)
             with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
                 logits = model(images)
             total = add_counts(total, batch_counts(logits.float(), labels, num_classes))
+            if keep_predictions:
+                predictions += logits.argmax(-1).tolist()
     finally:
         model.train(was_training)
     if total is None:
         raise ValueError("the evaluation data is empty")
-    return metrics_from_counts(total)
+    metrics = metrics_from_counts(total)
+    return {**metrics, "predictions": predictions} if keep_predictions else metrics
 
 
 def preprocessing(model: torch.nn.Module):

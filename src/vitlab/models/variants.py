@@ -5,7 +5,10 @@ ResNet in front and patch size 1 on its feature map: three stages of the ResNet 
 16, four give stride 32, which is what the "/16" or "/32" of the name counts.
 
 The BiT ResNets ("BiT-R50x1": 50 layers, width factor 1) are the paper's baseline (§4.1);
-their stage layouts are BiT's (R50 = 3, 4, 6, 3 units; R101 = 3, 4, 23, 3; R152 = 3, 8, 36, 3).
+their stage layouts are BiT's (R50 = 3, 4, 6, 3 units; R101 = 3, 4, 23, 3; R152 = 3, 8, 36, 3;
+R200 = 3, 24, 36, 3, the layout of He et al. 2016's ResNet-200 that Table 6's ResNet200x3 uses).
+Table 6 (the compute study) names its hybrids "R50x1+ViT-B/32": that spelling resolves to
+the registered "R50+ViT-B/32".
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def _hybrid(name: str, base: ViTConfig, layers: tuple[int, ...]) -> ViTConfig:
 
 
 # BiT's stage layouts by depth (Kolesnikov et al. 2020, and the R26 of the paper's hybrids).
-BIT_LAYERS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+BIT_LAYERS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3), 200: (3, 24, 36, 3)}
 
 
 def _bit(depth: int, width_factor: int, **extra) -> BiTConfig:
@@ -68,6 +71,10 @@ MODELS: dict[str, ModelConfig] = {
     # Hybrids (§3.1, §4.1). R50 with stage 4 folded into stage 3 (3, 4, 9) gives /16.
     "R50+ViT-B/16": _hybrid("R50+ViT-B/16", _vit("B", 16), (3, 4, 9)),
     "R50+ViT-L/32": _hybrid("R50+ViT-L/32", _vit("L", 32), (3, 4, 6, 3)),
+    # Table 6's other hybrids: the /32 one reads R50's stage-4 output (stride 32), the /16 one
+    # folds stage 4 into stage 3 as R50+ViT-B/16 does (stride 16).
+    "R50+ViT-B/32": _hybrid("R50+ViT-B/32", _vit("B", 32), (3, 4, 6, 3)),
+    "R50+ViT-L/16": _hybrid("R50+ViT-L/16", _vit("L", 16), (3, 4, 9)),
     "R26+ViT-S/32": _hybrid("R26+ViT-S/32", _vit("S", 32), (2, 2, 2, 2)),
     # Small models for 32x32 images (CIFAR) that train on a laptop CPU.
     "ViT-Ti/4": _vit("Ti", 4, image_size=32, num_classes=10),
@@ -85,6 +92,10 @@ MODELS: dict[str, ModelConfig] = {
     "BiT-R152x2": _bit(152, 2),
     "BiT-R152x4": _bit(152, 4),
     "BiT-R26x1": _bit(26, 1),
+    # The rest of Table 6's ResNets (the compute study): ResNet50x2, ResNet152x1, ResNet200x3.
+    "BiT-R50x2": _bit(50, 2),
+    "BiT-R152x1": _bit(152, 1),
+    "BiT-R200x3": _bit(200, 3),
     # CPU-sized for 32 px: R26 at half width with a 3x3/1 stem, about the FLOPs of ViT-C/4.
     "BiT-R26-C": BiTConfig(name="BiT-R26-C", image_size=(32, 32), layers=BIT_LAYERS[26], base_width=32,
                            stem="cifar", num_classes=10),
@@ -141,7 +152,7 @@ def resolve_name(name: str) -> str:
     """Accept the paper's spelling and a few common variants ("vit-b/16", "ViT-B-16")."""
     if name in MODELS:
         return name
-    key = name.strip().lower().replace("_", "-")
+    key = name.strip().lower().replace("_", "-").replace("r50x1+", "r50+")  # Table 6 writes R50x1+ViT-B/32
     for canonical in MODELS:
         spelled = canonical.lower()
         if key in (spelled, spelled.replace("/", "-"), spelled.replace("/", "")):

@@ -12,6 +12,13 @@ their proportions on other checkpoints and data: the warm-up is at most 5% of th
 paper's 500 of 10,000 steps), the batch no larger than the training set, and, where the
 training set is small, the learning rate comes from a quick form of the sweep (Table 4's
 grid, each rate trained for a quarter of the steps) instead of a fixed default.
+
+`plan` turns a checkpoint, a dataset and the user's settings into all of that (the config,
+the run folder, the plan lines, the sweep); `run` carries it out. `vitlab finetune` is these
+two calls:
+
+    p = finetune.plan("runs/cifar10/checkpoints/last.safetensors", "digits", options={"steps": 200})
+    result = finetune.run(p)   # the final run's summary, or the sweep's result with "best_lr"
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ import json
 import math
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from vitlab.config import ConfigError, RunConfig
+from vitlab.checkpoints import is_pretrained_name, read_checkpoint
+from vitlab.config import ConfigError, RunConfig, load_recipe
+from vitlab.data import open_dataset, paper_dataset
 from vitlab.files import atomic_write_text
-from vitlab.train import distributed
+from vitlab.train import distributed, recipe as recipes
+from vitlab.train.build import architecture
 
 # Table 4: fine-tuning steps and the learning-rate grid per dataset.
 TABLE4_STEPS = {"imagenet": 20_000, "cifar10": 10_000, "cifar100": 10_000, "pets": 500, "flowers": 500, "vtab": 2_500}
@@ -45,6 +55,16 @@ SMALL_DATA = 20_000  # training sets up to this size get the quick learning-rate
 QUICK_SHARE = 0.1  # each quick-sweep run trains for this share of the run's steps (40% more compute in all)
 MIN_STEPS_PER_EPOCH = 4  # the batch leaves at least this many steps per epoch (Table 4's Flowers: 2,040 / 512)
 RESOLUTION_STEP = 384 / 224  # the paper's step up: pre-trained at 224, fine-tuned at 384 (§3.2)
+RECIPE = "finetune"  # the shipped recipe fine-tuning starts from
+
+# Options whose value, when given, the fitted defaults leave alone.
+EXPLICIT_OPTIONS = {"batch_size": "train.batch_size", "warmup_steps": "optim.warmup_steps", "lr": "optim.lr",
+                    "image_size": "model.image_size"}
+
+
+def say(line: str) -> None:
+    """The plan and sweep lines, on stdout as they happen (a log file sees them in order)."""
+    print(line, flush=True)
 
 
 @dataclass
@@ -97,7 +117,7 @@ def resolution_note(image_size: tuple[int, int], explicit: bool) -> str:
             "up, 224 to 384: it pays when the images hold detail finer than the patches see, at ~3x the cost)")
 
 
-def paper_resolution(image_size: tuple[int, int], stride: int) -> int:
+def paper_step_up(image_size: tuple[int, int], stride: int) -> int:
     """The paper's step up from this resolution (224 -> 384), on the patch grid."""
     return max(stride, round(image_size[0] * RESOLUTION_STEP / stride) * stride)
 
@@ -121,7 +141,7 @@ def lr_sweep(
     out: Path,
     grid: tuple[float, ...],
     train_fn: Callable[[RunConfig, Path], dict[str, Any]],
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
     sweep_steps: Optional[int] = None,
 ) -> dict[str, Any]:
     """Train once per learning rate on train-minus-dev, score on dev, retrain the best on train.
@@ -131,6 +151,7 @@ def lr_sweep(
     `sweep_steps` shortens the sweep runs (the quick sweep), their warm-up kept at 5%.
     """
     check_sweep_folder(out)
+    log = log or say
     scores, counts = {}, {}
     short = {}
     if sweep_steps:
@@ -180,3 +201,98 @@ def noise_note(scores: dict[float, float], dev_count: int) -> str:
     return (f"the best two dev scores ({best:.1%}, {second:.1%}) are within sampling noise of each other on "
             f"{dev_count} dev images (2 standard errors: {margin:.1%}), so the choice is uncertain: longer sweep "
             "runs (--lr-sweep) or a rate of your own (--lr) decide it")
+
+
+@dataclass
+class Plan:
+    """A fine-tuning run decided: its config, folder and plan lines, and the learning-rate
+    sweep before it (`sweep`; `sweep_steps` None for the full sweep, else the quick one's length)."""
+
+    config: RunConfig
+    out: Path
+    notes: list[str]
+    grid: tuple[float, ...]
+    sweep: bool = False
+    sweep_steps: Optional[int] = None
+
+
+def explicit_keys(options: Mapping[str, Any], overrides: Sequence[str] = (), paper_resolution: bool = False) -> set[str]:
+    """The config keys the user set by option or SECTION.KEY=VALUE."""
+    keys = {key for attr, key in EXPLICIT_OPTIONS.items() if options.get(attr) is not None}
+    keys |= {o.split("=", 1)[0].strip() for o in overrides if "=" in o}
+    return keys | ({"model.image_size"} if paper_resolution else set())
+
+
+def lr_grid(row: Optional[str], rates: Optional[Sequence[float]] = None) -> tuple[float, ...]:
+    """The rates a sweep tries: `rates` when given, else Table 4's for the dataset."""
+    if rates is None:
+        return TABLE4_LRS.get(row or "", DEFAULT_GRID)
+    grid = tuple(float(r) for r in rates)
+    if not grid or min(grid) <= 0:
+        raise ConfigError(f"--lr-grid {','.join(f'{r:g}' for r in grid)!r}: give positive rates separated by commas")
+    return grid
+
+
+def _length(recipe: str, options: Mapping[str, Any], row: Optional[str], extra: dict, notes: list[str]) -> None:
+    """Table 4's number of steps for the dataset, unless the user or the recipe set a length."""
+    if row is not None and row not in TABLE4_STEPS:
+        raise ConfigError(f"--table4 {row!r}: not a Table 4 dataset; use one of {', '.join(TABLE4_STEPS)}")
+    if options.get("steps") is None and options.get("epochs") is None and load_recipe(recipe).train.steps == 0:
+        if row is None:
+            extra["train.steps"] = DEFAULT_STEPS
+            notes.append(f"{DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)")
+        else:
+            extra["train.steps"] = TABLE4_STEPS[row]
+
+
+def train_size(cfg: RunConfig) -> int:
+    """How many images the run's training split holds."""
+    arch = architecture(cfg.model)
+    return len(open_dataset(cfg.data.name, cfg.data.train_split, image_size=arch.image_size,
+                            in_channels=arch.in_channels, mean=arch.mean, std=arch.std))
+
+
+def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[str, Any] = {},
+         overrides: Sequence[str] = (), paper_resolution: bool = False, lr_sweep: bool = False,
+         rates: Optional[Sequence[float]] = None, table4: Optional[str] = None,
+         out: Optional[Path | str] = None) -> Plan:
+    """Fine-tuning `checkpoint` (a file vitlab.load reads, or a published name) on `data`, fitted
+    to both; `options` and `overrides` as recipe.resolve takes them, `rates` the sweep's grid."""
+    if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
+        raise ConfigError(f"--from {checkpoint}: no such file")
+    if not data:
+        raise ConfigError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")
+    if paper_resolution and options.get("image_size"):
+        raise ConfigError("--paper-resolution and --image-size both set the resolution: give one")
+    extra: dict[str, Any] = {"model.checkpoint": checkpoint}
+    notes: list[str] = []
+    row = table4 or paper_dataset(data)
+    grid = lr_grid(row, rates)
+    _length(recipe, options, row, extra, notes)
+    if paper_resolution:
+        own = read_checkpoint(checkpoint).config
+        extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride)
+    cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra)
+    explicit = explicit_keys(options, overrides, paper_resolution)
+    fitted = fit_defaults(cfg, train_size(cfg), explicit, lr_sweep)
+    notes = [resolution_note(architecture(cfg.model).image_size, "model.image_size" in explicit),
+             *fitted.notes, *notes]
+    out = Path(out) if out else Path("runs") / f"{name}-{Path(checkpoint).stem}"
+    sweep = lr_sweep or fitted.quick_sweep_steps is not None
+    return Plan(fitted.config, out, notes, grid, sweep, fitted.quick_sweep_steps)
+
+
+def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[str] = (),
+        log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Carry out a plan: the run alone (its summary), or the sweep and then the best rate on the
+    whole training set (lr_sweep's result, with "best_lr" and the final run's summary)."""
+    if not p.sweep:
+        return recipes.train(p.config, p.out, command=command, quiet=quiet, notes=p.notes, trackers=trackers)
+    (log or say)("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
+
+    def train(c: RunConfig, o: Path) -> dict[str, Any]:
+        sweeping = o.parent.name == "sweep"
+        said = (f"lr-sweep run: lr {c.optim.lr:g}, {c.train.steps} steps, scored on the dev split",) if sweeping else p.notes
+        return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers)
+
+    return lr_sweep(p.config, p.out, p.grid, train, log=log, sweep_steps=p.sweep_steps)
