@@ -11,6 +11,8 @@ import fnmatch
 import os
 from typing import Any, Callable, Optional
 
+import torch
+
 from vitlab import checkpoints
 from vitlab.checkpoints import hub, pretrained as registry, share
 from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig
@@ -106,7 +108,7 @@ def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs
     """Write `model` to `path` in one of the formats in `vitlab.checkpoints.FORMATS`, or
     upload it to the Hub with `path="hf-hub:ORG/NAME"` (a transformers folder with timm's
     weights beside them and a model card; kwargs go to `vitlab.checkpoints.share.push`)."""
-    _check_type("save", "model", model, Model.__args__, "a vitlab model (vitlab.create_model or vitlab.load)")
+    _check_type("save", "model", model, torch.nn.Module, "a vitlab model (vitlab.create_model or vitlab.load)")
     _check_type("save", "path", path, (str, os.PathLike), "a file or folder path, or 'hf-hub:ORG/NAME'")
     _check_type("save", "format", format, str, "a format name (vitlab.checkpoints.FORMATS)")
     if isinstance(path, str) and path.startswith(hub.HF_PREFIX):
