@@ -313,6 +313,10 @@ def test_a_sweep_keeps_a_users_results_csv(tmp_path, capsys):
     d = {"train": {"config": "digits"}, "grid": {"seed": [0]}}
     with unchanged(tmp_path):
         refused(capsys, ["sweep", spec_file(tmp_path, d), "--out", out], "sweep", "results.csv")
+    spec = SweepSpec.from_dict(d, "s")  # a folder holding this sweep's cells is the sweep's, from before manifests too
+    runner.prepare(sweep_cells.expand(spec, out)[0], spec, out)
+    assert main(["sweep", str(spec_file(tmp_path, d)), "--out", str(out), "--report"]) == 0
+    assert (out / "results.csv").read_text().startswith("seed,cell,status")
 
 
 @pytest.mark.parametrize("command", ["train", "finetune"])

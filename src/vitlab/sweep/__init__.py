@@ -62,8 +62,9 @@ def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, 
               launcher: str = "local", params: Optional[dict[str, Any]] = None, wait: bool = True,
               report_only: bool = False, max_cells: int = MAX_CELLS, say: Say = print) -> dict[str, Any]:
     cells = expand(spec, out, scale, max_cells)
-    # The sweep folder may be one the user keeps files in: its own tables and figures only.
-    owner = OutputFolder(out, "sweep")
+    # The sweep folder may be one the user keeps files in: its own tables and figures only. A
+    # folder that holds this sweep's cells (their cell.json) is the sweep's, an older one too.
+    owner = OutputFolder(out, "sweep", force=any((out / c.key / "cell.json").is_file() for c in cells))
     owner.claim(["results.csv", *(f.file for f in spec.figures)])
     ran = None
     if not report_only:
