@@ -1,32 +1,38 @@
-"""The transfer table (docs/transfer.md): a vitlab CIFAR-10 model carried to other datasets,
+"""The transfer tables of docs/transfer.md: a vitlab CIFAR-10 model carried to other datasets,
 in the shape of the paper's Table 2 / Figure 2, at CPU scale.
 
+    python benchmarks/transfer.py --build-source      # the source, rebuilt and checked bit for bit
     python benchmarks/transfer.py --source runs/cifar10-src/checkpoints/last.safetensors
+    python benchmarks/transfer.py --tables            # the page's tables from the results, no runs
 
-For each target dataset, all from the same source checkpoint and at the same compute:
+The source is `vitlab train --config cifar10 --data wds:../shared/data/cifar10 --epochs 2
+--out runs/cifar10-src` (deterministic: the same weights on every run of the same code);
+`--build-source` runs it and compares the weights' SHA-256 with the one recorded in
+benchmarks/results/transfer.json.
 
-- fine-tune: `vitlab finetune --from SOURCE --data D --steps S --batch-size B` with the
-  fitted defaults (its own 32 px resolution, 5% warm-up, the quick learning-rate sweep on
-  small sets, whose steps count towards the compute);
-- from scratch: `vitlab train --config cifar10 --data D` (the same architecture and batch,
-  the CPU CIFAR recipe), for as many steps as the fine-tuning used in all;
-- the control: `vitlab finetune` from the source with the from-scratch arm's recipe (AdamW,
-  its rate, warm-up, crop and label smoothing) for the from-scratch arm's steps, which tells
-  what the pre-trained weights buy apart from what the paper's fine-tuning recipe does
-  (`--control-only` adds it to earlier results);
-- few-shot (1/5/10/25 shots, 3 seeds) and a logistic-regression linear probe on the frozen
-  features of the source, and of a randomly initialised model of the same shape.
+For each target and each seed, at the same compute (the same model, batch and number of
+images seen):
 
-The source was trained with `vitlab train --config cifar10 --data wds:../shared/data/cifar10
---epochs 2 --out runs/cifar10-src`. Results go to benchmarks/results/transfer.json and
-benchmarks/results/transfer.md. Run it alone (`flock /work/heavy.lock`, `nice`): it is
-about 50 CPU-minutes.
+- default fine-tune: `vitlab finetune --from SOURCE --data D --steps S --batch-size B --seed N`,
+  nothing else: its quick sweep chooses the recipe (the paper's SGD or AdamW) and the rate on
+  a dev split, then trains the winner for S steps; the sweep's steps count as compute;
+- from scratch: `vitlab train --config cifar10 --data D --batch-size B --seed N` for as many
+  steps as the fine-tune took with its sweep (the CPU CIFAR recipe: AdamW, tuned for training
+  from scratch at this size).
+
+The differences are paired by seed (95% t interval). Results go to
+benchmarks/results/transfer.json; the tables into benchmarks/results/transfer.md and between
+the markers of docs/transfer.md (tests/test_transfer_page.py checks that they agree). Run
+it alone (`flock /work/heavy.lock nice -n 5`): about 25 CPU-minutes with the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,14 +40,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "transfer.json"
+PAGE = ROOT / "docs" / "transfer.md"
+SOURCE_COMMAND = ("train", "--config", "cifar10", "--data", "wds:../shared/data/cifar10", "--epochs", "2",
+                  "--out", "runs/cifar10-src")
+SOURCE = Path("runs/cifar10-src/checkpoints/last.safetensors")
 STAMPS = Path("/usr/share/tuxpaint/stamps")  # Debian's tuxpaint-stamps-default
 STAMP_CLASSES = ("animals", "food", "household", "plants", "town", "vehicles")
 FASHION = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
+TARGETS = ("digits", "fashion-mnist", "tux-paint-photos")
 
 
 def stamps_folder(root: Path) -> Path:
     """An imagefolder of Tux Paint's stamp photographs, one class per top-level category
     (links to the PNGs; vitlab holds out a fixed 20% as the test split)."""
+    if not STAMPS.is_dir():
+        raise SystemExit(f"{STAMPS} is missing: apt-get install tuxpaint-stamps-default")
     out = root / "stamps"
     for cls in STAMP_CLASSES:
         (out / cls).mkdir(parents=True, exist_ok=True)
@@ -52,15 +66,18 @@ def stamps_folder(root: Path) -> Path:
     return out
 
 
-def vitlab(*args: str) -> tuple[str, float]:
-    """Run a vitlab command; (stdout, CPU seconds of the child)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    before = os.times()
-    r = subprocess.run([sys.executable, "-m", "vitlab", *args], capture_output=True, text=True, env=env)
-    after = os.times()
+def data_spec(name: str, out: Path) -> str:
+    return {"digits": "digits", "fashion-mnist": f"fashion-mnist:{FASHION}"}.get(name) or f"imagefolder:{stamps_folder(out)}"
+
+
+def vitlab(*args: str) -> float:
+    """Run a vitlab command; the CPU seconds of the child."""
+    start = time.time()
+    r = subprocess.run([sys.executable, "-m", "vitlab", *args], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
     if r.returncode != 0:
-        raise SystemExit(f"vitlab {' '.join(args)} failed:\n{r.stderr[-3000:]}")
-    return r.stdout, (after.children_user - before.children_user) + (after.children_system - before.children_system)
+        raise SystemExit(f"vitlab {' '.join(args)} failed after {time.time() - start:.0f} s:\n{r.stderr[-3000:]}")
+    return time.time() - start
 
 
 def summary(run: Path) -> dict:
@@ -68,129 +85,190 @@ def summary(run: Path) -> dict:
     return json.loads((final / "summary.json").read_text())
 
 
-def finetune_and_scratch(source: Path, data: str, out: Path, steps: int, batch: int) -> dict:
-    ft_dir, sc_dir = out / "finetune", out / "scratch"
-    text, ft_cpu = vitlab("finetune", "--from", str(source), "--data", data, "--steps", str(steps), "--batch-size",
-                          str(batch), "--out", str(ft_dir), "--quiet", "train.threads=1")
+def weights_digest(path: Path) -> str:
+    """SHA-256 of a checkpoint's tensors (names, dtypes, shapes and bytes, in name order):
+    the weights themselves, not the file's metadata."""
+    from safetensors.torch import load_file
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(load_file(str(path)).items()):
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def one_seed(source: Path, name: str, data: str, out: Path, seed: int, steps: int, batch: int) -> dict:
+    """Default fine-tune and from scratch at the same compute, one seed."""
+    ft_dir, sc_dir = out / f"finetune-seed{seed}", out / f"scratch-seed{seed}"
+    ft_wall = vitlab("finetune", "--from", str(source), "--data", data, "--steps", str(steps), "--batch-size",
+                     str(batch), "--seed", str(seed), "--out", str(ft_dir), "--quiet")
     ft = summary(ft_dir)
-    sweep = json.loads((ft_dir / "sweep.json").read_text()) if (ft_dir / "sweep.json").exists() else None
-    # The quick sweep's steps are compute too: scratch gets the same total.
-    total = steps + (sum(summary(p)["steps"] for p in (ft_dir / "sweep").iterdir()) if sweep else 0)
-    _, sc_cpu = vitlab("train", "--config", "cifar10", "--data", data, "--steps", str(total), "--batch-size", str(batch),
-                       "--out", str(sc_dir), "--quiet", "train.threads=1", "data.num_workers=0")
+    sweep = json.loads((ft_dir / "sweep.json").read_text()) if (ft_dir / "sweep.json").exists() else {}
+    total = ft.get("steps_with_sweep", ft["steps"])
+    sc_wall = vitlab("train", "--config", "cifar10", "--data", data, "--steps", str(total), "--batch-size", str(batch),
+                     "--seed", str(seed), "--out", str(sc_dir), "--quiet")
     sc = summary(sc_dir)
+    images = ft.get("compute_with_sweep", ft["compute"])["images_seen"]
+    assert images == sc["compute"]["images_seen"], (images, sc["compute"]["images_seen"])  # the same compute
     return {
-        "finetune_top1": ft["splits"]["test"]["top1"], "finetune_steps": total, "finetune_cpu_s": round(ft_cpu),
-        "finetune_lr": sweep["best_lr"] if sweep else None,
-        "scratch_top1": sc["splits"]["test"]["top1"], "scratch_steps": sc["steps"], "scratch_cpu_s": round(sc_cpu),
-        "batch": batch,
+        "target": name, "seed": seed, "finetune_top1": ft["splits"]["test"]["top1"], "finetune_steps": ft["steps"],
+        "steps_with_sweep": total, "recipe": sweep.get("best_recipe"), "lr": sweep.get("best_lr"),
+        "dev_margin": sweep.get("margin"), "dev_noise": sweep.get("noise"), "finetune_wall_s": round(ft_wall),
+        "scratch_top1": sc["splits"]["test"]["top1"], "scratch_steps": sc["steps"], "scratch_wall_s": round(sc_wall),
+        "images_seen": images, "test_images": sc["splits"]["test"]["count"],
     }
 
 
-# The from-scratch arm's recipe (configs/cifar10.yaml), given to `vitlab finetune`: the same
-# start as the fine-tuned arm, the same optimiser and augmentation as the from-scratch arm.
-SCRATCH_RECIPE = ("--lr", "0.002", "--warmup-steps", "100", "--quiet", "train.threads=1", "optim.name=adamw",
-                  "optim.weight_decay=0.05", "data.crop_scale=[0.35,1.0]", "train.label_smoothing=0.1")
+def measure(source: Path, out: Path, names: list[str], seeds: list[int], steps: int, batch: int, jobs: int) -> None:
+    results = json.loads(RESULTS.read_text())
+    results["protocol"] = {"steps": steps, "batch": batch, "seeds": seeds, "jobs": jobs,
+                           "source_sha256": weights_digest(source)}
+    todo = [(n, s) for n in names for s in seeds]
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(one_seed, source, n, data_spec(n, out), out / n, s, steps, batch) for n, s in todo]
+        for future in concurrent.futures.as_completed(futures):
+            r = future.result()
+            runs = results["targets"].setdefault(r["target"], {}).setdefault("seeds", {})
+            runs[str(r["seed"])] = r
+            RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+            print(json.dumps(r), flush=True)
+    write_tables(results)
 
 
-def scratch_recipe_from_source(source: Path, data: str, out: Path, steps: int, batch: int) -> dict:
-    """The control that tells the two arms' differences apart: the source's weights trained
-    with the from-scratch recipe for the from-scratch arm's steps."""
-    run = out / "finetune-scratch-recipe"
-    _, cpu = vitlab("finetune", "--from", str(source), "--data", data, "--steps", str(steps), "--batch-size", str(batch),
-                    "--out", str(run), *SCRATCH_RECIPE)
-    return {"control_top1": summary(run)["splits"]["test"]["top1"], "control_steps": steps, "control_cpu_s": round(cpu)}
+# Statistics: paired by seed ----------------------------------------------------------------
+def t_quantile(df: int) -> float:
+    """t(0.975, df)."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, df))
 
 
-def frozen(source: Path, data: str, out: Path) -> dict:
-    result = {}
-    for name, extra in (("source", []), ("random", ["--random-init", "0"])):
-        few_file, probe_file = out / f"fewshot-{name}.json", out / f"probe-{name}.json"
-        vitlab("fewshot", str(source), "--data", data, "--shots", "1,5,10,25", "--seeds", "3", "--out", str(few_file),
-               *extra)
-        vitlab("linear-probe", str(source), "--data", data, "--max-per-class", "500", "--out", str(probe_file), *extra)
-        few = json.loads(few_file.read_text())
-        result[f"{name}_fewshot"] = {s: r["mean"] for s, r in few["shots"].items()}
-        result[f"{name}_probe"] = json.loads(probe_file.read_text())["logistic"]["test_accuracy"]
-    return result
+def paired(runs: dict) -> dict:
+    """Fine-tune minus scratch over seeds: mean, 95% t interval, and each arm's mean."""
+    diffs = [r["finetune_top1"] - r["scratch_top1"] for r in runs.values()]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    half = t_quantile(n - 1) * math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else math.nan
+    return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half,
+            "finetune": sum(r["finetune_top1"] for r in runs.values()) / n,
+            "scratch": sum(r["scratch_top1"] for r in runs.values()) / n}
 
 
-def table(results: dict) -> str:
-    rows = ["| target | train images | fine-tuned | from scratch, same compute "
-            "| fine-tuned with the from-scratch recipe | linear probe (CIFAR-10 features / random) "
-            "| 1 / 5 / 10 / 25-shot (CIFAR-10 features) | 1 / 5 / 10 / 25-shot (random) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, r in results.items():
-        few = lambda k: " / ".join(f"{100 * v:.1f}" for v in r[k].values())  # noqa: E731
-        best = max(r.get(k, 0) for k in ("finetune_top1", "scratch_top1", "control_top1"))  # in bold
-        pct = lambda k: (f"**{100 * r[k]:.1f}%**" if r[k] == best else f"{100 * r[k]:.1f}%")  # noqa: E731
+def verdict(p: dict) -> str:
+    if p["lo"] > 0:
+        return "fine-tune better"
+    if p["hi"] < 0:
+        return "scratch better"
+    return "within the noise"
+
+
+# Tables --------------------------------------------------------------------------------------
+def seeds_table(results: dict) -> str:
+    rows = ["| target | train images | default fine-tune (recipe chosen per seed) | from scratch, same compute "
+            "| fine-tune − scratch, paired by seed (95% t interval) | verdict |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name in TARGETS:
+        t = results["targets"].get(name, {})
+        runs = t.get("seeds")
+        if not runs:
+            continue
+        p = paired(runs)
+        picks = sorted({r["recipe"] for r in runs.values()})
+        chosen = ", ".join(f"{k} {sum(r['recipe'] == k for r in runs.values())}/{len(runs)}" for k in picks)
+        each = lambda k: " / ".join(f"{100 * runs[s][k]:.1f}" for s in sorted(runs, key=int))  # noqa: E731
+        steps = runs[min(runs, key=int)]
         rows.append(
-            f"| {name} | {r['train_images']:,} | {pct('finetune_top1')} ({r['finetune_steps']} steps"
-            + (f", lr {r['finetune_lr']:g}" if r["finetune_lr"] else "") + f") | {pct('scratch_top1')} "
-            f"({r['scratch_steps']} steps) | {control(r, pct)} | {100 * r['source_probe']:.1f}% / "
-            f"{100 * r['random_probe']:.1f}% | {few('source_fewshot')} | {few('random_fewshot')} |"
-        )
+            f"| {name} | {t['train_images']:,} | {100 * p['finetune']:.1f}% ({each('finetune_top1')}; {chosen}; "
+            f"{steps['finetune_steps']} + {steps['steps_with_sweep'] - steps['finetune_steps']} sweep steps) "
+            f"| {100 * p['scratch']:.1f}% ({each('scratch_top1')}; {steps['scratch_steps']} steps) "
+            f"| {100 * p['mean']:+.1f} [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}] points ({p['n']} seeds) "
+            f"| {verdict(p)} |")
+    if len(rows) == 2:
+        return ("Not measured yet: `python benchmarks/transfer.py --source "
+                "runs/cifar10-src/checkpoints/last.safetensors` writes this table.")
     return "\n".join(rows)
 
 
-def control(r: dict, pct) -> str:
-    return f"{pct('control_top1')} ({r['control_steps']} steps)" if "control_top1" in r else "not run"
+def single_seed_table(results: dict) -> str:
+    rows = ["| target | train images | fine-tuned, the paper's recipe | from scratch, same compute "
+            "| fine-tuned with the from-scratch recipe | linear probe (CIFAR-10 features / random) "
+            "| 1 / 5 / 10 / 25-shot (CIFAR-10 features) | 1 / 5 / 10 / 25-shot (random) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in TARGETS:
+        t = results["targets"].get(name, {})
+        r = t.get("single_seed")
+        if not r:
+            continue
+        few = lambda k: " / ".join(f"{100 * v:.1f}" for v in r[k].values())  # noqa: E731
+        best = max(r[k] for k in ("finetune_top1", "scratch_top1", "control_top1"))  # in bold
+        pct = lambda k: (f"**{100 * r[k]:.1f}%**" if r[k] == best else f"{100 * r[k]:.1f}%")  # noqa: E731
+        rows.append(
+            f"| {name} | {t['train_images']:,} | {pct('finetune_top1')} ({r['finetune_steps']} steps"
+            + (f", lr {r['finetune_lr']:g}" if r["finetune_lr"] else "") + f") | {pct('scratch_top1')} "
+            f"({r['scratch_steps']} steps) | {pct('control_top1')} ({r['control_steps']} steps) | "
+            f"{100 * r['source_probe']:.1f}% / {100 * r['random_probe']:.1f}% | {few('source_fewshot')} | "
+            f"{few('random_fewshot')} |")
+    return "\n".join(rows)
+
+
+TABLES = {"transfer-seeds": seeds_table, "transfer-table": single_seed_table}
+
+
+def render(page: str, results: dict) -> str:
+    """The page with each table between its markers regenerated from the results."""
+    for marker, make in TABLES.items():
+        start, end = page.index(f"<!-- {marker} -->"), page.index(f"<!-- /{marker} -->")
+        page = page[:start] + f"<!-- {marker} -->\n" + make(results) + "\n" + page[end:]
+    return page
+
+
+def write_tables(results: dict) -> None:
+    md = ROOT / "benchmarks" / "results" / "transfer.md"
+    md.write_text("# Transfer from a vitlab CIFAR-10 model\n\n`python benchmarks/transfer.py --source "
+                  f"{SOURCE}` (tables: `--tables`)\n\n" + "\n\n".join(make(results) for make in TABLES.values()) + "\n")
+    PAGE.write_text(render(PAGE.read_text(), results))
+    print("\n\n".join(make(results) for make in TABLES.values()))
+
+
+def build_source() -> None:
+    """Train the source (skipped when it exists) and check its weights against the record."""
+    if not SOURCE.exists():
+        print("vitlab " + " ".join(SOURCE_COMMAND), flush=True)
+        vitlab(*SOURCE_COMMAND)
+    results = json.loads(RESULTS.read_text())
+    digest, recorded = weights_digest(SOURCE), results["source"].get("weights_sha256")
+    if recorded is None:
+        results["source"]["weights_sha256"] = digest
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"recorded the source's weights: sha256 {digest}")
+    elif digest != recorded:
+        raise SystemExit(f"{SOURCE}: weights sha256 {digest}, not the recorded {recorded}: not the page's source")
+    else:
+        print(f"{SOURCE}: the page's source, bit for bit (weights sha256 {digest})")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", required=True, help="the vitlab CIFAR-10 checkpoint to transfer from")
-    p.add_argument("--out", default="runs/transfer", help="where the runs go")
-    p.add_argument("--steps", type=int, default=200, help="fine-tuning steps (the quick sweep adds its own)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--only", help="comma-separated targets to run (default: all)")
-    p.add_argument("--control-only", action="store_true",
-                   help="run only the control arm (the from-scratch recipe from the source), keeping the other results")
+    p.add_argument("--source", type=Path, help="the vitlab CIFAR-10 checkpoint to transfer from")
+    p.add_argument("--build-source", action="store_true", help=f"train the source into {SOURCE.parent.parent} and "
+                   "check it is the recorded one")
+    p.add_argument("--tables", action="store_true", help="only regenerate the tables from the results")
+    p.add_argument("--out", type=Path, default=Path("runs/transfer"), help="where the runs go")
+    p.add_argument("--steps", type=int, default=100, help="fine-tuning steps (the quick sweep adds its own)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--jobs", type=int, default=2, help="seeds run side by side (each on 1 thread + 1 data worker)")
+    p.add_argument("--only", help="comma-separated targets (default: all)")
     args = p.parse_args()
-    out, source = Path(args.out), Path(args.source)
-    targets = {"digits": "digits", "fashion-mnist": f"fashion-mnist:{FASHION}",
-               "tux-paint-photos": f"imagefolder:{stamps_folder(out)}"}
-    wanted = args.only.split(",") if args.only else list(targets)
-    results_file = ROOT / "benchmarks" / "results" / "transfer.json"
-    results = json.loads(results_file.read_text()) if results_file.exists() else {}
-    for name in wanted:
-        t0 = time.time()
-        data = targets[name]
-        if args.control_only:
-            print(f"{name}: the from-scratch recipe from the source", flush=True)
-            results[name].update(scratch_recipe_from_source(source, data, out / name, results[name]["scratch_steps"],
-                                                            args.batch_size))
-            results_file.write_text(json.dumps(results, indent=2) + "\n")
-            continue
-        print(f"{name}: fine-tune and from scratch", flush=True)
-        r = finetune_and_scratch(source, data, out / name, args.steps, args.batch_size)
-        print(f"{name}: few-shot and linear probe", flush=True)
-        r.update(scratch_recipe_from_source(source, data, out / name, r["scratch_steps"], args.batch_size))
-        r.update(frozen(source, data, out / name))
-        r["train_images"] = _train_size(data)
-        r["wall_s"] = round(time.time() - t0)
-        results[name] = r
-        results_file.write_text(json.dumps(results, indent=2) + "\n")
-        print(json.dumps(r), flush=True)
-    write_tables(results, source)
-
-
-def write_tables(results: dict, source: Path) -> None:
-    """The table into benchmarks/results/transfer.md and between docs/transfer.md's markers."""
-    md = ROOT / "benchmarks" / "results" / "transfer.md"
-    md.write_text(f"# Transfer from a vitlab CIFAR-10 model\n\n`python benchmarks/transfer.py --source {source}`\n\n"
-                  + table(results) + "\n")
-    doc = ROOT / "docs" / "transfer.md"  # the table between its markers, the prose around it kept
-    text = doc.read_text()
-    start, end = text.index("<!-- transfer-table -->"), text.index("<!-- /transfer-table -->")
-    doc.write_text(text[:start] + "<!-- transfer-table -->\n" + table(results) + "\n" + text[end:])
-    print(table(results))
-
-
-def _train_size(data: str) -> int:
-    from vitlab.data import open_dataset
-
-    return len(open_dataset(data, "train", image_size=32))
+    if args.build_source:
+        return build_source()
+    if args.tables:
+        return write_tables(json.loads(RESULTS.read_text()))
+    if args.source is None:
+        p.error("give --source CHECKPOINT (or --build-source, or --tables)")
+    names = args.only.split(",") if args.only else list(TARGETS)
+    measure(args.source, args.out, names, [int(s) for s in args.seeds.split(",")], args.steps, args.batch_size,
+            args.jobs)
 
 
 if __name__ == "__main__":

@@ -59,9 +59,12 @@ def test_only_from_and_data(tmp_path, size, patch, channels):
     text = "\n".join(lines)
     assert f"resolution {size}x{size}: the checkpoint's own" in text
     assert f"at {size}x{size} px" in text  # the run itself, not the recipe's 384
-    # 500 steps (Table 4's small-data count), warm-up 5% of them, a batch the 1,293 images fill 4 times.
-    assert "warm-up 25 steps: 5% of the 500" in text and "batch 256" in text
-    assert "a quick sweep first" in text and "lr-sweep run: lr 0.001, 50 steps" in text
+    # 500 steps (Table 4's small-data count), a batch the 1,293 images fill 4 times, the recipe
+    # chosen by a sweep of both recipes, 25 steps (5%) per arm, on the threads the recipe sets.
+    assert "batch 256" in text and "warm-up 5% of each run with the paper's recipe, 25% with AdamW" in text
+    assert "a sweep between the paper's SGD and AdamW first, 6 runs of 25 steps" in text
+    assert "sweep run: paper-lr-0.001, 25 steps" in text and "dev split 10%" in text
+    assert "threads: one compute thread per core and 0 data workers, the recipe's" in text
     assert "progress" in when and when["progress"] - when["plan"] < 10, text
 
 
@@ -85,3 +88,33 @@ def test_paper_resolution_and_conflicting_flags(tmp_path, capsys):
     assert main(["finetune", "--from", str(ck), "--data", "digits", "--paper-resolution", "--image-size", "32"]) == 2
     assert "give one" in capsys.readouterr().err
     assert main(["finetune", "--from", str(ck), "--data", "digits", "--lr-grid", "0.1,x"]) == 2
+
+
+def test_the_default_chooses_a_recipe_on_dev_and_counts_the_sweep(tmp_path, digits_run):
+    """From a real vitlab run: the source run's threads, six arms of both recipes scored on the
+    dev split, the winner trained in full, and the sweep's images in the final summary."""
+    import yaml
+
+    out = tmp_path / "ft"
+    r = subprocess.run([sys.executable, "-m", "vitlab", "finetune", "--from",
+                        str(digits_run / "checkpoints" / "last.safetensors"), "--data", "digits", "--steps", "20",
+                        "--batch-size", "64", "--out", str(out), "--quiet"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"threads: 1 compute thread and 0 data workers, as the source run trained ({digits_run}" in r.stdout
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [a["arm"] for a in sweep["arms"]] == ["paper-lr-0.001", "paper-lr-0.003", "paper-lr-0.01", "paper-lr-0.03",
+                                                 "adamw-lr-0.001", "adamw-lr-0.003"]
+    assert f"recipe: {sweep['best_recipe']} (lr {sweep['best_lr']:g}) scored" in r.stdout
+    assert "noise (2 standard errors)" in r.stdout and "sweep done: " in r.stdout and "with the sweep: compute" in r.stdout
+    arms = [json.loads((out / "sweep" / a["arm"] / "summary.json").read_text()) for a in sweep["arms"]]
+    assert {a["steps"] for a in arms} == {10} and all(a["splits"]["dev"]["count"] == 144 for a in arms)
+    best = max(sweep["arms"], key=lambda a: a["dev_top1"])
+    assert sweep["dev_top1"] == best["dev_top1"]
+    final = json.loads((out / "final" / "summary.json").read_text())
+    assert final["steps"] == 20 and final["steps_with_sweep"] == 80
+    assert final["compute_with_sweep"]["images_seen"] == 80 * 64 == final["compute"]["images_seen"] + sum(
+        a["compute"]["images_seen"] for a in arms)
+    config = yaml.safe_load((out / "final" / "config.yaml").read_text())
+    assert config["optim"]["name"] == {"paper": "sgd", "adamw": "adamw"}[sweep["best_recipe"]]
+    assert config["optim"]["lr"] == sweep["best_lr"] and config["train"]["threads"] == 1

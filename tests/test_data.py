@@ -222,6 +222,39 @@ def test_dev_split_is_fixed_and_disjoint():
     assert not set(dev.indices) & set(rest.indices)
 
 
+def test_dev_split_comes_from_the_data_not_its_path(tmp_path):
+    """The same CIFAR-10 shards through their real path and through a symlink with no
+    'cifar' in its name hold out the same 2% (Appendix B.1.1); a folder named cifar10 that
+    holds half of the shards is not CIFAR-10 and holds out 10%."""
+    need_cifar()
+    (tmp_path / "c10").symlink_to(CIFAR_WDS, target_is_directory=True)
+    real = open_dataset(f"wds:{CIFAR_WDS}", "dev", image_size=32)
+    linked = open_dataset(f"wds:{tmp_path / 'c10'}", "dev", image_size=32)
+    assert real.identity == linked.identity == "cifar10"
+    assert len(real) == len(linked) and abs(len(real) - 1000) < 100  # 2% of 50,000, by key buckets
+    assert real.keys_and_labels() == linked.keys_and_labels()
+    rest = open_dataset(f"wds:{tmp_path / 'c10'}", "train-minus-dev", image_size=32)
+    assert len(rest) + len(linked) == 50_000
+    half = tmp_path / "cifar10"
+    half.mkdir()
+    for shard in sorted(CIFAR_WDS.glob("train-*.tar.gz"))[:5]:
+        (half / shard.name).symlink_to(shard)
+    part = open_dataset(f"wds:{half}", "dev", image_size=32)
+    assert part.identity is None and abs(len(part) - 2500) < 200  # 10% of 25,000
+    assert len(open_dataset(f"wds:{half}", "dev", image_size=32, dev_fraction=0.02)) < 700  # explicit wins
+
+
+def test_dataset_identity_by_name_or_class_counts():
+    from vitlab.data.identity import by_name, dev_fraction, recognise
+
+    assert recognise([5000] * 10) == "cifar10" and recognise([500] * 100 + [0]) == "cifar100"
+    assert recognise([5000] * 9 + [4999]) is None and recognise([6000] * 10) is None  # Fashion-MNIST is no paper set
+    assert by_name("cifar100:/data/x") == "cifar100" and by_name("imagefolder:/data/cifar10") is None
+    assert dev_fraction("cifar10") == 0.02 and dev_fraction("imagenet") == 0.01 and dev_fraction(None) == 0.1
+    assert dev_fraction("cifar10", explicit=0.3) == 0.3
+    assert open_dataset("digits", "train", image_size=8, **GREY).identity is None
+
+
 def test_loader_batches_are_a_function_of_seed_and_step():
     ds = open_dataset("digits", "train", image_size=8, train=True, crop_scale=(0.5, 1.0), **GREY)
     full = list(make_loader(ds, 32, seed=5, num_steps=50))  # crosses an epoch (44 per epoch)

@@ -53,3 +53,34 @@ def test_a_sweep_that_cannot_tell_the_rates_apart_says_so():
     assert finetune.noise_note({0.01: 0.80, 0.03: 0.83}, 100) != ""
     assert finetune.noise_note({0.01: 0.80, 0.03: 0.83}, 10_000) == ""
     assert finetune.noise_note({0.01: 0.5}, 100) == ""
+
+
+def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
+    import torch
+
+    import vitlab
+
+    torch.manual_seed(0)
+    ck = tmp_path / "ck.safetensors"
+    vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=16, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
+                                    hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5), ck)
+    paper = finetune.plan(str(ck), "digits", choose="paper")
+    assert paper.config.optim.name == "sgd" and paper.arms == [] and paper.sweep and paper.sweep_steps == 50
+    assert any("a quick sweep first, Table 4's grid" in n for n in paper.notes)
+    auto = finetune.plan(str(ck), "digits")
+    assert [a.name for a in auto.arms][::4] == ["paper-lr-0.001", "adamw-lr-0.001"] and auto.sweep_steps == 25
+    fixed = finetune.plan(str(ck), "digits", options={"lr": 0.002}, choose="adamw")
+    assert fixed.config.optim.name == "adamw" and fixed.config.optim.lr == 0.002 and not fixed.sweep
+    assert fixed.config.optim.warmup_steps == 125 and fixed.config.train.label_smoothing == 0.1  # 25% of 500
+    given = finetune.plan(str(ck), "digits", options={"lr": 0.01})
+    assert given.config.optim.name == "sgd" and not given.sweep
+    assert any("as --lr was given: no sweep chooses" in n for n in given.notes)
+    by_epochs = finetune.plan(str(ck), "digits", options={"epochs": 2.0, "batch_size": 64})
+    assert by_epochs.config.train.steps == 44 and by_epochs.sweep_steps == 10  # 2 x (1,437 // 64); at least 10 an arm
+    # Another recipe (Table 2's) is followed as it is: no choice unless asked for.
+    table2 = finetune.plan(str(ck), "digits", recipe="table2-finetune-imagenet-384", options={"steps": 40})
+    assert table2.arms == [] and table2.config.optim.name == "sgd"
+    assert finetune.plan(str(ck), "digits", recipe="table2-finetune-imagenet-384", options={"steps": 40},
+                         choose="auto").arms
+    # --table4 declares the dataset, and with it the paper's dev split.
+    assert finetune.plan(str(ck), "digits", table4="cifar10", options={"steps": 40}).config.data.dev_fraction == 0.02

@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "push": "push",
     "bench": "bench",
     "sweep": "sweep",
+    "vtab": "vtab",
 }
 
 # Arguments that must be at least 1 wherever a command has them (a batch of 0 divides by
@@ -50,7 +51,7 @@ AT_LEAST_ZERO = ("workers", "test_limit", "pool", "max_per_class", "eval_every",
 OUTPUTS = (
     ("train", "out", True), ("finetune", "out", True), ("eval", "out", True), ("inspect", "out", True),
     ("predict", "attention", True), ("fewshot", "out", False), ("linear-probe", "out", False),
-    ("export", "out", False), ("predict", "csv", False), ("bench", "out", True),
+    ("export", "out", False), ("predict", "csv", False), ("bench", "out", True), ("vtab", "out", True),
 )
 # Single-file outputs that may name a user's file: written only when new, or with --force
 # (docs/reliability.md, "What each command writes"). export and convert check their own.

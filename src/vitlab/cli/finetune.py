@@ -4,42 +4,51 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "fine-tune a checkpoint on a new dataset (the paper's protocol, fitted to the checkpoint and the data)"
+HELP = "fine-tune a checkpoint on a new dataset (the recipe chosen on a dev split, fitted to the checkpoint and the data)"
 DESCRIPTION = """\
 Fine-tune any checkpoint vitlab.load reads (a vitlab run, an official .npz, timm or Hugging
-Face weights, a name such as hf-hub:ORG/NAME) on a dataset, the paper's way (§3.2, Appendix
-B.1.1): the pretrained head and pre-logits are dropped for a fresh zero-initialised head,
-SGD with momentum 0.9, cosine decay, no weight decay, clipping at 1, and Table 4's number of
-steps for the dataset (CIFAR 10k, ImageNet 20k, Pets and Flowers 500; 500 for data Table 4
-does not list) unless --steps/--epochs say otherwise.
+Face weights, a name such as hf-hub:ORG/NAME) on a dataset: the pretrained head and
+pre-logits are dropped for a fresh zero-initialised head, cosine decay, clipping at 1, and
+Table 4's number of steps for the dataset (CIFAR 10k, ImageNet 20k, Pets and Flowers 500;
+500 for data Table 4 does not list) unless --steps/--epochs say otherwise.
 
-The paper's numbers are for 224 px ImageNet models on large targets; with only --from and
---data the rest is fitted to the checkpoint and the data, and the plan line says what was
-chosen and why:
+The recipe (--recipe): by default (auto, with the shipped finetune recipe; another --config
+is followed as it is) a quick sweep chooses it on a dev split, between
+  - paper: the paper's (§3.2, Appendix B.1.1): SGD with momentum 0.9, no weight decay, the
+    inception crop, at each rate of Table 4's grid (0.001-0.03), and
+  - adamw: the recipe vitlab trains from scratch with: AdamW, weight decay 0.05, crop from
+    35%, label smoothing 0.1, at 0.001 and 0.003.
+Each of the six arms trains for 5% of the steps (at least 10) on the training set minus the
+dev split (2% of CIFAR, 1% of ImageNet, 10% of others, told by the data's identity) and is
+scored on the dev split; the best trains on the whole set. The plan line says which recipe
+won, by how much and with what noise; the sweep's steps count as compute (OUT/final/
+summary.json: compute_with_sweep). --recipe paper is the paper's protocol as it was (a
+quick sweep of Table 4's rates on a training set of up to 20,000 images, else the recipe's
+0.003); --lr skips the sweep (the paper's recipe, or AdamW with --recipe adamw).
+
+The rest is fitted to the checkpoint and the data, and the plan line says what was chosen:
   - resolution: the checkpoint's own. The paper fine-tunes at a higher resolution than it
     pre-trains (224 -> 384, position embeddings resized): --paper-resolution takes that step
     (x384/224), --image-size N any other. It pays when the target images hold detail finer
     than the pre-training patches resolve (photos larger than the pre-training size), at
     about (384/224)^2 = 3x the tokens and more than 3x the compute per step; upsampling small
     images (CIFAR's 32 px, digits' 8 px) adds cost and no information;
-  - warm-up: at most 5% of the run (the paper's 500 of 10,000 steps);
+  - threads and data workers: the source run's own (a vitlab run folder's config.yaml),
+    else the recipe's;
+  - warm-up: 5% of the run with the paper's recipe (its 500 of 10,000 steps), 25% with AdamW;
   - batch: the recipe's 512, or less: a power of two at most a quarter of the training set
     (at least 4 steps an epoch, as the paper's smallest set, Flowers);
-  - learning rate: on a training set of up to 20,000 images, a quick sweep first (Table 4's
-    grid, each rate trained for a tenth of the steps on the training set minus a dev
-    split and scored on the dev split), then the best rate on the whole set; on larger
-    sets the recipe's 0.003, which can be far from the best: use --lr-sweep;
   - progress: a line after the first step and then every 10 s at least.
 
---lr-sweep runs the paper's protocol in full: Table 4's learning-rate grid (or --lr-grid),
-each trained for the whole run on the training set minus a dev split (2% of CIFAR, 10% of
-others) and scored on the dev split, then the best rate trained on the full training set.
-It says so when the best rate is at the edge of the grid, and when its dev score is within
-sampling noise of the runner-up's (the pick is then uncertain). Sweeps write OUT/sweep/lr-*/ and
+--lr-sweep runs the sweep in full: every arm (or, with --recipe paper, Table 4's rates or
+--lr-grid) trained for the whole run, then the best on the full training set. It says so
+when the best rate is at the edge of the grid, and when the winner's dev score is within
+sampling noise of the runner-up's (the pick is then uncertain). Sweeps write OUT/sweep/*/ and
 the final run OUT/final/ (OUT/sweep.json has the scores).
 
 examples:
   vitlab finetune --from runs/cifar10/checkpoints/last.safetensors --data digits
+  vitlab finetune --from runs/cifar10/checkpoints/last.safetensors --data digits --recipe paper
   vitlab finetune --from runs/cifar10/checkpoints/last.safetensors --data cifar10:~/data --paper-resolution --steps 200
   vitlab finetune --from vit_b16_in21k.npz --data imagefolder:~/pets --image-size 384 --lr-sweep
   vitlab finetune --from hf-hub:google/vit-base-patch16-224-in21k --data imagefolder:~/photos --lr 0.01
@@ -56,6 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fine-tune at the paper's step up from the checkpoint's resolution (x384/224, e.g. 224 -> 384)")
     p.add_argument("--lr-sweep", action="store_true", help="choose the learning rate on a dev split first (Table 4's grid)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="the rates a sweep tries (default: Table 4's for the dataset)")
+    p.add_argument("--recipe", choices=("auto", "paper", "adamw"),
+                   help="the fine-tuning recipe: auto chooses between the paper's SGD and AdamW on a dev split (the "
+                   "default with the shipped finetune recipe); paper: the paper's protocol, or --config's recipe as "
+                   "it is (the default with any other --config); adamw: vitlab's from-scratch recipe")
     p.add_argument("--repeats", type=int, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
                    "(OUT/seed-K) and report top-1 as mean ± std, as Table 2 does (a sweep runs once, with seed 0)")
     p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "
@@ -80,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan = finetune.plan(args.checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
                          paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=rates(args.lr_grid),
-                         table4=args.table4, out=args.out)
+                         table4=args.table4, out=args.out, choose=args.recipe)
     result: dict = {}
 
     def one(p):
@@ -94,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{repeats.report(result)}; every run in {plan.out / 'repeats.json'}")
         return code
     code = training_exit(lambda: result.update(one(plan)), "finetune")
-    if code == 0 and "best_lr" in result:
-        print(f"lr-sweep done: best lr {result['best_lr']:g}; scores in {plan.out / 'sweep.json'}; "
-              f"final run in {plan.out / 'final'}")
+    done = finetune.done_line(plan, result) if code == 0 else None
+    if done:
+        print(done)
     return code

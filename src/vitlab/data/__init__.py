@@ -14,6 +14,9 @@ The API other parts of vitlab (and users) call:
                 imagenet-val:DIR       the ImageNet validation images in file-name order (one
                                        folder per wnid, or flat with labels.txt), the order
                                        of the ReaL labels (see imagenet_val.py); split test
+                vtab:TASK:ROOT         a VTAB-1k task (data/vtab.py): train = its 1,000
+                                       examples, train-minus-dev its 800, dev its 200 val,
+                                       test its full test split, as VTAB defines them
                 imagefolder:PATH       PATH/CLASS/IMAGE, with PATH/train + PATH/val|test
                                        splits, or a fixed 20% held out as "test"
                 wds:PATTERN            WebDataset tar shards (.tar, .tar.gz), brace patterns or
@@ -50,24 +53,28 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from vitlab.data.datasets import BadImageError, DataError, read_image
+from vitlab.data.identity import DEV_FRACTIONS, PAPER_DATASETS, by_name, dev_fraction, recognise
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
 
-NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "wds", "hf")
-# The dev split the paper holds out to choose a learning rate (Appendix B.1.1); 10% elsewhere.
-DEV_FRACTIONS = {"imagenet": 0.01, "cifar10": 0.02, "cifar100": 0.02, "pets": 0.1, "flowers": 0.1}
-PAPER_DATASETS = ("cifar100", "cifar10", "imagenet", "pets", "flowers", "vtab")
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "vtab", "wds", "hf")
 
 
 def paper_dataset(spec: str) -> Optional[str]:
-    """Which of the paper's datasets a spec holds: by its name (cifar10) or a word in its path
-    (wds:data/cifar10, imagefolder:~/oxford-pets), else None."""
-    name, _, arg = spec.partition(":")
-    if name.lower() in PAPER_DATASETS:
-        return name.lower()
-    text = arg.lower().replace("-", "")
-    return next((key for key in PAPER_DATASETS if key in text), None)
+    """Which of the paper's datasets a spec holds: declared by its name (cifar10:DIR), else
+    recognised from its training split's class counts (identity.py), else None. Never from
+    the words of its path. Reads the training split's labels (no images); a spec that cannot
+    be opened is None here, and fails with its own message where it is used."""
+    named = by_name(spec)
+    if named or spec.partition(":")[0].strip().lower() not in NAMED:
+        return named
+    try:
+        return open_dataset(spec, "train", image_size=8).identity
+    except (DataError, OSError, ValueError):
+        return None
 
 
 def _base_split(split: str) -> str:
@@ -98,24 +105,16 @@ def open_dataset(
     if name not in NAMED:
         raise DataError(
             f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
+            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
         )
-    if name in ("imagefolder", "imagenet-val", "wds", "hf") and not arg:
+    if name in ("imagefolder", "imagenet-val", "vtab", "wds", "hf") and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
     if len(mean) != in_channels or len(std) != in_channels:
         raise DataError(f"mean/std need one value per channel ({in_channels}), got {tuple(mean)} and {tuple(std)}")
-    known = {
-        "crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "dev_fraction",
-        "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
-        "crop_fraction", "crop_mode", "interpolation",
-    }
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise TypeError(f"open_dataset got unknown option(s) {unknown}; known: {', '.join(sorted(known))}")
-    dev_fraction = options.get("dev_fraction")
-    if dev_fraction is None or dev_fraction < 0:
-        dev_fraction = DEV_FRACTIONS.get(paper_dataset(spec) or "", 0.1)
+    _check_options(options)
+    explicit = options.get("dev_fraction")
+    explicit = None if explicit is None or explicit < 0 else float(explicit)
     transform = _transform(image_size, mean, std, in_channels, train, options)
     skip = bool(options.get("skip_bad_images", False))
     download = bool(options.get("download", True))
@@ -125,11 +124,15 @@ def open_dataset(
 
         stream = WebDataset(
             arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", 2000)),
-            skip_bad_images=skip, dev_fraction=dev_fraction, classes=options.get("classes"),
+            skip_bad_images=skip, dev_fraction=explicit, classes=options.get("classes"), identity=by_name(spec),
         )
         check_classes(spec, stream.class_names)
         return stream
     common = dict(seed=seed, skip_bad_images=skip)
+    if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
+        from vitlab.data.vtab_sources import open_vtab
+
+        return open_vtab(arg, split, transform, **common)
     if name == "imagenet-val":
         from vitlab.data.imagenet_val import imagenet_val
 
@@ -154,8 +157,31 @@ def open_dataset(
                             f"{len(classes)} classes; the label file is damaged")
         dataset = ds.ArrayDataset(images, labels, classes, transform, **common)
     check_classes(spec, dataset.class_names)
+    return _dev_part(dataset, spec, split, base, explicit)
+
+
+OPTIONS = {
+    "crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "dev_fraction",
+    "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
+    "crop_fraction", "crop_mode", "interpolation",
+}
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - OPTIONS)
+    if unknown:
+        raise TypeError(f"open_dataset got unknown option(s) {unknown}; known: {', '.join(sorted(OPTIONS))}")
+
+
+def _dev_part(dataset: Any, spec: str, split: str, base: str, explicit: Optional[float]) -> Any:
+    """Say what the data is (`identity`: declared by the spec's name, else recognised from
+    the training split's class counts, never from its path) and carve the dev split, whose
+    size follows from it (identity.py)."""
+    from vitlab.data import datasets as ds
+
+    dataset.identity = by_name(spec) or (recognise(np.bincount(dataset.labels)) if base == "train" else None)
     if split in ("dev", "train-minus-dev"):
-        dev, rest = ds.dev_split(len(dataset), dev_fraction)
+        dev, rest = ds.dev_split(len(dataset), dev_fraction(dataset.identity, explicit))
         dataset = dataset.select(dev if split == "dev" else rest)
     return dataset
 

@@ -38,6 +38,8 @@ import torch
 from PIL import Image
 
 from vitlab.data.datasets import BadImageError, DataError, Skipped, apply_seeded, data_cache, decoded, item_seed
+from vitlab.data.identity import dev_fraction as identity_dev_fraction
+from vitlab.data.identity import recognise, summed
 from vitlab.files import NotRegularFileError, atomic_write_text, require_regular_file
 
 IMAGE_KEYS = ("png", "jpg", "jpeg", "webp", "ppm", "bmp", "tif", "tiff")
@@ -187,14 +189,15 @@ def dev_bucket(key: str) -> int:
 
 
 def shard_index(path: Path) -> dict[str, Any]:
-    """Per shard: how many samples in each dev bucket, and the largest label. Cached on disk,
-    keyed by the shard's path, size and modification time, so a stream knows its length."""
+    """Per shard: how many samples in each dev bucket, the smallest and largest label and
+    the count of each label. Cached on disk, keyed by the shard's path, size and modification
+    time, so a stream knows its length (and what data it holds) without decoding an image."""
     st = path.stat()
     tag = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
     cache = data_cache() / "wds-index" / f"{tag}.json"
     try:
         index = json.loads(cache.read_text())
-        if isinstance(index, dict) and {"buckets", "min_label", "max_label"} <= set(index):
+        if isinstance(index, dict) and {"buckets", "min_label", "max_label", "label_counts"} <= set(index):
             return index
     except (OSError, ValueError):
         pass
@@ -203,7 +206,12 @@ def shard_index(path: Path) -> dict[str, Any]:
     for key, parts in iter_shard(path):
         buckets[dev_bucket(key)] += 1
         labels.append(sample_label(path, key, parts))
-    index = {"buckets": buckets, "min_label": min(labels, default=0), "max_label": max(labels, default=-1)}
+    counts = [0] * (max(labels, default=-1) + 1)
+    for label in labels:
+        if label >= 0:
+            counts[label] += 1
+    index = {"buckets": buckets, "min_label": min(labels, default=0), "max_label": max(labels, default=-1),
+             "label_counts": counts}
     try:
         atomic_write_text(cache, json.dumps(index))
     except OSError:
@@ -272,13 +280,16 @@ class WebDataset(torch.utils.data.IterableDataset):
         seed: int = 0,
         shuffle_buffer: int = 2000,
         skip_bad_images: bool = False,
-        dev_fraction: float = 0.1,
+        dev_fraction: Optional[float] = None,
         classes: Any = None,
         rank: int = 0,
         world: int = 1,
+        identity: Optional[str] = None,
     ):
         """`rank`/`world` split plain iteration across processes (the training loader's batches
-        are laid out by `batches`, which is told them per call)."""
+        are laid out by `batches`, which is told them per call). `identity` declares which
+        paper dataset the shards hold; without it the shards' class counts tell (see
+        identity.py). `dev_fraction` None: the paper's share for that dataset, else 10%."""
         super().__init__()
         self.rank, self.world = rank, world
         self.shards = resolve_shards(pattern, split)
@@ -287,11 +298,13 @@ class WebDataset(torch.utils.data.IterableDataset):
         self.seed = seed
         self.shuffle_buffer = shuffle_buffer if train else 0
         self.skip_bad_images = skip_bad_images
-        self.dev_cut = round(dev_fraction * DEV_BUCKETS)
         self.subset = {"dev": "dev", "train-minus-dev": "rest"}.get(split)
         self.only: Optional[frozenset[str]] = None  # a training subset's keys (see `restrict`)
         self.bad_images = 0
         indexes = [shard_index(s) for s in self.shards]
+        train_side = split in ("train", "dev", "train-minus-dev")
+        self.identity = identity or (recognise(summed(ix["label_counts"] for ix in indexes)) if train_side else None)
+        self.dev_cut = round(identity_dev_fraction(self.identity, dev_fraction) * DEV_BUCKETS)
         self.num_samples = sum(sum(self._counted(ix["buckets"])) for ix in indexes)
         self.class_names = read_class_names(self.shards, classes, max(ix["max_label"] for ix in indexes))
         for shard, ix in zip(self.shards, indexes):

@@ -31,10 +31,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from vitlab.checkpoints import is_pretrained_name, read_checkpoint
 from vitlab.config import ConfigError, RunConfig, load_recipe
-from vitlab.data import open_dataset, paper_dataset
+from vitlab.data import DEV_FRACTIONS, identity, open_dataset, paper_dataset
 from vitlab.files import atomic_write_text
-from vitlab.train import distributed, recipe as recipes
+from vitlab.train import distributed, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
+from vitlab.train.compute import format_compute
 
 # Table 4: fine-tuning steps and the learning-rate grid per dataset.
 TABLE4_STEPS = {"imagenet": 20_000, "cifar10": 10_000, "cifar100": 10_000, "pets": 500, "flowers": 500, "vtab": 2_500}
@@ -59,7 +60,8 @@ RECIPE = "finetune"  # the shipped recipe fine-tuning starts from
 
 # Options whose value, when given, the fitted defaults leave alone.
 EXPLICIT_OPTIONS = {"batch_size": "train.batch_size", "warmup_steps": "optim.warmup_steps", "lr": "optim.lr",
-                    "image_size": "model.image_size"}
+                    "image_size": "model.image_size", "workers": "data.num_workers",
+                    "label_smoothing": "train.label_smoothing"}
 
 
 def say(line: str) -> None:
@@ -214,6 +216,8 @@ class Plan:
     grid: tuple[float, ...]
     sweep: bool = False
     sweep_steps: Optional[int] = None
+    arms: list[choice.Arm] = field(default_factory=list)  # the recipe sweep's; empty: the paper's lr sweep
+    explicit: set[str] = field(default_factory=set)
 
 
 def explicit_keys(options: Mapping[str, Any], overrides: Sequence[str] = (), paper_resolution: bool = False) -> set[str]:
@@ -245,19 +249,26 @@ def _length(recipe: str, options: Mapping[str, Any], row: Optional[str], extra: 
             extra["train.steps"] = TABLE4_STEPS[row]
 
 
-def train_size(cfg: RunConfig) -> int:
-    """How many images the run's training split holds."""
+def training_set(cfg: RunConfig) -> Any:
+    """The run's training split (its length and `identity`: which paper dataset it is)."""
     arch = architecture(cfg.model)
-    return len(open_dataset(cfg.data.name, cfg.data.train_split, image_size=arch.image_size,
-                            in_channels=arch.in_channels, mean=arch.mean, std=arch.std))
+    return open_dataset(cfg.data.name, cfg.data.train_split, image_size=arch.image_size,
+                        in_channels=arch.in_channels, mean=arch.mean, std=arch.std,
+                        **({"dev_fraction": cfg.data.dev_fraction} if cfg.data.dev_fraction >= 0 else {}))
 
 
 def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[str, Any] = {},
          overrides: Sequence[str] = (), paper_resolution: bool = False, lr_sweep: bool = False,
          rates: Optional[Sequence[float]] = None, table4: Optional[str] = None,
-         out: Optional[Path | str] = None) -> Plan:
+         out: Optional[Path | str] = None, choose: Optional[str] = None) -> Plan:
     """Fine-tuning `checkpoint` (a file vitlab.load reads, or a published name) on `data`, fitted
-    to both; `options` and `overrides` as recipe.resolve takes them, `rates` the sweep's grid."""
+    to both; `options` and `overrides` as recipe.resolve takes them, `rates` the sweep's grid.
+    `choose`: the fine-tuning recipe, "paper", "adamw" or "auto" (chosen on the dev split;
+    see finetune_choice.py); None: auto with the shipped `finetune` recipe, the recipe's own
+    ("paper") with any other, such as Table 2's."""
+    choose = choose or ("auto" if recipe == RECIPE else "paper")
+    if choose not in choice.CHOICES:
+        raise ConfigError(f"--recipe {choose!r}: use one of {', '.join(choice.CHOICES)}")
     if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
         raise ConfigError(f"--from {checkpoint}: no such file")
     if not data:
@@ -269,17 +280,33 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     row = table4 or paper_dataset(data)
     grid = lr_grid(row, rates)
     _length(recipe, options, row, extra, notes)
+    if table4:  # a declared Table 4 row declares the dataset, and so the paper's dev split
+        extra["data.dev_fraction"] = DEV_FRACTIONS.get(table4, identity.DEFAULT_DEV_FRACTION)
     if paper_resolution:
         own = read_checkpoint(checkpoint).config
         extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride)
     cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra)
     explicit = explicit_keys(options, overrides, paper_resolution)
-    fitted = fit_defaults(cfg, train_size(cfg), explicit, lr_sweep)
-    notes = [resolution_note(architecture(cfg.model).image_size, "model.image_size" in explicit),
-             *fitted.notes, *notes]
+    threads, threads_note = choice.thread_policy(cfg, checkpoint, explicit)
+    cfg = cfg.with_overrides(threads)
+    train_set = training_set(cfg)
     out = Path(out) if out else Path("runs") / f"{name}-{Path(checkpoint).stem}"
-    sweep = lr_sweep or fitted.quick_sweep_steps is not None
-    return Plan(fitted.config, out, notes, grid, sweep, fitted.quick_sweep_steps)
+    head = [resolution_note(architecture(cfg.model).image_size, "model.image_size" in explicit), threads_note]
+    chosen = choice.resolved(choose, explicit, cfg)
+    if chosen.name == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
+        fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep)
+        sweep = lr_sweep or fitted.quick_sweep_steps is not None
+        return Plan(fitted.config, out, [*head, *chosen.notes, *fitted.notes, *notes], grid, sweep,
+                    fitted.quick_sweep_steps, explicit=explicit)
+    fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep_asked=True)  # batch and length; warm-up per recipe
+    t = fitted.config.train
+    if not t.steps:  # --epochs: in steps, which the arms' length and the warm-up shares are of
+        steps = max(1, math.ceil(t.epochs * (len(train_set) // t.batch_size)))
+        fitted.config = fitted.config.with_overrides({"train.steps": steps, "train.epochs": 0.0})
+    dev = identity.describe(getattr(train_set, "identity", None), cfg.data.dev_fraction)
+    c = choice.decide(fitted.config, chosen, explicit, grid, rates, lr_sweep, dev)
+    kept = [n for n in fitted.notes if not n.startswith("warm-up")]
+    return Plan(c.config, out, [*head, *kept, *c.notes, *notes], grid, bool(c.arms), c.steps, c.arms, explicit)
 
 
 def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[str] = (),
@@ -289,6 +316,14 @@ def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[s
     if not p.sweep:
         return recipes.train(p.config, p.out, command=command, quiet=quiet, notes=p.notes, trackers=trackers)
     (log or say)("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
+    if p.arms:
+        def arm(c: RunConfig, o: Path, more: Sequence[str] = ()) -> dict[str, Any]:
+            said = (f"sweep run: {o.name}, {c.train.steps} steps, scored on the dev split",) if o.parent.name == "sweep" \
+                else (*p.notes, *more)
+            return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers)
+
+        steps = p.sweep_steps or p.config.train.steps
+        return choice.choose(p.config, p.out, p.arms, steps, p.explicit, arm, log or say)
 
     def train(c: RunConfig, o: Path) -> dict[str, Any]:
         sweeping = o.parent.name == "sweep"
@@ -296,3 +331,13 @@ def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[s
         return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers)
 
     return lr_sweep(p.config, p.out, p.grid, train, log=log, sweep_steps=p.sweep_steps)
+
+
+def done_line(p: Plan, result: Mapping[str, Any]) -> Optional[str]:
+    """What `vitlab finetune` prints after a sweep: the pick, where the scores are, the compute."""
+    if "best_recipe" in result:
+        return (f"sweep done: {result['best_recipe']} at lr {result['best_lr']:g}; scores in {p.out / 'sweep.json'}; "
+                f"final run in {p.out / 'final'}\nwith the sweep: {format_compute(result['compute_with_sweep'])}")
+    if "best_lr" in result:
+        return f"lr-sweep done: best lr {result['best_lr']:g}; scores in {p.out / 'sweep.json'}; final run in {p.out / 'final'}"
+    return None

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from vitlab.config import ConfigError
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed
+from vitlab.train import finetune_choice as choice
 from vitlab.train.finetune import Plan
 
 
@@ -41,12 +42,15 @@ def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
     seed's top-1 per evaluated split and their mean and std."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {repeats}")
-    seed, runs, best_lr = plan.config.train.seed, [], None
+    seed, runs, best_lr, best_recipe = plan.config.train.seed, [], None, None
     for k in range(repeats):
         cfg = plan.config.with_overrides({"train.seed": seed + k, **({"optim.lr": best_lr} if best_lr else {})})
+        if best_recipe:  # the recipe the sweep chose (its optimiser and augmentation), at its rate
+            cfg = choice.apply(cfg, choice.RECIPES[best_recipe], plan.explicit).with_overrides({"optim.lr": best_lr})
         this = replace(plan, config=cfg, out=plan.out / f"seed-{k}", sweep=plan.sweep and best_lr is None)
         result = run(this)
         best_lr = best_lr or result.get("best_lr")
+        best_recipe = best_recipe or result.get("best_recipe")
         splits = {s: m["top1"] for s, m in _final(result)["splits"].items()}
         runs.append({"seed": seed + k, "folder": str(this.out), "lr": cfg.optim.lr if best_lr is None else best_lr,
                      "top1": splits})

@@ -1,0 +1,99 @@
+"""`vitlab finetune` beside `vitlab train` on the same model and data, measured in one run.
+
+    python benchmarks/finetune_speed.py          # about 1 CPU-minute; results/finetune-speed.md/.csv
+
+The model is the CPU CIFAR-10 recipe's ViT-C/4 (6 blocks of width 128, 32 px), on the
+digits (upsampled), batch 64. Rounds, interleaved so that a change in the machine's load
+hits every system alike:
+
+1. `vitlab train --config cifar10 --data digits` (the recipe's policy: 1 compute thread and
+   1 data worker) -- its checkpoint is the source of the fine-tunes;
+2. `vitlab finetune --from THAT --data digits --lr 0.003`: fine-tuning's own policy, which
+   takes the source run's threads and workers (the plan line says so);
+3. the same with `train.threads=0 data.num_workers=0`: the policy fine-tuning had before
+   (one thread per core, data in the training process).
+
+The rate of each is the trainer's own images/s per 5-step window (median, the first
+window, start-up, left out). Fine-tuning and training should be within 10%: the same model,
+batch, data and threads do the same work per step (SGD and AdamW cost alike next to the
+forward and backward passes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from vitlab.bench import machine, report
+
+ROOT = Path(__file__).resolve().parents[1]
+COLUMNS = ["round", "measurement", "threads", "data_workers", "steps", "images_per_s", "of_train", "others_cores"]
+COMMON = ("--data", "digits", "--batch-size", "64", "--quiet", "train.log_every=5", "train.ckpt_every=1000")
+
+
+def rate(args: list[str], out: Path) -> tuple[float, float, dict]:
+    """Run a vitlab command into `out`: (median windowed images/s, others' cores, the config used)."""
+    machine.wait_quiet(0.1, 5.0)
+    with machine.CpuMeter() as meter:
+        child = subprocess.run([sys.executable, "-m", "vitlab", *args, "--out", str(out)], env=os.environ,
+                               capture_output=True, text=True)
+        children = os.times()
+    if child.returncode != 0:
+        raise RuntimeError(f"vitlab {' '.join(args)} failed: {child.stderr.strip().splitlines()[-1:]}")
+    own = children.children_user + children.children_system
+    others = max(meter.others - own / meter.wall, 0.0)
+    run = out / "final" if (out / "final").is_dir() else out
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["images_per_s"] for r in lines if r.get("split") == "train"][1:]
+    import yaml
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    return statistics.median(rates), others, config
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--runs", type=Path, default=Path("runs/finetune-speed"))
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = p.parse_args()
+    info = machine.machine_info()
+    steps = ("--steps", str(args.steps))
+    records = []
+    for r in range(args.rounds):
+        base = args.runs / f"round{r}"
+        systems = [
+            ("vitlab train --config cifar10", ["train", "--config", "cifar10", *steps, *COMMON], base / "train"),
+            ("vitlab finetune (its policy)", ["finetune", "--from", str(base / "train" / "checkpoints" /
+                                              "last.safetensors"), "--lr", "0.003", *steps, *COMMON], base / "ft"),
+            ("vitlab finetune, threads 0, workers 0 (before)", ["finetune", "--from", str(base / "train" / "checkpoints"
+                                                                / "last.safetensors"), "--lr", "0.003", *steps,
+                                                                *COMMON, "train.threads=0", "data.num_workers=0"],
+             base / "ft-old"),
+        ]
+        train_rate = None
+        for name, cmd, out in systems:
+            img_s, others, cfg = rate(cmd, out)
+            train_rate = train_rate or img_s
+            records.append({"round": r, "measurement": name, "threads": cfg["train"].get("threads", 0),
+                            "data_workers": cfg["data"].get("num_workers", 0), "steps": args.steps,
+                            "images_per_s": f"{img_s:.1f}", "of_train": f"{img_s / train_rate:.0%}",
+                            "others_cores": f"{others:.2f}"})
+            print(records[-1], flush=True)
+    notes = ("The CPU CIFAR-10 recipe's ViT-C/4 (811k parameters, 32 px) on the digits, batch 64, "
+             f"{args.steps} steps per run, {args.rounds} round(s), the systems in turn. images_per_s: the trainer's own "
+             "rate per 5-step window (median, start-up window left out). of_train: over the same round's "
+             "`vitlab train`. threads 0 = one per core. others_cores: other processes' CPU use meanwhile "
+             "(the machine is shared with other jobs).\n")
+    report.write_table(args.out, "finetune-speed", "vitlab finetune beside vitlab train, same model and data", info,
+                       records, COLUMNS, notes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Reading a tfds data_dir without TensorFlow: TFRecord files of `tf.train.Example` protos.
+
+A TFRecord file is a sequence of records, each
+
+    uint64 length | uint32 masked crc of length | length bytes | uint32 masked crc of data
+
+(little-endian), and each record here is an Example: a map from feature name to a list of
+bytes, floats or int64s. tfds flattens nested features into names joined by "/" (CLEVR's
+`objects/size`) and stores images encoded (PNG or JPEG). The wire format is read with the
+few rules of protobuf it needs (varints and length-delimited fields), so no generated code
+and no TensorFlow are involved; nothing in a file is ever executed.
+
+tfds names its shards NAME-SPLIT.tfrecord-00000-of-00016 under NAME/[CONFIG/]VERSION/, and
+reads them, unshuffled, in shard order: that order is the one VTAB's slices refer to.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+from vitlab.data.datasets import DataError
+
+_SHARD = re.compile(r"^.+-(\w+)\.tfrecord-(\d+)-of-(\d+)$")
+
+
+def tfds_shards(folder: Path) -> dict[str, list[Path]]:
+    """{split: shard files in order} of the newest version found under a tfds builder folder."""
+    if not folder.is_dir():
+        return {}
+    infos = sorted(folder.rglob("dataset_info.json"), key=lambda p: [int(x) if x.isdigit() else x
+                                                                    for x in re.split(r"[./]", str(p))])
+    for info in reversed(infos):
+        shards: dict[str, list[tuple[int, Path]]] = {}
+        for f in info.parent.iterdir():
+            m = _SHARD.match(f.name)
+            if m:
+                shards.setdefault(m.group(1), []).append((int(m.group(2)), f))
+        if shards:
+            return {s: [f for _, f in sorted(fs)] for s, fs in shards.items()}
+    return {}
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: bytes):
+    """(field number, wire type, value) of a message: value an int (varint, fixed) or bytes."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 2:
+            n, pos = _varint(buf, pos)
+            value, pos = buf[pos : pos + n], pos + n
+        elif wire == 5:
+            value, pos = buf[pos : pos + 4], pos + 4
+        elif wire == 1:
+            value, pos = buf[pos : pos + 8], pos + 8
+        else:
+            raise DataError(f"not a tf.train.Example (wire type {wire})")
+        yield number, wire, value
+
+
+def _values(feature: bytes) -> list[Any]:
+    """A Feature: bytes_list (1), float_list (2) or int64_list (3), packed or not."""
+    for kind, _, body in _fields(feature):
+        out: list[Any] = []
+        for _, wire, v in _fields(body):
+            if kind == 1:
+                out.append(bytes(v))
+            elif kind == 2:
+                out += struct.unpack(f"<{len(v) // 4}f", v) if wire == 2 else struct.unpack("<f", v)
+            else:
+                ints, pos = [], 0
+                while wire == 2 and pos < len(v):
+                    x, pos = _varint(v, pos)
+                    ints.append(x)
+                out += [x - (1 << 64) if x >= 1 << 63 else x for x in (ints if wire == 2 else [v])]
+        return out
+    return []
+
+
+def parse_example(record: bytes) -> dict[str, list[Any]]:
+    """A serialized tf.train.Example -> {feature name: list of values}."""
+    out = {}
+    for number, _, features in _fields(record):
+        if number != 1:
+            continue
+        for _, _, entry in _fields(features):  # map<string, Feature> entries
+            parts = {n: v for n, _, v in _fields(entry)}
+            out[bytes(parts.get(1, b"")).decode()] = _values(parts.get(2, b""))
+    return out
+
+
+class Records:
+    """The records of some TFRecord files in order, indexed by offset and parsed on demand."""
+
+    def __init__(self, files: list[Path]):
+        self.files = list(files)
+        self.index: list[tuple[int, int, int]] = []  # (file, offset of the data, length)
+        for k, path in enumerate(self.files):
+            size, pos = path.stat().st_size, 0
+            with open(path, "rb") as f:
+                while pos < size:
+                    head = f.read(12)
+                    if len(head) < 12:
+                        raise DataError(f"{path}: truncated TFRecord file at byte {pos}")
+                    (length,) = struct.unpack("<Q", head[:8])
+                    self.index.append((k, pos + 12, length))
+                    pos += 12 + length + 4
+                    f.seek(pos)
+            if pos != size:
+                raise DataError(f"{path}: truncated TFRecord file (a record runs past its end)")
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> dict[str, list[Any]]:
+        k, offset, length = self.index[i]
+        with open(self.files[k], "rb") as f:
+            f.seek(offset)
+            return parse_example(f.read(length))
+
+
+def read_examples(files: list[Path]) -> Records:
+    return Records(files)
+
+
+def _put_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _put_varint(number << 3 | 2) + _put_varint(len(payload)) + payload
+
+
+def write_example(features: dict[str, list[Any]]) -> bytes:
+    """A tf.train.Example of {name: bytes | [floats] | [ints]}: the inverse of parse_example,
+    for making tfds-format data (test fixtures, exports)."""
+    entries = b""
+    for name, values in features.items():
+        if values and isinstance(values[0], bytes):
+            feature = _field(1, b"".join(_field(1, v) for v in values))
+        elif values and isinstance(values[0], float):
+            feature = _field(2, _field(1, struct.pack(f"<{len(values)}f", *values)))
+        else:
+            feature = _field(3, _field(1, b"".join(_put_varint(v & (1 << 64) - 1) for v in values)))
+        entries += _field(1, _field(1, name.encode()) + _field(2, feature))
+    return _field(1, entries)
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def masked_crc(data: bytes) -> int:
+    """TFRecord's checksum: CRC-32C (Castagnoli), rotated right by 15 bits plus a constant."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = _CRC32C[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def write_records(path: Path, records: list[bytes]) -> None:
+    """A TFRecord file with its checksums, as TensorFlow writes one (reading here skips them)."""
+    with open(path, "wb") as f:
+        for r in records:
+            length = struct.pack("<Q", len(r))
+            f.write(length + struct.pack("<I", masked_crc(length)) + r + struct.pack("<I", masked_crc(r)))

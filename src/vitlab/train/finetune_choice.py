@@ -1,0 +1,284 @@
+"""Which fine-tuning recipe, chosen on the dev split: the paper's SGD or AdamW.
+
+The paper fine-tunes with SGD (momentum 0.9, no weight decay, the inception crop) and picks
+the learning rate from Table 4's grid on a dev split (Appendix B.1.1). That recipe is made
+for large, long-trained sources whose features already separate the target's classes. A
+small source and a few hundred steps do better with the recipe vitlab trains from scratch
+with (AdamW, weight decay, a gentler crop, label smoothing): docs/transfer.md measured the
+paper's recipe 20-35 points below it on two of three targets from the same checkpoint.
+
+So `vitlab finetune` does not assume either. Its quick sweep trains every (recipe, rate) arm
+for a short run on the training set minus the dev split, scores each on the dev split, and
+trains the best arm on the whole training set:
+
+    paper   SGD momentum 0.9, no weight decay, inception crop from 8%, warm-up 5%,
+            Table 4's grid (0.001, 0.003, 0.01, 0.03)
+    adamw   AdamW, weight decay 0.05, crop from 35%, label smoothing 0.1, warm-up 25%
+            (the CPU recipes' 100 of 390 steps), rates 0.001 and 0.003 (the CPU recipe's
+            0.002 between them)
+
+Every sweep step is compute: the final run's summary.json counts the sweep's images, FLOPs
+and seconds beside its own (`compute_with_sweep`). Settings the user gave (an optimiser, a
+crop, label smoothing, a warm-up) hold in every arm.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from vitlab.config import ConfigError, RunConfig
+from vitlab.files import atomic_write_text
+from vitlab.train import distributed
+from vitlab.train.run_folder import RunFolder
+
+CHOICES = ("auto", "paper", "adamw")  # --recipe: auto = choose on the dev split
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A fine-tuning recipe: what it changes in the paper's config, its warm-up share, its
+    rates (None: Table 4's grid for the dataset)."""
+
+    name: str
+    words: str
+    changes: Mapping[str, Any] = field(default_factory=dict)
+    warmup_share: float = 0.05
+    grid: Optional[tuple[float, ...]] = None
+
+
+PAPER = Recipe("paper", "the paper's SGD (momentum 0.9, no weight decay, inception crop from 8%)")
+ADAMW = Recipe(
+    "adamw", "AdamW as vitlab trains from scratch (weight decay 0.05, crop from 35%, label smoothing 0.1)",
+    changes={"optim.name": "adamw", "optim.weight_decay": 0.05, "data.crop_scale": (0.35, 1.0),
+             "train.label_smoothing": 0.1},
+    warmup_share=0.25, grid=(0.001, 0.003),
+)
+RECIPES = {r.name: r for r in (PAPER, ADAMW)}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One run of the sweep: a recipe at one learning rate."""
+
+    recipe: Recipe
+    lr: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.recipe.name}-lr-{self.lr:g}"
+
+
+def arms(choice: str, table4_grid: Sequence[float], rates: Optional[Sequence[float]] = None) -> list[Arm]:
+    """The arms a sweep tries: each recipe the choice allows at each of its rates (`rates`,
+    from --lr-grid, replace the rates of a single recipe)."""
+    chosen = [PAPER, ADAMW] if choice == "auto" else [RECIPES[choice]]
+    out = []
+    for recipe in chosen:
+        grid = tuple(rates) if rates and len(chosen) == 1 else recipe.grid or tuple(table4_grid)
+        out += [Arm(recipe, lr) for lr in grid]
+    return out
+
+
+def apply(cfg: RunConfig, recipe: Recipe, explicit: set[str], steps: Optional[int] = None) -> RunConfig:
+    """The config with a recipe's changes and warm-up share (of `steps`, default the run's),
+    leaving the keys the user set."""
+    total = steps or cfg.train.steps
+    changes = {k: v for k, v in recipe.changes.items() if k not in explicit}
+    if "optim.warmup_steps" not in explicit:
+        changes["optim.warmup_steps"] = max(1, round(recipe.warmup_share * total)) if total else cfg.optim.warmup_steps
+    return cfg.with_overrides(changes)
+
+
+ARM_SHARE = 0.05  # each arm of the quick sweep trains for this share of the run's steps
+MIN_ARM_STEPS = 10
+
+
+def arm_steps(total: int) -> int:
+    """The quick sweep's length per arm: 5% of the run, at least 10 steps."""
+    return max(MIN_ARM_STEPS, round(ARM_SHARE * total))
+
+
+@dataclass
+class Resolved:
+    """The recipe a plan follows ("paper", "adamw", or "auto": chosen by the sweep)."""
+
+    name: str
+    notes: list[str] = field(default_factory=list)
+
+
+def resolved(choose: str, explicit: set[str], cfg: RunConfig) -> Resolved:
+    """`--recipe` as it applies: auto chooses on the dev split, unless the user set the rate
+    or the optimiser (a rate means one optimiser's scale: the paper's SGD, or AdamW when
+    optim.name says so)."""
+    if choose != "auto" or not {"optim.lr", "optim.name"} & explicit:
+        return Resolved(choose)
+    name = "adamw" if "optim.name" in explicit and cfg.optim.name in ("adamw", "adam") else "paper"
+    given = "--lr" if "optim.lr" in explicit else "optim.name"
+    return Resolved(name, [f"recipe: {RECIPES[name].words}, as {given} was given: no sweep chooses between the "
+                           "recipes (--recipe to pick one)"])
+
+
+@dataclass
+class Decided:
+    """A plan's recipe part: the config (of the run, or the arms' base), the arms to sweep
+    (none: the config runs as it is), their length (None: full-length runs) and plan lines."""
+
+    config: RunConfig
+    arms: list[Arm]
+    steps: Optional[int]
+    notes: list[str]
+
+
+def decide(cfg: RunConfig, chosen: Resolved, explicit: set[str], table4_grid: Sequence[float],
+           rates: Optional[Sequence[float]], full_sweep: bool, dev_note: str) -> Decided:
+    """The AdamW recipe, or the choice between both (the paper's alone is finetune.fit_defaults')."""
+    total = cfg.train.steps
+    warm = f"warm-up {PAPER.warmup_share:.0%} of each run with the paper's recipe, {ADAMW.warmup_share:.0%} with " \
+        "AdamW (the CPU recipes' 100 of 390 steps)"
+    if chosen.name == "adamw" and "optim.lr" in explicit:
+        return Decided(apply(cfg, ADAMW, explicit), [], None, [*chosen.notes, f"recipe: {ADAMW.words}",
+                                                             f"warm-up {ADAMW.warmup_share:.0%} of the run"])
+    candidates = arms(chosen.name, table4_grid, rates)
+    steps = None if full_sweep else arm_steps(total)
+    length = "the whole run" if steps is None else f"{steps} steps"
+    what = "between the paper's SGD and AdamW" if chosen.name == "auto" else f"for {ADAMW.words}"
+    sweep = (f"recipe and learning rate: a sweep {what} first, {len(candidates)} runs of {length} "
+             f"({', '.join(a.name for a in candidates)}) on the training set minus the dev split, "
+             "scored on the dev split; the best trains on the whole training set, and the sweep's "
+             f"{len(candidates)} x {steps or total} steps count as compute (--recipe paper for the paper's protocol; "
+             "--lr to skip the sweep)")
+    return Decided(cfg, candidates, steps, [*chosen.notes, sweep, dev_note, warm])
+
+
+def two_standard_errors(p1: float, p2: float, n: int) -> float:
+    """Two standard errors of the difference of two accuracies measured on the same n images
+    (as independent: a conservative margin for paired runs)."""
+    p = (p1 + p2) / 2
+    return 2 * math.sqrt(max(2 * p * (1 - p), 1e-12) / max(n, 1))
+
+
+def verdict(scores: Mapping[str, float], arm_recipes: Mapping[str, str], dev_count: int) -> dict[str, Any]:
+    """The winning arm, and by how much its recipe beat the other recipe's best arm, with the
+    noise (two standard errors of the difference on the dev images)."""
+    best = max(scores, key=lambda a: (scores[a], arm_recipes[a] == "paper"))
+    others = [a for a in scores if arm_recipes[a] != arm_recipes[best]]
+    out: dict[str, Any] = {"best": best, "recipe": arm_recipes[best], "dev_top1": scores[best], "dev_count": dev_count}
+    if others:
+        runner = max(others, key=lambda a: scores[a])
+        margin = scores[best] - scores[runner]
+        noise = two_standard_errors(scores[best], scores[runner], dev_count)
+        out.update(runner_up=runner, margin=margin, noise=noise, within_noise=margin <= noise)
+    return out
+
+
+def verdict_line(v: Mapping[str, Any], lrs: Mapping[str, float]) -> str:
+    """The plan line that says which recipe won and by how much, with the noise."""
+    head = (f"recipe: {v['recipe']} (lr {lrs[v['best']]:g}) scored {v['dev_top1']:.1%} on the {v['dev_count']:,} "
+            "dev images")
+    if "runner_up" not in v:
+        return head
+    other = v["runner_up"].split("-lr-")[0]
+    gap = (f"; {other}'s best (lr {lrs[v['runner_up']]:g}) {v['dev_top1'] - v['margin']:.1%}: {v['recipe']} by "
+           f"{100 * v['margin']:.1f} points, noise (2 standard errors) {100 * v['noise']:.1f}")
+    return head + gap + (": within the noise, so the choice is uncertain (--recipe picks one)" if v["within_noise"]
+                         else "")
+
+
+def summed_compute(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The compute of several runs added up (images, FLOPs, seconds; the last one's device)."""
+    keys = ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")
+    parts = [s["compute"] for s in summaries if s.get("compute")]
+    total: dict[str, Any] = {k: round(sum(p.get(k, 0) for p in parts), 3) for k in keys}
+    if parts:
+        total.update(forward_gflops=parts[-1]["forward_gflops"], device=parts[-1]["device"])
+    return total
+
+
+def sweep_config(cfg: RunConfig, arm: Arm, explicit: set[str], steps: int) -> RunConfig:
+    """An arm's short run on train-minus-dev, scored on dev."""
+    return apply(cfg, arm.recipe, explicit, steps).with_overrides(
+        {"optim.lr": arm.lr, "train.steps": steps, "train.epochs": 0.0, "data.train_split": "train-minus-dev",
+         "data.eval_splits": ["dev"], "data.eval_data": ""})
+
+
+def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, explicit: set[str],
+           train_fn: Callable[..., dict[str, Any]], log: Callable[[str], None]) -> dict[str, Any]:
+    """Run the sweep (OUT/sweep/ARM/, each resumable), train the best arm on the whole
+    training set (OUT/final/), and write OUT/sweep.json; returns its content. `train_fn(config,
+    folder, more_notes=()) -> summary` runs one training."""
+    scores, lrs, recipes, summaries = {}, {}, {}, []
+    dev_count = 0
+    for arm in candidates:
+        summary = train_fn(sweep_config(cfg, arm, explicit, steps), out / "sweep" / arm.name)
+        summaries.append(summary)
+        dev = summary["splits"]["dev"]
+        scores[arm.name], lrs[arm.name], recipes[arm.name], dev_count = dev["top1"], arm.lr, arm.recipe.name, dev["count"]
+        log(f"sweep: {arm.recipe.name} lr {arm.lr:g} -> dev top-1 {dev['top1']:.2%}")
+    v = verdict(scores, recipes, dev_count)
+    line = verdict_line(v, lrs)
+    log(f"{line}; training it on the full training set")
+    winner = next(a for a in candidates if a.name == v["best"])
+    final_cfg = apply(cfg, winner.recipe, explicit).with_overrides({"optim.lr": winner.lr})
+    final = train_fn(final_cfg, out / "final", (line,))  # the verdict among the final run's plan lines
+    sweep_compute = summed_compute(summaries)
+    result = {
+        "arms": [{"arm": a.name, "recipe": a.recipe.name, "lr": a.lr, "steps": steps, "dev_top1": scores[a.name]}
+                 for a in candidates],
+        **v, "best_lr": winner.lr, "best_recipe": winner.recipe.name, "line": line,
+        "sweep_steps": steps * len(candidates), "sweep_compute": sweep_compute,
+        "compute_with_sweep": summed_compute([*summaries, final]), "final": final,
+    }
+    if distributed.is_main_process():
+        atomic_write_text(out / "sweep.json", json.dumps(result, indent=2))
+        count_sweep_in(out / "final" / "summary.json", result)
+    return result
+
+
+def count_sweep_in(summary_file: Path, result: Mapping[str, Any]) -> None:
+    """Add the sweep's compute to the final run's summary.json, beside the run's own."""
+    try:
+        summary = json.loads(summary_file.read_text())
+    except (OSError, ValueError):
+        return
+    summary["sweep"] = {k: result[k] for k in ("best", "best_recipe", "best_lr", "sweep_steps", "sweep_compute")}
+    summary["compute_with_sweep"] = result["compute_with_sweep"]
+    summary["steps_with_sweep"] = summary.get("steps", 0) + result["sweep_steps"]
+    atomic_write_text(summary_file, json.dumps(summary, indent=2))
+
+
+def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str]) -> tuple[dict[str, Any], str]:
+    """Threads and data workers as `vitlab train` runs them: the source run's own (its
+    config.yaml beside checkpoints/), else the recipe's; with the plan line that says so."""
+    source = source_run_config(checkpoint)
+    threads, workers = (source.train.threads, source.data.num_workers) if source else (cfg.train.threads,
+                                                                                     cfg.data.num_workers)
+    changes = {k: v for k, v in (("train.threads", threads), ("data.num_workers", workers)) if k not in explicit}
+    final = cfg.with_overrides(changes)
+    t, w = final.train.threads, final.data.num_workers
+    said = (f"{t} compute thread{'s' if t > 1 else ''}" if t else "one compute thread per core") + \
+        f" and {w} data worker{'s' if w != 1 else ''}"
+    where = "as set" if {"train.threads", "data.num_workers"} <= explicit else (
+        f"as the source run trained ({source_run_folder(checkpoint) / 'config.yaml'})" if source
+        else "the recipe's (the source is not a vitlab run)")
+    return changes, f"threads: {said}, {where} (train.threads, --workers to change)"
+
+
+def source_run_folder(checkpoint: str) -> Path:
+    """The vitlab run folder a checkpoint file sits in (RUN/checkpoints/FILE)."""
+    return Path(checkpoint).parent.parent
+
+
+def source_run_config(checkpoint: str) -> Optional[RunConfig]:
+    """The config of the vitlab run that wrote `checkpoint`, or None (another format, a
+    name, a file outside a run folder, an unreadable config)."""
+    path = Path(checkpoint)
+    if path.parent.name != "checkpoints" or not (source_run_folder(checkpoint) / "config.yaml").is_file():
+        return None
+    try:
+        return RunFolder(source_run_folder(checkpoint)).read_config()
+    except ConfigError:
+        return None
