@@ -201,7 +201,7 @@ WRITERS = {  # (command, output argument) -> the test below that walks it
     ("eval", "out"): "eval", ("fewshot", "out"): "single_file", ("linear-probe", "out"): "single_file",
     ("predict", "csv"): "single_file", ("predict", "attention"): "overlays", ("inspect", "out"): "inspect",
     ("export", "out"): "single_file", ("convert", "dst"): "single_file", ("push", "folder"): "push",
-    ("bench", "out"): "bench",
+    ("bench", "out"): "bench", ("vtab", "out"): "vtab",
 }
 OUTPUT_ARGUMENTS = ("out", "csv", "attention", "folder", "dst")
 
@@ -312,7 +312,8 @@ def test_a_sweep_keeps_a_users_results_csv(tmp_path, capsys):
     (out / "results.csv").write_bytes(USER)
     d = {"train": {"config": "digits"}, "grid": {"seed": [0]}}
     with unchanged(tmp_path):
-        refused(capsys, ["sweep", spec_file(tmp_path, d), "--out", out], "sweep", "results.csv")
+        line = refused(capsys, ["sweep", spec_file(tmp_path, d), "--out", out], "sweep", "results.csv")
+    assert "--force" not in line
     spec = SweepSpec.from_dict(d, "s")  # a folder holding this sweep's cells is the sweep's, from before manifests too
     runner.prepare(sweep_cells.expand(spec, out)[0], spec, out)
     assert main(["sweep", str(spec_file(tmp_path, d)), "--out", str(out), "--report"]) == 0
@@ -327,6 +328,19 @@ def test_a_run_folder_is_never_a_users_folder(tmp_path, capsys, ckpt, command):
     argv = ["train", "--config", "digits"] if command == "train" else ["finetune", "--from", ckpt, "--data", "digits"]
     with unchanged(tmp_path):
         refused(capsys, [*argv, "--steps", "1", "--out", out], command, "not a vitlab run folder", "new --out")
+
+
+def test_vtab_keeps_a_users_tables(tmp_path, capsys, ckpt):
+    out = tmp_path / "suite"
+    out.mkdir()
+    (out / "vtab.md").write_bytes(USER)
+    with unchanged(tmp_path):
+        line = refused(capsys, ["vtab", ckpt, "--root", tmp_path / "no-data", "--out", out], "vtab", "vtab.md")
+    assert "--force" not in line  # vtab has no --force to offer
+    fresh = tmp_path / "fresh"
+    for _ in range(2):  # no task has data here: the row is written, then rewritten
+        assert main(["vtab", str(ckpt), "--root", str(tmp_path / "no-data"), "--out", str(fresh), "--quiet"]) == 0
+    assert (fresh / "vtab.json").is_file()
 
 
 def test_bench_names_one_file_inside_out(tmp_path, capsys):

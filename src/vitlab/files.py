@@ -227,15 +227,17 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def user_file_error(path: Path, writer: str, others: tuple[str, ...] = ()) -> FileExistsError:
-    """The refusal to replace a user's file `path` (and `others` beside it)."""
+def user_file_error(path: Path, writer: str, others: tuple[str, ...] = (), force: bool = True) -> FileExistsError:
+    """The refusal to replace a user's file `path` (and `others` beside it); `force`: the
+    command offers --force."""
     if others:
         names = ", ".join([path.name, *others])
+        fix = ", or pass --force to replace them" if force else ""
         return FileExistsError(errno.EEXIST, f"{path.parent} holds {names}, which vitlab {writer} did not write (or "
-                                             "which were changed since); they are kept: move them or write elsewhere, "
-                                             "or pass --force to replace them")
+                                             f"which were changed since); they are kept: move them or write elsewhere{fix}")
+    fix = ", or pass --force to replace it" if force else ""
     return FileExistsError(errno.EEXIST, f"{path} exists and vitlab {writer} did not write it (or it was changed "
-                                         "since); it is kept: move it or write elsewhere, or pass --force to replace it")
+                                         f"since); it is kept: move it or write elsewhere{fix}")
 
 
 def check_new_file(path: PathLike, writer: str, force: bool = False) -> Path:
@@ -252,8 +254,8 @@ class OutputFolder:
     work, a name that exists and is not this writer's (see MANIFEST); `path(name)` is where
     one of them goes; `record()` lists what was written, once it is written."""
 
-    def __init__(self, folder: PathLike, writer: str, force: bool = False):
-        self.folder, self.writer, self.force = Path(folder), writer, force
+    def __init__(self, folder: PathLike, writer: str, force: bool = False, offer_force: bool = True):
+        self.folder, self.writer, self.force, self.offer_force = Path(folder), writer, force, offer_force
         self.written: set[str] = set()
 
     def _manifest(self) -> dict:
@@ -281,7 +283,7 @@ class OutputFolder:
             if (p.exists() or p.is_symlink()) and not self.force and not self.owned(name):
                 theirs.append(p)
         if theirs:
-            raise user_file_error(theirs[0], self.writer, tuple(p.name for p in theirs[1:]))
+            raise user_file_error(theirs[0], self.writer, tuple(p.name for p in theirs[1:]), self.offer_force)
 
     def path(self, name: str) -> Path:
         self.claim([name])

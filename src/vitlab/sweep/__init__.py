@@ -64,7 +64,7 @@ def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, 
     cells = expand(spec, out, scale, max_cells)
     # The sweep folder may be one the user keeps files in: its own tables and figures only. A
     # folder that holds this sweep's cells (their cell.json) is the sweep's, an older one too.
-    owner = OutputFolder(out, "sweep", force=any((out / c.key / "cell.json").is_file() for c in cells))
+    owner = OutputFolder(out, "sweep", force=any((out / c.key / "cell.json").is_file() for c in cells), offer_force=False)
     owner.claim(["results.csv", *(f.file for f in spec.figures)])
     ran = None
     if not report_only:

@@ -315,6 +315,7 @@ def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[s
     whole training set (lr_sweep's result, with "best_lr" and the final run's summary)."""
     if not p.sweep:
         return recipes.train(p.config, p.out, command=command, quiet=quiet, notes=p.notes, trackers=trackers)
+    check_sweep_folder(p.out)  # before the first sweep run, for both kinds of sweep
     (log or say)("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
     if p.arms:
         def arm(c: RunConfig, o: Path, more: Sequence[str] = ()) -> dict[str, Any]:
