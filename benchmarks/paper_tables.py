@@ -81,8 +81,7 @@ def evaluate_official(path: Path, val: str, real: Optional[str], image_size: int
 
     model = vitlab.load(path, image_size=image_size).to(device).eval()
     cfg = model.config
-    data = open_dataset(f"imagenet-val:{val}", "test", image_size=cfg.image_size, in_channels=cfg.in_channels,
-                        mean=cfg.mean, std=cfg.std, crop_fraction=cfg.crop_fraction, crop_mode=cfg.crop_mode)
+    data = open_dataset(f"imagenet-val:{val}", "test", vitlab.transform(model))  # the checkpoint's own preprocessing
     loader = torch.utils.data.DataLoader(data, batch_size=batch_size, num_workers=4 if device != "cpu" else 0)
     metrics = evaluate(model, ((x, y) for x, y in loader), cfg.num_classes, device, keep_predictions=True)
     out = {"top1": metrics["top1"], "images": metrics["count"], "real_top1": None}

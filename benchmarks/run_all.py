@@ -37,6 +37,7 @@ import vitlab
 from vitlab.bench import machine, report, runner, suites
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.data import make_loader, open_dataset
+from vitlab.data.transforms import model_transform
 from vitlab.deploy import serving
 
 from endtoend import end_to_end  # noqa: E402 (this folder's modules; the script's folder is on sys.path)
@@ -57,9 +58,10 @@ def write(out: Path, name: str, title: str, info: dict, rows: list[dict], column
     log(f"wrote {out / name}.csv and .md")
 
 
-def cifar(split: str, n: int, image_size: int, mean, std, train: bool = False, batch: int = 256):
+def cifar(split: str, n: int, cfg, train: bool = False, batch: int = 256):
     """The first n images of a real CIFAR-10 split, as (images, labels) tensors."""
-    data = open_dataset(f"wds:{CIFAR}", split, image_size=image_size, mean=mean, std=std, train=train, seed=0)
+    transform = model_transform(cfg, train=train)  # the model's own preprocessing, as every vitlab command
+    data = open_dataset(f"wds:{CIFAR}", split, transform, train=train, seed=0)
     xs, ys = [], []
     for x, y, _ in itertools.islice(make_loader(data, batch, train=train, seed=0), (n + batch - 1) // batch):
         xs.append(x)
@@ -80,8 +82,8 @@ def serving_accuracy(out: Path, info: dict, checkpoint: Path, n: int, calibratio
         return
     model = vitlab.load(checkpoint).eval()
     cfg = model.config
-    images, labels = cifar("test", n, cfg.image_size[0], cfg.mean, cfg.std)
-    calibration, _ = cifar("train", calibration_images, cfg.image_size[0], cfg.mean, cfg.std)
+    images, labels = cifar("test", n, cfg)
+    calibration, _ = cifar("train", calibration_images, cfg)
     rows = []
     with torch.inference_mode():
         ref = torch.cat([model(images[i : i + 500]) for i in range(0, len(images), 500)])
@@ -160,7 +162,7 @@ def data_pipeline_rates(cfg, batch: int) -> list[dict]:
     """The data pipeline alone: decode + inception crop + flip of the training shards."""
     rows = []
     for workers in (0, 2):
-        data = open_dataset(f"wds:{CIFAR}", "train", image_size=32, mean=cfg.mean, std=cfg.std, train=True, seed=1)
+        data = open_dataset(f"wds:{CIFAR}", "train", model_transform(cfg, train=True), train=True, seed=1)
         it = iter(make_loader(data, batch, train=True, seed=1, num_workers=workers))
         next(it)  # start-up (workers, first shard) is not throughput
         t0, n = time.perf_counter(), 0
@@ -174,7 +176,7 @@ def data_pipeline_rates(cfg, batch: int) -> list[dict]:
 
 def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
     cfg = vitlab.get_config("ViT-C/4")
-    images, labels = cifar("train", steps * batch, 32, cfg.mean, cfg.std, train=True, batch=batch)
+    images, labels = cifar("train", steps * batch, cfg, train=True, batch=batch)
     log(f"training: {steps} steps of {batch} real CIFAR-10 training images, {len(TRAINING_SYSTEMS)} systems")
     losses, seconds, busy = loss_curves(same_start(cfg), images, labels, steps, batch)
     rows = []

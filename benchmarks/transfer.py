@@ -23,7 +23,8 @@ images seen):
 The differences are paired by seed (95% t interval). Results go to
 benchmarks/results/transfer.json; the tables into benchmarks/results/transfer.md and between
 the markers of docs/transfer.md (tests/test_transfer_page.py checks that they agree). Run
-it alone (`flock /work/heavy.lock nice -n 5`): about 25 CPU-minutes with the defaults.
+it alone (`flock LOCKFILE nice -n 5`): about 20 CPU-minutes with the defaults (100 steps of
+32, three seeds, two seeds at a time), the source's rebuild about 14 more.
 """
 
 from __future__ import annotations

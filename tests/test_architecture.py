@@ -31,7 +31,8 @@ LAYERS: dict[str, set[str]] = {
     "deploy": BASE | {"models", "checkpoints", "data"},
     "train": BASE | {"models", "checkpoints", "data", "eval", "analysis"},
     "bench": BASE | {"models", "checkpoints", "data", "deploy", "train"},
-    "api": BASE | {"models", "checkpoints", "data"},
+    "predictor": BASE | {"models", "checkpoints", "data", "analysis", "deploy"},
+    "api": BASE | {"models", "checkpoints", "data", "predictor"},
 }
 EVERYTHING_BUT_CLI = set(LAYERS) | {"api", "serve", "sweep"}
 LAYERS["serve"] = EVERYTHING_BUT_CLI - {"serve", "sweep"}

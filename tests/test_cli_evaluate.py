@@ -74,3 +74,46 @@ def test_device_is_checked(tiny_checkpoint, capsys):
         assert main([command[0], str(tiny_checkpoint), *command[1:], "--device", "cuda"]) == 2, command
         err = capsys.readouterr().err
         assert "--device cuda: torch sees no CUDA GPU" in err and len(err.strip().splitlines()) == 1
+
+
+def test_eval_on_cifar10_shards_prints_the_checkpoints_class_names(cifar_dir, tmp_path, capsys):
+    """The shards carry class indices only (no classes.txt): the checkpoint's names label the
+    per-class table, the JSON and the confusion matrix, as predict and serve show them."""
+    from conftest import CIFAR_CLASSES, small_classifier
+
+    ckpt = tmp_path / "run" / "checkpoints" / "last.safetensors"
+    ckpt.parent.mkdir(parents=True)
+    vitlab.save(small_classifier(), ckpt)
+    assert main(["eval", str(ckpt), "--data", f"wds:{cifar_dir}/test-000000.tar.gz"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines()[3:13]]
+    assert rows == CIFAR_CLASSES, out
+    result = json.loads((tmp_path / "run" / "eval" / "eval-test.json").read_text())  # into the run folder
+    assert result["class_names"] == CIFAR_CLASSES and list(result["per_class"]) == CIFAR_CLASSES
+
+
+def test_eval_writes_nothing_into_the_current_folder_unasked(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    from conftest import unchanged
+
+    monkeypatch.chdir(tmp_path)
+    with unchanged(tmp_path):
+        assert main(["eval", str(tiny_checkpoint), "--data", "digits"]) == 0
+    out = capsys.readouterr().out
+    assert "results not written" in out and "--out DIR" in out
+    assert "0          " in out  # the checkpoint's names are placeholders ("class 0"): the data's label the rows
+
+
+def test_class_names_rules():
+    from vitlab.data import DataError
+    from vitlab.eval.classes import class_names_for
+
+    names = ["cat", "dog", "bird"]
+    assert class_names_for(names, 3, ["0", "1", "2"]) == names  # indices take the checkpoint's names
+    assert class_names_for(names, 3, ["0", "1"]) == names  # a split that lacks the last class
+    assert class_names_for(None, 3, ["a", "b", "c"]) == ["a", "b", "c"]  # nothing to take
+    assert class_names_for(["class 0", "class 1", "class 2"], 3, ["a", "b", "c"]) == ["a", "b", "c"]
+    assert class_names_for(names, 3, names) == names
+    with pytest.raises(DataError, match="another order.*'bird' is class 1 there, 2 in the checkpoint"):
+        class_names_for(names, 3, ["cat", "bird", "dog"], "imagefolder:x")
+    with pytest.warns(UserWarning, match="class 1: 'doggo' / 'dog'.*labelled with the checkpoint's names"):
+        assert class_names_for(names, 3, ["cat", "doggo", "bird"]) == names

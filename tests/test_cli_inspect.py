@@ -176,7 +176,7 @@ def test_rollout_titles_name_the_prediction_and_heatmap_draws_a_heat_map(tmp_pat
     assert seen["heatmap"] is True and len(seen["titles"]) == 2
     from vitlab.data import open_dataset
 
-    data = open_dataset("digits", "test", image_size=16, in_channels=1, mean=(0.5,), std=(0.5,))
+    data = open_dataset("digits", "test", vitlab.transform(model))
     x = torch.stack([data[i][0] for i in range(2)])
     with torch.no_grad():
         predicted = model(x).argmax(-1).tolist()

@@ -142,12 +142,12 @@ def test_it_streams_batch_by_batch(ckpts, images, monkeypatch, capsys):
     """Each batch's lines are out before the next batch is decoded."""
     import sys
 
-    from vitlab.cli import predict
+    from vitlab import predictor
 
     _, root = ckpts
     events = []
-    real = predict.read_images
-    monkeypatch.setattr(predict, "read_images", lambda paths, cfg: events.append("decode") or real(paths, cfg))
+    real = predictor.read_image
+    monkeypatch.setattr(predictor, "read_image", lambda path: events.append("decode") or real(path))
 
     class Out:
         def write(self, text):
@@ -160,7 +160,7 @@ def test_it_streams_batch_by_batch(ckpts, images, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", Out())
     files = [images / "rgb.png", images / "grey.jpg", images / "palette.gif", images / "sub" / "rgba.png"]
     assert main(["predict", str(root / "model.safetensors"), *map(str, files), "--batch-size", "2"]) == 0
-    assert events == ["decode", "print", "print", "decode", "print", "print"]
+    assert events == ["decode", "decode", "print", "print", "decode", "decode", "print", "print"]
 
 
 def test_csv_has_one_row_per_image_in_order(ckpts, images, tmp_path, capsys):
@@ -193,16 +193,21 @@ def test_device_is_checked(ckpts, images, capsys):
 
 
 def test_overlays_name_the_predicted_class(ckpts, images, tmp_path, monkeypatch, capsys):
-    pytest.importorskip("matplotlib")
-    from vitlab.analysis import plots
+    """predict's overlay is serve's (one renderer, one colour map), captioned with the top class."""
+    from vitlab import predictor
+    from vitlab.analysis.overlay import color_table
 
     _, root = ckpts
-    titles = []
-    monkeypatch.setattr(plots, "save_figure", lambda fig, path: titles.append(fig._suptitle.get_text()) or Path(path))
+    captions = []
+    real = predictor.captioned
+    monkeypatch.setattr(predictor, "captioned", lambda image, text: captions.append(text) or real(image, text))
     rc, res, _ = run_json(capsys, root / "model.safetensors", images / "rgb.png", "--attention", tmp_path)
     top = res["results"][0]["predictions"][0]
-    assert rc == 0 and titles == [f"predicted: {top['class']} ({100 * top['probability']:.1f}%)"]
-
+    assert rc == 0 and captions == [f"{top['class']} ({100 * top['probability']:.1f}%)"]
+    png = Image.open(res["results"][0]["attention"])
+    assert png.size == (288, 384 + 16)  # the 30x40 image at serve's display size, and the caption strip
+    colours = {tuple(c) for c in color_table()}
+    assert tuple(np.asarray(png)[-1, -1]) == (255, 255, 255) and colours  # the strip is white
 
 def test_a_bit_resnet_predicts_and_refuses_attention_by_name(tmp_path, capsys):
     from conftest import tiny_bit

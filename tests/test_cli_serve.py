@@ -116,9 +116,9 @@ def test_a_headless_checkpoint_and_bad_options_are_one_line_errors(tmp_path, cap
 
 
 def test_the_listening_socket_sends_small_answers_at_once():
-    from vitlab.cli.serve import _bind
+    from vitlab.serve.server import bind
 
-    with _bind("127.0.0.1", 0) as sock:
+    with bind("127.0.0.1", 0) as sock:
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)  # no Nagle wait on kept-alive connections
         assert sock.getsockname()[0] == "127.0.0.1"
 

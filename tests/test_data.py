@@ -50,8 +50,8 @@ def decoded(sample_bytes: bytes) -> np.ndarray:
 
 # Sources ----------------------------------------------------------------------------------
 def test_digits_ship_inside_the_package_with_fixed_splits():
-    train = open_dataset("digits", "train", image_size=8, **GREY)
-    test = open_dataset("digits", "test", image_size=8, **GREY)
+    train = open_dataset("digits", "train", T.eval_transform(8, **GREY))
+    test = open_dataset("digits", "test", T.eval_transform(8, **GREY))
     assert (len(train), len(test)) == (1437, 360)
     assert train.class_names == [str(i) for i in range(10)]
     x, y = test[0]
@@ -64,12 +64,12 @@ def test_digits_ship_inside_the_package_with_fixed_splits():
 
 @pytest.mark.skipif(not FASHION.exists(), reason="Debian's dataset-fashion-mnist is not installed")
 def test_fashion_mnist_from_debian_idx_files(tmp_path):
-    ds = open_dataset("fashion-mnist", "test", image_size=28, **GREY)
+    ds = open_dataset("fashion-mnist", "test", T.eval_transform(28, **GREY))
     assert len(ds) == 10_000 and ds.class_names[9] == "Ankle boot"
     # The same files, un-gzipped, in a folder of one's own.
     for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
         (tmp_path / name).write_bytes(gzip.decompress((FASHION / f"{name}.gz").read_bytes()))
-    mine = open_dataset(f"fashion-mnist:{tmp_path}", "test", image_size=28, **GREY)
+    mine = open_dataset(f"fashion-mnist:{tmp_path}", "test", T.eval_transform(28, **GREY))
     a, la = ds[123]
     b, lb = mine[123]
     assert la == lb and torch.equal(a, b)
@@ -81,13 +81,13 @@ def test_fashion_mnist_from_debian_idx_files(tmp_path):
 def test_fashion_mnist_offline_error_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("VITLAB_DATA", str(tmp_path))
     with pytest.raises(DataError, match="not found in .*nowhere"):
-        open_dataset(f"fashion-mnist:{tmp_path / 'nowhere'}", "train", image_size=28, **GREY)
+        open_dataset(f"fashion-mnist:{tmp_path / 'nowhere'}", "train", T.eval_transform(28, **GREY))
     # No local copy and a download that cannot connect: the message says what to install.
     import vitlab.data.datasets as ds
 
     monkeypatch.setattr(ds, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
     with pytest.raises(DataError, match="download .* failed.*dataset-fashion-mnist"):
-        open_dataset("fashion-mnist", "train", image_size=28, mirror="http://127.0.0.1:9/", **GREY)
+        open_dataset("fashion-mnist", "train", T.eval_transform(28, **GREY), mirror="http://127.0.0.1:9/")
 
 
 def test_cifar10_in_torchvision_format(tmp_path):
@@ -107,14 +107,14 @@ def test_cifar10_in_torchvision_format(tmp_path):
     with open(folder / "batches.meta", "wb") as f:
         pickle.dump({"label_names": CIFAR_NAMES}, f)
     for spec in (f"cifar10:{tmp_path}", f"cifar10:{folder}"):
-        train = open_dataset(spec, "train", image_size=32)
-        test = open_dataset(spec, "test", image_size=32)
+        train = open_dataset(spec, "train", T.eval_transform(32))
+        test = open_dataset(spec, "test", T.eval_transform(32))
         assert (len(train), len(test)) == (50, 10) and train.class_names == CIFAR_NAMES
         x, y = test[3]
         assert y == labels[53]
         assert torch.allclose(x, torch.from_numpy(images[53]).permute(2, 0, 1).float() / 127.5 - 1, atol=1e-6)
     with pytest.raises(DataError, match="cifar-10-batches-py"):
-        open_dataset(f"cifar10:{tmp_path / 'empty'}", "train", image_size=32)
+        open_dataset(f"cifar10:{tmp_path / 'empty'}", "train", T.eval_transform(32))
 
 
 def make_image_folder(root: Path, samples, split_dirs: bool) -> None:
@@ -128,8 +128,8 @@ def make_image_folder(root: Path, samples, split_dirs: bool) -> None:
 def test_image_folder_with_and_without_split_folders(tmp_path):
     samples = cifar_samples(40)
     make_image_folder(tmp_path / "a", samples, split_dirs=True)
-    train = open_dataset(f"imagefolder:{tmp_path / 'a'}", "train", image_size=32)
-    val = open_dataset(f"imagefolder:{tmp_path / 'a'}", "val", image_size=32)
+    train = open_dataset(f"imagefolder:{tmp_path / 'a'}", "train", T.eval_transform(32))
+    val = open_dataset(f"imagefolder:{tmp_path / 'a'}", "val", T.eval_transform(32))
     assert len(train) == 30 and len(val) == 10
     assert set(train.class_names) <= set(CIFAR_NAMES) and val.class_names == train.class_names
     key, data, label = samples[0]  # i = 0 went to val
@@ -138,8 +138,8 @@ def test_image_folder_with_and_without_split_folders(tmp_path):
     assert torch.allclose(x, torch.from_numpy(decoded(data)).permute(2, 0, 1).float() / 127.5 - 1, atol=1e-6)
 
     make_image_folder(tmp_path / "b", samples, split_dirs=False)
-    tr = open_dataset(f"imagefolder:{tmp_path / 'b'}", "train", image_size=32)
-    te = open_dataset(f"imagefolder:{tmp_path / 'b'}", "test", image_size=32)
+    tr = open_dataset(f"imagefolder:{tmp_path / 'b'}", "train", T.eval_transform(32))
+    te = open_dataset(f"imagefolder:{tmp_path / 'b'}", "test", T.eval_transform(32))
     assert len(tr) + len(te) == 40 and len(te) == 8
     assert not {str(tr.files[i]) for i in tr.indices} & {str(te.files[i]) for i in te.indices}
 
@@ -161,7 +161,7 @@ def write_shards(folder: Path, samples, per_shard: int, gz: bool, prefix: str = 
 
 def test_webdataset_real_shards_streamed():
     need_cifar()
-    ds = open_dataset(f"wds:{CIFAR_WDS}/test-{{000000..000001}}.tar.gz", "test", image_size=32,
+    ds = open_dataset(f"wds:{CIFAR_WDS}/test-{{000000..000001}}.tar.gz", "test", T.eval_transform(32),
                       classes=CIFAR_NAMES)
     assert len(ds) == 10_000 and ds.class_names == CIFAR_NAMES
     first = cifar_samples(3)
@@ -180,7 +180,7 @@ def test_webdataset_built_shards_split_across_workers_and_processes(tmp_path, gz
     samples = cifar_samples(45)
     write_shards(tmp_path, samples, per_shard=10, gz=gz)
     spec = f"wds:{tmp_path}/train-{{000000..000004}}.tar{'.gz' if gz else ''}"
-    ds = open_dataset(spec, "train", image_size=32, train=True, shuffle_buffer=8)
+    ds = open_dataset(spec, "train", T.eval_transform(32), train=True, shuffle_buffer=8)
     assert len(ds) == 45 and ds.class_names == [str(i) for i in range(max(y for *_, y in samples) + 1)]
     # Two processes x two workers each: together exactly the one-process batches.
     def labels_of(world, workers):
@@ -194,7 +194,7 @@ def test_webdataset_built_shards_split_across_workers_and_processes(tmp_path, gz
     pair = labels_of(2, 2)
     assert [a + b for a, b in zip(*pair)] == single
     # Shuffled, but every sample once per epoch (5 batches of 8 = 40 of the 45).
-    ids = open_dataset(spec, "train", image_size=32, shuffle_buffer=8)
+    ids = open_dataset(spec, "train", T.eval_transform(32), shuffle_buffer=8)
     assert sorted(y for _, y in ids) == sorted(y for *_, y in samples)
     # Resuming at batch 3 gives batches 3 and 4 of the uninterrupted order, images and all.
     full = [b[0] for b in make_loader(ds, 8, num_steps=5, seed=3)]
@@ -209,14 +209,14 @@ def test_brace_expansion():
 
 def test_wds_missing_shard_is_named(tmp_path):
     with pytest.raises(DataError, match="train-000003.tar"):
-        open_dataset(f"wds:{tmp_path}/train-{{000003..000004}}.tar", "train", image_size=32)
+        open_dataset(f"wds:{tmp_path}/train-{{000003..000004}}.tar", "train", T.eval_transform(32))
 
 
 # Splits and the loader ---------------------------------------------------------------------
 def test_dev_split_is_fixed_and_disjoint():
-    dev = open_dataset("digits", "dev", image_size=8, seed=1, **GREY)
-    rest = open_dataset("digits", "train-minus-dev", image_size=8, seed=2, **GREY)
-    again = open_dataset("digits", "dev", image_size=8, seed=7, **GREY)
+    dev = open_dataset("digits", "dev", T.eval_transform(8, **GREY), seed=1)
+    rest = open_dataset("digits", "train-minus-dev", T.eval_transform(8, **GREY), seed=2)
+    again = open_dataset("digits", "dev", T.eval_transform(8, **GREY), seed=7)
     assert len(dev) == 144 and len(dev) + len(rest) == 1437
     assert np.array_equal(dev.indices, again.indices)  # independent of the run's seed
     assert not set(dev.indices) & set(rest.indices)
@@ -228,20 +228,20 @@ def test_dev_split_comes_from_the_data_not_its_path(tmp_path):
     holds half of the shards is not CIFAR-10 and holds out 10%."""
     need_cifar()
     (tmp_path / "c10").symlink_to(CIFAR_WDS, target_is_directory=True)
-    real = open_dataset(f"wds:{CIFAR_WDS}", "dev", image_size=32)
-    linked = open_dataset(f"wds:{tmp_path / 'c10'}", "dev", image_size=32)
+    real = open_dataset(f"wds:{CIFAR_WDS}", "dev", T.eval_transform(32))
+    linked = open_dataset(f"wds:{tmp_path / 'c10'}", "dev", T.eval_transform(32))
     assert real.identity == linked.identity == "cifar10"
     assert len(real) == len(linked) and abs(len(real) - 1000) < 100  # 2% of 50,000, by key buckets
     assert real.keys_and_labels() == linked.keys_and_labels()
-    rest = open_dataset(f"wds:{tmp_path / 'c10'}", "train-minus-dev", image_size=32)
+    rest = open_dataset(f"wds:{tmp_path / 'c10'}", "train-minus-dev", T.eval_transform(32))
     assert len(rest) + len(linked) == 50_000
     half = tmp_path / "cifar10"
     half.mkdir()
     for shard in sorted(CIFAR_WDS.glob("train-*.tar.gz"))[:5]:
         (half / shard.name).symlink_to(shard)
-    part = open_dataset(f"wds:{half}", "dev", image_size=32)
+    part = open_dataset(f"wds:{half}", "dev", T.eval_transform(32))
     assert part.identity is None and abs(len(part) - 2500) < 200  # 10% of 25,000
-    assert len(open_dataset(f"wds:{half}", "dev", image_size=32, dev_fraction=0.02)) < 700  # explicit wins
+    assert len(open_dataset(f"wds:{half}", "dev", T.eval_transform(32), dev_fraction=0.02)) < 700  # explicit wins
 
 
 def test_dataset_identity_by_name_or_class_counts():
@@ -252,11 +252,11 @@ def test_dataset_identity_by_name_or_class_counts():
     assert by_name("cifar100:/data/x") == "cifar100" and by_name("imagefolder:/data/cifar10") is None
     assert dev_fraction("cifar10") == 0.02 and dev_fraction("imagenet") == 0.01 and dev_fraction(None) == 0.1
     assert dev_fraction("cifar10", explicit=0.3) == 0.3
-    assert open_dataset("digits", "train", image_size=8, **GREY).identity is None
+    assert open_dataset("digits", "train", T.eval_transform(8, **GREY)).identity is None
 
 
 def test_loader_batches_are_a_function_of_seed_and_step():
-    ds = open_dataset("digits", "train", image_size=8, train=True, crop_scale=(0.5, 1.0), **GREY)
+    ds = open_dataset("digits", "train", T.train_transform(8, crop_scale=(0.5, 1.0), **GREY), train=True)
     full = list(make_loader(ds, 32, seed=5, num_steps=50))  # crosses an epoch (44 per epoch)
     resumed = list(make_loader(ds, 32, seed=5, start_step=40, num_steps=10, num_workers=2))
     for a, b in zip(full[40:], resumed):
@@ -298,10 +298,10 @@ def test_bad_images_named_or_skipped_and_counted(tmp_path):
     victim.write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
     with pytest.raises(BadImageError, match=victim.name):
         read_image(victim)
-    strict = open_dataset(f"imagefolder:{tmp_path}", "train", image_size=32, test_fraction=0.01)
+    strict = open_dataset(f"imagefolder:{tmp_path}", "train", T.eval_transform(32), test_fraction=0.01)
     with pytest.raises(BadImageError, match=f"{victim.name}.*--skip-bad-images"):
         list(make_loader(strict, 11, train=False))
-    lenient = open_dataset(f"imagefolder:{tmp_path}", "train", image_size=32, test_fraction=0.01, skip_bad_images=True)
+    lenient = open_dataset(f"imagefolder:{tmp_path}", "train", T.eval_transform(32), test_fraction=0.01, skip_bad_images=True)
     batches = list(make_loader(lenient, 11, train=False))
     assert [n for b in batches for n in b[2]] == [str(victim)] and sum(len(b[1]) for b in batches) == 10
 
@@ -310,10 +310,10 @@ def test_bad_sample_in_a_shard_is_named(tmp_path):
     samples = cifar_samples(6)
     samples[2] = (samples[2][0], b"garbage", samples[2][2])
     write_shards(tmp_path, samples, per_shard=6, gz=False)
-    ds = open_dataset(f"wds:{tmp_path}/train-000000.tar", "test", image_size=32)
+    ds = open_dataset(f"wds:{tmp_path}/train-000000.tar", "test", T.eval_transform(32))
     with pytest.raises(BadImageError, match=f"train-000000.tar: sample {samples[2][0]}"):
         list(ds)
-    ds = open_dataset(f"wds:{tmp_path}/train-000000.tar", "test", image_size=32, skip_bad_images=True)
+    ds = open_dataset(f"wds:{tmp_path}/train-000000.tar", "test", T.eval_transform(32), skip_bad_images=True)
     batches = list(make_loader(ds, 4, train=False))
     skipped = [n for b in batches for n in b[2]]
     assert skipped == [f"{tmp_path}/train-000000.tar:{samples[2][0]}"] and sum(len(b[1]) for b in batches) == 5

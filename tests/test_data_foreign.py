@@ -19,6 +19,7 @@ from vitlab.eval.accuracy import evaluate
 from vitlab.eval.features import extract_features
 from vitlab.eval.fewshot import fewshot_from_data
 from vitlab.eval.linear_probe import linear_probe_from_data
+from vitlab.data.transforms import eval_transform
 
 NAMES = ["red", "green", "blue"]
 datasets = pytest.importorskip("datasets")
@@ -129,15 +130,15 @@ def test_hf_spec_reads_the_datasets_cache_offline(tmp_path, monkeypatch, hub_cac
     monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # datasets copies the flag at import
     m = model()
-    train = open_dataset("hf:org/tiny", "train", image_size=8, crop_fraction=0.8, crop_mode="center")
+    train = open_dataset("hf:org/tiny", "train", vitlab.transform(m))
     assert len(train) == 30 and train.class_names == NAMES
     x, y = train[4]
     assert torch.equal(x, vitlab.transform(m)(Image.fromarray(images[4]))) and y == labels[4]
-    dev = open_dataset("hf:org/tiny", "dev", image_size=8)
+    dev = open_dataset("hf:org/tiny", "dev", eval_transform(8))
     assert len(dev) == 3  # 10% of the training set, as for every dataset without a paper value
-    assert len(open_dataset("hf:org/tiny", "test", image_size=8)) == 12
+    assert len(open_dataset("hf:org/tiny", "test", eval_transform(8))) == 12
     with pytest.raises(DataError, match="datasets cache"):
-        open_dataset("hf:org/absent", "train", image_size=8)
+        open_dataset("hf:org/absent", "train", eval_transform(8))
 
 
 def test_hf_folder_spec_on_the_command_line(tmp_path, capsys):

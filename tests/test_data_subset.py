@@ -12,6 +12,7 @@ from vitlab.cli import main
 from vitlab.config import ConfigError, DataConfig
 from vitlab.data import DataError, make_loader, open_dataset, training_subset
 from vitlab.data.subset import balanced_indices, class_quotas
+from vitlab.data.transforms import eval_transform
 
 from test_data import cifar_samples, write_shards
 
@@ -36,7 +37,7 @@ def test_subsets_are_fixed_nested_and_balanced():
 def test_map_style_and_streamed_sets_give_the_same_subset(tmp_path):
     samples = cifar_samples(60)
     write_shards(tmp_path, samples, per_shard=20, gz=False)
-    stream = open_dataset(f"wds:{tmp_path}/train-{{000000..000002}}.tar", "train", image_size=32)
+    stream = open_dataset(f"wds:{tmp_path}/train-{{000000..000002}}.tar", "train", eval_transform(32))
     part = training_subset(stream, size=20, seed=0)
     assert len(part) == 20 and len(stream) == 60
     # The stream's subset is the same set of samples the map-style rule picks from its labels,
@@ -54,7 +55,7 @@ def test_map_style_and_streamed_sets_give_the_same_subset(tmp_path):
 
 
 def test_digits_subset_by_fraction_and_size():
-    train = open_dataset("digits", "train", image_size=8, in_channels=1, mean=(0.5,), std=(0.5,))
+    train = open_dataset("digits", "train", eval_transform(8, (0.5,), (0.5,), 1))
     tenth = training_subset(train, fraction=0.1)
     assert len(tenth) == round(0.1 * len(train))
     assert np.bincount(tenth.labels).max() - np.bincount(tenth.labels).min() <= 1

@@ -45,20 +45,41 @@ def test_matches_timm_for_the_same_weights(hub_cache):
 
 
 def test_matches_transformers_processors_for_the_same_weights(hub_cache, tmp_path):
+    """An imported Hugging Face checkpoint records transformers 5.x's backend (a uint8 tensor
+    resized by torchvision): the processor AutoImageProcessor gives, for a PIL image and for a
+    tensor alike. The PIL processor differs (by a grey level here and there), so the check can fail."""
     from torchvision.transforms.functional import pil_to_tensor
     from transformers import AutoImageProcessor, ViTImageProcessorPil
 
     files, _ = hf_repo_files(tmp_path)
     hub_cache.add(GOOGLE, files)
-    ours = vitlab.transform(vitlab.load("hf-hub:" + GOOGLE))
+    model = vitlab.load("hf-hub:" + GOOGLE)
+    assert model.config.resize_backend == "tensor"
+    ours = vitlab.transform(model)
     cache = str(hub_cache.root)
     default = AutoImageProcessor.from_pretrained(GOOGLE, cache_dir=cache, local_files_only=True)  # torchvision kernels
     pil = ViTImageProcessorPil.from_pretrained(GOOGLE, cache_dir=cache, local_files_only=True)
+    as_pil = vitlab.transform(model.config.replace(resize_backend="pil"))
+    differ = 0.0
     for image in photos():
-        from_pil = pil(image, return_tensors="pt")["pixel_values"][0]
         from_tensor = default(image, return_tensors="pt")["pixel_values"][0]
-        assert (ours(image) - from_pil).abs().max() <= 1e-6  # a PIL image is resized by PIL
-        assert (ours(pil_to_tensor(image)) - from_tensor).abs().max() <= 1e-6  # a tensor by torchvision
+        assert (ours(image) - from_tensor).abs().max() <= 1e-6
+        assert (ours(pil_to_tensor(image)) - from_tensor).abs().max() <= 1e-6  # the input's type does not matter
+        from_pil = pil(image, return_tensors="pt")["pixel_values"][0]
+        assert (as_pil(image) - from_pil).abs().max() <= 1e-6 and (as_pil(pil_to_tensor(image)) - from_pil).abs().max() <= 1e-6
+        differ = max(differ, float((from_pil - from_tensor).abs().max()))
+    assert differ > 1e-3  # the two backends are not the same pixels
+
+
+def test_the_transform_prints_what_it_does():
+    cfg = vitlab.get_config("ViT-Ti/16", depth=1, crop_fraction=0.9, crop_mode="center", interpolation="bicubic",
+                            mean=(0.4, 0.45, 0.5))
+    text = repr(vitlab.transform(cfg))
+    for part in ("224x224", "shorter side to 248", "bicubic", "by PIL", "centre 224x224 (crop_fraction 0.9)",
+                 "mean (0.4, 0.45, 0.5)", "std (0.5, 0.5, 0.5)"):
+        assert part in text, (part, text)
+    assert "backend 'tensor'" in repr(vitlab.transform(cfg.replace(resize_backend="tensor")))
+    assert "object at 0x" not in repr(vitlab.transform(cfg, train=True))
 
 
 @pytest.mark.parametrize("crop", [(0.875, "center", "bicubic"), (0.9, "squash", "bilinear"), (1.0, "center", "bicubic")])

@@ -13,6 +13,7 @@ import vitlab
 from vitlab import deploy
 from vitlab.deploy import int8
 from vitlab.models.layers import Dense
+from vitlab.data.transforms import eval_transform
 
 CIFAR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10"
 pytestmark = pytest.mark.skipif(not int8.available(), reason="this PyTorch build has no oneDNN int8 kernels")
@@ -90,7 +91,7 @@ def cifar() -> tuple[torch.Tensor, torch.Tensor]:
     from vitlab.data import open_dataset
 
     def first(split: str, n: int) -> torch.Tensor:
-        return torch.stack([x for x, _ in itertools.islice(iter(open_dataset(f"wds:{CIFAR}", split, image_size=32)), n)])
+        return torch.stack([x for x, _ in itertools.islice(iter(open_dataset(f"wds:{CIFAR}", split, eval_transform(32))), n)])
 
     return first("train", 64), first("test", 128)
 

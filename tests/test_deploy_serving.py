@@ -18,6 +18,7 @@ import torch
 
 import vitlab
 from vitlab import deploy
+from vitlab.data.transforms import eval_transform
 
 CIFAR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10"
 
@@ -28,7 +29,7 @@ def cifar_images() -> torch.Tensor:
         pytest.skip(f"real CIFAR-10 shards not found at {CIFAR}")
     from vitlab.data import open_dataset
 
-    data = open_dataset(f"wds:{CIFAR}", "test", image_size=32)
+    data = open_dataset(f"wds:{CIFAR}", "test", eval_transform(32))
     return torch.stack([x for x, _ in itertools.islice(iter(data), 128)])
 
 

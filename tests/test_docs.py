@@ -46,6 +46,7 @@ from PIL import Image
 
 import vitlab
 from vitlab.cli import COMMANDS, build_parser, main
+from vitlab.data.transforms import eval_transform
 
 from conftest import ROOT, perturb, tiny_model
 
@@ -323,7 +324,7 @@ def test_help_examples_parse_and_name_data_that_opens(sandbox):
             pytest.fail(f"vitlab {name} --help: `{command}` does not parse")
         for spec in (getattr(args, "data", None), getattr(args, "images", None)):
             if isinstance(spec, str) and "../shared/data" in spec:  # it exists in the sandbox: it must open
-                open_dataset(spec, "test", image_size=32)
+                open_dataset(spec, "test", eval_transform(32))
 
 
 def test_the_analysis_snippet_works_for_a_greyscale_model(sandbox):

@@ -14,6 +14,7 @@ import vitlab
 from vitlab.cli import main
 from vitlab.data import DataError, open_dataset
 from vitlab.eval.real import read_real_labels, real_accuracy
+from vitlab.data.transforms import eval_transform
 
 from conftest import perturb, tiny_model
 
@@ -42,12 +43,12 @@ def val_dir(tmp_path):
 
 
 def test_images_come_in_file_name_order(val_dir):
-    ds = open_dataset(f"imagenet-val:{val_dir}", "test", image_size=16)
+    ds = open_dataset(f"imagenet-val:{val_dir}", "test", eval_transform(16))
     assert [f.name for f in ds.files] == [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, 13)]
     assert ds.class_names == WNIDS
     assert ds.labels.tolist() == [(i * 3) % 5 for i in range(1, 13)]
     with pytest.raises(DataError, match="one split"):
-        open_dataset(f"imagenet-val:{val_dir}", "train", image_size=16)
+        open_dataset(f"imagenet-val:{val_dir}", "train", eval_transform(16))
 
 
 def test_flat_layout_reads_labels_txt(val_dir, tmp_path):
@@ -56,9 +57,9 @@ def test_flat_layout_reads_labels_txt(val_dir, tmp_path):
     for f in sorted(val_dir.rglob("*.JPEG")):
         f.rename(flat / f.name)
     with pytest.raises(DataError, match="labels.txt"):
-        open_dataset(f"imagenet-val:{flat}", "test", image_size=16)
+        open_dataset(f"imagenet-val:{flat}", "test", eval_transform(16))
     (flat / "labels.txt").write_text("\n".join(str(i % 7) for i in range(12)))
-    ds = open_dataset(f"imagenet-val:{flat}", "test", image_size=16)
+    ds = open_dataset(f"imagenet-val:{flat}", "test", eval_transform(16))
     assert ds.labels.tolist() == [i % 7 for i in range(12)] and len(ds.class_names) == 1000
 
 
@@ -67,8 +68,7 @@ def test_eval_real_on_a_constructed_set(val_dir, tmp_path, capsys):
     ckpt = tmp_path / "m.safetensors"
     vitlab.save(model, ckpt)
     # The model's own top-1 per image, in file-name order, computed here independently.
-    ds = open_dataset(f"imagenet-val:{val_dir}", "test", image_size=model.config.image_size, mean=model.config.mean,
-                      std=model.config.std)
+    ds = open_dataset(f"imagenet-val:{val_dir}", "test", vitlab.transform(model))
     with torch.no_grad():
         preds = [int(vitlab.load(ckpt).eval()(ds[i][0][None]).argmax()) for i in range(len(ds))]
     # ReaL lists built so the answer is known: 5 contain the prediction, 4 do not, 3 are empty.

@@ -50,7 +50,7 @@ def test_table5_on_official_format_fixtures(tmp_path, capsys):
         (val / wnids[i % 5]).mkdir(parents=True, exist_ok=True)
         Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(val / wnids[i % 5] / f"ILSVRC2012_val_{i:08d}.png")
     loaded = vitlab.load(ckpts / "ViT-B_16.npz", image_size=16).eval()
-    data = open_dataset(f"imagenet-val:{val}", "test", image_size=16, mean=loaded.config.mean, std=loaded.config.std)
+    data = open_dataset(f"imagenet-val:{val}", "test", vitlab.transform(loaded))
     with torch.no_grad():
         preds = [int(loaded(data[i][0][None]).argmax()) for i in range(len(data))]
     real = [[p] if i % 2 == 0 else ([(p + 1) % 5] if i % 4 == 1 else []) for i, p in enumerate(preds)]  # 10 hit, 5 miss, 5 out

@@ -21,8 +21,9 @@ from conftest import assert_one_line_error, tree_state, unchanged, vitlab_cli
 from vitlab.cli import main
 from vitlab.data import BadImageError, DataError, make_loader, open_dataset, read_image
 from vitlab.train.run_folder import LOCK_FILE
+from vitlab.data.transforms import eval_transform
 
-GREY16 = dict(image_size=16)
+GREY16 = eval_transform(16)
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +69,7 @@ def test_member_names_that_climb_out_are_only_keys(tmp_path):
     samples = [("../../escaped", png(0), "0"), ("/abs/path", png(1), "1"), ("ok", png(2), "1")]
     shard(root / "train-000000.tar", samples)
     before = tree_state(tmp_path.parent, skip=(tmp_path / "cache",))
-    ds = open_dataset(f"wds:{root}", "train", **GREY16)
+    ds = open_dataset(f"wds:{root}", "train", transform=GREY16)
     assert len(ds) == 3 and [y for _, y in ds] == [0, 1, 1]
     assert tree_state(tmp_path.parent, skip=(tmp_path / "cache",)) == before  # nothing written anywhere
 
@@ -84,10 +85,10 @@ def test_links_in_a_shard_are_never_followed(tmp_path, link):
         add(tf, "a.cls", b"0")
         add(tf, "b.png", b"", type=tarfile.SYMTYPE if link == "symlink" else tarfile.LNKTYPE, linkname=str(secret))
         add(tf, "b.cls", b"1")
-    ds = open_dataset(f"wds:{root}", "train", classes=["x", "y"], **GREY16)
+    ds = open_dataset(f"wds:{root}", "train", classes=["x", "y"], transform=GREY16)
     with pytest.raises(BadImageError, match="sample b: cannot read the image .*no image member"):
         list(ds)
-    lenient = open_dataset(f"wds:{root}", "train", classes=["x", "y"], skip_bad_images=True, **GREY16)
+    lenient = open_dataset(f"wds:{root}", "train", classes=["x", "y"], skip_bad_images=True, transform=GREY16)
     batches = list(make_loader(lenient, 2, train=False))
     assert [n for b in batches for n in b[2]] == [f"{root / 'train-000000.tar'}:b"]
 
@@ -98,7 +99,7 @@ def test_a_member_claiming_a_huge_size_is_refused_before_reading(tmp_path):
     info.size = 2**40
     path.write_bytes(info.tobuf(format=tarfile.GNU_FORMAT) + b"\x00" * 4096)
     with pytest.raises(DataError, match=r"member big.png claims 1,099,511,627,776 bytes"):
-        open_dataset(f"wds:{path}", "train", **GREY16)
+        open_dataset(f"wds:{path}", "train", transform=GREY16)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped gzip", "not a tar", "empty", "truncated gzip", "garbled header",
@@ -123,7 +124,7 @@ def test_broken_shards_are_named_in_one_line(tmp_path, capsys, damage):
     path.write_bytes(blob)
     with unchanged(tmp_path, skip=(tmp_path / "cache", tmp_path / "run" / LOCK_FILE)):  # the refused run's lock only
         with pytest.raises(DataError, match="cannot read the shard"):
-            list(open_dataset(f"wds:{path}", "train", classes=["a", "b"], **GREY16))
+            list(open_dataset(f"wds:{path}", "train", classes=["a", "b"], transform=GREY16))
         rc = main(["train", "--data", f"wds:{path}", "--steps", "1", "--out", str(tmp_path / "run"), "--quiet"])
     assert_one_line_error(rc, capsys.readouterr().err, "train", mentions=(str(path),))
 
@@ -145,7 +146,7 @@ def test_labels_out_of_range_name_the_shard_and_key(tmp_path, capsys, label, wor
     (root / "classes.txt").write_text("\n".join(f"c{i}" for i in range(10)))
     with unchanged(tmp_path, skip=(tmp_path / "cache", tmp_path / "run" / LOCK_FILE)):  # the refused run's lock only
         with pytest.raises(DataError, match=f"train-000000.tar: sample s003 {words}"):
-            open_dataset(f"wds:{root}", "train", **GREY16)
+            open_dataset(f"wds:{root}", "train", transform=GREY16)
         rc = main(["train", "--data", f"wds:{root}", "--steps", "1", "--batch-size", "2", "--out", str(tmp_path / "run"),
                    "--quiet", "model.image_size=16"])
     assert_one_line_error(rc, capsys.readouterr().err, "train", mentions=("train-000000.tar", "s003"))
@@ -251,7 +252,7 @@ def image_folder(root, counts: dict[str, int]) -> None:
 def test_one_class_or_an_empty_class_folder_is_refused(tmp_path, capsys, counts, words):
     image_folder(tmp_path / "pets", counts)
     with pytest.raises(DataError, match=re.escape(words)):
-        open_dataset(f"imagefolder:{tmp_path / 'pets'}", "train", **GREY16)
+        open_dataset(f"imagefolder:{tmp_path / 'pets'}", "train", transform=GREY16)
     rc = main(["train", "--data", f"imagefolder:{tmp_path / 'pets'}", "--steps", "1", "--out", str(tmp_path / "run"), "--quiet"])
     assert_one_line_error(rc, capsys.readouterr().err, "train", mentions=(words.split(" (")[0],))
     assert not (tmp_path / "run" / "config.yaml").exists()
@@ -260,14 +261,14 @@ def test_one_class_or_an_empty_class_folder_is_refused(tmp_path, capsys, counts,
 def test_one_class_in_shards_is_refused(tmp_path):
     shard(tmp_path / "train-000000.tar", [(f"k{i}", png(i), "0") for i in range(4)])
     with pytest.raises(DataError, match="1 class"):
-        open_dataset(f"wds:{tmp_path}", "train", **GREY16)
+        open_dataset(f"wds:{tmp_path}", "train", transform=GREY16)
 
 
 def test_a_held_out_split_missing_a_class_is_said(tmp_path):
     image_folder(tmp_path / "pets" / "train", {"a": 4, "b": 4})
     image_folder(tmp_path / "pets" / "val", {"a": 3})
     with pytest.warns(UserWarning, match="no images of the class"):
-        ds = open_dataset(f"imagefolder:{tmp_path / 'pets'}", "test", **GREY16)
+        ds = open_dataset(f"imagefolder:{tmp_path / 'pets'}", "test", transform=GREY16)
     assert ds.class_names == ["a", "b"] and len(ds) == 3
 
 

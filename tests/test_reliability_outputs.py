@@ -201,9 +201,9 @@ WRITERS = {  # (command, output argument) -> the test below that walks it
     ("eval", "out"): "eval", ("fewshot", "out"): "single_file", ("linear-probe", "out"): "single_file",
     ("predict", "csv"): "single_file", ("predict", "attention"): "overlays", ("inspect", "out"): "inspect",
     ("export", "out"): "single_file", ("convert", "dst"): "single_file", ("push", "folder"): "push",
-    ("bench", "out"): "bench", ("vtab", "out"): "vtab",
+    ("bench", "out"): "bench", ("vtab", "out"): "vtab", ("eval", "predictions"): "single_file",
 }
-OUTPUT_ARGUMENTS = ("out", "csv", "attention", "folder", "dst")
+OUTPUT_ARGUMENTS = ("out", "csv", "attention", "folder", "dst", "predictions")
 
 
 def test_the_walk_covers_every_command_that_writes():
@@ -231,6 +231,7 @@ def image(tmp_path):
 
 @pytest.mark.parametrize("argv", [
     ["predict", "{ckpt}", "{image}", "--csv", "{mine}"],
+    ["eval", "{ckpt}", "--data", "digits", "--predictions", "{mine}"],
     ["fewshot", "{ckpt}", "--data", "digits", "--out", "{mine}"],
     ["linear-probe", "{ckpt}", "--data", "digits", "--out", "{mine}"],
     ["export", "{ckpt}", "--format", "torch-export", "--out", "{mine}"],

@@ -20,6 +20,7 @@ from vitlab.checkpoints.io import CheckpointError
 from vitlab.cli import main
 from vitlab.data import DataError, open_dataset
 from vitlab.data.cifar import SafeUnpickler, UnsafePickleError, read_batch, read_names
+from vitlab.data.transforms import eval_transform
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -80,7 +81,7 @@ def write_cifar(folder, protocol: int = 2, poison: dict | None = None) -> None:
 def test_cifar_batches_of_every_protocol_read_exactly(tmp_path, protocol):
     folder = tmp_path / "cifar-10-batches-py"
     write_cifar(folder, protocol)
-    ds = open_dataset(f"cifar10:{folder}", "test", image_size=32)
+    ds = open_dataset(f"cifar10:{folder}", "test", eval_transform(32))
     data, labels = batch(4, 5)
     assert ds.class_names == NAMES and list(ds.labels) == labels
     x, y = ds[1]
@@ -97,7 +98,7 @@ def test_crafted_cifar_pickles_of_every_protocol_run_nothing(tmp_path, protocol,
     blob = pickle.dumps({b"data": data, b"labels": labels, b"x": payload(str(marker))}, protocol)
     write_cifar(tmp_path / "cifar-10-batches-py", poison={where: blob})
     with unchanged(tmp_path), pytest.raises(DataError, match=f"{where}: refused to load .*nothing in it was run"):
-        open_dataset(f"cifar10:{tmp_path}", "train", image_size=32)
+        open_dataset(f"cifar10:{tmp_path}", "train", eval_transform(32))
     assert not marker.exists()
 
 
@@ -108,7 +109,7 @@ def test_hand_written_opcodes_run_nothing(tmp_path, kind):
     try:
         write_cifar(tmp_path / "cifar-10-batches-py", poison={"test_batch": hand_written(str(marker))[kind]})
         with pytest.raises(DataError, match="test_batch: refused"):
-            open_dataset(f"cifar10:{tmp_path}", "test", image_size=32)
+            open_dataset(f"cifar10:{tmp_path}", "test", eval_transform(32))
     finally:
         copyreg.remove_extension("os", "mkdir", 0xF0)
     assert not marker.exists()
@@ -186,7 +187,7 @@ def test_damaged_cifar_files_are_named(tmp_path, damage):
     name, blob = blobs[damage]
     write_cifar(folder, poison={name: blob})
     with pytest.raises(DataError, match=name if damage != "label out of range" else "labels run from 0 to 10"):
-        open_dataset(f"cifar10:{folder}", "train", image_size=32)
+        open_dataset(f"cifar10:{folder}", "train", eval_transform(32))
 
 
 def test_the_cli_refuses_a_crafted_cifar_batch_in_one_line(tmp_path, capsys):

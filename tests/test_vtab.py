@@ -20,6 +20,7 @@ from vitlab.data.datasets import digits_arrays, fashion_mnist_arrays
 from vitlab.data.tfrecord import Records, masked_crc, parse_example, write_example, write_records
 from vitlab.data.vtab import GROUPS, TASKS, group_sizes, resolve_slice, task_splits
 from vitlab.train import vtab
+from vitlab.data.transforms import eval_transform
 
 from conftest import SHARED_DATA
 
@@ -117,8 +118,8 @@ def test_standin_splits_are_vtabs(standins):
     def labels(task, split, seed=0):
         key = (task, split, seed)
         if key not in opened:
-            opened[key] = open_dataset(f"vtab:{task}:{root}", split, image_size=16, in_channels=1, mean=[0.5],
-                                       std=[0.5], seed=seed).labels
+            opened[key] = open_dataset(f"vtab:{task}:{root}", split, eval_transform(16, [0.5], [0.5], 1),
+                                       seed=seed).labels
         return opened[key]
 
     for task in STANDINS:
@@ -186,11 +187,11 @@ def test_aggregation_of_a_complete_row():
 
 def test_bad_specs_are_one_line(tmp_path):
     with pytest.raises(DataError, match="vtab:TASK:ROOT"):
-        open_dataset("vtab:cifar100", "train", image_size=16)
+        open_dataset("vtab:cifar100", "train", eval_transform(16))
     with pytest.raises(DataError, match="19 VTAB-1k tasks"):
-        open_dataset(f"vtab:imagenet:{tmp_path}", "train", image_size=16)
+        open_dataset(f"vtab:imagenet:{tmp_path}", "train", eval_transform(16))
     with pytest.raises(DataError, match="put it in"):
-        open_dataset(f"vtab:cifar100:{tmp_path}", "train", image_size=16)
+        open_dataset(f"vtab:cifar100:{tmp_path}", "train", eval_transform(16))
 
 
 def test_derived_labels_follow_vtab():

@@ -5,6 +5,7 @@
     model = vitlab.load("run/checkpoints/last.safetensors", image_size=384)
     model = vitlab.load("hf-hub:google/vit-base-patch16-224")
     preprocess = vitlab.transform(model)
+    predictor = vitlab.Predictor.load("run/checkpoints/last.safetensors")   # top-k, attention, batching
 
 Importing vitlab does no work: the API is resolved on first use.
 """
@@ -20,6 +21,10 @@ def __getattr__(name):
         from vitlab import api
 
         return getattr(api, name)
+    if name == "Predictor":
+        from vitlab.predictor import Predictor
+
+        return Predictor
     if name in ("VisionTransformer",):
         from vitlab.models.vit import VisionTransformer
 
@@ -35,4 +40,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
 
 
-__all__ = sorted(_API | {"VisionTransformer", "ViTConfig", "ResNetConfig", "ConfigError"})
+__all__ = sorted(_API | {"Predictor", "VisionTransformer", "ViTConfig", "ResNetConfig", "ConfigError"})

@@ -122,9 +122,12 @@ def transform(model_or_config: Model | ModelConfig, train: bool = False, **augme
     normalised float tensor out.
 
     Evaluation (`train=False`): resize to image_size / crop_fraction (both sides, or the
-    shorter one for crop_mode "center"), centre-crop image_size, scale to [0, 1], normalise
-    with the model's mean and std. The same numbers as timm's `create_transform(
-    **resolve_data_config(model=...))` and transformers' image processor for the same weights.
+    shorter one for crop_mode "center") with the model's resize backend (PIL, or
+    torchvision's kernels on a uint8 tensor for a Hugging Face checkpoint), centre-crop
+    image_size, scale to [0, 1], normalise with the model's mean and std. The same numbers as
+    timm's `create_transform(**resolve_data_config(model=...))` and transformers' image
+    processor for the same weights, and the pixels every vitlab command feeds the model;
+    `print(vitlab.transform(model))` says what it does.
     Training (`train=True`): the paper's inception crop and flip at the same size,
     interpolation and normalisation; `augment` takes train_transform's options (randaugment=2, ...).
     """

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from vitlab.analysis.overlay import colormap
 from vitlab.extras import require
 
 
@@ -157,7 +158,7 @@ def _draw_map(ax, image: np.ndarray, amap: np.ndarray, heatmap: bool, smooth: st
     """The rollout on `ax`: a heat map over the image, or the image weighted by the map."""
     if heatmap:
         ax.imshow(image, interpolation=smooth)
-        return ax.imshow(amap, cmap="jet", alpha=0.5, vmin=0, vmax=1, interpolation=smooth)
+        return ax.imshow(amap, cmap=colormap(), alpha=0.55, vmin=0, vmax=1, interpolation=smooth)  # overlay.py's colours
     return ax.imshow(np.clip(image * amap[..., None], 0, 1), interpolation=smooth)
 
 

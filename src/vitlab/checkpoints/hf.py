@@ -194,6 +194,9 @@ def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig
         resize_mode="bicubic",
         mean=(0.5,) * channels,
         std=(0.5,) * channels,
+        # transformers 5.x's image processors (AutoImageProcessor, pipeline) resize a uint8
+        # tensor with torchvision's antialiased kernels, whatever the folder's processor type.
+        resize_backend="tensor",
     )
     return cfg.replace(name=describe(cfg)), names
 

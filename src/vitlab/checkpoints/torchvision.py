@@ -98,7 +98,31 @@ def infer_config(s: dict, source: str) -> ViTConfig:
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
     )
-    return cfg.replace(name=describe(cfg))
+    return cfg.replace(name=describe(cfg), **weights_preset(cfg))
+
+
+# torchvision's ViT builders by (width, patch); their weights carry the preset transform.
+ARCHITECTURES = {(768, 16): "ViT_B_16", (768, 32): "ViT_B_32", (1024, 16): "ViT_L_16", (1024, 32): "ViT_L_32",
+                 (1280, 14): "ViT_H_14"}
+
+
+def weights_preset(cfg: ViTConfig) -> dict:
+    """The evaluation crop of torchvision's own weights for this architecture and resolution
+    (`weights.transforms()`: the shorter side resized by PIL to resize_size, a centre crop of
+    crop_size): IMAGENET1K_V1 at 224 px (resize 256, or 242 for ViT-L/16, bilinear), SWAG at
+    its own size (bicubic). Nothing for a shape torchvision publishes no weights of."""
+    import torchvision.models as tvm
+
+    enum = getattr(tvm, f"{ARCHITECTURES.get((cfg.hidden_size, cfg.patch_size), '')}_Weights", None)
+    if enum is None or cfg.num_classes != 1000 or cfg.image_size[0] != cfg.image_size[1]:
+        return {}
+    for weights in sorted(enum, key=lambda w: w.name != "IMAGENET1K_V1"):  # the default weights first
+        preset = weights.transforms()
+        crop, resize = preset.crop_size[0], preset.resize_size[0]
+        if crop == cfg.image_size[0]:
+            return {"crop_fraction": crop / resize, "crop_mode": "center", "resize_backend": "pil",
+                    "interpolation": preset.interpolation.value}
+    return {}
 
 
 def read(path: str | os.PathLike) -> Imported:

@@ -52,10 +52,11 @@ OUTPUTS = (
     ("train", "out", True), ("finetune", "out", True), ("eval", "out", True), ("inspect", "out", True),
     ("predict", "attention", True), ("fewshot", "out", False), ("linear-probe", "out", False),
     ("export", "out", False), ("predict", "csv", False), ("bench", "out", True), ("vtab", "out", True),
+    ("eval", "predictions", False),
 )
 # Single-file outputs that may name a user's file: written only when new, or with --force
 # (docs/reliability.md, "What each command writes"). export and convert check their own.
-NEW_FILES = (("predict", "csv"), ("fewshot", "out"), ("linear-probe", "out"))
+NEW_FILES = (("predict", "csv"), ("fewshot", "out"), ("linear-probe", "out"), ("eval", "predictions"))
 
 
 class UsageError(ValueError):

@@ -174,44 +174,18 @@ def open_checkpoint(path: str, format: Optional[str] = None, random_init: Option
 
 
 def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = None):
-    """A dataset of (normalised tensor, label) with the checkpoint's preprocessing.
+    """A dataset of (normalised tensor, label) with the checkpoint's preprocessing
+    (vitlab.eval.features.open_for_model)."""
+    from vitlab.eval.features import open_for_model
 
-    WebDataset shards carry class indices only; without a classes.txt beside them the
-    checkpoint's class names (when it has one per class) name them.
-    """
-    from vitlab.data import open_dataset
-
-    options = {}
-    if spec.lower().startswith("wds:") and class_names and len(class_names) == config.num_classes:
-        shards = Path(spec[4:]).expanduser()
-        if not (shards.is_dir() and (shards / "classes.txt").is_file()):
-            options["classes"] = list(class_names)
-    return open_dataset(
-        spec,
-        split,
-        image_size=config.image_size,
-        in_channels=config.in_channels,
-        mean=config.mean,
-        std=config.std,
-        train=False,
-        crop_fraction=config.crop_fraction,
-        crop_mode=config.crop_mode,
-        interpolation=config.interpolation,
-        **options,
-    )
+    return open_for_model(spec, split, config, class_names)
 
 
 def data_key(spec: str, split: str, config) -> dict:
-    """What, besides the weights, decides the features: the data and the preprocessing."""
-    return {
-        "data": spec,
-        "split": split,
-        "image_size": list(config.image_size),
-        "in_channels": config.in_channels,
-        "mean": list(config.mean),
-        "std": list(config.std),
-        "crop": [config.crop_fraction, config.crop_mode, config.interpolation],
-    }
+    """What, besides the weights, decides the features (vitlab.eval.features.feature_key)."""
+    from vitlab.eval.features import feature_key
+
+    return feature_key(spec, split, config)
 
 
 def write_json(path: str, payload: dict) -> None:
@@ -284,3 +258,17 @@ def unreadable(e: Exception, path: Path) -> str:
     if "cannot identify image" in text:
         return "not an image file vitlab can read (PIL cannot identify it)"
     return text if "cannot read" in text else f"cannot read it as an image ({type(e).__name__}: {text})"
+
+
+def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):
+    """((features, labels), class names) of one split, cached, with a progress bar: the
+    library's dataset_features, for fewshot and linear-probe."""
+    import sys
+
+    from vitlab.eval.features import dataset_features
+
+    features, labels, names = dataset_features(
+        model, args.data, split, max_per_class=max_per_class or None, limit=limit or None, batch_size=args.batch_size,
+        use_cache=not args.no_cache, model_hash=model_hash, log=lambda m: print(f"  {split}: {m}", file=sys.stderr),
+        progress=lambda total, desc: progress(total=total, desc=desc))
+    return (features, labels), names

@@ -10,8 +10,13 @@ DESCRIPTION = """\
 Classify a dataset split with any checkpoint vitlab.load reads and report top-1 and top-5
 accuracy, the loss, the accuracy of each class and the confusion matrix (a PNG when
 matplotlib is installed). Images are preprocessed as the model's config says (its
-resolution, channels, mean and std). Results go to OUT/eval-SPLIT.json (OUT defaults to the
-run folder of a checkpoint inside RUN/checkpoints/, else ./eval).
+resolution, channels, crop, resize and normalisation: what vitlab.transform(model) does), and
+the results are labelled with the checkpoint's class names (a dataset whose classes are only
+numbers, such as WebDataset shards without a classes.txt, takes them; names that disagree are
+a warning, the same names in another order an error). Results go to OUT/eval-SPLIT.json and
+OUT/confusion-SPLIT.png: --out OUT, or RUN/eval for a checkpoint inside a run folder
+(RUN/checkpoints/); otherwise they are printed and not written. --predictions FILE.csv also
+writes each image's probabilities of every class (one row per image, in the data's order).
 
 --format and --random-init SEED work as in the other evaluation commands (the checkpoint's
 shape with fresh weights is the baseline); --json prints everything, the confusion matrix
@@ -44,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--predictions", metavar="FILE.csv", help="also write each image's probabilities of every class")
     p.add_argument("--real", metavar="LABELS.json", help="ImageNet ReaL labels (real.json): ReaL accuracy beside top-1")
     p.add_argument("--force", action="store_true", help="replace files in --out of eval's names that eval did not write")
 
@@ -51,84 +57,94 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from vitlab.analysis.plots import plot_confusion
     from vitlab.cli import UsageError
     from vitlab.cli.common import bad_image_message, open_checkpoint, progress
     from vitlab.config import pick_device
-    from vitlab.data import BadImageError, make_loader, open_dataset
-    from vitlab.eval.accuracy import evaluate, report, to_json
+    from vitlab.data import BadImageError
+    from vitlab.eval.accuracy import evaluate_dataset, report, to_json
 
     device = pick_device(args.device)
     overrides = {"image_size": args.image_size} if args.image_size else {}
     model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device, **overrides)
-    cfg = model.config
-    if cfg.num_classes == 0:
-        raise UsageError(f"{args.checkpoint} has no classification head; evaluate it with vitlab fewshot or linear-probe")
-    dataset = open_dataset(
-        args.data, args.split, image_size=cfg.image_size, in_channels=cfg.in_channels, mean=cfg.mean, std=cfg.std,
-        skip_bad_images=args.skip_bad_images,
-    )
-    names = dataset.class_names
-    if len(names) != cfg.num_classes:
-        raise UsageError(
-            f"{args.checkpoint} predicts {cfg.num_classes} classes but {args.data} has {len(names)}; "
-            "fine-tune it first (vitlab finetune) or pick the dataset it was trained on"
-        )
-    loader = make_loader(dataset, args.batch_size, train=False, num_workers=args.workers)
-    bad = 0
-
-    def batches():
-        nonlocal bad
-        with progress(total=_length(dataset), desc=f"eval {args.split}") as bar:
-            for images, labels, skipped in loader:
-                bad += len(skipped)  # one evaluation pass: each file once
-                bar.update(len(labels) + len(skipped))
-                if labels.numel():
-                    yield images, labels
-
-    if args.real and args.skip_bad_images:
-        raise UsageError("--real pairs each image with its line of the labels: fix unreadable images, do not skip them")
+    owner = _owner(results_folder(args.checkpoint, args.out), args.split, args.force)  # a user's files: refused now
+    bar = lambda total, desc: progress(total=total, desc=desc)  # noqa: E731
     try:
-        metrics = evaluate(model, batches(), cfg.num_classes, device, torch.bfloat16 if args.bf16 else None,
-                           keep_predictions=bool(args.real))
+        metrics, names = evaluate_dataset(
+            model, args.data, args.split, batch_size=args.batch_size, workers=args.workers,
+            skip_bad_images=args.skip_bad_images, device=device, autocast_dtype=torch.bfloat16 if args.bf16 else None,
+            progress=bar, real=args.real, probabilities=bool(args.predictions))
     except BadImageError as e:
         raise UsageError(bad_image_message(e)) from None
-    if args.real:
-        from vitlab.eval.real import read_real_labels, real_accuracy
-
-        labels = read_real_labels(args.real, len(dataset), cfg.num_classes)
-        metrics.update(real_accuracy(metrics.pop("predictions"), labels))
-    metrics["bad_images_skipped"] = bad
-    ckpt = Path(args.checkpoint)
-    out = Path(args.out) if args.out else (ckpt.parent.parent / "eval" if ckpt.parent.name == "checkpoints" else Path("eval"))
-    from vitlab.files import OutputFolder, atomic_write_text
-
-    owner = OutputFolder(out, "eval", args.force)  # a user's file of these names is never replaced
-    json_path, png = owner.path(f"eval-{args.split}.json"), owner.path(f"confusion-{args.split}.png")
+    if args.predictions:
+        write_predictions(args.predictions, metrics.pop("images"), metrics.pop("probabilities"), names)
     text = to_json(metrics, names)
-    atomic_write_text(json_path, text + "\n")
-    try:
-        drew = bool(plot_confusion(metrics["confusion"], names, png, title=f"{cfg.name} on {args.data}, {args.split}"))
-    except ImportError:  # matplotlib is an optional extra
-        drew = False
-    owner.record()
+    written = _write(owner, args.split, text, metrics["confusion"], names, f"{model.config.name} on {args.data}, {args.split}")
     if args.json:
         print(text)
-    else:
-        print(report(metrics, names))
-        if args.real:
-            from vitlab.eval.real import real_line
+        return 0
+    print(report(metrics, names))
+    if args.real:
+        from vitlab.eval.real import real_line
 
-            print(real_line(metrics))
-        if bad:
-            print(f"skipped {bad} unreadable images")
-        print(f"\nresults: {json_path}")
-        print(f"confusion matrix: {png}" if drew else "no confusion-matrix PNG: matplotlib is not installed")
+        print(real_line(metrics))
+    if metrics["bad_images_skipped"]:
+        print(f"skipped {metrics['bad_images_skipped']} unreadable images")
+    print("\n" + "\n".join(written))
     return 0
 
 
-def _length(dataset):
-    try:
-        return len(dataset)
-    except TypeError:  # a stream of unknown length
+def write_predictions(path: str, images: list, probabilities: list, names: list[str]) -> None:
+    """One CSV row per image: the image (its file, or its position), its top-1 class and the
+    probability of every class."""
+    import csv
+    import io
+
+    from vitlab.files import atomic_write_text
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["image", "predicted", *names])
+    for image, probs in zip(images, probabilities):
+        writer.writerow([image, names[max(range(len(probs)), key=probs.__getitem__)], *(f"{p:.8g}" for p in probs)])
+    atomic_write_text(path, buffer.getvalue())
+
+
+def results_folder(checkpoint: str, out: str | None) -> Path | None:
+    """--out, else the run folder of a checkpoint in RUN/checkpoints/ (RUN/eval), else None:
+    nothing is written into the current directory unasked."""
+    if out:
+        return Path(out)
+    ckpt = Path(checkpoint)
+    if ckpt.parent.name == "checkpoints":
+        return ckpt.parent.parent / "eval"
+    return None
+
+
+def _owner(out: Path | None, split: str, force: bool):
+    """The results folder, its two files claimed (files.OutputFolder: a user's eval-SPLIT.json
+    there is refused unless --force); None when nothing is to be written."""
+    from vitlab.files import OutputFolder
+
+    if out is None:
         return None
+    owner = OutputFolder(out, "eval", force)
+    owner.claim([f"eval-{split}.json", f"confusion-{split}.png"])
+    return owner
+
+
+def _write(owner, split: str, text: str, confusion, names: list[str], title: str) -> list[str]:
+    """Write the JSON and the confusion matrix into the owner's folder; the lines that say
+    where they went."""
+    if owner is None:
+        return ["results not written: the checkpoint is not in a run folder (RUN/checkpoints/); --out DIR keeps them"]
+    from vitlab.analysis.plots import plot_confusion
+    from vitlab.files import atomic_write_text
+
+    json_path, png = owner.path(f"eval-{split}.json"), owner.path(f"confusion-{split}.png")
+    atomic_write_text(json_path, text + "\n")
+    try:
+        drew = bool(plot_confusion(confusion, names, png, title=title))
+    except ImportError:  # matplotlib is an optional extra
+        drew = False
+    owner.record()
+    return [f"results: {json_path}", f"confusion matrix: {png}" if drew else "no confusion-matrix PNG: matplotlib is not installed"]

@@ -50,56 +50,34 @@ def parse_shots(text: str) -> list[int]:
     return shots
 
 
-def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):
-    """Cached features of one split, with progress on stderr (a bar on a terminal, a line
-    every 20 batches in a log)."""
-    from vitlab.cli.common import data_key, open_data, progress
-    from vitlab.eval.features import cached_features
-
-    dataset = open_data(args.data, split, model.config, model.class_names)
-    num_classes = len(getattr(dataset, "class_names", None) or []) or None
-    log = lambda m: print(f"  {split}: {m}", file=sys.stderr)  # noqa: E731
-    every = args.batch_size * 20
-    bar = progress(total=_expected(dataset, max_per_class, num_classes, limit), desc=f"features {split}")
-
-    def counted(n: int) -> None:
-        bar.update(n - bar.n)
-        if bar.disable and n % every == 0:
-            log(f"{n} images")
-
-    with bar:
-        features = cached_features(
-            model,
-            dataset,
-            data_key(args.data, split, model.config),
-            use_cache=not args.no_cache,
-            model_hash=model_hash,
-            log=log,
-            batch_size=args.batch_size,
-            max_per_class=max_per_class or None,
-            limit=limit or None,
-            num_classes=num_classes,
-            progress=counted,
-        )
-    return features, getattr(dataset, "class_names", None)
-
-
-def _expected(dataset, max_per_class, num_classes, limit):
-    """How many images the extraction will read, where that is known beforehand."""
-    try:
-        n = len(dataset)
-    except TypeError:
-        n = None
-    caps = [c for c in (n, limit or None, max_per_class * num_classes if max_per_class and num_classes else None) if c]
-    return min(caps) if caps else None
-
-
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.cli.common import open_checkpoint, print_result
+    from vitlab.cli.common import frozen_features, open_checkpoint, print_result
     from vitlab.config import pick_device
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.fewshot import fewshot_eval
+
+    shots = _check(args)
+    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
+    fp = model_fingerprint(model)
+    print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
+    (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)
+    (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
+    try:
+        result = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=args.l2,
+                              num_classes=len(class_names) if class_names else None)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    result.update(checkpoint=args.checkpoint, model=model.config.name, random_init=args.random_init, data=args.data,
+                  train_split=args.train_split, test_split=args.test_split, pool_per_class=args.pool or "all",
+                  num_train_pool=int(len(tr_y)), weights_sha256=fp)
+    if not print_result(args, result):
+        _print_table(args, model.config.name, result)
+    return 0
+
+
+def _check(args) -> list[int]:
+    from vitlab.cli import UsageError
 
     shots = parse_shots(args.shots)
     if args.seeds < 1:
@@ -108,39 +86,12 @@ def run(args) -> int:
         raise UsageError(f"--pool {args.pool} is smaller than the largest shot count {max(shots)}; raise --pool")
     if args.l2 is not None and args.l2 <= 0:
         raise UsageError(f"--l2 must be positive, got {args.l2}")
-    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
-    fp = model_fingerprint(model)
-    print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
-    (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)
-    (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
-    try:
-        result = fewshot_eval(
-            tr_x,
-            tr_y,
-            te_x,
-            te_y,
-            shots=shots,
-            seeds=args.seeds,
-            l2=args.l2,
-            num_classes=len(class_names) if class_names else None,
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    result.update(
-        checkpoint=args.checkpoint,
-        model=model.config.name,
-        random_init=args.random_init,
-        data=args.data,
-        train_split=args.train_split,
-        test_split=args.test_split,
-        pool_per_class=args.pool or "all",
-        num_train_pool=int(len(tr_y)),
-        weights_sha256=fp,
-    )
-    if print_result(args, result):
-        return 0
+    return shots
+
+
+def _print_table(args, name: str, result: dict) -> None:
     what = "random init" if args.random_init is not None else args.checkpoint
-    print(f"few-shot linear accuracy  {model.config.name} ({what})  on {args.data}")
+    print(f"few-shot linear accuracy  {name} ({what})  on {args.data}")
     print(
         f"{result['num_classes']} classes, {result['feature_dim']}-d features, "
         f"test {result['num_test']} images, {args.seeds} seed(s), L2: {result['l2']}"
@@ -152,7 +103,6 @@ def run(args) -> int:
         print(f"{s:>5}  {100 * r['mean']:>7.2f} ± {100 * r['std']:<5.2f}%  {per:<24}  {lam}")
     if args.out:
         print(f"wrote {args.out}")
-    return 0
 
 
 def _log2(v: float) -> str:

@@ -29,8 +29,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.cli.fewshot import frozen_features
-    from vitlab.cli.common import open_checkpoint, print_result
+    from vitlab.cli.common import frozen_features, open_checkpoint, print_result
     from vitlab.config import pick_device
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.linear_probe import knn_accuracy, logistic_probe
@@ -47,21 +46,19 @@ def run(args) -> int:
     probe = logistic_probe(tr_x, tr_y, te_x, te_y, C=args.C, max_iter=args.max_iter)
     knn = knn_accuracy(tr_x, tr_y, te_x, te_y, k=args.k)
     result = {
-        "checkpoint": args.checkpoint,
-        "model": model.config.name,
-        "random_init": args.random_init,
-        "data": args.data,
-        "num_train": int(len(tr_y)),
-        "num_test": int(len(te_y)),
-        "feature_dim": int(tr_x.shape[1]),
-        "logistic": probe,
-        "knn": {"k": args.k, "test_accuracy": knn},
-        "weights_sha256": fp,
+        "checkpoint": args.checkpoint, "model": model.config.name, "random_init": args.random_init, "data": args.data,
+        "num_train": int(len(tr_y)), "num_test": int(len(te_y)), "feature_dim": int(tr_x.shape[1]), "logistic": probe,
+        "knn": {"k": args.k, "test_accuracy": knn}, "weights_sha256": fp,
     }
-    if print_result(args, result):
-        return 0
+    if not print_result(args, result):
+        _print_table(args, model.config.name, result)
+    return 0
+
+
+def _print_table(args, name: str, result: dict) -> None:
+    probe, knn = result["logistic"], result["knn"]["test_accuracy"]
     what = "random init" if args.random_init is not None else args.checkpoint
-    print(f"linear probe  {model.config.name} ({what})  on {args.data}")
+    print(f"linear probe  {name} ({what})  on {args.data}")
     print(f"train {result['num_train']} images, test {result['num_test']}, {result['feature_dim']}-d features")
     print(
         f"logistic regression (C={args.C})  test {100 * probe['test_accuracy']:.2f}%  "
@@ -70,4 +67,3 @@ def run(args) -> int:
     print(f"{args.k}-NN (cosine)                 test {100 * knn:.2f}%")
     if args.out:
         print(f"wrote {args.out}")
-    return 0

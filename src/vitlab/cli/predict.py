@@ -8,10 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from vitlab.cli.common import add_checkpoint_arguments, add_device_argument, find_images, open_checkpoint, read_images
-
+from vitlab.cli.common import add_checkpoint_arguments, add_device_argument, find_images, open_checkpoint, unreadable
 from vitlab.config import pick_device
-from vitlab.files import OutputFolder, to_name
+from vitlab.files import OutputFolder
 
 HELP = "classify images with a checkpoint: top-k classes, probabilities, rollout overlays"
 DESCRIPTION = """\
@@ -25,7 +24,10 @@ reported and skipped; the others still run, and the exit status is 1 if any fail
 
 `--csv FILE` writes one row per image (the top-k classes and probabilities, the overlay,
 the error for a file that could not be read). `--attention DIR` also writes, per image,
-the attention rollout (Fig. 6) as a heat map over the image, headed by the predicted class.
+the attention rollout (Fig. 6) as a heat map over the image, captioned with the predicted
+class: the overlay `vitlab serve` returns, drawn by the same code. The work is
+vitlab.Predictor's, as in `vitlab serve` and Python (`--precision` picks the same inference
+copies as serve's).
 
 examples:
   vitlab predict runs/digits/checkpoints/last.safetensors digit.png
@@ -43,52 +45,49 @@ def add_arguments(p) -> None:
     p.add_argument("--attention", metavar="DIR", help="write an attention-rollout overlay PNG per image here")
     p.add_argument("--force", action="store_true", help="replace --csv and overlays that exist and are not predict's")
     p.add_argument("--batch-size", type=int, default=16, help="images decoded and classified at a time (default 16)")
+    p.add_argument("--precision", default="fp32", help="fp32 (default), bf16, fp16, int8 or fp32-packed (as serve)")
     add_device_argument(p)
 
 
 def run(args) -> int:
-    import torch
-
     from vitlab.cli import UsageError
     from vitlab.cli.common import progress
+    from vitlab.deploy import PRECISIONS
+    from vitlab.predictor import Predictor, overlay_name
 
     for name in ("top_k", "batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    device = pick_device(args.device)
-    model, _ = open_checkpoint(args.checkpoint, args.format, device=device)
-    cfg = model.config
-    if not cfg.num_classes:
-        raise UsageError(
-            f"{args.checkpoint}: the checkpoint has no classification head (num_classes=0); fine-tune it "
-            "(`vitlab finetune`) or evaluate its features with `vitlab linear-probe`"
-        )
-    if args.attention and not cfg.has_attention:
-        raise UsageError(f"--attention: {cfg.name} is a BiT ResNet and has no attention to draw; drop --attention")
-    names = model.class_names or [f"class {i}" for i in range(cfg.num_classes)]
+    if args.precision not in PRECISIONS:  # before the checkpoint is read
+        raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
+    model, _ = open_checkpoint(args.checkpoint, args.format)
+    predictor = Predictor(model, args.precision, pick_device(args.device), checkpoint=args.checkpoint)
+    if args.attention and not predictor.has_attention:
+        raise UsageError(f"--attention: {predictor.config.name} is a BiT ResNet and has no attention to draw; drop --attention")
     paths = find_images(args.images)
-    k = min(args.top_k, cfg.num_classes)
     width = max(len(str(p)) for p in paths)
     overlays = None
     if args.attention:  # the user may keep files there: only new ones, or predict's own, are written
         overlays = OutputFolder(args.attention, "predict", args.force)
-        overlays.claim(overlay_name(i, p) for i, p in enumerate(paths))
+        overlays.claim(overlay_name(i, Path(p).stem) for i, p in enumerate(paths))  # and each again as it is written
     results, failed = [], []
-    with progress(total=len(paths), desc="predict") as bar, torch.no_grad():
-        for start in range(0, len(paths), args.batch_size):
-            chunk, bad = read_images(paths[start : start + args.batch_size], cfg)
-            for p, why in bad:
-                bar.write(f"vitlab predict: {p}: {why}; skipped", file=sys.stderr)
-            failed += bad
-            if chunk:
-                rows = _classify(model, chunk, names, k, device, overlays, start)
-                results += rows
-                if not args.json:
-                    for r in rows:
-                        bar.write(_line(r, width), file=sys.stdout)
-            bar.update(len(chunk) + len(bad))
+    with progress(total=len(paths), desc="predict") as bar:
+        def skipped(path, error) -> None:
+            failed.append((path, unreadable(error, path)))
+            bar.write(f"vitlab predict: {path}: {failed[-1][1]}; skipped", file=sys.stderr)
+            bar.update(1)
+
+        for row in predictor.predict(paths, args.top_k, args.batch_size, overlays=overlays, on_error=skipped):
+            results.append({k: v for k, v in row.items() if k in ("image", "predictions", "attention")})
+            if not args.json:
+                bar.write(_line(results[-1], width), file=sys.stdout)
+            bar.update(1)
     if overlays is not None:
         overlays.record()
+    return _finish(args, paths, results, failed, min(args.top_k, predictor.config.num_classes))
+
+
+def _finish(args, paths, results: list[dict], failed: list, k: int) -> int:
     if args.csv:
         _write_csv(args.csv, paths, results, failed, k)
     if args.json:
@@ -98,23 +97,6 @@ def run(args) -> int:
     if args.csv and not args.json:
         print(f"wrote {args.csv} ({len(results) + len(failed)} rows)", file=sys.stderr)
     return 1 if failed else 0
-
-
-def _classify(model, chunk, names: list[str], k: int, device, attention: "OutputFolder | None", offset: int) -> list[dict]:
-    import torch
-
-    x = torch.stack([t for _, t in chunk]).to(device)
-    out = model(x, return_intermediates=True) if attention else None
-    logits = out["logits"] if out is not None else model(x)
-    top_p, top_i = logits.float().softmax(-1).topk(k, dim=-1)
-    rows = []
-    for (p, _), ps, ix in zip(chunk, top_p.tolist(), top_i.tolist()):
-        rows.append({"image": str(p), "predictions": [{"class": names[i], "index": i, "probability": pr}
-                                                      for pr, i in zip(ps, ix)]})
-    if out is not None:
-        for row, png in zip(rows, _write_overlays(model, x, out, rows, attention, offset)):
-            row["attention"] = str(png)
-    return rows
 
 
 def _line(r: dict, width: int) -> str:
@@ -141,24 +123,3 @@ def _write_csv(path: str, paths: list[Path], results: list[dict], failed: list, 
             row[f"class_{i}"], row[f"probability_{i}"] = q["class"], f"{q['probability']:.6f}"
         writer.writerow(row)
     atomic_write_text(path, buffer.getvalue())
-
-
-def overlay_name(index: int, image: Path) -> str:
-    """The overlay PNG of the index-th image: its name made safe and short (files.to_name)."""
-    return to_name(f"{index:04d}_{Path(image).stem}_rollout", 100) + ".png"
-
-
-def _write_overlays(model, x, out, rows: list[dict], folder: "OutputFolder", offset: int) -> list[Path]:
-    from vitlab.analysis import attention_rollout, display_images, upsample_map
-    from vitlab.analysis.plots import plot_overlay
-
-    maps = attention_rollout(out["attentions"], out["grid"], model.num_prefix_tokens)
-    maps = upsample_map(maps, tuple(x.shape[2:]))
-    images = display_images(x, model.config.mean, model.config.std)
-    written = []
-    for i, row in enumerate(rows):
-        top = row["predictions"][0]
-        target = folder.path(overlay_name(offset + i, row["image"]))
-        written.append(plot_overlay(images[i], maps[i], target, title=Path(row["image"]).name,
-                                    prediction=f"{top['class']} ({100 * top['probability']:.1f}%)"))
-    return written

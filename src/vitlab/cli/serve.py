@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import signal
-import socket
-import sys
 from pathlib import Path
 
 from vitlab.cli.common import open_checkpoint
@@ -69,75 +65,14 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.config.serve import ServeConfig
-
-    from vitlab.deploy.serving import PRECISIONS
+    from vitlab.deploy import PRECISIONS
+    from vitlab.serve import Engine, server
     from vitlab.extras import require
 
     require("serve", "vitlab serve", modules=())  # every module of the extra, checked before any work
     config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})
-    if args.precision not in PRECISIONS:
+    if args.precision not in PRECISIONS:  # before the checkpoint is read
         raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
     model, _ = open_checkpoint(args.checkpoint, args.format)  # before the port: a bad file binds nothing
-    if not model.config.num_classes:
-        raise UsageError(
-            f"{args.checkpoint}: the checkpoint has no classification head (num_classes=0); fine-tune it "
-            "(`vitlab finetune`) before serving it"
-        )
-    from vitlab.serve import Engine, create_app
-
     engine = Engine(model, args.precision, checkpoint=Path(args.checkpoint).name)
-    sock = _bind(config.host, config.port)
-    host, port = sock.getsockname()[:2]
-    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    if not ipaddress.ip_address(host).is_loopback:
-        guard = "" if config.api_key else "; /predict is open to them (set --api-key)"
-        say(f"listening on {host}: every machine that can reach this one can use the model{guard}")
-    say(f"{engine.config.name} ({args.precision}) at {url}  (the page: {url}/  the API: {url}/docs); warming up")
-    app = create_app(engine, config, on_ready=lambda s: say(f"ready ({s:.1f} s warm-up)"))
-    return _serve(app, sock, config, args.access_log)
-
-
-def say(message: str) -> None:
-    print(f"vitlab serve: {message}", file=sys.stderr, flush=True)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    from vitlab.cli import UsageError
-
-    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET  # checked by ServeConfig
-    try:
-        sock = socket.create_server((host, port), family=family, backlog=2048)
-    except OSError as e:
-        raise UsageError(
-            f"cannot listen on {host}:{port} ({e.strerror}); pick another --port (0: any free one)"
-        ) from None
-    # Accepted connections inherit this. Without it, on a kept-alive connection each answer
-    # (headers, then body: two writes) waits for the client's delayed ACK: about 40 ms a request.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def _serve(app, sock: socket.socket, config, access_log: bool) -> int:
-    # uvicorn is the serve extra's; imported here so the other commands start without it.
-    import uvicorn
-
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=access_log,
-            timeout_graceful_shutdown=config.shutdown_timeout_s,
-            limit_concurrency=config.max_connections,
-            lifespan="on",
-        )
-    )
-    # uvicorn finishes the requests in flight on SIGTERM, then raises the signal again for the
-    # handler it found installed. That handler is this no-op, so a graceful stop exits 0.
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        sock.close()
-    say("stopped")
-    return 0 if server.started else 1
+    return server.start(engine, config, access_log=args.access_log)

@@ -25,6 +25,10 @@ WS_MODES = ("std", "var")
 BIT_STEMS = ("bit", "cifar")
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 CROP_MODES = ("squash", "center")
+# Who resizes an image for evaluation: "pil" (PIL's filters: timm, torchvision's presets, the
+# paper's own pipeline) or "tensor" (the image as a uint8 tensor, resized by torchvision's
+# antialiased kernels: transformers 5.x's ViTImageProcessor). The two differ by a grey level here and there.
+RESIZE_BACKENDS = ("pil", "tensor")
 
 
 def as_pair(value: Any) -> Any:
@@ -137,6 +141,7 @@ class ViTConfig(_StoredConfig):
     crop_fraction: float = setting(1.0, above=0, at_most=1)
     crop_mode: str = setting("squash", one_of=CROP_MODES)
     interpolation: str = setting("bilinear", one_of=INTERPOLATIONS)  # of the image resize
+    resize_backend: str = setting("pil", one_of=RESIZE_BACKENDS)  # the source library's resize (above)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", as_pair(self.image_size))
@@ -290,6 +295,7 @@ class BiTConfig(_StoredConfig):
     crop_fraction: float = setting(1.0, above=0, at_most=1)  # as ViTConfig's
     crop_mode: str = setting("squash", one_of=CROP_MODES)
     interpolation: str = setting("bilinear", one_of=INTERPOLATIONS)
+    resize_backend: str = setting("pil", one_of=RESIZE_BACKENDS)
     head_init: str = setting("zeros", one_of=HEAD_INITS)  # BiT starts transfer from a zero head
 
     def __post_init__(self) -> None:

@@ -2,9 +2,9 @@
 
 The API other parts of vitlab (and users) call:
 
-    open_dataset(spec, split, *, image_size, in_channels=3, mean=(0.5,)*3, std=(0.5,)*3,
-                 train=False, seed=0, **options) -> dataset
-        Items are (image, label): image a normalised float tensor (C, H, W), label an int.
+    open_dataset(spec, split, transform, *, train=False, seed=0, **options) -> dataset
+        Items are (transform(image), label): with `model_transform(config)` (what
+        `vitlab.transform(model)` returns) a normalised float tensor (C, H, W), label an int.
         The dataset has `.class_names` (list[str]) and a length.
         spec:   digits                 scikit-learn's 8x8 digits, shipped inside vitlab (offline)
                 fashion-mnist[:FOLDER] IDX files (gz or not); default Debian's
@@ -28,12 +28,15 @@ The API other parts of vitlab (and users) call:
                                        validation); needs `datasets` (vitlab[datasets])
         split:  "train", "test" (= "val"), "dev" (a held-out part of train, fixed seed: 2% of
                 CIFAR, 10% of others, as the paper) or "train-minus-dev" (the rest).
-        train:  True = training augmentation (inception crop + flip, optional RandAugment).
-        options: crop_scale, crop_ratio, hflip, randaugment, randaugment_magnitude (training
-                transform); crop_fraction, crop_mode (evaluation transform); interpolation
-                (both); dev_fraction; skip_bad_images (unreadable images are dropped and
-                counted instead of raising BadImageError); shuffle_buffer and classes (wds);
-                download (default True: fetch a missing named set when online).
+        transform: what each image goes through: the model's preprocessing for evaluation
+                (model_transform(config)), its augmentation for training
+                (model_transform(config, train=True, crop_scale=..., randaugment=...)).
+        train:  True = a training stream (wds: shuffled, with the seed); the augmentation
+                itself is the transform's.
+        options: dev_fraction; skip_bad_images (unreadable images are dropped and counted
+                instead of raising BadImageError); shuffle_buffer and classes (wds);
+                test_fraction (imagefolder); download (default True: fetch a missing named
+                set when online), mirror (fashion-mnist).
     read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
     training_subset(dataset, fraction=1.0, size=0, seed=0) -> dataset
                                         a fixed, class-balanced part of a training set
@@ -51,7 +54,7 @@ This package never imports vitlab.models: data knows nothing about the network.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -72,7 +75,7 @@ def paper_dataset(spec: str) -> Optional[str]:
     if named or spec.partition(":")[0].strip().lower() not in NAMED:
         return named
     try:
-        return open_dataset(spec, "train", image_size=8).identity
+        return open_dataset(spec, "train", lambda image: image).identity  # labels only: no image is decoded
     except (DataError, OSError, ValueError):
         return None
 
@@ -88,11 +91,8 @@ def _base_split(split: str) -> str:
 def open_dataset(
     spec: str,
     split: str,
+    transform: Callable,
     *,
-    image_size: int | Sequence[int],
-    in_channels: int = 3,
-    mean: Sequence[float] = (0.5, 0.5, 0.5),
-    std: Sequence[float] = (0.5, 0.5, 0.5),
     train: bool = False,
     seed: int = 0,
     **options: Any,
@@ -110,12 +110,12 @@ def open_dataset(
     if name in ("imagefolder", "imagenet-val", "vtab", "wds", "hf") and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
-    if len(mean) != in_channels or len(std) != in_channels:
-        raise DataError(f"mean/std need one value per channel ({in_channels}), got {tuple(mean)} and {tuple(std)}")
+    if not callable(transform):
+        raise TypeError(f"open_dataset takes the images' transform (model_transform(config), vitlab.transform(model)), "
+                        f"not {type(transform).__name__}")
     _check_options(options)
     explicit = options.get("dev_fraction")
     explicit = None if explicit is None or explicit < 0 else float(explicit)
-    transform = _transform(image_size, mean, std, in_channels, train, options)
     skip = bool(options.get("skip_bad_images", False))
     download = bool(options.get("download", True))
 
@@ -160,11 +160,7 @@ def open_dataset(
     return _dev_part(dataset, spec, split, base, explicit)
 
 
-OPTIONS = {
-    "crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "dev_fraction",
-    "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror",
-    "crop_fraction", "crop_mode", "interpolation",
-}
+OPTIONS = {"dev_fraction", "skip_bad_images", "shuffle_buffer", "classes", "download", "test_fraction", "mirror"}
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -184,18 +180,6 @@ def _dev_part(dataset: Any, spec: str, split: str, base: str, explicit: Optional
         dev, rest = ds.dev_split(len(dataset), dev_fraction(dataset.identity, explicit))
         dataset = dataset.select(dev if split == "dev" else rest)
     return dataset
-
-
-def _transform(image_size, mean, std, in_channels: int, train: bool, options: dict[str, Any]):
-    """The training augmentation (§4.1, Appendix B.1) or the evaluation resize and crop."""
-    from vitlab.data import transforms as T
-
-    if train:
-        aug = {k: options[k] for k in ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude",
-                                       "interpolation") if k in options}
-        return T.train_transform(image_size, mean, std, in_channels, **aug)
-    crop = {k: options[k] for k in ("crop_fraction", "crop_mode", "interpolation") if k in options}
-    return T.eval_transform(image_size, mean, std, in_channels, **crop)
 
 
 def check_classes(spec: str, class_names: Sequence[str]) -> None:

@@ -2,11 +2,13 @@
 horizontal flip for training, a resize for evaluation (with the checkpoint's centre crop,
 when its config stores one), then pixels normalised with the model's mean/std ((0.5, 0.5,
 0.5) maps them to [-1, 1], as in the official code). `model_transform(config)` is the one a
-model expects (`vitlab.transform`).
+model expects (`vitlab.transform`), and the one every command feeds images through: the
+checkpoint's crop, interpolation and resize backend (PIL for timm and vitlab, torchvision's
+uint8 tensor kernels for transformers 5.x), recorded in its config when it was imported.
 
 The transforms take a PIL image of any mode (L, RGB, RGBA, P, I;16, ...), or for evaluation
-a uint8 (C, H, W) tensor, and return a float tensor (C, H, W). The augmentations are
-torchvision's; RandAugment is an option.
+a uint8 (C, H, W) tensor, and return a float tensor (C, H, W). The evaluation steps and the
+augmentations are torchvision's; RandAugment is an option.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ class _ToFloat:
             image = F.pil_to_tensor(image)
         return F.convert_image_dtype(image, torch.float32)
 
+    def __repr__(self) -> str:
+        return "ToFloat(uint8 / 255)"
+
 
 class _Mode:
     """Bring a PIL image to the model's channels (tensors are taken as they are)."""
@@ -83,44 +88,105 @@ class _Mode:
     def __call__(self, image):
         return to_mode(image, self.in_channels) if isinstance(image, Image.Image) else image
 
+    def __repr__(self) -> str:
+        return f"Mode({'RGB' if self.in_channels == 3 else 'L'})"
 
-class _Resize:
-    """torchvision.transforms.v2's resize: PIL's own filter for a PIL image (what timm and
-    HF's PIL processor call), the native uint8 kernel for a uint8 tensor (what HF's default
-    processor calls). `size` is (h, w) to squash, or the box the shorter side must cover
-    ("center": aspect ratio kept; a square box is torchvision's Resize(int))."""
 
-    def __init__(self, size: tuple[int, int], interpolation, keep_ratio: bool):
-        self.size, self.interpolation, self.keep_ratio = size, interpolation, keep_ratio
+class _Input(_Mode):
+    """The image in the form the resize backend takes: a PIL image in the model's mode for
+    "pil" (a uint8 tensor is made one, so that it is resized by PIL too), a uint8 (C, H, W)
+    tensor for "tensor" (a PIL image is converted first, as transformers' processor does).
+    Float tensors pass as they are, to torchvision's tensor kernels."""
+
+    def __init__(self, in_channels: int, backend: str):
+        super().__init__(in_channels)
+        self.backend = backend
+
+    def __call__(self, image):
+        import torch
+        from torchvision.transforms.v2 import functional as F
+
+        if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and self.backend == "pil":
+            image = F.to_pil_image(image)
+        if isinstance(image, Image.Image):
+            image = to_mode(image, self.in_channels)
+            return F.pil_to_tensor(image) if self.backend == "tensor" else image
+        return image
+
+    def __repr__(self) -> str:
+        return f"Input({'RGB' if self.in_channels == 3 else 'L'}, {self.backend})"
+
+
+class _ResizeKeepRatio:
+    """timm's ResizeKeepRatio for a non-square box (torchvision has no such resize): the image
+    scaled by the smaller of the two factors that bring it to the box, so the box is covered."""
+
+    def __init__(self, size: tuple[int, int], interpolation):
+        self.size, self.interpolation = size, interpolation
 
     def __call__(self, image):
         from torchvision.transforms.v2 import functional as F
 
-        size: list[int] = list(self.size)
-        if self.keep_ratio:
-            _, h, w = F.get_dimensions(image)
-            if self.size[0] == self.size[1]:
-                size = [self.size[0]]
-            else:  # timm's ResizeKeepRatio: the smaller of the two scale factors
-                ratio = min(h / self.size[0], w / self.size[1])
-                size = [round(h / ratio), round(w / ratio)]
-        return F.resize(image, size, self.interpolation, antialias=True)
+        _, h, w = F.get_dimensions(image)
+        ratio = min(h / self.size[0], w / self.size[1])
+        return F.resize(image, [round(h / ratio), round(w / ratio)], self.interpolation, antialias=True)
+
+    def __repr__(self) -> str:
+        return f"ResizeKeepRatio(cover {self.size[0]}x{self.size[1]}, {self.interpolation.value})"
 
 
-class _CenterCrop:
-    def __init__(self, size: tuple[int, int]):
-        self.size = list(size)
+class EvalTransform:
+    """The evaluation preprocessing: resize, centre crop, [0, 1], normalise.
 
-    def __call__(self, image):
-        from torchvision.transforms.v2 import functional as F
+    torchvision.transforms.v2 steps with the arguments timm's `create_transform` and
+    transformers' ViTImageProcessor use (tests/test_data_transforms.py holds them to 1e-6),
+    except `_Input` (PIL modes, and the backend) and `_ResizeKeepRatio` (timm's own resize for
+    a non-square box), which torchvision does not have. `resize_size` is the box the resize
+    aims for (h, w) before the crop to `size`.
+    """
 
-        return F.center_crop(image, self.size)
+    def __init__(self, image_size: int | Sequence[int], mean: Sequence[float] = (0.5, 0.5, 0.5),
+                 std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3, crop_fraction: float = 1.0,
+                 crop_mode: str = "squash", interpolation: str = "bilinear", backend: str = "pil"):
+        import torch
+        from torchvision.transforms import v2
 
+        if crop_mode not in ("squash", "center"):
+            raise ValueError(f"crop_mode {crop_mode!r}: use squash or center")
+        if backend not in ("pil", "tensor"):
+            raise ValueError(f"resize backend {backend!r}: use pil or tensor")
+        self.size = _size(image_size)
+        self.resize_size = (math.floor(self.size[0] / crop_fraction), math.floor(self.size[1] / crop_fraction))
+        self.mean, self.std, self.in_channels = tuple(mean), tuple(std), in_channels
+        self.crop_fraction, self.crop_mode, self.interpolation, self.backend = crop_fraction, crop_mode, interpolation, backend
+        mode = _interpolation(interpolation)
+        if crop_mode == "squash":
+            resize = v2.Resize(list(self.resize_size), mode, antialias=True)
+        elif self.resize_size[0] == self.resize_size[1]:
+            resize = v2.Resize([self.resize_size[0]], mode, antialias=True)  # the shorter side
+        else:
+            resize = _ResizeKeepRatio(self.resize_size, mode)
+        steps = [_Input(in_channels, backend), resize]
+        self.crops = self.resize_size != self.size or crop_mode == "center"
+        if self.crops:
+            steps.append(v2.CenterCrop(list(self.size)))
+        steps += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+        self.steps = v2.Compose(steps)
 
-def _finish(mean: Sequence[float], std: Sequence[float]) -> list[Callable]:
-    from torchvision import transforms as T
+    def __call__(self, image) -> Tensor:
+        return self.steps(image)
 
-    return [_ToFloat(), T.Normalize(list(mean), list(std))]
+    def __repr__(self) -> str:
+        (h, w), (rh, rw) = self.size, self.resize_size
+        side = ("both sides to" if self.crop_mode == "squash" else
+                "the shorter side to" if rh == rw else "the aspect kept, to cover")
+        by = "PIL" if self.backend == "pil" else "torchvision on a uint8 tensor"
+        crop = f"centre {h}x{w} (crop_fraction {self.crop_fraction:g})" if self.crops else "none"
+        numbers = lambda v: "(" + ", ".join(f"{x:g}" for x in v) + ")"  # noqa: E731
+        return (f"EvalTransform(\n  size: {h}x{w}, {'RGB' if self.in_channels == 3 else 'L (greyscale)'}\n"
+                f"  resize: {side} {rh if self.crop_mode == 'center' and rh == rw else f'{rh}x{rw}'}, {self.interpolation}, antialiased, by {by} (backend {self.backend!r})\n"
+                f"  crop: {crop}\n  normalise: (pixel / 255 - mean) / std, mean {numbers(self.mean)}, "
+                f"std {numbers(self.std)}\n)")
 
 
 def eval_transform(
@@ -131,31 +197,27 @@ def eval_transform(
     crop_fraction: float = 1.0,
     crop_mode: str = "squash",
     interpolation: str = "bilinear",
-) -> Callable[[Image.Image], Tensor]:
+    backend: str = "pil",
+) -> EvalTransform:
     """Resize to image_size / crop_fraction, centre-crop image_size, normalise.
 
     crop_fraction 1.0 with "squash" is the paper's evaluation: the whole image resized to
     the model's resolution. "center" resizes the shorter side instead and crops the rest
     (timm's default for ImageNet checkpoints, with a fraction of 0.875 or 0.9). The sizes are
-    floor(side / crop_fraction), as timm computes them. Takes a PIL image (resized by PIL, as
-    timm and HF's PIL processor do) or a (C, H, W) tensor (resized by torchvision's tensor
-    kernels, as HF's default processor does).
+    floor(side / crop_fraction), as timm computes them. `backend` says who resizes: "pil"
+    (PIL's filters, as timm does; a uint8 tensor is made a PIL image first) or "tensor"
+    (torchvision's antialiased kernels on a uint8 tensor, as transformers 5.x's
+    ViTImageProcessor does; a PIL image is made a tensor first). Either way the input may be
+    a PIL image of any mode or a uint8 (C, H, W) tensor, and the pixels depend on the
+    backend only.
     """
-    from torchvision import transforms as T
-
-    if crop_mode not in ("squash", "center"):
-        raise ValueError(f"crop_mode {crop_mode!r}: use squash or center")
-    size = _size(image_size)
-    scale = (math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction))
-    steps = [_Mode(in_channels), _Resize(scale, _interpolation(interpolation), keep_ratio=crop_mode == "center")]
-    if scale != size or crop_mode == "center":
-        steps.append(_CenterCrop(size))
-    return T.Compose(steps + _finish(mean, std))
+    return EvalTransform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend)
 
 
 def model_transform(config, train: bool = False, **augment) -> Callable[[Image.Image], Tensor]:
     """The preprocessing a model of `config` expects (a ViTConfig or anything with its
-    preprocessing fields): evaluation as `eval_transform` with the stored crop, or training
+    preprocessing fields), the one function every command feeds a model through: evaluation
+    as `eval_transform` with the stored crop, interpolation and resize backend, or training
     as `train_transform` at the same size, interpolation and normalisation."""
     common = dict(image_size=config.image_size, mean=config.mean, std=config.std, in_channels=config.in_channels)
     if train:
@@ -163,7 +225,7 @@ def model_transform(config, train: bool = False, **augment) -> Callable[[Image.I
     if augment:
         raise TypeError(f"augmentation options {sorted(augment)} apply to the training transform (train=True)")
     return eval_transform(**common, crop_fraction=config.crop_fraction, crop_mode=config.crop_mode,
-                          interpolation=config.interpolation)
+                          interpolation=config.interpolation, backend=getattr(config, "resize_backend", "pil"))
 
 
 def train_transform(
@@ -200,4 +262,4 @@ def train_transform(
         steps.append(T.RandomHorizontalFlip())
     if randaugment:
         steps.append(T.RandAugment(num_ops=randaugment, magnitude=randaugment_magnitude))
-    return T.Compose(steps + _finish(mean, std))
+    return T.Compose(steps + [_ToFloat(), T.Normalize(list(mean), list(std))])

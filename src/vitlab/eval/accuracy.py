@@ -6,14 +6,17 @@ added before dividing: `batch_counts` per batch, add them up, `metrics_from_coun
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitlab.data import foreign
+from vitlab.data import DataError, foreign, make_loader, open_dataset
+from vitlab.eval.classes import class_names_for, only_numbers
+from vitlab.eval.real import read_real_labels, real_accuracy
 from vitlab.data.transforms import model_transform
 
 
@@ -67,17 +70,19 @@ def evaluate(
     autocast_dtype: Optional[torch.dtype] = None,
     batch_size: int = 128,
     keep_predictions: bool = False,
+    keep_probabilities: bool = False,
 ) -> dict[str, Any]:
     """Top-1/top-5/loss/per-class/confusion of `model` on `data`: any dataset (torch,
     torchvision, Hugging Face `datasets`, vitlab), a DataLoader, or an iterable of
     (images, labels, ...) batches. Raw images get the model's own preprocessing
     (`vitlab.transform`); `num_classes` defaults to the model's. `keep_predictions` adds
-    "predictions": each image's top-1 class, in the data's order (for ImageNet ReaL)."""
+    "predictions": each image's top-1 class, in the data's order (for ImageNet ReaL);
+    `keep_probabilities` adds "probabilities": each image's softmax over the classes."""
     device = torch.device(device)
     num_classes = num_classes or model.config.num_classes
     was_training = model.training
     model.eval()
-    total, predictions = None, []
+    total, predictions, probabilities = None, [], []
     try:
         for images, labels in foreign.batches(data, preprocessing(model), batch_size):
             images, labels = images.to(device), labels.to(device)
@@ -86,12 +91,76 @@ def evaluate(
             total = add_counts(total, batch_counts(logits.float(), labels, num_classes))
             if keep_predictions:
                 predictions += logits.argmax(-1).tolist()
+            if keep_probabilities:
+                probabilities += logits.float().softmax(-1).tolist()
     finally:
         model.train(was_training)
     if total is None:
         raise ValueError("the evaluation data is empty")
     metrics = metrics_from_counts(total)
+    if keep_probabilities:
+        metrics["probabilities"] = probabilities
     return {**metrics, "predictions": predictions} if keep_predictions else metrics
+
+
+def evaluate_dataset(model: torch.nn.Module, spec: str, split: str = "test", *, batch_size: int = 256,
+                     workers: int = 0, skip_bad_images: bool = False, device: str | torch.device = "cpu",
+                     autocast_dtype: Optional[torch.dtype] = None, progress: Optional[Callable] = None,
+                     real: Optional[str] = None, probabilities: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """(metrics, class names) of a classifier on a dataset spec's split (`vitlab eval`): the
+    images through the model's own preprocessing (`model_transform`), the results labelled
+    with the checkpoint's class names (`class_names_for`). `metrics` has evaluate's keys and
+    `bad_images_skipped`. `progress(total, desc)` makes a bar with .update(n) (a context manager).
+    `real`: ImageNet ReaL labels (real.json) scored beside top-1 (eval/real.py).
+    `probabilities`: also each image's softmax ("probabilities") and its file ("images", where
+    the dataset reads files; else its position), in the data's order."""
+    cfg = model.config
+    if real and skip_bad_images:
+        raise DataError("--real pairs each image with its line of the labels: fix unreadable images, do not skip them")
+    if not cfg.num_classes:
+        raise DataError(f"{cfg.name} has no classification head; evaluate it with vitlab fewshot or linear-probe")
+    dataset = open_dataset(spec, split, model_transform(cfg), skip_bad_images=skip_bad_images)
+    data_names = list(dataset.class_names)
+    if len(data_names) != cfg.num_classes and not (only_numbers(data_names) and len(data_names) < cfg.num_classes):
+        raise DataError(f"the checkpoint predicts {cfg.num_classes} classes but {spec} has {len(data_names)}; "
+                        "fine-tune it first (vitlab finetune) or pick the dataset it was trained on")
+    names = class_names_for(getattr(model, "class_names", None), cfg.num_classes, data_names, spec)
+    loader = make_loader(dataset, batch_size, train=False, num_workers=workers)
+    bad = 0
+
+    def batches(bar):
+        nonlocal bad
+        for images, labels, skipped in loader:
+            bad += len(skipped)  # one evaluation pass: each file once
+            if bar is not None:
+                bar.update(len(labels) + len(skipped))
+            if labels.numel():
+                yield images, labels
+
+    with (progress(_length(dataset), f"eval {split}") if progress else contextlib.nullcontext()) as bar:
+        metrics = evaluate(model, batches(bar), cfg.num_classes, device, autocast_dtype, keep_predictions=bool(real),
+                           keep_probabilities=probabilities)
+    if real:
+        metrics.update(real_accuracy(metrics.pop("predictions"), read_real_labels(real, len(dataset), cfg.num_classes)))
+    metrics["bad_images_skipped"] = bad
+    if probabilities:
+        metrics["images"] = item_names(dataset, len(metrics["probabilities"]))
+    return metrics, names
+
+
+def item_names(dataset, count: int) -> list[Any]:
+    """The file of each item of a dataset that reads files (imagefolder), else its position."""
+    files, indices = getattr(dataset, "files", None), getattr(dataset, "indices", None)
+    if files is not None and indices is not None and len(indices) == count:
+        return [str(files[j]) for j in indices]
+    return list(range(count))
+
+
+def _length(dataset) -> Optional[int]:
+    try:
+        return len(dataset)
+    except TypeError:  # a stream of unknown length
+        return None
 
 
 def preprocessing(model: torch.nn.Module):

@@ -12,14 +12,17 @@ spec, split, image size, mean/std, channel count and the caps are in the key too
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from typing import Any, Callable, Iterable, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from vitlab.data import foreign
+from vitlab.data import foreign, open_dataset
+from vitlab.data.transforms import model_transform
 from vitlab.eval.accuracy import preprocessing
 from vitlab.files import atomic_write, cache_dir
 
@@ -169,3 +172,64 @@ def cached_features(
         if log:
             log(f"features cached in {path}")
     return feats, labels
+
+
+def feature_key(spec: str, split: str, config) -> dict[str, Any]:
+    """What, besides the weights, decides the features: the data and the preprocessing."""
+    return {
+        "data": spec,
+        "split": split,
+        "image_size": list(config.image_size),
+        "in_channels": config.in_channels,
+        "mean": list(config.mean),
+        "std": list(config.std),
+        "crop": [config.crop_fraction, config.crop_mode, config.interpolation],
+        **({} if config.resize_backend == "pil" else {"resize_backend": config.resize_backend}),
+    }
+
+
+def open_for_model(spec: str, split: str, config, class_names: Optional[Sequence[str]] = None):
+    """A dataset with the model's preprocessing (`model_transform`). WebDataset shards carry
+    class indices only; without a classes.txt beside them the checkpoint's class names (when
+    it has one per class) name them."""
+    options: dict[str, Any] = {}
+    if spec.lower().startswith("wds:") and class_names and len(class_names) == config.num_classes:
+        shards = Path(spec[4:]).expanduser()
+        if not (shards.is_dir() and (shards / "classes.txt").is_file()):
+            options["classes"] = list(class_names)
+    return open_dataset(spec, split, model_transform(config), **options)
+
+
+def dataset_features(model: torch.nn.Module, spec: str, split: str, *, max_per_class: Optional[int] = None,
+                     limit: Optional[int] = None, batch_size: int = 128, use_cache: bool = True,
+                     model_hash: Optional[str] = None, log: Optional[Callable[[str], None]] = None,
+                     progress: Optional[Callable] = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(features, labels, class names) of a dataset spec's split through the model's own
+    preprocessing and the feature cache: what `vitlab fewshot` and `vitlab linear-probe`
+    read. `progress(total, desc)` makes a bar with .update(n) (a context manager)."""
+    dataset = open_for_model(spec, split, model.config, getattr(model, "class_names", None))
+    names = list(getattr(dataset, "class_names", None) or [])
+    total = expected_count(dataset, max_per_class, len(names) or None, limit)
+    with (progress(total, f"features {split}") if progress else contextlib.nullcontext()) as bar:
+        seen = [0]
+
+        def counted(n: int) -> None:
+            if bar is not None:
+                bar.update(n - seen[0])
+            seen[0] = n
+
+        features, labels = cached_features(
+            model, dataset, feature_key(spec, split, model.config), use_cache=use_cache, model_hash=model_hash,
+            log=log, batch_size=batch_size, max_per_class=max_per_class or None, limit=limit or None,
+            num_classes=len(names) or None, progress=counted)
+    return features, labels, names
+
+
+def expected_count(dataset, max_per_class: Optional[int], num_classes: Optional[int], limit: Optional[int]) -> Optional[int]:
+    """How many images an extraction will read, where that is known beforehand."""
+    try:
+        n = len(dataset)
+    except TypeError:
+        n = None
+    caps = [c for c in (n, limit or None, max_per_class * num_classes if max_per_class and num_classes else None) if c]
+    return min(caps) if caps else None

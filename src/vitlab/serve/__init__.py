@@ -4,11 +4,11 @@
     engine = Engine(model, precision="bf16")          # one inference copy (vitlab.deploy)
     app = create_app(engine, ServeConfig())           # FastAPI; run it with uvicorn
 
-- `engine.py`: uploads -> tensors (bounded decoding), batches -> probabilities and attention;
+- `engine.py`: uploads -> tensors (bounded decoding); the batches go through `vitlab.Predictor`,
+  the library's one inference path (probabilities, attention);
 - `batcher.py`: concurrent requests share one forward pass (max batch, max wait);
 - `app.py`: the routes, the upload limit, the API key, JSON errors;
 - `metrics.py`: the Prometheus series of `/metrics`;
-- `overlay.py`: the attention heat map over the image (PIL only);
 - `load.py`: a bounded load generator for 127.0.0.1 (benchmarks and tests);
 - `static/`: the page at `/`, bundled (no CDN).
 

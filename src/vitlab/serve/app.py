@@ -35,7 +35,7 @@ from vitlab.config.serve import ServeConfig
 from vitlab.serve.batcher import Batcher
 from vitlab.serve.engine import Engine, Looked, Prepared, UploadError
 from vitlab.serve.metrics import Metrics
-from vitlab.serve.overlay import COLOR_STOPS, overlay_png_base64
+from vitlab.analysis.overlay import COLOR_STOPS, overlay_png_base64
 
 log = logging.getLogger("vitlab.serve")
 
@@ -218,15 +218,12 @@ def result_entry(engine: Engine, name: str, prepared: Prepared, output: tuple[An
     result, batch_size = output
     looked = isinstance(result, Looked)
     probs = result.probs if looked else result
-    top = np.argsort(-probs, kind="stable")[:k]
     entry: dict[str, Any] = {
         "file": name,
         "width": prepared.width,
         "height": prepared.height,
         "batch_size": batch_size,
-        "predictions": [
-            {"class": engine.class_names[i], "index": int(i), "probability": round(float(probs[i]), 6)} for i in top
-        ],
+        "predictions": [{**p, "probability": round(p["probability"], 6)} for p in engine.top_k(probs, k)],
     }
     if looked:
         assert prepared.display is not None

@@ -1,9 +1,9 @@
 """The model side of `vitlab serve`: uploads in, class probabilities and attention maps out.
 
-No web framework here. `Engine` holds one inference copy of the model (`vitlab.deploy`'s
-copy for the precision) and the checkpoint's evaluation preprocessing; the batcher calls
-`classify` / `look` with whole batches, always from one thread, so the copy is never run
-twice at once.
+No web framework here. `Engine` is a `vitlab.Predictor` (the library's one inference path:
+the precision copy, the checkpoint's preprocessing, class names, probabilities, attention)
+with the server's upload decoding; the batcher calls `classify` / `look` with whole
+batches, always from one thread, so the copy is never run twice at once.
 
 Uploads are untrusted. `decode` reads only the header first (format and size) and refuses
 anything that is not one of a few plain raster formats or that would decode to more than
@@ -16,22 +16,17 @@ import io
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
-from vitlab.analysis import attention_rollout
 from vitlab.data import BadImageError, read_image
-from vitlab.data.transforms import eval_transform, to_mode
-from vitlab.deploy import Serving, for_precision
-from vitlab.models.vit import VisionTransformer
+from vitlab.predictor import DISPLAY_SIDE, Looked, Predictor  # noqa: F401  (Looked: what look returns)
 
 # Plain raster formats only: PIL can also open formats that run other programs (EPS runs
 # Ghostscript) or that few cameras write; an upload server has no use for those. (JPEG's
 # opener also reads the MPO files of phone cameras.)
 FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM")
-DISPLAY_SIDE = 384  # the longer side of the overlay image sent back
 
 
 class UploadError(ValueError):
@@ -79,74 +74,19 @@ class Prepared:
     display: Optional[Image.Image] = None  # RGB, longer side DISPLAY_SIDE; only when asked
 
 
-@dataclass
-class Looked:
-    """What the model saw in one image: its probabilities and where it attended."""
+class Engine(Predictor):
+    """vitlab.Predictor behind the server: the same inference copy, preprocessing, class
+    names, probabilities and attention, plus bounded decoding of uploads, warm-up and /info."""
 
-    probs: np.ndarray  # (num_classes,)
-    rollout: np.ndarray  # (gh, gw), attention rollout scaled to max 1 (Fig. 6)
-    heads: np.ndarray  # (layers, heads, gh, gw): each head's attention from the class token
-
-
-class Engine:
-    """One inference copy of a classifier, its preprocessing and its class names."""
-
-    def __init__(self, model: VisionTransformer, precision: str = "fp32", checkpoint: str = ""):
-        cfg = model.config
-        if not cfg.num_classes:
-            raise ValueError("the model has no classification head (num_classes=0)")
-        self.config = cfg
-        self.precision = precision
-        self.checkpoint = checkpoint
-        self.parameters = sum(p.numel() for p in model.parameters())
-        self.has_attention = cfg.has_attention  # a BiT ResNet classifies like a ViT, with nothing to map
-        self.num_prefix = model.num_prefix_tokens if self.has_attention else 0
-        names = list(getattr(model, "class_names", None) or [])
-        self.class_names = names if len(names) == cfg.num_classes else [f"class {i}" for i in range(cfg.num_classes)]
-        self.model = for_precision(model.eval(), precision)
-        self.transform = eval_transform(cfg.image_size, cfg.mean, cfg.std, cfg.in_channels)
+    def __init__(self, model: torch.nn.Module, precision: str = "fp32", checkpoint: str = ""):
+        super().__init__(model, precision, "cpu", checkpoint)
 
     # Uploads -> tensors (any thread) -------------------------------------------------------
     def prepare(self, data: bytes, max_pixels: int, display: bool = False) -> Prepared:
         image = decode(data, max_pixels)
-        shown = None
-        if display:
-            shown = to_mode(image, 3)
-            scale = DISPLAY_SIDE / max(shown.size)
-            shown = shown.resize(
-                (max(1, round(shown.width * scale)), max(1, round(shown.height * scale))), Image.BILINEAR
-            )
-        return Prepared(self.transform(image), image.width, image.height, shown)
+        return Prepared(self.transform(image), image.width, image.height, self.display(image) if display else None)
 
-    # Batches (the batcher's one thread) --------------------------------------------------
-    @torch.inference_mode()
-    def classify(self, batch: list[Tensor]) -> list[np.ndarray]:
-        """Softmax probabilities, one (num_classes,) array per image."""
-        logits = self.model(torch.stack(batch))  # (B, classes)
-        return list(logits.float().softmax(-1).numpy())
-
-    @torch.inference_mode()
-    def look(self, batch: list[Tensor]) -> list[Looked]:
-        """Probabilities plus attention: the rollout and each head's map, per image."""
-        x = torch.stack(batch)  # (B, C, H, W)
-        inner, dtype = (
-            (self.model.model, self.model.dtype) if isinstance(self.model, Serving) else (self.model, x.dtype)
-        )
-        out = inner(x.to(dtype), return_intermediates=True)
-        attentions = [a.float() for a in out["attentions"]]  # per block, (B, heads, T, T)
-        probs = out["logits"].float().softmax(-1).numpy()
-        rollout = attention_rollout(attentions, out["grid"], self.num_prefix)  # (B, gh, gw)
-        heads = self._head_maps(attentions, out["grid"])
-        return [Looked(p, r, h) for p, r, h in zip(probs, rollout, heads)]
-
-    def _head_maps(self, attentions: list[Tensor], grid: tuple[int, int]) -> np.ndarray:
-        """(B, layers, heads, gh, gw): the class token's attention to each patch; without a
-        class token (GAP), the mean over queries, which is what the pooled feature reads."""
-        p = self.num_prefix
-        rows = [a[:, :, 0, p:] if p else a.mean(dim=2) for a in attentions]  # each (B, heads, N)
-        maps = torch.stack(rows, dim=1)  # (B, layers, heads, N)
-        return maps.reshape(*maps.shape[:3], *grid).numpy()
-
+    # Batches (the batcher's one thread): Predictor.classify and Predictor.look ------------
     def warm_up(self, max_batch: int) -> None:
         """Run every path once (and the largest batch), so the first request pays no set-up."""
         x = torch.zeros(self.config.in_channels, *self.config.image_size)
@@ -166,13 +106,18 @@ class Engine:
             "config": cfg.to_dict(),
             "classes": self.class_names,
             "preprocessing": {
-                "resize": [h, w],
-                "interpolation": "bilinear, antialiased; the whole image, no crop (the paper's evaluation)",
+                "resize": list(self.transform.resize_size),
+                "crop": list(cfg.image_size) if self.transform.crops else None,
+                "crop_fraction": cfg.crop_fraction,
+                "crop_mode": cfg.crop_mode,
+                "interpolation": f"{cfg.interpolation}, antialiased",
+                "resize_backend": cfg.resize_backend,
                 "channels": "RGB" if cfg.in_channels == 3 else "L (greyscale)",
                 "normalise": "(pixel / 255 - mean) / std",
                 "mean": list(cfg.mean),
                 "std": list(cfg.std),
                 "modes": "greyscale, palette, 16-bit and transparent images are converted (transparency over white)",
+                "summary": repr(self.transform),
             },
             "attention": ({"layers": cfg.depth, "heads": cfg.num_heads, "grid": list(cfg.grid_size)}
                           if self.has_attention else None),  # a BiT ResNet has none

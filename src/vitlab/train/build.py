@@ -10,7 +10,7 @@ import torch
 from vitlab import checkpoints
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
 from vitlab.data import foreign, open_dataset, training_subset
-from vitlab.data.transforms import model_transform, train_transform
+from vitlab.data.transforms import model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
 
@@ -76,10 +76,9 @@ def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[st
     train, evals = sources
     if isinstance(train, torch.utils.data.DataLoader):
         train = train.dataset  # vitlab's own sampler sets the order and the batch
-    train_set = foreign.wrap(train, train_transform(
-        model.image_size, model.mean, model.std, model.in_channels, crop_scale=d.crop_scale, crop_ratio=d.crop_ratio,
-        hflip=d.hflip, randaugment=d.randaugment, randaugment_magnitude=d.randaugment_magnitude,
-        interpolation=model.interpolation), seed=cfg.train.seed)
+    train_set = foreign.wrap(train, model_transform(
+        model, train=True, crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
+        randaugment_magnitude=d.randaugment_magnitude), seed=cfg.train.seed)
     if not hasattr(train_set, "__len__") or isinstance(train_set, torch.utils.data.IterableDataset):
         raise ConfigError("training data given as a stream (an IterableDataset): give a map-style dataset (with "
                           "__len__ and __getitem__), which an exact resume and many processes can index")
@@ -96,19 +95,15 @@ def open_datasets(cfg: RunConfig, model: ModelConfig,
     if sources is not None:
         return wrap_sources(cfg, model, sources)
     d = cfg.data
-    options: dict[str, Any] = dict(
-        crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
-        randaugment_magnitude=d.randaugment_magnitude, dev_fraction=d.dev_fraction,
-        skip_bad_images=d.skip_bad_images, shuffle_buffer=d.shuffle_buffer,
-    )
+    options: dict[str, Any] = dict(dev_fraction=d.dev_fraction, skip_bad_images=d.skip_bad_images,
+                                   shuffle_buffer=d.shuffle_buffer)
+    augment = dict(crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
+                   randaugment_magnitude=d.randaugment_magnitude)
 
     def open_split(spec: str, split: str, train: bool):
         extra = {"classes": list(d.classes)} if spec.startswith("wds:") and d.classes else {}
-        return open_dataset(
-            spec, split, image_size=model.image_size, in_channels=model.in_channels, mean=model.mean, std=model.std,
-            train=train, seed=cfg.train.seed, interpolation=model.interpolation, **options, **extra,
-            **({} if train else {"crop_fraction": model.crop_fraction, "crop_mode": model.crop_mode}),
-        )
+        transform = model_transform(model, train=True, **augment) if train else model_transform(model)
+        return open_dataset(spec, split, transform, train=train, seed=cfg.train.seed, **options, **extra)
 
     eval_spec = d.eval_data or d.name
     train = training_subset(open_split(d.name, d.train_split, True), d.train_fraction, d.train_size, d.subset_seed)

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from vitlab.checkpoints import is_pretrained_name, read_checkpoint
 from vitlab.config import ConfigError, RunConfig, load_recipe
 from vitlab.data import DEV_FRACTIONS, identity, open_dataset, paper_dataset
+from vitlab.data.transforms import model_transform
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
@@ -252,8 +253,7 @@ def _length(recipe: str, options: Mapping[str, Any], row: Optional[str], extra: 
 def training_set(cfg: RunConfig) -> Any:
     """The run's training split (its length and `identity`: which paper dataset it is)."""
     arch = architecture(cfg.model)
-    return open_dataset(cfg.data.name, cfg.data.train_split, image_size=arch.image_size,
-                        in_channels=arch.in_channels, mean=arch.mean, std=arch.std,
+    return open_dataset(cfg.data.name, cfg.data.train_split, model_transform(arch),
                         **({"dev_fraction": cfg.data.dev_fraction} if cfg.data.dev_fraction >= 0 else {}))
 
 

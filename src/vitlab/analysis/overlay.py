@@ -1,4 +1,7 @@
-"""Attention drawn over the image as a heat map: the PNG that `/predict?attention=true` returns.
+"""Attention drawn over the image as a heat map: vitlab's one overlay renderer, with its one
+colour map. `vitlab predict --attention` writes its PNGs with it, `/predict?attention=true`
+returns them, and the figures of `vitlab inspect` (plots.py) colour their heat maps from the
+same table.
 
 Drawn with PIL and numpy alone (the server does not need matplotlib). The colour scale runs
 from near-black (no attention) through purple and red to pale yellow (the most), close to
@@ -14,7 +17,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from vitlab.analysis import upsample_map
+from vitlab.analysis.rollout import upsample_map
 
 # (position in [0, 1], (r, g, b)); linear in between.
 COLOR_STOPS = (
@@ -55,3 +58,21 @@ def overlay_png_base64(image: Image.Image, grid: np.ndarray) -> str:
     buf = io.BytesIO()
     overlay(image, grid).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def colormap():
+    """The same colours as a matplotlib colormap, for the figures that matplotlib draws."""
+    from matplotlib.colors import ListedColormap
+
+    return ListedColormap(_TABLE / 255.0, name="vitlab-attention")
+
+
+def captioned(image: Image.Image, caption: str) -> Image.Image:
+    """`image` with a line of text in a strip under it (PIL's own font: no font files needed)."""
+    from PIL import ImageDraw
+
+    strip = 16
+    out = Image.new("RGB", (image.width, image.height + strip), (255, 255, 255))
+    out.paste(image.convert("RGB"), (0, 0))
+    ImageDraw.Draw(out).text((4, image.height + 2), caption, fill=(0, 0, 0))
+    return out
