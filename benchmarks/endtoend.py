@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from vitlab.bench import machine, report
+from vitlab.bench import machine, tables
 from vitlab.bench.systems import System, build_model, training_call
 from vitlab.config import load_recipe
 from vitlab.models.variants import variant_config
@@ -103,5 +103,5 @@ def end_to_end(out_dir: Path, info: dict, data: str, runs_dir: Path, log, config
              "backward, AdamW), 20 s each, before and after the run. of_bare_step is end to end over the "
              "mean of the two. others_cores: other processes' CPU use during the measurement (the "
              "machine is shared).\n")
-    report.write_table(out_dir, "end-to-end", "vitlab train end to end beside the bare step", info,
+    tables.write_table(out_dir, "end-to-end", "vitlab train end to end beside the bare step", info,
                        records, COLUMNS, notes)

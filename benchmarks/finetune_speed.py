@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vitlab.bench import machine, report
+from vitlab.bench import machine, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["round", "measurement", "threads", "data_workers", "steps", "images_per_s", "of_train", "others_cores"]
@@ -91,7 +91,7 @@ def main() -> None:
              "rate per 5-step window (median, start-up window left out). of_train: over the same round's "
              "`vitlab train`. threads 0 = one per core. others_cores: other processes' CPU use meanwhile "
              "(the machine is shared with other jobs).\n")
-    report.write_table(args.out, "finetune-speed", "vitlab finetune beside vitlab train, same model and data", info,
+    tables.write_table(args.out, "finetune-speed", "vitlab finetune beside vitlab train, same model and data", info,
                        records, COLUMNS, notes)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from vitlab.bench import profile, report
+from vitlab.bench import profile, tables
 from vitlab.bench.suites import setting
 from vitlab.bench.systems import System, prepare
 from vitlab.files import atomic_write_text
@@ -60,7 +60,7 @@ def profiles(out: Path, info: dict, log) -> dict[int, dict[str, float]]:
             p = one_thread(lambda: profile_of("ViT-B/16", 1, "infer", System("vitlab", precision), image_size=size))
             shares.setdefault(size, {})[precision] = attention_share(p)
         log(f"attention's share at {size} px: {shares[size]}")
-    text = (f"# Where the time goes\n\n{report.header(info)}\n\n{__doc__.split(chr(10) + chr(10))[1]}\n\n"
+    text = (f"# Where the time goes\n\n{tables.header(info)}\n\n{__doc__.split(chr(10) + chr(10))[1]}\n\n"
             "Each cell: CPU milliseconds per call and the share of the call. \"Python and dispatch "
             "overhead\" is the call's total minus its operators.\n\n## Inference (vitlab)\n\n"
             + profile.table(inference) + "\n## Training step, bf16 autocast (forward, backward, AdamW)\n\n"

@@ -34,11 +34,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.bench import machine, report, runner, suites
+from vitlab.bench import machine, runner, suites, tables
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.data import make_loader, open_dataset
 from vitlab.data.transforms import model_transform
-from vitlab.deploy import serving
+from vitlab.deploy import copies
 
 from endtoend import end_to_end  # noqa: E402 (this folder's modules; the script's folder is on sys.path)
 from profiles import profiles
@@ -54,7 +54,7 @@ def log(msg: str) -> None:
 
 
 def write(out: Path, name: str, title: str, info: dict, rows: list[dict], columns: list[str], notes: str = "") -> None:
-    report.write_table(out, name, title, info, rows, columns, notes)
+    tables.write_table(out, name, title, info, rows, columns, notes)
     log(f"wrote {out / name}.csv and .md")
 
 
@@ -88,7 +88,7 @@ def serving_accuracy(out: Path, info: dict, checkpoint: Path, n: int, calibratio
     with torch.inference_mode():
         ref = torch.cat([model(images[i : i + 500]) for i in range(0, len(images), 500)])
     for name, (precision, calibrated) in SERVING.items():
-        m = serving.for_precision(model, precision, calibration=calibration if calibrated else None)
+        m = copies.for_precision(model, precision, calibration=calibration if calibrated else None)
         t0 = time.perf_counter()
         with torch.inference_mode():
             logits = torch.cat([m(images[i : i + 500]).float() for i in range(0, len(images), 500)])
@@ -241,7 +241,7 @@ def main() -> int:
     if "throughput" in args.only:
         name = "quick" if args.quick else "full"
         runner.run(suites.suite(name), config, log=log,
-                   progress=lambda rows: report.write_results(rows, out, "throughput", info, config))
+                   progress=lambda rows: tables.write_results(rows, out, "throughput", info, config))
         log(f"wrote {out / 'throughput'}.csv and .md")
     log(f"done in {time.perf_counter() - t0:.0f} s")
     return 0

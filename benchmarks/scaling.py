@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vitlab.bench import report, runner, suites
+from vitlab.bench import runner, suites, tables
 from vitlab.files import atomic_write_text
 
 SUMMARY = ["setting", "tokens", "system", "images_per_s", "pct_of_ceiling", "x_timm_fp32", "attention_share",
@@ -30,13 +30,13 @@ def summary(rows, shares: dict[int, dict[str, float]]) -> list[dict]:
     for r in rows:
         if r.system.impl == "gemm" or not r.samples:
             continue
-        cfg, d = r.setting.config, report.row_dict(r)
+        cfg, d = r.setting.config, tables.row_dict(r)
         share = shares.get(cfg.image_size[0], {}).get(r.system.precision) if r.setting.batch == 1 else None
         records.append({
             "setting": r.setting.label, "tokens": cfg.num_tokens, "system": r.system.label,
             "images_per_s": d["images_per_s"], "pct_of_ceiling": d["pct_of_ceiling"], "x_timm_fp32": d["x_timm_fp32"],
             "attention_share": f"{share:.0%}" if share is not None and r.system.impl == "vitlab" else "",
-            "work_mib_per_image": report.fmt(r.work_mib / r.setting.batch, ".1f"),
+            "work_mib_per_image": tables.fmt(r.work_mib / r.setting.batch, ".1f"),
         })
     return records
 
@@ -78,11 +78,11 @@ def plot(rows, shares, path: Path) -> None:
 
 def scaling(out: Path, info: dict, shares, figure: Path, log, bench: runner.BenchConfig) -> None:
     rows = runner.run(suites.scaling(), bench, log=log,
-                      progress=lambda rows: report.write_results(rows, out, "scaling", info, bench))
-    report.write_results(rows, out, "scaling", info, bench)
+                      progress=lambda rows: tables.write_results(rows, out, "scaling", info, bench))
+    tables.write_results(rows, out, "scaling", info, bench)
     records = summary(rows, shares)
-    table = report.table(records, SUMMARY)
-    atomic_write_text(out / "scaling-summary.md", f"# Scaling\n\n{report.header(info)}\n\n"
-                      f"{report.noise_line(rows, bench)}\n\n{table}")
+    table = tables.table(records, SUMMARY)
+    atomic_write_text(out / "scaling-summary.md", f"# Scaling\n\n{tables.header(info)}\n\n"
+                      f"{tables.noise_line(rows, bench)}\n\n{table}")
     plot(rows, shares, figure)
     log(f"wrote {out / 'scaling.md'}, scaling-summary.md and {figure}")

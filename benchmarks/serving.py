@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -37,10 +38,11 @@ from PIL import Image
 
 import vitlab
 from vitlab.data.wds import iter_shard
-from vitlab.deploy.bench import _HZ, _busy_jiffies, machine_info, wait_quiet
+from vitlab.bench.machine import busy_jiffies, machine_info, wait_quiet
 from vitlab.serve.load import LoadResult, run_load
 
 ROOT = Path(__file__).resolve().parents[1]
+HZ = os.sysconf("SC_CLK_TCK")  # the unit of /proc's CPU times
 
 CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
 TRAINED = ROOT / "runs" / "cifar10" / "checkpoints" / "last.safetensors"
@@ -102,7 +104,7 @@ class Served:
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _HZ  # utime + stime
+        return (int(fields[11]) + int(fields[12])) / HZ  # utime + stime
 
     def stop(self) -> int:
         self.proc.terminate()
@@ -118,12 +120,12 @@ def measure(server: Served, body: bytes, clients: int, seconds: float) -> tuple[
         server.value('vitlab_batch_size_count{kind="classify"}', text),
         server.value("vitlab_images_total", text),
     )
-    busy0, server0, wall0 = _busy_jiffies(), server.cpu_seconds(), time.perf_counter()
+    busy0, server0, wall0 = busy_jiffies(), server.cpu_seconds(), time.perf_counter()
     own0 = time.process_time()
     result = run_load(server.port, body, concurrency=clients, duration=seconds)
     wall = time.perf_counter() - wall0
     ours = (time.process_time() - own0) + (server.cpu_seconds() - server0)
-    others = max(0.0, (_busy_jiffies() - busy0) / _HZ - ours) / wall
+    others = max(0.0, (busy_jiffies() - busy0) / HZ - ours) / wall
     text = server.metrics()
     batches = server.value('vitlab_batch_size_count{kind="classify"}', text) - batches0
     images = server.value("vitlab_images_total", text) - images0

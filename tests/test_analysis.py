@@ -227,7 +227,7 @@ def test_analyse_model_uses_the_exact_attention(classifier):
 def test_plots_and_html(tmp_path):
     pytest.importorskip("matplotlib")
     from vitlab.analysis import plots
-    from vitlab.analysis.report import write_html
+    from vitlab.analysis.page import write_html
 
     model = tiny()
     x = torch.randn(2, 3, 16, 24)

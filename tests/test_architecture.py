@@ -2,10 +2,13 @@
 src/vitlab, function-local ones included, parsed with `ast` (docs/architecture.md draws it).
 
 - no import cycles between modules;
-- each package imports only the packages below it (LAYERS);
-- outside cli/ and package __init__ files, vitlab's own modules are imported at the top of
-  the file, where a reader sees every dependency;
-- no function longer than MAX_FUNCTION_LINES, no file longer than MAX_FILE_LINES.
+- each package imports only packages of the rows below its own (ROWS), and exactly those
+  LAYERS lists: every pair listed is used; docs/architecture.md shows ROWS and LAYERS as they
+  are here;
+- outside cli/ and the package root, vitlab's own modules are imported at the top of the file
+  (package __init__ files included), where a reader sees every dependency;
+- no function longer than MAX_FUNCTION_LINES, no file longer than MAX_FILE_LINES;
+- every import in benchmarks/ and tools/ resolves, and benchmarks/serving.py starts.
 """
 
 from __future__ import annotations
@@ -17,27 +20,44 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "vitlab"
 
-# package -> the vitlab packages it may import. "api" is vitlab.api and the package root.
-BASE = {"config", "files", "extras"}
+# The layers, top to bottom, as docs/architecture.md draws them: a package imports only from
+# rows below its own.
+ROWS: tuple[tuple[str, ...], ...] = (
+    ("cli",),
+    ("serve", "sweep", "bench", "api"),
+    ("train", "predictor"),
+    ("analysis", "deploy"),
+    ("eval",),
+    ("checkpoints", "data"),
+    ("models",),
+    ("config",),
+    ("files", "progress", "run_layout", "extras"),
+)
+# package -> exactly the vitlab packages it imports: every pair used is listed, and every pair
+# listed is used (a pair no longer used is taken out, so the table never allows more than the
+# code needs). "api" is vitlab.api and the package root.
 LAYERS: dict[str, set[str]] = {
     "files": set(),
+    "progress": set(),
+    "run_layout": set(),
     "extras": set(),
-    "config": {"files", "extras"},
-    "models": BASE,
-    "checkpoints": BASE | {"models"},
-    "data": BASE,
-    "eval": BASE | {"models", "checkpoints", "data"},
-    "analysis": BASE | {"models", "checkpoints", "data", "eval"},
-    "deploy": BASE | {"models", "checkpoints", "data"},
-    "train": BASE | {"models", "checkpoints", "data", "eval", "analysis"},
-    "bench": BASE | {"models", "checkpoints", "data", "deploy", "train"},
-    "predictor": BASE | {"models", "checkpoints", "data", "analysis", "deploy"},
-    "api": BASE | {"models", "checkpoints", "data", "predictor"},
+    "config": {"files"},
+    "models": {"config"},
+    "checkpoints": {"config", "extras", "files", "models", "progress", "run_layout"},
+    "data": {"config", "extras", "files"},
+    "eval": {"data", "files"},
+    "analysis": {"checkpoints", "config", "eval", "extras", "files", "models"},
+    "deploy": {"checkpoints", "config", "extras", "files", "models"},
+    "train": {"analysis", "checkpoints", "config", "data", "eval", "extras", "files", "models", "progress", "run_layout"},
+    "bench": {"checkpoints", "config", "deploy", "extras", "files", "models"},
+    "predictor": {"analysis", "checkpoints", "config", "data", "deploy", "files"},
+    "api": {"checkpoints", "config", "data", "models", "predictor"},
+    "serve": {"analysis", "config", "data", "predictor"},
+    "sweep": {"analysis", "config", "data", "extras", "files", "run_layout", "train"},
+    "cli": {"analysis", "api", "bench", "checkpoints", "config", "data", "deploy", "eval", "extras", "files",
+            "predictor", "progress", "serve", "sweep", "train"},
 }
-EVERYTHING_BUT_CLI = set(LAYERS) | {"api", "serve", "sweep"}
-LAYERS["serve"] = EVERYTHING_BUT_CLI - {"serve", "sweep"}
-LAYERS["sweep"] = EVERYTHING_BUT_CLI - {"serve", "sweep"}
-LAYERS["cli"] = EVERYTHING_BUT_CLI | {"cli"}
+ROOT = SRC.parents[1]
 
 
 def module_name(path: Path) -> str:
@@ -99,6 +119,53 @@ def test_the_scan_sees_the_whole_package():
 def test_every_package_has_a_layer():
     unknown = sorted({package_of(m) for m in GRAPH} - set(LAYERS))
     assert not unknown, f"packages without a place in LAYERS (tests/test_architecture.py): {unknown}"
+    rowed = [p for row in ROWS for p in row]
+    assert sorted(rowed) == sorted(LAYERS) and len(set(rowed)) == len(rowed), "each package in one of ROWS"
+
+
+def test_the_table_points_down_only():
+    row_of = {p: i for i, row in enumerate(ROWS) for p in row}
+    up = [f"{a} -> {b}" for a, targets in LAYERS.items() for b in targets if row_of[b] <= row_of[a]]
+    assert not up, f"LAYERS lets a package import its own row or one above it: {up}"
+
+
+def used_pairs() -> dict[str, set[str]]:
+    used: dict[str, set[str]] = {p: set() for p in LAYERS}
+    for module, found in GRAPH.items():
+        for target, _, _ in found:
+            if package_of(target) != package_of(module):
+                used.setdefault(package_of(module), set()).add(package_of(target))
+    return used
+
+
+def test_the_table_lists_only_what_is_used():
+    unused = sorted(f"{a} -> {b}" for a, targets in LAYERS.items() for b in targets - used_pairs().get(a, set()))
+    assert not unused, f"LAYERS allows imports no module makes; take them out: {unused}"
+
+
+def layer_table() -> str:
+    """docs/architecture.md's table of who imports whom, made from LAYERS."""
+    lines = ["| package | imports |", "| --- | --- |"]
+    for row in ROWS:
+        for p in row:
+            lines.append(f"| `{p}` | {', '.join(f'`{t}`' for t in sorted(LAYERS[p])) or 'nothing of vitlab'} |")
+    return "\n".join(lines)
+
+
+def test_the_architecture_page_draws_this_table():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert layer_table() in page, "docs/architecture.md's import table differs from LAYERS; it should read:\n" + layer_table()
+    diagram = page.split("```text\n", 1)[1].split("```", 1)[0]
+    drawn = []
+    for line in diagram.splitlines():
+        names: list[str] = []
+        for word in line.split():
+            if word.removesuffix(".py") not in LAYERS:
+                break
+            names.append(word.removesuffix(".py"))
+        if names:
+            drawn.append(tuple(names))
+    assert tuple(drawn) == ROWS, f"docs/architecture.md's diagram draws the rows {drawn}; ROWS are {ROWS}"
 
 
 def test_no_import_crosses_a_layer():
@@ -139,13 +206,32 @@ def is_package(module: str) -> bool:
     return (SRC.parent / Path(*module.split(".")) / "__init__.py").is_file()
 
 
-LIBRARY = [f for f in FILES if f.name != "__init__.py" and "cli" not in f.relative_to(SRC).parts]
+# Every module outside cli/, package __init__ files included. The package root is the one
+# exception: it resolves the API on first use (`vitlab.load`), so that `import vitlab` does no work.
+LAZY_ROOT = SRC / "__init__.py"
+LIBRARY = [f for f in FILES if f != LAZY_ROOT and "cli" not in f.relative_to(SRC).parts]
 
 
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda f: str(f.relative_to(SRC)))
 def test_library_modules_import_vitlab_at_the_top(path):
     local = [f"line {line}: {target}" for target, line, top in imports(path) if not top]
     assert not local, f"{path.relative_to(SRC)} imports vitlab inside functions (move to the top): {local}"
+
+
+MATPLOTLIB = {"analysis/plots.py", "analysis/mpp_plot.py", "analysis/sweep_plots.py", "analysis/overlay.py"}
+
+
+def test_only_the_drawing_modules_import_matplotlib():
+    found = set()
+    for f in FILES:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] == "matplotlib" for n in names):
+                found.add(str(f.relative_to(SRC)))
+    assert found == MATPLOTLIB, f"modules that import matplotlib: {sorted(found)}; docs/architecture.md names {sorted(MATPLOTLIB)}"
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert all(f"`{Path(m).name}`" in page for m in MATPLOTLIB)
 
 
 def test_functions_and_files_stay_short():
@@ -166,3 +252,77 @@ def test_the_rules_can_fail(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from vitlab.train import loop\n")
     assert imports(bad) == [("vitlab.train.loop", 2, False)]
+
+
+# benchmarks/ and tools/: scripts that use the library. Every import in them must resolve: a
+# vitlab module that exists and holds each name imported from it, a library that is
+# installed, or a script of the same folder that defines the name.
+SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "tools").glob("*.py"))
+
+
+def unresolved(path: Path) -> list[str]:
+    import importlib
+    import importlib.util
+
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            wanted = [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            wanted = [(node.module, a.name) for a in node.names]
+        else:
+            continue
+        for module, name in wanted:
+            sibling = path.parent / f"{module}.py"
+            if sibling.is_file():
+                if name and name not in top_level_names(sibling):
+                    bad.append(f"line {node.lineno}: {sibling.name} defines no {name}")
+                continue
+            if importlib.util.find_spec(module.split(".")[0]) is None or (
+                "." in module and importlib.util.find_spec(module) is None
+            ):
+                bad.append(f"line {node.lineno}: no module {module}")
+                continue
+            if name and module.split(".")[0] == "vitlab" and name != "*":
+                if not (hasattr(importlib.import_module(module), name) or is_module(f"{module}.{name}")):
+                    bad.append(f"line {node.lineno}: {module} has no {name}")
+    return bad
+
+
+def top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names |= {t.id for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_the_scripts_are_scanned():
+    assert any(p.name == "serving.py" for p in SCRIPTS) and any(p.parent.name == "tools" for p in SCRIPTS)
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda f: str(f.relative_to(ROOT)))
+def test_every_import_of_a_script_resolves(path):
+    bad = unresolved(path)
+    assert not bad, f"{path.relative_to(ROOT)}: " + "; ".join(bad)
+
+
+def test_a_broken_script_import_is_found(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text("from vitlab.deploy.bench import machine_info\nfrom vitlab.bench import nothing_here\n"
+                      "from helper import gone\n")
+    (tmp_path / "helper.py").write_text("def here(): pass\n")
+    assert len(unresolved(script)) == 3
+
+
+def test_serving_benchmark_starts():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serving.py"), "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "usage" in r.stdout, r.stderr[-1000:]

@@ -92,6 +92,7 @@ def test_no_position_table_is_explained(tmp_path, capsys):
 @pytest.mark.slow
 def test_objective_figures_hook(tmp_path, monkeypatch, capsys):
     from vitlab import analysis
+    from vitlab.analysis import inspection
 
     save_model(tmp_path / "m.safetensors")
     seen = {}
@@ -103,7 +104,7 @@ def test_objective_figures_hook(tmp_path, monkeypatch, capsys):
         png.write_bytes((out_dir / "filters.png").read_bytes())
         return [analysis.Figure("mine", "My figure", png, "a caption", {"answer": 42})]
 
-    monkeypatch.setattr(analysis, "objective_figures", extra)
+    monkeypatch.setattr(inspection, "objective_figures", extra)
     out = tmp_path / "out"
     assert (
         main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(out), "--num-images", "4"])

@@ -1,4 +1,4 @@
-"""bf16 and int8 serving copies (vitlab.deploy.serving), checked on real CIFAR-10 images.
+"""bf16 and int8 serving copies (vitlab.deploy.copies), checked on real CIFAR-10 images.
 
 What is checked: the int8 layer's arithmetic against a float computation of the same
 rounded numbers; that the serving copies leave the model untouched; and that bf16 and int8
@@ -54,7 +54,7 @@ def test_int8_linear_is_the_rounded_product():
 
 
 def test_packed_fp32_is_the_same_function():
-    if not deploy.serving.onednn_available():
+    if not deploy.copies.onednn_available():
         pytest.skip("this PyTorch build has no oneDNN")
     m = model(depth=2)
     packed = deploy.to_packed_fp32(m)

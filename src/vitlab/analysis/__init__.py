@@ -1,8 +1,8 @@
 """The paper's look inside a ViT (§4.5, Figures 6 and 7; Appendix D.7, D.8).
 
-Pure functions, tensors in and arrays out; `plots.py` (the only matplotlib importer) draws
-them and `report.py` writes the HTML page. Attention always comes from the model's own
-exact path (`model(x, return_intermediates=True)["attentions"]`), never from hooks.
+Pure functions, tensors in and arrays out; `plots.py` (with mpp_plot.py, sweep_plots.py and
+overlay.py, the only matplotlib importers) draws them and `page.py` writes the HTML page. Attention
+always comes from the model's own exact path (`model(x, return_intermediates=True)["attentions"]`), never from hooks.
 
     from vitlab import analysis
     out = model(x, return_intermediates=True)

@@ -1,5 +1,6 @@
 """Drawing the analyses (Figures 6 and 7) and the training and evaluation figures (learning
-curve, confusion matrix). The only module of vitlab that imports matplotlib.
+curve, confusion matrix). With mpp_plot.py, sweep_plots.py and overlay.py's colour map, the only
+modules of vitlab that import matplotlib (inside the functions that draw).
 
 Each function takes the numbers the analysis functions return and writes one PNG. Figures
 are built with matplotlib's object API (no pyplot), so nothing global changes and no

@@ -7,7 +7,7 @@
     ceiling.py   the matrix-product rate at the model's own Dense shapes
     runner.py    interleaved rounds, medians of clean samples, ratios within a round
     suites.py    the named suites
-    report.py    CSV and Markdown
+    tables.py    CSV and Markdown
     profile.py   where a call's time goes: operators by kind, by their thread's CPU time
 
 """

@@ -1,7 +1,7 @@
 """What is timed: a *setting* (a model, a batch size, a forward pass or a training step) and a
 *system* (an implementation at a precision, eager or compiled), built into one call.
 
-vitlab is built at each precision through its serving copies (`vitlab.deploy.serving`); the
+vitlab is built at each precision through its serving copies (`vitlab.deploy.copies`); the
 peers are built by `vitlab.bench.peers` with the same sizes. Every call is warmed up before it
 is handed to the runner, and the first call of a compiled system gives its compile time.
 """
@@ -22,13 +22,12 @@ from vitlab.bench.machine import device_sync, peak_memory_added_mib, reset_peak_
 from vitlab.bench.peers import build_peer
 from vitlab.config import ModelConfig
 from vitlab.deploy.int8 import available as int8_available
-from vitlab.deploy.serving import for_precision
+from vitlab.deploy.copies import for_precision
 from vitlab.models import build
 
 VITLAB_ONLY = ("fp32-packed", "int8")  # serving copies that only vitlab has
-SERVING_COPIES = ("fp32-packed", "bf16", "fp16", "int8")  # vitlab.deploy.serving.for_precision
+SERVING_COPIES = ("fp32-packed", "bf16", "fp16", "int8")  # vitlab.deploy.copies.for_precision
 REDUCED = {"bf16": torch.bfloat16, "fp16": torch.float16}  # weights and activations in this dtype
-IMPLS = ("vitlab", "timm", "hf", "torchvision")
 TRAIN_PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast")
 CPU_PRECISIONS = ("fp32", "fp32-packed", "bf16-autocast", "bf16", "int8")
 

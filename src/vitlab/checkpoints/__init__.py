@@ -6,25 +6,26 @@ Each format is a module with `detect(path) -> bool`, `read(path) -> Imported` an
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
-from vitlab.checkpoints import hub, io, labels, verify
+import torch
+
+from vitlab.checkpoints import hf, hub, io, labels, npz, timm, torchvision, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
 from vitlab.models import Model, build
 
 # name -> module; detection tries them in this order.
-FORMATS: dict[str, str] = {
-    "vitlab": "vitlab.checkpoints.io",  # .safetensors with vitlab metadata
-    "hf": "vitlab.checkpoints.hf",  # a save_pretrained folder (config.json)
-    "npz": "vitlab.checkpoints.npz",  # the official JAX archives
-    "torchvision": "vitlab.checkpoints.torchvision",  # state dicts, told apart by their keys
-    "timm": "vitlab.checkpoints.timm",
+FORMATS: dict[str, ModuleType] = {
+    "vitlab": io,  # .safetensors with vitlab metadata
+    "hf": hf,  # a save_pretrained folder (config.json)
+    "npz": npz,  # the official JAX archives
+    "torchvision": torchvision,  # state dicts, told apart by their keys
+    "timm": timm,
 }
 
 # The model kinds each format can hold: Hugging Face's ViT folders and torchvision's
@@ -37,7 +38,7 @@ KIND_WORDS = {"vit": "ViT", "bit": "BiT ResNet"}
 def format_module(name: str) -> ModuleType:
     if name not in FORMATS:
         raise CheckpointError(f"unknown checkpoint format {name!r}; known formats: {', '.join(FORMATS)}")
-    return importlib.import_module(FORMATS[name])
+    return FORMATS[name]
 
 
 # What reading a malformed file raises inside a reader (a missing key, an array of the wrong
@@ -133,6 +134,22 @@ def load(path: str | os.PathLike, format: Optional[str] = None, revision: Option
     return build_model(read_checkpoint(path, format, revision), str(path), **overrides)
 
 
+def open_checkpoint(path: str | os.PathLike, format: Optional[str] = None, random_init: Optional[int] = None,
+                    device: Any = None, **overrides: Any) -> tuple[Model, Imported]:
+    """(model in eval mode, Imported) for a checkpoint path or name; `overrides` change the
+    config as load's do (image_size=384 resizes the position embeddings). `random_init=SEED`
+    keeps the checkpoint's shape and class names but not its weights: a randomly initialised
+    baseline, the same for the same seed."""
+    imported = read_checkpoint(path, format)
+    if random_init is not None:
+        torch.manual_seed(random_init)
+        model = build(imported.config.replace(**overrides) if overrides else imported.config)
+        model.class_names = imported.class_names
+    else:
+        model = build_model(imported, str(path), **overrides)
+    return (model.to(device) if device is not None else model).eval(), imported
+
+
 def resolve(path_or_name: str | os.PathLike, revision: Optional[str] = None) -> Path:
     """The local file or folder of a checkpoint path or name (fetched into the cache first).
     Reading goes through read_checkpoint, which also applies what a name adds (the registry's
@@ -169,5 +186,5 @@ is_pretrained_name = hub.is_pretrained_name  # the one test of "a name, not a pa
 
 __all__ = [
     "FORMATS", "HOLDS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
-    "read_checkpoint", "resolve", "save", "save_verified",
+    "open_checkpoint", "read_checkpoint", "resolve", "save", "save_verified",
 ]

@@ -30,6 +30,7 @@ from typing import Optional
 
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import atomic_write, atomic_write_text, cache_dir
+from vitlab.progress import Progress
 
 BASE_URL = "https://storage.googleapis.com/vit_models"
 TIMEOUT_S = 10.0  # the first bytes must come this fast; offline machines fail at once
@@ -272,29 +273,29 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
                 "nothing was written to the cache"
             )
 
-    atomic_write(path, stream)
+    try:
+        atomic_write(path, stream)
+    finally:
+        show.shown.close()  # a failed download too: its heartbeat stops
     _record(entry, h.hexdigest(), path)
 
 
 class _Progress:
-    """tqdm's byte counter on a terminal; elsewhere a line when the download starts and one
-    when it ends (a bar in a log file is a stream of carriage returns)."""
+    """A download on vitlab.progress's one behaviour: tqdm's byte counter on a terminal;
+    elsewhere a line when the download starts and the heartbeat; both end with a line of the
+    size and rate."""
 
     def __init__(self, name: str, total: int, tty: bool):
-        from tqdm import tqdm
-
         self.start = time.time()
-        if not tty:
-            print(f"downloading {name} ({total / 1e6:.0f} MB)" if total else f"downloading {name}", file=sys.stderr)
-        self.bar = tqdm(total=total or None, unit="B", unit_scale=True, unit_divisor=1000, desc=f"downloading {name}",
-                        file=sys.stderr, disable=not tty, dynamic_ncols=True)
-        self.seen = 0
+        size = f" ({total / 1e6:.0f} MB)" if total else ""
+        self.shown = Progress(total or None, f"downloading {name}", "B", start=f"downloading {name}{size}", tty=tty,
+                              leave=True, unit_scale=True)
 
     def update(self, n: int) -> None:
-        self.seen += n
-        self.bar.update(n)
+        self.shown.update(n)
 
     def done(self) -> None:
-        self.bar.close()
-        rate = self.seen / 1e6 / max(time.time() - self.start, 1e-6)
-        print(f"  done: {self.seen / 1e6:.1f} MB at {rate:.1f} MB/s", file=sys.stderr, flush=True)
+        self.shown.close()
+        seen = self.shown.n
+        rate = seen / 1e6 / max(time.time() - self.start, 1e-6)
+        print(f"  done: {seen / 1e6:.1f} MB at {rate:.1f} MB/s", file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.tables import export_state
 from vitlab.config import model_flops
 from vitlab.files import OutputFolder, atomic_write, atomic_write_text
+from vitlab.run_layout import CHECKPOINTS, LAST, RunLayout, run_of
 
 TIMM_WEIGHTS = "timm_model.safetensors"
 CARD = "README.md"
@@ -36,11 +37,22 @@ CARD = "README.md"
 # The run a model came from ------------------------------------------------------------------
 def find_run(checkpoint: str | os.PathLike) -> Optional[Path]:
     """The run folder of a checkpoint: the folder itself, or RUN for RUN/checkpoints/X."""
-    p = Path(checkpoint)
-    for folder in (p, p.parent.parent if p.parent.name == "checkpoints" else None):
-        if folder is not None and (folder / "summary.json").is_file():
-            return folder
-    return None
+    run = run_of(checkpoint)
+    return run.path if run is not None else None
+
+
+def source(path: str | os.PathLike) -> tuple[str, Optional[Path]]:
+    """(checkpoint, run folder or None) for a run folder or a checkpoint: a completed run's
+    folder means the checkpoint its summary names, else its checkpoints/last.safetensors."""
+    run = run_of(path)
+    if run is None or run.path != Path(path):
+        return str(path), run.path if run is not None else None
+    ckpt = Path(json.loads(run.summary.read_text()).get("checkpoint") or "")
+    if not ckpt.is_file():
+        ckpt = run.last
+    if not ckpt.is_file():
+        raise CheckpointError(f"{run.path}: a run folder without {CHECKPOINTS}/{LAST}; pass the checkpoint file itself")
+    return str(ckpt), run.path
 
 
 def run_facts(run: Optional[Path]) -> dict[str, Any]:
@@ -48,12 +60,13 @@ def run_facts(run: Optional[Path]) -> dict[str, Any]:
     if run is None:
         return {}
     facts: dict[str, Any] = {}
+    layout = RunLayout(run)
     try:
-        facts["summary"] = json.loads((run / "summary.json").read_text())
+        facts["summary"] = json.loads(layout.summary.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{run / 'summary.json'}: not readable JSON ({e})") from None
-    if (run / "config.yaml").is_file():
-        facts["config"] = yaml.safe_load((run / "config.yaml").read_text()) or {}
+        raise CheckpointError(f"{layout.summary}: not readable JSON ({e})") from None
+    if layout.config.is_file():
+        facts["config"] = yaml.safe_load(layout.config.read_text()) or {}
     return facts
 
 

@@ -47,12 +47,6 @@ def transposed(ours: str, theirs: str) -> Rule:
     return Rule(ours, (theirs,), lambda t: t.t(), lambda t: (t.t(),))
 
 
-def reshaped(ours: str, theirs: str, our_shape: Sequence[int], their_shape: Sequence[int]) -> Rule:
-    """The same numbers in another shape (e.g. a (1, 1, D) token stored as (D,))."""
-    o, t_ = tuple(our_shape), tuple(their_shape)
-    return Rule(ours, (theirs,), lambda t: t.reshape(o), lambda t: (t.reshape(t_),))
-
-
 def permuted(ours: str, theirs: str, perm: Sequence[int]) -> Rule:
     """Axes reordered, e.g. a conv kernel HWIO -> OIHW is (3, 2, 0, 1)."""
     perm = tuple(perm)

@@ -66,11 +66,28 @@ def add_arguments(p) -> None:
     p.add_argument("--name", help="result file name (default: the suite name, or 'bench')")
 
 
+def _plan(args) -> list:
+    """(setting, systems) for each --model, --task and --batch-size."""
+    from vitlab.api import get_config
+    from vitlab.bench import suites, systems
+
+    plan = []
+    for name in args.model:
+        cfg = get_config(name, **({"gelu": args.gelu} if args.gelu else {}))  # ConfigError names the known models
+        for task in args.task:
+            default = suites.FAST if task == "infer" else ["fp32", "bf16-autocast"]
+            if cfg.kind == "bit":  # the packed and int8 copies are built from a ViT's blocks
+                default = ["fp32", "bf16-autocast"]
+            chosen = systems.standard_systems(task, args.peers, args.compile, args.precision or default,
+                                              compile_mode=args.compile_mode)
+            plan += [(systems.Setting(cfg, b, task), chosen) for b in args.batch_size]
+    return plan
+
+
 def run(args) -> int:
     import sys
 
-    from vitlab.api import get_config
-    from vitlab.bench import machine, report, runner, suites, systems
+    from vitlab.bench import machine, runner, suites, tables
     from vitlab.bench.peers import PEERS
     from vitlab.cli import UsageError
 
@@ -85,19 +102,7 @@ def run(args) -> int:
         raise UsageError(str(e)) from None
     if args.suite == "gpu" and not device.startswith("cuda"):
         raise UsageError("--suite gpu times GPU kernels (fp16, CUDA graphs): add --device cuda")
-    if args.suite:
-        plan = suites.suite(args.suite)
-    else:
-        plan = []
-        for name in args.model:
-            cfg = get_config(name, **({"gelu": args.gelu} if args.gelu else {}))  # ConfigError names the known models
-            for task in args.task:
-                default = suites.FAST if task == "infer" else ["fp32", "bf16-autocast"]
-                if cfg.kind == "bit":  # the packed and int8 copies are built from a ViT's blocks
-                    default = ["fp32", "bf16-autocast"]
-                chosen = systems.standard_systems(task, args.peers, args.compile, args.precision or default,
-                                                  compile_mode=args.compile_mode)
-                plan += [(systems.Setting(cfg, b, task), chosen) for b in args.batch_size]
+    plan = suites.suite(args.suite) if args.suite else _plan(args)
     config = runner.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,
                                 wait_budget=args.wait_budget, contended_cores=args.contended,
                                 clock=args.clock, device=device)
@@ -109,10 +114,10 @@ def run(args) -> int:
 
     def save(rows):  # after every setting, so an interrupted run keeps what it measured
         if args.out:
-            return report.write_results(rows, args.out, name, info, config)
+            return tables.write_results(rows, args.out, name, info, config)
 
     rows = runner.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True), progress=save)
-    print(report.markdown(rows, info, config))
+    print(tables.markdown(rows, info, config))
     if args.out:
         csv_path, md_path = save(rows)
         print(f"wrote {csv_path} and {md_path}")

@@ -38,11 +38,11 @@ def bad_image_message(e: Exception) -> str:
     return re.sub(r"^(\w+\.)*BadImageError: ", "", line)
 
 
-def progress(iterable=None, total=None, desc: str = "", unit: str = "img"):
-    """A tqdm bar on stderr when it is a terminal; nothing in a log file."""
-    from tqdm import tqdm
+def progress(total=None, desc: str = "", unit: str = "img"):
+    """vitlab.progress's one behaviour, on stderr: a bar on a terminal; the heartbeat in a log."""
+    from vitlab.progress import Progress
 
-    return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, disable=None)
+    return Progress(total, desc, unit)
 
 
 def add_training_arguments(p, default_recipe: str) -> None:
@@ -155,22 +155,10 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
 
 def open_checkpoint(path: str, format: Optional[str] = None, random_init: Optional[int] = None, device=None,
                     **overrides):
-    """(model in eval mode, Imported) for a checkpoint path or pretrained name; `overrides`
-    change the config as vitlab.load's do (image_size=384 resizes the position embeddings)."""
+    """(model in eval mode, Imported): vitlab.checkpoints.open_checkpoint."""
     from vitlab import checkpoints
 
-    imported = checkpoints.read_checkpoint(path, format)  # a path, or a name fetched from the Hub
-    if random_init is not None:
-        import torch
-
-        from vitlab.models import build
-
-        torch.manual_seed(random_init)
-        model = build(imported.config.replace(**overrides) if overrides else imported.config)
-        model.class_names = imported.class_names
-    else:
-        model = checkpoints.build_model(imported, path, **overrides)
-    return (model.to(device) if device is not None else model).eval(), imported
+    return checkpoints.open_checkpoint(path, format, random_init, device, **overrides)
 
 
 def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = None):

@@ -62,8 +62,6 @@ def _target(args) -> str:
 
 
 def run(args) -> int:
-    import json
-    import sys
     from pathlib import Path
 
     from vitlab import checkpoints
@@ -79,16 +77,24 @@ def run(args) -> int:
         raise UsageError(f"{dst} is a folder; a {target} checkpoint is one file: give a file name")
     from vitlab.cli.common import progress
 
-    bar = progress(total=2, desc="read", unit="stage")
-    imported = checkpoints.read_checkpoint(src, args.source_format)
-    model = checkpoints.build_model(imported, src)
-    bar.update()
-    # One stage: the file is written beside DST, loaded back and compared before it moves in.
-    bar.set_description(f"write {target}" if args.no_verify else f"write {target} and verify")
-    kwargs = {} if target == "vitlab" else {"allow_numerics_change": args.allow_numerics_change}
-    result = checkpoints.save_verified(model, dst, target, verify_logits=not args.no_verify, **kwargs)
-    bar.update()
-    bar.close()
+    with progress(total=2, desc="read", unit="stage") as bar:
+        imported = checkpoints.read_checkpoint(src, args.source_format)
+        model = checkpoints.build_model(imported, src)
+        bar.update()
+        # One stage: the file is written beside DST, loaded back and compared before it moves in.
+        bar.set_description(f"write {target}" if args.no_verify else f"write {target} and verify")
+        kwargs = {} if target == "vitlab" else {"allow_numerics_change": args.allow_numerics_change}
+        result = checkpoints.save_verified(model, dst, target, verify_logits=not args.no_verify, **kwargs)
+        bar.update()
+    _report(args, src, dst, target, imported, model, result)
+    return 0
+
+
+def _report(args, src, dst, target: str, imported, model, result) -> None:
+    """What was read and written, the verification, and how the target's library builds the model."""
+    import json
+    import sys
+
     cfg = model.config
     params = sum(p.numel() for p in model.parameters())
     print(f"read   {src}  ({imported.source_format}: {cfg.name}, {params:,} parameters, {cfg.image_size[0]}x{cfg.image_size[1]})")
@@ -110,4 +116,3 @@ def run(args) -> int:
         print("  (vitlab.checkpoints.timm.create_timm_model(config) builds the matching timm model)")
     if target == "torchvision":
         print("torchvision model: vitlab.checkpoints.torchvision.create_torchvision_model(config) builds it")
-    return 0

@@ -39,9 +39,9 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
-def run(args) -> int:
+def _check_out(args) -> Path:
+    """--out: a file, new unless --force, named as the format's files are (a warning if not)."""
     import sys
-    import time
 
     from vitlab.cli import UsageError
 
@@ -58,42 +58,53 @@ def run(args) -> int:
         from vitlab.extras import require
 
         require("export", "ONNX export", modules=("onnx", "onnxscript"))
-    model = _load(args).eval()
-    cfg = model.config
+    return out
 
+
+def run(args) -> int:
+    import time
+
+    from vitlab.cli import UsageError
     from vitlab.cli.common import progress
     from vitlab.deploy import export
 
+    out = _check_out(args)
+    model = _load(args).eval()
+    cfg = model.config
     t0 = time.perf_counter()
-    bar = progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage")
-    try:
-        if args.format == "onnx":
-            export.export_onnx(model, out, opset=args.opset)
-        else:
-            export.export_program(model, out)
-    except ValueError as e:  # a serving copy ONNX cannot hold: the message says what to do
-        raise UsageError(str(e)) from None
-    bar.update()
-    bar.set_description("check")
-    size = out.stat().st_size / 2**20
-    print(f"wrote {out} ({args.format}, {size:.1f} MiB, {cfg.name} at {cfg.image_size[0]}x{cfg.image_size[1]}, "
-          f"dynamic batch) in {time.perf_counter() - t0:.1f} s")
-    if args.no_check:
-        return 0
-    if args.format == "onnx":
+    with progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage") as bar:
         try:
-            diff = export.check_onnx(out, model)
-        except ImportError:
-            raise UsageError("checking needs onnxruntime: pip install 'vitlab[export]', or pass --no-check") from None
-        where = "onnxruntime"
-    else:
-        diff = export.check_program(out, model)
-        where = "torch.export.load"
-    bar.update()
-    bar.close()
+            if args.format == "onnx":
+                export.export_onnx(model, out, opset=args.opset)
+            else:
+                export.export_program(model, out)
+        except ValueError as e:  # a serving copy ONNX cannot hold: the message says what to do
+            raise UsageError(str(e)) from None
+        bar.update()
+        bar.set_description("check")
+        size = out.stat().st_size / 2**20
+        print(f"wrote {out} ({args.format}, {size:.1f} MiB, {cfg.name} at {cfg.image_size[0]}x{cfg.image_size[1]}, "
+              f"dynamic batch) in {time.perf_counter() - t0:.1f} s")
+        if args.no_check:
+            return 0
+        diff, where = _check(args, out, model)
+        bar.update()
     verdict = "ok" if diff <= args.tolerance else f"FAILED (tolerance {args.tolerance:g})"
     print(f"checked in {where} at batch 1 and 3: max |logit diff| {diff:.2e} vs PyTorch: {verdict}")
     return 0 if diff <= args.tolerance else 1
+
+
+def _check(args, out: Path, model) -> tuple[float, str]:
+    """(largest logit difference, the runtime that loaded the file back)."""
+    from vitlab.cli import UsageError
+    from vitlab.deploy import export
+
+    if args.format != "onnx":
+        return export.check_program(out, model), "torch.export.load"
+    try:
+        return export.check_onnx(out, model), "onnxruntime"
+    except ImportError:
+        raise UsageError("checking needs onnxruntime: pip install 'vitlab[export]', or pass --no-check") from None
 
 
 def _load(args):

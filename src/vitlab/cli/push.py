@@ -38,35 +38,13 @@ def add_arguments(p) -> None:
                    help="with --folder: replace files there of the folder's names (README.md, ...) that push did not write")
 
 
-def _source(path: str):
-    """(checkpoint, run folder or None) for a run folder or a checkpoint."""
-    from pathlib import Path
-
-    from vitlab.checkpoints import share
-
-    p = Path(path)
-    if p.is_dir() and (p / "summary.json").is_file():
-        import json
-
-        summary = json.loads((p / "summary.json").read_text())
-        ckpt = Path(summary.get("checkpoint") or "")
-        if not ckpt.is_file():
-            ckpt = p / "checkpoints" / "last.safetensors"
-        if not ckpt.is_file():
-            from vitlab.cli import UsageError
-
-            raise UsageError(f"{p}: a run folder without checkpoints/last.safetensors; pass the checkpoint file itself")
-        return str(ckpt), p
-    return path, share.find_run(path)
-
-
 def run(args) -> int:
     from pathlib import Path
 
     from vitlab.checkpoints import build_model, read_checkpoint, share
 
     repo_id = share.repo_of(args.repo)
-    checkpoint, run_dir = _source(args.source)
+    checkpoint, run_dir = share.source(args.source)
     model = build_model(read_checkpoint(checkpoint, args.format), checkpoint)
     if args.folder:
         files = share.write_folder(model, Path(args.folder), repo_id, run_dir, with_timm=not args.no_timm, force=args.force)

@@ -32,6 +32,7 @@ DECAYS = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PARALLEL = ("ddp", "fsdp")
 RECIPES = Path(__file__).resolve().parent.parent / "configs"
+SHUFFLE_BUFFER = 2000  # samples a streamed (wds) training set holds for shuffling: data.shuffle_buffer
 
 
 def _crop_range(v: tuple[float, float]) -> Optional[str]:
@@ -105,7 +106,7 @@ class DataConfig:
     # Held-out dev share; < 0: the dataset's paper value (2% of CIFAR, 1% of ImageNet, 10% else).
     dev_fraction: float = setting(-1.0, below=1)
     skip_bad_images: bool = False
-    shuffle_buffer: int = setting(2000, at_least=0)  # samples held for shuffling a streamed (wds) set
+    shuffle_buffer: int = setting(SHUFFLE_BUFFER, at_least=0)  # samples held for shuffling a streamed (wds) set
     classes: tuple[str, ...] = ()  # class names of a wds set (else classes.txt beside the shards, else 0..K-1)
     # Train on a fixed, class-balanced part of the training split (the paper's 9M/30M/90M JFT
     # subsets, §4.3): a share of it, or a number of images. The part depends on subset_seed

@@ -58,10 +58,16 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from vitlab.config.run import SHUFFLE_BUFFER
+from vitlab.data import datasets as ds, transforms as T
 from vitlab.data.datasets import BadImageError, DataError, read_image
+from vitlab.data.foreign import ForeignDataset, hf_split
 from vitlab.data.identity import DEV_FRACTIONS, PAPER_DATASETS, by_name, dev_fraction, recognise
+from vitlab.data.imagenet_val import imagenet_val
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
 from vitlab.data.subset import training_subset
+from vitlab.data.vtab_sources import open_vtab
+from vitlab.data.wds import WebDataset
 
 NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "vtab", "wds", "hf")
 
@@ -98,8 +104,6 @@ def open_dataset(
     **options: Any,
 ):
     """A dataset by spec and split; see the module docstring."""
-    from vitlab.data import datasets as ds
-
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
     if name not in NAMED:
@@ -120,28 +124,20 @@ def open_dataset(
     download = bool(options.get("download", True))
 
     if name == "wds":
-        from vitlab.data.wds import WebDataset
-
         stream = WebDataset(
-            arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", 2000)),
+            arg, split, transform, train=train, seed=seed, shuffle_buffer=int(options.get("shuffle_buffer", SHUFFLE_BUFFER)),
             skip_bad_images=skip, dev_fraction=explicit, classes=options.get("classes"), identity=by_name(spec),
         )
         check_classes(spec, stream.class_names)
         return stream
     common = dict(seed=seed, skip_bad_images=skip)
     if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
-        from vitlab.data.vtab_sources import open_vtab
-
         return open_vtab(arg, split, transform, **common)
     if name == "imagenet-val":
-        from vitlab.data.imagenet_val import imagenet_val
-
         dataset = imagenet_val(arg, base, transform, **common)
     elif name == "imagefolder":
         dataset = ds.image_folder(arg, base, transform, test_fraction=options.get("test_fraction", 0.2), **common)
     elif name == "hf":
-        from vitlab.data.foreign import ForeignDataset, hf_split
-
         dataset = ForeignDataset(hf_split(arg, base), transform, seed=seed)
     else:
         if name == "digits":
@@ -173,8 +169,6 @@ def _dev_part(dataset: Any, spec: str, split: str, base: str, explicit: Optional
     """Say what the data is (`identity`: declared by the spec's name, else recognised from
     the training split's class counts, never from its path) and carve the dev split, whose
     size follows from it (identity.py)."""
-    from vitlab.data import datasets as ds
-
     dataset.identity = by_name(spec) or (recognise(np.bincount(dataset.labels)) if base == "train" else None)
     if split in ("dev", "train-minus-dev"):
         dev, rest = ds.dev_split(len(dataset), dev_fraction(dataset.identity, explicit))

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from PIL import Image
 
+from vitlab.config.run import SHUFFLE_BUFFER
 from vitlab.data.datasets import BadImageError, DataError, Skipped, apply_seeded, data_cache, decoded, item_seed
 from vitlab.data.identity import dev_fraction as identity_dev_fraction
 from vitlab.data.identity import recognise, summed
@@ -278,7 +279,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         transform: Callable,
         train: bool = False,
         seed: int = 0,
-        shuffle_buffer: int = 2000,
+        shuffle_buffer: int = SHUFFLE_BUFFER,
         skip_bad_images: bool = False,
         dev_fraction: Optional[float] = None,
         classes: Any = None,

@@ -11,7 +11,7 @@ Throughput against timm, Hugging Face and torchvision is measured by `vitlab.ben
 
 from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program, onnx_metadata, read_onnx_metadata
 from vitlab.deploy.int8 import CalibratedInt8Linear
-from vitlab.deploy.serving import (
+from vitlab.deploy.copies import (
     PRECISIONS,
     Agreement,
     Int8Linear,

@@ -16,7 +16,7 @@ stream) run in bf16. Three choices make it fast and keep it accurate:
   so it costs nothing at run time.
 - **Per-channel weight scales**, symmetric int8, one scale per output channel.
 
-`vitlab.deploy.serving.quantize_int8` without calibration images keeps the portable layer
+`vitlab.deploy.copies.quantize_int8` without calibration images keeps the portable layer
 (`torch._int_mm`, scales found per token at run time); this one needs oneDNN's kernels
 (`torch.ops.onednn.qlinear_pointwise`, on x86 PyTorch builds).
 """

@@ -28,9 +28,10 @@ import yaml
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
 from vitlab.files import MAX_NAME_BYTES, UnsafeNameError, child, to_name
+from vitlab.run_layout import RunLayout
 
 TRAIN_RESULT = "train/summary.json"
-CHECKPOINT = "train/checkpoints/last.safetensors"
+TRAIN = "train"  # the cell's training run: CELL/train, a run folder (vitlab.run_layout)
 TAG = "tag."
 # The most cells a sweep runs unless --max-cells says more: a grid far larger is a typo (an
 # axis of 1,000 values times three more), and a run of it would never end.
@@ -107,7 +108,8 @@ def flag_argv(settings: dict[str, Any]) -> list[str]:
 
 
 def _fill(command: str, cell_dir: Path, scale: float) -> tuple[str, ...]:
-    words = {"checkpoint": str(cell_dir / CHECKPOINT), "run": str(cell_dir / "train"), "cell": str(cell_dir)}
+    run = RunLayout(cell_dir / TRAIN)
+    words = {"checkpoint": str(run.last), "run": str(run.path), "cell": str(cell_dir)}
 
     def one(m: re.Match) -> str:
         name, _, arg = m.group(1).partition(":")
@@ -155,7 +157,7 @@ def cells(spec: SweepSpec, out: Path, scale: float = 1.0) -> Iterator[Cell]:
             cell_dir = child(out, key, "grid cell")
         except UnsafeNameError as e:
             raise ConfigError(str(e)) from None
-        train = Step("train", ("train", *flag_argv(settings), "--out", str(cell_dir / "train")), TRAIN_RESULT)
+        train = Step("train", ("train", *flag_argv(settings), "--out", str(cell_dir / TRAIN)), TRAIN_RESULT)
         after = tuple(Step(a.name, _fill(a.command, cell_dir, scale), a.result) for a in spec.after)
         yield Cell(key, labels, settings, (train, *after))
 

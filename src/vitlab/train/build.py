@@ -55,13 +55,6 @@ def build_model(section: ModelSection, class_names: list[str]) -> Model:
     return model
 
 
-def fresh_model(config: ModelConfig) -> Model:
-    """A model to copy weights into. Built with the random state put back afterwards: its
-    initialisation must not shift the run's random stream (exact resume)."""
-    with torch.random.fork_rng(devices=[]):
-        return build(config)
-
-
 def describe_source(source: Any) -> str:
     """What the config records for a dataset given as an object: its type and size."""
     size = f", {len(source)} items" if hasattr(source, "__len__") else ""

@@ -35,6 +35,7 @@ from vitlab.config import ConfigError, RunConfig
 from vitlab.data import make_loader
 from vitlab.data.loader import batches_per_epoch
 from vitlab.eval.accuracy import add_counts
+from vitlab import run_layout
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed, state
 from vitlab.train.build import architecture, build_model, describe_source, open_datasets
@@ -450,7 +451,7 @@ class Trainer:
     def _finish(self, run: Run, results: dict[str, dict[str, Any]], seconds: float) -> dict[str, Any]:
         names = run.model.class_names
         bad = set().union(*distributed.gather_objects(sorted(run.bad_images), run.ctx))  # files, not reads
-        ckpt = self.folder.checkpoint_file("ema.safetensors" if run.ema is not None else "last.safetensors")
+        ckpt = self.folder.checkpoint_file(run_layout.EMA if run.ema is not None else run_layout.LAST)
         splits = {}
         for split, m in results.items():
             entry = {k: v for k, v in m.items() if k != "confusion"}

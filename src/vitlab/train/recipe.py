@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
 from vitlab.files import check_writable
 from vitlab.models.variants import variant_config
+from vitlab.run_layout import RunLayout
 from vitlab.train.loop import EXTENDABLE, Trainer
 from vitlab.train.run_folder import RESUMABLE_CHANGES, RunFolder
 
@@ -90,7 +91,7 @@ def resume_config(run_dir: Path | str, options: Mapping[str, Any] = {}, override
     (extending the run), checkpoints, workers, device and threads. A `recipe`, a `model`, an
     `out` other than `run_dir`, or any other option or override is refused by name."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
+    if not RunLayout(run_dir).config.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.yaml there; give a run folder written by vitlab train")
     changeable = RESUMABLE_CHANGES | EXTENDABLE
     given = settings(options) + [(o, *parse_override(o)) for o in overrides]
@@ -119,7 +120,7 @@ def default_out(recipe_name: str) -> Path:
 
 def check_resumable(out: Path) -> None:
     """`--resume` without a run folder needs a checkpoint in `out` to continue from."""
-    if not (Path(out) / "checkpoints" / "last.safetensors").exists():
+    if not RunLayout(out).last.exists():
         raise ConfigError(f"--resume: {out} has no checkpoint to continue from; drop --resume to start the run")
 
 
@@ -129,7 +130,7 @@ def train(cfg: RunConfig, out: Path | str, *, command: str = "", quiet: bool = F
     run writes into both, found now rather than at its next checkpoint) -> the run's summary.
     Raises TrainingDiverged on a non-finite loss and BadImageError on an unreadable image."""
     out = Path(out)
-    for folder in (out, out / "checkpoints"):
+    for folder in (out, RunLayout(out).checkpoints):
         check_writable(folder, folder=True)
     return Trainer(cfg, out, command=command, quiet=quiet, notes=tuple(notes), trackers=tuple(trackers),
                    extend=extend).run()

@@ -2,24 +2,24 @@
 progress of training and of evaluation, the figures, and the final print. Only rank 0
 builds one of these.
 
-Progress is tqdm's bar on a terminal; in a log file or CI, where a bar would be a stream of
-carriage returns, it is a plain line every `train.log_every` steps.
+Progress follows vitlab.progress (one behaviour for every command): tqdm's bar on a terminal;
+in a log file or CI, where a bar would be a stream of carriage returns, plain lines: after
+the first step, every `train.log_every` steps, and at least every 10 s.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, TextIO
 
-from tqdm import tqdm
-
+from vitlab import progress
 from vitlab.analysis import plots
 from vitlab.files import atomic_write_text
+from vitlab.progress import format_seconds
+from vitlab.run_layout import METRICS
 from vitlab.train.compute import format_compute
 from vitlab.train.tracking import Tracker
 
@@ -31,7 +31,7 @@ class MetricsLog:
     """Appends one JSON object per line to metrics.jsonl and hands each record to the trackers."""
 
     def __init__(self, folder: Path, trackers: Sequence[Tracker] = ()):
-        self.path = folder / "metrics.jsonl"
+        self.path = folder / METRICS
         self.file = open(self.path, "a", buffering=1)
         self.trackers = list(trackers)
 
@@ -64,104 +64,62 @@ def _step_of(line: str) -> float:
         return math.inf
 
 
-def is_terminal(stream: TextIO) -> bool:
-    return bool(getattr(stream, "isatty", lambda: False)())
-
-
 class Progress:
-    """Training progress: a tqdm bar on a terminal (updated every step); plain lines elsewhere
-    (a log file, CI): after the first step, on `log_line` steps, and whenever EVERY_S seconds
-    pass without a line -- from a watcher thread too, so that a step longer than that (a
-    large model on a CPU) still shows life within seconds, on any machine.
+    """Training progress on vitlab.progress's one behaviour: a bar on a terminal (updated every
+    step, drawn from the first step, so that the plan line comes first); plain lines
+    elsewhere (a log file, CI): after the first step, on `log_line` steps, whenever EVERY_S
+    seconds pass without a line, and from the watcher's heartbeat when one step takes longer
+    than that (a large model on a CPU).
 
     `loss` is the mean over the steps since the last log line (what metrics.jsonl records as
     "loss"); `last_loss`, when given, is the latest step's own loss. Both are named so on
     the console, because the two differ by the noise of one batch.
     """
 
-    EVERY_S = 10.0
+    EVERY_S = progress.Progress.EVERY_S
 
     def __init__(self, total: int, start: int = 0, stream: Optional[TextIO] = None, tty: Optional[bool] = None):
-        self.total, self.start, self.step = total, start, start
-        self.stream = stream or sys.stderr
-        self.tty = is_terminal(self.stream) if tty is None else tty
-        self.t0 = self.last_line = time.perf_counter()
+        self.total, self.start = total, start
+        self.t0 = time.perf_counter()
         self.first = True
-        self.bar = tqdm(total=total, initial=start, file=self.stream, disable=not self.tty, unit="step",
-                        dynamic_ncols=True, desc="train")
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.watcher = None
-        if not self.tty:
-            self.watcher = threading.Thread(target=self._watch, daemon=True, name="vitlab-progress")
-            self.watcher.start()
+        self.shown = progress.Progress(total, "train", "step", initial=start, stream=stream, tty=tty, leave=True,
+                                       heartbeat=self._heartbeat)
+        self.shown.EVERY_S = self.EVERY_S
+        self.tty = self.shown.tty
 
-    def _watch(self) -> None:
-        while not self.stop.wait(1.0):
-            with self.lock:
-                quiet_for = time.perf_counter() - self.last_line
-                if quiet_for >= self.EVERY_S:
-                    self._line(f"step {self.step + 1}/{self.total} running ({format_seconds(quiet_for)} since the last line)")
-
-    def _line(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
-        self.last_line = time.perf_counter()
+    def _heartbeat(self, step: int, quiet_for: float) -> str:
+        return f"step {step + 1}/{self.total} running ({format_seconds(quiet_for)} since the last line)"
 
     def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool,
                last_loss: Optional[float] = None) -> None:
         last = f"  last loss {last_loss:.4f}" if last_loss is not None else ""
         numbers = f"mean loss {loss:.4f}{last}  lr {lr:.2e}  {images_per_s:,.0f} img/s"
-        with self.lock:
-            self.step = step
-            if self.tty:
-                self.bar.set_postfix_str(numbers, refresh=False)
-                self.bar.update(step - self.bar.n)
-            elif log_line or self.first or time.perf_counter() - self.last_line >= self.EVERY_S:
-                elapsed = time.perf_counter() - self.t0
-                eta = elapsed / max(step - self.start, 1) * (self.total - step)
-                self._line(f"step {step}/{self.total}  {numbers}  ETA {format_seconds(eta)}")
-            self.first = False
+        if self.tty:
+            self.shown.moveto(step, numbers)
+        else:
+            self.shown.n = step
+            if log_line or self.first or self.shown.quiet_for() >= self.EVERY_S:
+                eta = (time.perf_counter() - self.t0) / max(step - self.start, 1) * (self.total - step)
+                self.shown.write(f"step {step}/{self.total}  {numbers}  ETA {format_seconds(eta)}")
+        self.first = False
 
     def message(self, text: str) -> None:
         """A line of its own (an evaluation result, a note) that leaves the bar intact."""
-        with self.lock:
-            if self.tty:
-                self.bar.write(text, file=self.stream)
-            else:
-                self._line(text)
+        self.shown.write(text)
 
     def close(self) -> None:
-        self.stop.set()
-        if self.watcher is not None:
-            self.watcher.join(timeout=2.0)
-        self.bar.close()
+        self.shown.close()
 
 
 def eval_batches(batches: Iterable, split: str, count: Optional[int], stream: Optional[TextIO] = None,
                  quiet: bool = False) -> Iterable:
-    """Evaluation batches with progress: a bar over the images on a terminal, one line saying
-    what is being evaluated elsewhere (so a long final evaluation never looks like a hang)."""
-    stream = stream or sys.stderr
+    """Evaluation batches with vitlab.progress's progress: a bar over the images on a terminal;
+    in a log, a line saying what is being evaluated (so a long final evaluation never looks
+    like a hang) and the heartbeat."""
     size = f"{count:,} images" if count else "all images"
-    if not is_terminal(stream):
-        if not quiet:
-            print(f"evaluating {split}: {size}", file=stream, flush=True)
-        return batches
-    bar = tqdm(total=count or None, file=stream, unit="img", desc=f"eval {split}", leave=False,
-               dynamic_ncols=True, disable=quiet)
-
-    def counted():
-        with bar:
-            for batch in batches:
-                yield batch
-                bar.update(len(batch[1]))
-
-    return counted()
-
-
-def format_seconds(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
+    shown = progress.Progress(count, f"eval {split}", "img", start=f"evaluating {split}: {size}", stream=stream,
+                              quiet=quiet)
+    return shown.wrap(batches, lambda batch: len(batch[1]))
 
 
 def plot_run(folder, results: dict[str, dict[str, Any]], class_names: list[str], title: str = "",

@@ -29,6 +29,7 @@ import yaml
 
 from vitlab.config import ConfigError, RunConfig
 from vitlab.files import atomic_write_text, is_temporary, require_regular_file
+from vitlab.run_layout import CONFIG, SUMMARY, RunLayout
 from vitlab.train import state as checkpoint_state
 
 LOCK_FILE = ".vitlab.lock"
@@ -56,13 +57,11 @@ class RunFolderBusy(ConfigError):
     """Another live process holds the run folder."""
 
 
-class RunFolder:
+class RunFolder(RunLayout):
+    """A run folder (its layout: vitlab.run_layout) claimed, checked and written by one run."""
+
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.config = self.path / "config.yaml"
-        self.metrics = self.path / "metrics.jsonl"
-        self.summary = self.path / "summary.json"
-        self.checkpoints = self.path / "checkpoints"
+        super().__init__(path)
         self._lock_fd: Optional[int] = None
 
     def state(self, cfg: RunConfig, allow: Iterable[str] = ()) -> str:
@@ -169,7 +168,7 @@ class RunFolder:
 
     def read_config(self) -> RunConfig:
         try:
-            require_regular_file(self.config, "config.yaml")
+            require_regular_file(self.config, CONFIG)
             return RunConfig.from_dict(yaml.safe_load(self.config.read_text()))
         except yaml.YAMLError as e:
             raise ConfigError(f"{self.config}: not valid YAML ({str(e).splitlines()[0]})") from None
@@ -180,7 +179,7 @@ class RunFolder:
 
     def read_summary(self) -> dict:
         try:
-            summary = json.loads(require_regular_file(self.summary, "summary.json").read_text())
+            summary = json.loads(require_regular_file(self.summary, SUMMARY).read_text())
         except (OSError, ValueError) as e:
             raise ConfigError(f"{self.summary}: unreadable ({e}); remove it to evaluate the finished run again") from None
         if not isinstance(summary, dict):
@@ -192,10 +191,6 @@ class RunFolder:
         if command:
             header += f"# command: {command}\n"
         atomic_write_text(self.config, header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-
-    def checkpoint_file(self, name: str = "last.safetensors") -> Path:
-        return self.checkpoints / name
-
 
 def config_differences(old: RunConfig, new: RunConfig, ignore: Optional[set[str]] = None) -> list[str]:
     """"section.key: old -> new" for every setting that changes a number."""

@@ -33,6 +33,7 @@ from torch import Tensor
 from vitlab.checkpoints import io
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import atomic_write, require_regular_file
+from vitlab.run_layout import EMA, LAST
 from vitlab.train import distributed
 
 STEP_FILE = re.compile(r"^step-(\d+)\.safetensors$")
@@ -124,7 +125,7 @@ def read_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
         raise CheckpointError(f"{path}: unreadable training state ({type(e).__name__}: {e})") from None
 
 
-def link_last(folder: Path, model_file: Path, name: str = "last.safetensors") -> None:
+def link_last(folder: Path, model_file: Path, name: str = LAST) -> None:
     """Point `name` at `model_file` atomically (hard link, or a copy where links fail)."""
     target = folder / name
     tmp = folder / f".{name}.{os.getpid()}.tmp"
@@ -229,7 +230,7 @@ def save_checkpoint(folder: Path, step: int, run: Any, info: dict[str, Any], ext
         link_last(folder, model_file)
         if ema is not None:
             averaged = {**model_state, **{k: v.to(model_state[k].dtype) for k, v in ema_state.items()}}
-            io.write_state(config, averaged, names, folder / "ema.safetensors", extra_metadata={**info, "ema": ema.decay})
+            io.write_state(config, averaged, names, folder / EMA, extra_metadata={**info, "ema": ema.decay})
         prune(folder, run.cfg.train.keep_checkpoints)
     distributed.barrier(ctx)
     return model_file

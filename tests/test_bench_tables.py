@@ -1,4 +1,4 @@
-"""vitlab.bench.report: the CSV and Markdown files of a run."""
+"""vitlab.bench.tables: the CSV and Markdown files of a run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import csv
 
 from vitlab.api import get_config
 from vitlab.bench.machine import machine_info
-from vitlab.bench.report import COLUMNS, markdown, row_dict, write_results, write_table
+from vitlab.bench.tables import COLUMNS, markdown, row_dict, write_results, write_table
 from vitlab.bench.runner import BenchConfig, Row, Sample
 from vitlab.bench.systems import Setting, System
 

@@ -1,0 +1,158 @@
+"""Progress of long work, with one behaviour everywhere in vitlab (training, evaluation,
+feature extraction, inspect, predict, convert, export, downloads):
+
+- On a terminal (the stream's `isatty()`): tqdm's bar, redrawn in place. It is drawn from
+  the first update, not before, so a banner printed after the work was set up comes first
+  and on its own line. `write(text)` prints a line above the bar. The bar is removed when
+  the work ends, unless `leave=True`.
+- Anywhere else (a log file, CI, a pipe), where a bar would be a stream of carriage returns:
+  no bar, only lines. `start`, when given, is printed at once ("evaluating test: 360
+  images"); `write(text)` prints the caller's lines; and whenever EVERY_S seconds pass
+  without a line, a watcher thread prints a heartbeat ("eval test: 120/360 img, 0:10 since
+  the last line"), so that slow work shows life within seconds on any machine.
+- `quiet=True`: nothing, in either.
+
+    with Progress(total=len(dataset), desc="eval test", unit="img") as bar:
+        for x, y in loader:
+            ...
+            bar.update(len(y))
+
+Lines go to `stream` (default: stderr), flushed at once.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Callable, Iterable, Iterator, Optional, TextIO
+
+from tqdm import tqdm
+
+
+def is_terminal(stream: TextIO) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def format_seconds(seconds: float) -> str:
+    """0:07, 12:05, 1:02:03."""
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class Progress:
+    """See the module's docstring. `heartbeat(n, quiet_for_s) -> line` words the log's
+    heartbeat for work that counts in its own terms (training's "step 17/20 running")."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, total: Optional[int] = None, desc: str = "", unit: str = "img", *, initial: int = 0,
+                 start: Optional[str] = None, stream: Optional[TextIO] = None, tty: Optional[bool] = None,
+                 quiet: bool = False, leave: bool = False, unit_scale: bool = False,
+                 heartbeat: Optional[Callable[[int, float], str]] = None):
+        self.total, self.desc, self.unit, self.n = total or None, desc, unit, initial
+        self.stream = stream or sys.stderr
+        self.tty = is_terminal(self.stream) if tty is None else tty
+        self.quiet, self.heartbeat = quiet, heartbeat
+        self.bar_options = dict(total=self.total, initial=initial, desc=desc, unit=unit, leave=leave,
+                                unit_scale=unit_scale, unit_divisor=1000 if unit_scale else 1024, dynamic_ncols=True)
+        self.bar: Optional[tqdm] = None
+        self.t0 = self.last_line = time.perf_counter()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.watcher: Optional[threading.Thread] = None
+        if quiet:
+            return
+        if not self.tty:
+            if start:
+                self._line(start)
+            self.watcher = threading.Thread(target=self._watch, daemon=True, name="vitlab-progress")
+            self.watcher.start()
+
+    # the log's lines -------------------------------------------------------------------
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+        self.last_line = time.perf_counter()
+
+    def quiet_for(self) -> float:
+        """Seconds since the last line in the log."""
+        return time.perf_counter() - self.last_line
+
+    def _watch(self) -> None:
+        while not self.stop.wait(1.0):
+            with self.lock:
+                quiet_for = self.quiet_for()
+                if quiet_for >= self.EVERY_S:
+                    try:
+                        self._line(self._heartbeat(quiet_for))
+                    except (ValueError, OSError):  # the stream was closed under us: nothing left to tell
+                        return
+
+    def _heartbeat(self, quiet_for: float) -> str:
+        if self.heartbeat is not None:
+            return self.heartbeat(self.n, quiet_for)
+        of = f"/{self.total:,}" if self.total else ""
+        return f"{self.desc}: {self.n:,}{of} {self.unit}, {format_seconds(quiet_for)} since the last line"
+
+    # what the work calls ----------------------------------------------------------------
+    def _draw(self) -> Optional[tqdm]:
+        if self.bar is None and self.tty and not self.quiet:
+            self.bar = tqdm(file=self.stream, **self.bar_options)
+        return self.bar
+
+    def update(self, n: int = 1, postfix: Optional[str] = None) -> None:
+        """`n` more done (on the bar: with `postfix` beside it)."""
+        self.moveto(self.n + n, postfix)
+
+    def moveto(self, n: int, postfix: Optional[str] = None) -> None:
+        """`n` done in all."""
+        with self.lock:
+            self.n = n
+            bar = self._draw()
+            if bar is not None:
+                if postfix is not None:
+                    bar.set_postfix_str(postfix, refresh=False)
+                bar.update(n - bar.n)
+
+    def set_description(self, desc: str) -> None:
+        """Rename the work in progress (a new stage)."""
+        with self.lock:
+            self.desc = self.bar_options["desc"] = desc
+            if self.bar is not None:
+                self.bar.set_description(desc)
+
+    @property
+    def disable(self) -> bool:
+        """True where no bar is drawn (a log, or quiet)."""
+        return self.quiet or not self.tty
+
+    def write(self, text: str, file: Optional[TextIO] = None) -> None:
+        """A line of its own: above the bar on a terminal, a plain line in a log. `file` sends
+        it elsewhere (a result on stdout), still without breaking the bar; quiet or not."""
+        with self.lock:
+            if self.bar is not None:
+                self.bar.write(text, file=file or self.stream)
+            elif file is not None and file is not self.stream:
+                print(text, file=file, flush=True)
+            elif not self.quiet:
+                self._line(text)
+
+    def wrap(self, items: Iterable, count: Callable[[object], int] = lambda item: 1) -> Iterator:
+        """The items, each counted (by `count(item)`) once the caller has taken it; closes at the end."""
+        with self:
+            for item in items:
+                yield item
+                self.update(count(item))
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.watcher is not None:
+            self.watcher.join(timeout=2.0)
+        if self.bar is not None:
+            self.bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

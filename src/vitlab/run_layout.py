@@ -1,0 +1,58 @@
+"""The one place that knows what a training run's folder holds, and under which names:
+
+    RUN/config.yaml               the resolved config (vitlab train --config RUN/config.yaml reruns it)
+    RUN/metrics.jsonl             one JSON object per logged step and evaluation
+    RUN/summary.json              the final numbers, written when the run completes
+    RUN/checkpoints/last.safetensors   the newest weights (ema.safetensors: the Polyak average)
+    RUN/checkpoints/step-N[.state].safetensors  each checkpoint's weights and training state
+                                  (train/state.py names and prunes these)
+
+train/run_folder.py writes it (RunFolder builds on RunLayout); `vitlab push`, the model card,
+`vitlab sweep` and `vitlab eval` find a run's files through it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+LAST = "last.safetensors"
+EMA = "ema.safetensors"
+
+
+class RunLayout:
+    """The paths of one run folder."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.config = self.path / CONFIG
+        self.metrics = self.path / METRICS
+        self.summary = self.path / SUMMARY
+        self.checkpoints = self.path / CHECKPOINTS
+
+    def checkpoint_file(self, name: str = LAST) -> Path:
+        return self.checkpoints / name
+
+    @property
+    def last(self) -> Path:
+        """The newest weights."""
+        return self.checkpoint_file(LAST)
+
+    def is_complete(self) -> bool:
+        """True once the run wrote its summary."""
+        return self.summary.is_file()
+
+
+def run_of(path: str | os.PathLike) -> Optional[RunLayout]:
+    """The completed run a path belongs to: the run folder itself, or RUN for
+    RUN/checkpoints/FILE; None for anything else."""
+    p = Path(path)
+    for folder in (p, p.parent.parent if p.parent.name == CHECKPOINTS else None):
+        if folder is not None and RunLayout(folder).is_complete():
+            return RunLayout(folder)
+    return None

@@ -1,0 +1,60 @@
+"""vitlab.progress: one behaviour on a terminal (a bar, drawn from the first update) and one in
+a log (a start line, the caller's lines, a heartbeat when nothing was said for EVERY_S)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from vitlab.progress import Progress
+from vitlab.train import report
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_bar_is_drawn_from_the_first_update_so_a_banner_comes_first():
+    term = Terminal()
+    bar = Progress(10, "work", "img", start="never on a terminal", stream=term)
+    assert term.getvalue() == ""  # nothing drawn yet: a banner printed now is on its own line
+    term.write("the banner\n")
+    bar.update(3)
+    bar.write("a note")
+    bar.close()
+    out = term.getvalue()
+    assert out.startswith("the banner\n") and "work:" in out and "3/10" in out and "\r" in out
+    assert "a note\n" in out and "never on a terminal" not in out
+
+
+def test_training_on_a_terminal_draws_nothing_before_its_first_step():
+    term = Terminal()
+    p = report.Progress(20, stream=term)
+    assert term.getvalue() == ""
+    p.update(1, 2.0, 1e-3, 10.0, log_line=False)
+    p.close()
+    assert "train:" in term.getvalue() and "1/20" in term.getvalue()
+
+
+def test_a_log_gets_lines_and_a_heartbeat_never_a_bar(monkeypatch):
+    monkeypatch.setattr(Progress, "EVERY_S", 0.3)
+    log = io.StringIO()
+    bar = Progress(100, "eval test", "img", start="evaluating test: 100 images", stream=log)
+    bar.update(40)
+    time.sleep(1.6)
+    bar.write("done")
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "evaluating test: 100 images" and lines[-1] == "done" and "\r" not in log.getvalue()
+    assert any(line.startswith("eval test: 40/100 img, 0:0") for line in lines[1:-1]), lines
+
+
+def test_quiet_says_nothing_but_results_still_reach_their_file():
+    log, results = io.StringIO(), io.StringIO()
+    bar = Progress(5, "predict", start="starting", stream=log, quiet=True)
+    bar.update(5)
+    bar.write("a note")
+    bar.write("cat 0.9", file=results)
+    bar.close()
+    assert log.getvalue() == "" and results.getvalue() == "cat 0.9\n"
