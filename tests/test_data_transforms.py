@@ -122,3 +122,26 @@ def test_training_transform_matches_the_eval_one_where_they_meet():
     assert torch.allclose(train(image), vitlab.transform(cfg)(image), atol=1e-6)
     with pytest.raises(TypeError, match="train=True"):
         vitlab.transform(cfg, randaugment=2)
+
+
+@pytest.mark.parametrize("name,weights", [("ViT-B/16", "ViT_B_16_Weights"), ("ViT-L/16", "ViT_L_16_Weights")])
+def test_a_torchvision_state_dict_gets_its_weights_preset(name, weights, tmp_path):
+    """torchvision's own weights evaluate with weights.transforms() (the shorter side to 256, or
+    242 for ViT-L/16, bilinear, by PIL, a centre crop of 224): a state dict of that shape reads
+    with the same preprocessing, to 1e-6 on real photos."""
+    import torchvision.models as tvm
+
+    from vitlab.checkpoints.torchvision import weights_preset
+
+    cfg = vitlab.get_config(name, depth=1, gelu="exact", mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    preset = getattr(tvm, weights).IMAGENET1K_V1.transforms()
+    ours = vitlab.transform(cfg.replace(**weights_preset(cfg)))
+    assert ours.resize_size == (preset.resize_size[0],) * 2 and ours.crops
+    for image in photos():
+        assert (ours(image) - preset(image)).abs().max() <= 1e-6
+    if name == "ViT-B/16":  # read from a file: the config carries it
+        from vitlab.checkpoints.torchvision import create_torchvision_model
+
+        torch.save(create_torchvision_model(cfg).state_dict(), tmp_path / "tv.pth")
+        back = vitlab.load(tmp_path / "tv.pth").config
+        assert (back.crop_fraction, back.crop_mode, back.interpolation) == (224 / 256, "center", "bilinear")

@@ -55,16 +55,18 @@ def first_batches(dataset, limit: int, batch_size: int) -> Iterator[tuple[torch.
 def inspect_model(model, imported: Imported, batches: Iterable, out: str | Path, *, labels: Optional[Sequence[str]] = None,
                   source: str = "", checkpoint: str = "", random_init: Optional[int] = None, max_images: int = 128,
                   rollout_images: int = 8, components: int = 28, heatmap: bool = False,
-                  force: bool = False) -> Inspection:
+                  distance_mode: str = "centres", force: bool = False) -> Inspection:
     """Analyse `model` on `batches` (tensors, or (tensors, labels)) and write the PNGs,
     analysis.json and index.html into the folder `out`. `labels` names the rollout's images
     (class names of a data set, or file names); `source`, `checkpoint` and `random_init` are
-    recorded in the JSON and on the page. A user's file of a report's name in `out` is refused
-    before any work unless `force` (page.ReportFolder); other files there stay."""
+    recorded in the JSON and on the page; `distance_mode` is the attention distance's
+    (between patch centres, or over pixel pairs: attention_distance.py). A user's file of a
+    report's name in `out` is refused before any work unless `force` (page.ReportFolder);
+    other files there stay."""
     out = Path(out)
     folder = ReportFolder(out, force)
     result = analyse_model(model, batches, max_images=max_images, rollout_images=rollout_images,
-                           num_components=components)
+                           num_components=components, distance_mode=distance_mode)
     figures = paper_figures(result, model, out, labels, heatmap)
     extra = objective_figures(model, imported.metadata, imported.extras, result.rollout_images, out)
     figures.extend(extra)

@@ -37,6 +37,8 @@ class Analysis:
     rollout_labels: list = field(default_factory=list)
     grid: tuple = (0, 0)
     patch_pixels: int = 0
+    distance_mode: str = "centres"
+    uniform_distance: float = float("nan")  # uniform attention's value, the reference line
     attention_note: str = ""  # why there is no attention distance or rollout, when there is none
 
     def numbers(self) -> dict:
@@ -55,6 +57,8 @@ class Analysis:
             "attention_distance": {
                 "num_images": self.num_images,
                 "pixels_per_patch": self.patch_pixels,
+                "mode": self.distance_mode,
+                "uniform": round(self.uniform_distance, 3),
                 "class_token": "excluded as query and key; patch rows renormalised",
                 "distance_px": self.distances.round(3).tolist(),
                 "attention_to_class_token": self.prefix_fraction.round(4).tolist(),
@@ -74,10 +78,12 @@ def analyse_model(
     max_images: int = 128,
     rollout_images: int = 8,
     num_components: int = 28,
+    distance_mode: str = "centres",
 ) -> Analysis:
     """Filters, position similarity, attention distance over up to `max_images` images
     (the paper: 128), and the rollout of the first `rollout_images`; `num_components`
-    principal components of the embedding filters (Fig. 7 shows 28).
+    principal components of the embedding filters (Fig. 7 shows 28). `distance_mode`:
+    between patch centres (the default) or the paper's pixel pairs (attention_distance.py).
 
     `batches` yields image tensors (B, C, H, W), normalised as the model expects, or
     (images, labels) pairs.
@@ -108,7 +114,7 @@ def analyse_model(
         out = model(x, return_intermediates=True)
         attns, g = out["attentions"], out["grid"]
         if acc is None:
-            acc = AttentionDistance(g, cfg.total_stride, model.num_prefix_tokens)
+            acc = AttentionDistance(g, cfg.total_stride, model.num_prefix_tokens, distance_mode)
         acc.update(attns)
         need = rollout_images - sum(len(t) for t in roll_x)
         if need > 0:
@@ -136,6 +142,8 @@ def analyse_model(
         rollout_labels=roll_labels,
         grid=tuple(grid),
         patch_pixels=cfg.total_stride,
+        distance_mode=distance_mode,
+        uniform_distance=acc.uniform,
     )
 
 

@@ -273,6 +273,8 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[
     features, numerics = [], []
     if cfg.pos_embed != "learned":
         features.append(f"pos_embed={cfg.pos_embed!r} (the official models have learned 1D position embeddings)")
+    if cfg.pos_embed_at != "stem":
+        features.append(f"pos_embed_at={cfg.pos_embed_at!r} (the official models add it once, after the stem)")
     gh, gw = cfg.grid_size
     if gh != gw:
         features.append(f"a {gh}x{gw} token grid (readers assume a square grid)")

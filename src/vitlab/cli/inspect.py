@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
     p.add_argument("--components", type=int, default=28, help="principal components of the filters shown (default 28)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--heatmap", action="store_true", help="draw the rollout as a heat map over each image")
+    p.add_argument("--distance", choices=("centres", "pixels"), default="centres",
+                   help="attention distance between patch centres (default) or averaged over pixel pairs "
+                        "(App. D.7's image-space distance)")
     p.add_argument("--force", action="store_true", help="replace files in --out of a report's names that inspect did not write")
 
 
@@ -97,6 +100,6 @@ def run(args) -> int:
         report = inspect_model(model, imported, _counted(batches, bar), out, labels=labels, source=source,
                                checkpoint=args.checkpoint, random_init=args.random_init, max_images=args.num_images,
                                rollout_images=args.rollout_images, components=args.components, heatmap=args.heatmap,
-                               force=args.force)
+                               distance_mode=args.distance, force=args.force)
     print(summary(report, model.config, imported.source_format, source, out))
     return 0

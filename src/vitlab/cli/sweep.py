@@ -12,7 +12,10 @@ Run every cell of a sweep spec (see vitlab/config/sweep.py, or the shipped confi
 each cell is `vitlab train` into OUT/CELL/train plus the spec's after-steps (few-shot,
 fine-tuning, inspect, ...). Finished cells are skipped; an interrupted cell resumes from
 its newest checkpoint, so stopping and rerunning the same command is always safe. Then
-OUT/results.csv holds one row per cell and the figures the spec asks for are drawn in OUT.
+OUT/results.csv holds one row per cell, OUT/report.md and OUT/report.json the statistics
+(per arm: mean, std and 95% t interval over seeds; per pair the spec's `report.compare`
+names: the paired-by-seed difference, its 95% interval, the paired-t p-value and the
+verdict by the rule printed in report.md), and the figures the spec asks for are in OUT.
 
 --jobs N runs N cells side by side on this machine (each with --threads CPU threads, by
 default the cores divided by N). --launcher slurm submits each cell as a Slurm job through
@@ -26,11 +29,12 @@ examples:
   vitlab sweep my-sweep.yaml --jobs 2
   vitlab sweep paper/data-size --scale 10 --launcher slurm --slurm timeout_min=240 --slurm gpus_per_node=1
   vitlab sweep paper/data-size --report          # tabulate and plot what has finished
+  vitlab sweep --report runs/sweeps/pos-embed     # the same, from the folder alone
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", help="a sweep spec YAML file, or a shipped one's name (paper/pos-embed, ...)")
+    p.add_argument("spec", nargs="?", help="a sweep spec YAML file, or a shipped one's name (paper/pos-embed, ...)")
     p.add_argument("--out", metavar="DIR", help="the sweep folder (default: runs/sweeps/NAME, -xS for --scale S)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply the spec's `scale` keys by this (default 1)")
     p.add_argument("--jobs", type=int, default=1, help="cells run side by side by the local launcher (default 1)")
@@ -39,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                    help="a submitit executor parameter, e.g. timeout_min=60 or slurm_partition=gpu")
     p.add_argument("--no-wait", action="store_true", help="submit the jobs and return (then collect with --report)")
-    p.add_argument("--report", action="store_true", help="run nothing: write results.csv and the figures so far")
+    p.add_argument("--report", nargs="?", const=True, metavar="DIR",
+                   help="run nothing: write results.csv, report.md/.json (the statistics) and the figures so far; "
+                        "`--report DIR` alone rebuilds them from a sweep folder's cells and its sweep.json")
     p.add_argument("--dry-run", action="store_true", help="print the number of cells and each cell's commands; run nothing")
     p.add_argument("--max-cells", type=int, default=None, metavar="N",
                    help="run a grid of up to N cells (default 10000: a bigger grid is refused as a likely mistake)")
@@ -75,28 +81,47 @@ def run(args: argparse.Namespace) -> int:
     max_cells = MAX_CELLS if args.max_cells is None else args.max_cells
     if max_cells < 1:
         raise UsageError(f"--max-cells must be at least 1, got {max_cells}")
+    if isinstance(args.report, str):  # --report DIR: the folder says what it is
+        if args.out and Path(args.out) != Path(args.report):
+            raise UsageError(f"--report {args.report} and --out {args.out} name two folders; give one")
+        args.out = args.report
+        if args.spec is None:
+            from vitlab.sweep import load_folder
+            spec, args.scale = load_folder(Path(args.report))
+            run_sweep(spec, Path(args.report), scale=args.scale, report_only=True, max_cells=max_cells)
+            return 0
+    if args.spec is None:
+        raise UsageError("name a sweep spec (a YAML file or a shipped name such as paper/pos-embed), "
+                         "or rebuild a finished sweep's report with --report DIR")
     spec, _ = load_sweep(args.spec)
     if not (args.dry_run or args.report):
         check_launcher(args.launcher)  # Slurm or submitit missing: said now, before any cell
     suffix = "" if args.scale == 1 else f"-x{args.scale:g}"
     out = Path(args.out or f"runs/sweeps/{spec.name}{suffix}")
-    n = count(spec)
     if args.dry_run:
-        print(f"sweep {spec.name}: {n:,} cell(s) -> {out}")
-        if n > max_cells:
-            print(f"not listed: {too_many(n, max_cells)}")
-            return 0
-        for cell in expand(spec, out, args.scale, max_cells):
-            print(f"{cell.key}:")
-            for step in cell.steps:
-                print(f"  vitlab {' '.join(step.argv)}")
-        return 0
+        return _dry_run(spec, out, args.scale, max_cells, count, expand, too_many)
     # A Slurm job runs on its own allocation: its threads are the job's, not this machine's.
     local = args.launcher != "slurm"
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)
     summary = run_sweep(spec, out, scale=args.scale, jobs=args.jobs, threads=threads, launcher=args.launcher,
-                        params=_params(args.slurm), wait=not args.no_wait, report_only=args.report, max_cells=max_cells)
+                        params=_params(args.slurm), wait=not args.no_wait, report_only=bool(args.report),
+                        max_cells=max_cells)
     if summary.get("submitted"):
         print(f"then: vitlab sweep {args.spec} --out {out} --report")
         return 0
     return 1 if summary["failed"] else 0
+
+
+def _dry_run(spec, out, scale: float, max_cells: int, count, expand, too_many) -> int:
+    """The number of cells at once (counted, not made), then each cell's commands when the
+    grid is within --max-cells."""
+    n = count(spec)
+    print(f"sweep {spec.name}: {n:,} cell(s) -> {out}")
+    if n > max_cells:
+        print(f"not listed: {too_many(n, max_cells)}")
+        return 0
+    for cell in expand(spec, out, scale, max_cells):
+        print(f"{cell.key}:")
+        for step in cell.steps:
+            print(f"  vitlab {' '.join(step.argv)}")
+    return 0

@@ -18,6 +18,9 @@ from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
 
 CLASSIFIERS = ("token", "gap")
 POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "relative", "none")
+# Where an absolute position embedding is added (App. D.4): once after the stem (the paper's
+# default), at the input of every block with its own table, or at every block, one shared table.
+POS_EMBED_AT = ("stem", "every_block", "every_block_shared")
 GELUS = ("exact", "tanh")
 RESIZE_MODES = ("bilinear_aligned", "bilinear", "bicubic", "bicubic_antialias")
 HEAD_INITS = ("zeros", "xavier")
@@ -120,6 +123,7 @@ class ViTConfig(_StoredConfig):
     num_classes: int = setting(1000, at_least=0, hint="0 = no head, the model returns pooled features")
     classifier: str = setting("token", one_of=CLASSIFIERS)  # "token" (Eq. 4) or "gap" (App. D.3)
     pos_embed: str = setting("learned", one_of=POS_EMBEDS)  # App. D.4
+    pos_embed_at: str = setting("stem", one_of=POS_EMBED_AT)  # App. D.4: where it is added
     representation_size: Optional[int] = setting(None, at_least=1)  # pre-logits Dense + tanh
     gelu: str = setting("tanh", one_of=GELUS)  # the official code's GELU (the JAX default); "exact" is erf
     layer_norm_eps: float = setting(1e-6, above=0)
@@ -151,6 +155,9 @@ class ViTConfig(_StoredConfig):
                 f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
                 "pick a head count that divides the width"
             )
+        if self.pos_embed_at != "stem" and self.pos_embed in ("relative", "none"):
+            raise ConfigError(f"pos_embed_at={self.pos_embed_at!r} needs an absolute embedding (learned, learned_2d, "
+                              f"sincos_2d); pos_embed={self.pos_embed!r} adds nothing to the tokens")
         if self.pos_embed in ("learned_2d", "sincos_2d") and self.hidden_size % 4:
             raise ConfigError(f"pos_embed={self.pos_embed!r} needs hidden_size divisible by 4")
         _check_preprocessing(self)

@@ -148,6 +148,20 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class EarlyStopConfig:
+    """Stop when `metric` (SPLIT.NAME of an evaluation split, e.g. dev.top1) has not improved
+    by more than `min_delta` for `patience` evaluations (every train.eval_every steps)."""
+
+    metric: str = ""  # "" = off
+    patience: int = setting(5, at_least=1, hint="evaluations without improvement before stopping")
+    min_delta: float = setting(0.0, at_least=0)
+    mode: str = setting("auto", one_of=("auto", "max", "min"))  # auto: min for a loss, max otherwise
+
+    def __post_init__(self) -> None:
+        check_fields(self, "train.early_stop")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """The loop: length, batch, checkpoints, precision, regularisers, objective."""
 
@@ -173,6 +187,8 @@ class TrainConfig:
     device: str = setting("auto", check=form_problem)  # auto = cuda when available, else cpu
     threads: int = setting(0, at_least=0, hint="torch CPU threads per process; 0 = one per core")
     eval_batch_size: int = setting(0, at_least=0)  # 0 = batch_size
+    early_stop: EarlyStopConfig = dataclasses.field(default_factory=EarlyStopConfig)
+    keep_best: str = ""  # SPLIT.NAME (dev.top1): write checkpoints/best.safetensors at each best evaluation
 
     def __post_init__(self) -> None:
         check_fields(self, "train")
@@ -255,7 +271,11 @@ class RunConfig:
                     f"bad override key {key!r}: write SECTION.KEY=VALUE with SECTION one of "
                     f"{', '.join(d)} (e.g. optim.lr=0.001)"
                 )
-            d[section][name] = value
+            head, _, rest = name.partition(".")
+            if rest and isinstance(d[section].get(head), dict):  # a nested section: train.early_stop.patience
+                d[section][head] = {**d[section][head], rest: value}
+            else:
+                d[section][name] = value
         return RunConfig.from_dict(d)
 
 

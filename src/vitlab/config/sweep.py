@@ -18,8 +18,15 @@
     scale: [epochs]               # what --scale S multiplies
     figures:
       - {file: pos_embed.png, kind: bar, x: model.pos_embed, y: test.top1}
+    report:                       # the statistics of report.md / report.json (optional)
+      metrics: [test.top1, fewshot.shots.5.mean]   # each arm's mean, std, 95% t interval
+      pair_by: seed               # the axis whose cells are repeats (default seed)
+      compare:                    # paired-by-seed differences a - b, with the verdict rule
+        - {claim: "Table 8: a position embedding beats none", axis: model.pos_embed,
+           a: learned, b: none, expect: higher}
 
-A command may use {checkpoint} (the cell's final weights), {run} (its run folder), {cell}
+A command may use {checkpoint} (the cell's final weights), {best} (its best.safetensors, with
+train.keep_best), {run} (its run folder), {cell}
 (its folder) and {scaled:N} (N x --scale, rounded, at least 1). Results are named as in
 results.csv: the train summary's `test.top1`, `compute.train_flops`, ...; an after-step's
 numbers under its name, `fewshot.shots.5.mean`.
@@ -27,6 +34,7 @@ numbers under its name, `fewshot.shots.5.mean`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 from dataclasses import dataclass, field
@@ -38,6 +46,7 @@ from vitlab.config.run import RECIPES, read_yaml
 from vitlab.files import UnsafeNameError, check_name
 
 FIGURE_KINDS = ("line", "pareto", "bar", "curve")
+EXPECT = ("higher", "lower", "equal")
 SHIPPED = RECIPES  # sweeps live one folder down: configs/paper/*.yaml
 
 
@@ -146,6 +155,50 @@ class FigureSpec:
 
 
 @dataclass(frozen=True)
+class CompareSpec:
+    """One compared pair: cells with `axis` = a against those with `axis` = b, paired by the
+    report's pair_by axis and matched on every other axis (one comparison per combination of
+    them, kept to `where`). `expect` is the paper's claim: a higher, lower, or equal to b
+    (within `margin`, in the metric's units); `metrics` default to the report's."""
+
+    axis: str = setting("", check=_nonempty)
+    a: Any = None
+    b: Any = None
+    expect: str = setting("higher", one_of=EXPECT)
+    margin: float = setting(0.0, at_least=0)
+    claim: str = ""
+    metrics: tuple[str, ...] = ()
+    where: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"report.compare[{self.claim or self.axis}]")
+        if self.a is None or self.b is None or str(self.a) == str(self.b):
+            raise ConfigError(f"report.compare[{self.claim or self.axis}]: give two different values a and b of {self.axis}")
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """What report.md and report.json hold: per arm (the cells that differ only in pair_by)
+    each metric's mean, std and 95% t interval; per compared pair the paired differences."""
+
+    metrics: tuple[str, ...] = ("test.top1",)
+    pair_by: str = setting("seed", check=_nonempty)
+    compare: tuple[CompareSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_fields(self, "report")
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "ReportSpec":
+        d = check_keys(cls, d or {}, "report")
+        compare = d.pop("compare", None) or ()
+        if not isinstance(compare, (list, tuple)):
+            raise ConfigError("report.compare: give a list of {axis, a, b, expect} mappings")
+        pairs = tuple(CompareSpec(**check_keys(CompareSpec, c or {}, "report.compare")) for c in compare)
+        return cls(**d, compare=pairs)
+
+
+@dataclass(frozen=True)
 class SweepSpec:
     """The whole sweep; `name` defaults to the spec file's name."""
 
@@ -155,6 +208,7 @@ class SweepSpec:
     after: tuple[AfterStep, ...] = ()
     scale: tuple[str, ...] = ()
     figures: tuple[FigureSpec, ...] = ()
+    report: ReportSpec = field(default_factory=ReportSpec)
 
     def __post_init__(self) -> None:
         check_fields(self, "sweep")
@@ -197,7 +251,23 @@ class SweepSpec:
             after=steps,
             scale=tuple(scale),
             figures=tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in figures),
+            report=ReportSpec.from_dict(d.get("report")),
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as from_dict reads it (a sweep folder keeps it in sweep.json)."""
+        def plain(obj: Any) -> Any:
+            if dataclasses.is_dataclass(obj):
+                return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+            if isinstance(obj, Mapping):
+                return {k: plain(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return [plain(v) for v in obj]
+            return obj
+
+        d = plain(self)
+        d["after"] = {a.pop("name"): a for a in d["after"]}
+        return d
 
 
 def shipped_sweeps() -> list[str]:

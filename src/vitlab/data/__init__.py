@@ -22,6 +22,8 @@ The API other parts of vitlab (and users) call:
                 wds:PATTERN            WebDataset tar shards (.tar, .tar.gz), brace patterns or
                                        a folder of train-*/test-* shards; streamed (an
                                        IterableDataset split across loader workers and processes)
+                synthetic:TASK[:SEED]  a procedural 16x16 task with a known answer: halfswap or
+                                       crossover (see synthetic.py; the `synthetic` recipe)
                 hf:NAME[:CONFIG]       a Hugging Face dataset by name, from the datasets cache
                                        (offline with HF_HUB_OFFLINE=1), or hf:DIR for a folder
                                        written by save_to_disk; splits train and test (or
@@ -65,11 +67,13 @@ from vitlab.data.foreign import ForeignDataset, hf_split
 from vitlab.data.identity import DEV_FRACTIONS, PAPER_DATASETS, by_name, dev_fraction, recognise
 from vitlab.data.imagenet_val import imagenet_val
 from vitlab.data.loader import batches_per_epoch, collate, make_loader
+from vitlab.data import synthetic
 from vitlab.data.subset import training_subset
 from vitlab.data.vtab_sources import open_vtab
 from vitlab.data.wds import WebDataset
 
-NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "vtab", "wds", "hf")
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "vtab", "wds", "hf",
+         "synthetic")
 
 
 def paper_dataset(spec: str) -> Optional[str]:
@@ -109,9 +113,10 @@ def open_dataset(
     if name not in NAMED:
         raise DataError(
             f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face dataset)"
+            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face "
+            "dataset), synthetic:TASK"
         )
-    if name in ("imagefolder", "imagenet-val", "vtab", "wds", "hf") and not arg:
+    if name in ("imagefolder", "imagenet-val", "vtab", "wds", "hf", "synthetic") and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
     if not callable(transform):
@@ -142,6 +147,8 @@ def open_dataset(
     else:
         if name == "digits":
             arrays, classes = ds.digits_arrays(), [str(i) for i in range(10)]
+        elif name == "synthetic":
+            arrays, classes = synthetic.named(arg)
         elif name == "fashion-mnist":
             mirror = options.get("mirror", ds.FASHION_MNIST_URL)
             arrays, classes = ds.fashion_mnist_arrays(arg or None, download, mirror), ds.FASHION_MNIST_CLASSES

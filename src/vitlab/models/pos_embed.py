@@ -156,13 +156,13 @@ def resize_position_state(
         return state
     out = dict(state)
     mode = new.resize_mode
-    key = f"{prefix}pos_embed.pos_embedding"
-    if key in out and new.pos_embed == "learned":
-        out[key] = resize_token_embedding(out[key], old.grid_size, new.grid_size, int(old.has_class_token), mode)
-    for axis, name in ((0, "row_embedding"), (1, "col_embedding")):
-        key = f"{prefix}pos_embed.{name}"
-        if key in out:
-            out[key] = resize_line(out[key], new.grid_size[axis], mode)
+    tables = [k for k in out if k.startswith(prefix) and (k[len(prefix):].startswith(("pos_embed.", "block_pos_embeds.")))]
+    for key in tables:  # the stem's table and App. D.4's per-block ones
+        if key.endswith(".pos_embedding") and new.pos_embed == "learned":
+            out[key] = resize_token_embedding(out[key], old.grid_size, new.grid_size, int(old.has_class_token), mode)
+        for axis, name in ((0, ".row_embedding"), (1, ".col_embedding")):
+            if key.endswith(name):
+                out[key] = resize_line(out[key], new.grid_size[axis], mode)
     for key in list(out):
         if key.startswith(prefix) and key.endswith("attn.rel_embedding"):
             out[key] = resize_line(out[key], 2 * new.num_tokens - 1, mode)

@@ -49,6 +49,11 @@ class VisionTransformer(Classifier, nn.Module):
         self.patch_embed = PatchEmbed(embed_in, d, cfg.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.has_class_token else None
         self.pos_embed = PositionEmbedding(cfg)
+        # App. D.4's every-layer variants: block i > 0 adds its own table (official-style path
+        # Transformer/encoderblock_{i}/posembed_input/pos_embedding), or pos_embed again (shared).
+        self.block_pos_embeds = nn.ModuleDict(
+            {f"encoderblock_{i}": PositionEmbedding(cfg) for i in range(1, cfg.depth)}
+        ) if cfg.pos_embed_at == "every_block" else None
         self.pos_drop = nn.Dropout(cfg.dropout)
 
         relative = cfg.num_tokens if cfg.pos_embed == "relative" else None
@@ -132,12 +137,20 @@ class VisionTransformer(Classifier, nn.Module):
             return checkpoint(block, z, use_reentrant=False, **kwargs)
         return block(z, **kwargs)
 
+    def add_position(self, i: int, z: Tensor, grid: tuple[int, int]) -> Tensor:
+        """The input of block i: z, plus the position embedding again where pos_embed_at says
+        (block 0's is added in `embed`)."""
+        at = self.config.pos_embed_at
+        if i == 0 or at == "stem":
+            return z
+        return (self.pos_embed if at == "every_block_shared" else self.block_pos_embeds[f"encoderblock_{i}"])(z, grid)
+
     def forward_features(self, x: Tensor, patch_fn: Optional[PatchFn] = None) -> Tensor:
         """All tokens after the final LayerNorm, (B, T, D)."""
-        z, _ = self.embed(x, patch_fn)
+        z, grid = self.embed(x, patch_fn)
         z = self.pos_drop(z)
-        for block in self.blocks:
-            z, _ = self._block(block, z)
+        for i, block in enumerate(self.blocks):
+            z, _ = self._block(block, self.add_position(i, z, grid))
         return self.norm(z)
 
     def _forward_pooled_tokens(self, x: Tensor) -> Tensor:
@@ -150,11 +163,12 @@ class VisionTransformer(Classifier, nn.Module):
         """
         if self.config.classifier != "token" or self.config.pos_embed == "relative":
             return self.forward_features(x)
-        z, _ = self.embed(x)
+        z, grid = self.embed(x)
         z = self.pos_drop(z)
-        for block in self.blocks[:-1]:
-            z, _ = self._block(block, z)
-        z, _ = self._block(self.blocks[-1], z, queries=1)  # (B, 1, D): z_L^0
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks[:-1]):
+            z, _ = self._block(block, self.add_position(i, z, grid))
+        z, _ = self._block(self.blocks[-1], self.add_position(last, z, grid), queries=1)  # (B, 1, D): z_L^0
         return self.norm(z)
 
     def pool(self, feats: Tensor) -> Tensor:
@@ -177,8 +191,8 @@ class VisionTransformer(Classifier, nn.Module):
         embeddings = z
         z = self.pos_drop(z)
         tokens, attentions = [], []
-        for block in self.blocks:
-            z, attn = block(z, return_attention=True)
+        for i, block in enumerate(self.blocks):
+            z, attn = block(self.add_position(i, z, grid), return_attention=True)
             tokens.append(z)
             attentions.append(attn)
         feats = self.norm(z)

@@ -12,17 +12,21 @@ cells are skipped and an interrupted one resumes from its newest checkpoint.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
 from vitlab.analysis import sweep_plots
+from vitlab.config import ConfigError
 from vitlab.config.sweep import FigureSpec, SweepSpec
-from vitlab.files import OutputFolder
-from vitlab.sweep import results as res
+from vitlab.files import OutputFolder, atomic_write_text
+from vitlab.sweep import findings, results as res
 from vitlab.sweep.cells import MAX_CELLS, Cell, expand
 from vitlab.sweep.runner import LAUNCHERS, Say, run
 
-__all__ = ["LAUNCHERS", "Cell", "draw", "expand", "run_sweep"]
+__all__ = ["LAUNCHERS", "Cell", "draw", "expand", "load_folder", "run_sweep"]
+
+SPEC_FILE = "sweep.json"  # in a sweep's folder: the spec and --scale it was run with
 
 
 def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Path]:
@@ -46,16 +50,41 @@ def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Pat
     return sweep_plots.plot_pareto(groups, fronts, path, logx=fig.logx, **labels)
 
 
+def save_spec(spec: SweepSpec, out: Path, scale: float) -> Path:
+    """The spec and scale of a sweep, kept in its folder so `vitlab sweep --report DIR` can
+    rebuild the report from the cells alone."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / SPEC_FILE, json.dumps({"spec": spec.to_dict(), "scale": scale}, indent=2))
+    return out / SPEC_FILE
+
+
+def load_folder(out: Path) -> tuple[SweepSpec, float]:
+    """The spec and scale a sweep folder was run with (its sweep.json)."""
+    path = out / SPEC_FILE
+    try:
+        d = json.loads(path.read_text())
+        return SweepSpec.from_dict(d["spec"], d["spec"].get("name") or out.name), float(d.get("scale", 1.0))
+    except FileNotFoundError:
+        raise ConfigError(f"{out} has no {SPEC_FILE} (not a sweep folder, or made by an older vitlab): "
+                          f"name the spec too, vitlab sweep SPEC --out {out} --report") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path} cannot be read as a sweep's spec ({e}); name the spec: "
+                          f"vitlab sweep SPEC --out {out} --report") from None
+
+
 def report(spec: SweepSpec, cells: list[Cell], out: Path, say: Say = print) -> dict[str, Any]:
-    """Collect every cell's results into results.csv and draw the spec's figures."""
+    """Collect every cell's results into results.csv, the statistics into report.md and
+    report.json, and draw the spec's figures."""
     rows = res.collect(cells, out)
     csv = res.write_csv(rows, list(spec.grid), out / "results.csv")
+    js, md = findings.write(spec, rows, out)
     drawn = [p for p in (draw(f, rows, out) for f in spec.figures) if p is not None]
     done = sum(r["status"] == "done" for r in rows)
     say(f"results: {csv} ({done} of {len(rows)} cells finished)")
+    say(f"report:  {md} and {js.name}")
     for p in drawn:
         say(f"figure:  {p}")
-    return {"rows": rows, "csv": csv, "figures": drawn, "finished": done, "cells": len(rows)}
+    return {"rows": rows, "csv": csv, "report": md, "figures": drawn, "finished": done, "cells": len(rows)}
 
 
 def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, threads: int = 0,
@@ -63,15 +92,17 @@ def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, 
               report_only: bool = False, max_cells: int = MAX_CELLS, say: Say = print) -> dict[str, Any]:
     cells = expand(spec, out, scale, max_cells)
     # The sweep folder may be one the user keeps files in: its own tables and figures only. A
-    # folder that holds this sweep's cells (their cell.json) is the sweep's, an older one too.
-    owner = OutputFolder(out, "sweep", force=any((out / c.key / "cell.json").is_file() for c in cells), offer_force=False)
-    owner.claim(["results.csv", *(f.file for f in spec.figures)])
+    # folder that holds this sweep's cells (their cell.json) or its sweep.json is the sweep's.
+    mine = (out / SPEC_FILE).is_file() or any((out / c.key / "cell.json").is_file() for c in cells)
+    owner = OutputFolder(out, "sweep", force=mine, offer_force=False)
+    owner.claim(["results.csv", "report.json", "report.md", SPEC_FILE, *(f.file for f in spec.figures)])
+    save_spec(spec, out, scale)
     ran = None
     if not report_only:
         ran = run(cells, spec, out, jobs=jobs, threads=threads, launcher=launcher, params=params, wait=wait, say=say)
         if ran is None:  # submitted, not waited for: `vitlab sweep SPEC --report` collects later
             return {"submitted": True, "cells": len(cells)}
     summary = report(spec, cells, out, say)
-    owner.record([summary["csv"].name, *(p.name for p in summary["figures"])])
+    owner.record([summary["csv"].name, "report.json", "report.md", SPEC_FILE, *(p.name for p in summary["figures"])])
     summary["failed"] = [r for r in (ran or []) if r["status"] != "done"]
     return summary

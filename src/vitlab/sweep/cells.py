@@ -32,6 +32,7 @@ from vitlab.run_layout import RunLayout
 
 TRAIN_RESULT = "train/summary.json"
 TRAIN = "train"  # the cell's training run: CELL/train, a run folder (vitlab.run_layout)
+BEST = "best.safetensors"  # with train.keep_best, in the run's checkpoints folder
 TAG = "tag."
 # The most cells a sweep runs unless --max-cells says more: a grid far larger is a typo (an
 # axis of 1,000 values times three more), and a run of it would never end.
@@ -109,14 +110,15 @@ def flag_argv(settings: dict[str, Any]) -> list[str]:
 
 def _fill(command: str, cell_dir: Path, scale: float) -> tuple[str, ...]:
     run = RunLayout(cell_dir / TRAIN)
-    words = {"checkpoint": str(run.last), "run": str(run.path), "cell": str(cell_dir)}
+    words = {"checkpoint": str(run.last), "best": str(run.checkpoint_file(BEST)), "run": str(run.path),
+             "cell": str(cell_dir)}
 
     def one(m: re.Match) -> str:
         name, _, arg = m.group(1).partition(":")
         if name == "scaled":
             return str(max(1, round(float(arg) * scale)))
         if name not in words:
-            raise ConfigError(f"after: unknown placeholder {{{name}}} in {command!r}; known: checkpoint, run, cell, scaled:N")
+            raise ConfigError(f"after: unknown placeholder {{{name}}} in {command!r}; known: checkpoint, best, run, cell, scaled:N")
         return words[name]
 
     return tuple(re.sub(r"\{([a-z]+(?::[0-9.]+)?)\}", one, w) for w in shlex.split(command))

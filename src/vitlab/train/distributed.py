@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vitlab.config import pick_device
+from vitlab.config import ConfigError, pick_device
 
 
 @dataclass
@@ -172,3 +172,17 @@ def load_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer, st
         set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
         return
     optimizer.load_state_dict(state)
+
+
+def check_precision(precision: str, ctx: Context, fp16_devices: tuple[str, ...]) -> None:
+    """train.precision=fp16 where it runs: a device with fast fp16 and a plain (non-FSDP) scaler."""
+    if precision != "fp16":
+        return
+    if ctx.device.type not in fp16_devices:
+        raise ConfigError(
+            f"train.precision=fp16 needs a CUDA GPU (fp16 autocast with a loss scaler); this run is on "
+            f"{ctx.device.type}, which has no fast fp16: use train.precision=bf16 (--bf16), same speed-up "
+            "where supported and no scaler needed"
+        )
+    if ctx.parallel == "fsdp":
+        raise ConfigError("train.precision=fp16 is not supported with FSDP (its scaler is sharded); use bf16")

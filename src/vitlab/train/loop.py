@@ -37,7 +37,7 @@ from vitlab.data.loader import batches_per_epoch
 from vitlab.eval.accuracy import add_counts
 from vitlab import run_layout
 from vitlab.files import atomic_write_text
-from vitlab.train import distributed, state
+from vitlab.train import callbacks as cb, distributed, state
 from vitlab.train.build import architecture, build_model, describe_source, open_datasets
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.objectives import Objective, build_objective
@@ -93,6 +93,8 @@ class Run:
     bad_images: set[str] = field(default_factory=set)  # names of the unreadable files skipped
     compute: Optional[ComputeMeter] = None
     scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
+    hooks: Optional[cb.Hooks] = None  # the callbacks (vitlab.train.callbacks)
+    stop: str = ""  # why a callback ended the run early
 
 
 def new_window() -> dict[str, float]:
@@ -108,11 +110,12 @@ class Trainer:
     plan line (what the fine-tuning defaults chose, and why). `quiet` prints only the final
     summary; `trackers` ("wandb", "mlflow", "tensorboard") also receive every metrics record;
     `extend` lets a finished or running run continue to a new train.steps/train.epochs
-    (`vitlab train --resume RUN --steps N`)."""
+    (`vitlab train --resume RUN --steps N`); `callbacks` are vitlab.train.callbacks.Callback
+    objects, called after the config's own (early stopping, keep-best)."""
 
     def __init__(self, config: RunConfig, out: str | Path, command: str = "", quiet: bool = False,
                  data: Any = None, eval_data: Any = None, notes: tuple[str, ...] = (),
-                 trackers: tuple[str, ...] = (), extend: bool = False):
+                 trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = ()):
         self.sources = None
         if data is not None:
             evals = eval_data if isinstance(eval_data, dict) else ({"test": eval_data} if eval_data is not None else {})
@@ -129,6 +132,7 @@ class Trainer:
         self.notes = tuple(notes)
         self.trackers = tuple(trackers)
         self.extend = extend
+        self.callbacks = tuple(callbacks)
 
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
@@ -136,7 +140,7 @@ class Trainer:
         ctx = distributed.setup(t.device, t.parallel)
         self.ctx = ctx
         try:
-            self._check_precision(ctx)
+            distributed.check_precision(t.precision, ctx, FP16_DEVICES)
             mode = self._claim_folder(ctx)
             run = self._prepare(ctx)
             resume_from = state.latest(self.folder.checkpoints) if mode == "resume" else None
@@ -145,18 +149,28 @@ class Trainer:
             if resume_from is not None and resume_from > run.plan.total:
                 raise ConfigError(f"{self.out} has already trained {resume_from} steps; to extend it, ask for more "
                                   f"than that (--steps), not {run.plan.total}")
-            if resume_from == run.plan.total and self.folder.summary.exists():
+            if self._complete(resume_from, run.plan.total):
                 if ctx.is_main:  # printed with --quiet too: it is this command's summary
                     print(f"{self.out}: this run is already complete ({run.plan.total} steps); "
                           f"its results are in {self.folder.summary}", flush=True)
                 return self.folder.read_summary()
             self._restore(run, resume_from)
             train_seconds = self._train(run)
-            results = self._evaluate(run, run.plan.total, final=True)
+            results = self._evaluate(run, run.start, final=True)
             return self._finish(run, results, train_seconds)
         finally:
             self.folder.release()
             distributed.cleanup(ctx)
+
+    def request_stop(self, reason: str) -> None:
+        """End the run at this step (a callback's call): checkpoint, final evaluation, summary."""
+        self.run_state.stop = reason
+
+    def _complete(self, resume_from: Optional[int], total: int) -> bool:
+        """Finished: all its steps, or stopped early at its newest checkpoint, with a summary."""
+        if resume_from is None or not self.folder.summary.exists():
+            return False
+        return resume_from == total or self.folder.read_summary().get("stopped_early", {}).get("step") == resume_from
 
     def _say(self, text: str) -> None:
         if self.ctx.is_main and not self.quiet:
@@ -166,19 +180,6 @@ class Trainer:
         """A warning: on stderr, even with --quiet."""
         if self.ctx.is_main:
             print(f"warning: {text}", file=sys.stderr, flush=True)
-
-    def _check_precision(self, ctx: distributed.Context) -> None:
-        t = self.cfg.train
-        if t.precision != "fp16":
-            return
-        if ctx.device.type not in FP16_DEVICES:
-            raise ConfigError(
-                f"train.precision=fp16 needs a CUDA GPU (fp16 autocast with a loss scaler); this run is on "
-                f"{ctx.device.type}, which has no fast fp16: use train.precision=bf16 (--bf16), same speed-up "
-                "where supported and no scaler needed"
-            )
-        if ctx.parallel == "fsdp":
-            raise ConfigError("train.precision=fp16 is not supported with FSDP (its scaler is sharded); use bf16")
 
     # Prepare ------------------------------------------------------------------------------
     def _claim_folder(self, ctx: distributed.Context) -> str:
@@ -207,7 +208,9 @@ class Trainer:
         train_set, eval_sets = open_datasets(cfg, architecture(cfg.model), self.sources)
         model = build_model(cfg.model, train_set.class_names)
         objective = build_objective(model, cfg)
-        return Run(ctx, cfg, model, objective, train_set, eval_sets, self._plan(train_set, ctx))
+        run = Run(ctx, cfg, model, objective, train_set, eval_sets, self._plan(train_set, ctx))
+        run.hooks, self.run_state = cb.Hooks(self, run, [*cb.from_config(cfg), *self.callbacks]), run
+        return run
 
     def _plan(self, train_set: Any, ctx: distributed.Context) -> Plan:
         t = self.cfg.train
@@ -260,6 +263,7 @@ class Trainer:
                 self._say(f"note: {note}")
             run.window.update(saved.meta.get("log_window", {}))
             run.bad_images.update(saved.meta.get("bad_images", []))
+            run.hooks.load(saved.meta.get("callbacks", {}))
             if run.scaler is not None and "grad_scaler" in saved.meta:
                 run.scaler.load_state_dict(saved.meta["grad_scaler"])  # its scale is part of exact resume
             self._say(f"resuming {self.out} from step {run.start} of {run.plan.total}")
@@ -296,9 +300,13 @@ class Trainer:
                 self._log_step(run, step, loss, acc, lr, labels.shape[0])
                 if t.eval_every and step % t.eval_every == 0 and step < run.plan.total:
                     self._evaluate(run, step)
-                if step % t.ckpt_every == 0 or step == run.plan.total:
+                if step % t.ckpt_every == 0 or step == run.plan.total or run.stop:
                     self._save(run, step, run.prior_seconds + time.perf_counter() - t_start)
+                if run.stop:
+                    self._say(f"{run.stop}; stopping at step {step} of {run.plan.total}")
+                    break
         finally:
+            run.start = step  # where training ended: the final evaluation's step
             run.compute.pause()
             if run.progress:
                 run.progress.close()
@@ -377,11 +385,13 @@ class Trainer:
             if run.progress:
                 run.progress.update(step, w["loss"] / w["n"], lr, rate, log_now, last_loss=loss)
             if log_now:
-                run.log.write({
+                record = {
                     "step": step, "epoch": round(step / run.plan.per_epoch, 4), "split": "train",
                     "loss": w["loss"] / w["n"], "accuracy": w["acc"] / w["n"], "lr": lr, "images_per_s": round(rate, 2),
                     **{k: compute[k] for k in ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")},
-                })
+                }
+                run.log.write(record)
+                run.hooks.log(step, record)
         if log_now:
             run.window = new_window()
 
@@ -413,6 +423,8 @@ class Trainer:
             if ctx.is_main:
                 self._log_eval(run, step, split, results[split], final)
         run.objective.train()
+        if not final:
+            run.hooks.eval(step, results)
         return results
 
     def _log_eval(self, run: Run, step: int, split: str, metrics: dict[str, Any], final: bool) -> None:
@@ -435,10 +447,11 @@ class Trainer:
         done = self._compute(run)
         compute = {"images": done["images_seen"], "wall_s": run.compute.wall_s, "cpu_s": done["cpu_s"]}
         extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute,
-                 "bad_images": sorted(run.bad_images)}
+                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state()}
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
+        run.hooks.checkpoint(step, run.last_good)
 
     def _compute(self, run: Run) -> dict[str, Any]:
         """The run's compute so far (see train/compute.py); CPU-seconds summed over processes,
@@ -463,8 +476,11 @@ class Trainer:
             "steps": run.plan.total, "epochs": round(run.plan.total / run.plan.per_epoch, 3), "splits": splits,
             "checkpoint": str(ckpt), "ema": self.cfg.train.ema or None, "train_seconds": round(seconds, 1),
             "bad_images_skipped": len(bad), "world_size": run.ctx.world,
-            "compute": self._compute(run),
+            "compute": self._compute(run), **run.hooks.end(run.start),
         }
+        if run.start < run.plan.total:
+            summary.update(steps=run.start, epochs=round(run.start / run.plan.per_epoch, 3),
+                           stopped_early={"step": run.start, "reason": run.stop})
         if not run.ctx.is_main:
             return summary
         where = [tracker.where for tracker in run.log.trackers]

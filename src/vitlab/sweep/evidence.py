@@ -1,0 +1,110 @@
+"""A sweep's evidence, kept in a repository, and the page tables generated from it.
+
+    keep(Path("runs/sweeps/pos-embed"), Path("results/paper/pos-embed"))
+        copies what the numbers rest on (kilobytes): sweep.json, results.csv, report.md and
+        report.json, and per cell its cell.json, train/summary.json, train/config.yaml and
+        each after-step's result JSON (few-shot, fine-tuning, analysis); never checkpoints.
+        `vitlab sweep --report DEST` rebuilds the report from the copy.
+
+    render(page_text, Path("results/paper")) -> page_text
+        replaces each generated block of a Markdown page with the table built now from the
+        committed cells:
+
+            <!-- findings: SPEC arms METRIC -->        per-arm mean, std, 95% interval
+            <!-- findings: SPEC compare [METRIC] -->   paired differences and verdicts
+            <!-- findings: SPEC time -->               cells finished and training time
+            <!-- findings: rule -->                    the verdict rule, as the code applies it
+            (the generated lines)
+            <!-- /findings -->
+
+        A spec with no committed folder gets "not run in this session". A test diffs the page
+        against render(page), so the page cannot drift from the results.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from vitlab.config import ConfigError
+from vitlab.sweep import findings, load_folder, results as res, stats
+from vitlab.sweep.cells import TRAIN_RESULT, expand
+
+TOP = ("sweep.json", "results.csv", "report.md", "report.json")
+PER_CELL = ("cell.json", TRAIN_RESULT, "train/config.yaml")
+BLOCK = re.compile(r"(<!-- findings: (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /findings -->)", re.S)
+NOT_RUN = "*Not run in this session.*"
+
+
+def keep(src: Path, dest: Path) -> list[Path]:
+    """Copy a sweep folder's evidence (see the module docstring); returns the files copied."""
+    spec, scale = load_folder(src)
+    names = [*TOP]
+    for cell in expand(spec, src, scale):
+        for rel in (*PER_CELL, *(s.result for s in cell.steps[1:])):
+            names.append(f"{cell.key}/{rel}")
+    copied = []
+    for rel in names:
+        if (src / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / rel, dest / rel)
+            copied.append(dest / rel)
+    return copied
+
+
+def load(folder: Path) -> tuple[Any, list[dict[str, Any]], float]:
+    spec, scale = load_folder(folder)
+    cells = expand(spec, folder, scale)
+    return spec, res.collect(cells, folder), scale
+
+
+def _seconds(rows: list[dict[str, Any]]) -> float:
+    return sum(float(r.get("train_seconds") or 0) for r in rows if r.get("status") == "done")
+
+
+def block(args: str, root: Path) -> str:
+    words = args.split()
+    if words == ["rule"]:
+        return stats.RULE
+    if len(words) < 2 or words[1] not in ("arms", "compare", "time"):
+        raise ConfigError(f"<!-- findings: {args} -->: write SPEC arms METRIC, SPEC compare [METRIC] or SPEC time")
+    folder = root / words[0]
+    if not (folder / "sweep.json").is_file():
+        return NOT_RUN
+    spec, rows, scale = load(folder)
+    report = findings.build(spec, rows)
+    if words[1] == "time":
+        minutes = _seconds(rows) / 60
+        return (f"{report['finished']} of {report['cells']} cells finished (scale {scale:g}); "
+                f"{minutes:.0f} minutes of training in all, summed over cells (`train_seconds`; two cells "
+                "side by side on 2 CPU cores that other jobs shared).")
+    if words[1] == "arms":
+        if len(words) != 3:
+            raise ConfigError(f"<!-- findings: {args} -->: name the metric, e.g. {words[0]} arms test.top1")
+        return findings.arms_table(report, words[2])
+    return findings.comparisons_table(report, words[2:] or None)
+
+
+def render(text: str, root: Path) -> str:
+    def one(m: re.Match) -> str:
+        return m.group(1) + block(m.group("args"), root).rstrip("\n") + "\n" + m.group(4)
+
+    return BLOCK.sub(one, text)
+
+
+def main(argv: list[str]) -> int:
+    """python -m vitlab.sweep.evidence PAGE ROOT [--check]: rewrite (or check) a page's blocks."""
+    page, root = Path(argv[0]), Path(argv[1])
+    new = render(page.read_text(), root)
+    if "--check" in argv:
+        return 0 if new == page.read_text() else 1
+    page.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

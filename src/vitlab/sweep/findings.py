@@ -1,0 +1,187 @@
+"""A sweep's statistics: per arm and per compared pair, as report.json and report.md.
+
+An *arm* is the set of finished cells that differ only in the report's `pair_by` axis (the
+seed). Per arm and metric: n, mean, std and the 95% t interval of the mean. A metric that is
+the mean of several few-shot draws (`fewshot.shots.5.mean`, with the draws in
+`fewshot.shots.5.accuracy`) also gets `draw_std`, the mean over the arm's cells of the
+standard deviation between draws: the draw noise is folded into the arm's interval because
+each cell's value is its draws' mean, so the spread over seeds carries it (a cell's variance
+is the seed variance plus the draw variance / draws), and `draw_std` says how much of it
+there is.
+
+A comparison pairs cells of `axis` = a and = b that agree on every other axis but pair_by,
+one comparison per combination of those other axes (kept to `where`), and gives the
+paired-by-seed difference a - b (stats.paired) with the verdict rule (stats.verdict).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from vitlab.config.sweep import CompareSpec, SweepSpec
+from vitlab.files import atomic_write_text
+from vitlab.sweep import stats
+from vitlab.sweep.results import number
+
+
+def _done(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("status") == "done"]
+
+
+def _context(row: dict[str, Any], axes: list[str]) -> tuple[tuple[str, str], ...]:
+    return tuple((a, str(row.get(a))) for a in axes)
+
+
+def _draws(row: dict[str, Any], metric: str) -> Optional[list[float]]:
+    if not metric.endswith(".mean"):
+        return None
+    draws = row.get(metric[: -len(".mean")] + ".accuracy")
+    return [float(v) for v in draws] if isinstance(draws, list) and len(draws) > 1 else None
+
+
+def _draw_std(cells: list[dict[str, Any]], metric: str) -> Optional[float]:
+    stds = []
+    for row in cells:
+        d = _draws(row, metric)
+        if d:
+            stds.append(stats.describe(d)["std"])
+    return sum(stds) / len(stds) if stds else None
+
+
+def arms(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per arm: its axis values, the seeds, and per metric describe() (+ draw_std)."""
+    pair_by = spec.report.pair_by
+    axes = [a for a in spec.grid if a != pair_by]
+    grouped: dict[tuple, list[dict[str, Any]]] = {}
+    for row in _done(rows):
+        grouped.setdefault(_context(row, axes), []).append(row)
+    out = []
+    for context, cells in grouped.items():
+        entry = {"arm": dict(context), "seeds": [c.get(pair_by) for c in cells], "metrics": {}}
+        for metric in spec.report.metrics:
+            values = [v for v in (number(c.get(metric)) for c in cells) if v is not None]
+            if not values:
+                continue
+            d = stats.describe(values)
+            draw = _draw_std(cells, metric)
+            if draw is not None:
+                d["draw_std"] = draw
+            entry["metrics"][metric] = d
+        out.append(entry)
+    return out
+
+
+def compare(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The paired differences of one compared pair, per context and metric, with verdicts."""
+    pair_by = spec.report.pair_by
+    others = [a for a in spec.grid if a not in (pair_by, c.axis)]
+    keep = [r for r in _done(rows) if all(str(r.get(k)) == str(v) for k, v in c.where.items())]
+    sides: dict[tuple, dict[str, dict[Any, dict]]] = {}
+    for row in keep:
+        side = "a" if str(row.get(c.axis)) == str(c.a) else "b" if str(row.get(c.axis)) == str(c.b) else None
+        if side:
+            sides.setdefault(_context(row, others), {"a": {}, "b": {}})[side][str(row.get(pair_by))] = row
+    out = []
+    for context, both in sides.items():
+        for metric in c.metrics or spec.report.metrics:
+            a = {k: number(r.get(metric)) for k, r in both["a"].items() if number(r.get(metric)) is not None}
+            b = {k: number(r.get(metric)) for k, r in both["b"].items() if number(r.get(metric)) is not None}
+            if not a or not b:
+                continue
+            diff = stats.paired(a, b)
+            out.append({
+                "claim": c.claim, "axis": c.axis, "a": c.a, "b": c.b, "expect": c.expect, "margin": c.margin,
+                "context": dict(context), "metric": metric, **diff,
+                "verdict": stats.verdict(diff, c.expect, c.margin),
+            })
+    return out
+
+
+def build(spec: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)]
+    return {
+        "sweep": spec.name, "level": stats.LEVEL, "interval": "Student t over seeds (pair_by), two-sided",
+        "pair_by": spec.report.pair_by, "rule": stats.RULE,
+        "cells": len(rows), "finished": len(_done(rows)),
+        "arms": arms(spec, rows), "comparisons": comparisons,
+    }
+
+
+# Markdown -----------------------------------------------------------------------------------
+def percent(metric: str) -> bool:
+    """Accuracies (0-1) are printed in %; anything else as it is."""
+    last = metric.split(".")[-2 if metric.endswith(".mean") else -1]
+    return any(w in metric for w in ("top1", "top5", "accuracy", "fewshot", "shots")) or last.isdigit()
+
+
+def fmt(value: Optional[float], metric: str, digits: int = 1, signed: bool = False) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if percent(metric):
+        value, digits = value * 100, digits
+    else:
+        return f"{value:+.3g}" if signed else f"{value:.3g}"
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def _interval(d: dict[str, Any], metric: str, signed: bool = False) -> str:
+    if d.get("lo") is None:
+        return "-"
+    return f"[{fmt(d['lo'], metric, signed=signed)}, {fmt(d['hi'], metric, signed=signed)}]"
+
+
+def _label(context: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in context.items()) or "-"
+
+
+def arms_table(report: dict[str, Any], metric: str) -> str:
+    unit = " (%)" if percent(metric) else ""
+    lines = [f"| arm | n | {metric}{unit}: mean | std | 95% interval | few-shot draw std |", "| --- | --- | --- | --- | --- | --- |"]
+    for arm in report["arms"]:
+        d = arm["metrics"].get(metric)
+        if d is None:
+            continue
+        lines.append(f"| {_label(arm['arm'])} | {d['n']} | {fmt(d['mean'], metric)} | {fmt(d['std'], metric)} | "
+                     f"{_interval(d, metric)} | {fmt(d.get('draw_std'), metric)} |")
+    return "\n".join(lines)
+
+
+def p_text(p: Optional[float]) -> str:
+    if p is None:
+        return "-"
+    return f"{p:.3f}" if p >= 0.001 else "<0.001"
+
+
+def comparisons_table(report: dict[str, Any], metrics: Optional[list[str]] = None) -> str:
+    lines = ["| claim | where | metric | a - b | n | mean diff | 95% interval | p (paired t) | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in report["comparisons"]:
+        if metrics and c["metric"] not in metrics:
+            continue
+        m = c["metric"]
+        lines.append(f"| {c['claim'] or '-'} | {_label(c['context'])} | {m}{' (points)' if percent(m) else ''} | "
+                     f"{c['a']} - {c['b']} | {c['n']} | {fmt(c['mean'], m, signed=True)} | "
+                     f"{_interval(c, m, signed=True)} | {p_text(c['p'])} | {c['verdict'] or 'too few seeds'} |")
+    return "\n".join(lines)
+
+
+def markdown(report: dict[str, Any], metrics: list[str]) -> str:
+    parts = [f"# Sweep {report['sweep']}: statistics", "",
+             f"{report['finished']} of {report['cells']} cells finished. Intervals: 95%, {report['interval']}.", ""]
+    for metric in metrics:
+        parts += [f"## {metric}", "", arms_table(report, metric), ""]
+    if report["comparisons"]:
+        parts += ["## Compared pairs (a - b, paired by " + report["pair_by"] + ")", "", comparisons_table(report), ""]
+    parts += [report["rule"], ""]
+    return "\n".join(parts)
+
+
+def write(spec: SweepSpec, rows: list[dict[str, Any]], out: Path) -> tuple[Path, Path]:
+    report = build(spec, rows)
+    js, md = out / "report.json", out / "report.md"
+    atomic_write_text(js, json.dumps(report, indent=2, default=str))
+    atomic_write_text(md, markdown(report, list(spec.report.metrics)))
+    return js, md

@@ -1,0 +1,145 @@
+"""The statistics of a sweep's report: pure functions of lists of numbers, no numpy or scipy.
+
+    describe([0.36, 0.37, 0.35])          # mean, std, the 95% t interval of the mean
+    paired({0: .37, 1: .38}, {0: .36, 1: .36})   # a - b paired by seed: interval and p-value
+    verdict(diff, "higher")               # the rule of docs/paper-in-miniature.md
+
+Intervals are Student-t intervals: mean ± t(0.975, n-1) · s/√n, with s the sample standard
+deviation (n-1 in the denominator). A paired comparison is the t interval and the two-sided
+t-test of the per-seed differences a_i - b_i (the paired t-test). The t distribution is
+computed here from the regularized incomplete beta function (a continued fraction, as in
+Numerical Recipes §6.4), so vitlab's library needs no scipy; the tests check it against
+scipy.stats.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+LEVEL = 0.95
+VERDICTS = ("Reproduced", "In direction", "Not shown", "Opposite")
+EXPECT = ("higher", "lower", "equal")
+RULE = (
+    "Verdict rule (vitlab.sweep.stats.verdict), from the 95% paired-t interval of the difference "
+    "d = a - b over seeds, where the paper says a is higher (lower: the signs flip): "
+    "**Reproduced** if the interval lies wholly on the paper's side of 0; "
+    "**Opposite** if it lies wholly on the other side; "
+    "**In direction** if it contains 0 and the mean difference has the paper's sign; "
+    "**Not shown** if it contains 0 and the mean difference is 0 or of the other sign. "
+    "Where the paper says a and b are equal (within a stated margin m): "
+    "**Reproduced** if the interval lies within ±m, **Opposite** if it excludes 0, **Not shown** otherwise. "
+    "Fewer than 2 seeds: no verdict."
+)
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny, eps = 1e-300, 3e-16
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), for a, b > 0 and 0 <= x <= 1."""
+    if not (a > 0 and b > 0 and 0.0 <= x <= 1.0):
+        raise ValueError(f"betainc needs a, b > 0 and 0 <= x <= 1, got a={a}, b={b}, x={x}")
+    if x in (0.0, 1.0):
+        return x
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_sf2(t: float, df: float) -> float:
+    """The two-sided tail P(|T| >= |t|) of Student's t with df degrees of freedom."""
+    if math.isinf(t):
+        return 0.0
+    return betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+def t_cdf(t: float, df: float) -> float:
+    tail = t_sf2(t, df) / 2.0
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_ppf(p: float, df: float) -> float:
+    """The p-quantile of Student's t (bisection on the cdf; exact to ~1e-12)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"t_ppf needs 0 < p < 1, got {p}")
+    if p < 0.5:
+        return -t_ppf(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-13 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
+
+
+def describe(values: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
+    """n, mean, sample std and the t interval of the mean (lo, hi: None with fewer than 2)."""
+    xs = [float(v) for v in values]
+    n = len(xs)
+    if n == 0:
+        return {"n": 0, "mean": None, "std": None, "lo": None, "hi": None}
+    mean = sum(xs) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "std": None, "lo": None, "hi": None}
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = t_ppf(0.5 + level / 2.0, n - 1) * std / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": std, "lo": mean - half, "hi": mean + half}
+
+
+def paired(a: Mapping[Any, float], b: Mapping[Any, float], level: float = LEVEL) -> dict[str, Any]:
+    """a - b over the keys (seeds) both have: the differences' mean, std, t interval, the
+    paired t statistic and its two-sided p-value (None with fewer than 2 pairs)."""
+    keys = [k for k in a if k in b]
+    diffs = [float(a[k]) - float(b[k]) for k in keys]
+    out = {**describe(diffs, level), "pairs": keys, "diffs": diffs, "t": None, "p": None}
+    if out["n"] >= 2:
+        if out["std"] == 0:
+            out["t"], out["p"] = (0.0, 1.0) if out["mean"] == 0 else (math.copysign(math.inf, out["mean"]), 0.0)
+        else:
+            out["t"] = out["mean"] / (out["std"] / math.sqrt(out["n"]))
+            out["p"] = t_sf2(out["t"], out["n"] - 1)
+    return out
+
+
+def verdict(diff: Mapping[str, Any], expect: str, margin: float = 0.0) -> Optional[str]:
+    """The rule (RULE) applied to a `paired` result; None with fewer than 2 pairs."""
+    if expect not in EXPECT:
+        raise ValueError(f"expect must be one of {', '.join(EXPECT)}, got {expect!r}")
+    lo, hi, mean = diff.get("lo"), diff.get("hi"), diff.get("mean")
+    if lo is None or hi is None:
+        return None
+    if expect == "equal":
+        if lo > 0 or hi < 0:
+            return "Opposite"
+        return "Reproduced" if -margin <= lo and hi <= margin else "Not shown"
+    sign = 1.0 if expect == "higher" else -1.0
+    if sign * lo > 0 and sign * hi > 0:
+        return "Reproduced"
+    if sign * lo < 0 and sign * hi < 0:
+        return "Opposite"
+    return "In direction" if sign * mean > 0 else "Not shown"

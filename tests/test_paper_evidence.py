@@ -1,0 +1,71 @@
+"""docs/paper-in-miniature.md against the committed cell outputs in results/paper/: every
+generated table on the page is what the results give now, and the evidence is only
+kilobytes of JSON/CSV (no checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vitlab.config import ConfigError
+from vitlab.sweep import evidence, stats
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "paper-in-miniature.md"
+RESULTS = ROOT / "results" / "paper"
+
+
+def test_the_page_is_generated_from_the_committed_results():
+    text = PAGE.read_text()
+    assert evidence.render(text, RESULTS) == text, (
+        "docs/paper-in-miniature.md differs from results/paper: run "
+        "python -m vitlab.sweep.evidence docs/paper-in-miniature.md results/paper")
+    assert stats.RULE in text and text.count("<!-- findings:") == text.count("<!-- /findings -->")
+
+
+def test_every_committed_sweep_is_evidence_only():
+    folders = [p for p in RESULTS.iterdir() if p.is_dir()]
+    assert folders, "no committed sweep results"
+    for folder in folders:
+        files = [p for p in folder.rglob("*") if p.is_file()]
+        assert {p.suffix for p in files} <= {".json", ".csv", ".md", ".yaml"}, folder
+        assert sum(p.stat().st_size for p in files) < 1_000_000
+        report = json.loads((folder / "report.json").read_text())
+        assert report["rule"] == stats.RULE
+        for c in report["comparisons"]:  # each verdict follows the rule from its interval
+            assert c["verdict"] == stats.verdict(c, c["expect"], c["margin"])
+
+
+def test_a_changed_result_changes_the_page(tmp_path):
+    shutil.copytree(RESULTS, tmp_path / "paper")
+    summary = next((tmp_path / "paper" / "pos-embed").glob("pos-embed-learned_seed-0/train/summary.json"))
+    d = json.loads(summary.read_text())
+    d["splits"]["test"]["top1"] -= 0.05
+    summary.write_text(json.dumps(d))
+    text = PAGE.read_text()
+    assert evidence.render(text, tmp_path / "paper") != text
+    shutil.rmtree(tmp_path / "paper" / "pos-embed")
+    assert evidence.NOT_RUN in evidence.block("pos-embed compare", tmp_path / "paper")
+
+
+def test_keep_copies_the_evidence_and_never_the_weights(tmp_path):
+    src = tmp_path / "sweep"
+    shutil.copytree(RESULTS / "pos-embed", src)
+    cell = next(p for p in src.iterdir() if (p / "train" / "summary.json").exists())
+    (cell / "train" / "checkpoints").mkdir()
+    (cell / "train" / "checkpoints" / "last.safetensors").write_bytes(b"\0" * 1000)
+    (cell / "train.log").write_text("log")
+    copied = evidence.keep(src, tmp_path / "kept")
+    assert copied and all(p.suffix in (".json", ".csv", ".md", ".yaml") for p in copied)
+    assert (tmp_path / "kept" / cell.name / "train" / "summary.json").exists()
+    assert not (tmp_path / "kept" / cell.name / "train" / "checkpoints").exists()
+
+
+def test_a_bad_block_names_the_forms():
+    with pytest.raises(ConfigError, match="SPEC arms METRIC"):
+        evidence.block("pos-embed table", RESULTS)
+    with pytest.raises(ConfigError, match="name the metric"):
+        evidence.block("pos-embed arms", RESULTS)

@@ -1,0 +1,143 @@
+"""The statistics of a sweep's report: the t distribution against scipy.stats, the verdict
+rule, arms and paired comparisons from rows, and `vitlab sweep --report DIR` rebuilding the
+report from a folder's cells (tiny ViTs on digits)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+scipy_stats = pytest.importorskip("scipy.stats")
+from scipy import special  # noqa: E402
+
+from vitlab.cli import main  # noqa: E402
+from vitlab.config import ConfigError  # noqa: E402
+from vitlab.config.sweep import SweepSpec  # noqa: E402
+from vitlab.sweep import findings, stats  # noqa: E402
+
+
+@pytest.mark.parametrize("a,b,x", [(0.5, 0.5, 0.2), (2.5, 0.5, 0.3), (1.5, 0.5, 0.97), (10, 3, 0.6), (0.5, 20, 0.01)])
+def test_betainc_matches_scipy(a, b, x):
+    assert stats.betainc(a, b, x) == pytest.approx(special.betainc(a, b, x), rel=1e-10, abs=1e-14)
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 19, 100])
+def test_t_quantiles_and_tails_match_scipy(df):
+    for p in (0.6, 0.9, 0.975, 0.995):
+        assert stats.t_ppf(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), rel=1e-9)
+    for t in (0.0, 0.3, 1.7, 2.5, -4.0, 12.0):
+        assert stats.t_sf2(t, df) == pytest.approx(2 * scipy_stats.t.sf(abs(t), df), rel=1e-9, abs=1e-15)
+
+
+def test_describe_and_paired_match_scipy():
+    xs = [0.371, 0.382, 0.365, 0.390]
+    d = stats.describe(xs)
+    lo, hi = scipy_stats.t.interval(0.95, len(xs) - 1, loc=sum(xs) / 4, scale=scipy_stats.sem(xs))
+    assert (d["lo"], d["hi"]) == (pytest.approx(lo, rel=1e-9), pytest.approx(hi, rel=1e-9))
+    assert d["std"] == pytest.approx(scipy_stats.tstd(xs))
+    a = {0: 0.37, 1: 0.38, 2: 0.36, 3: 0.39}
+    b = {3: 0.375, 0: 0.36, 1: 0.372, 2: 0.35}  # paired by key, not by order
+    r = stats.paired(a, b)
+    ref = scipy_stats.ttest_rel([a[k] for k in range(4)], [b[k] for k in range(4)])
+    assert r["p"] == pytest.approx(ref.pvalue, rel=1e-9) and r["t"] == pytest.approx(ref.statistic, rel=1e-9)
+    assert r["n"] == 4 and r["mean"] == pytest.approx(0.01075)
+    assert stats.describe([1.0]) == {"n": 1, "mean": 1.0, "std": None, "lo": None, "hi": None}
+    assert stats.paired({0: 1.0}, {1: 2.0})["n"] == 0
+
+
+@pytest.mark.parametrize("lo,hi,mean,expect,margin,want", [
+    (0.01, 0.03, 0.02, "higher", 0, "Reproduced"),
+    (-0.01, 0.03, 0.01, "higher", 0, "In direction"),
+    (-0.03, 0.01, -0.01, "higher", 0, "Not shown"),
+    (-0.03, -0.01, -0.02, "higher", 0, "Opposite"),
+    (-0.03, -0.01, -0.02, "lower", 0, "Reproduced"),
+    (0.0, 0.02, 0.01, "higher", 0, "In direction"),  # touching 0 is not separated
+    (-0.005, 0.004, 0.0, "equal", 0.01, "Reproduced"),
+    (-0.02, 0.004, 0.0, "equal", 0.01, "Not shown"),
+    (0.001, 0.004, 0.002, "equal", 0.01, "Opposite"),
+    (None, None, 0.02, "higher", 0, None),
+])
+def test_the_verdict_rule(lo, hi, mean, expect, margin, want):
+    assert stats.verdict({"lo": lo, "hi": hi, "mean": mean}, expect, margin) == want
+
+
+SPEC = {
+    "train": {"config": "digits", "steps": 4},
+    "grid": {"model.pos_embed": ["none", "learned"], "lr": [0.001, 0.01], "seed": [0, 1, 2]},
+    "report": {"metrics": ["test.top1", "fewshot.shots.5.mean"],
+               "compare": [{"claim": "an embedding helps", "axis": "model.pos_embed", "a": "learned", "b": "none"}]},
+}
+
+
+def rows():
+    out = []
+    for pe, bonus in (("none", 0.0), ("learned", 0.02)):
+        for lr in (0.001, 0.01):
+            for seed in range(3):
+                top1 = 0.30 + bonus + 0.01 * seed + (0.05 if lr == 0.01 else 0.0)
+                draws = [0.20 + bonus + 0.01 * seed + d for d in (-0.01, 0.0, 0.01)]
+                out.append({"model.pos_embed": pe, "lr": lr, "seed": seed, "status": "done", "test.top1": top1,
+                            "fewshot.shots.5.mean": sum(draws) / 3, "fewshot.shots.5.accuracy": draws})
+    out.append({"model.pos_embed": "none", "lr": 0.1, "seed": 0, "status": "missing"})
+    return out
+
+
+def test_arms_and_paired_comparisons_from_rows():
+    spec = SweepSpec.from_dict(SPEC, "t")
+    report = findings.build(spec, rows())
+    assert report["finished"] == 12 and len(report["arms"]) == 4
+    arm = next(a for a in report["arms"] if a["arm"] == {"model.pos_embed": "learned", "lr": "0.01"})
+    top1 = arm["metrics"]["test.top1"]
+    assert top1["n"] == 3 and top1["mean"] == pytest.approx(0.38) and top1["std"] == pytest.approx(0.01)
+    assert arm["metrics"]["fewshot.shots.5.mean"]["draw_std"] == pytest.approx(0.01)
+    assert "draw_std" not in top1
+    comps = report["comparisons"]
+    assert len(comps) == 4  # 2 learning rates x 2 metrics
+    for c in comps:  # learned - none is exactly +0.02 for every seed: separated
+        assert c["mean"] == pytest.approx(0.02) and c["n"] == 3 and c["verdict"] == "Reproduced" and c["p"] < 1e-6
+    md = findings.markdown(report, list(spec.report.metrics))
+    assert "| model.pos_embed=learned, lr=0.01 | 3 | 38.0 | 1.0 |" in md
+    assert stats.RULE in md and "+2.0" in md
+
+
+def test_bad_report_sections_name_the_problem():
+    for bad, match in [({"compare": [{"axis": "seed", "a": 1, "b": 1}]}, "two different values"),
+                       ({"compare": [{"axis": "x", "a": 1, "b": 2, "expect": "bigger"}]}, "expect"),
+                       ({"metric": ["x"]}, "unknown key")]:
+        with pytest.raises(ConfigError, match=match):
+            SweepSpec.from_dict({**SPEC, "report": bad}, "t")
+
+
+TINY = {
+    "train": {"config": "digits", "steps": 3, "batch-size": 32, "model.depth": 1, "model.hidden_size": 32,
+              "train.threads": 1},
+    "grid": {"model.pos_embed": ["none", "learned"], "seed": [0, 1]},
+    "report": {"compare": [{"axis": "model.pos_embed", "a": "learned", "b": "none", "claim": "c"}]},
+}
+
+
+def test_report_dir_rebuilds_the_report_from_the_cells(tmp_path, capsys):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(spec), "--out", str(out), "--jobs", "2", "--threads", "1"]) == 0
+    first = (out / "report.md").read_text()
+    data = json.loads((out / "report.json").read_text())
+    assert data["finished"] == 4 and len(data["comparisons"]) == 1
+    c = data["comparisons"][0]
+    assert c["n"] == 2 and c["verdict"] in stats.VERDICTS and not math.isnan(c["p"])
+    (out / "report.md").unlink()
+    (out / "results.csv").unlink()
+    assert main(["sweep", "--report", str(out)]) == 0
+    assert (out / "report.md").read_text() == first and (out / "results.csv").exists()
+
+
+def test_report_dir_without_a_spec_says_what_to_do(tmp_path, capsys):
+    assert main(["sweep", "--report", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert "no sweep.json" in err and "Traceback" not in err
+    assert main(["sweep"]) != 0
+    assert "name a sweep spec" in capsys.readouterr().err
