@@ -22,7 +22,7 @@ from vitlab.config.sweep import FigureSpec, SweepSpec
 from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.sweep import findings, results as res
 from vitlab.sweep.cells import MAX_CELLS, Cell, expand
-from vitlab.sweep.runner import LAUNCHERS, Say, run
+from vitlab.sweep.runner import LAUNCHERS, Say, check_launcher, check_record, run
 
 __all__ = ["LAUNCHERS", "Cell", "draw", "expand", "load_folder", "run_sweep"]
 
@@ -96,6 +96,10 @@ def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, 
     mine = (out / SPEC_FILE).is_file() or any((out / c.key / "cell.json").is_file() for c in cells)
     owner = OutputFolder(out, "sweep", force=mine, offer_force=False)
     owner.claim(["results.csv", "report.json", "report.md", SPEC_FILE, *(f.file for f in spec.figures)])
+    if not report_only:  # refused before anything is written: a launcher this machine lacks, another cell's folder
+        check_launcher(launcher)
+        for cell in cells:
+            check_record(cell, spec, out)
     save_spec(spec, out, scale)
     ran = None
     if not report_only:
