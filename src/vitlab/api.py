@@ -15,7 +15,7 @@ import torch
 
 from vitlab import checkpoints
 from vitlab.checkpoints import hub, pretrained as registry, share
-from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig
+from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig, model_flops
 from vitlab.data.transforms import model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import MODELS, variant_config
@@ -135,3 +135,36 @@ def transform(model_or_config: Model | ModelConfig, train: bool = False, **augme
     if not isinstance(cfg, (ViTConfig, BiTConfig)):
         raise TypeError(f"vitlab.transform takes a vitlab model or its config, not {type(model_or_config).__name__}")
     return model_transform(cfg, train, **augment)
+
+
+def model_table(image_size: Optional[int] = None, num_classes: Optional[int] = None) -> list[dict[str, Any]]:
+    """One row per registered variant (what `vitlab models` prints): its shape, parameters and
+    GFLOPs at `image_size` (default: its own) with `num_classes` classes. Built on the meta
+    device: shapes only, no memory."""
+    out = []
+    for name in list_models():
+        overrides = {}
+        if image_size:
+            overrides["image_size"] = image_size
+        if num_classes is not None:
+            overrides["num_classes"] = num_classes
+        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+            model = create_model(name, **overrides)
+        cfg = model.config
+        vit = cfg.kind == "vit"
+        out.append(
+            {
+                "name": name,
+                "kind": cfg.kind,
+                "image_size": f"{cfg.image_size[0]}x{cfg.image_size[1]}",
+                "width": cfg.hidden_size if vit else cfg.feature_dim,
+                "depth": cfg.depth,
+                "heads": cfg.num_heads if vit else None,
+                "mlp": cfg.mlp_dim if vit else None,
+                "tokens": cfg.num_tokens if vit else None,
+                "classes": cfg.num_classes,
+                "params": sum(p.numel() for p in model.parameters()),
+                "gflops": model_flops(cfg) / 1e9,
+            }
+        )
+    return out

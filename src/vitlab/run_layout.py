@@ -3,6 +3,7 @@
     RUN/config.yaml               the resolved config (vitlab train --config RUN/config.yaml reruns it)
     RUN/metrics.jsonl             one JSON object per logged step and evaluation
     RUN/summary.json              the final numbers, written when the run completes
+    RUN/eval/                     `vitlab eval`'s results for a checkpoint of the run
     RUN/checkpoints/last.safetensors   the newest weights (ema.safetensors: the Polyak average)
     RUN/checkpoints/step-N[.state].safetensors  each checkpoint's weights and training state
                                   (train/state.py names and prunes these)
@@ -21,6 +22,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
+EVAL = "eval"  # what `vitlab eval` of the run's checkpoints writes
 LAST = "last.safetensors"
 EMA = "ema.safetensors"
 
@@ -56,3 +58,10 @@ def run_of(path: str | os.PathLike) -> Optional[RunLayout]:
         if folder is not None and RunLayout(folder).is_complete():
             return RunLayout(folder)
     return None
+
+
+def results_folder(checkpoint: str | os.PathLike) -> Optional[Path]:
+    """Where `vitlab eval` of a checkpoint in RUN/checkpoints/ writes: RUN/eval; None for a
+    checkpoint outside a run folder (nothing is written into the current directory unasked)."""
+    p = Path(checkpoint)
+    return p.parent.parent / EVAL if p.parent.name == CHECKPOINTS else None

@@ -1,15 +1,11 @@
-"""Helpers the evaluation commands share (predict, fewshot, linear-probe, inspect): opening a
-checkpoint with its metadata, opening data with its preprocessing, finding and reading image
-files, writing JSON atomically."""
+"""What the commands share: the arguments several of them take, progress on stderr, how a
+training ends as an exit status, results as JSON, and small parsers of argument values. The
+work itself is the library's (vitlab.checkpoints.open_checkpoint, vitlab.data.image_files,
+vitlab.eval.features, vitlab.train.recipe, ...)."""
 
 from __future__ import annotations
 
-import glob
 import json
-from pathlib import Path
-from typing import Optional
-
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
 
 
 def add_checkpoint_arguments(p, random_init: bool = True) -> None:
@@ -153,29 +149,6 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
-def open_checkpoint(path: str, format: Optional[str] = None, random_init: Optional[int] = None, device=None,
-                    **overrides):
-    """(model in eval mode, Imported): vitlab.checkpoints.open_checkpoint."""
-    from vitlab import checkpoints
-
-    return checkpoints.open_checkpoint(path, format, random_init, device, **overrides)
-
-
-def open_data(spec: str, split: str, config, class_names: Optional[list[str]] = None):
-    """A dataset of (normalised tensor, label) with the checkpoint's preprocessing
-    (vitlab.eval.features.open_for_model)."""
-    from vitlab.eval.features import open_for_model
-
-    return open_for_model(spec, split, config, class_names)
-
-
-def data_key(spec: str, split: str, config) -> dict:
-    """What, besides the weights, decides the features (vitlab.eval.features.feature_key)."""
-    from vitlab.eval.features import feature_key
-
-    return feature_key(spec, split, config)
-
-
 def write_json(path: str, payload: dict) -> None:
     """Write JSON atomically: an old file is replaced only by a complete new one."""
     from vitlab.files import atomic_write_text
@@ -192,62 +165,6 @@ def print_result(args, result: dict) -> bool:
     return bool(args.json)
 
 
-def find_images(args: list[str]) -> list[Path]:
-    """Files as given, folders searched recursively for image suffixes, globs expanded."""
-    from vitlab.cli import UsageError
-
-    found: list[Path] = []
-    for a in args:
-        p = Path(a)
-        if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
-            if not files:
-                raise UsageError(f"{a}: the folder holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
-            found.extend(files)
-        elif p.exists():
-            found.append(p)
-        elif glob.has_magic(a):
-            files = sorted(Path(f) for f in glob.glob(a, recursive=True) if Path(f).is_file())
-            if not files:
-                raise UsageError(f"{a}: the pattern matches no files")
-            found.extend(files)
-        else:
-            raise FileNotFoundError(f"{a}: no such file or folder")
-    return found
-
-
-def image_loader(config):
-    """path -> normalised (C, H, W) tensor with the checkpoint's preprocessing."""
-    from vitlab.data import read_image
-    from vitlab.data.transforms import model_transform
-
-    transform = model_transform(config)  # the checkpoint's resize, crop and normalisation
-    return lambda path: transform(read_image(path))
-
-
-def read_images(paths: list[Path], config) -> tuple[list[tuple[Path, object]], list[tuple[Path, str]]]:
-    """([(path, tensor)], [(path, why it failed)]) — a bad file never stops the others."""
-    load = image_loader(config)
-    ok, failed = [], []
-    for p in paths:
-        try:
-            ok.append((p, load(p)))
-        except Exception as e:  # PIL raises many types for a file that is not an image
-            failed.append((p, unreadable(e, p)))
-    return ok, failed
-
-
-def unreadable(e: Exception, path: Path) -> str:
-    """Why `path` could not be read as an image, in a few words (the file is named by the caller)."""
-    text = str(e)
-    if text.startswith(f"{path}: "):  # read_image names the file; we print it once
-        text = text[len(f"{path}: ") :]
-    text = text.split("; fix or remove")[0]  # its advice is for datasets, not for these files
-    if "cannot identify image" in text:
-        return "not an image file vitlab can read (PIL cannot identify it)"
-    return text if "cannot read" in text else f"cannot read it as an image ({type(e).__name__}: {text})"
-
-
 def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):
     """((features, labels), class names) of one split, cached, with a progress bar: the
     library's dataset_features, for fewshot and linear-probe."""
@@ -260,3 +177,30 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
         use_cache=not args.no_cache, model_hash=model_hash, log=lambda m: print(f"  {split}: {m}", file=sys.stderr),
         progress=lambda total, desc: progress(total=total, desc=desc))
     return (features, labels), names
+
+
+def lr_rates(text: str | None) -> list[float] | None:
+    """--lr-grid's rates, or None for Table 4's."""
+    from vitlab.cli import UsageError
+
+    if not text:
+        return None
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--lr-grid {text!r}: give rates separated by commas, e.g. 0.001,0.003,0.01") from None
+
+
+def launcher_params(items: list[str]) -> dict:
+    """--slurm KEY=VALUE items as a submitit executor's parameters (values read as YAML)."""
+    import yaml
+
+    from vitlab.cli import UsageError
+
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--slurm {item!r}: write KEY=VALUE, e.g. --slurm timeout_min=60")
+        params[key.strip()] = yaml.safe_load(value)
+    return params

@@ -50,23 +50,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--predictions", metavar="FILE.csv", help="also write each image's probabilities of every class")
-    p.add_argument("--real", metavar="LABELS.json", help="ImageNet ReaL labels (real.json): ReaL accuracy beside top-1")
     p.add_argument("--force", action="store_true", help="replace files in --out of eval's names that eval did not write")
+    p.add_argument("--real", metavar="LABELS.json", help="ImageNet ReaL labels (real.json): ReaL accuracy beside top-1")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from vitlab.cli import UsageError
-    from vitlab.cli.common import bad_image_message, open_checkpoint, progress
+    from vitlab.checkpoints import open_checkpoint
+    from vitlab.cli.common import bad_image_message, progress
     from vitlab.config import pick_device
     from vitlab.data import BadImageError
-    from vitlab.eval.accuracy import evaluate_dataset, report, to_json
+    from vitlab.eval.accuracy import evaluate_dataset, report, to_json, write_predictions
+    from vitlab.run_layout import results_folder
 
     device = pick_device(args.device)
     overrides = {"image_size": args.image_size} if args.image_size else {}
     model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device, **overrides)
-    owner = _owner(results_folder(args.checkpoint, args.out), args.split, args.force)  # a user's files: refused now
+    out = Path(args.out) if args.out else results_folder(args.checkpoint)
+    owner = _owner(out, args.split, args.force)  # a user's eval-SPLIT.json there: refused now, not replaced
     bar = lambda total, desc: progress(total=total, desc=desc)  # noqa: E731
     try:
         metrics, names = evaluate_dataset(
@@ -91,33 +94,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {metrics['bad_images_skipped']} unreadable images")
     print("\n" + "\n".join(written))
     return 0
-
-
-def write_predictions(path: str, images: list, probabilities: list, names: list[str]) -> None:
-    """One CSV row per image: the image (its file, or its position), its top-1 class and the
-    probability of every class."""
-    import csv
-    import io
-
-    from vitlab.files import atomic_write_text
-
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["image", "predicted", *names])
-    for image, probs in zip(images, probabilities):
-        writer.writerow([image, names[max(range(len(probs)), key=probs.__getitem__)], *(f"{p:.8g}" for p in probs)])
-    atomic_write_text(path, buffer.getvalue())
-
-
-def results_folder(checkpoint: str, out: str | None) -> Path | None:
-    """--out, else the run folder of a checkpoint in RUN/checkpoints/ (RUN/eval), else None:
-    nothing is written into the current directory unasked."""
-    if out:
-        return Path(out)
-    ckpt = Path(checkpoint)
-    if ckpt.parent.name == "checkpoints":
-        return ckpt.parent.parent / "eval"
-    return None
 
 
 def _owner(out: Path | None, split: str, force: bool):

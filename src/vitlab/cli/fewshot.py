@@ -52,7 +52,8 @@ def parse_shots(text: str) -> list[int]:
 
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.cli.common import frozen_features, open_checkpoint, print_result
+    from vitlab.checkpoints import open_checkpoint
+    from vitlab.cli.common import frozen_features, print_result
     from vitlab.config import pick_device
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.fewshot import fewshot_eval

@@ -75,24 +75,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "imagenet, pets, flowers, vtab (default: guessed from --data)")
 
 
-def rates(text: str | None) -> list[float] | None:
-    """--lr-grid's rates, or None for Table 4's."""
-    from vitlab.cli import UsageError
-
-    if not text:
-        return None
-    try:
-        return [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"--lr-grid {text!r}: give rates separated by commas, e.g. 0.001,0.003,0.01") from None
-
-
 def run(args: argparse.Namespace) -> int:
-    from vitlab.cli.common import command_line, training_exit
+    from vitlab.cli.common import command_line, lr_rates, training_exit
     from vitlab.train import finetune
 
     plan = finetune.plan(args.checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
-                         paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=rates(args.lr_grid),
+                         paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=lr_rates(args.lr_grid),
                          table4=args.table4, out=args.out, choose=args.recipe)
     result: dict = {}
 

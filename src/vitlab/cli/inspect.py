@@ -62,10 +62,11 @@ def _batches(args, model):
 
     from vitlab.analysis.inspection import first_batches
     from vitlab.cli import UsageError
-    from vitlab.cli.common import find_images, open_data, read_images
+    from vitlab.data.image_files import find_images, read_images
+    from vitlab.eval.features import open_for_model
 
     if not _is_paths(args.images):
-        dataset = open_data(args.images, args.split, model.config, model.class_names)
+        dataset = open_for_model(args.images, args.split, model.config, model.class_names)
         return (first_batches(dataset, args.num_images, args.batch_size), getattr(dataset, "class_names", None),
                 f"{args.images} ({args.split} split)")
     paths = find_images([args.images])[: args.num_images]
@@ -90,7 +91,8 @@ def _counted(batches, bar):
 def run(args) -> int:
     from vitlab.analysis.inspection import inspect_model, summary
     from vitlab.cli import UsageError
-    from vitlab.cli.common import open_checkpoint, progress
+    from vitlab.checkpoints import open_checkpoint
+    from vitlab.cli.common import progress
     from vitlab.config import pick_device
 
     model, imported = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))

@@ -29,7 +29,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.cli.common import frozen_features, open_checkpoint, print_result
+    from vitlab.checkpoints import open_checkpoint
+    from vitlab.cli.common import frozen_features, print_result
     from vitlab.config import pick_device
     from vitlab.eval.features import model_fingerprint
     from vitlab.eval.linear_probe import knn_accuracy, logistic_probe

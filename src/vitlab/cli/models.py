@@ -25,47 +25,14 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def rows(image_size=None, num_classes=None) -> list[dict]:
-    import torch
-
-    from vitlab.api import create_model, list_models
-    from vitlab.config import model_flops
-
-    out = []
-    for name in list_models():
-        overrides = {}
-        if image_size:
-            overrides["image_size"] = image_size
-        if num_classes is not None:
-            overrides["num_classes"] = num_classes
-        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-            model = create_model(name, **overrides)
-        cfg = model.config
-        vit = cfg.kind == "vit"
-        out.append(
-            {
-                "name": name,
-                "kind": cfg.kind,
-                "image_size": f"{cfg.image_size[0]}x{cfg.image_size[1]}",
-                "width": cfg.hidden_size if vit else cfg.feature_dim,
-                "depth": cfg.depth,
-                "heads": cfg.num_heads if vit else None,
-                "mlp": cfg.mlp_dim if vit else None,
-                "tokens": cfg.num_tokens if vit else None,
-                "classes": cfg.num_classes,
-                "params": sum(p.numel() for p in model.parameters()),
-                "gflops": model_flops(cfg) / 1e9,
-            }
-        )
-    return out
-
-
 def _cell(value) -> str:
     return "-" if value is None else str(value)
 
 
 def run(args) -> int:
-    table = rows(args.image_size, args.num_classes)
+    from vitlab.api import model_table
+
+    table = model_table(args.image_size, args.num_classes)
     if args.json:
         print(json.dumps(table, indent=2))
         return 0

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitlab.cli.common import add_checkpoint_arguments, add_device_argument, find_images, open_checkpoint, unreadable
+from vitlab.cli.common import add_checkpoint_arguments, add_device_argument
 from vitlab.config import pick_device
 from vitlab.files import OutputFolder
 
@@ -50,8 +50,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from vitlab.checkpoints import open_checkpoint
     from vitlab.cli import UsageError
     from vitlab.cli.common import progress
+    from vitlab.data.image_files import find_images, unreadable
     from vitlab.deploy import PRECISIONS
     from vitlab.predictor import Predictor, overlay_name
 

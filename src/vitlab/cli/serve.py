@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vitlab.cli.common import open_checkpoint
 
 HELP = "serve a classifier over HTTP: batched /predict, attention maps, a page to try it"
 DESCRIPTION = """\
@@ -63,6 +62,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from vitlab.checkpoints import open_checkpoint
     from vitlab.cli import UsageError
     from vitlab.config.serve import ServeConfig
     from vitlab.deploy import PRECISIONS

@@ -51,36 +51,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run a grid of up to N cells (default 10000: a bigger grid is refused as a likely mistake)")
 
 
-def _params(items: list[str]) -> dict:
-    import yaml
-
+def _check(args: argparse.Namespace) -> int:
+    """The flags' own checks; returns --max-cells (its default where not given)."""
     from vitlab.cli import UsageError
+    from vitlab.sweep import LAUNCHERS
+    from vitlab.sweep.cells import MAX_CELLS
 
-    params = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--slurm {item!r}: write KEY=VALUE, e.g. --slurm timeout_min=60")
-        params[key.strip()] = yaml.safe_load(value)
-    return params
+    if not math.isfinite(args.scale) or args.scale <= 0:
+        raise UsageError(f"--scale must be a positive finite number, got {args.scale}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.launcher not in LAUNCHERS:
+        raise UsageError(f"--launcher {args.launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    max_cells = MAX_CELLS if args.max_cells is None else args.max_cells
+    if max_cells < 1:
+        raise UsageError(f"--max-cells must be at least 1, got {max_cells}")
+    return max_cells
+
+
+def _dry_run(spec, out, scale: float, max_cells: int) -> int:
+    """The number of cells at once (counted, not made), then each cell's commands when the
+    grid is within --max-cells; runs nothing."""
+    from vitlab.sweep.cells import count, expand, too_many
+
+    n = count(spec)
+    print(f"sweep {spec.name}: {n:,} cell(s) -> {out}")
+    if n > max_cells:
+        print(f"not listed: {too_many(n, max_cells)}")
+        return 0
+    for cell in expand(spec, out, scale, max_cells):
+        print(f"{cell.key}:")
+        for step in cell.steps:
+            print(f"  vitlab {' '.join(step.argv)}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from vitlab.cli import UsageError
+    from vitlab.cli.common import launcher_params
     from vitlab.config.sweep import load_sweep
     from vitlab.sweep import run_sweep
-    from vitlab.sweep.cells import MAX_CELLS, count, expand, too_many
     from vitlab.sweep.runner import check_launcher
 
-    if not math.isfinite(args.scale) or args.scale <= 0:
-        raise UsageError(f"--scale must be a positive finite number, got {args.scale}")
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    max_cells = MAX_CELLS if args.max_cells is None else args.max_cells
-    if max_cells < 1:
-        raise UsageError(f"--max-cells must be at least 1, got {max_cells}")
+    max_cells = _check(args)
     if isinstance(args.report, str):  # --report DIR: the folder says what it is
         if args.out and Path(args.out) != Path(args.report):
             raise UsageError(f"--report {args.report} and --out {args.out} name two folders; give one")
@@ -99,29 +114,14 @@ def run(args: argparse.Namespace) -> int:
     suffix = "" if args.scale == 1 else f"-x{args.scale:g}"
     out = Path(args.out or f"runs/sweeps/{spec.name}{suffix}")
     if args.dry_run:
-        return _dry_run(spec, out, args.scale, max_cells, count, expand, too_many)
+        return _dry_run(spec, out, args.scale, max_cells)
     # A Slurm job runs on its own allocation: its threads are the job's, not this machine's.
     local = args.launcher != "slurm"
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)
     summary = run_sweep(spec, out, scale=args.scale, jobs=args.jobs, threads=threads, launcher=args.launcher,
-                        params=_params(args.slurm), wait=not args.no_wait, report_only=bool(args.report),
+                        params=launcher_params(args.slurm), wait=not args.no_wait, report_only=bool(args.report),
                         max_cells=max_cells)
     if summary.get("submitted"):
         print(f"then: vitlab sweep {args.spec} --out {out} --report")
         return 0
     return 1 if summary["failed"] else 0
-
-
-def _dry_run(spec, out, scale: float, max_cells: int, count, expand, too_many) -> int:
-    """The number of cells at once (counted, not made), then each cell's commands when the
-    grid is within --max-cells."""
-    n = count(spec)
-    print(f"sweep {spec.name}: {n:,} cell(s) -> {out}")
-    if n > max_cells:
-        print(f"not listed: {too_many(n, max_cells)}")
-        return 0
-    for cell in expand(spec, out, scale, max_cells):
-        print(f"{cell.key}:")
-        for step in cell.steps:
-            print(f"  vitlab {' '.join(step.argv)}")
-    return 0

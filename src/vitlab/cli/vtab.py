@@ -57,20 +57,18 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from vitlab.cli.common import command_line
-    from vitlab.cli.finetune import rates
-    from vitlab.cli.sweep import _params
+    from vitlab.cli.common import command_line, launcher_params, lr_rates
     from vitlab.data.vtab import TASKS, get_task
     from vitlab.sweep.vtab import launch
     from vitlab.train import recipe, vtab
 
     root, out = Path(args.root).expanduser(), Path(args.out or f"runs/vtab-{Path(args.checkpoint).stem}")
     tasks = [get_task(t) for t in args.tasks.split(",")] if args.tasks else list(TASKS.values())
-    s = vtab.Settings(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grid=tuple(rates(args.lr_grid) or ()),
+    s = vtab.Settings(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grid=tuple(lr_rates(args.lr_grid) or ()),
                       image_size=args.image_size, seed=args.seed, device=args.device, overrides=tuple(args.overrides))
     if args.launcher and not args.report:
         done = launch(args.checkpoint, root, out, tasks, s, launcher=args.launcher, jobs=args.jobs,
-                      params=_params(args.slurm), wait=not args.no_wait)
+                      params=launcher_params(args.slurm), wait=not args.no_wait)
         if done is None:
             return 0
         failed = [r for r in done if r["status"] != "done"]

@@ -48,6 +48,10 @@ The API other parts of vitlab (and users) call:
                 training batches (exactly resumable, split over processes), or one
                 evaluation pass
     transforms.eval_transform / transforms.train_transform / transforms.model_transform
+    decode.training_transform(decode, ...) / decode.fast_eval_transform / fast_model_transform
+                the same augmentation and preprocessing, a JPEG decoded only at the DCT scale
+                its crop needs (data.decode, data.eval_decode; uint8 training images that
+                decode.model_input normalises on the device; "cuda": decoded on the GPU)
     foreign.wrap(source, transform) -> any torch Dataset or DataLoader, torchvision dataset or
                 Hugging Face datasets object as a vitlab dataset (see foreign.py)
 

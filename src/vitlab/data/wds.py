@@ -38,7 +38,8 @@ import torch
 from PIL import Image
 
 from vitlab.config.run import SHUFFLE_BUFFER
-from vitlab.data.datasets import BadImageError, DataError, Skipped, apply_seeded, data_cache, decoded, item_seed
+from vitlab.data.datasets import BadImageError, DataError, Encoded, Skipped, apply_seeded, data_cache, decoded, item_seed
+from vitlab.data.decode import stack_images
 from vitlab.data.identity import dev_fraction as identity_dev_fraction
 from vitlab.data.identity import recognise, summed
 from vitlab.files import NotRegularFileError, atomic_write_text, require_regular_file
@@ -372,13 +373,17 @@ class WebDataset(torch.utils.data.IterableDataset):
         label = sample_label(shard, key, parts)
         label_error(shard, key, label, len(self.class_names))  # a shard changed since it was indexed
         data = next((parts[k] for k in IMAGE_KEYS if k in parts), None)
+        seed = item_seed(self.seed, epoch, key) if self.train else None
         try:
             if data is None:
                 raise ValueError(f"no image member ({', '.join('.' + k for k in IMAGE_KEYS)})")
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused
-                with Image.open(BytesIO(data)) as im:
-                    image = decoded(im)
+            if getattr(self.transform, "takes_encoded", False):  # it decodes only what its crop needs
+                image: Any = Encoded(data, f"{shard}: sample {key}")
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused
+                    with Image.open(BytesIO(data)) as im:
+                        image = decoded(im)
         except Exception as e:  # PIL raises many types for broken data
             if self.skip_bad_images:
                 return Skipped(f"{shard}:{key}")
@@ -386,8 +391,12 @@ class WebDataset(torch.utils.data.IterableDataset):
                 f"{shard}: sample {key}: cannot read the image ({type(e).__name__}: {e}); "
                 "fix the shard, or pass --skip-bad-images to skip and count such samples"
             ) from None
-        seed = item_seed(self.seed, epoch, key) if self.train else None
-        return apply_seeded(self.transform, image, seed), label
+        try:
+            return apply_seeded(self.transform, image, seed), label
+        except BadImageError:  # raised by a transform that decodes for itself
+            if self.skip_bad_images:
+                return Skipped(f"{shard}:{key}")
+            raise
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         """Plain iteration: samples split across data-loader workers and processes."""
@@ -485,7 +494,5 @@ class WebDatasetBatches(torch.utils.data.IterableDataset):
             yield _collate(items, bad)
 
 
-def _collate(items: list, bad: list[str]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
-    if not items:
-        return torch.empty(0), torch.empty(0, dtype=torch.long), tuple(bad)
-    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.long), tuple(bad)
+def _collate(items: list, bad: list[str]) -> tuple[Any, torch.Tensor, tuple[str, ...]]:
+    return stack_images(items, tuple(bad))

@@ -7,6 +7,8 @@ added before dividing: `batch_counts` per batch, add them up, `metrics_from_coun
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 from typing import Any, Callable, Optional
 
@@ -18,6 +20,7 @@ from vitlab.data import DataError, foreign, make_loader, open_dataset
 from vitlab.eval.classes import class_names_for, only_numbers
 from vitlab.eval.real import read_real_labels, real_accuracy
 from vitlab.data.transforms import model_transform
+from vitlab.files import atomic_write_text
 
 
 def batch_counts(logits: Tensor, labels: Tensor, num_classes: int) -> dict[str, Tensor]:
@@ -193,3 +196,14 @@ def to_json(metrics: dict[str, Any], class_names: list[str]) -> str:
     out["per_class"] = dict(zip(class_names, metrics["per_class"]))
     out["class_names"] = class_names
     return json.dumps(out, indent=2)
+
+
+def write_predictions(path: str, images: list, probabilities: list, names: list[str]) -> None:
+    """One CSV row per image: the image (its file, or its position), its top-1 class and the
+    probability of every class."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["image", "predicted", *names])
+    for image, probs in zip(images, probabilities):
+        writer.writerow([image, names[max(range(len(probs)), key=probs.__getitem__)], *(f"{p:.8g}" for p in probs)])
+    atomic_write_text(path, buffer.getvalue())

@@ -38,7 +38,7 @@ from vitlab.eval.accuracy import add_counts
 from vitlab import run_layout
 from vitlab.files import atomic_write_text
 from vitlab.train import callbacks as cb, distributed, state
-from vitlab.train.build import architecture, build_model, describe_source, open_datasets
+from vitlab.train.build import architecture, build_model, describe_source, model_input, open_datasets, train_loader
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.objectives import Objective, build_objective
 from vitlab.train.optim import EMA, build_optimizer, lr_at
@@ -283,10 +283,7 @@ class Trainer:
                 f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
                 f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps"
             )
-        loader = iter(make_loader(
-            run.train_set, run.plan.per_rank, seed=t.seed, rank=ctx.rank, world=ctx.world, train=True,
-            start_step=run.start, num_steps=run.plan.total - run.start, num_workers=cfg.data.num_workers,
-        ))
+        loader = train_loader(cfg, run.train_set, run.plan.per_rank, run.start, run.plan.total, ctx)
         t_start = time.perf_counter()
         step = run.start
         run.compute.start()
@@ -294,6 +291,7 @@ class Trainer:
             while step < run.plan.total:
                 images, labels, bad = next(loader)
                 run.bad_images.update(bad)
+                images = model_input(images, ctx.device, run.model.config)  # uint8 normalised here
                 lr = lr_at(step, run.plan.total, cfg.optim)
                 loss, acc = self._step(run, step, images, labels, lr)
                 step += 1
