@@ -140,6 +140,7 @@ class FigureSpec:
     y: str = setting("", check=_nonempty)
     series: str = ""
     where: Mapping[str, Any] = field(default_factory=dict)  # keep only rows with these values
+    references: Mapping[str, str] = field(default_factory=dict)  # curve: label -> a results column, drawn dashed
     logx: bool = False
     logy: bool = False
     title: str = ""
@@ -177,6 +178,21 @@ class CompareSpec:
 
 
 @dataclass(frozen=True)
+class SlopeSpec:
+    """A fitted line of `y` against `x` (log10 x with `logx`) per value of `by` (Fig. 5's
+    accuracy against log-compute, per family), every finished cell a point: the slope with
+    its 95% t interval."""
+
+    x: str = setting("", check=_nonempty)
+    y: str = setting("", check=_nonempty)
+    by: str = ""
+    logx: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"report.slopes[{self.y} ~ {self.x}]")
+
+
+@dataclass(frozen=True)
 class ReportSpec:
     """What report.md and report.json hold: per arm (the cells that differ only in pair_by)
     each metric's mean, std and 95% t interval; per compared pair the paired differences."""
@@ -184,6 +200,7 @@ class ReportSpec:
     metrics: tuple[str, ...] = ("test.top1",)
     pair_by: str = setting("seed", check=_nonempty)
     compare: tuple[CompareSpec, ...] = ()
+    slopes: tuple[SlopeSpec, ...] = ()
 
     def __post_init__(self) -> None:
         check_fields(self, "report")
@@ -195,7 +212,11 @@ class ReportSpec:
         if not isinstance(compare, (list, tuple)):
             raise ConfigError("report.compare: give a list of {axis, a, b, expect} mappings")
         pairs = tuple(CompareSpec(**check_keys(CompareSpec, c or {}, "report.compare")) for c in compare)
-        return cls(**d, compare=pairs)
+        slopes = d.pop("slopes", None) or ()
+        if not isinstance(slopes, (list, tuple)):
+            raise ConfigError("report.slopes: give a list of {x, y, by} mappings")
+        lines = tuple(SlopeSpec(**check_keys(SlopeSpec, f or {}, "report.slopes")) for f in slopes)
+        return cls(**d, compare=pairs, slopes=lines)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,9 @@ def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Pat
     labels = dict(title=fig.title, xlabel=fig.xlabel or fig.x, ylabel=fig.ylabel or fig.y, logy=fig.logy)
     if fig.kind == "curve":
         curves = res.curves(rows, fig)
-        return sweep_plots.plot_curves(curves, path, **{**labels, "xlabel": fig.xlabel or "index"}) if curves else None
+        refs = res.references(rows, fig)
+        return sweep_plots.plot_curves(curves, path, **{**labels, "xlabel": fig.xlabel or "index"},
+                                       references=refs) if curves else None
     groups = res.groups(rows, fig)
     if not groups:
         return None
