@@ -15,14 +15,13 @@ from typing import Optional, Sequence
 import numpy as np
 
 from vitlab.analysis.overlay import colormap
+from vitlab.extras import require
 
 
 def new_figure(width: float, height: float):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("drawing figures needs matplotlib: pip install 'vitlab[plots]'") from None
+    require("plots", "drawing figures", modules=())  # a MissingExtraError (an ImportError) names the module
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
     return fig

@@ -27,7 +27,7 @@ from vitlab.checkpoints import hf, hub, timm
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.tables import export_state
 from vitlab.config import model_flops
-from vitlab.files import atomic_write, atomic_write_text
+from vitlab.files import OutputFolder, atomic_write, atomic_write_text
 from vitlab.run_layout import CHECKPOINTS, LAST, RunLayout, run_of
 
 TIMM_WEIGHTS = "timm_model.safetensors"
@@ -88,12 +88,32 @@ def timm_readable(model) -> Optional[str]:
     return None
 
 
+def folder_files(folder: Path) -> list[str]:
+    """Every name `write_folder` may write or replace in `folder`: the Hugging Face files, stale
+    shards of an earlier save (hf.written_by_us), timm's weights and the card."""
+    present = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    return [*hf.WRITTEN_FILES, HF_SHARD, TIMM_WEIGHTS, CARD,
+            *(n for n in present if hf.written_by_us(n) and n not in hf.WRITTEN_FILES)]
+
+
 def write_folder(model, folder: str | os.PathLike, repo_id: str = "ORG/NAME", run: Optional[Path] = None,
-                 with_timm: bool = True, license: str = DEFAULT_LICENSE, dataset: Optional[str] = None) -> list[str]:
-    """Write the shareable folder (see the module docstring); returns the files written.
-    `dataset` is what the training data is (vitlab.data's identity: "cifar10", ...), for the
-    card; without it the card goes by the data spec's declared name."""
+                 with_timm: bool = True, force: bool = False, license: str = DEFAULT_LICENSE,
+                 dataset: Optional[str] = None) -> list[str]:
+    """Write the shareable folder (see the module docstring); returns the files written. In a
+    folder that holds files of those names which vitlab did not write (a user's README.md),
+    nothing is written unless `force` (files.OutputFolder). `dataset` is what the training data
+    is (vitlab.data's identity: "cifar10", ...), for the card; without it the card goes by the
+    data spec's declared name."""
     folder = Path(folder)
+    owner = OutputFolder(folder, "push", force)
+    owner.claim(folder_files(folder))
+    files = _write_folder(model, folder, repo_id, run, with_timm, license, dataset)
+    owner.record(files)
+    return files
+
+
+def _write_folder(model, folder: Path, repo_id: str, run: Optional[Path], with_timm: bool,
+                  license: str = DEFAULT_LICENSE, dataset: Optional[str] = None) -> list[str]:
     hf.write(model, folder)
     files = ["config.json", "model.safetensors", "preprocessor_config.json"]
     why_not = timm_readable(model) if with_timm else "not requested"
@@ -370,7 +390,8 @@ def push(model, target: str, run: Optional[str | os.PathLike] = None, token: Opt
 
     api = HfApi(endpoint=hub.hub_endpoint(), token=token)
     with tempfile.TemporaryDirectory(prefix="vitlab-push-") as tmp:
-        write_folder(model, Path(tmp) / "repo", repo_id, Path(run) if run else None, with_timm, license, dataset)
+        _write_folder(model, Path(tmp) / "repo", repo_id, Path(run) if run else None, with_timm,  # fresh: no manifest
+                      license, dataset)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
             info = api.upload_folder(

@@ -154,7 +154,8 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     p.add_argument("--workers", type=int, default=0, help="data-loader processes decoding images (default 0)")
     p.add_argument("--no-cache", action="store_true", help="recompute features, do not read or write the cache")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--out", help="also write the JSON result to this file")
+    p.add_argument("--out", help="also write the JSON result to this file (a new one, or --force)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
 def write_json(path: str, payload: dict) -> None:

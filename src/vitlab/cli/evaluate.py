@@ -51,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--predictions", metavar="FILE.csv", help="also write each image's probabilities of every class")
+    p.add_argument("--force", action="store_true", help="replace files in --out of eval's names that eval did not write")
     p.add_argument("--real", metavar="LABELS.json", help="ImageNet ReaL labels (real.json): ReaL accuracy beside top-1")
 
 
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     overrides = {"image_size": args.image_size} if args.image_size else {}
     model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device, **overrides)
+    out = Path(args.out) if args.out else results_folder(args.checkpoint)
+    owner = _owner(out, args.split, args.force)  # a user's eval-SPLIT.json there: refused now, not replaced
     bar = lambda total, desc: progress(total=total, desc=desc)  # noqa: E731
     try:
         metrics, names = evaluate_dataset(
@@ -79,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.predictions:
         write_predictions(args.predictions, metrics.pop("images"), metrics.pop("probabilities"), names)
     text = to_json(metrics, names)
-    out = Path(args.out) if args.out else results_folder(args.checkpoint)
-    written = _write(out, args.split, text, metrics, names, f"{model.config.name} on {args.data}, {args.split}")
+    written = _write(owner, args.split, text, metrics, names, f"{model.config.name} on {args.data}, {args.split}")
     if args.json:
         print(text)
         return 0
@@ -95,21 +97,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(out: Path | None, split: str, text: str, metrics, names: list[str], title: str) -> list[str]:
-    """Write the JSON, the confusion matrix and the reliability diagram into `out`; the lines
-    that say where they went."""
+def _owner(out: Path | None, split: str, force: bool):
+    """The results folder, its two files claimed (files.OutputFolder: a user's eval-SPLIT.json
+    there is refused unless --force); None when nothing is to be written."""
+    from vitlab.files import OutputFolder
+
     if out is None:
+        return None
+    owner = OutputFolder(out, "eval", force)
+    owner.claim([f"eval-{split}.json", f"confusion-{split}.png", f"reliability-{split}.png"])
+    return owner
+
+
+def _write(owner, split: str, text: str, metrics, names: list[str], title: str) -> list[str]:
+    """Write the JSON, the confusion matrix and the reliability diagram into the owner's
+    folder; the lines that say where they went."""
+    if owner is None:
         return ["results not written: the checkpoint is not in a run folder (RUN/checkpoints/); --out DIR keeps them"]
     from vitlab.analysis.plots import plot_confusion, plot_reliability
     from vitlab.files import atomic_write_text
 
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, png, calib = out / f"eval-{split}.json", out / f"confusion-{split}.png", out / f"reliability-{split}.png"
+    json_path, png, calib = (owner.path(f"eval-{split}.json"), owner.path(f"confusion-{split}.png"),
+                             owner.path(f"reliability-{split}.png"))
     atomic_write_text(json_path, text + "\n")
     try:
         drew = bool(plot_confusion(metrics["confusion"], names, png, title=title))
         plot_reliability(metrics["reliability"], calib, metrics["ece"], title)
     except ImportError:  # matplotlib is an optional extra
         drew = False
+    owner.record()
     return [f"results: {json_path}", f"confusion matrix: {png}; reliability diagram: {calib}" if drew
             else "no confusion-matrix or reliability PNG: matplotlib is not installed"]

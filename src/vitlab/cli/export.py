@@ -57,11 +57,9 @@ def _check_out(args) -> Path:
         print(f"vitlab export: warning: {out}: an {args.format} file is usually named *{suffix}; runtimes that go "
               "by the suffix may not recognise it", file=sys.stderr)
     if args.format == "onnx":
-        try:
-            import onnx  # noqa: F401
-            import onnxscript  # noqa: F401
-        except ImportError:
-            raise UsageError("ONNX export needs onnx and onnxscript: pip install 'vitlab[export]'") from None
+        from vitlab.extras import require
+
+        require("export", "ONNX export", modules=("onnx", "onnxscript"))
     return out
 
 

@@ -34,6 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--message", help="the commit message")
     p.add_argument("--no-timm", action="store_true", help="leave out timm's copy of the weights")
     p.add_argument("--format", help="the checkpoint's format, when detection cannot tell")
+    p.add_argument("--force", action="store_true",
+                   help="with --folder: replace files there of the folder's names (README.md, ...) that push did not write")
     p.add_argument("--license", default="apache-2.0", help="the card's license, a Hub license id (default apache-2.0)")
 
 
@@ -56,7 +58,8 @@ def run(args) -> int:
     model = build_model(read_checkpoint(checkpoint, args.format), checkpoint)
     card = {"license": args.license, "dataset": _dataset(share.run_facts(run_dir))}
     if args.folder:
-        files = share.write_folder(model, Path(args.folder), repo_id, run_dir, with_timm=not args.no_timm, **card)
+        files = share.write_folder(model, Path(args.folder), repo_id, run_dir, with_timm=not args.no_timm, force=args.force,
+                                   **card)
         print(f"wrote {args.folder}: {', '.join(files)} (nothing uploaded)")
         return 0
     url = share.push(model, repo_id, run=run_dir, private=args.private or None, revision=args.revision,

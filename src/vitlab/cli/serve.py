@@ -69,7 +69,9 @@ def run(args) -> int:
     from vitlab.config.serve import ServeConfig
     from vitlab.deploy import PRECISIONS
     from vitlab.serve import Engine, server
+    from vitlab.extras import require
 
+    require("serve", "vitlab serve", modules=())  # every module of the extra, checked before any work
     config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})
     if args.precision not in PRECISIONS:  # before the checkpoint is read
         raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")

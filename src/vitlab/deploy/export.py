@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from vitlab.extras import require
 from vitlab.files import atomic_write
 from vitlab.models.vit import VisionTransformer
 
@@ -115,7 +116,7 @@ def name_batch_axis(onnx_model) -> None:
 
 def read_onnx_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The metadata_props of an ONNX file, as onnxruntime reads them."""
-    import onnxruntime as ort
+    ort = require("export", "reading an ONNX file", modules=("onnxruntime",))["onnxruntime"]
 
     return dict(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map)
 
@@ -126,7 +127,7 @@ def check_onnx(path: str | os.PathLike, model: nn.Module, batch_sizes: tuple[int
 
     Batch sizes other than the traced one (2) prove the batch axis really is dynamic.
     """
-    import onnxruntime as ort
+    ort = require("export", "checking the ONNX file", modules=("onnxruntime",))["onnxruntime"]
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
