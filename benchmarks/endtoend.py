@@ -55,10 +55,11 @@ def bare_rate(recipe, threads: int, seconds: float = 20.0) -> tuple[float, float
         torch.set_num_threads(previous)
 
 
-def train_rate(out: Path, data: str, threads: int, workers: int, steps: int) -> tuple[float, float, int]:
+def train_rate(out: Path, data: str, threads: int, workers: int, steps: int,
+               overrides: tuple[str, ...] = ()) -> tuple[float, float, int]:
     """Run `vitlab train` on the recipe; (median windowed images/s, others' cores, steps)."""
     args = [sys.executable, "-m", "vitlab", "train", "--config", str(RECIPE), "--data", data, "--out", str(out),
-            "--quiet", f"train.threads={threads}", f"data.num_workers={workers}"]
+            "--quiet", f"train.threads={threads}", f"data.num_workers={workers}", *overrides]
     if steps:
         args.append(f"--steps={steps}")
     machine.wait_quiet(0.1, 5.0)
@@ -75,14 +76,17 @@ def train_rate(out: Path, data: str, threads: int, workers: int, steps: int) -> 
     return statistics.median(rates), others, lines[-1].get("step", 0) if lines else 0
 
 
-def end_to_end(out_dir: Path, info: dict, data: str, runs_dir: Path, log, configs=((1, 1, 0), (2, 1, 150), (2, 0, 150))) -> None:
-    """For each (threads, data workers, steps; 0 = the recipe's epoch): bare, end to end, bare."""
+def end_to_end(out_dir: Path, info: dict, data: str, runs_dir: Path, log, configs=((1, 1, 0), (2, 1, 150), (2, 0, 150)),
+               name: str = "end-to-end") -> None:
+    """For each (threads, data workers, steps; 0 = the recipe's epoch; then any overrides such as
+    data.decode=pil): bare, end to end, bare."""
     recipe = load_recipe(str(RECIPE))
     records = []
-    for threads, workers, steps in configs:
+    for threads, workers, steps, *overrides in configs:
         before, busy_before = bare_rate(recipe, threads)
-        run = runs_dir / f"c4-bf16-t{threads}w{workers}"
-        e2e, busy, done = train_rate(run, data, threads, workers, steps)
+        tag = "".join("-" + o.split("=")[-1] for o in overrides)
+        run = runs_dir / f"c4-bf16-t{threads}w{workers}{tag}"
+        e2e, busy, done = train_rate(run, data, threads, workers, steps, tuple(overrides))
         after, busy_after = bare_rate(recipe, threads)
         bare = (before + after) / 2
         log(f"end to end, {threads} threads, {workers} workers: {e2e:.1f} img/s; bare step {before:.1f} / {after:.1f}")
@@ -103,5 +107,5 @@ def end_to_end(out_dir: Path, info: dict, data: str, runs_dir: Path, log, config
              "backward, AdamW), 20 s each, before and after the run. of_bare_step is end to end over the "
              "mean of the two. others_cores: other processes' CPU use during the measurement (the "
              "machine is shared).\n")
-    tables.write_table(out_dir, "end-to-end", "vitlab train end to end beside the bare step", info,
+    tables.write_table(out_dir, name, "vitlab train end to end beside the bare step", info,
                        records, COLUMNS, notes)

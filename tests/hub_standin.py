@@ -130,7 +130,9 @@ class StandInHub:
                     self.wfile.write(body)
 
             def _json(self, status, payload, headers=None):
-                self._send(status, json.dumps(payload).encode(), {"Content-Type": "application/json", **(headers or {})})
+                # An answer to HEAD has no body, errors included (a body there corrupts the next response).
+                self._send(status, json.dumps(payload).encode(), {"Content-Type": "application/json", **(headers or {})},
+                           head=self.command == "HEAD")
 
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))

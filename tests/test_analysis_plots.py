@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vitlab.analysis import plots
+from vitlab.analysis import overlay, plots
 
 pytest.importorskip("matplotlib")
 
@@ -45,7 +45,8 @@ def test_rollout_can_be_a_heat_map(drawn):
     plots.plot_rollout(images, maps, "r.png", ["cat", "dog"])
     heat, weighted = drawn
     assert heat.axes[1].get_title() == "rollout heat map" and len(heat.axes[1].images) == 2  # image + map
-    assert heat.axes[1].images[1].get_cmap().name == "jet"
+    # the one colour map every attention picture uses (predict's and serve's overlays too)
+    assert heat.axes[1].images[1].get_cmap().name == overlay.colormap().name
     assert weighted.axes[1].get_title() == "image x rollout" and len(weighted.axes[1].images) == 1
     assert heat.axes[0].get_title() == "cat\npredicted: dog"
 

@@ -82,7 +82,7 @@ def test_a_terminal_gets_a_tqdm_bar(storage, server, cache, monkeypatch, capsys)
     monkeypatch.setenv("VITLAB_BASE_URL", url)
     pretrained.fetch(NAME, progress=True)
     err = capsys.readouterr().err
-    assert f"downloading {NAME}: 100%" in err and "\r" in err and "done: " in err
+    assert f"downloading {NAME}" in err and "100%" in err and "\r" in err and "done: " in err  # torch.hub's bar
 
 
 def test_file_url_and_recorded_checksum(storage, cache, monkeypatch):
@@ -97,6 +97,28 @@ def test_file_url_and_recorded_checksum(storage, cache, monkeypatch):
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="sha256"):
         pretrained.fetch(NAME)
+
+
+def test_the_download_is_torch_hubs_and_a_published_checksum_passes(storage, server, cache, monkeypatch):
+    """The bytes come through torch.hub.download_url_to_file (from the loopback server), and
+    a published sha256 that matches is accepted and recorded."""
+    from dataclasses import replace
+
+    import torch.hub
+
+    url, hits = server
+    root, _ = storage
+    monkeypatch.setenv("VITLAB_BASE_URL", url)
+    entry = pretrained.PRETRAINED[NAME]
+    published = pretrained.sha256_of(root / entry.path)
+    monkeypatch.setitem(pretrained.PRETRAINED, NAME, replace(entry, sha256=published))
+    calls = []
+    real = torch.hub.download_url_to_file
+    monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: (calls.append((a, k)), real(*a, **k))[1])
+    path = pretrained.fetch(NAME, progress=False)
+    assert calls and calls[0][0][0] == f"{url}/{entry.path}" and calls[0][1]["hash_prefix"] == published
+    assert len(hits) == 1 and pretrained._recorded()[entry.path]["sha256"] == published
+    assert path.read_bytes() == (root / entry.path).read_bytes()
 
 
 def test_published_checksum_mismatch_writes_nothing(storage, cache, monkeypatch):

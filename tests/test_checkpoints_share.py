@@ -44,7 +44,8 @@ def test_the_folder_reads_in_vitlab_transformers_and_timm(tmp_path, hub_cache):
     model = tiny()
     folder = tmp_path / "share"
     files = share.write_folder(model, folder, "me/tiny", make_run(tmp_path, model))
-    assert files == ["config.json", "model.safetensors", "preprocessor_config.json", "timm_model.safetensors", "README.md"]
+    assert files == ["config.json", "model.safetensors.index.json", "transformers_model.safetensors",
+                     "preprocessor_config.json", "timm_model.safetensors", "README.md"]
     x = torch.randn(2, 3, 32, 32)
     back = vitlab.load(folder)
     assert back.class_names == model.class_names and torch.allclose(logits(back, x), logits(model, x), atol=0)
@@ -70,7 +71,7 @@ def test_model_card(tmp_path):
     card = share.model_card(model, "me/tiny", share.run_facts(make_run(tmp_path, model)))
     front, body = card.split("---\n")[1], card.split("---\n", 2)[2]
     assert yaml.safe_load(front)["pipeline_tag"] == "image-classification"
-    assert "width 32, depth 2, 2 heads" in body and "Trained on `cifar10`" in body and "300 steps of batch 64" in body
+    assert "width 32, depth 2, 2 heads" in body and "Trained on CIFAR-10 (`cifar10`)" in body and "300 steps of batch 64" in body
     assert "| test | 81.25% | 97.00% | 0.6100 |" in body and "Classes: cat, dog, ship, truck." in body
     for line in ('vitlab.load("hf-hub:me/tiny")', 'ViTForImageClassification.from_pretrained("me/tiny")',
                  'timm.create_model("hf-hub:me/tiny", pretrained=True)'):
@@ -87,7 +88,8 @@ def test_push_uploads_with_the_token_and_loads_back(tmp_path, standin_hub, capsy
     out = capsys.readouterr().out
     assert "pushed" in out and standin_hub.url in out and standin_hub.private["me/tiny"]
     uploaded = standin_hub.files("me/tiny")
-    assert set(uploaded) == {"config.json", "model.safetensors", "preprocessor_config.json", "timm_model.safetensors", "README.md"}
+    assert set(uploaded) == {"config.json", "model.safetensors.index.json", "transformers_model.safetensors",
+                             "preprocessor_config.json", "timm_model.safetensors", "README.md"}
     assert b"81.25%" in uploaded["README.md"]
     assert set(standin_hub.authorizations) == {"Bearer hf_test_token"}
     back = vitlab.load("hf-hub:me/tiny")  # downloaded from the stand-in into the cache

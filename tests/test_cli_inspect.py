@@ -153,7 +153,7 @@ def test_fewshot_and_eval_read_a_bit_resnet(tmp_path, capsys):
                  "--pool", "4", "--test-limit", "50", "--no-cache", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["feature_dim"] == model.config.feature_dim and 0 <= result["shots"]["2"]["mean"] <= 1
-    assert main(["eval", str(tmp_path / "bit.safetensors"), "--data", "digits", "--json"]) == 0
+    assert main(["eval", str(tmp_path / "bit.safetensors"), "--data", "digits", "--json", "--out", str(tmp_path / "eval")]) == 0
     assert 0 <= json.loads(capsys.readouterr().out.split("\nresults:")[0])["top1"] <= 1
 
 

@@ -317,3 +317,22 @@ def test_bad_sample_in_a_shard_is_named(tmp_path):
     batches = list(make_loader(ds, 4, train=False))
     skipped = [n for b in batches for n in b[2]]
     assert skipped == [f"{tmp_path}/train-000000.tar:{samples[2][0]}"] and sum(len(b[1]) for b in batches) == 5
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="Debian's dataset-fashion-mnist is not installed")
+def test_the_idx_reader_gives_torchvisions_fashion_mnist(tmp_path):
+    """vitlab reads Debian's gzipped files itself (datasets.read_idx says why); torchvision's
+    FashionMNIST, given the same files un-gzipped in its own layout, reads the same arrays."""
+    from torchvision.datasets import FashionMNIST
+
+    from vitlab.data.datasets import fashion_mnist_arrays
+
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        (raw / name).write_bytes(gzip.decompress((FASHION / f"{name}.gz").read_bytes()))
+    ours = fashion_mnist_arrays(str(FASHION), download=False)
+    for split, train in (("train", True), ("test", False)):
+        theirs = FashionMNIST(str(tmp_path), train=train, download=False)
+        images, labels = ours[split]
+        assert np.array_equal(images, theirs.data.numpy()) and np.array_equal(labels, theirs.targets.numpy())

@@ -26,6 +26,9 @@ def test_onnx_has_a_dynamic_batch_and_matches_pytorch(tmp_path):
     graph = onnx.load(str(path)).graph
     batch_dim = graph.input[0].type.tensor_type.shape.dim[0]
     assert batch_dim.dim_param and not batch_dim.dim_value  # symbolic, not a fixed size
+    # ... and named for what it is (the exporter's own name is torch's symbol, "s77").
+    named = {d.dim_param for v in [*graph.input, *graph.output, *graph.value_info] for d in v.type.tensor_type.shape.dim}
+    assert named - {""} == {"batch"}
     assert deploy.check_onnx(path, m, batch_sizes=(1, 3, 7)) < 1e-4
 
 
@@ -109,3 +112,20 @@ def test_an_int8_copy_saves_loads_and_exports_or_refuses_by_name(tmp_path, capsy
     err = capsys.readouterr().err
     assert "serving copy (int8) is not supported" in err and "torch-export" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "q8.onnx").exists()
+
+
+def test_info_describes_an_int8_serving_file(tmp_path, capsys):
+    """`vitlab info` on a save_int8 file: the serving kind and how to run it, the parameter
+    count of the model it stands for, its classes; --json the same."""
+    from conftest import tiny_model
+
+    m = tiny_model(class_names=list("abcdefghij"))
+    deploy.save_int8(deploy.quantize_int8(m), tmp_path / "q8.safetensors")
+    assert main(["info", str(tmp_path / "q8.safetensors")]) == 0
+    out = capsys.readouterr().out
+    params = sum(p.numel() for p in m.parameters())
+    assert "int8 serving copy" in out and "load_int8" in out and f"({params:,} parameters" in out
+    assert "classes      a, b, c" in out
+    assert main(["info", str(tmp_path / "q8.safetensors"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["serving"] == "int8" and info["params"] == params and info["int8_tensors"] == 4 * m.config.depth

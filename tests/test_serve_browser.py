@@ -160,3 +160,30 @@ def test_the_page_classifies_a_picked_image_and_draws_its_attention(browser_page
         page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
     assert not outside, f"the page asked for something from elsewhere: {outside}"
     assert not [p for p in problems if "415" not in p], problems  # the refused upload logs its 415
+
+
+def test_the_page_sends_a_non_ascii_api_key_as_its_utf8(browser_page, tmp_path):
+    """A key typed into the page reaches the server as the key's UTF-8 bytes, as curl sends
+    it (tests/test_reliability_api.py): the right key is let in, a near miss is not."""
+    page = browser_page
+    key = "clé-secrète-ключ-🔑"
+    picture = tmp_path / "p.png"
+    Image.new("RGB", (40, 30), (30, 60, 200)).save(picture)
+    app = create_app(Engine(small_classifier(), "fp32"), ServeConfig(api_key=key))
+    with live_server(app) as url:
+        page.goto(url + "/")
+        page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+        page.fill("#apikey", key[:-1])
+        page.set_input_files("#picker", str(picture))
+        refused = page.wait_for_selector(".card[data-state=error]", timeout=30_000)
+        assert "401" in refused.inner_text()
+        page.fill("#apikey", key)
+        again = tmp_path / "p2.png"  # another file: picking the same one again fires no change
+        Image.new("RGB", (40, 30), (90, 60, 20)).save(again)
+        page.set_input_files("#picker", str(again))
+        for _ in range(300):  # the page's CSP forbids wait_for_function's eval: poll
+            if len(page.query_selector_all(".card:not([data-state=pending])")) == 2:
+                break
+            page.wait_for_timeout(100)
+        states = page.eval_on_selector_all(".card", "els => els.map(e => [e.dataset.state, e.innerText])")
+        assert sorted(s for s, _ in states) == ["done", "error"], states

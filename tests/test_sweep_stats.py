@@ -48,6 +48,26 @@ def test_describe_and_paired_match_scipy():
     assert stats.paired({0: 1.0}, {1: 2.0})["n"] == 0
 
 
+def test_slope_matches_scipy_linregress():
+    xs = [11.2, 11.5, 11.9, 12.2, 11.3, 11.6, 12.0, 12.3]
+    ys = [0.27, 0.30, 0.34, 0.35, 0.26, 0.31, 0.33, 0.36]
+    r, ref = stats.slope(xs, ys), scipy_stats.linregress(xs, ys)
+    assert r["slope"] == pytest.approx(ref.slope, rel=1e-10) and r["se"] == pytest.approx(ref.stderr, rel=1e-9)
+    assert r["p"] == pytest.approx(ref.pvalue, rel=1e-8)
+    half = scipy_stats.t.ppf(0.975, len(xs) - 2) * ref.stderr
+    assert (r["lo"], r["hi"]) == (pytest.approx(ref.slope - half, rel=1e-9), pytest.approx(ref.slope + half, rel=1e-9))
+    assert stats.slope([1, 2], [1, 2])["slope"] is None and stats.slope([1, 1, 1], [1, 2, 3])["slope"] is None
+
+
+def test_slopes_per_family_from_rows():
+    spec = SweepSpec.from_dict({**SPEC, "report": {"slopes": [{"x": "flops", "y": "test.top1", "by": "family"}]}}, "t")
+    rows = [{"status": "done", "family": f, "flops": 10.0 ** k, "test.top1": 0.2 + g * k}
+            for f, g in (("ViT", 0.05), ("BiT", 0.02)) for k in (1, 2, 3, 4)]
+    got = {s["group"]: s for s in findings.build(spec, rows)["slopes"]}
+    assert got["ViT"]["slope"] == pytest.approx(0.05) and got["BiT"]["slope"] == pytest.approx(0.02)
+    assert "| test.top1 (points) | log10 flops | ViT | 4 | +5.00 |" in findings.slopes_table({"slopes": list(got.values())})
+
+
 @pytest.mark.parametrize("lo,hi,mean,expect,margin,want", [
     (0.01, 0.03, 0.02, "higher", 0, "Reproduced"),
     (-0.01, 0.03, 0.01, "higher", 0, "In direction"),
@@ -141,3 +161,19 @@ def test_report_dir_without_a_spec_says_what_to_do(tmp_path, capsys):
     assert "no sweep.json" in err and "Traceback" not in err
     assert main(["sweep"]) != 0
     assert "name a sweep spec" in capsys.readouterr().err
+
+
+def test_curve_figures_draw_reference_lines(tmp_path):
+    from vitlab.config.sweep import FigureSpec
+    from vitlab.sweep import draw
+    from vitlab.sweep.results import references
+
+    fig = FigureSpec(file="d.png", kind="curve", y="inspect.mean", series="seed",
+                     references={"uniform attention": "inspect.uniform", "random init": "init.mean"})
+    rows = [{"status": "done", "seed": s, "inspect.mean": [15.0 + s, 16.0], "inspect.uniform": 16.55,
+             "init.mean": [16.3 + s, 16.5]} for s in (0, 1)]
+    assert references(rows, fig) == {"uniform attention": 16.55, "random init": [16.8, 16.5]}
+    path = draw(fig, rows, tmp_path)
+    assert path.exists() and path.stat().st_size > 1000
+    with pytest.raises(ConfigError, match="references"):
+        FigureSpec(file="d.png", kind="curve", y="m", references=["x"])

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import vitlab
-from vitlab.cli.models import rows
+from vitlab.api import model_table as rows
 from vitlab.train.compute import FIELDS, ComputeMeter, describe_device, format_compute, training_flops
 from vitlab.config import model_flops
 

@@ -11,18 +11,32 @@ import fnmatch
 import os
 from typing import Any, Callable, Optional
 
+import torch
+
 from vitlab import checkpoints
 from vitlab.checkpoints import hub, pretrained as registry, share
-from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig
+from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig, model_flops
 from vitlab.data.transforms import model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import MODELS, variant_config
+
+
+def _check_type(function: str, argument: str, value: Any, types: Any, what: str) -> None:
+    """A TypeError from vitlab, naming the argument and what to pass, before anything deeper
+    meets a value of the wrong type (`create_model(None)`)."""
+    if not isinstance(value, types) or (bool not in _tuple(types) and isinstance(value, bool)):
+        raise TypeError(f"vitlab.{function}: {argument} must be {what}, not {type(value).__name__} {value!r:.60}")
+
+
+def _tuple(types: Any) -> tuple:
+    return types if isinstance(types, tuple) else (types,)
 
 
 def list_models(pattern: Optional[str] = None, pretrained: bool = False) -> list[str]:
     """The registered variant names in the paper's notation ("ViT-B/16"), or with
     `pretrained=True` the published checkpoints by name ("ViT-B/16:imagenet21k"); `pattern`
     filters them, shell-style and ignoring case: `list_models("ViT-B*", pretrained=True)`."""
+    _check_type("list_models", "pattern", pattern, (str, type(None)), "a shell-style pattern such as 'ViT-B*'")
     names = registry.list_pretrained() if pretrained else list(MODELS)
     if pattern is None:
         return names
@@ -31,6 +45,7 @@ def list_models(pattern: Optional[str] = None, pretrained: bool = False) -> list
 
 def get_config(name: str, **overrides: Any) -> ModelConfig:
     """A variant's config with fields changed; a changed shape is named as such (see variant_config)."""
+    _check_type("get_config", "name", name, str, "a variant name such as 'ViT-B/16' (vitlab.list_models())")
     return variant_config(name, **overrides)
 
 
@@ -52,6 +67,9 @@ def create_model(name: str | ModelConfig, pretrained: bool = False, **overrides:
     (`default_weights`), or a checkpoint name ("ViT-B/16:augreg-in21k", "timm:...",
     "hf-hub:..."); the overrides then apply as in `load`.
     """
+    _check_type("create_model", "name", name, (str, ViTConfig, BiTConfig),
+                "a variant name such as 'ViT-B/16' (vitlab.list_models()) or a ViTConfig/BiTConfig")
+    _check_type("create_model", "pretrained", pretrained, bool, "True or False")
     if pretrained:
         if isinstance(name, (ViTConfig, BiTConfig)):
             raise ConfigError("pretrained=True needs a model or checkpoint name, not a config")
@@ -79,6 +97,10 @@ def load(path_or_name: str | os.PathLike, format: Optional[str] = None, revision
     the position embeddings, `num_classes=10` starts a fresh zero-initialised head. The model
     keeps its preprocessing (mean, std, crop) in its config: `vitlab.transform(model)`.
     """
+    _check_type("load", "path_or_name", path_or_name, (str, os.PathLike),
+                "a checkpoint path or a name such as 'ViT-B/16:imagenet21k'")
+    _check_type("load", "format", format, (str, type(None)), "a format name (vitlab.checkpoints.FORMATS) or None")
+    _check_type("load", "revision", revision, (str, type(None)), "a branch, tag or commit, or None")
     return checkpoints.load(path_or_name, format, revision, **overrides)
 
 
@@ -86,6 +108,9 @@ def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs
     """Write `model` to `path` in one of the formats in `vitlab.checkpoints.FORMATS`, or
     upload it to the Hub with `path="hf-hub:ORG/NAME"` (a transformers folder with timm's
     weights beside them and a model card; kwargs go to `vitlab.checkpoints.share.push`)."""
+    _check_type("save", "model", model, torch.nn.Module, "a vitlab model (vitlab.create_model or vitlab.load)")
+    _check_type("save", "path", path, (str, os.PathLike), "a file or folder path, or 'hf-hub:ORG/NAME'")
+    _check_type("save", "format", format, str, "a format name (vitlab.checkpoints.FORMATS)")
     if isinstance(path, str) and path.startswith(hub.HF_PREFIX):
         share.push(model, path, **kwargs)
         return
@@ -110,3 +135,37 @@ def transform(model_or_config: Model | ModelConfig, train: bool = False, **augme
     if not isinstance(cfg, (ViTConfig, BiTConfig)):
         raise TypeError(f"vitlab.transform takes a vitlab model or its config, not {type(model_or_config).__name__}")
     return model_transform(cfg, train, **augment)
+
+
+def model_table(image_size: Optional[int] = None, num_classes: Optional[int] = None,
+                pattern: Optional[str] = None) -> list[dict[str, Any]]:
+    """One row per registered variant (what `vitlab models` prints): its shape, parameters and
+    GFLOPs at `image_size` (default: its own) with `num_classes` classes; only the names that
+    match `pattern` (as list_models). Built on the meta device: shapes only, no memory."""
+    out = []
+    for name in list_models(pattern):
+        overrides = {}
+        if image_size:
+            overrides["image_size"] = image_size
+        if num_classes is not None:
+            overrides["num_classes"] = num_classes
+        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+            model = create_model(name, **overrides)
+        cfg = model.config
+        vit = cfg.kind == "vit"
+        out.append(
+            {
+                "name": name,
+                "kind": cfg.kind,
+                "image_size": f"{cfg.image_size[0]}x{cfg.image_size[1]}",
+                "width": cfg.hidden_size if vit else cfg.feature_dim,
+                "depth": cfg.depth,
+                "heads": cfg.num_heads if vit else None,
+                "mlp": cfg.mlp_dim if vit else None,
+                "tokens": cfg.num_tokens if vit else None,
+                "classes": cfg.num_classes,
+                "params": sum(p.numel() for p in model.parameters()),
+                "gflops": model_flops(cfg) / 1e9,
+            }
+        )
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -144,3 +145,160 @@ def cache_dir(*parts: str) -> Path:
     """vitlab's cache: $VITLAB_CACHE, else ~/.cache/vitlab; `parts` name a folder inside it."""
     root = os.environ.get("VITLAB_CACHE")
     return Path(root or Path.home() / ".cache" / "vitlab").joinpath(*parts)
+
+
+# User text as a file or folder name ------------------------------------------------------
+# One rule wherever text that a user, a spec or a download chose becomes a path component
+# (a sweep cell, a Hub cache name, an output file): one component, never a way out.
+MAX_NAME_BYTES = 120  # well under every file system's 255, with room for a suffix
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class UnsafeNameError(ValueError):
+    """Text that cannot be one file or folder name: a separator, `..`, empty, too long."""
+
+
+def check_name(text: object, what: str = "name", max_bytes: int = MAX_NAME_BYTES) -> str:
+    """`text` if it is one safe path component; else UnsafeNameError saying why. Refuses
+    separators (/ and \\), `.` and `..`, NUL and control characters, a leading `-` or `~`
+    (read as an option or a home folder) and more than `max_bytes` bytes of UTF-8."""
+    if not isinstance(text, str):
+        raise UnsafeNameError(f"{what} {text!r}: a name must be text, not {type(text).__name__}")
+    why = None
+    if not text.strip():
+        why = "it is empty"
+    elif text in (".", ".."):
+        why = "it names a folder itself or its parent"
+    elif "/" in text or "\\" in text:
+        why = "it holds a path separator"
+    elif _CONTROL.search(text):
+        why = "it holds a control character"
+    elif text[0] in "-~":
+        why = f"it starts with {text[0]!r}"
+    elif len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+        why = f"it is longer than {max_bytes} bytes"
+    if why:
+        raise UnsafeNameError(f"{what} {text[:60]!r}: not usable as a file or folder name ({why}); use a short plain name")
+    return text
+
+
+def to_name(text: str, max_bytes: int = 80) -> str:
+    """Any text as a safe path component (a folder name made from a sweep value): runs of
+    characters other than letters, digits and `._+-` become `-`, leading dots go, and text
+    longer than `max_bytes` is cut and given a digest of the whole, so distinct texts stay
+    distinct. The result always passes `check_name`."""
+    import hashlib
+
+    word = re.sub(r"[^A-Za-z0-9._+-]+", "-", str(text)).strip("-.~") or "x"
+    if len(word) > max_bytes:
+        digest = hashlib.sha1(str(text).encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        word = f"{word[:max_bytes - 11].rstrip('-.')}-{digest}"
+    return check_name(word or "x")
+
+
+def child(parent: PathLike, name: str, what: str = "name") -> Path:
+    """`parent / name` for one safe component `name`, checked (symlinks followed) to stay
+    inside `parent`: the only way vitlab turns a chosen name into a path."""
+    parent = Path(parent)
+    path = parent / check_name(name, what)
+    if not path.is_symlink():  # one plain component that is no link: inside `parent` by construction
+        return path
+    real_parent = os.path.realpath(parent)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_parent, real]) != real_parent or real == real_parent:
+        raise UnsafeNameError(f"{what} {name!r}: {path} leads outside {parent} (a link?); remove the link or pick another folder")
+    return path
+
+
+# Writing where the user keeps files ------------------------------------------------------
+# A command writes only new files, files it wrote before, or files named with --force. What
+# vitlab wrote into a folder is listed, with each file's digest, in the folder's MANIFEST: a
+# listed file still holding those bytes is vitlab's to replace; any other file is the user's.
+MANIFEST = ".vitlab-outputs.json"
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def user_file_error(path: Path, writer: str, others: tuple[str, ...] = (), force: bool = True) -> FileExistsError:
+    """The refusal to replace a user's file `path` (and `others` beside it); `force`: the
+    command offers --force."""
+    if others:
+        names = ", ".join([path.name, *others])
+        fix = ", or pass --force to replace them" if force else ""
+        return FileExistsError(errno.EEXIST, f"{path.parent} holds {names}, which vitlab {writer} did not write (or "
+                                             f"which were changed since); they are kept: move them or write elsewhere{fix}")
+    fix = ", or pass --force to replace it" if force else ""
+    return FileExistsError(errno.EEXIST, f"{path} exists and vitlab {writer} did not write it (or it was changed "
+                                         f"since); it is kept: move it or write elsewhere{fix}")
+
+
+def check_new_file(path: PathLike, writer: str, force: bool = False) -> Path:
+    """A single-file output (predict --csv, fewshot --out): new, or replaced with --force."""
+    path = Path(path)
+    if (path.exists() or path.is_symlink()) and not force:
+        raise user_file_error(path, writer)
+    return path
+
+
+class OutputFolder:
+    """A folder a command fills with files of fixed names (inspect's report, push's repo
+    folder), which may already hold the user's own files. `claim(names)` refuses, before any
+    work, a name that exists and is not this writer's (see MANIFEST); `path(name)` is where
+    one of them goes; `record()` lists what was written, once it is written."""
+
+    def __init__(self, folder: PathLike, writer: str, force: bool = False, offer_force: bool = True):
+        self.folder, self.writer, self.force, self.offer_force = Path(folder), writer, force, offer_force
+        self.written: set[str] = set()
+
+    def _manifest(self) -> dict:
+        import json
+
+        p = self.folder / MANIFEST
+        try:
+            data = json.loads(require_regular_file(p, MANIFEST).read_text(encoding="utf-8"))
+            files = data.get("files") if isinstance(data, dict) else None
+            return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(files, dict) else {}
+        except (OSError, ValueError):
+            return {}  # no manifest, or a damaged one: nothing here counts as vitlab's
+
+    def owned(self, name: str) -> bool:
+        p = self.folder / name
+        recorded = self._manifest().get(name)
+        return bool(recorded) and p.is_file() and not p.is_symlink() and _digest(p) == recorded
+
+    def claim(self, names) -> None:
+        if self.folder.exists() and not self.folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{self.folder}: exists and is not a folder; name a folder")
+        theirs = []
+        for name in names:
+            p = child(self.folder, name, "output") if self.folder.exists() else self.folder / check_name(name, "output")
+            if (p.exists() or p.is_symlink()) and not self.force and not self.owned(name):
+                theirs.append(p)
+        if theirs:
+            raise user_file_error(theirs[0], self.writer, tuple(p.name for p in theirs[1:]), self.offer_force)
+
+    def path(self, name: str) -> Path:
+        self.claim([name])
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.written.add(name)
+        return self.folder / name
+
+    def record(self, names=()) -> None:
+        import json
+
+        self.written.update(names)
+        files = {k: v for k, v in self._manifest().items() if (self.folder / k).is_file()}
+        for name in self.written:
+            p = self.folder / name
+            if p.is_file():
+                files[name] = _digest(p)
+        atomic_write_text(self.folder / MANIFEST, json.dumps({"writer": f"vitlab {self.writer}", "files": files},
+                                                             indent=1, sort_keys=True) + "\n")

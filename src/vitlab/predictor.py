@@ -32,7 +32,7 @@ from vitlab.config import ConfigError
 from vitlab.data import read_image
 from vitlab.data.transforms import model_transform, to_mode
 from vitlab.deploy import PRECISIONS, Serving, for_precision
-from vitlab.files import atomic_write
+from vitlab.files import OutputFolder, atomic_write, to_name
 
 DISPLAY_SIDE = 384  # the longer side of an overlay image
 
@@ -44,6 +44,12 @@ class Looked:
     probs: np.ndarray  # (num_classes,)
     rollout: Optional[np.ndarray] = None  # (gh, gw), attention rollout scaled to max 1 (Fig. 6)
     heads: Optional[np.ndarray] = None  # (layers, heads, gh, gw): each head's attention from the class token
+
+
+def overlay_name(number: int, stem: str) -> str:
+    """The overlay PNG of the number-th image, from its file's stem made one safe, short name
+    (files.to_name): a stem of any length or characters stays one file in the folder."""
+    return to_name(f"{number:04d}_{stem}_rollout", 100) + ".png"
 
 
 class Predictor:
@@ -135,7 +141,7 @@ class Predictor:
 
     # Files -> rows -------------------------------------------------------------------------
     def predict(self, images: Iterable[Any], top_k: int = 5, batch_size: int = 16, attention: bool = False,
-                overlays: Optional[str | os.PathLike] = None, on_error=None) -> Iterator[dict[str, Any]]:
+                overlays: Optional[str | os.PathLike | OutputFolder] = None, on_error=None) -> Iterator[dict[str, Any]]:
         """Rows {"image", "predictions", ["rollout", "attention"]} for images (files, PIL images
         or tensors), batch_size at a time, each batch's rows as soon as it is done. With
         `overlays` (a folder) the rollout over each image is written there as a PNG
@@ -169,7 +175,8 @@ class Predictor:
             if seen.rollout is not None:
                 row["rollout"] = seen.rollout
             if overlays is not None and picture is not None:
-                row["attention"] = str(self.write_overlay(picture, seen, row, Path(overlays), offset + i))
+                folder = overlays if isinstance(overlays, OutputFolder) else Path(overlays)
+                row["attention"] = str(self.write_overlay(picture, seen, row, folder, offset + i))
             rows.append(row)
         return rows
 
@@ -177,12 +184,16 @@ class Predictor:
         """The rollout as a heat map over the image (the display size), the one renderer."""
         return overlay(self.display(image), rollout)
 
-    def write_overlay(self, image: Image.Image, seen: Looked, row: dict, folder: Path, number: int) -> Path:
-        """NNNN_STEM_rollout.png in `folder`: the overlay, captioned with the top class."""
+    def write_overlay(self, image: Image.Image, seen: Looked, row: dict, folder: Path | OutputFolder, number: int) -> Path:
+        """NNNN_STEM_rollout.png in `folder`: the overlay, captioned with the top class. In an
+        OutputFolder (predict --attention) a user's file of that name is refused, not replaced."""
         top = row["predictions"][0]
         stem = Path(row["image"]).stem if isinstance(row["image"], str) else "image"
         picture = captioned(self.overlay(image, seen.rollout), f"{top['class']} ({100 * top['probability']:.1f}%)")
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f"{number:04d}_{stem}_rollout.png"
+        if isinstance(folder, OutputFolder):
+            target = folder.path(overlay_name(number, stem))
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            target = folder / overlay_name(number, stem)
         atomic_write(target, lambda tmp: picture.save(tmp, format="PNG"))
         return target

@@ -17,7 +17,8 @@ feature extraction, inspect, predict, convert, export, downloads):
             ...
             bar.update(len(y))
 
-Lines go to `stream` (default: stderr), flushed at once.
+Lines go to `stream` (default: stderr, through the "vitlab.progress" logger, vitlab/log.py,
+so that a Python user can silence them), flushed at once.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ import time
 from typing import Callable, Iterable, Iterator, Optional, TextIO
 
 from tqdm import tqdm
+
+from vitlab.log import get_logger, notice
+
+LOG = get_logger("progress")
 
 
 def is_terminal(stream: TextIO) -> bool:
@@ -71,7 +76,10 @@ class Progress:
 
     # the log's lines -------------------------------------------------------------------
     def _line(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        if self.stream is sys.stderr:  # the default: through the "vitlab.progress" logger (vitlab/log.py)
+            notice(LOG, text)
+        else:
+            print(text, file=self.stream, flush=True)
         self.last_line = time.perf_counter()
 
     def quiet_for(self) -> float:

@@ -19,7 +19,7 @@ import torch
 from vitlab.analysis import plots
 from vitlab.analysis.figure import Figure
 from vitlab.analysis.objective_figures import objective_figures
-from vitlab.analysis.page import write_html
+from vitlab.analysis.page import ReportFolder, write_html
 from vitlab.analysis.rollout import upsample_map
 from vitlab.analysis.summary import Analysis, analyse_model, display_images
 from vitlab.checkpoints.io import Imported
@@ -55,14 +55,16 @@ def first_batches(dataset, limit: int, batch_size: int) -> Iterator[tuple[torch.
 def inspect_model(model, imported: Imported, batches: Iterable, out: str | Path, *, labels: Optional[Sequence[str]] = None,
                   source: str = "", checkpoint: str = "", random_init: Optional[int] = None, max_images: int = 128,
                   rollout_images: int = 8, components: int = 28, heatmap: bool = False,
-                  distance_mode: str = "centres") -> Inspection:
+                  distance_mode: str = "centres", force: bool = False) -> Inspection:
     """Analyse `model` on `batches` (tensors, or (tensors, labels)) and write the PNGs,
     analysis.json and index.html into the folder `out`. `labels` names the rollout's images
     (class names of a data set, or file names); `source`, `checkpoint` and `random_init` are
     recorded in the JSON and on the page; `distance_mode` is the attention distance's
-    (between patch centres, or over pixel pairs: attention_distance.py)."""
+    (between patch centres, or over pixel pairs: attention_distance.py). A user's file of a
+    report's name in `out` is refused before any work unless `force` (page.ReportFolder);
+    other files there stay."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    folder = ReportFolder(out, force)
     result = analyse_model(model, batches, max_images=max_images, rollout_images=rollout_images,
                            num_components=components, distance_mode=distance_mode)
     figures = paper_figures(result, model, out, labels, heatmap)
@@ -79,6 +81,7 @@ def inspect_model(model, imported: Imported, batches: Iterable, out: str | Path,
     facts = {"checkpoint": checkpoint + replaced, "format": imported.source_format, "model": describe(cfg),
              "images": source, "position embedding": result.pos_note}
     write_html(out / "index.html", f"vitlab inspect: {cfg.name}", facts, figures)
+    folder.record()
     return Inspection(result, figures, extra)
 
 

@@ -9,6 +9,29 @@ from pathlib import Path
 from typing import Sequence
 
 from vitlab.analysis.figure import Figure
+from vitlab.files import OutputFolder
+
+# Every file `vitlab inspect` may write into its --out folder, which may hold the user's own
+# files: those of these names are replaced only when inspect wrote them (files.OutputFolder).
+REPORT_FILES = ("index.html", "analysis.json", "filters.png", "position_similarity.png", "attention_distance.png",
+                "rollout.png", "mpp_predictions.png")
+
+
+class ReportFolder(OutputFolder):
+    """inspect's --out: refused up front where it holds a user's file of a report's name;
+    `record()` afterwards lists the files this run wrote."""
+
+    def __init__(self, folder: str | Path, force: bool = False):
+        import time
+
+        super().__init__(folder, "inspect", force)
+        self.started = time.time() - 1  # mtimes are coarse on some file systems
+        self.claim(REPORT_FILES)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def record(self, names=()) -> None:
+        fresh = [n for n in REPORT_FILES if (self.folder / n).is_file() and (self.folder / n).stat().st_mtime >= self.started]
+        super().record([*names, *fresh])
 
 
 def _img(png: Path) -> str:

@@ -15,14 +15,13 @@ from typing import Optional, Sequence
 import numpy as np
 
 from vitlab.analysis.overlay import colormap
+from vitlab.extras import require
 
 
 def new_figure(width: float, height: float):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("drawing figures needs matplotlib: pip install 'vitlab[plots]'") from None
+    require("plots", "drawing figures", modules=())  # a MissingExtraError (an ImportError) names the module
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
     return fig
@@ -246,4 +245,28 @@ def plot_confusion(counts: Sequence[Sequence[int]], class_names: Sequence[str], 
                         ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color=color)
     heading = f"confusion matrix{f' ({title})' if title else ''}: {int(m.sum()):,} images, rows sum to 1"
     ax.set(xlabel="predicted class", ylabel="true class", title=heading)
+    return save_figure(fig, path)
+
+
+def plot_reliability(reliability: dict, path, ece: float, title: str = "") -> Path:
+    """The reliability diagram of `vitlab.eval.calibration.calibration_metrics`: per
+    confidence bin, the accuracy (bars) against the diagonal a calibrated model would follow,
+    the gap shaded, and beneath it how many images fall in each bin."""
+    edges = np.asarray(reliability["bin_edges"])
+    width, left = np.diff(edges), edges[:-1]
+    acc = np.array([np.nan if a is None else a for a in reliability["accuracy"]])
+    conf = np.array([np.nan if c is None else c for c in reliability["confidence"]])
+    count = np.asarray(reliability["count"])
+    fig = new_figure(5.5, 6.5)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    top.bar(left, np.nan_to_num(acc), width=width, align="edge", edgecolor="black", color="tab:blue", label="accuracy")
+    low, gap = np.nan_to_num(np.minimum(acc, conf)), np.nan_to_num(np.abs(conf - acc))
+    top.bar(left, gap, bottom=low, width=width, align="edge", fill=False, edgecolor="tab:red", hatch="//",
+            linewidth=0.8, label="gap to the mean confidence")
+    top.plot([0, 1], [0, 1], "k--", linewidth=1, label="calibrated")
+    top.set(ylim=(0, 1), ylabel="accuracy in the bin",
+            title=f"reliability{f' ({title})' if title else ''}: ECE {ece:.2%}")
+    top.legend(loc="upper left", fontsize=8)
+    bottom.bar(left, count, width=width, align="edge", edgecolor="black", color="grey")
+    bottom.set(xlim=(0, 1), xlabel="confidence (top softmax probability)", ylabel="images")
     return save_figure(fig, path)

@@ -103,11 +103,19 @@ def plot_bars(groups: dict[str, Points], path, *, title="", xlabel="", ylabel=""
 
 
 def plot_curves(curves: dict[str, list[list[float]]], path, *, title="", xlabel="", ylabel="",
-                logy=False, start: Optional[int] = 1) -> Path:
+                logy=False, start: Optional[int] = 1, references: Optional[dict] = None) -> Path:
     """A list-valued result (one value per layer) against its index: the mean over the
-    series' cells, with a band of +- one standard deviation (Fig. 7 right, per depth)."""
+    series' cells, with a band of +- one standard deviation (Fig. 7 right, per depth).
+    `references` {label: a number or a list}: dashed grey lines to read them against
+    (uniform attention, the random-init model)."""
     fig = new_figure(5.0, 3.6)
     ax = fig.add_subplot(1, 1, 1)
+    for k, (label, ref) in enumerate((references or {}).items()):
+        style = dict(color="0.45" if k == 0 else "0.7", ls="--" if k == 0 else ":", lw=1.2, label=label)
+        if isinstance(ref, (list, tuple)):
+            ax.plot(np.arange(start or 0, (start or 0) + len(ref)), ref, **style)
+        else:
+            ax.axhline(float(ref), **style)
     for label, cs in curves.items():
         n = min(len(c) for c in cs)
         a = np.asarray([c[:n] for c in cs], dtype=float)

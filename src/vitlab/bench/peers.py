@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.checkpoints.torchvision import create_torchvision_model
 from vitlab.config import BiTConfig, ViTConfig
+from vitlab.extras import require
 
 PEERS = ("timm", "hf", "torchvision")
 
@@ -51,6 +52,7 @@ class _Logits(nn.Module):
 
 def hf_vit(cfg: ViTConfig) -> nn.Module:
     # transformers is an optional peer and slow to import: only when this peer is built.
+    require("peers", "the transformers peer", modules=("transformers",))
     from transformers import ViTConfig as HFConfig
     from transformers import ViTForImageClassification
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from vitlab.bench.runner import BenchConfig, Row
-from vitlab.files import atomic_write_text
+from vitlab.files import atomic_write_text, check_name, child
 
 COLUMNS = [
     "model", "gelu", "image_size", "batch", "task", "impl", "precision", "compiled", "checkpointing", "kernel",
@@ -135,7 +135,8 @@ def write_results(rows: Sequence[Row], out_dir: str | os.PathLike, name: str, in
                   bench: BenchConfig) -> tuple[Path, Path]:
     """NAME.csv and NAME.md in `out_dir`."""
     out = Path(out_dir)
-    csv_path, md_path = out / f"{name}.csv", out / f"{name}.md"
+    check_name(name, "--name")  # one file name: never a path out of out_dir
+    csv_path, md_path = child(out, f"{name}.csv", "--name"), child(out, f"{name}.md", "--name")
     write_csv(rows, csv_path)
     atomic_write_text(md_path, f"# Benchmark: {name}\n\n" + markdown(rows, info, bench))
     return csv_path, md_path

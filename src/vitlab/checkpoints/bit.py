@@ -21,6 +21,7 @@ from typing import Any
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.tables import Rule, copy, permuted, refuse, resnet_layers
 from vitlab.config import BiTConfig
+from vitlab.extras import require
 from vitlab.models.variants import describe
 
 HWIO_TO_OIHW = (3, 2, 0, 1)
@@ -159,6 +160,7 @@ def create_timm_model(cfg: BiTConfig):
     """A timm ResNetV2 (needs timm) that computes what `BiTResNet(cfg)` does."""
     from functools import partial  # timm is optional: imported only for its peer model
 
+    require("peers", "a timm peer model", modules=("timm",))
     from timm.layers import GroupNormAct, StdConv2d
     from timm.models.resnetv2 import ResNetV2
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ from typing import Any, Optional
 
 from vitlab.checkpoints import pretrained
 from vitlab.checkpoints.io import CheckpointError
+from vitlab.extras import MissingExtraError, require
+from vitlab.files import require_regular_file
 
 HF_PREFIX, TIMM_PREFIX = "hf-hub:", "timm:"
 REACH_TIMEOUT_S = 5.0
@@ -60,6 +63,16 @@ def is_pretrained_name(value: Any) -> bool:
     return bool(sep and weights and len(model) > 1 and not weights.startswith(("/", "\\")))
 
 
+# What the Hub allows in an org or repo name, and in a branch, tag or commit: checked before
+# any lookup, so that a name never becomes a cache path of its own making (`hf-hub:../x`).
+_HUB_WORD = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
+
+
+def _hub_word(word: str) -> bool:
+    return bool(_HUB_WORD.fullmatch(word)) and ".." not in word and not word.endswith(".git")
+
+
 @dataclass(frozen=True)
 class HubRepo:
     repo_id: str
@@ -72,11 +85,13 @@ def parse_hub_name(name: str, revision: Optional[str] = None) -> Optional[HubRep
     for prefix, layout in ((HF_PREFIX, "any"), (TIMM_PREFIX, "timm")):
         if name.startswith(prefix):
             rest = name[len(prefix) :].strip()
-            rest, _, pinned = rest.partition("@")
-            if not rest or rest.count("/") > 1 or rest.startswith("/") or rest.endswith("/"):
+            rest, at, pinned = rest.partition("@")
+            if not rest or rest.count("/") > 1 or not all(map(_hub_word, rest.split("/"))) or (
+                    at and not _REVISION.fullmatch(pinned)) or ".." in pinned:
                 raise CheckpointError(
-                    f"{name!r}: not a Hub model name; write {prefix}ORG/NAME"
-                    + (" or timm:MODEL_NAME.TAG" if layout == "timm" else "") + ", optionally @REVISION"
+                    f"{name[:120]!r}: not a Hub model name; write {prefix}ORG/NAME"
+                    + (" or timm:MODEL_NAME.TAG" if layout == "timm" else "")
+                    + ", optionally @REVISION (letters, digits and - _ . only; no '..')"
                 )
             if layout == "timm" and "/" not in rest:
                 rest = f"timm/{rest}"
@@ -180,10 +195,9 @@ def reachable(endpoint: Optional[str]) -> bool:
 
 def _require_hub():
     try:
-        import huggingface_hub  # the Hub client is an optional dependency: vitlab[hub]
-    except ImportError:
-        raise CheckpointError("Hub names need huggingface_hub: pip install 'vitlab[hub]'") from None
-    return huggingface_hub
+        return require("hub", "a Hub name")["huggingface_hub"]  # the Hub client is optional: vitlab[hub]
+    except MissingExtraError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = True) -> Optional[Path]:
@@ -194,6 +208,7 @@ def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = Tr
 
     where = f"{repo.repo_id}@{repo.revision or 'main'}"
     cache_only = offline() or not reachable(hub_endpoint())
+    _check_cached_ref(repo)
     try:
         path = hub.hf_hub_download(
             repo.repo_id, filename, revision=repo.revision, cache_dir=hub_cache(), local_files_only=cache_only,
@@ -221,14 +236,41 @@ def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = Tr
         raise CheckpointError(f"hf-hub:{repo.repo_id} has no revision {repo.revision!r}; use a branch, tag or commit it has") from None
     except (errors.HfHubHTTPError, OSError) as e:  # connection refused, DNS, timeouts
         raise CheckpointError(_offline_message(repo, filename, e, hint)) from None
+    except ValueError as e:  # huggingface_hub's own refusal of a damaged cache entry
+        raise CheckpointError(f"hf-hub:{where}: the Hub cache's copy ({_cache_folder(repo)}) is damaged "
+                              f"({str(e).splitlines()[0][:160]}); delete that folder to download the repo again") from None
+
+
+def _cache_folder(repo: HubRepo) -> Path:
+    return Path(hub_cache()) / ("models--" + repo.repo_id.replace("/", "--"))
+
+
+def _check_cached_ref(repo: HubRepo) -> None:
+    """A cached refs/<branch> must name a commit: one that climbs out (`../../etc`) or is not
+    text is a damaged cache, said in one line before huggingface_hub follows it."""
+    ref = _cache_folder(repo) / "refs" / (repo.revision or "main")
+    if not ref.is_file():
+        return
+    try:
+        commit = ref.read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):
+        commit = ""
+    if ".." in commit or not _REVISION.fullmatch(commit):
+        raise CheckpointError(f"hf-hub:{repo.repo_id}: the Hub cache's ref file {ref} names no commit ({commit[:40]!r}); "
+                              f"the cache is damaged: delete {_cache_folder(repo)} to download the repo again")
 
 
 def _cached_revision(repo: HubRepo) -> Optional[str]:
     """The commit the cache holds for the repo's revision (refs/<branch> or a hash), or None."""
-    folder = Path(hub_cache()) / ("models--" + repo.repo_id.replace("/", "--"))
+    folder = _cache_folder(repo)
     rev = repo.revision or "main"
     ref = folder / "refs" / rev
-    commit = ref.read_text().strip() if ref.is_file() else rev
+    try:
+        commit = ref.read_text(encoding="utf-8").strip() if ref.is_file() else rev
+    except (OSError, ValueError):
+        return None
+    if ".." in commit.split("/") or not _REVISION.fullmatch(commit):
+        return None  # a ref file of a damaged cache: it names no snapshot of this repo
     return commit if (folder / "snapshots" / commit).is_dir() else None
 
 
@@ -262,10 +304,7 @@ def download_repo(repo: HubRepo, hint: str = "") -> tuple[Path, str]:
     """The repo's snapshot folder in the cache with the files a reader needs, and its layout."""
     config_file = fetch_file(repo, "config.json", hint)
     assert config_file is not None
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"hf-hub:{repo.repo_id}: config.json is not readable JSON ({e})") from None
+    config = read_json_object(config_file, f"hf-hub:{repo.repo_id}")
     layout = repo_layout(config)
     if repo.layout == "timm" and "architecture" in config:
         layout = "timm"
@@ -280,12 +319,41 @@ def download_repo(repo: HubRepo, hint: str = "") -> tuple[Path, str]:
     return config_file.parent, layout
 
 
+def read_json_object(path: Path, where: str) -> dict[str, Any]:
+    """A JSON file of a Hub repo (or any checkpoint folder) that must hold one object: UTF-8,
+    valid JSON, a mapping; anything else is a CheckpointError naming the file."""
+    try:
+        data = json.loads(require_regular_file(path, path.name).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{where}: {path.name} ({path}) is not UTF-8 text; the repo's copy is damaged") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{where}: {path.name} ({path}) is not readable JSON ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where}: {path.name} ({path}) holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def shard_names(index: Path, where: str) -> list[str]:
+    """The shard files a model.safetensors.index.json names, each a plain .safetensors file
+    name of the same folder: a path that climbs out, or a weight map of another shape, is
+    refused before anything is fetched or opened."""
+    weight_map = read_json_object(index, where).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{where}: {index.name} ({index}) has no weight_map of tensor names to shard files")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if "/" in shard or "\\" in shard or shard in (".", "..") or not shard.endswith(".safetensors"):
+            raise CheckpointError(f"{where}: {index.name} ({index}) names the shard {shard[:80]!r}, which is not a "
+                                  ".safetensors file beside it; the index is damaged or hostile")
+    return shards
+
+
 def _fetch_weights(repo: HubRepo, hint: str) -> None:
     if fetch_file(repo, "model.safetensors", hint, required=False) is not None:
         return
     index = fetch_file(repo, "model.safetensors.index.json", hint, required=False)
     if index is not None:
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        for shard in shard_names(index, f"hf-hub:{repo.repo_id}"):
             fetch_file(repo, shard, hint)
         return
     if fetch_file(repo, "pytorch_model.bin", hint, required=False) is None:

@@ -30,7 +30,10 @@ from typing import Optional
 
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import atomic_write, atomic_write_text, cache_dir
+from vitlab.log import get_logger, notice
 from vitlab.progress import Progress
+
+LOG = get_logger("checkpoints")
 
 BASE_URL = "https://storage.googleapis.com/vit_models"
 TIMEOUT_S = 10.0  # the first bytes must come this fast; offline machines fail at once
@@ -152,6 +155,17 @@ def list_pretrained() -> list[str]:
     return list(PRETRAINED)
 
 
+def pretrained_rows(names: list[str]) -> list[dict]:
+    """What `vitlab models --pretrained` prints for each published name: its variant, the
+    resolution and classes of the weights, what they were trained on, where they come from."""
+    rows = []
+    for name in names:
+        e = PRETRAINED[name]
+        rows.append({"name": name, "model": e.model, "resolution": e.resolution, "classes": e.num_classes,
+                     "dataset": e.dataset, "file": e.path, "hf_hub_id": e.hf_hub_id, "timm_name": e.timm_name})
+    return rows
+
+
 def lookup(name: str) -> Pretrained:
     if name in PRETRAINED:
         return PRETRAINED[name]
@@ -240,62 +254,47 @@ def _offline_message(entry: Pretrained, path: Path, reason: str) -> str:
 
 
 def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
+    """One download through torch.hub.download_url_to_file (http(s) and file:// URLs, a
+    temporary file renamed only when complete, its tqdm bar on a terminal), then vitlab's
+    own checks: the published sha256 (torch checks it too, as a prefix) or the first
+    download's, recorded in the cache's sha256.json and enforced on later reads."""
+    import socket
     import urllib.error
-    import urllib.request
 
+    import torch.hub
+
+    tty = sys.stderr.isatty() if progress is None else progress
+    start = time.time()
+
+    def download(tmp: str) -> None:  # a failure here leaves no file in the cache
+        # torch.hub opens the URL without a timeout: the process default bounds the wait for
+        # the first bytes, so that an offline machine fails at once instead of hanging.
+        previous = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(TIMEOUT_S)
+        try:
+            torch.hub.download_url_to_file(entry.url, tmp, hash_prefix=entry.sha256, progress=tty)
+        except RuntimeError as e:  # torch's "invalid hash value": the file was removed
+            raise CheckpointError(f"{entry.url}: sha256 does not match the published {entry.sha256[:16]}... ({e}); "
+                                  "nothing was written to the cache") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise CheckpointError(_offline_message(entry, path, str(reason))) from None
+        except Exception as e:  # http.client's IncompleteRead and kin: the connection broke
+            raise CheckpointError(_offline_message(entry, path, f"connection lost: {e}")) from None
+        finally:
+            socket.setdefaulttimeout(previous)
+
+    # torch.hub draws its own byte counter on a terminal; in a log, vitlab.progress's start
+    # line and heartbeat say that the download is under way.
+    if tty:  # torch.hub's bar has no title: the line above it says what it counts
+        notice(LOG, f"downloading {entry.name} from {entry.url}")
+    shown = Progress(None, f"downloading {entry.name}", "B", start=f"downloading {entry.name} from {entry.url}",
+                     tty=tty, leave=True, unit_scale=True)
     try:
-        response = urllib.request.urlopen(entry.url, timeout=TIMEOUT_S)
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise CheckpointError(_offline_message(entry, path, str(reason))) from None
-    total = int(response.headers.get("Content-Length") or 0)
-    show = _Progress(entry.name, total, sys.stderr.isatty() if progress is None else progress)
-    h = hashlib.sha256()
-
-    def stream(tmp: str) -> None:  # a failure here leaves no file in the cache
-        with open(tmp, "wb") as out, response:
-            while True:
-                try:
-                    block = response.read(1 << 20)
-                except OSError as e:
-                    raise CheckpointError(_offline_message(entry, path, f"connection lost: {e}")) from None
-                if not block:
-                    break
-                out.write(block)
-                h.update(block)
-                show.update(len(block))
-        show.done()
-        if total and os.path.getsize(tmp) != total:
-            raise CheckpointError(f"{entry.url}: download incomplete ({os.path.getsize(tmp)} of {total} bytes); try again")
-        if entry.sha256 is not None and h.hexdigest() != entry.sha256:
-            raise CheckpointError(
-                f"{entry.url}: sha256 {h.hexdigest()[:16]}... does not match the published {entry.sha256[:16]}...; "
-                "nothing was written to the cache"
-            )
-
-    try:
-        atomic_write(path, stream)
+        atomic_write(path, download)
     finally:
-        show.shown.close()  # a failed download too: its heartbeat stops
-    _record(entry, h.hexdigest(), path)
-
-
-class _Progress:
-    """A download on vitlab.progress's one behaviour: tqdm's byte counter on a terminal;
-    elsewhere a line when the download starts and the heartbeat; both end with a line of the
-    size and rate."""
-
-    def __init__(self, name: str, total: int, tty: bool):
-        self.start = time.time()
-        size = f" ({total / 1e6:.0f} MB)" if total else ""
-        self.shown = Progress(total or None, f"downloading {name}", "B", start=f"downloading {name}{size}", tty=tty,
-                              leave=True, unit_scale=True)
-
-    def update(self, n: int) -> None:
-        self.shown.update(n)
-
-    def done(self) -> None:
-        self.shown.close()
-        seen = self.shown.n
-        rate = seen / 1e6 / max(time.time() - self.start, 1e-6)
-        print(f"  done: {seen / 1e6:.1f} MB at {rate:.1f} MB/s", file=sys.stderr, flush=True)
+        shown.close()  # a failed download too: its heartbeat stops
+    size = path.stat().st_size
+    rate = size / 1e6 / max(time.time() - start, 1e-6)
+    notice(LOG, f"  done: {size / 1e6:.1f} MB at {rate:.1f} MB/s")
+    _record(entry, sha256_of(path), path)

@@ -27,11 +27,18 @@ from vitlab.checkpoints import hf, hub, timm
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.tables import export_state
 from vitlab.config import model_flops
-from vitlab.files import atomic_write, atomic_write_text
+from vitlab.files import OutputFolder, atomic_write, atomic_write_text
 from vitlab.run_layout import CHECKPOINTS, LAST, RunLayout, run_of
 
 TIMM_WEIGHTS = "timm_model.safetensors"
+# Beside timm's weights, transformers' go in a one-shard index, not in model.safetensors:
+# timm's `local-dir:` loader takes model.safetensors whenever there is one (ignoring
+# config.json's file name), else the first *.safetensors by name, which is timm_model...
+# ("ti" < "tr"); transformers reads model.safetensors.index.json and the shard it names.
+HF_SHARD = "transformers_model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
 CARD = "README.md"
+DEFAULT_LICENSE = "apache-2.0"  # vitlab's own, and the paper's released weights'
 
 
 # The run a model came from ------------------------------------------------------------------
@@ -81,10 +88,32 @@ def timm_readable(model) -> Optional[str]:
     return None
 
 
+def folder_files(folder: Path) -> list[str]:
+    """Every name `write_folder` may write or replace in `folder`: the Hugging Face files, stale
+    shards of an earlier save (hf.written_by_us), timm's weights and the card."""
+    present = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    return [*hf.WRITTEN_FILES, HF_SHARD, TIMM_WEIGHTS, CARD,
+            *(n for n in present if hf.written_by_us(n) and n not in hf.WRITTEN_FILES)]
+
+
 def write_folder(model, folder: str | os.PathLike, repo_id: str = "ORG/NAME", run: Optional[Path] = None,
-                 with_timm: bool = True) -> list[str]:
-    """Write the shareable folder (see the module docstring); returns the files written."""
+                 with_timm: bool = True, force: bool = False, license: str = DEFAULT_LICENSE,
+                 dataset: Optional[str] = None) -> list[str]:
+    """Write the shareable folder (see the module docstring); returns the files written. In a
+    folder that holds files of those names which vitlab did not write (a user's README.md),
+    nothing is written unless `force` (files.OutputFolder). `dataset` is what the training data
+    is (vitlab.data's identity: "cifar10", ...), for the card; without it the card goes by the
+    data spec's declared name."""
     folder = Path(folder)
+    owner = OutputFolder(folder, "push", force)
+    owner.claim(folder_files(folder))
+    files = _write_folder(model, folder, repo_id, run, with_timm, license, dataset)
+    owner.record(files)
+    return files
+
+
+def _write_folder(model, folder: Path, repo_id: str, run: Optional[Path], with_timm: bool,
+                  license: str = DEFAULT_LICENSE, dataset: Optional[str] = None) -> list[str]:
     hf.write(model, folder)
     files = ["config.json", "model.safetensors", "preprocessor_config.json"]
     why_not = timm_readable(model) if with_timm else "not requested"
@@ -97,22 +126,96 @@ def write_folder(model, folder: str | os.PathLike, repo_id: str = "ORG/NAME", ru
         config = json.loads((folder / "config.json").read_text())
         config.update(timm.hub_config(model, TIMM_WEIGHTS))
         atomic_write_text(folder / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-        files.append(TIMM_WEIGHTS)
-    atomic_write_text(folder / CARD, model_card(model, repo_id, run_facts(run), why_not))
+        _index_transformers_weights(folder)
+        files = ["config.json", HF_INDEX, HF_SHARD, "preprocessor_config.json", TIMM_WEIGHTS]
+    facts = {**run_facts(run), **({"dataset": dataset} if dataset else {})}
+    atomic_write_text(folder / CARD, model_card(model, repo_id, facts, why_not, license))
     files.append(CARD)
     return files
 
 
+def _index_transformers_weights(folder: Path) -> None:
+    """Move transformers' model.safetensors to HF_SHARD and write the index that names it,
+    so that the folder's only model.safetensors-like file for timm is its own."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        keys = list(f.keys())
+        size = sum(_numel(f.get_slice(k).get_shape()) for k in keys) * 4  # float32, as hf.write stores them
+    index = {"metadata": {"total_size": size}, "weight_map": {k: HF_SHARD for k in sorted(keys)}}
+    os.replace(folder / "model.safetensors", folder / HF_SHARD)
+    atomic_write_text(folder / HF_INDEX, json.dumps(index, indent=2) + "\n")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 # The model card -------------------------------------------------------------------------------
-def _front_matter(model, facts: dict[str, Any]) -> str:
+# What a card calls the datasets vitlab knows: (display name, the Hugging Face Hub dataset id
+# or None). Keys are vitlab.data's identities (identity.py) and declared spec names.
+DATASETS = {
+    "cifar10": ("CIFAR-10", "cifar10"),
+    "cifar100": ("CIFAR-100", "cifar100"),
+    "imagenet": ("ImageNet-1k (ILSVRC-2012)", "imagenet-1k"),
+    "pets": ("Oxford-IIIT Pets", None),
+    "flowers": ("Oxford Flowers-102", None),
+    "fashion-mnist": ("Fashion-MNIST", "fashion_mnist"),
+    "digits": ("scikit-learn's 8x8 digits", None),
+}
+
+
+def dataset_of(facts: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:
+    """(display name, Hub dataset id) of the run's training data: `facts["dataset"]` (the
+    identity vitlab.data recognised, which the caller passes), else what the spec declares by
+    name (cifar10:DIR, digits, hf:NAME); (None, None) when neither says (wds:PATH of an
+    unrecognised set: the card then quotes the spec and tags no dataset)."""
+    known = facts.get("dataset")
+    spec = str(((facts.get("config") or {}).get("data") or {}).get("name") or "")
+    kind, _, arg = spec.partition(":")
+    key = known or (kind.lower() if kind.lower() in DATASETS else None)
+    if key in DATASETS:
+        return DATASETS[key]
+    name = arg.split(":")[0]
+    if kind.lower() == "hf" and name and not name.startswith((".", "/", "~")) and name.count("/") <= 1:
+        return name, name  # hf:NAME is a Hub dataset id (hf:DIR, a folder, starts with a path)
+    return None, None
+
+
+def _model_index(title: str, facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Hub's `model-index`: each evaluated split's top-1 and top-5 as results."""
+    name, hub_id = dataset_of(facts)
+    spec = str(((facts.get("config") or {}).get("data") or {}).get("name") or "")
+    results = []
+    for split, m in ((facts.get("summary") or {}).get("splits") or {}).items():
+        if not (isinstance(m, dict) and "top1" in m):
+            continue
+        metrics = [{"type": "accuracy", "name": "top-1 accuracy", "value": round(100 * m["top1"], 2)}]
+        if "top5" in m:
+            metrics.append({"type": "top_5_accuracy", "name": "top-5 accuracy", "value": round(100 * m["top5"], 2)})
+        results.append({"task": {"type": "image-classification", "name": "Image Classification"},
+                        "dataset": {"name": name or spec, "type": hub_id or spec, "split": split},
+                        "metrics": metrics})
+    return [{"name": title, "results": results}] if results else []
+
+
+def _front_matter(model, facts: dict[str, Any], title: str, license: str) -> str:
     meta: dict[str, Any] = {
+        "license": license,
         "library_name": "transformers",
         "pipeline_tag": "image-classification" if model.config.num_classes else "image-feature-extraction",
         "tags": ["vitlab", "vision-transformer", "timm", "image-classification"],
     }
-    data = (facts.get("config") or {}).get("data", {}).get("name")
-    if data:
-        meta["tags"].append(f"dataset:{str(data).split(':')[0]}")
+    _, hub_id = dataset_of(facts)
+    if hub_id:
+        meta["datasets"] = [hub_id]
+        meta["tags"].append(f"dataset:{hub_id}")
+    index = _model_index(title, facts)
+    if index:
+        meta["model-index"] = index
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
@@ -136,7 +239,9 @@ def _data_and_metrics(model, facts: dict[str, Any]) -> list[str]:
     config, summary = facts.get("config") or {}, facts.get("summary") or {}
     data, train = config.get("data") or {}, config.get("train") or {}
     if data.get("name"):
-        lines.append(f"Trained on `{data['name']}` (split `{data.get('train_split', 'train')}`), "
+        known, _ = dataset_of(facts)
+        what = f"{known} (`{data['name']}`)" if known else f"`{data['name']}`"
+        lines.append(f"Trained on {what}, split `{data.get('train_split', 'train')}`: "
                      f"{summary.get('steps', train.get('steps', '?'))} steps of batch {train.get('batch_size', '?')} "
                      f"({summary.get('epochs', '?')} epochs).")
     else:
@@ -157,6 +262,45 @@ def _data_and_metrics(model, facts: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+# The settings of a run that a reader needs to train it again: (section, key, label).
+HYPERPARAMETERS = [
+    ("optim", "name", "optimiser"), ("optim", "lr", "learning rate"), ("optim", "betas", "betas"),
+    ("optim", "momentum", "momentum"), ("optim", "weight_decay", "weight decay"),
+    ("optim", "warmup_steps", "warm-up steps"), ("optim", "decay", "decay schedule"),
+    ("optim", "end_lr", "final learning rate"), ("optim", "clip_grad_norm", "gradient clipping (global norm)"),
+    ("train", "batch_size", "batch size"), ("train", "steps", "steps"), ("train", "epochs", "epochs"),
+    ("train", "objective", "objective"), ("train", "precision", "precision"), ("train", "seed", "seed"),
+    ("train", "label_smoothing", "label smoothing"), ("train", "mixup", "Mixup alpha"),
+    ("train", "cutmix", "CutMix alpha"), ("train", "ema", "EMA decay"), ("model", "dropout", "dropout"),
+    ("model", "drop_path", "stochastic depth"), ("data", "crop_scale", "inception crop scale"),
+    ("data", "hflip", "horizontal flip"), ("data", "randaugment", "RandAugment ops"),
+    ("data", "autoaugment", "AutoAugment policy"), ("data", "trivialaugment", "TrivialAugment"),
+    ("data", "augmix", "AugMix severity"), ("data", "random_erasing", "random erasing"),
+]
+
+
+OFF_WHEN_ZERO = ("steps", "epochs", "label_smoothing", "mixup", "cutmix", "ema", "dropout", "drop_path", "randaugment",
+                 "trivialaugment", "augmix", "random_erasing")  # 0 means off (or, for steps/epochs, the other one)
+
+
+def _hyperparameters(facts: dict[str, Any]) -> list[str]:
+    config = facts.get("config") or {}
+    rows = []
+    for section, key, label in HYPERPARAMETERS:
+        value = (config.get(section) or {}).get(key)
+        if value is None or value == "" or (key in OFF_WHEN_ZERO and not value):
+            continue
+        if section == "optim" and config.get("optim", {}).get("name") != "sgd" and key == "momentum":
+            continue  # AdamW has betas, not momentum
+        if section == "optim" and config.get("optim", {}).get("name") == "sgd" and key == "betas":
+            continue
+        rows.append(f"| {label} | {value} |")
+    if not rows:
+        return []
+    return ["## Training hyper-parameters", "", "| setting | value |", "| --- | --- |", *rows,
+            "", "The run's whole config is its config.yaml (`vitlab train --config config.yaml` reruns it).", ""]
+
+
 def _preprocessing(model) -> list[str]:
     cfg = model.config
     h, w = cfg.image_size
@@ -168,7 +312,7 @@ def _preprocessing(model) -> list[str]:
     return [
         "## Preprocessing",
         "",
-        f"RGB, {resize}, scale to [0, 1], normalise with mean {list(cfg.mean)} and std {list(cfg.std)}. "
+        f"{'RGB' if cfg.in_channels == 3 else 'greyscale'}, {resize}, scale to [0, 1], normalise with mean {list(cfg.mean)} and std {list(cfg.std)}. "
         "`vitlab.transform(model)` and timm's `resolve_data_config` give exactly this; transformers' "
         "ViT processor resizes the whole image (no crop).",
         "",
@@ -208,12 +352,16 @@ def _how_to_load(repo_id: str, why_not_timm: Optional[str]) -> list[str]:
     return lines + [""]
 
 
-def model_card(model, repo_id: str, facts: dict[str, Any], why_not_timm: Optional[str] = None) -> str:
+def model_card(model, repo_id: str, facts: dict[str, Any], why_not_timm: Optional[str] = None,
+               license: str = DEFAULT_LICENSE) -> str:
+    """README.md: front matter (license, datasets, model-index with the run's results) and
+    the architecture, data, metrics, training hyper-parameters, preprocessing and loading."""
     title = repo_id.split("/")[-1]
     body = [f"# {title}", "", f"A `{model.config.name}` Vision Transformer, written by vitlab.", ""]
-    body += _architecture(model) + _data_and_metrics(model, facts) + _preprocessing(model)
+    body += _architecture(model) + _data_and_metrics(model, facts) + _hyperparameters(facts) + _preprocessing(model)
     body += _how_to_load(repo_id, why_not_timm)
-    return _front_matter(model, facts) + "\n" + "\n".join(body)
+    body += ["## License", "", f"`{license}` (the `license` of this card's metadata).", ""]
+    return _front_matter(model, facts, title, license) + "\n" + "\n".join(body)
 
 
 # The upload -----------------------------------------------------------------------------------
@@ -228,7 +376,7 @@ def repo_of(target: str) -> str:
 
 def push(model, target: str, run: Optional[str | os.PathLike] = None, token: Optional[str] = None,
          private: Optional[bool] = None, revision: Optional[str] = None, commit_message: Optional[str] = None,
-         with_timm: bool = True) -> str:
+         with_timm: bool = True, license: str = DEFAULT_LICENSE, dataset: Optional[str] = None) -> str:
     """Write the folder for `model` and upload it to the Hub repo `target` (created when
     absent); returns the commit's URL. `run` is the training run folder for the card."""
     repo_id = repo_of(target)
@@ -242,7 +390,8 @@ def push(model, target: str, run: Optional[str | os.PathLike] = None, token: Opt
 
     api = HfApi(endpoint=hub.hub_endpoint(), token=token)
     with tempfile.TemporaryDirectory(prefix="vitlab-push-") as tmp:
-        write_folder(model, Path(tmp) / "repo", repo_id, Path(run) if run else None, with_timm)
+        _write_folder(model, Path(tmp) / "repo", repo_id, Path(run) if run else None, with_timm,  # fresh: no manifest
+                      license, dataset)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
             info = api.upload_folder(

@@ -333,6 +333,8 @@ COMPUTE_FIELDS = ("image_size", "patch_size", "in_channels", "hidden_size", "dep
                   "qkv_bias", "resnet")
 # Settings around the network: how images are prepared, how position embeddings follow a new size.
 PREPARE_FIELDS = ("mean", "std", "crop_fraction", "resize_mode", "dynamic_image_size")
+IMAGE_FIELDS = ("mean", "std", "crop_fraction")  # image preprocessing
+RESAMPLE_FIELDS = ("resize_mode", "dynamic_image_size")  # position-embedding resampling (§3.2)
 
 
 def _short(v: object) -> str:
@@ -357,10 +359,10 @@ def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_
     """Refuse to write a file from which a reader would build another network: the format's
     own numerics changes (`numerics`, from its check_writable) and the settings the file
     cannot carry (`back` is the config a reader infers from what is written). Allowed, each
-    is said in a warning; settings around the network (preprocessing) are always said."""
+    is said in a warning; settings around the network are said where they change results."""
     import warnings
 
-    compute, prepare = lost_settings(ours, back, numerics)
+    compute, _ = lost_settings(ours, back, numerics)
     if (numerics or compute) and not allow_numerics_change:
         parts = ([f"computes differently: {'; '.join(numerics)}"] if numerics else []) + \
             ([f"cannot carry {'; '.join(compute)} (a reader would build another model)"] if compute else [])
@@ -371,5 +373,24 @@ def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_
         )
     if numerics or compute:
         warnings.warn(f"{target}: the reloaded model will differ: {'; '.join([*numerics, *compute])}")
-    if prepare:
-        warnings.warn(f"{target} does not carry {'; '.join(prepare)}: a reader prepares images its own way")
+    for line in around_the_network(target, ours, back):
+        warnings.warn(line)
+
+
+def around_the_network(target: str, ours: ViTConfig, back: ViTConfig) -> list[str]:
+    """What a reader of `target` does differently around the same network, one sentence
+    each, and only what changes its results: image preprocessing it does its own way, and
+    position-embedding resampling, which matters only for a model that resamples on every
+    forward (dynamic_image_size=True); at the trained size no resampling happens, and a
+    reader fine-tuning at another size picks its own interpolation anyway."""
+    lost = {f for f in PREPARE_FIELDS if getattr(ours, f) != getattr(back, f)}
+    lines = []
+    image = [f"{f}={_short(getattr(ours, f))}" for f in IMAGE_FIELDS if f in lost]
+    if image:
+        lines.append(f"{target} does not record the image preprocessing {', '.join(image)}: a reader "
+                     "normalises and crops images with its own defaults (pass them to it yourself)")
+    if ours.dynamic_image_size and lost & set(RESAMPLE_FIELDS):
+        lines.append(f"{target} does not record that the position embeddings are resampled on every forward "
+                     f"(dynamic_image_size=True, resize_mode={ours.resize_mode!r}): a reader runs only at "
+                     f"{ours.image_size} px, or resamples its own way")
+    return lines

@@ -48,6 +48,7 @@ from vitlab.checkpoints.tables import (
 )
 from vitlab.checkpoints.labels import imagenet_names, imagenet_synsets
 from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
+from vitlab.extras import require
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "timm"
@@ -117,8 +118,8 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 def folder_config(folder: Path) -> Optional[dict[str, Any]]:
     """A timm config.json (an "architecture" and its pretrained_cfg), or None."""
     try:
-        c = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        c = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not a timm folder
         return None
     return c if isinstance(c, dict) and "architecture" in c else None
 
@@ -349,6 +350,8 @@ def create_timm_model(cfg: ModelConfig):
     from functools import partial
 
     import torch.nn as nn
+
+    require("peers", "a timm peer model", modules=("timm",))
     from timm.layers import GroupNormAct, HybridEmbed, StdConv2dSame
     from timm.models.resnetv2 import ResNetV2
     from timm.models.vision_transformer import VisionTransformer as TimmViT

@@ -54,6 +54,9 @@ OUTPUTS = (
     ("export", "out", False), ("predict", "csv", False), ("bench", "out", True), ("vtab", "out", True),
     ("eval", "predictions", False),
 )
+# Single-file outputs that may name a user's file: written only when new, or with --force
+# (docs/reliability.md, "What each command writes"). export and convert check their own.
+NEW_FILES = (("predict", "csv"), ("fewshot", "out"), ("linear-probe", "out"), ("eval", "predictions"))
 
 
 class UsageError(ValueError):
@@ -118,6 +121,12 @@ def check_arguments(args: argparse.Namespace) -> None:
             check_writable(os.path.expanduser(value), folder=folder)
     if args.command == "convert":
         check_writable(args.dst, folder=args.to == "hf")
+    from vitlab.files import check_new_file
+
+    for command, name in NEW_FILES:
+        value = getattr(args, name, None)
+        if command == args.command and isinstance(value, str) and value:
+            check_new_file(os.path.expanduser(value), command, force=bool(getattr(args, "force", False)))
 
 
 def one_line(e: BaseException) -> str:
@@ -149,8 +158,11 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     from vitlab.checkpoints.io import CheckpointError
     from vitlab.config import ConfigError
     from vitlab.data import BadImageError, DataError
+    from vitlab.extras import MissingExtraError
+    from vitlab.files import UnsafeNameError
 
-    errors = [UsageError, ConfigError, CheckpointError, DataError, BadImageError, OSError, yaml.YAMLError, MemoryError]
+    errors = [UsageError, ConfigError, CheckpointError, DataError, BadImageError, OSError, yaml.YAMLError, MemoryError,
+              UnsafeNameError, MissingExtraError]
     if "torch" in sys.modules:
         errors.append(sys.modules["torch"].OutOfMemoryError)
     return tuple(errors)

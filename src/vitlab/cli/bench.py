@@ -108,6 +108,9 @@ def run(args) -> int:
                                 clock=args.clock, device=device)
     info = machine.machine_info(device)
     name = args.name or args.suite or "bench"
+    from vitlab.files import check_name
+
+    check_name(name, "--name")  # refused before the benchmark, not after it
 
     def save(rows):  # after every setting, so an interrupted run keeps what it measured
         if args.out:

@@ -79,6 +79,14 @@ def _add_regularisation(p) -> None:
     reg.add_argument("--randaugment", type=int, nargs=2, metavar=("N", "M"),
                      help="RandAugment: N ops of magnitude M per image (data.randaugment, data.randaugment_magnitude; "
                      "DeiT 2 9)")
+    reg.add_argument("--autoaugment", metavar="POLICY", choices=("imagenet", "cifar10", "svhn"),
+                     help="torchvision's AutoAugment with this policy (data.autoaugment)")
+    reg.add_argument("--trivialaugment", action="store_true", default=None,
+                     help="torchvision's TrivialAugmentWide (data.trivialaugment)")
+    reg.add_argument("--augmix", type=int, nargs="?", const=3, metavar="SEVERITY",
+                     help="torchvision's AugMix, severity 1-10, default 3 (data.augmix)")
+    reg.add_argument("--random-erasing", type=float, metavar="P",
+                     help="torchvision's RandomErasing on a share P of the images (data.random_erasing)")
     reg.add_argument("--label-smoothing", type=float, metavar="EPS", help="label smoothing (train.label_smoothing; 0.1)")
     reg.add_argument("--drop-path", type=float, metavar="RATE", help="stochastic depth, largest rate at the last block "
                      "(model.drop_path; DeiT 0.1)")
@@ -143,9 +151,11 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     p.add_argument("--test-split", default="test", help=f"{test_help} (default test)")
     p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workers", type=int, default=0, help="data-loader processes decoding images (default 0)")
     p.add_argument("--no-cache", action="store_true", help="recompute features, do not read or write the cache")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--out", help="also write the JSON result to this file")
+    p.add_argument("--out", help="also write the JSON result to this file (a new one, or --force)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
 def write_json(path: str, payload: dict) -> None:
@@ -174,7 +184,7 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
     features, labels, names = dataset_features(
         model, args.data, split, max_per_class=max_per_class or None, limit=limit or None, batch_size=args.batch_size,
         use_cache=not args.no_cache, model_hash=model_hash, log=lambda m: print(f"  {split}: {m}", file=sys.stderr),
-        progress=lambda total, desc: progress(total=total, desc=desc))
+        progress=lambda total, desc: progress(total=total, desc=desc), workers=args.workers)
     return (features, labels), names
 
 

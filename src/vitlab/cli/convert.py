@@ -22,11 +22,16 @@ written file is loaded back as a model and its logits on a probe batch are compa
 the original's before it replaces DST. DST is never overwritten without --force, and --force
 on a Hugging Face folder replaces only the files vitlab writes (a README or .git stays).
 
+torchvision's ViT takes RGB images and computes the exact GELU: the official weights (tanh
+GELU) go there with --allow-numerics-change, and a 1-channel model (the digits run) has no
+torchvision form at all; write it as vitlab, timm or npz instead.
+
 examples:
   vitlab convert ViT-B_16.npz vit_b16_hf --to hf
   vitlab convert vit_b16_hf model.safetensors --to vitlab
   vitlab convert timm_vit_small.pth small.npz --to npz --allow-numerics-change
-  vitlab convert runs/digits/checkpoints/last.safetensors last_tv.pth --to torchvision
+  vitlab convert ViT-B_16.npz vit_b16_tv.pth --to torchvision --allow-numerics-change
+  vitlab convert runs/digits/checkpoints/last.safetensors last.npz --to npz
 """
 
 TARGETS = ("vitlab", "npz", "timm", "hf", "torchvision")

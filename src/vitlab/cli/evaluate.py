@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"
+HELP = "evaluate a checkpoint: top-1/top-5, precision/recall/F1, calibration (ECE), confusion matrix"
 DESCRIPTION = """\
 Classify a dataset split with any checkpoint vitlab.load reads and report top-1 and top-5
-accuracy, the loss, the accuracy of each class and the confusion matrix (a PNG when
-matplotlib is installed). Images are preprocessed as the model's config says (its
+accuracy, the loss, precision, recall and F1 (macro and per class), the calibration (expected
+calibration error over 15 confidence bins), the accuracy of each class, the confusion matrix
+and a reliability diagram (PNGs when matplotlib is installed). Images are preprocessed as the model's config says (its
 resolution, channels, crop, resize and normalisation: what vitlab.transform(model) does), and
 the results are labelled with the checkpoint's class names (a dataset whose classes are only
 numbers, such as WebDataset shards without a classes.txt, takes them; names that disagree are
@@ -50,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="where the JSON and the confusion matrix go")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--predictions", metavar="FILE.csv", help="also write each image's probabilities of every class")
+    p.add_argument("--force", action="store_true", help="replace files in --out of eval's names that eval did not write")
     p.add_argument("--real", metavar="LABELS.json", help="ImageNet ReaL labels (real.json): ReaL accuracy beside top-1")
 
 
@@ -61,12 +63,14 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.cli.common import bad_image_message, progress
     from vitlab.config import pick_device
     from vitlab.data import BadImageError
-    from vitlab.eval.accuracy import evaluate_dataset, report, to_json
+    from vitlab.eval.accuracy import evaluate_dataset, report, to_json, write_predictions
     from vitlab.run_layout import results_folder
 
     device = pick_device(args.device)
     overrides = {"image_size": args.image_size} if args.image_size else {}
     model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device, **overrides)
+    out = Path(args.out) if args.out else results_folder(args.checkpoint)
+    owner = _owner(out, args.split, args.force)  # a user's eval-SPLIT.json there: refused now, not replaced
     bar = lambda total, desc: progress(total=total, desc=desc)  # noqa: E731
     try:
         metrics, names = evaluate_dataset(
@@ -78,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.predictions:
         write_predictions(args.predictions, metrics.pop("images"), metrics.pop("probabilities"), names)
     text = to_json(metrics, names)
-    out = Path(args.out) if args.out else results_folder(args.checkpoint)
-    written = _write(out, args.split, text, metrics["confusion"], names, f"{model.config.name} on {args.data}, {args.split}")
+    written = _write(owner, args.split, text, metrics, names, f"{model.config.name} on {args.data}, {args.split}")
     if args.json:
         print(text)
         return 0
@@ -94,34 +97,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_predictions(path: str, images: list, probabilities: list, names: list[str]) -> None:
-    """One CSV row per image: the image (its file, or its position), its top-1 class and the
-    probability of every class."""
-    import csv
-    import io
+def _owner(out: Path | None, split: str, force: bool):
+    """The results folder, its two files claimed (files.OutputFolder: a user's eval-SPLIT.json
+    there is refused unless --force); None when nothing is to be written."""
+    from vitlab.files import OutputFolder
 
-    from vitlab.files import atomic_write_text
-
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["image", "predicted", *names])
-    for image, probs in zip(images, probabilities):
-        writer.writerow([image, names[max(range(len(probs)), key=probs.__getitem__)], *(f"{p:.8g}" for p in probs)])
-    atomic_write_text(path, buffer.getvalue())
-
-
-def _write(out: Path | None, split: str, text: str, confusion, names: list[str], title: str) -> list[str]:
-    """Write the JSON and the confusion matrix into `out`; the lines that say where they went."""
     if out is None:
+        return None
+    owner = OutputFolder(out, "eval", force)
+    owner.claim([f"eval-{split}.json", f"confusion-{split}.png", f"reliability-{split}.png"])
+    return owner
+
+
+def _write(owner, split: str, text: str, metrics, names: list[str], title: str) -> list[str]:
+    """Write the JSON, the confusion matrix and the reliability diagram into the owner's
+    folder; the lines that say where they went."""
+    if owner is None:
         return ["results not written: the checkpoint is not in a run folder (RUN/checkpoints/); --out DIR keeps them"]
-    from vitlab.analysis.plots import plot_confusion
+    from vitlab.analysis.plots import plot_confusion, plot_reliability
     from vitlab.files import atomic_write_text
 
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, png = out / f"eval-{split}.json", out / f"confusion-{split}.png"
+    json_path, png, calib = (owner.path(f"eval-{split}.json"), owner.path(f"confusion-{split}.png"),
+                             owner.path(f"reliability-{split}.png"))
     atomic_write_text(json_path, text + "\n")
     try:
-        drew = bool(plot_confusion(confusion, names, png, title=title))
+        drew = bool(plot_confusion(metrics["confusion"], names, png, title=title))
+        plot_reliability(metrics["reliability"], calib, metrics["ece"], title)
     except ImportError:  # matplotlib is an optional extra
         drew = False
-    return [f"results: {json_path}", f"confusion matrix: {png}" if drew else "no confusion-matrix PNG: matplotlib is not installed"]
+    owner.record()
+    return [f"results: {json_path}", f"confusion matrix: {png}; reliability diagram: {calib}" if drew
+            else "no confusion-matrix or reliability PNG: matplotlib is not installed"]

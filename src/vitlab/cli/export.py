@@ -37,6 +37,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest accepted |logit| difference")
     p.add_argument("--no-check", action="store_true", help="skip running the exported file")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--device", default="cpu", help="trace and check on this device: cpu (default), cuda, cuda:N, mps; "
+                   "a torch-export program keeps it, an ONNX file runs anywhere")
 
 
 def _check_out(args) -> Path:
@@ -55,11 +57,9 @@ def _check_out(args) -> Path:
         print(f"vitlab export: warning: {out}: an {args.format} file is usually named *{suffix}; runtimes that go "
               "by the suffix may not recognise it", file=sys.stderr)
     if args.format == "onnx":
-        try:
-            import onnx  # noqa: F401
-            import onnxscript  # noqa: F401
-        except ImportError:
-            raise UsageError("ONNX export needs onnx and onnxscript: pip install 'vitlab[export]'") from None
+        from vitlab.extras import require
+
+        require("export", "ONNX export", modules=("onnx", "onnxscript"))
     return out
 
 
@@ -68,10 +68,11 @@ def run(args) -> int:
 
     from vitlab.cli import UsageError
     from vitlab.cli.common import progress
+    from vitlab.config import pick_device
     from vitlab.deploy import export
 
     out = _check_out(args)
-    model = _load(args).eval()
+    model = _load(args).eval().to(pick_device(args.device))
     cfg = model.config
     t0 = time.perf_counter()
     with progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage") as bar:

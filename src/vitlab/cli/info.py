@@ -23,34 +23,25 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from vitlab import checkpoints
-    from vitlab.config import model_flops
+    from vitlab.checkpoints.describe import describe, serving_line
 
-    path = args.checkpoint
-    imported = checkpoints.read_checkpoint(path, args.format)  # a path, or a name fetched from the Hub
-    cfg = imported.config
-    params = sum(t.numel() for t in imported.state.values() if t.is_floating_point())
-    info = {
-        "path": str(path),
-        "format": imported.source_format,
-        "params": params,
-        "gflops": model_flops(cfg) / 1e9,
-        "config": cfg.to_dict(),
-        "class_names": imported.class_names,
-    }
+    info = describe(args.checkpoint, args.format)  # a path, or a name fetched from the Hub
+    cfg, params = info["config"], info["params"]
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     print(f"checkpoint   {info['path']}")
     print(f"format       {info['format']}")
-    print(f"model        {cfg.name}  ({params:,} parameters, {info['gflops']:.2f} GFLOPs at {cfg.image_size[0]}x{cfg.image_size[1]})")
+    if serving_line(info):
+        print(f"serving      {serving_line(info)}")
+    print(f"model        {cfg['name']}  ({params:,} parameters, {info['gflops']:.2f} GFLOPs at {cfg['image_size'][0]}x{cfg['image_size'][1]})")
     print("config")
-    for k, v in cfg.to_dict().items():
+    for k, v in cfg.items():
         print(f"  {k:<20} {v}")
-    names = imported.class_names
+    names = info["class_names"]
     if names:
         shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
         print(f"classes      {shown}")
     else:
-        print(f"classes      {cfg.num_classes} (no names stored)")
+        print(f"classes      {cfg['num_classes']} (no names stored)")
     return 0

@@ -47,6 +47,7 @@ def add_arguments(p) -> None:
     p.add_argument("--distance", choices=("centres", "pixels"), default="centres",
                    help="attention distance between patch centres (default) or averaged over pixel pairs "
                         "(App. D.7's image-space distance)")
+    p.add_argument("--force", action="store_true", help="replace files in --out of a report's names that inspect did not write")
 
 
 def _is_paths(text: str) -> bool:
@@ -96,14 +97,11 @@ def run(args) -> int:
 
     model, imported = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a folder; name a folder")
-    out.mkdir(parents=True, exist_ok=True)
     batches, labels, source = _batches(args, model)
     with progress(total=args.num_images, desc="inspect") as bar:
         report = inspect_model(model, imported, _counted(batches, bar), out, labels=labels, source=source,
                                checkpoint=args.checkpoint, random_init=args.random_init, max_images=args.num_images,
                                rollout_images=args.rollout_images, components=args.components, heatmap=args.heatmap,
-                               distance_mode=args.distance)
+                               distance_mode=args.distance, force=args.force)
     print(summary(report, model.config, imported.source_format, source, out))
     return 0

@@ -12,52 +12,24 @@ forward cost of one image in GFLOPs (2 x multiply-accumulates of the matrix prod
 convolutions). For a BiT ResNet, width is the representation's (the last stage's output)
 and depth the layer count of its name (R50: 50); heads, MLP and tokens do not apply.
 
+With a PATTERN (shell-style, any case) only the matching names; with --pretrained the
+published checkpoints instead (MODEL:WEIGHTS, what vitlab.list_models(PATTERN,
+pretrained=True) returns), with their resolution, classes, training data and source.
+
 examples:
   vitlab models
+  vitlab models 'ViT-B*' --pretrained
   vitlab models --image-size 384 --num-classes 1000
   vitlab models --json
 """
 
 
 def add_arguments(p) -> None:
+    p.add_argument("pattern", nargs="?", help="only names matching this shell-style pattern ('ViT-B*')")
+    p.add_argument("--pretrained", action="store_true", help="list the published checkpoints instead of the variants")
     p.add_argument("--image-size", type=int, help="count at this resolution instead of each model's default")
     p.add_argument("--num-classes", type=int, help="count with this many classes instead of each default")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def rows(image_size=None, num_classes=None) -> list[dict]:
-    import torch
-
-    from vitlab.api import create_model, list_models
-    from vitlab.config import model_flops
-
-    out = []
-    for name in list_models():
-        overrides = {}
-        if image_size:
-            overrides["image_size"] = image_size
-        if num_classes is not None:
-            overrides["num_classes"] = num_classes
-        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-            model = create_model(name, **overrides)
-        cfg = model.config
-        vit = cfg.kind == "vit"
-        out.append(
-            {
-                "name": name,
-                "kind": cfg.kind,
-                "image_size": f"{cfg.image_size[0]}x{cfg.image_size[1]}",
-                "width": cfg.hidden_size if vit else cfg.feature_dim,
-                "depth": cfg.depth,
-                "heads": cfg.num_heads if vit else None,
-                "mlp": cfg.mlp_dim if vit else None,
-                "tokens": cfg.num_tokens if vit else None,
-                "classes": cfg.num_classes,
-                "params": sum(p.numel() for p in model.parameters()),
-                "gflops": model_flops(cfg) / 1e9,
-            }
-        )
-    return out
 
 
 def _cell(value) -> str:
@@ -65,7 +37,14 @@ def _cell(value) -> str:
 
 
 def run(args) -> int:
-    table = rows(args.image_size, args.num_classes)
+    if args.pretrained:
+        return _pretrained(args)
+    from vitlab.api import model_table
+    from vitlab.cli import UsageError
+
+    table = model_table(args.image_size, args.num_classes, args.pattern)
+    if not table:
+        raise UsageError(f"no model variant matches {args.pattern!r}; `vitlab models` lists them all")
     if args.json:
         print(json.dumps(table, indent=2))
         return 0
@@ -77,4 +56,21 @@ def run(args) -> int:
             f"{r['name']:<14} {r['image_size']:>7} {r['width']:>5} {r['depth']:>5} {_cell(r['heads']):>5} "
             f"{_cell(r['mlp']):>5} {_cell(r['tokens']):>6} {r['classes']:>7} {r['params']:>13,} {r['gflops']:>8.2f}"
         )
+    return 0
+
+
+def _pretrained(args) -> int:
+    from vitlab.api import list_models
+    from vitlab.cli import UsageError
+    from vitlab.checkpoints.pretrained import pretrained_rows
+
+    table = pretrained_rows(list_models(args.pattern, pretrained=True))
+    if not table:
+        raise UsageError(f"no published checkpoint matches {args.pattern!r}; `vitlab models --pretrained` lists them all")
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return 0
+    print(f"{'name':<38} {'image':>5} {'classes':>7}  trained on")
+    for r in table:
+        print(f"{r['name']:<38} {r['resolution']:>5} {r['classes']:>7}  {r['dataset']}")
     return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from vitlab.cli.common import add_checkpoint_arguments, add_device_argument
 from vitlab.config import pick_device
+from vitlab.files import OutputFolder
 
 HELP = "classify images with a checkpoint: top-k classes, probabilities, rollout overlays"
 DESCRIPTION = """\
@@ -42,6 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table (at the end)")
     p.add_argument("--csv", metavar="FILE", help="also write one CSV row per image to FILE")
     p.add_argument("--attention", metavar="DIR", help="write an attention-rollout overlay PNG per image here")
+    p.add_argument("--force", action="store_true", help="replace --csv and overlays that exist and are not predict's")
     p.add_argument("--batch-size", type=int, default=16, help="images decoded and classified at a time (default 16)")
     p.add_argument("--precision", default="fp32", help="fp32 (default), bf16, fp16, int8 or fp32-packed (as serve)")
     add_device_argument(p)
@@ -53,7 +55,7 @@ def run(args) -> int:
     from vitlab.cli.common import progress
     from vitlab.data.image_files import find_images, unreadable
     from vitlab.deploy import PRECISIONS
-    from vitlab.predictor import Predictor
+    from vitlab.predictor import Predictor, overlay_name
 
     for name in ("top_k", "batch_size"):
         if getattr(args, name) < 1:
@@ -66,6 +68,10 @@ def run(args) -> int:
         raise UsageError(f"--attention: {predictor.config.name} is a BiT ResNet and has no attention to draw; drop --attention")
     paths = find_images(args.images)
     width = max(len(str(p)) for p in paths)
+    overlays = None
+    if args.attention:  # the user may keep files there: only new ones, or predict's own, are written
+        overlays = OutputFolder(args.attention, "predict", args.force)
+        overlays.claim(overlay_name(i, Path(p).stem) for i, p in enumerate(paths))  # and each again as it is written
     results, failed = [], []
     with progress(total=len(paths), desc="predict") as bar:
         def skipped(path, error) -> None:
@@ -73,11 +79,13 @@ def run(args) -> int:
             bar.write(f"vitlab predict: {path}: {failed[-1][1]}; skipped", file=sys.stderr)
             bar.update(1)
 
-        for row in predictor.predict(paths, args.top_k, args.batch_size, overlays=args.attention, on_error=skipped):
+        for row in predictor.predict(paths, args.top_k, args.batch_size, overlays=overlays, on_error=skipped):
             results.append({k: v for k, v in row.items() if k in ("image", "predictions", "attention")})
             if not args.json:
                 bar.write(_line(results[-1], width), file=sys.stdout)
             bar.update(1)
+    if overlays is not None:
+        overlays.record()
     return _finish(args, paths, results, failed, min(args.top_k, predictor.config.num_classes))
 
 

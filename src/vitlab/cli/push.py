@@ -34,6 +34,18 @@ def add_arguments(p) -> None:
     p.add_argument("--message", help="the commit message")
     p.add_argument("--no-timm", action="store_true", help="leave out timm's copy of the weights")
     p.add_argument("--format", help="the checkpoint's format, when detection cannot tell")
+    p.add_argument("--force", action="store_true",
+                   help="with --folder: replace files there of the folder's names (README.md, ...) that push did not write")
+    p.add_argument("--license", default="apache-2.0", help="the card's license, a Hub license id (default apache-2.0)")
+
+
+def _dataset(facts) -> "str | None":
+    """What the run's training data is (vitlab.data's identity: declared or recognised from
+    its class counts), for the card; None when the data is not here or not a known set."""
+    from vitlab.data import paper_dataset
+
+    spec = ((facts.get("config") or {}).get("data") or {}).get("name")
+    return paper_dataset(spec) if spec else None
 
 
 def run(args) -> int:
@@ -44,12 +56,14 @@ def run(args) -> int:
     repo_id = share.repo_of(args.repo)
     checkpoint, run_dir = share.source(args.source)
     model = build_model(read_checkpoint(checkpoint, args.format), checkpoint)
+    card = {"license": args.license, "dataset": _dataset(share.run_facts(run_dir))}
     if args.folder:
-        files = share.write_folder(model, Path(args.folder), repo_id, run_dir, with_timm=not args.no_timm)
+        files = share.write_folder(model, Path(args.folder), repo_id, run_dir, with_timm=not args.no_timm, force=args.force,
+                                   **card)
         print(f"wrote {args.folder}: {', '.join(files)} (nothing uploaded)")
         return 0
     url = share.push(model, repo_id, run=run_dir, private=args.private or None, revision=args.revision,
-                     commit_message=args.message, with_timm=not args.no_timm)
+                     commit_message=args.message, with_timm=not args.no_timm, **card)
     print(f"pushed {checkpoint} to hf-hub:{repo_id}" + (f" (run {run_dir})" if run_dir else ""))
     print(f"  commit  {url}")
     print(f"  load    vitlab.load(\"hf-hub:{repo_id}\")")

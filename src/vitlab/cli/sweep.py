@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 HELP = "run a grid of trainings (models x data sizes x seeds x any key=value), then tabulate and plot"
@@ -45,26 +46,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", nargs="?", const=True, metavar="DIR",
                    help="run nothing: write results.csv, report.md/.json (the statistics) and the figures so far; "
                         "`--report DIR` alone rebuilds them from a sweep folder's cells and its sweep.json")
-    p.add_argument("--dry-run", action="store_true", help="print each cell's commands and run nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the number of cells and each cell's commands; run nothing")
+    p.add_argument("--max-cells", type=int, default=None, metavar="N",
+                   help="run a grid of up to N cells (default 10000: a bigger grid is refused as a likely mistake)")
 
 
-def _check(args: argparse.Namespace) -> None:
+def _check(args: argparse.Namespace) -> int:
+    """The flags' own checks; returns --max-cells (its default where not given)."""
     from vitlab.cli import UsageError
     from vitlab.sweep import LAUNCHERS
+    from vitlab.sweep.cells import MAX_CELLS
 
-    if args.scale <= 0:
-        raise UsageError(f"--scale must be positive, got {args.scale}")
+    if not math.isfinite(args.scale) or args.scale <= 0:
+        raise UsageError(f"--scale must be a positive finite number, got {args.scale}")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.launcher not in LAUNCHERS:
         raise UsageError(f"--launcher {args.launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    max_cells = MAX_CELLS if args.max_cells is None else args.max_cells
+    if max_cells < 1:
+        raise UsageError(f"--max-cells must be at least 1, got {max_cells}")
+    return max_cells
 
 
-def _dry_run(spec, out, scale: float) -> int:
-    """Each cell's commands, run nothing."""
-    from vitlab.sweep import expand
+def _dry_run(spec, out, scale: float, max_cells: int) -> int:
+    """The number of cells at once (counted, not made), then each cell's commands when the
+    grid is within --max-cells; runs nothing."""
+    from vitlab.sweep.cells import count, expand, too_many
 
-    for cell in expand(spec, out, scale):
+    n = count(spec)
+    print(f"sweep {spec.name}: {n:,} cell(s) -> {out}")
+    if n > max_cells:
+        print(f"not listed: {too_many(n, max_cells)}")
+        return 0
+    for cell in expand(spec, out, scale, max_cells):
         print(f"{cell.key}:")
         for step in cell.steps:
             print(f"  vitlab {' '.join(step.argv)}")
@@ -78,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.cli.common import launcher_params
     from vitlab.config.sweep import load_sweep
     from vitlab.sweep import run_sweep
+    from vitlab.sweep.runner import check_launcher
 
-    _check(args)
+    max_cells = _check(args)
     if isinstance(args.report, str):  # --report DIR: the folder says what it is
         if args.out and Path(args.out) != Path(args.report):
             raise UsageError(f"--report {args.report} and --out {args.out} name two folders; give one")
@@ -87,21 +103,24 @@ def run(args: argparse.Namespace) -> int:
         if args.spec is None:
             from vitlab.sweep import load_folder
             spec, args.scale = load_folder(Path(args.report))
-            run_sweep(spec, Path(args.report), scale=args.scale, report_only=True)
+            run_sweep(spec, Path(args.report), scale=args.scale, report_only=True, max_cells=max_cells)
             return 0
     if args.spec is None:
         raise UsageError("name a sweep spec (a YAML file or a shipped name such as paper/pos-embed), "
                          "or rebuild a finished sweep's report with --report DIR")
     spec, _ = load_sweep(args.spec)
+    if not (args.dry_run or args.report):
+        check_launcher(args.launcher)  # Slurm or submitit missing: said now, before any cell
     suffix = "" if args.scale == 1 else f"-x{args.scale:g}"
     out = Path(args.out or f"runs/sweeps/{spec.name}{suffix}")
     if args.dry_run:
-        return _dry_run(spec, out, args.scale)
+        return _dry_run(spec, out, args.scale, max_cells)
     # A Slurm job runs on its own allocation: its threads are the job's, not this machine's.
     local = args.launcher != "slurm"
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)
     summary = run_sweep(spec, out, scale=args.scale, jobs=args.jobs, threads=threads, launcher=args.launcher,
-                        params=launcher_params(args.slurm), wait=not args.no_wait, report_only=bool(args.report))
+                        params=launcher_params(args.slurm), wait=not args.no_wait, report_only=bool(args.report),
+                        max_cells=max_cells)
     if summary.get("submitted"):
         print(f"then: vitlab sweep {args.spec} --out {out} --report")
         return 0

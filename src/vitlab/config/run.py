@@ -88,6 +88,9 @@ class ModelSection:
         return {**head, **self.changes}
 
 
+AUTOAUGMENT_POLICIES = ("", "imagenet", "cifar10", "svhn")  # torchvision.transforms.AutoAugmentPolicy
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the images come from and how they are augmented (§4.1, Appendix B.1)."""
@@ -97,12 +100,22 @@ class DataConfig:
     eval_splits: tuple[str, ...] = ("test",)
     eval_data: str = ""  # another spec for evaluation (e.g. the test shards of a wds set); "" = name
     num_workers: int = setting(0, at_least=0)
+    # How training images are decoded: "fast" decodes a JPEG only at the scale its crop needs and
+    # keeps uint8 until the training process normalises it; "pil" decodes in full (the float
+    # transform); "cuda" decodes and augments on the GPU (vitlab.data.decode).
+    decode: str = setting("fast", one_of=("fast", "pil", "cuda"))
+    eval_decode: str = setting("pil", one_of=("pil", "fast"), hint="fast: reduced-scale JPEG decoding, opt-in")
     # Inception-style crop (the paper's training preprocessing): area and aspect-ratio ranges.
     crop_scale: tuple[float, float] = setting((0.08, 1.0), check=_crop_range)
     crop_ratio: tuple[float, float] = setting((0.75, 1.3333333333333333), check=_ratio_range)
     hflip: bool = True
     randaugment: int = setting(0, at_least=0, hint="RandAugment ops per image; 0 = off")
     randaugment_magnitude: int = setting(9, at_least=0, at_most=30)
+    # torchvision's other learned-policy augmentations, and random erasing after normalising.
+    autoaugment: str = setting("", one_of=AUTOAUGMENT_POLICIES, hint="AutoAugment's policy; \"\" = off")
+    trivialaugment: bool = False  # TrivialAugmentWide: one random op of random magnitude per image
+    augmix: int = setting(0, at_least=0, at_most=10, hint="AugMix severity (torchvision's default 3); 0 = off")
+    random_erasing: float = setting(0.0, at_least=0, at_most=1, hint="the share of images given an erased box")
     # Held-out dev share; < 0: the dataset's paper value (2% of CIFAR, 1% of ImageNet, 10% else).
     dev_fraction: float = setting(-1.0, below=1)
     skip_bad_images: bool = False
@@ -121,6 +134,9 @@ class DataConfig:
             # One class trains to 100% with loss 0; a name twice makes two labels print alike.
             raise ConfigError(f"data.classes={list(self.classes)!r}: give two or more distinct class names, "
                               "or leave the key out for the dataset's own")
+        if self.decode == "cuda" and self.randaugment:
+            raise ConfigError(f"data.randaugment={self.randaugment} runs on the CPU and data.decode=cuda augments on the "
+                              "GPU; use data.decode=fast with RandAugment")
         if self.train_size and self.train_fraction < 1:
             raise ConfigError(
                 f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g} both pick the "

@@ -35,12 +35,15 @@ numbers under its name, `fewshot.shots.5.mean`.
 from __future__ import annotations
 
 import dataclasses
+import math
+import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Optional
 
 from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
 from vitlab.config.run import RECIPES, read_yaml
+from vitlab.files import UnsafeNameError, check_name
 
 FIGURE_KINDS = ("line", "pareto", "bar", "curve")
 EXPECT = ("higher", "lower", "equal")
@@ -51,18 +54,72 @@ def _nonempty(v: str) -> Optional[str]:
     return None if v.strip() else "must not be empty"
 
 
+def _name(v: str) -> Optional[str]:
+    """A name that becomes a file or folder (a step's log, a figure, the default --out)."""
+    try:
+        check_name(v, "")
+    except UnsafeNameError as e:
+        return str(e).split(": ", 1)[-1]
+    return None
+
+
+def _relative(v: str) -> Optional[str]:
+    """A path inside the cell folder: relative, no `..`, each part a plain name."""
+    parts = PurePosixPath(v).parts
+    if not v.strip() or v.startswith("/") or not parts or any(_name(p) for p in parts):
+        return "must be a file inside the cell folder (e.g. fewshot.json), without '..' or a leading '/'"
+    return None
+
+
+# Commands an after-step may not run: serve never ends, push uploads, sweep would recurse.
+NOT_AFTER = ("serve", "push", "sweep")
+
+
+def check_value(value: Any, where: str) -> None:
+    """A spec value vitlab can pass on: text, a finite number, a flag, null, or lists and
+    mappings (with text keys) of those. NaN and infinity are refused here, not 3 hours into
+    a run."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: {value} is not a finite number; give a number")
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_value(v, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str) or not k.strip():
+                raise ConfigError(f"{where}: key {k!r} must be a non-empty text (quote it in the YAML)")
+            check_value(v, f"{where}.{k}")
+    elif not (value is None or isinstance(value, (str, int, float, bool))):
+        raise ConfigError(f"{where}: {value!r} ({type(value).__name__}) is not a value a setting takes")
+
+
+def _mapping(d: dict, key: str, what: str) -> dict:
+    value = d.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: give {what}, not a {type(value).__name__} ({str(value)[:60]})")
+    check_value(value, key)
+    return dict(value)
+
+
 @dataclass(frozen=True)
 class AfterStep:
     """A vitlab command run in a cell after training; done once `result` (in the cell) exists."""
 
-    name: str = setting("", check=_nonempty)
+    name: str = setting("", check=_name)
     command: str = setting("", check=_nonempty)
-    result: str = setting("", check=_nonempty)
+    result: str = setting("", check=_relative)
 
     def __post_init__(self) -> None:
         check_fields(self, f"after.{self.name}")
-        if "/" in self.name or self.name in ("train", "cell"):
+        if self.name in ("train", "cell"):
             raise ConfigError(f"after.{self.name}: a step name is a plain word other than 'train' and 'cell'")
+        try:
+            words = shlex.split(self.command)
+        except ValueError as e:
+            raise ConfigError(f"after.{self.name}.command: {e} in {self.command!r}; fix the quoting") from None
+        if not words or words[0] in NOT_AFTER:
+            raise ConfigError(f"after.{self.name}.command: a step runs a vitlab command other than "
+                              f"{', '.join(NOT_AFTER)} (e.g. fewshot {{checkpoint}} ...)")
 
 
 @dataclass(frozen=True)
@@ -77,12 +134,13 @@ class FigureSpec:
     curve:  y is a list per cell (e.g. a value per layer), drawn against its index.
     """
 
-    file: str = setting("", check=_nonempty)
+    file: str = setting("", check=_name)
     kind: str = setting("line", one_of=FIGURE_KINDS)
     x: str = ""
     y: str = setting("", check=_nonempty)
     series: str = ""
     where: Mapping[str, Any] = field(default_factory=dict)  # keep only rows with these values
+    references: Mapping[str, str] = field(default_factory=dict)  # curve: label -> a results column, drawn dashed
     logx: bool = False
     logy: bool = False
     title: str = ""
@@ -120,6 +178,21 @@ class CompareSpec:
 
 
 @dataclass(frozen=True)
+class SlopeSpec:
+    """A fitted line of `y` against `x` (log10 x with `logx`) per value of `by` (Fig. 5's
+    accuracy against log-compute, per family), every finished cell a point: the slope with
+    its 95% t interval."""
+
+    x: str = setting("", check=_nonempty)
+    y: str = setting("", check=_nonempty)
+    by: str = ""
+    logx: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"report.slopes[{self.y} ~ {self.x}]")
+
+
+@dataclass(frozen=True)
 class ReportSpec:
     """What report.md and report.json hold: per arm (the cells that differ only in pair_by)
     each metric's mean, std and 95% t interval; per compared pair the paired differences."""
@@ -127,6 +200,7 @@ class ReportSpec:
     metrics: tuple[str, ...] = ("test.top1",)
     pair_by: str = setting("seed", check=_nonempty)
     compare: tuple[CompareSpec, ...] = ()
+    slopes: tuple[SlopeSpec, ...] = ()
 
     def __post_init__(self) -> None:
         check_fields(self, "report")
@@ -138,14 +212,18 @@ class ReportSpec:
         if not isinstance(compare, (list, tuple)):
             raise ConfigError("report.compare: give a list of {axis, a, b, expect} mappings")
         pairs = tuple(CompareSpec(**check_keys(CompareSpec, c or {}, "report.compare")) for c in compare)
-        return cls(**d, compare=pairs)
+        slopes = d.pop("slopes", None) or ()
+        if not isinstance(slopes, (list, tuple)):
+            raise ConfigError("report.slopes: give a list of {x, y, by} mappings")
+        lines = tuple(SlopeSpec(**check_keys(SlopeSpec, f or {}, "report.slopes")) for f in slopes)
+        return cls(**d, compare=pairs, slopes=lines)
 
 
 @dataclass(frozen=True)
 class SweepSpec:
     """The whole sweep; `name` defaults to the spec file's name."""
 
-    name: str = setting("sweep", check=_nonempty)
+    name: str = setting("sweep", check=_name)
     train: Mapping[str, Any] = field(default_factory=dict)
     grid: Mapping[str, Any] = field(default_factory=dict)
     after: tuple[AfterStep, ...] = ()
@@ -155,6 +233,10 @@ class SweepSpec:
 
     def __post_init__(self) -> None:
         check_fields(self, "sweep")
+        for what, value in (("train", self.train), ("grid", self.grid)):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{what}: give a mapping, not a {type(value).__name__}")
+            check_value(dict(value), what)
         for key in ("out", "resume"):
             if key in self.train:
                 raise ConfigError(f"train.{key}: the sweep chooses each cell's run folder itself; remove it")
@@ -175,18 +257,21 @@ class SweepSpec:
         if not isinstance(d, dict):
             raise ConfigError(f"a sweep spec must be a mapping with train, grid, after, scale, figures; got {d!r}")
         d = check_keys(cls, d, "")
-        after = d.get("after") or {}
-        if not isinstance(after, dict):
-            raise ConfigError("after: map each step's name to {command: ..., result: ...}")
+        after = _mapping(d, "after", "a mapping of each step's name to {command: ..., result: ...}")
         steps = tuple(AfterStep(name=k, **check_keys(AfterStep, v or {}, f"after.{k}")) for k, v in after.items())
-        figures = tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in d.get("figures") or ())
+        figures, scale = d.get("figures") or (), d.get("scale") or ()
+        if not isinstance(figures, (list, tuple)):
+            raise ConfigError("figures: give a list of figures, each {file: ..., kind: ..., x: ..., y: ...}")
+        if not isinstance(scale, (list, tuple)) or not all(isinstance(k, str) for k in scale):
+            raise ConfigError("scale: give a list of the keys --scale multiplies, e.g. [epochs]")
+        check_value(figures, "figures")
         return cls(
             name=d.get("name") or name,
-            train=dict(d.get("train") or {}),
-            grid=dict(d.get("grid") or {}),
+            train=_mapping(d, "train", "a mapping of `vitlab train` settings (key: value)"),
+            grid=_mapping(d, "grid", "a mapping of each axis to its list of values (grid: {seed: [0, 1]})"),
             after=steps,
-            scale=tuple(d.get("scale") or ()),
-            figures=figures,
+            scale=tuple(scale),
+            figures=tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in figures),
             report=ReportSpec.from_dict(d.get("report")),
         )
 

@@ -32,7 +32,8 @@ The API other parts of vitlab (and users) call:
                 CIFAR, 10% of others, as the paper) or "train-minus-dev" (the rest).
         transform: what each image goes through: the model's preprocessing for evaluation
                 (model_transform(config)), its augmentation for training
-                (model_transform(config, train=True, crop_scale=..., randaugment=...)).
+                (model_transform(config, train=True, crop_scale=..., randaugment=...,
+                autoaugment=..., trivialaugment=..., augmix=..., random_erasing=...)).
         train:  True = a training stream (wds: shuffled, with the seed); the augmentation
                 itself is the transform's.
         options: dev_fraction; skip_bad_images (unreadable images are dropped and counted
@@ -48,6 +49,10 @@ The API other parts of vitlab (and users) call:
                 training batches (exactly resumable, split over processes), or one
                 evaluation pass
     transforms.eval_transform / transforms.train_transform / transforms.model_transform
+    decode.training_transform(decode, ...) / decode.fast_eval_transform / fast_model_transform
+                the same augmentation and preprocessing, a JPEG decoded only at the DCT scale
+                its crop needs (data.decode, data.eval_decode; uint8 training images that
+                decode.model_input normalises on the device; "cuda": decoded on the GPU)
     foreign.wrap(source, transform) -> any torch Dataset or DataLoader, torchvision dataset or
                 Hugging Face datasets object as a vitlab dataset (see foreign.py)
 

@@ -18,7 +18,7 @@ import struct
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Optional, Sequence
+from typing import Any, BinaryIO, Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -50,6 +50,15 @@ class DataError(FileNotFoundError):
     """A dataset that cannot be found or read; the message says where it looked and the fix."""
 
 
+class Encoded(NamedTuple):
+    """An image not yet decoded (a file's path or its bytes, and a name for messages): what
+    a dataset hands a transform that decodes for itself (`takes_encoded`, see decode.py), so
+    that it can decode only what its crop needs."""
+
+    source: Union[str, os.PathLike, bytes]
+    name: str
+
+
 class Skipped(str):
     """What an unreadable item becomes with skip_bad_images: its name (a file, a shard and
     key), so that a run counts each bad file once however many epochs meet it."""
@@ -79,10 +88,15 @@ def read_image(path: str | os.PathLike | BinaryIO) -> Image.Image:
     except FileNotFoundError:
         raise
     except Exception as e:  # PIL raises many types for broken files
-        raise BadImageError(
-            f"{path}: cannot read this image ({type(e).__name__}: {e}); "
-            "fix or remove the file, or pass --skip-bad-images to skip and count such files"
-        ) from None
+        raise bad_image(path, e) from None
+
+
+def bad_image(name: Any, e: Exception) -> BadImageError:
+    """The one-line refusal of an image that cannot be decoded."""
+    return BadImageError(
+        f"{name}: cannot read this image ({type(e).__name__}: {e}); "
+        "fix or remove the file, or pass --skip-bad-images to skip and count such files"
+    )
 
 
 def decoded(im: Image.Image) -> Image.Image:
@@ -164,13 +178,17 @@ class ImageDataset(torch.utils.data.Dataset):
     def __getitem__(self, key: int | tuple[int, int]):
         index, seed = key if isinstance(key, tuple) else (key, item_seed(self.seed, 0, key))
         i = int(self.indices[index])
-        try:
-            image = self._load(i)
+        try:  # a transform that takes the encoded image decodes it itself, and may fail there
+            image = self._encoded(i) if getattr(self.transform, "takes_encoded", False) else self._load(i)
+            return apply_seeded(self.transform, image, seed), int(self.all_labels[i])
         except BadImageError:
             if self.skip_bad_images:
                 return Skipped(self._name(i))  # dropped by the collate function, which names it
             raise
-        return apply_seeded(self.transform, image, seed), int(self.all_labels[i])
+
+    def _encoded(self, i: int) -> Any:
+        """The item before decoding, where the set holds files; decoded (a PIL image) otherwise."""
+        return self._load(i)
 
 
 class ArrayDataset(ImageDataset):
@@ -194,6 +212,9 @@ class FileDataset(ImageDataset):
     def _load(self, i: int) -> Image.Image:
         return read_image(self.files[i])
 
+    def _encoded(self, i: int) -> Encoded:
+        return Encoded(self.files[i], str(self.files[i]))
+
     def _name(self, i: int) -> str:
         return str(self.files[i])
 
@@ -212,7 +233,14 @@ def digits_arrays(split_seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """An IDX file (the MNIST format), gzipped or not: big-endian dims, then uint8 data."""
+    """An IDX file (the MNIST format), gzipped or not: big-endian dims, then uint8 data.
+
+    Written here rather than taken from torchvision on purpose: torchvision.datasets.
+    FashionMNIST (and its read_image_file) reads only the uncompressed files, and only under
+    ROOT/FashionMNIST/raw/. Debian's dataset-fashion-mnist, the copy vitlab looks for first,
+    is the four gzipped files in one flat folder, which torchvision would need decompressed
+    into a second, 55 MB copy. tests/test_data.py checks that this reader gives torchvision's
+    arrays on the real files."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
         data = f.read()

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from vitlab.data.datasets import DataError, ImageDataset, apply_seeded, item_seed
 from vitlab.data.loader import collate
+from vitlab.extras import MissingExtraError, require
 
 IMAGE_KEYS = ("image", "img", "pixel_values", "jpg", "png")
 LABEL_KEYS = ("label", "labels", "fine_label", "target")
@@ -227,9 +228,9 @@ def hf_split(arg: str, split: str):
     from pathlib import Path
 
     try:
-        import datasets  # optional: pip install 'vitlab[datasets]'
-    except ImportError:
-        raise DataError("hf: data needs the datasets package: pip install 'vitlab[datasets]'") from None
+        datasets = require("datasets", "hf: data")["datasets"]  # optional: pip install "vitlab[datasets]"
+    except MissingExtraError as e:
+        raise DataError(str(e)) from None
     folder = Path(arg).expanduser()
     try:
         if folder.is_dir() and any((folder / f).is_file() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):

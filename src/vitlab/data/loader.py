@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from vitlab.data.datasets import Skipped, item_seed
+from vitlab.data.decode import stack_images
 from vitlab.data.wds import WebDataset
 
 
@@ -74,9 +75,7 @@ def collate(items: list) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
     are dropped and named in the third element, so a run can count distinct files."""
     good = [x for x in items if not isinstance(x, Skipped)]
     bad = tuple(str(x) for x in items if isinstance(x, Skipped))
-    if not good:
-        return torch.empty(0), torch.empty(0, dtype=torch.long), bad
-    return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good], dtype=torch.long), bad
+    return stack_images(good, bad)
 
 
 def make_loader(
@@ -90,6 +89,7 @@ def make_loader(
     start_step: int = 0,
     num_steps: Optional[int] = None,
     num_workers: int = 0,
+    pin_memory: bool = False,
 ) -> torch.utils.data.DataLoader:
     """A DataLoader of (images, labels, skipped) batches of one process (skipped: the names of
     the unreadable items dropped from the batch): for training, the
@@ -97,9 +97,10 @@ def make_loader(
     for evaluation, one pass over this process's share.
 
     It gets its own torch.Generator: a DataLoader otherwise draws its worker seed from the
-    global generator, which would shift dropout and Mixup after a resume.
+    global generator, which would shift dropout and Mixup after a resume. pin_memory: batches
+    in page-locked memory (for a CUDA device: the copy to it can overlap the step).
     """
-    common = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed))
+    common = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
     if isinstance(dataset, WebDataset):
         batches = dataset.batches(
             batch_size=batch_size, rank=rank, world=world, start_step=start_step, num_steps=num_steps, train=train

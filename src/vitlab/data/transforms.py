@@ -228,6 +228,11 @@ def model_transform(config, train: bool = False, **augment) -> Callable[[Image.I
                           interpolation=config.interpolation, backend=getattr(config, "resize_backend", "pil"))
 
 
+# train_transform's augmentation options, as DataConfig and open_dataset name them.
+AUGMENT_OPTIONS = ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "autoaugment",
+                   "trivialaugment", "augmix", "random_erasing")
+
+
 def train_transform(
     image_size: int | Sequence[int],
     mean: Sequence[float] = (0.5, 0.5, 0.5),
@@ -239,9 +244,16 @@ def train_transform(
     randaugment: int = 0,
     randaugment_magnitude: int = 9,
     interpolation: str = "bilinear",
+    autoaugment: str = "",
+    trivialaugment: bool = False,
+    augmix: int = 0,
+    random_erasing: float = 0.0,
 ) -> Callable[[Image.Image], Tensor]:
     """Inception-style crop (random area and aspect ratio, resized to the model's size) and
-    a horizontal flip (Appendix B.1); RandAugment(num_ops=randaugment) when > 0.
+    a horizontal flip (Appendix B.1); then, each when set, torchvision's RandAugment
+    (num_ops=randaugment), AutoAugment (the `autoaugment` policy: imagenet, cifar10, svhn),
+    TrivialAugmentWide and AugMix (severity=augmix) on the image, and RandomErasing
+    (p=random_erasing) on the normalised tensor.
 
     The random numbers come from torch's global generator: the datasets seed it per sample,
     so an image gets the same augmentation whichever worker or process reads it.
@@ -262,4 +274,11 @@ def train_transform(
         steps.append(T.RandomHorizontalFlip())
     if randaugment:
         steps.append(T.RandAugment(num_ops=randaugment, magnitude=randaugment_magnitude))
-    return T.Compose(steps + [_ToFloat(), T.Normalize(list(mean), list(std))])
+    if autoaugment:
+        steps.append(T.AutoAugment(T.AutoAugmentPolicy(autoaugment)))
+    if trivialaugment:
+        steps.append(T.TrivialAugmentWide())
+    if augmix:
+        steps.append(T.AugMix(severity=augmix))
+    after = [T.RandomErasing(p=random_erasing)] if random_erasing else []  # on the normalised tensor
+    return T.Compose(steps + [_ToFloat(), T.Normalize(list(mean), list(std))] + after)

@@ -16,10 +16,8 @@ the batches it has done without decoding them. Each process decompresses every s
 
 from __future__ import annotations
 
-import bz2
 import copy
 import glob
-import gzip
 import hashlib
 import io
 import json
@@ -37,8 +35,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from PIL import Image
 
+from vitlab.data import remote
 from vitlab.config.run import SHUFFLE_BUFFER
-from vitlab.data.datasets import BadImageError, DataError, Skipped, apply_seeded, data_cache, decoded, item_seed
+from vitlab.data.datasets import BadImageError, DataError, Encoded, Skipped, apply_seeded, data_cache, decoded, item_seed
+from vitlab.data.decode import stack_images
 from vitlab.data.identity import dev_fraction as identity_dev_fraction
 from vitlab.data.identity import recognise, summed
 from vitlab.files import NotRegularFileError, atomic_write_text, require_regular_file
@@ -68,6 +68,8 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 def resolve_shards(pattern: str, split: str) -> list[Path]:
+    if remote.is_remote(pattern):  # http(s):// or pipe: (remote.py); braces expand, globs do not
+        return [remote.RemoteShard(p) for p in expand_braces(pattern)]
     path = Path(pattern)
     if path.is_dir():
         prefixes = ("train",) if split in ("train", "dev", "train-minus-dev") else ("test", "val")
@@ -117,19 +119,6 @@ class _Tail(io.RawIOBase):
         return len(data)
 
 
-def _open_stream(path: Path) -> Any:
-    """The shard's tar bytes: decompressed by its magic number (gzip, bzip2, xz) or as they are."""
-    with open(path, "rb") as f:
-        magic = f.read(6)
-    if magic[:2] == b"\x1f\x8b":
-        return gzip.open(path, "rb")
-    if magic[:3] == b"BZh":
-        return bz2.open(path, "rb")
-    if magic == b"\xfd7zXZ\x00":
-        return lzma.open(path, "rb")
-    return open(path, "rb")
-
-
 def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
     """The samples of one shard, in tar order: (key, {extension: bytes}).
 
@@ -137,7 +126,7 @@ def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
     shard a shorter one; here the block it stopped at must be the end-of-archive marker (zeros),
     and every member must be read whole, or the shard is named as damaged."""
     try:
-        with _open_stream(path) as stream:
+        with remote.open_shard(path) as stream:
             raw = _Tail(stream)
             with tarfile.open(fileobj=raw, mode="r|") as tf:
                 key, parts = None, {}
@@ -193,10 +182,11 @@ def shard_index(path: Path) -> dict[str, Any]:
     """Per shard: how many samples in each dev bucket, the smallest and largest label and
     the count of each label. Cached on disk, keyed by the shard's path, size and modification
     time, so a stream knows its length (and what data it holds) without decoding an image."""
-    st = path.stat()
-    tag = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    tag = remote.shard_version(path)
     cache = data_cache() / "wds-index" / f"{tag}.json"
     try:
+        if tag == "uncached":
+            raise OSError("a remote shard without a version: indexed afresh")
         index = json.loads(cache.read_text())
         if isinstance(index, dict) and {"buckets", "min_label", "max_label", "label_counts"} <= set(index):
             return index
@@ -214,7 +204,8 @@ def shard_index(path: Path) -> dict[str, Any]:
     index = {"buckets": buckets, "min_label": min(labels, default=0), "max_label": max(labels, default=-1),
              "label_counts": counts}
     try:
-        atomic_write_text(cache, json.dumps(index))
+        if tag != "uncached":
+            atomic_write_text(cache, json.dumps(index))
     except OSError:
         pass  # a read-only home only costs a rescan
     return index
@@ -237,10 +228,11 @@ def label_error(shard: Path, key: str, label: int, num_classes: int) -> None:
 def shard_labels(path: Path) -> tuple[list[str], list[int]]:
     """Every sample's key and label in one shard, in stream order; cached like `shard_index`
     (apart from it: only a training subset needs them)."""
-    st = path.stat()
-    tag = hashlib.sha1(f"labels|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
-    cache = data_cache() / "wds-index" / f"{tag}.labels.json"
+    tag = remote.shard_version(path)
+    cache = data_cache() / "wds-index" / f"labels-{tag}.labels.json"
     try:
+        if tag == "uncached":
+            raise OSError("a remote shard without a version: read afresh")
         d = json.loads(cache.read_text())
         return d["keys"], d["labels"]
     except (OSError, ValueError, KeyError):
@@ -250,7 +242,8 @@ def shard_labels(path: Path) -> tuple[list[str], list[int]]:
         keys.append(key)
         labels.append(sample_label(path, key, parts))
     try:
-        atomic_write_text(cache, json.dumps({"keys": keys, "labels": labels}))
+        if tag != "uncached":
+            atomic_write_text(cache, json.dumps({"keys": keys, "labels": labels}))
     except OSError:
         pass
     return keys, labels
@@ -263,6 +256,9 @@ def read_class_names(shards: Sequence[Path], classes: Any, max_label: int) -> li
         if Path(str(classes)).is_file():
             return [line.strip() for line in Path(str(classes)).read_text().splitlines() if line.strip()]
         return [c.strip() for c in str(classes).split(",")]
+    if isinstance(shards[0], remote.RemoteShard):
+        found = remote.classes_beside(shards[0])
+        return found if found else [str(i) for i in range(max_label + 1)]
     beside = shards[0].parent / "classes.txt"
     if beside.is_file():
         return [line.strip() for line in beside.read_text().splitlines() if line.strip()]
@@ -372,13 +368,17 @@ class WebDataset(torch.utils.data.IterableDataset):
         label = sample_label(shard, key, parts)
         label_error(shard, key, label, len(self.class_names))  # a shard changed since it was indexed
         data = next((parts[k] for k in IMAGE_KEYS if k in parts), None)
+        seed = item_seed(self.seed, epoch, key) if self.train else None
         try:
             if data is None:
                 raise ValueError(f"no image member ({', '.join('.' + k for k in IMAGE_KEYS)})")
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused
-                with Image.open(BytesIO(data)) as im:
-                    image = decoded(im)
+            if getattr(self.transform, "takes_encoded", False):  # it decodes only what its crop needs
+                image: Any = Encoded(data, f"{shard}: sample {key}")
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused
+                    with Image.open(BytesIO(data)) as im:
+                        image = decoded(im)
         except Exception as e:  # PIL raises many types for broken data
             if self.skip_bad_images:
                 return Skipped(f"{shard}:{key}")
@@ -386,8 +386,12 @@ class WebDataset(torch.utils.data.IterableDataset):
                 f"{shard}: sample {key}: cannot read the image ({type(e).__name__}: {e}); "
                 "fix the shard, or pass --skip-bad-images to skip and count such samples"
             ) from None
-        seed = item_seed(self.seed, epoch, key) if self.train else None
-        return apply_seeded(self.transform, image, seed), label
+        try:
+            return apply_seeded(self.transform, image, seed), label
+        except BadImageError:  # raised by a transform that decodes for itself
+            if self.skip_bad_images:
+                return Skipped(f"{shard}:{key}")
+            raise
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         """Plain iteration: samples split across data-loader workers and processes."""
@@ -485,7 +489,5 @@ class WebDatasetBatches(torch.utils.data.IterableDataset):
             yield _collate(items, bad)
 
 
-def _collate(items: list, bad: list[str]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
-    if not items:
-        return torch.empty(0), torch.empty(0, dtype=torch.long), tuple(bad)
-    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.long), tuple(bad)
+def _collate(items: list, bad: list[str]) -> tuple[Any, torch.Tensor, tuple[str, ...]]:
+    return stack_images(items, tuple(bad))

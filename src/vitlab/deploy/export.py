@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from vitlab.extras import require
 from vitlab.files import atomic_write
 from vitlab.models.vit import VisionTransformer
 
@@ -24,7 +25,8 @@ from vitlab.models.vit import VisionTransformer
 def _example(model: nn.Module, batch: int = 2) -> Tensor:
     # Batch 2, not 1: the exporters would take a size-1 axis for a constant.
     cfg = model.config
-    return torch.randn(batch, cfg.in_channels, *cfg.image_size)
+    device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+    return torch.randn(batch, cfg.in_channels, *cfg.image_size).to(device)  # on the model's device (--device)
 
 
 def export_program(model: VisionTransformer, path: Optional[str | os.PathLike] = None):
@@ -90,14 +92,31 @@ def export_onnx(model: VisionTransformer, path: str | os.PathLike, opset: int = 
         optimize=True,
         verbose=False,
     )
+    name_batch_axis(onnx_program.model)
     onnx_program.model.metadata_props.update(onnx_metadata(model))
     atomic_write(path, lambda tmp: onnx_program.save(tmp))
     return Path(path)
 
 
+def name_batch_axis(onnx_model) -> None:
+    """Call the dynamic batch axis "batch" wherever it appears. The exporter names it after
+    torch's internal symbol ("s77"), which a runtime shows to the user as the input's shape."""
+    import onnx_ir as ir
+
+    symbol = onnx_model.graph.inputs[0].shape[0]
+    if not isinstance(symbol, ir.SymbolicDim):
+        return
+    values = [*onnx_model.graph.inputs, *onnx_model.graph.outputs]
+    values += [v for node in ir.traversal.RecursiveGraphIterator(onnx_model.graph) for v in node.outputs]
+    for v in values:
+        if v.shape is not None and any(isinstance(d, ir.SymbolicDim) and d.value == symbol.value for d in v.shape):
+            v.shape = ir.Shape(["batch" if isinstance(d, ir.SymbolicDim) and d.value == symbol.value else d
+                                for d in v.shape])
+
+
 def read_onnx_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The metadata_props of an ONNX file, as onnxruntime reads them."""
-    import onnxruntime as ort
+    ort = require("export", "reading an ONNX file", modules=("onnxruntime",))["onnxruntime"]
 
     return dict(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map)
 
@@ -108,15 +127,15 @@ def check_onnx(path: str | os.PathLike, model: nn.Module, batch_sizes: tuple[int
 
     Batch sizes other than the traced one (2) prove the batch axis really is dynamic.
     """
-    import onnxruntime as ort
+    ort = require("export", "checking the ONNX file", modules=("onnxruntime",))["onnxruntime"]
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     worst = 0.0
     for b in batch_sizes:
         x = _example(model, b)
-        ours = model(x).float().numpy()
-        theirs = session.run(None, {name: x.numpy()})[0]
+        ours = model(x).float().cpu().numpy()
+        theirs = session.run(None, {name: x.cpu().numpy()})[0]
         if theirs.shape != ours.shape:
             raise RuntimeError(f"onnxruntime returned shape {theirs.shape} for batch {b}, expected {ours.shape}")
         worst = max(worst, float(abs(theirs - ours).max()))

@@ -1,4 +1,5 @@
-"""Classification accuracy: top-1, top-5, loss, per-class accuracy and the confusion matrix.
+"""Classification accuracy: top-1, top-5, loss, per-class accuracy and the confusion matrix;
+`evaluate` adds precision, recall, F1 and calibration (eval/calibration.py).
 
 Counts are kept as sums (not means) so that batches, and processes under torchrun, can be
 added before dividing: `batch_counts` per batch, add them up, `metrics_from_counts` at the end.
@@ -7,6 +8,8 @@ added before dividing: `batch_counts` per batch, add them up, `metrics_from_coun
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 from typing import Any, Callable, Optional
 
@@ -15,9 +18,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitlab.data import DataError, foreign, make_loader, open_dataset
+from vitlab.eval.calibration import calibration_counts, calibration_metrics, class_metrics
 from vitlab.eval.classes import class_names_for, only_numbers
 from vitlab.eval.real import read_real_labels, real_accuracy
 from vitlab.data.transforms import model_transform
+from vitlab.files import atomic_write_text
 
 
 def batch_counts(logits: Tensor, labels: Tensor, num_classes: int) -> dict[str, Tensor]:
@@ -72,7 +77,8 @@ def evaluate(
     keep_predictions: bool = False,
     keep_probabilities: bool = False,
 ) -> dict[str, Any]:
-    """Top-1/top-5/loss/per-class/confusion of `model` on `data`: any dataset (torch,
+    """Top-1/top-5/loss/per-class/confusion, precision/recall/F1 (macro and per class) and
+    calibration (ECE, MCE, the reliability bins) of `model` on `data`: any dataset (torch,
     torchvision, Hugging Face `datasets`, vitlab), a DataLoader, or an iterable of
     (images, labels, ...) batches. Raw images get the model's own preprocessing
     (`vitlab.transform`); `num_classes` defaults to the model's. `keep_predictions` adds
@@ -88,7 +94,8 @@ def evaluate(
             images, labels = images.to(device), labels.to(device)
             with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
                 logits = model(images)
-            total = add_counts(total, batch_counts(logits.float(), labels, num_classes))
+            counts = {**batch_counts(logits.float(), labels, num_classes), **calibration_counts(logits, labels)}
+            total = add_counts(total, counts)
             if keep_predictions:
                 predictions += logits.argmax(-1).tolist()
             if keep_probabilities:
@@ -98,6 +105,7 @@ def evaluate(
     if total is None:
         raise ValueError("the evaluation data is empty")
     metrics = metrics_from_counts(total)
+    metrics.update(class_metrics(metrics["confusion"]), **calibration_metrics(total))
     if keep_probabilities:
         metrics["probabilities"] = probabilities
     return {**metrics, "predictions": predictions} if keep_predictions else metrics
@@ -175,21 +183,43 @@ def preprocessing(model: torch.nn.Module):
 
 
 def report(metrics: dict[str, Any], class_names: list[str]) -> str:
-    """A plain-text table: overall top-1/top-5/loss, then accuracy per class."""
+    """A plain-text table: overall top-1/top-5/loss, macro precision/recall/F1 and ECE when
+    measured, then each class's accuracy (= its recall) and, when measured, precision and F1."""
     lines = [
         f"top-1 {metrics['top1']:.2%}   top-5 {metrics['top5']:.2%}   loss {metrics['loss']:.4f}   "
         f"({metrics['count']} images)",
-        "",
-        f"{'class':<24} {'accuracy':>9} {'images':>7}",
     ]
+    detailed = "per_class_precision" in metrics
+    if detailed:
+        lines.append(f"macro precision {metrics['precision']:.2%}   recall {metrics['recall']:.2%}   "
+                     f"F1 {metrics['f1']:.2%}   ECE {metrics['ece']:.2%} ({len(metrics['reliability']['count'])} bins)")
+    lines += ["", f"{'class':<24} {'accuracy':>9}" + (f" {'precision':>9} {'F1':>7}" if detailed else "") + f" {'images':>7}"]
     totals = [sum(row) for row in metrics["confusion"]]
-    for name, acc, n in zip(class_names, metrics["per_class"], totals):
-        lines.append(f"{name[:24]:<24} {'-' if acc is None else f'{acc:.2%}':>9} {n:>7}")
+
+    def pct(v: Optional[float], width: int) -> str:
+        return f"{'-' if v is None else f'{v:.2%}':>{width}}"
+
+    for k, (name, acc, n) in enumerate(zip(class_names, metrics["per_class"], totals)):
+        extra = f" {pct(metrics['per_class_precision'][k], 9)} {pct(metrics['per_class_f1'][k], 7)}" if detailed else ""
+        lines.append(f"{name[:24]:<24} {pct(acc, 9)}{extra} {n:>7}")
     return "\n".join(lines)
 
 
 def to_json(metrics: dict[str, Any], class_names: list[str]) -> str:
     out = dict(metrics)
-    out["per_class"] = dict(zip(class_names, metrics["per_class"]))
+    for key in ("per_class", "per_class_precision", "per_class_recall", "per_class_f1"):
+        if key in metrics:
+            out[key] = dict(zip(class_names, metrics[key]))
     out["class_names"] = class_names
     return json.dumps(out, indent=2)
+
+
+def write_predictions(path: str, images: list, probabilities: list, names: list[str]) -> None:
+    """One CSV row per image: the image (its file, or its position), its top-1 class and the
+    probability of every class."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["image", "predicted", *names])
+    for image, probs in zip(images, probabilities):
+        writer.writerow([image, names[max(range(len(probs)), key=probs.__getitem__)], *(f"{p:.8g}" for p in probs)])
+    atomic_write_text(path, buffer.getvalue())

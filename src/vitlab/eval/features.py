@@ -68,6 +68,7 @@ def extract_features(
     limit: Optional[int] = None,
     num_classes: Optional[int] = None,
     progress: Optional[Callable[[int], None]] = None,
+    workers: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features (N, F) float32, labels (N,) int64) for the dataset's images, in its order.
 
@@ -75,6 +76,10 @@ def extract_features(
     DataLoader; raw images get the model's own preprocessing (`vitlab.transform`).
     max_per_class keeps the first that many images of each class (for a streaming dataset
     it stops reading once every class is full, given `num_classes`); limit caps the total.
+    `workers` data-loader processes decode the images ahead of the model, in the same order
+    (a DataLoader without batching hands the items out worker by worker, in turn, and a
+    streamed set gives worker w the samples w, w + workers, ...), so the features do not
+    depend on it.
     """
     model.eval()
     device = next(model.parameters()).device
@@ -92,6 +97,11 @@ def extract_features(
             if limit and len(keep) >= limit:
                 break
         items = (dataset[i] for i in keep)
+        if workers:
+            items = iter(torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, keep), batch_size=None,
+                                                     num_workers=workers))
+    elif workers:
+        items = iter(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers))
     else:
         items = iterate(dataset)
 
@@ -203,10 +213,11 @@ def open_for_model(spec: str, split: str, config, class_names: Optional[Sequence
 def dataset_features(model: torch.nn.Module, spec: str, split: str, *, max_per_class: Optional[int] = None,
                      limit: Optional[int] = None, batch_size: int = 128, use_cache: bool = True,
                      model_hash: Optional[str] = None, log: Optional[Callable[[str], None]] = None,
-                     progress: Optional[Callable] = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+                     progress: Optional[Callable] = None, workers: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(features, labels, class names) of a dataset spec's split through the model's own
     preprocessing and the feature cache: what `vitlab fewshot` and `vitlab linear-probe`
-    read. `progress(total, desc)` makes a bar with .update(n) (a context manager)."""
+    read. `progress(total, desc)` makes a bar with .update(n) (a context manager); `workers`
+    data-loader processes decode the images (the same features, see extract_features)."""
     dataset = open_for_model(spec, split, model.config, getattr(model, "class_names", None))
     names = list(getattr(dataset, "class_names", None) or [])
     total = expected_count(dataset, max_per_class, len(names) or None, limit)
@@ -221,7 +232,7 @@ def dataset_features(model: torch.nn.Module, spec: str, split: str, *, max_per_c
         features, labels = cached_features(
             model, dataset, feature_key(spec, split, model.config), use_cache=use_cache, model_hash=model_hash,
             log=log, batch_size=batch_size, max_per_class=max_per_class or None, limit=limit or None,
-            num_classes=len(names) or None, progress=counted)
+            num_classes=len(names) or None, progress=counted, workers=workers)
     return features, labels, names
 
 

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vitlab.config import BiTConfig
+from vitlab.models.inputs import as_image_batch
 from vitlab.models.layers import Classifier
 from vitlab.models.resnet import StdConv2d
 
@@ -107,8 +108,9 @@ class BiTResNet(Classifier, nn.Module):
         self.head: nn.Module = nn.Identity()
         self.reset_classifier(cfg.num_classes)
 
-    def _check_input(self, x: Tensor) -> None:
+    def _check_input(self, x: Tensor) -> Tensor:
         # A convolutional network reads any image size; only the layout and channels must fit.
+        x = as_image_batch(x, next(self.parameters()), self.config.mean, self.config.std, self.config.name)
         if x.dim() != 4:
             raise ValueError(f"expected an NCHW image batch, got a tensor of shape {tuple(x.shape)}")
         if x.shape[1] != self.config.in_channels:
@@ -116,6 +118,7 @@ class BiTResNet(Classifier, nn.Module):
                 f"{self.config.name} expects {self.config.in_channels} input channels, got {x.shape[1]} "
                 f"(shape {tuple(x.shape)}); convert the images (e.g. greyscale to RGB) first"
             )
+        return x
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each residual unit in the backward pass instead of keeping its
@@ -131,7 +134,7 @@ class BiTResNet(Classifier, nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """The last stage's map after the pre-head GroupNorm and ReLU, (B, C, H/32, W/32)."""
-        self._check_input(x)
+        x = self._check_input(x)
         x = self.root(x)
         for stage in self.stages:
             x = self._stage(stage, x)
@@ -145,7 +148,7 @@ class BiTResNet(Classifier, nn.Module):
     def forward(self, x: Tensor, return_intermediates: bool = False) -> Any:
         if not return_intermediates:
             return self.forward_head(self.forward_features(x))
-        self._check_input(x)
+        x = self._check_input(x)
         stem = self.root(x)
         z, stages = stem, []
         for stage in self.stages:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vitlab.config import ViTConfig
+from vitlab.models.inputs import as_image_batch
 from vitlab.models.layers import Block, PatchEmbed, Classifier
 from vitlab.models.pos_embed import PositionEmbedding
 from vitlab.models.resnet import ResNetStem
@@ -90,7 +91,7 @@ class VisionTransformer(Classifier, nn.Module):
         `patch_fn` may rewrite the patch embeddings x_p E (B, N, D) before the class token
         and the position embedding join them: where masked patch prediction (§4.6) corrupts.
         """
-        self._check_input(x)
+        x = self._check_input(x)
         if self.backbone is not None:
             x = self.backbone(x)  # (B, C, H/s, W/s)
         x, grid = self.patch_embed(x)  # (B, N, D)
@@ -100,8 +101,11 @@ class VisionTransformer(Classifier, nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D)
         return self.pos_embed(x, grid), grid
 
-    def _check_input(self, x: Tensor) -> None:
+    def _check_input(self, x: Tensor) -> Tensor:
+        """`x` as this model's input (models/inputs.py: dtypes, uint8 pixels, numpy), its
+        layout, channels and size checked."""
         cfg = self.config
+        x = as_image_batch(x, self.patch_embed.proj.weight, cfg.mean, cfg.std, cfg.name)
         if x.dim() != 4:
             raise ValueError(f"expected an NCHW image batch, got a tensor of shape {tuple(x.shape)}")
         if x.shape[1] != cfg.in_channels:
@@ -120,6 +124,7 @@ class VisionTransformer(Classifier, nn.Module):
                 f"{size[0]}x{size[1]}; resize the input, create the model with image_size={size}, "
                 "or pass dynamic_image_size=True"
             )
+        return x
 
     # Eq. 2-4 -----------------------------------------------------------------------------
     def set_grad_checkpointing(self, enabled: bool = True) -> None:

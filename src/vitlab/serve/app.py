@@ -241,19 +241,30 @@ def _rounded(a: np.ndarray) -> list:
     return np.round(a.astype(np.float64), 4).tolist()
 
 
+def header_bytes(value: str) -> bytes:
+    """A header value as the bytes that came over the wire. The ASGI server decodes header
+    bytes as Latin-1, one character per byte, so encoding them back as Latin-1 restores the
+    raw bytes (a non-ASCII key sent by curl or by the page: its UTF-8)."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:  # not from the wire (a test client's str): its UTF-8
+        return value.encode("utf-8")
+
+
 def _check_key(expected: str):
     """A FastAPI dependency for /predict: the key in X-API-Key, or as Authorization: Bearer."""
     from fastapi import HTTPException, Request, Security
     from fastapi.security import APIKeyHeader
 
     header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the server's --api-key")
+    secret = expected.encode("utf-8")  # the key as the bytes a client sends: curl sends UTF-8
 
     async def check(request: Request, key: Optional[str] = Security(header)) -> None:
         bearer = request.headers.get("authorization", "")
         given = key or (bearer[7:].strip() if bearer.lower().startswith("bearer ") else "")
         if not given:
             raise HTTPException(401, "this server needs an API key: send it as the X-API-Key header")
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+        if not hmac.compare_digest(header_bytes(given), secret):
             raise HTTPException(401, "the API key is wrong")
 
     return check

@@ -78,8 +78,9 @@ class Engine(Predictor):
     """vitlab.Predictor behind the server: the same inference copy, preprocessing, class
     names, probabilities and attention, plus bounded decoding of uploads, warm-up and /info."""
 
-    def __init__(self, model: torch.nn.Module, precision: str = "fp32", checkpoint: str = ""):
-        super().__init__(model, precision, "cpu", checkpoint)
+    def __init__(self, model: torch.nn.Module, precision: str = "fp32", checkpoint: str = "",
+                 device: str | torch.device = "cpu"):
+        super().__init__(model, precision, device, checkpoint)  # `vitlab serve --device`
 
     # Uploads -> tensors (any thread) -------------------------------------------------------
     def prepare(self, data: bytes, max_pixels: int, display: bool = False) -> Prepared:

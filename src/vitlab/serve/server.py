@@ -20,11 +20,14 @@ from vitlab.config import ConfigError
 from vitlab.config.serve import ServeConfig
 from vitlab.serve.app import create_app
 from vitlab.serve.engine import Engine
+from vitlab.log import get_logger, notice
+
+LOG = get_logger("serve")
 
 
 def say(message: str) -> None:
     """The server's own lines, on stderr as they happen."""
-    print(f"vitlab serve: {message}", file=sys.stderr, flush=True)
+    notice(LOG, f"vitlab serve: {message}")
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -19,10 +19,10 @@ from typing import Any, Optional
 from vitlab.analysis import sweep_plots
 from vitlab.config import ConfigError
 from vitlab.config.sweep import FigureSpec, SweepSpec
-from vitlab.files import atomic_write_text
+from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.sweep import findings, results as res
-from vitlab.sweep.cells import Cell, expand
-from vitlab.sweep.runner import LAUNCHERS, Say, run
+from vitlab.sweep.cells import MAX_CELLS, Cell, expand
+from vitlab.sweep.runner import LAUNCHERS, Say, check_launcher, check_record, run
 
 __all__ = ["LAUNCHERS", "Cell", "draw", "expand", "load_folder", "run_sweep"]
 
@@ -35,7 +35,9 @@ def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Pat
     labels = dict(title=fig.title, xlabel=fig.xlabel or fig.x, ylabel=fig.ylabel or fig.y, logy=fig.logy)
     if fig.kind == "curve":
         curves = res.curves(rows, fig)
-        return sweep_plots.plot_curves(curves, path, **{**labels, "xlabel": fig.xlabel or "index"}) if curves else None
+        refs = res.references(rows, fig)
+        return sweep_plots.plot_curves(curves, path, **{**labels, "xlabel": fig.xlabel or "index"},
+                                       references=refs) if curves else None
     groups = res.groups(rows, fig)
     if not groups:
         return None
@@ -89,8 +91,17 @@ def report(spec: SweepSpec, cells: list[Cell], out: Path, say: Say = print) -> d
 
 def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, threads: int = 0,
               launcher: str = "local", params: Optional[dict[str, Any]] = None, wait: bool = True,
-              report_only: bool = False, say: Say = print) -> dict[str, Any]:
-    cells = expand(spec, out, scale)
+              report_only: bool = False, max_cells: int = MAX_CELLS, say: Say = print) -> dict[str, Any]:
+    cells = expand(spec, out, scale, max_cells)
+    # The sweep folder may be one the user keeps files in: its own tables and figures only. A
+    # folder that holds this sweep's cells (their cell.json) or its sweep.json is the sweep's.
+    mine = (out / SPEC_FILE).is_file() or any((out / c.key / "cell.json").is_file() for c in cells)
+    owner = OutputFolder(out, "sweep", force=mine, offer_force=False)
+    owner.claim(["results.csv", "report.json", "report.md", SPEC_FILE, *(f.file for f in spec.figures)])
+    if not report_only:  # refused before anything is written: a launcher this machine lacks, another cell's folder
+        check_launcher(launcher)
+        for cell in cells:
+            check_record(cell, spec, out)
     save_spec(spec, out, scale)
     ran = None
     if not report_only:
@@ -98,5 +109,6 @@ def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, 
         if ran is None:  # submitted, not waited for: `vitlab sweep SPEC --report` collects later
             return {"submitted": True, "cells": len(cells)}
     summary = report(spec, cells, out, say)
+    owner.record([summary["csv"].name, "report.json", "report.md", SPEC_FILE, *(p.name for p in summary["figures"])])
     summary["failed"] = [r for r in (ran or []) if r["status"] != "done"]
     return summary

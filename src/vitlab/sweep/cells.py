@@ -14,23 +14,29 @@ step is the same command into the same run folder, which the trainer resumes.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
+from vitlab.files import MAX_NAME_BYTES, UnsafeNameError, child, to_name
 from vitlab.run_layout import RunLayout
 
 TRAIN_RESULT = "train/summary.json"
 TRAIN = "train"  # the cell's training run: CELL/train, a run folder (vitlab.run_layout)
 BEST = "best.safetensors"  # with train.keep_best, in the run's checkpoints folder
 TAG = "tag."
+# The most cells a sweep runs unless --max-cells says more: a grid far larger is a typo (an
+# axis of 1,000 values times three more), and a run of it would never end.
+MAX_CELLS = 10_000
 
 
 @dataclass(frozen=True)
@@ -52,14 +58,20 @@ class Cell:
 
 
 def _word(value: Any) -> str:
-    """A value as a folder-name piece: ViT-C/4 -> ViT-C-4, 0.001 -> 0.001, [1, 2] -> 1-2."""
+    """A value as a folder-name piece: ViT-C/4 -> ViT-C-4, 0.001 -> 0.001, [1, 2] -> 1-2.
+    Separators, dots that lead, and length beyond a bound never survive (files.to_name)."""
     if isinstance(value, (list, tuple)):
-        return "-".join(_word(v) for v in value)
-    return re.sub(r"[^A-Za-z0-9.+-]+", "-", str(value)).strip("-") or "x"
+        return to_name("-".join(_word(v) for v in value))
+    return _text_word(str(value))
+
+
+@functools.lru_cache(maxsize=65536)
+def _text_word(text: str) -> str:
+    return to_name(text.replace("_", "-"))
 
 
 def _axis_word(axis: str) -> str:
-    return axis.split(".")[-1].replace("_", "-")
+    return _word(axis.split(".")[-1])
 
 
 def _scaled(value: Any, scale: float, key: str) -> Any:
@@ -70,14 +82,25 @@ def _scaled(value: Any, scale: float, key: str) -> Any:
     return value * scale
 
 
+@functools.lru_cache(maxsize=4096)
+def _yaml_scalar(kind: type, value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+
+
+def _yaml_text(value: Any) -> str:
+    """`value` as an override's YAML; scalars cached (a grid repeats each value many times)."""
+    if isinstance(value, (int, float, bool)) or value is None:
+        return _yaml_scalar(type(value), value)
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+
+
 def flag_argv(settings: dict[str, Any]) -> list[str]:
     """Settings as `vitlab train` arguments: `key: v` -> `--key v` (true -> `--key`, false ->
     nothing), `section.key: v` -> `section.key=v` (the value written as YAML)."""
     flags, overrides = [], []
     for key, value in settings.items():
         if "." in key:
-            text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
-            overrides.append(f"{key}={text.removesuffix(chr(10) + '...')}")
+            overrides.append(f"{key}={value if isinstance(value, str) else _yaml_text(value)}")
         elif value is True:
             flags.append(f"--{key.replace('_', '-')}")
         elif value is not False and value is not None:
@@ -101,16 +124,25 @@ def _fill(command: str, cell_dir: Path, scale: float) -> tuple[str, ...]:
     return tuple(re.sub(r"\{([a-z]+(?::[0-9.]+)?)\}", one, w) for w in shlex.split(command))
 
 
-def expand(spec: SweepSpec, out: Path, scale: float = 1.0) -> list[Cell]:
-    """Every cell of the grid, in the order the axes are written (the last varies fastest)."""
+def _axes(spec: SweepSpec) -> list[list[tuple[str, Any, dict]]]:
     axes = []
     for axis, values in spec.grid.items():
         if isinstance(values, dict):
             axes.append([(axis, label, dict(bundle)) for label, bundle in values.items()])
         else:
             axes.append([(axis, v, {axis: v}) for v in values])
-    cells, seen = [], {}
-    for combo in itertools.product(*axes) if axes else [()]:
+    return axes
+
+
+def count(spec: SweepSpec) -> int:
+    """How many cells the grid has, without making any: the product of the axes' lengths."""
+    return math.prod(len(values) for values in spec.grid.values())
+
+
+def cells(spec: SweepSpec, out: Path, scale: float = 1.0) -> Iterator[Cell]:
+    """The grid's cells one at a time, in the order the axes are written (the last varies
+    fastest); nothing is made on disk."""
+    for combo in itertools.product(*_axes(spec)):
         settings, labels = dict(spec.train), {}
         for axis, label, bundle in combo:
             labels[axis] = label
@@ -122,12 +154,31 @@ def expand(spec: SweepSpec, out: Path, scale: float = 1.0) -> list[Cell]:
         for key in spec.scale:
             if key in settings:
                 settings[key] = _scaled(settings[key], scale, key)
-        key = "_".join(f"{_axis_word(a)}-{_word(label)}" for a, label, _ in combo) or "single"
-        if key in seen:
-            raise ConfigError(f"grid: cells {seen[key]} and {labels} get the same folder name {key!r}; make the values distinct")
-        seen[key] = labels
-        cell_dir = out / key
+        key = to_name("_".join(f"{_axis_word(a)}-{_word(label)}" for a, label, _ in combo) or "single", MAX_NAME_BYTES)
+        try:
+            cell_dir = child(out, key, "grid cell")
+        except UnsafeNameError as e:
+            raise ConfigError(str(e)) from None
         train = Step("train", ("train", *flag_argv(settings), "--out", str(cell_dir / TRAIN)), TRAIN_RESULT)
         after = tuple(Step(a.name, _fill(a.command, cell_dir, scale), a.result) for a in spec.after)
-        cells.append(Cell(key, labels, settings, (train, *after)))
-    return cells
+        yield Cell(key, labels, settings, (train, *after))
+
+
+def too_many(n: int, max_cells: int) -> str:
+    return (f"grid: {n:,} cells, more than the limit of {max_cells:,}; make an axis shorter, or pass "
+            f"--max-cells {n} if you mean to run them all")
+
+
+def expand(spec: SweepSpec, out: Path, scale: float = 1.0, max_cells: int = MAX_CELLS) -> list[Cell]:
+    """Every cell of the grid, refused before any is made when there are more than `max_cells`."""
+    n = count(spec)
+    if n > max_cells:
+        raise ConfigError(too_many(n, max_cells))
+    result, seen = [], {}
+    for cell in cells(spec, out, scale):
+        if cell.key in seen:
+            raise ConfigError(f"grid: cells {seen[cell.key]} and {cell.labels} get the same folder name {cell.key!r}; "
+                              "make the values distinct")
+        seen[cell.key] = cell.labels
+        result.append(cell)
+    return result

@@ -12,6 +12,7 @@
 
             <!-- findings: SPEC arms METRIC -->        per-arm mean, std, 95% interval
             <!-- findings: SPEC compare [METRIC] -->   paired differences and verdicts
+            <!-- findings: SPEC slopes -->              fitted slopes (report.slopes)
             <!-- findings: SPEC time -->               cells finished and training time
             <!-- findings: rule -->                    the verdict rule, as the code applies it
             (the generated lines)
@@ -68,7 +69,7 @@ def block(args: str, root: Path) -> str:
     words = args.split()
     if words == ["rule"]:
         return stats.RULE
-    if len(words) < 2 or words[1] not in ("arms", "compare", "time"):
+    if len(words) < 2 or words[1] not in ("arms", "compare", "time", "slopes"):
         raise ConfigError(f"<!-- findings: {args} -->: write SPEC arms METRIC, SPEC compare [METRIC] or SPEC time")
     folder = root / words[0]
     if not (folder / "sweep.json").is_file():
@@ -80,6 +81,8 @@ def block(args: str, root: Path) -> str:
         return (f"{report['finished']} of {report['cells']} cells finished (scale {scale:g}); "
                 f"{minutes:.0f} minutes of training in all, summed over cells (`train_seconds`; two cells "
                 "side by side on 2 CPU cores that other jobs shared).")
+    if words[1] == "slopes":
+        return findings.slopes_table(report)
     if words[1] == "arms":
         if len(words) != 3:
             raise ConfigError(f"<!-- findings: {args} -->: name the metric, e.g. {words[0]} arms test.top1")

@@ -100,13 +100,30 @@ def compare(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list
     return out
 
 
+def slopes(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each report.slopes line per group: every finished cell with both numbers is a point."""
+    out = []
+    for f in spec.report.slopes:
+        groups: dict[str, tuple[list[float], list[float]]] = {}
+        for row in _done(rows):
+            x, y = number(row.get(f.x)), number(row.get(f.y))
+            if x is None or y is None or (f.logx and x <= 0):
+                continue
+            xs, ys = groups.setdefault(str(row.get(f.by, "")) if f.by else "all", ([], []))
+            xs.append(math.log10(x) if f.logx else x)
+            ys.append(y)
+        for label, (xs, ys) in groups.items():
+            out.append({"x": f.x, "y": f.y, "by": f.by, "group": label, "logx": f.logx, **stats.slope(xs, ys)})
+    return out
+
+
 def build(spec: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
     comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)]
     return {
         "sweep": spec.name, "level": stats.LEVEL, "interval": "Student t over seeds (pair_by), two-sided",
         "pair_by": spec.report.pair_by, "rule": stats.RULE,
         "cells": len(rows), "finished": len(_done(rows)),
-        "arms": arms(spec, rows), "comparisons": comparisons,
+        "arms": arms(spec, rows), "comparisons": comparisons, "slopes": slopes(spec, rows),
     }
 
 
@@ -168,6 +185,18 @@ def comparisons_table(report: dict[str, Any], metrics: Optional[list[str]] = Non
     return "\n".join(lines)
 
 
+def slopes_table(report: dict[str, Any]) -> str:
+    lines = ["| y | against | group | points | slope per decade | 95% interval | p (slope = 0) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for s in report.get("slopes", []):
+        m = s["y"]
+        against = f"log10 {s['x']}" if s["logx"] else s["x"]
+        lines.append(f"| {m}{' (points)' if percent(m) else ''} | {against} | {s['group']} | {s['n']} | "
+                     f"{fmt(s['slope'], m, 2, signed=True)} | {_interval({'lo': s['lo'], 'hi': s['hi']}, m, signed=True)} | "
+                     f"{p_text(s['p'])} |")
+    return "\n".join(lines)
+
+
 def markdown(report: dict[str, Any], metrics: list[str]) -> str:
     parts = [f"# Sweep {report['sweep']}: statistics", "",
              f"{report['finished']} of {report['cells']} cells finished. Intervals: 95%, {report['interval']}.", ""]
@@ -175,6 +204,8 @@ def markdown(report: dict[str, Any], metrics: list[str]) -> str:
         parts += [f"## {metric}", "", arms_table(report, metric), ""]
     if report["comparisons"]:
         parts += ["## Compared pairs (a - b, paired by " + report["pair_by"] + ")", "", comparisons_table(report), ""]
+    if report.get("slopes"):
+        parts += ["## Fitted slopes", "", slopes_table(report), ""]
     parts += [report["rule"], ""]
     return "\n".join(parts)
 

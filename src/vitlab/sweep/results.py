@@ -135,6 +135,22 @@ def curves(rows: list[dict[str, Any]], fig: FigureSpec) -> dict[str, list[list[f
     return dict(by)
 
 
+def references(rows: list[dict[str, Any]], fig: FigureSpec) -> dict[str, Any]:
+    """label -> the mean over the figure's cells of a reference column: a number, or a list
+    averaged per index (a curve)."""
+    out: dict[str, Any] = {}
+    for label, column in fig.references.items():
+        values = [r.get(column) for r in selected(rows, fig) if r.get(column) is not None]
+        lists = [v for v in values if isinstance(v, list) and v]
+        nums = [n for n in (number(v) for v in values if not isinstance(v, list)) if n is not None]
+        if lists:
+            n = min(len(v) for v in lists)
+            out[label] = [sum(float(v[i]) for v in lists) / len(lists) for i in range(n)]
+        elif nums:
+            out[label] = sum(nums) / len(nums)
+    return out
+
+
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The points no cheaper-or-equal point beats: sorted by x (cost), each with a y (score)
     higher than every point left of it. Fig. 5's fronts of accuracy against compute."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +18,8 @@ from typing import Any, Callable, Optional
 
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
-from vitlab.files import atomic_write_text
+from vitlab.extras import require
+from vitlab.files import atomic_write_text, require_regular_file
 from vitlab.sweep.cells import Cell, Step
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
@@ -33,22 +35,40 @@ def cell_record(cell: Cell, spec: SweepSpec) -> dict[str, Any]:
     }
 
 
-def prepare(cell: Cell, spec: SweepSpec, out: Path) -> Path:
-    """The cell's folder with its cell.json; refuses a folder holding another cell."""
+def _damaged(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"{path} is damaged ({why}); it records which cell {path.parent.name} is: restore it, or delete "
+                       f"the folder {path.parent} to run that cell again")
+
+
+def check_record(cell: Cell, spec: SweepSpec, out: Path) -> Path:
+    """The cell's folder, refused when its cell.json records another cell (or cannot be
+    read). Makes nothing: the folder is made when the cell starts (`run_cell`)."""
     cell_dir = out / cell.key
-    record = cell_record(cell, spec)
+    record = json.loads(json.dumps(cell_record(cell, spec)))
     path = cell_dir / "cell.json"
-    if path.exists():
-        old = json.loads(path.read_text())
-        if old != json.loads(json.dumps(record)):
-            changed = [k for k in record if json.loads(json.dumps(record[k])) != old.get(k)]
-            raise ConfigError(
-                f"{cell_dir} holds cell {cell.describe()} run with other {', '.join(changed)}; its results are "
-                "kept: pass another --out for the changed spec (or delete that cell's folder to rerun it)"
-            )
+    if not (path.exists() or path.is_symlink()):
         return cell_dir
-    cell_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(record, indent=2))
+    try:
+        old = json.loads(require_regular_file(path, "cell.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise _damaged(path, str(e).splitlines()[0][:120]) from None
+    if not isinstance(old, dict):
+        raise _damaged(path, f"a JSON {type(old).__name__}, not an object")
+    if old != record:
+        changed = [k for k in record if record[k] != old.get(k)] or ["settings"]
+        raise ConfigError(
+            f"{cell_dir} holds cell {cell.describe()} run with other {', '.join(changed)}; its results are "
+            "kept: pass another --out for the changed spec (or delete that cell's folder to rerun it)"
+        )
+    return cell_dir
+
+
+def prepare(cell: Cell, spec: SweepSpec, out: Path) -> Path:
+    """The cell's folder with its cell.json, made now (what `run_cell` does as the cell starts)."""
+    cell_dir = check_record(cell, spec, out)
+    if not (cell_dir / "cell.json").exists():
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cell_dir / "cell.json", json.dumps(cell_record(cell, spec), indent=2))
     return cell_dir
 
 
@@ -63,10 +83,14 @@ def _tail(path: Path, lines: int = 6) -> str:
         return ""
 
 
-def run_cell(cell_dir: str, steps: list[Step], threads: int = 0) -> dict[str, Any]:
+def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optional[dict] = None) -> dict[str, Any]:
     """Run a cell's missing steps in order, each as `python -m vitlab ...` with its output in
-    STEP.log. A top-level function of plain arguments, so submitit can ship it to a job."""
+    STEP.log, first making the cell's folder and its cell.json (`record`) where they are
+    absent. A top-level function of plain arguments, so submitit can ship it to a job."""
     folder = Path(cell_dir)
+    if record is not None and not (folder / "cell.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / "cell.json", json.dumps(record, indent=2))
     env = dict(os.environ)
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -97,7 +121,7 @@ def _report(say: Say, done: int, total: int, cell: Cell, result: dict[str, Any])
 def run_local(todo: list[tuple[Cell, Path, list[Step]]], jobs: int, threads: int, say: Say) -> list[dict]:
     results = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_cell, str(d), steps, threads): cell for cell, d, steps in todo}
+        futures = {pool.submit(run_cell, str(d), steps, threads, record): cell for cell, d, steps, record in todo}
         for n, future in enumerate(as_completed(futures), 1):
             result = future.result()
             _report(say, n, len(todo), futures[future], result)
@@ -106,11 +130,18 @@ def run_local(todo: list[tuple[Cell, Path, list[Step]]], jobs: int, threads: int
 
 
 def _submitit(launcher: str):
-    try:
-        import submitit  # optional: only the submitit launchers need it
-    except ImportError:
-        raise ConfigError(f"--launcher {launcher} needs submitit: pip install 'vitlab[sweep]'") from None
-    return submitit
+    return require("sweep", f"--launcher {launcher}")["submitit"]
+
+
+def check_launcher(launcher: str) -> None:
+    """Refuse, before any cell is made, a launcher this machine cannot use."""
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"--launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    if launcher != "local":
+        _submitit(launcher)
+    if launcher == "slurm" and shutil.which("sbatch") is None:
+        raise ConfigError("--launcher slurm: Slurm's sbatch is not on this machine's PATH; run the sweep on a Slurm "
+                          "login node, or use --launcher local (or submitit-local)")
 
 
 def submitit_executor(launcher: str, folder: Path, params: dict[str, Any]):
@@ -129,13 +160,13 @@ def submitit_executor(launcher: str, folder: Path, params: dict[str, Any]):
 def run_submitit(todo, launcher: str, folder: Path, params: dict[str, Any], threads: int, wait: bool, say: Say):
     """Each cell one submitit job; waits for them (and reports each) unless `wait` is False."""
     executor = submitit_executor(launcher, folder, params)
-    jobs = [executor.submit(run_cell, str(d), steps, threads) for _, d, steps in todo]
+    jobs = [executor.submit(run_cell, str(d), steps, threads, record) for _, d, steps, record in todo]
     say(f"submitted {len(jobs)} job(s) through submitit ({launcher}); logs in {folder}")
     if not wait:
-        for (cell, _, _), job in zip(todo, jobs):
+        for (cell, *_), job in zip(todo, jobs):
             say(f"  job {job.job_id}: {cell.describe()}")
         return None
-    cells = {id(job): cell for (cell, _, _), job in zip(todo, jobs)}
+    cells = {id(job): cell for (cell, *_), job in zip(todo, jobs)}
     results = []
     for n, job in enumerate(_submitit(launcher).helpers.as_completed(jobs), 1):
         try:
@@ -152,14 +183,13 @@ def run(cells: list[Cell], spec: SweepSpec, out: Path, *, jobs: int = 1, threads
         params: Optional[dict[str, Any]] = None, wait: bool = True, say: Say = print) -> Optional[list[dict]]:
     """Run every cell that is not finished; returns the results of those it ran (None when
     jobs were submitted without waiting)."""
-    if launcher not in LAUNCHERS:
-        raise ConfigError(f"--launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    check_launcher(launcher)
     todo = []
     for cell in cells:
-        cell_dir = prepare(cell, spec, out)
+        cell_dir = check_record(cell, spec, out)
         steps = missing(cell, cell_dir)
         if steps:
-            todo.append((cell, cell_dir, steps))
+            todo.append((cell, cell_dir, steps, cell_record(cell, spec)))
     finished = len(cells) - len(todo)
     say(f"sweep {spec.name}: {len(cells)} cell(s), {finished} finished, {len(todo)} to run -> {out}")
     if not todo:

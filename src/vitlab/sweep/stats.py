@@ -143,3 +143,25 @@ def verdict(diff: Mapping[str, Any], expect: str, margin: float = 0.0) -> Option
     if sign * lo < 0 and sign * hi < 0:
         return "Opposite"
     return "In direction" if sign * mean > 0 else "Not shown"
+
+
+def slope(xs: Sequence[float], ys: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
+    """Least-squares line y = a + b x: the slope b, its standard error, its t interval (n-2
+    degrees of freedom) and the two-sided p-value of b = 0 (None with fewer than 3 points)."""
+    x, y = [float(v) for v in xs], [float(v) for v in ys]
+    n = len(x)
+    out: dict[str, Any] = {"n": n, "slope": None, "intercept": None, "se": None, "lo": None, "hi": None, "p": None}
+    if n < 3:
+        return out
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((v - mx) ** 2 for v in x)
+    if sxx == 0:
+        return out
+    b = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx
+    a = my - b * mx
+    resid = sum((v - a - b * u) ** 2 for u, v in zip(x, y))
+    se = math.sqrt(resid / (n - 2) / sxx)
+    half = t_ppf(0.5 + level / 2.0, n - 2) * se
+    p = (0.0 if b else 1.0) if se == 0 else t_sf2(b / se, n - 2)
+    out.update(slope=b, intercept=a, se=se, lo=b - half, hi=b + half, p=p)
+    return out

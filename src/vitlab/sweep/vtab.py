@@ -42,7 +42,7 @@ def launch(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Set
             continue
         folder.mkdir(parents=True, exist_ok=True)
         step = Step("vtab", child_argv(checkpoint, root, out, s, task), "result.json")
-        todo.append((Cell(task.name, {"task": task.name}, {}, (step,)), folder, [step]))
+        todo.append((Cell(task.name, {"task": task.name}, {}, (step,)), folder, [step], None))  # no cell.json
     say(f"vtab: {len(tasks)} task(s), {len(missing)} without data, {len(tasks) - len(missing) - len(todo)} finished, "
         f"{len(todo)} to run as jobs -> {out}")
     if not todo:

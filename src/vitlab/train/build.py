@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
-from vitlab.data import foreign, open_dataset, training_subset
-from vitlab.data.transforms import model_transform
+from vitlab.data import foreign, make_loader, open_dataset, training_subset
+from vitlab.data.decode import fast_model_transform, model_input, training_transform
+from vitlab.data.transforms import AUGMENT_OPTIONS, model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
 
@@ -61,6 +62,11 @@ def describe_source(source: Any) -> str:
     return f"object:{type(source).__module__.split('.')[0]}.{type(source).__name__}{size}"
 
 
+def augmentation(d) -> dict[str, Any]:
+    """The data section's training augmentation, as train_transform's keyword arguments."""
+    return {k: getattr(d, k) for k in AUGMENT_OPTIONS}
+
+
 def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
     """Datasets given as objects, with the model's preprocessing: the recipe's augmentation
     for training, the model's own eval transform (vitlab.transform) for evaluation. Training
@@ -69,15 +75,34 @@ def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[st
     train, evals = sources
     if isinstance(train, torch.utils.data.DataLoader):
         train = train.dataset  # vitlab's own sampler sets the order and the batch
-    train_set = foreign.wrap(train, model_transform(
-        model, train=True, crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
-        randaugment_magnitude=d.randaugment_magnitude), seed=cfg.train.seed)
+    train_set = foreign.wrap(train, data_transforms(cfg, model)[0], seed=cfg.train.seed)
     if not hasattr(train_set, "__len__") or isinstance(train_set, torch.utils.data.IterableDataset):
         raise ConfigError("training data given as a stream (an IterableDataset): give a map-style dataset (with "
                           "__len__ and __getitem__), which an exact resume and many processes can index")
     names = train_set.class_names
     train_set = training_subset(train_set, d.train_fraction, d.train_size, d.subset_seed)
-    return train_set, {split: foreign.wrap(src, model_transform(model), names) for split, src in evals.items()}
+    return train_set, {split: foreign.wrap(src, data_transforms(cfg, model)[1], names) for split, src in evals.items()}
+
+
+def data_transforms(cfg: RunConfig, model: ModelConfig) -> tuple[Any, Any]:
+    """(training, evaluation) transforms of a run: the model's preprocessing with the recipe's
+    augmentation, decoded as data.decode and data.eval_decode say (vitlab.data.decode). The
+    training images come out uint8 (but for data.decode=pil); the trainer normalises them on
+    its device (decode.model_input)."""
+    d = cfg.data
+    augment = augmentation(d)
+    policies = [k for k in ("autoaugment", "trivialaugment", "augmix", "random_erasing") if augment[k]]
+    if policies and d.decode != "pil":
+        raise ConfigError(f"data.{policies[0]} runs on torchvision's PIL path: set data.decode=pil (the command-line "
+                          "flags --autoaugment, --trivialaugment, --augmix and --random-erasing do)")
+    if not policies:
+        augment = {k: v for k, v in augment.items() if k not in ("autoaugment", "trivialaugment", "augmix", "random_erasing")}
+    if d.decode == "pil":
+        train = model_transform(model, train=True, **augment)
+    else:
+        train = training_transform(d.decode, model.image_size, model.mean, model.std, model.in_channels, uint8=True,
+                                   interpolation=model.interpolation, **augment)
+    return train, (fast_model_transform(model) if d.eval_decode == "fast" else model_transform(model))
 
 
 def open_datasets(cfg: RunConfig, model: ModelConfig,
@@ -90,14 +115,25 @@ def open_datasets(cfg: RunConfig, model: ModelConfig,
     d = cfg.data
     options: dict[str, Any] = dict(dev_fraction=d.dev_fraction, skip_bad_images=d.skip_bad_images,
                                    shuffle_buffer=d.shuffle_buffer)
-    augment = dict(crop_scale=d.crop_scale, crop_ratio=d.crop_ratio, hflip=d.hflip, randaugment=d.randaugment,
-                   randaugment_magnitude=d.randaugment_magnitude)
+    transforms = data_transforms(cfg, model)
 
     def open_split(spec: str, split: str, train: bool):
         extra = {"classes": list(d.classes)} if spec.startswith("wds:") and d.classes else {}
-        transform = model_transform(model, train=True, **augment) if train else model_transform(model)
+        transform = transforms[0] if train else transforms[1]
         return open_dataset(spec, split, transform, train=train, seed=cfg.train.seed, **options, **extra)
 
     eval_spec = d.eval_data or d.name
     train = training_subset(open_split(d.name, d.train_split, True), d.train_fraction, d.train_size, d.subset_seed)
     return train, {s: open_split(eval_spec, s, False) for s in d.eval_splits}
+
+
+def train_loader(cfg: RunConfig, train_set: Any, batch: int, start: int, total: int, ctx: Any) -> Iterator:
+    """The run's training batches of global steps [start, total) for this process, pinned when
+    the device is CUDA (uint8 batches go to it and are normalised there: `model_input`)."""
+    if cfg.data.decode == "cuda" and ctx.device.type != "cuda":
+        raise ConfigError(f"data.decode=cuda decodes on a CUDA device, and this run is on {ctx.device}; "
+                          "use data.decode=fast")
+    return iter(make_loader(
+        train_set, batch, seed=cfg.train.seed, rank=ctx.rank, world=ctx.world, train=True, start_step=start,
+        num_steps=total - start, num_workers=cfg.data.num_workers, pin_memory=ctx.device.type == "cuda",
+    ))

@@ -37,6 +37,9 @@ from vitlab.files import atomic_write_text
 from vitlab.train import distributed, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
 from vitlab.train.compute import format_compute
+from vitlab.log import get_logger
+
+LOG = get_logger("train")
 
 # Table 4: fine-tuning steps and the learning-rate grid per dataset.
 TABLE4_STEPS = {"imagenet": 20_000, "cifar10": 10_000, "cifar100": 10_000, "pets": 500, "flowers": 500, "vtab": 2_500}
@@ -66,8 +69,9 @@ EXPLICIT_OPTIONS = {"batch_size": "train.batch_size", "warmup_steps": "optim.war
 
 
 def say(line: str) -> None:
-    """The plan and sweep lines, on stdout as they happen (a log file sees them in order)."""
-    print(line, flush=True)
+    """The plan and sweep lines, on stdout as they happen (a log file sees them in order),
+    through the "vitlab.train" logger (vitlab/log.py)."""
+    LOG.info(line)
 
 
 @dataclass
@@ -125,6 +129,20 @@ def paper_step_up(image_size: tuple[int, int], stride: int) -> int:
     return max(stride, round(image_size[0] * RESOLUTION_STEP / stride) * stride)
 
 
+SWEEP_FOLDER = ("sweep", "final", "sweep.json")  # what lr_sweep writes into its folder
+
+
+def check_sweep_folder(out: Path) -> None:
+    """Refuse, before any training, a folder that is not new, empty or a learning-rate sweep's:
+    its runs and sweep.json would go among the user's files."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the learning-rate sweep")
+    theirs = sorted(p.name for p in out.iterdir() if p.name not in SWEEP_FOLDER) if out.is_dir() else []
+    if theirs:
+        raise ConfigError(f"{out} exists and is not a vitlab run folder or learning-rate sweep (it holds "
+                          f"{', '.join(theirs[:3])}); refusing to write into it: choose a new --out folder")
+
+
 def lr_sweep(
     cfg: RunConfig,
     out: Path,
@@ -139,6 +157,7 @@ def lr_sweep(
     has its own folder under out/sweep/, so a stopped sweep resumes where it was.
     `sweep_steps` shortens the sweep runs (the quick sweep), their warm-up kept at 5%.
     """
+    check_sweep_folder(out)
     log = log or say
     scores, counts = {}, {}
     short = {}
@@ -300,6 +319,7 @@ def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[s
     whole training set (lr_sweep's result, with "best_lr" and the final run's summary)."""
     if not p.sweep:
         return recipes.train(p.config, p.out, command=command, quiet=quiet, notes=p.notes, trackers=trackers)
+    check_sweep_folder(p.out)  # before the first sweep run, for both kinds of sweep
     (log or say)("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
     if p.arms:
         def arm(c: RunConfig, o: Path, more: Sequence[str] = ()) -> dict[str, Any]:

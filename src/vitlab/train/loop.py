@@ -21,7 +21,6 @@ import copy
 import json
 import math
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,14 +37,16 @@ from vitlab.eval.accuracy import add_counts
 from vitlab import run_layout
 from vitlab.files import atomic_write_text
 from vitlab.train import callbacks as cb, distributed, state
-from vitlab.train.build import architecture, build_model, describe_source, open_datasets
+from vitlab.train.build import architecture, build_model, describe_source, model_input, open_datasets, train_loader
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.objectives import Objective, build_objective
 from vitlab.train.optim import EMA, build_optimizer, lr_at
 from vitlab.train.report import MetricsLog, Progress, eval_batches, final_report, plot_run, truncate_after
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
+from vitlab.log import get_logger
 
+LOG = get_logger("train")  # vitlab/log.py: what a run prints, silenced or redirected with logging
 # Devices where train.precision=fp16 runs. fp16 autocast needs a loss scaler because fp16's
 # range underflows small gradients; CPUs have no fp16 matrix units (bf16 is their fast type,
 # with fp32's range and no scaler), so fp16 is refused there rather than run slowly.
@@ -151,8 +152,7 @@ class Trainer:
                                   f"than that (--steps), not {run.plan.total}")
             if self._complete(resume_from, run.plan.total):
                 if ctx.is_main:  # printed with --quiet too: it is this command's summary
-                    print(f"{self.out}: this run is already complete ({run.plan.total} steps); "
-                          f"its results are in {self.folder.summary}", flush=True)
+                    LOG.info(f"{self.out}: this run is already complete ({run.plan.total} steps); its results are in {self.folder.summary}")
                 return self.folder.read_summary()
             self._restore(run, resume_from)
             train_seconds = self._train(run)
@@ -174,12 +174,11 @@ class Trainer:
 
     def _say(self, text: str) -> None:
         if self.ctx.is_main and not self.quiet:
-            print(text, flush=True)
+            LOG.info(text)
 
-    def _warn(self, text: str) -> None:
-        """A warning: on stderr, even with --quiet."""
+    def _warn(self, text: str) -> None:  # a warning: on stderr, even with --quiet
         if self.ctx.is_main:
-            print(f"warning: {text}", file=sys.stderr, flush=True)
+            LOG.warning(f"warning: {text}")
 
     # Prepare ------------------------------------------------------------------------------
     def _claim_folder(self, ctx: distributed.Context) -> str:
@@ -283,10 +282,7 @@ class Trainer:
                 f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
                 f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps"
             )
-        loader = iter(make_loader(
-            run.train_set, run.plan.per_rank, seed=t.seed, rank=ctx.rank, world=ctx.world, train=True,
-            start_step=run.start, num_steps=run.plan.total - run.start, num_workers=cfg.data.num_workers,
-        ))
+        loader = train_loader(cfg, run.train_set, run.plan.per_rank, run.start, run.plan.total, ctx)
         t_start = time.perf_counter()
         step = run.start
         run.compute.start()
@@ -294,6 +290,7 @@ class Trainer:
             while step < run.plan.total:
                 images, labels, bad = next(loader)
                 run.bad_images.update(bad)
+                images = model_input(images, ctx.device, run.model.config)  # uint8 normalised here
                 lr = lr_at(step, run.plan.total, cfg.optim)
                 loss, acc = self._step(run, step, images, labels, lr)
                 step += 1
@@ -438,7 +435,7 @@ class Trainer:
         if run.progress and not final:
             run.progress.message(line)
         elif not self.quiet:
-            print(line, flush=True)
+            LOG.info(line)
 
     # Save and report ----------------------------------------------------------------------
     def _save(self, run: Run, step: int, seconds: float) -> None:
@@ -488,7 +485,7 @@ class Trainer:
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
         title = f"{run.model.config.name} on {self.cfg.data.name} ({self.out.name})"
         notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
-        print(final_report(self.folder, summary, results, notes, where), flush=True)  # --quiet too
+        LOG.info(final_report(self.folder, summary, results, notes, where))  # --quiet too
         return summary
 
 

@@ -38,6 +38,8 @@ FLAG_KEYS = {
     "objective": "train.objective", "mixup": "train.mixup", "cutmix": "train.cutmix",
     "label_smoothing": "train.label_smoothing", "drop_path": "model.drop_path",
     "train_fraction": "data.train_fraction", "train_size": "data.train_size",
+    "autoaugment": "data.autoaugment", "trivialaugment": "data.trivialaugment", "augmix": "data.augmix",
+    "random_erasing": "data.random_erasing",
 }
 
 
@@ -53,6 +55,9 @@ def settings(options: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     if options.get("randaugment") is not None:
         n, magnitude = options["randaugment"]
         given += [("--randaugment", "data.randaugment", n), ("--randaugment", "data.randaugment_magnitude", magnitude)]
+    policy = next((attr for attr in ("autoaugment", "trivialaugment", "augmix", "random_erasing") if options.get(attr)), None)
+    if policy:  # torchvision's policies run on the PIL images
+        given.append((f"--{policy.replace('_', '-')}", "data.decode", "pil"))
     for flag in ("bf16", "fp16"):
         if options.get(flag):
             given.append((f"--{flag}", "train.precision", flag))

@@ -23,6 +23,7 @@ from vitlab.run_layout import METRICS
 from vitlab.train.compute import format_compute
 from vitlab.train.tracking import Tracker
 
+
 # What "accuracy" means in a run's metrics, per objective (the learning curve's axis label).
 ACCURACY_LABELS = {"supervised": "top-1 accuracy", "mpp": "colour accuracy of corrupted patches (§4.6)"}
 

@@ -16,7 +16,6 @@ A resumed run continues the same tracker run: the ids are kept in RUN/trackers.j
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.config import ConfigError
+from vitlab.extras import MissingExtraError, require
 from vitlab.files import atomic_write_text
 
 # name -> (module that must be importable, the pip extra that installs it)
@@ -36,9 +36,10 @@ def check(names: list[str]) -> None:
     for name in names:
         if name not in PACKAGES:
             raise ConfigError(f"--log {name}: not a tracker; choose from {', '.join(TRACKERS)}")
-        module, extra = PACKAGES[name]
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"--log {name} needs the {module} package: pip install 'vitlab[{extra}]'")
+        try:
+            require(PACKAGES[name][1], f"--log {name}", modules=())
+        except MissingExtraError as e:
+            raise ConfigError(str(e)) from None
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:

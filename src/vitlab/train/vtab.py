@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 from vitlab.config import RunConfig, load_recipe, parse_override
 from vitlab.data.vtab import GROUPS, TASKS, Task, group_sizes, mean
 from vitlab.data.vtab_sources import locate, where_to_put
-from vitlab.files import atomic_write_text
+from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.train import distributed
 from vitlab.train.finetune import TABLE4_STEPS, lr_sweep
 
@@ -146,13 +146,27 @@ def csv_text(row: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
+TABLES = ("vtab.md", "vtab.json", "vtab.csv")
+
+
+def tables_owner(out: Path) -> OutputFolder:
+    """The suite folder's tables, claimed: a user's vtab.md there is refused (files.OutputFolder),
+    unless the folder already holds this suite's tasks (a task folder with its result)."""
+    owner = OutputFolder(out, "vtab", force=any((out / name / "result.json").is_file() for name in TASKS),
+                         offer_force=False)
+    owner.claim(TABLES)
+    return owner
+
+
 def write_tables(row: dict[str, Any], out: Path) -> dict[str, Path]:
     """OUT/vtab.md, vtab.json, vtab.csv: the row in three forms."""
     paths = {"markdown": out / "vtab.md", "json": out / "vtab.json", "csv": out / "vtab.csv"}
     if distributed.is_main_process():
+        owner = tables_owner(out)
         atomic_write_text(paths["markdown"], markdown(row))
         atomic_write_text(paths["json"], json.dumps(row, indent=2))
         atomic_write_text(paths["csv"], csv_text(row))
+        owner.record(TABLES)
     return paths
 
 
@@ -165,6 +179,7 @@ def run_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: 
               name: str = "", log: Callable[[str], None] = print) -> dict[str, Any]:
     """Fine-tune every task of `tasks` that has data and is not done, then write the row of
     all results under OUT (Markdown, JSON, CSV) and return it."""
+    tables_owner(out)  # a user's tables there: refused before the first task, not after the last
     missing = absent(root)
     for task in tasks:
         if task.name in missing:

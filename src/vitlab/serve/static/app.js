@@ -172,7 +172,9 @@ async function classify(file) {
   const body = new FormData();
   body.append("file", file, file.name);
   const headers = {};
-  if ($("apikey").value) headers["X-API-Key"] = $("apikey").value;
+  // A header carries bytes: the key's UTF-8, one character per byte (what curl sends), so a
+  // non-ASCII key works (fetch refuses a header character above U+00FF).
+  if ($("apikey").value) headers["X-API-Key"] = String.fromCharCode(...new TextEncoder().encode($("apikey").value));
   const maps = state.info.attention ? "attention=true&heads=true&" : "";
   const url = `/predict?${maps}top_k=${encodeURIComponent($("topk").value)}`;
   try {

@@ -1,0 +1,157 @@
+"""Where WebDataset shard bytes come from (`open_shard`): a file, or what is not a local file: `http://` and `https://` URLs, read as a
+stream with the standard library, and `pipe:COMMAND`, the standard output of a shell command
+the user wrote (WebDataset's own convention: `pipe:curl -s URL`, `pipe:aws s3 cp URL -`,
+`pipe:gsutil cat URL`). Brace patterns expand as for files (`https://host/train-{000..009}.tar`).
+
+Nothing is stored: a shard is streamed each time it is read. The per-shard index (sample
+counts, labels) is cached as for files when the server names the version it sends (an ETag,
+or Last-Modified with Content-Length); a pipe, whose output may change, is indexed afresh.
+"""
+
+from __future__ import annotations
+
+import gzip
+import bz2
+import hashlib
+import io
+import lzma
+import subprocess
+import urllib.error
+import urllib.request
+from typing import Any, Optional
+
+from vitlab.data.datasets import DataError
+
+SCHEMES = ("http://", "https://", "pipe:")
+TIMEOUT_S = 30.0  # for the first byte of a response; a stalled server is named, not waited on forever
+
+
+def is_remote(pattern: str) -> bool:
+    return pattern.startswith(SCHEMES)
+
+
+class RemoteShard(str):
+    """A shard's URL (or pipe: command); prints as itself in every message."""
+
+    @property
+    def is_pipe(self) -> bool:
+        return self.startswith("pipe:")
+
+
+class _Pipe(io.RawIOBase):
+    """A command's standard output as a stream; closing it waits for the command, and a
+    command that failed is an error naming it (a truncated stream is not a short shard)."""
+
+    def __init__(self, command: str):
+        # The user's own command, run as they wrote it (WebDataset's pipe: convention).
+        self.command = command
+        self.proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        data = self.proc.stdout.read(len(b))
+        b[: len(data)] = data
+        if not data:
+            self._check()
+        return len(data)
+
+    def _check(self) -> None:
+        code = self.proc.wait()
+        if code != 0:
+            err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
+            raise DataError(f"wds: pipe:{self.command} exited with status {code}"
+                            + (f" ({err[-1][:200]})" if err else ""))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        super().close()
+
+
+def _raw(shard: RemoteShard) -> Any:
+    if shard.is_pipe:
+        return _Pipe(shard[len("pipe:"):])
+    try:
+        return urllib.request.urlopen(urllib.request.Request(shard, headers={"User-Agent": "vitlab"}), timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as e:
+        raise DataError(f"wds: {shard}: the server answered HTTP {e.code} ({e.reason})") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise DataError(f"wds: cannot fetch {shard} ({getattr(e, 'reason', None) or e})") from None
+
+
+def open_shard(shard: Any) -> Any:
+    """A shard's tar bytes, from a file, a URL or a pipe, decompressed by their magic number
+    (gzip, bzip2, xz) as they arrive, or as they are."""
+    if not isinstance(shard, RemoteShard):
+        raw = open(shard, "rb")
+    else:
+        raw = io.BufferedReader(_raw(shard) if shard.is_pipe else _Response(_raw(shard)), buffer_size=1 << 20)
+    magic = raw.peek(6)[:6]
+    if magic[:2] == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if magic[:3] == b"BZh":
+        return bz2.BZ2File(raw, "rb")
+    if magic == b"\xfd7zXZ\x00":
+        return lzma.LZMAFile(raw, "rb")
+    return raw
+
+
+class _Response(io.RawIOBase):
+    """An HTTP response as a raw stream (BufferedReader wants readinto)."""
+
+    def __init__(self, response: Any):
+        self.response = response
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        data = self.response.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.response.close()
+        super().close()
+
+
+def version_tag(shard: RemoteShard) -> Optional[str]:
+    """What identifies this version of the shard for the index cache: the URL with the
+    server's ETag or Last-Modified and length; None (no caching) for a pipe or a server that
+    says neither."""
+    if shard.is_pipe:
+        return None
+    try:
+        request = urllib.request.Request(shard, method="HEAD", headers={"User-Agent": "vitlab"})
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as r:
+            etag, modified, length = r.headers.get("ETag"), r.headers.get("Last-Modified"), r.headers.get("Content-Length")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    if not (etag or (modified and length)):
+        return None
+    return hashlib.sha1(f"{shard}|{etag}|{modified}|{length}".encode()).hexdigest()[:20]
+
+
+def classes_beside(shard: RemoteShard) -> Optional[list[str]]:
+    """classes.txt in the same folder as an http(s) shard, when the server has one."""
+    if shard.is_pipe:
+        return None
+    url = shard.rsplit("/", 1)[0] + "/classes.txt"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "vitlab"}), timeout=TIMEOUT_S) as r:
+            text = r.read(1 << 20).decode()
+    except (urllib.error.URLError, OSError, ValueError, UnicodeDecodeError):
+        return None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def shard_version(path: Any) -> str:
+    """The index cache's key for this version of a shard: a file's path, size and mtime, a
+    URL's ETag or Last-Modified (version_tag); "uncached" when a remote one says neither."""
+    if isinstance(path, RemoteShard):
+        return version_tag(path) or "uncached"
+    st = path.stat()
+    return hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]

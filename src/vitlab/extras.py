@@ -1,0 +1,70 @@
+"""Optional dependency groups, imported in one place.
+
+vitlab's core needs torch, numpy, PIL, safetensors and PyYAML; everything else is an extra
+of pyproject.toml (`pip install "vitlab[serve]"`). A command that needs an extra asks
+`require(GROUP)`, which checks every module of the group, not just the first one, so a half
+installed group (fastapi present, fastapi_offline absent) is one line naming the missing
+module and the install command, never a traceback from deep inside.
+
+The bottom layer: it imports nothing else of vitlab.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+from typing import Iterable, Optional
+
+# extra -> the modules it installs, as they are imported (python-multipart is `multipart`)
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "plots": ("matplotlib",),
+    "export": ("onnx", "onnxscript", "onnxruntime"),
+    "peers": ("timm", "transformers"),
+    "tensorboard": ("tensorboard",),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow",),
+    "sweep": ("submitit",),
+    "hub": ("huggingface_hub",),
+    "datasets": ("datasets",),
+    "serve": ("fastapi", "uvicorn", "multipart", "prometheus_client", "fastapi_offline"),
+}
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency group that is not (wholly) installed; the message says which
+    module is missing and the pip command that installs the group."""
+
+
+def _present(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent that fails to import; a module blanked in sys.modules
+        return False
+
+
+def missing(group: str) -> list[str]:
+    """The modules of `group` that cannot be imported here (none: the extra is installed)."""
+    return [m for m in EXTRAS[group] if not _present(m)]
+
+
+def require(group: str, what: Optional[str] = None, modules: Optional[Iterable[str]] = None) -> dict[str, ModuleType]:
+    """Import the group's `modules` (default: all of them) after checking that every module of
+    the group is there; `what` names what needs it ("vitlab serve", "--log wandb").
+    Returns the imported modules by name, or raises MissingExtraError."""
+    if group not in EXTRAS:
+        raise KeyError(f"no optional group {group!r}; the groups are {', '.join(EXTRAS)}")
+    need = what or "this"
+    absent = missing(group)
+    imported: dict[str, ModuleType] = {}
+    for name in () if absent else (EXTRAS[group] if modules is None else modules):
+        try:
+            imported[name] = importlib.import_module(name)
+        except ImportError as e:  # present but broken (a dependency of its own missing)
+            absent = [f"{name} (it fails to import: {str(e).splitlines()[0][:100]})"]
+            break
+    if absent:
+        verb = "is" if len(absent) == 1 else "are"
+        raise MissingExtraError(f"{need} needs the {group} extra, and {', '.join(absent)} {verb} not installed: "
+                                f'pip install "vitlab[{group}]"')
+    return imported

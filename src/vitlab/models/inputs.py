@@ -1,0 +1,46 @@
+"""What a model's forward accepts, in one place: the tensors and arrays PyTorch users pass.
+
+- A float tensor of any precision (float64, float32, float16, bfloat16): normalised pixels,
+  as `vitlab.transform(model)` makes them; cast to the model's own dtype and moved to its
+  device.
+- A uint8 tensor: raw pixels 0-255, scaled to [0, 1] and normalised here with the model's
+  mean and std (its config), the same numbers `vitlab.transform` gives.
+- A numpy array: read as the tensor of its dtype (float, or uint8 pixels).
+- Anything else (int64, bool or complex tensors, lists, PIL images, None) is a TypeError that
+  says what to pass; a wrong shape is a ValueError from the model's own check.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def as_image_batch(x: Any, like: Tensor, mean: Sequence[float], std: Sequence[float], name: str) -> Tensor:
+    """`x` as a (B, C, H, W) tensor of `like`'s dtype and device (see the module docstring)."""
+    if not isinstance(x, Tensor):
+        import numpy as np
+
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name} takes a (B, C, H, W) image tensor or numpy array, not {type(x).__name__}; "
+                            "for PIL images use vitlab.transform(model)(image)[None]")
+        if x.dtype.kind not in "fu" or (x.dtype.kind == "u" and x.dtype != np.uint8):
+            raise TypeError(f"{name}: a numpy array of {x.dtype} cannot be images; pass float pixels normalised "
+                            "with the model's mean and std (vitlab.transform), or uint8 pixels 0-255")
+        x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32 if x.dtype.kind == "f" else np.uint8))
+    if x.dtype == torch.uint8:
+        m = torch.tensor(mean, dtype=like.dtype, device=like.device).view(1, -1, 1, 1)
+        s = torch.tensor(std, dtype=like.dtype, device=like.device).view(1, -1, 1, 1)
+        if x.dim() != 4 or x.shape[1] != m.shape[1]:
+            return x.to(device=like.device, dtype=like.dtype)  # the model's shape check names the problem
+        return (x.to(device=like.device, dtype=like.dtype) / 255 - m) / s
+    if x.dtype not in FLOATS:
+        raise TypeError(f"{name}: a tensor of {str(x.dtype).removeprefix('torch.')} cannot be images; pass float pixels "
+                        "normalised with the model's mean and std (vitlab.transform), or uint8 pixels 0-255")
+    if x.dtype != like.dtype or x.device != like.device:
+        x = x.to(device=like.device, dtype=like.dtype)
+    return x
