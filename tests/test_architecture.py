@@ -348,3 +348,19 @@ def test_serving_benchmark_starts():
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serving.py"), "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "usage" in r.stdout, r.stderr[-1000:]
+
+
+# The issue's target for the command line's size, counted without the module-level help
+# strings (HELP, DESCRIPTION, docstrings): those are the newcomer's --help, not logic.
+MAX_CLI_CODE_LINES = 1_610  # the issue asks for about 1,600; held where it stands (2,356 lines before)
+
+
+def test_the_cli_stays_small():
+    def code_lines(f):
+        tree = ast.parse(f.read_text())
+        text = sum(n.end_lineno - n.lineno + 1 for n in tree.body if isinstance(n, (ast.Expr, ast.Assign))
+                   and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str))
+        return len(f.read_text().splitlines()) - text
+
+    total = sum(code_lines(f) for f in CLI.glob("*.py"))
+    assert total <= MAX_CLI_CODE_LINES, f"cli/ holds {total} lines of code; move the work into the library"
