@@ -86,7 +86,9 @@ def test_eval_on_cifar10_shards_prints_the_checkpoints_class_names(cifar_dir, tm
     vitlab.save(small_classifier(), ckpt)
     assert main(["eval", str(ckpt), "--data", f"wds:{cifar_dir}/test-000000.tar.gz"]) == 0
     out = capsys.readouterr().out
-    rows = [line.split()[0] for line in out.splitlines()[3:13]]
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["class", "accuracy"])
+    rows = [line.split()[0] for line in lines[header + 1:header + 11]]
     assert rows == CIFAR_CLASSES, out
     result = json.loads((tmp_path / "run" / "eval" / "eval-test.json").read_text())  # into the run folder
     assert result["class_names"] == CIFAR_CLASSES and list(result["per_class"]) == CIFAR_CLASSES
