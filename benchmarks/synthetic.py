@@ -58,7 +58,7 @@ def analyse(cells: list[dict]) -> dict:
         by = {m: {c["seed"]: c["top1"] for c in here if c["model"] == m} for m in MODELS}
         for m, vals in by.items():
             if vals:
-                arms.append({"task": task, "train_images": n, "model": m, **stats.describe(list(vals.values()))})
+                arms.append({"task": task, "train_images": n, "model": m, **stats.describe(list(vals.values()), bounds=(0.0, 1.0))})
         for a, b in (("ViT-learned", "ViT-none"), ("ViT-learned", "ResNet")):
             if by[a] and by[b]:
                 d = stats.paired(by[a], by[b])
@@ -91,7 +91,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tasks", default="halfswap,crossover")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--runs", type=Path, help="where the run folders go (default OUT/../synthetic-runs, not committed)")
+    p.add_argument("--report", action="store_true", help="only redo the statistics and synthetic.md from the "
+                   "cells in OUT/synthetic.json (no runs)")
     args = p.parse_args(argv)
+    if args.report:
+        result = json.loads((args.out / "synthetic.json").read_text())
+        result.update(analyse(result["cells"]))
+        note = result["note"].replace("Intervals: 95% Student t over seeds;", "Intervals: 95% Student t over seeds "
+                                      "(an arm's clipped to 0-100%);")
+        result["note"] = note
+        (args.out / "synthetic.json").write_text(json.dumps(result, indent=2))
+        (args.out / "synthetic.md").write_text(markdown(result))
+        return 0
     runs = args.runs or Path("/tmp") / "vitlab-synthetic-runs"
     start, cells = time.time(), []
     plan = [(task, size, model, seed) for task in args.tasks.split(",") for size in SIZES[task]
@@ -109,7 +120,8 @@ def write(args, cells: list[dict], planned: int, seconds: float) -> None:
               "wall_s": round(seconds, 1), "planned_cells": planned,
               "note": (f"{len(cells)} of {planned} cells finished; {args.steps} steps of 64 for every cell, "
                        f"{args.seeds} seeds, one CPU thread per run, on 2 CPU cores that other jobs shared "
-                       f"({seconds / 60:.0f} minutes of wall time). Intervals: 95% Student t over seeds; "
+                       f"({seconds / 60:.0f} minutes of wall time). Intervals: 95% Student t over seeds (an arm's "
+                       "clipped to 0-100%); "
                        "differences paired by seed.")}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "synthetic.json").write_text(json.dumps(result, indent=2))

@@ -124,6 +124,8 @@ def measure(source: Path, out: Path, names: list[str], seeds: list[int], steps: 
     results = json.loads(RESULTS.read_text())
     results["protocol"] = {"steps": steps, "batch": batch, "seeds": seeds, "jobs": jobs,
                            "source_sha256": weights_digest(source)}
+    for n in names:  # a new protocol's seeds replace the old ones whole: no table mixes two protocols
+        results["targets"].setdefault(n, {})["seeds"] = {}
     todo = [(n, s) for n in names for s in seeds]
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         futures = [pool.submit(one_seed, source, n, data_spec(n, out), out / n, s, steps, batch) for n, s in todo]
@@ -255,9 +257,9 @@ def main() -> None:
                    "check it is the recorded one")
     p.add_argument("--tables", action="store_true", help="only regenerate the tables from the results")
     p.add_argument("--out", type=Path, default=Path("runs/transfer"), help="where the runs go")
-    p.add_argument("--steps", type=int, default=100, help="fine-tuning steps (the quick sweep adds its own)")
+    p.add_argument("--steps", type=int, default=300, help="fine-tuning steps (the quick sweep adds its own)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--jobs", type=int, default=2, help="seeds run side by side (each on 1 thread + 1 data worker)")
     p.add_argument("--only", help="comma-separated targets (default: all)")
     args = p.parse_args()

@@ -192,3 +192,24 @@ def test_jpeg_header_reads_what_pil_reads_and_rotated_photos_stay_upright(photos
     y = slow(read_image(turned))
     assert read_image(turned).size == (375, 500)
     assert (D.Normalise((0.5,) * 3, (0.5,) * 3)(x) - y).abs().mean() * 127.5 < 0.5
+
+
+def test_a_run_written_before_the_fast_decoder_resumes_with_the_full_decode(tmp_path):
+    """A config.yaml holds every setting; one without data.decode was written by code that decoded
+    in full, and its resumed run must keep decoding so (bit-exact resume across the upgrade)."""
+    import yaml
+
+    from vitlab.config import RunConfig
+    from vitlab.train.recipe import resume_config
+
+    written = RunConfig.from_dict({"model": {"name": "ViT-C/4"}, "data": {"name": "digits"},
+                                   "train": {"steps": 5}}).to_dict()
+    assert written["data"]["decode"] == "fast"  # today's default, written out in full
+    for name, drop in (("old", True), ("new", False)):
+        d = yaml.safe_load(yaml.safe_dump(written))
+        if drop:
+            del d["data"]["decode"]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(d))
+    assert resume_config(tmp_path / "old").data.decode == "pil"
+    assert resume_config(tmp_path / "new").data.decode == "fast"

@@ -46,6 +46,11 @@ def test_describe_and_paired_match_scipy():
     assert r["n"] == 4 and r["mean"] == pytest.approx(0.01075)
     assert stats.describe([1.0]) == {"n": 1, "mean": 1.0, "std": None, "lo": None, "hi": None}
     assert stats.paired({0: 1.0}, {1: 2.0})["n"] == 0
+    # an accuracy's interval stops at its bounds; inside them the t interval is untouched
+    wide = stats.describe([0.999, 1.0, 0.931])
+    clipped = stats.describe([0.999, 1.0, 0.931], bounds=(0.0, 1.0))
+    assert wide["hi"] > 1.0 and clipped["hi"] == 1.0 and clipped["lo"] == wide["lo"]
+    assert stats.describe(xs, bounds=(0.0, 1.0)) == d
 
 
 def test_slope_matches_scipy_linregress():

@@ -65,7 +65,7 @@ def arms(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             values = [v for v in (number(c.get(metric)) for c in cells) if v is not None]
             if not values:
                 continue
-            d = stats.describe(values)
+            d = stats.describe(values, bounds=(0.0, 1.0) if percent(metric) else None)  # accuracies stay in [0, 1]
             draw = _draw_std(cells, metric)
             if draw is not None:
                 d["draw_std"] = draw
@@ -129,7 +129,7 @@ def build(spec: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 # Markdown -----------------------------------------------------------------------------------
 def percent(metric: str) -> bool:
-    """Accuracies (0-1) are printed in %; anything else as it is."""
+    """Accuracies (0-1): printed in %, their intervals clipped to [0, 1]; anything else as it is."""
     last = metric.split(".")[-2 if metric.endswith(".mean") else -1]
     return any(w in metric for w in ("top1", "top5", "accuracy", "fewshot", "shots")) or last.isdigit()
 

@@ -97,8 +97,13 @@ def t_ppf(p: float, df: float) -> float:
     return (lo + hi) / 2.0
 
 
-def describe(values: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
-    """n, mean, sample std and the t interval of the mean (lo, hi: None with fewer than 2)."""
+def describe(values: Sequence[float], level: float = LEVEL,
+             bounds: Optional[tuple[float, float]] = None) -> dict[str, Any]:
+    """n, mean, sample std and the t interval of the mean (lo, hi: None with fewer than 2).
+
+    `bounds` (an accuracy's (0, 1)) clips the interval: the t interval knows no bound, and a
+    mean of values inside one cannot leave it (three seeds at 99.9, 100, 93 otherwise read
+    "[65, 121]%")."""
     xs = [float(v) for v in values]
     n = len(xs)
     if n == 0:
@@ -108,7 +113,10 @@ def describe(values: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
         return {"n": 1, "mean": mean, "std": None, "lo": None, "hi": None}
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = t_ppf(0.5 + level / 2.0, n - 1) * std / math.sqrt(n)
-    return {"n": n, "mean": mean, "std": std, "lo": mean - half, "hi": mean + half}
+    lo, hi = mean - half, mean + half
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    return {"n": n, "mean": mean, "std": std, "lo": lo, "hi": hi}
 
 
 def paired(a: Mapping[Any, float], b: Mapping[Any, float], level: float = LEVEL) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import yaml
 
@@ -51,6 +51,23 @@ RESUMABLE_CHANGES = {
     "data.num_workers", "train.log_every", "train.eval_batch_size", "train.keep_checkpoints",
     "train.ckpt_every", "train.device", "train.threads",
 }
+
+
+# Settings added after runs were written, with the value the code that wrote those runs used: a
+# config.yaml holds every setting, so one without a key was written before it existed, and its
+# run continues as it started (resume stays bit-exact across the upgrade).
+EARLIER_DEFAULTS = {"data": {"decode": "pil"}}  # before data.decode, training images were decoded in full
+
+
+def with_earlier_defaults(d: Any) -> Any:
+    """A written config with each setting it predates filled in as its code behaved."""
+    if not isinstance(d, dict):
+        return d
+    out = dict(d)
+    for section, keys in EARLIER_DEFAULTS.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {**keys, **out[section]}
+    return out
 
 
 class RunFolderBusy(ConfigError):
@@ -169,7 +186,7 @@ class RunFolder(RunLayout):
     def read_config(self) -> RunConfig:
         try:
             require_regular_file(self.config, CONFIG)
-            return RunConfig.from_dict(yaml.safe_load(self.config.read_text()))
+            return RunConfig.from_dict(with_earlier_defaults(yaml.safe_load(self.config.read_text())))
         except yaml.YAMLError as e:
             raise ConfigError(f"{self.config}: not valid YAML ({str(e).splitlines()[0]})") from None
         except (UnicodeDecodeError, OSError) as e:
