@@ -104,7 +104,7 @@ def test_the_default_chooses_a_recipe_on_dev_and_counts_the_sweep(tmp_path, digi
     assert f"threads: 1 compute thread and 0 data workers, as the source run trained ({digits_run}" in r.stdout
     sweep = json.loads((out / "sweep.json").read_text())
     assert [a["arm"] for a in sweep["arms"]] == ["paper-lr-0.001", "paper-lr-0.003", "paper-lr-0.01", "paper-lr-0.03",
-                                                 "adamw-lr-0.001", "adamw-lr-0.003"]
+                                                 "adamw-lr-0.0003", "adamw-lr-0.001"]
     assert f"recipe: {sweep['best_recipe']} (lr {sweep['best_lr']:g}) scored" in r.stdout
     assert "noise (2 standard errors)" in r.stdout and "sweep done: " in r.stdout and "with the sweep: compute" in r.stdout
     arms = [json.loads((out / "sweep" / a["arm"] / "summary.json").read_text()) for a in sweep["arms"]]

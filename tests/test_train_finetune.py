@@ -68,7 +68,7 @@ def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
     assert paper.config.optim.name == "sgd" and paper.arms == [] and paper.sweep and paper.sweep_steps == 50
     assert any("a quick sweep first, Table 4's grid" in n for n in paper.notes)
     auto = finetune.plan(str(ck), "digits")
-    assert [a.name for a in auto.arms][::4] == ["paper-lr-0.001", "adamw-lr-0.001"] and auto.sweep_steps == 25
+    assert [a.name for a in auto.arms][::4] == ["paper-lr-0.001", "adamw-lr-0.0003"] and auto.sweep_steps == 25
     fixed = finetune.plan(str(ck), "digits", options={"lr": 0.002}, choose="adamw")
     assert fixed.config.optim.name == "adamw" and fixed.config.optim.lr == 0.002 and not fixed.sweep
     assert fixed.config.optim.warmup_steps == 125 and fixed.config.train.label_smoothing == 0.1  # 25% of 500

@@ -15,8 +15,8 @@ TABLE4 = (0.001, 0.003, 0.01, 0.03)
 
 def test_auto_tries_both_recipes_and_a_named_one_only_itself():
     auto = choice.arms("auto", TABLE4)
-    assert [(a.recipe.name, a.lr) for a in auto] == [("paper", r) for r in TABLE4] + [("adamw", 0.001), ("adamw", 0.003)]
-    assert [a.name for a in choice.arms("adamw", TABLE4)] == ["adamw-lr-0.001", "adamw-lr-0.003"]
+    assert [(a.recipe.name, a.lr) for a in auto] == [("paper", r) for r in TABLE4] + [("adamw", 0.0003), ("adamw", 0.001)]
+    assert [a.name for a in choice.arms("adamw", TABLE4)] == ["adamw-lr-0.0003", "adamw-lr-0.001"]
     assert [a.lr for a in choice.arms("paper", TABLE4, rates=(0.05, 0.1))] == [0.05, 0.1]  # --lr-grid
     assert len(choice.arms("auto", TABLE4, rates=(0.05,))) == 6  # a grid for one recipe cannot serve both
 

@@ -29,6 +29,17 @@ def test_the_page_tables_are_the_results():
     assert results["source"]["command"].removeprefix("vitlab ") in " ".join(page.split())  # the rebuild command
 
 
+def test_the_shipped_source_is_the_one_measured():
+    """The page's numbers come from the shipped checkpoint: its weights are the recorded ones,
+    and the seeded measurement used them."""
+    transfer, results = generator(), json.loads(RESULTS.read_text())
+    assert transfer.SOURCE.is_file(), f"{transfer.SOURCE} is missing: python benchmarks/transfer.py --build-source --ship"
+    digest = transfer.weights_digest(transfer.SOURCE)
+    assert digest == results["source"]["weights_sha256"], "the shipped source is not the recorded one"
+    assert digest == results["protocol"]["source_sha256"], "the seeded table was measured from another source"
+    assert (transfer.SHIPPED / "config.yaml").is_file() and (transfer.SHIPPED / "summary.json").is_file()
+
+
 def test_a_changed_result_changes_the_page():
     transfer, results = generator(), json.loads(RESULTS.read_text())
     page = PAGE.read_text()
