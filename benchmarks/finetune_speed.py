@@ -86,7 +86,16 @@ def main() -> None:
                             "images_per_s": f"{img_s:.1f}", "of_train": f"{img_s / train_rate:.0%}",
                             "others_cores": f"{others:.2f}"})
             print(records[-1], flush=True)
-    notes = ("The CPU CIFAR-10 recipe's ViT-C/4 (811k parameters, 32 px) on the digits, batch 64, "
+
+    def median_of_train(name: str) -> str:
+        ratios = [float(r["images_per_s"]) / float(t["images_per_s"]) for r in records for t in records
+                  if r["measurement"] == name and t["round"] == r["round"] and t["measurement"].startswith("vitlab train")]
+        return f"{statistics.median(ratios):.0%} (rounds {min(ratios):.0%}-{max(ratios):.0%})"
+
+    medians = (f"Median over the rounds of fine-tuning's rate over training's: its policy "
+               f"{median_of_train('vitlab finetune (its policy)')}, the policy before "
+               f"{median_of_train('vitlab finetune, threads 0, workers 0 (before)')}.\n\n")
+    notes = medians + ("The CPU CIFAR-10 recipe's ViT-C/4 (811k parameters, 32 px) on the digits, batch 64, "
              f"{args.steps} steps per run, {args.rounds} round(s), the systems in turn. images_per_s: the trainer's own "
              "rate per 5-step window (median, start-up window left out). of_train: over the same round's "
              "`vitlab train`. threads 0 = one per core. others_cores: other processes' CPU use meanwhile "

@@ -14,15 +14,16 @@ weights are the shipped ones (SHA-256 of the tensors, recorded in
 benchmarks/results/transfer.json as `source.weights_sha256`); `--ship` makes a fresh build the
 shipped source (the measurement must then be rerun: each records `protocol.source_sha256`).
 
-For each target and each seed, at the same compute (the same model, batch and number of
-images seen):
+For each target and each seed, at the same compute (the same model and batch, and the same
+training FLOPs):
 
 - default fine-tune: `vitlab finetune --from SOURCE --data D --steps S --batch-size B --seed N`,
-  nothing else: its quick sweep chooses the recipe (the paper's SGD or AdamW) and the rate on
-  a dev split, then trains the winner for S steps; the sweep's steps count as compute;
+  nothing else: its quick sweep chooses the recipe (the paper's SGD, or AdamW from a
+  linear-probe head) and the rate on a dev split, then trains the winner for S steps; the
+  sweep's steps and the probes' forward passes count as compute;
 - from scratch: `vitlab train --config cifar10 --data D --batch-size B --seed N` for as many
-  steps as the fine-tune took with its sweep (the CPU CIFAR recipe: AdamW, tuned for training
-  from scratch at this size).
+  steps as the fine-tune's FLOPs with its sweep and probes buy, rounded up (the CPU CIFAR
+  recipe: AdamW, tuned for training from scratch at this size).
 
 The differences are paired by seed (95% t interval). Results go to
 benchmarks/results/transfer.json; the tables into benchmarks/results/transfer.md and between
@@ -111,18 +112,24 @@ def one_seed(source: Path, name: str, data: str, out: Path, seed: int, steps: in
                      str(batch), "--seed", str(seed), "--out", str(ft_dir), "--quiet")
     ft = summary(ft_dir)
     sweep = json.loads((ft_dir / "sweep.json").read_text()) if (ft_dir / "sweep.json").exists() else {}
-    total = ft.get("steps_with_sweep", ft["steps"])
+    cost = ft.get("compute_with_sweep", ft["compute"])
+    # The same compute: the fine-tune's FLOPs with its sweep and its probe heads' forward passes,
+    # in training steps of the same model and batch (rounded up).
+    total = math.ceil(cost["train_flops"] / (3e9 * cost["forward_gflops"] * batch) - 1e-6)
     sc_wall = vitlab("train", "--config", "cifar10", "--data", data, "--steps", str(total), "--batch-size", str(batch),
                      "--seed", str(seed), "--out", str(sc_dir), "--quiet")
     sc = summary(sc_dir)
-    images = ft.get("compute_with_sweep", ft["compute"])["images_seen"]
-    assert images == sc["compute"]["images_seen"], (images, sc["compute"]["images_seen"])  # the same compute
+    images = cost["images_seen"]
+    spent = sc["compute"]["train_flops"] / cost["train_flops"]
+    assert 0.99 < spent < 1 + 3 * batch * sc["compute"]["forward_gflops"] * 1e9 / cost["train_flops"] + 0.01, spent
     return {
         "target": name, "seed": seed, "finetune_top1": ft["splits"]["test"]["top1"], "finetune_steps": ft["steps"],
-        "steps_with_sweep": total, "recipe": sweep.get("best_recipe"), "lr": sweep.get("best_lr"),
+        "steps_with_sweep": ft.get("steps_with_sweep", ft["steps"]), "recipe": sweep.get("best_recipe"), "lr": sweep.get("best_lr"),
         "dev_margin": sweep.get("margin"), "dev_noise": sweep.get("noise"), "finetune_wall_s": round(ft_wall),
         "scratch_top1": sc["splits"]["test"]["top1"], "scratch_steps": sc["steps"], "scratch_wall_s": round(sc_wall),
-        "images_seen": images, "test_images": sc["splits"]["test"]["count"],
+        "images_seen": images, "probe_forward_images": cost.get("forward_images", 0),
+        "finetune_gflops": round(cost["train_flops"] / 1e9, 1), "scratch_gflops": round(sc["compute"]["train_flops"] / 1e9, 1),
+        "test_images": sc["splits"]["test"]["count"],
     }
 
 
@@ -188,7 +195,9 @@ def seeds_table(results: dict) -> str:
         steps = runs[min(runs, key=int)]
         rows.append(
             f"| {name} | {t['train_images']:,} | {100 * p['finetune']:.1f}% ({each('finetune_top1')}; {chosen}; "
-            f"{steps['finetune_steps']} + {steps['steps_with_sweep'] - steps['finetune_steps']} sweep steps) "
+            f"{steps['finetune_steps']} + {steps['steps_with_sweep'] - steps['finetune_steps']} sweep steps"
+            + (f" + {steps['probe_forward_images']:,} probe forwards" if steps.get("probe_forward_images") else "")
+            + ") "
             f"| {100 * p['scratch']:.1f}% ({each('scratch_top1')}; {steps['scratch_steps']} steps) "
             f"| {100 * p['mean']:+.1f} [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}] points ({p['n']} seeds) "
             f"| {verdict(p)} |")

@@ -64,3 +64,21 @@ def test_two_processes_match_one(tmp_path):
     # Only rank 0 wrote: one train line (the last step; log_every 20 > 8 steps) and one test line.
     lines = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["split"]) for r in lines] == [(8, "train"), (8, "test")]
+
+
+@pytest.mark.slow
+def test_a_probe_head_fine_tune_on_two_processes_matches_one(tmp_path):
+    """model.head_start=probe: every process fits the same head before wrapping (DDP and FSDP),
+    so two processes train what one does."""
+    run([sys.executable, "-m", "vitlab", "train"], tmp_path / "source")
+    source = tmp_path / "source" / "checkpoints" / "last.safetensors"
+    tune = [f"model.checkpoint={source}", "model.head_start=probe"]
+    run([sys.executable, "-m", "vitlab", "train", *tune], tmp_path / "one")
+    run([*TORCHRUN, *tune], tmp_path / "two")
+    run([*TORCHRUN, "--fsdp", *tune], tmp_path / "fsdp")
+    summaries = [json.loads((tmp_path / n / "summary.json").read_text()) for n in ("one", "two", "fsdp")]
+    probes = [{k: v for k, v in s["head_probe"].items() if k != "seconds"} for s in summaries]
+    assert probes[0] == probes[1] == probes[2] and probes[0]["images"] == 1437
+    assert [s["compute"]["forward_images"] for s in summaries] == [1437, 2 * 1437, 2 * 1437]  # each process's
+    same_weights(tmp_path / "one", tmp_path / "two")
+    same_weights(tmp_path / "one", tmp_path / "fsdp")

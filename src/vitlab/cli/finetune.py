@@ -17,7 +17,10 @@ is followed as it is) a quick sweep chooses it on a dev split, between
   - paper: the paper's (§3.2, Appendix B.1.1): SGD with momentum 0.9, no weight decay, the
     inception crop, at each rate of Table 4's grid (0.001-0.03), and
   - adamw: the recipe vitlab trains from scratch with: AdamW, weight decay 0.05, crop from
-    35%, label smoothing 0.1, at 0.0003 and 0.001.
+    35%, label smoothing 0.1, at 0.0003 and 0.001, and the new head started as the linear
+    probe of the frozen features (logistic regression on up to 500 training images per
+    class, as vitlab linear-probe fits it; model.head_start=probe, its forward passes
+    counted as compute; model.head_start=zeros for the paper's zero head).
 Each of the six arms trains for 5% of the steps (at least 10) on the training set minus the
 dev split (2% of CIFAR, 1% of ImageNet, 10% of others, told by the data's identity) and is
 scored on the dev split; the best trains on the whole set. The plan line says which recipe

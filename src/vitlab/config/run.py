@@ -32,6 +32,7 @@ DECAYS = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PARALLEL = ("ddp", "fsdp")
 RECIPES = Path(__file__).resolve().parent.parent / "configs"
+HEAD_STARTS = ("zeros", "probe")  # model.head_start: how a fine-tune's new head starts
 SHUFFLE_BUFFER = 2000  # samples a streamed (wds) training set holds for shuffling: data.shuffle_buffer
 
 
@@ -63,11 +64,20 @@ class ModelSection:
     name: str = "ViT-Ti/4"  # "" when the network comes from `checkpoint`
     checkpoint: str = ""  # start from these weights; the head is replaced for the new classes
     changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # config fields
+    # The new head of a fine-tune (with `checkpoint`): "zeros", the paper's (§3.2), or "probe",
+    # the logistic regression `vitlab linear-probe` fits on the frozen features of the training
+    # images (train/probe_head.py).
+    head_start: str = "zeros"
 
     def __post_init__(self) -> None:
         check_fields(self, "model")
         if not self.name and not self.checkpoint:
             raise ConfigError("the model section needs a name (a variant, see `vitlab models`) or a checkpoint")
+        if self.head_start not in HEAD_STARTS:
+            raise ConfigError(f"model.head_start={self.head_start!r}: use one of {', '.join(HEAD_STARTS)}")
+        if self.head_start == "probe" and not self.checkpoint:
+            raise ConfigError("model.head_start=probe fits a pretrained model's new head on its frozen features: it "
+                              "needs model.checkpoint (vitlab finetune --from CHECKPOINT)")
         check_keys(ViTConfig, dict(self.changes), "model", extra=_MODEL_EXTRA)
         changes = dict(self.changes)
         if "image_size" in changes:
@@ -77,15 +87,19 @@ class ModelSection:
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "ModelSection":
-        d = dict(check_keys(ViTConfig, {} if d is None else d, "model", extra=_MODEL_EXTRA))
+        d = dict(check_keys(ViTConfig, {} if d is None else d, "model", extra=(*_MODEL_EXTRA, "head_start")))
         name = d.pop("name", "" if d.get("checkpoint") else cls.name)
         checkpoint = d.pop("checkpoint", cls.checkpoint)
+        head_start = d.pop("head_start", cls.head_start)
         changes = {k: from_text(v, _model_hint(k)) for k, v in d.items()}
-        return cls(name=name or "", checkpoint=checkpoint or "", changes=changes)
+        return cls(name=name or "", checkpoint=checkpoint or "", changes=changes,
+                   head_start=str(head_start or cls.head_start))
 
     def to_dict(self) -> dict[str, Any]:
         head = {k: v for k, v in (("name", self.name), ("checkpoint", self.checkpoint)) if v}
-        return {**head, **self.changes}
+        # The default is left out, so that the configs of earlier runs read back the same.
+        start = {"head_start": self.head_start} if self.head_start != ModelSection.head_start else {}
+        return {**head, **start, **self.changes}
 
 
 AUTOAUGMENT_POLICIES = ("", "imagenet", "cifar10", "svhn")  # torchvision.transforms.AutoAugmentPolicy

@@ -47,7 +47,9 @@ def build_model(section: ModelSection, class_names: list[str]) -> Model:
         # Fine-tuning (§3.2): position embeddings resized to the new resolution, the head
         # replaced when the class count changes, pre-logits dropped with representation_size=None.
         model = checkpoints.build_model(imported, section.checkpoint, **changes)
-        model.reset_classifier(model.config.num_classes, init="zeros")  # a fresh zero head, always
+        # A fresh zero head, always; model.head_start=probe then fits it in the trainer
+        # (train/probe_head.py), on the run's training images, after the seed is set.
+        model.reset_classifier(model.config.num_classes, init="zeros")
     else:
         model = build(variant_config(section.name, **changes))
     if model.config.num_classes != len(class_names):
@@ -125,6 +127,21 @@ def open_datasets(cfg: RunConfig, model: ModelConfig,
     eval_spec = d.eval_data or d.name
     train = training_subset(open_split(d.name, d.train_split, True), d.train_fraction, d.train_size, d.subset_seed)
     return train, {s: open_split(eval_spec, s, False) for s in d.eval_splits}
+
+
+def plain_training_set(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]] = None) -> Any:
+    """The run's training images (its split and subset) at the evaluation transform: no
+    augmentation, the full decode. What model.head_start=probe fits the new head on."""
+    d, evaluate = cfg.data, model_transform(model)
+    if sources is not None:
+        train = sources[0].dataset if isinstance(sources[0], torch.utils.data.DataLoader) else sources[0]
+        images = foreign.wrap(train, evaluate, seed=cfg.train.seed)
+    else:
+        extra = {"classes": list(d.classes)} if d.name.startswith("wds:") and d.classes else {}
+        images = open_dataset(d.name, d.train_split, evaluate, train=False, seed=cfg.train.seed,
+                              dev_fraction=d.dev_fraction, skip_bad_images=d.skip_bad_images,
+                              shuffle_buffer=d.shuffle_buffer, **extra)
+    return training_subset(images, d.train_fraction, d.train_size, d.subset_seed)
 
 
 def train_loader(cfg: RunConfig, train_set: Any, batch: int, start: int, total: int, ctx: Any) -> Iterator:

@@ -57,9 +57,11 @@ class ComputeMeter:
 
     def __init__(self, config: ModelConfig, device: Any = "cpu", processes: int = 1):
         self.forward_flops = model_flops(config)
+        self.processes = processes
         self.accelerators = processes if getattr(device, "type", str(device)).startswith(("cuda", "mps")) else 0
         self.device = describe_device(device, processes)
         self.images = 0
+        self.forward_images = 0  # images that only went forward (a probe head's features)
         self.wall_s = 0.0
         self.cpu_s = 0.0
         self._mark: Optional[tuple[float, float]] = None
@@ -83,25 +85,33 @@ class ComputeMeter:
     def step(self, images: int) -> None:
         self.images += int(images)
 
+    def forward_only(self, images: int) -> None:
+        """Count images that went through the model forward only (1 x, not 3 x its FLOPs), on
+        all processes together."""
+        self.forward_images += int(images)
+
     def summary(self, cpu_s: Optional[float] = None) -> dict[str, Any]:
         """The totals so far; `cpu_s` replaces this process's CPU time (the sum over processes)."""
         self._advance()
-        return {
+        out = {
             "forward_gflops": self.forward_flops / 1e9,
             "images_seen": self.images,
-            "train_flops": TRAIN_FACTOR * self.forward_flops * self.images,
+            "train_flops": self.forward_flops * (TRAIN_FACTOR * self.images + self.forward_images),
             "wall_s": round(self.wall_s, 3),
             "cpu_s": round(self.cpu_s if cpu_s is None else cpu_s, 3),
             "gpu_s": round(self.wall_s * self.accelerators, 3),
             "device": self.device,
         }
+        return {**out, "forward_images": self.forward_images} if self.forward_images else out
 
     def state_dict(self) -> dict[str, float]:
         self._advance()
-        return {"images": self.images, "wall_s": self.wall_s, "cpu_s": self.cpu_s}
+        return {"images": self.images, "forward_images": self.forward_images, "wall_s": self.wall_s,
+                "cpu_s": self.cpu_s}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.images = int(state.get("images", 0))
+        self.forward_images = int(state.get("forward_images", 0))
         self.wall_s = float(state.get("wall_s", 0.0))
         self.cpu_s = float(state.get("cpu_s", 0.0))
 
@@ -117,7 +127,8 @@ def format_compute(summary: dict[str, Any]) -> str:
     """One line for the end of a run: 'compute  1.2 PFLOPs (0.38 GFLOPs/image x 3 x 1.1M
     images), 610 s wall, 1180 CPU-s on cpu (2 threads, ...)'."""
     seconds = f"{summary['gpu_s']:.0f} GPU-s" if summary.get("gpu_s") else f"{summary['cpu_s']:.0f} CPU-s"
+    forward = f" + 1 x {summary['forward_images']:,} forward only" if summary.get("forward_images") else ""
     return (
         f"compute  {_flops_words(summary['train_flops'])} ({summary['forward_gflops']:.3g} GFLOPs/image x 3 x "
-        f"{summary['images_seen']:,} images), {summary['wall_s']:.0f} s wall, {seconds} on {summary['device']}"
+        f"{summary['images_seen']:,} images{forward}), {summary['wall_s']:.0f} s wall, {seconds} on {summary['device']}"
     )

@@ -15,7 +15,8 @@ trains the best arm on the whole training set:
             Table 4's grid (0.001, 0.003, 0.01, 0.03)
     adamw   AdamW, weight decay 0.05, crop from 35%, label smoothing 0.1, warm-up 25%
             (the CPU recipes' 100 of 390 steps), rates 0.0003 and 0.001 (below the CPU
-            recipe's from-scratch 0.002, never above it: see ADAMW)
+            recipe's from-scratch 0.002, never above it: see ADAMW), the new head started
+            as a linear probe of the frozen features (train/probe_head.py: LP-FT)
 
 Every sweep step is compute: the final run's summary.json counts the sweep's images, FLOPs
 and seconds beside its own (`compute_with_sweep`). Settings the user gave (an optimiser, a
@@ -52,9 +53,10 @@ class Recipe:
 
 PAPER = Recipe("paper", "the paper's SGD (momentum 0.9, no weight decay, inception crop from 8%)")
 ADAMW = Recipe(
-    "adamw", "AdamW as vitlab trains from scratch (weight decay 0.05, crop from 35%, label smoothing 0.1)",
+    "adamw", "AdamW as vitlab trains from scratch (weight decay 0.05, crop from 35%, label smoothing 0.1), "
+    "from a head fitted as a linear probe of the frozen features",
     changes={"optim.name": "adamw", "optim.weight_decay": 0.05, "data.crop_scale": (0.35, 1.0),
-             "train.label_smoothing": 0.1},
+             "train.label_smoothing": 0.1, "model.head_start": "probe"},
     warmup_share=0.25, grid=(0.0003, 0.001),
 )
 # Why AdamW's rates stop below the from-scratch rate: a sweep of short arms favours large rates
@@ -195,9 +197,11 @@ def verdict_line(v: Mapping[str, Any], lrs: Mapping[str, float]) -> str:
 
 def summed_compute(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The compute of several runs added up (images, FLOPs, seconds; the last one's device)."""
-    keys = ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")
+    keys = ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s", "forward_images")
     parts = [s["compute"] for s in summaries if s.get("compute")]
     total: dict[str, Any] = {k: round(sum(p.get(k, 0) for p in parts), 3) for k in keys}
+    if not total["forward_images"]:
+        del total["forward_images"]
     if parts:
         total.update(forward_gflops=parts[-1]["forward_gflops"], device=parts[-1]["device"])
     return total

@@ -36,7 +36,7 @@ from vitlab.data.loader import batches_per_epoch
 from vitlab.eval.accuracy import add_counts
 from vitlab import run_layout
 from vitlab.files import atomic_write_text
-from vitlab.train import callbacks as cb, distributed, state
+from vitlab.train import callbacks as cb, distributed, probe_head, state
 from vitlab.train.build import architecture, build_model, describe_source, model_input, open_datasets, train_loader
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.objectives import Objective, build_objective
@@ -96,6 +96,7 @@ class Run:
     scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
     hooks: Optional[cb.Hooks] = None  # the callbacks (vitlab.train.callbacks)
     stop: str = ""  # why a callback ended the run early
+    head_probe: Optional[dict[str, Any]] = None  # model.head_start=probe: how the head was fitted
 
 
 def new_window() -> dict[str, float]:
@@ -237,7 +238,11 @@ class Trainer:
             saved = state.load_weights(self.folder.checkpoints, resume_from, run.model, run.objective)
             run.start, run.last_good = resume_from, state.step_paths(self.folder.checkpoints, resume_from)[0]
             run.prior_seconds = float(saved.meta.get("train_seconds", 0.0))
+            run.head_probe = saved.meta.get("head_probe")
         run.objective.to(ctx.device)
+        run.compute = ComputeMeter(run.model.config, ctx.device, ctx.world)
+        if saved is None:  # before wrapping, which may flatten the parameters (FSDP)
+            run.head_probe = probe_head.for_run(self.cfg, run.model, self.sources, run.compute)
         run.model.set_grad_checkpointing(t.grad_checkpointing)
         run.wrapped = distributed.wrap(run.objective, ctx, inner=run.model)
         run.optimizer = build_optimizer(run.objective, self.cfg.optim)
@@ -245,7 +250,6 @@ class Trainer:
         if t.precision == "fp16":
             run.scaler = torch.amp.GradScaler(ctx.device.type)
         run.step_fn = torch.compile(run.wrapped) if t.compile else run.wrapped
-        run.compute = ComputeMeter(run.model.config, ctx.device, ctx.world)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
@@ -276,7 +280,7 @@ class Trainer:
         if ctx.is_main:
             run.log = MetricsLog(self.out, open_trackers(list(self.trackers), self.out, cfg.to_dict()))
             run.progress = None if self.quiet else Progress(run.plan.total, run.start)
-        self._say("\n  ".join((self._plan_line(run), *self.notes)))
+        self._say("\n  ".join((self._plan_line(run), *self.notes, *probe_head.lines(run.head_probe, run.start))))
         if cfg.optim.warmup_steps >= run.plan.total:
             self._warn(
                 f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
@@ -442,9 +446,9 @@ class Trainer:
         info = {"step": step, **run.objective.checkpoint_metadata()}
         partial = {k: run.window[k] for k in ("loss", "acc", "n")}  # the unfinished log window
         done = self._compute(run)
-        compute = {"images": done["images_seen"], "wall_s": run.compute.wall_s, "cpu_s": done["cpu_s"]}
+        compute = {**run.compute.state_dict(), "cpu_s": done["cpu_s"]}  # CPU-seconds of every process
         extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute,
-                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state()}
+                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe}
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
@@ -472,9 +476,8 @@ class Trainer:
             "model": run.model.config.name,
             "steps": run.plan.total, "epochs": round(run.plan.total / run.plan.per_epoch, 3), "splits": splits,
             "checkpoint": str(ckpt), "ema": self.cfg.train.ema or None, "train_seconds": round(seconds, 1),
-            "bad_images_skipped": len(bad), "world_size": run.ctx.world,
-            "compute": self._compute(run), **run.hooks.end(run.start),
-        }
+            "bad_images_skipped": len(bad), "world_size": run.ctx.world, "compute": self._compute(run),
+            **run.hooks.end(run.start), **({"head_probe": run.head_probe} if run.head_probe else {})}
         if run.start < run.plan.total:
             summary.update(steps=run.start, epochs=round(run.start / run.plan.per_epoch, 3),
                            stopped_early={"step": run.start, "reason": run.stop})

@@ -1,0 +1,89 @@
+"""A fine-tune's new head started as a linear probe of the frozen features (LP-FT).
+
+The paper starts the new head at zero (§3.2). With a zero head, the first steps' gradients
+reach the pretrained blocks before the head knows anything about the new classes, and with a
+small, briefly trained source they move the features away from what they were: a linear probe
+on the frozen CIFAR-10 features of docs/transfer.md scores 98.1% on the digits, where the
+fine-tune from a zero head reached 74%. Starting the head where the probe ends (linear probing,
+then fine-tuning: Kumar et al., 2022, "Fine-Tuning can Distort Pretrained Features") keeps the
+first steps from undoing the features.
+
+`model.head_start=probe` fits the head as `vitlab linear-probe` does (eval/linear_probe.py:
+multinomial logistic regression, L2 with C = 1 on standardised features), on the run's own
+training split (train-minus-dev in a sweep arm, so the dev split stays unseen) at the model's
+evaluation preprocessing, at most MAX_PER_CLASS images per class, and folds the
+standardisation into the head's weights. Its forward passes are compute, counted in the run's
+summary (`forward_images`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from vitlab.config import RunConfig
+from vitlab.eval.features import extract_features
+from vitlab.eval.linear_probe import fit_logistic
+from vitlab.train.build import plain_training_set
+from vitlab.train.compute import ComputeMeter
+
+MAX_PER_CLASS = 500  # as `vitlab linear-probe` (--max-per-class)
+C = 1.0  # as `vitlab linear-probe` (--C): scikit-learn's default
+
+
+def head_from_probe(feats: np.ndarray, labels: np.ndarray, num_classes: int, c: float = C
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight (K, F), bias (K,)) of a linear layer on the raw features whose logits are those of
+    the logistic regression fitted on the standardised features: with x' = (x - mean) / std,
+    x' W + b = x (W / std) + (b - (mean / std) W)."""
+    x = torch.as_tensor(feats, dtype=torch.float64)
+    mean = x.mean(0)
+    std = x.std(0, unbiased=False) + 1e-6  # the standardisation of linear_probe._standardise
+    w, b = fit_logistic(((x - mean) / std).numpy(), labels, num_classes, c)
+    return (w / std[:, None]).T.contiguous(), b - (mean / std) @ w
+
+
+def fit(model: torch.nn.Module, images: Any, *, max_per_class: int = MAX_PER_CLASS) -> dict[str, Any]:
+    """Set `model.head` to the probe of its frozen features on `images` (a dataset of the run's
+    training images at the evaluation transform); what it cost and how well it fits."""
+    start = time.perf_counter()
+    was_training = model.training
+    feats, labels = extract_features(model, images, max_per_class=max_per_class)
+    model.train(was_training)
+    k = model.head.out_features
+    if len(labels) == 0:
+        raise ValueError("model.head_start=probe: the training split holds no images to fit the head on")
+    weight, bias = head_from_probe(feats, labels, k)
+    with torch.no_grad():
+        model.head.weight.copy_(weight.to(model.head.weight))
+        model.head.bias.copy_(bias.to(model.head.bias))
+    logits = torch.as_tensor(feats, dtype=torch.float64) @ weight.T + bias
+    return {"images": int(len(labels)), "max_per_class": max_per_class, "C": C,
+            "train_top1": float((logits.argmax(1).numpy() == labels).mean()),
+            "seconds": round(time.perf_counter() - start, 3)}
+
+
+def for_run(cfg: RunConfig, model: torch.nn.Module, sources: Optional[tuple[Any, dict[str, Any]]],
+            compute: ComputeMeter) -> Optional[dict[str, Any]]:
+    """With model.head_start=probe, fit the head of a new run's model on the run's training
+    images (its split and subset, the evaluation transform; `sources`: data given as objects)
+    and count its forward passes in `compute`; None otherwise. Every process of a distributed
+    run fits the same head (the same weights, images and deterministic solver), and each one's
+    forward passes count."""
+    if cfg.model.head_start != "probe":
+        return None
+    result = fit(model, plain_training_set(cfg, model.config, sources))
+    compute.forward_only(result["images"] * compute.processes)  # each process ran them all
+    return result
+
+
+def lines(result: Optional[dict[str, Any]], start_step: int = 0) -> tuple[str, ...]:
+    """The plan line of a head fitted at the start of this run (none on a resume)."""
+    if not result or start_step:
+        return ()
+    return (f"head: started as a linear probe of the frozen features (model.head_start=probe): {result['images']:,} "
+            f"training images, top-1 {result['train_top1']:.1%} on them, {result['seconds']:.1f} s "
+            "(model.head_start=zeros for the paper's zero head)",)

@@ -1,0 +1,121 @@
+"""A fine-tune's head started as a linear probe of the frozen features (model.head_start=probe,
+train/probe_head.py), on the real digits: the head is the probe, the compute counts it, resume
+is exact, and the recipe choice uses it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vitlab.config import ConfigError, load_recipe
+from vitlab.data import open_dataset
+from vitlab.data.transforms import model_transform
+from vitlab.eval.features import extract_features
+from vitlab.eval.linear_probe import fit_logistic, logistic_probe
+from vitlab.train import finetune, finetune_choice as choice, probe_head
+from vitlab.train.build import architecture, build_model
+from vitlab.train.loop import Trainer
+
+
+def test_the_folded_head_gives_the_logistic_regressions_logits():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, 300)
+    feats = rng.normal(size=(300, 12)) * rng.uniform(0.1, 20, 12) + rng.normal(size=12) * 5
+    feats[:, :4] += 3 * np.eye(4)[labels]  # something to find
+    weight, bias = probe_head.head_from_probe(feats, labels, 4)
+    x = torch.as_tensor(feats, dtype=torch.float64)
+    mean, std = x.mean(0), x.std(0, unbiased=False) + 1e-6
+    w, b = fit_logistic(((x - mean) / std).numpy(), labels, 4)
+    torch.testing.assert_close(x @ weight.T + bias, ((x - mean) / std) @ w + b, rtol=1e-9, atol=1e-9)
+    assert weight.shape == (4, 12) and bias.shape == (4,)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A small ViT trained 60 steps on the digits: features that separate them somewhat."""
+    out = tmp_path_factory.mktemp("source") / "run"
+    cfg = load_recipe("digits").with_overrides({"train.steps": 60, "train.threads": 1, "data.num_workers": 0,
+                                                "train.eval_every": 0, "data.eval_splits": []})
+    Trainer(cfg, out, quiet=True).run()
+    return out / "checkpoints" / "last.safetensors"
+
+
+def probe_config(ck: Path, **extra):
+    return load_recipe("finetune").with_overrides({
+        "model.checkpoint": str(ck), "model.head_start": "probe", "data.name": "digits", "data.eval_splits": ["test"],
+        "train.steps": 6, "train.batch_size": 64, "train.ckpt_every": 3, "train.threads": 1, "data.num_workers": 0,
+        "optim.name": "adamw", "optim.lr": 0.0003, "optim.warmup_steps": 2, **extra})
+
+
+def test_the_head_starts_as_the_linear_probe_and_counts_as_compute(source, tmp_path):
+    out = tmp_path / "ft"
+    cfg = probe_config(source, **{"train.steps": 1, "optim.lr": 1e-12})
+    summary = Trainer(cfg, out, quiet=True).run()
+    probe = summary["head_probe"]
+    assert probe["images"] == 1437 and probe["C"] == probe_head.C
+    # The same probe, fitted by the linear-probe evaluation on the features of the fine-tune's
+    # network (the source, zero head, at the fine-tune's evaluation preprocessing).
+    arch = architecture(cfg.model)
+    model = build_model(cfg.model, [str(i) for i in range(10)])
+    train = open_dataset("digits", "train", model_transform(arch))
+    test = open_dataset("digits", "test", model_transform(arch))
+    xtr, ytr = extract_features(model, train)
+    xte, yte = extract_features(model, test)
+    reference = logistic_probe(xtr, ytr, xte, yte)
+    assert probe["train_top1"] == pytest.approx(reference["train_accuracy"], abs=1 / 1437)
+    # After one step at a negligible rate the model is the probe: its test top-1 is the probe's.
+    assert summary["splits"]["test"]["top1"] == pytest.approx(reference["test_accuracy"], abs=2 / 360)
+    assert reference["test_accuracy"] > 0.5  # a probe of trained features, far above chance
+    c = summary["compute"]
+    assert c["forward_images"] == 1437 and c["images_seen"] == 64
+    assert c["train_flops"] == pytest.approx(c["forward_gflops"] * 1e9 * (3 * 64 + 1437))
+
+
+def test_a_probe_head_run_resumes_exactly(source, tmp_path, monkeypatch):
+    straight = Trainer(probe_config(source), tmp_path / "straight", quiet=True).run()
+    real_save = __import__("safetensors.torch", fromlist=["save_file"]).save_file
+
+    def dying_save(tensors, filename, metadata=None):
+        if metadata and metadata.get("format") == "vitlab" and json.loads(metadata.get("step", "0")) == 6:
+            raise OSError("disk died")
+        return real_save(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr("safetensors.torch.save_file", dying_save)
+    with pytest.raises(OSError, match="disk died"):
+        Trainer(probe_config(source), tmp_path / "crashed", quiet=True).run()
+    monkeypatch.setattr("safetensors.torch.save_file", real_save)
+    resumed = Trainer(probe_config(source), tmp_path / "crashed", quiet=True).run()  # from step 3
+    a = load_file(str(tmp_path / "straight" / "checkpoints" / "last.safetensors"))
+    b = load_file(str(tmp_path / "crashed" / "checkpoints" / "last.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    fit = lambda s: {k: v for k, v in s["head_probe"].items() if k != "seconds"}  # noqa: E731
+    assert fit(resumed) == fit(straight)  # read back from the step-3 checkpoint, not fitted again
+    assert resumed["compute"]["forward_images"] == straight["compute"]["forward_images"] == 1437
+
+
+def test_the_probe_needs_a_checkpoint_and_a_known_name():
+    with pytest.raises(ConfigError, match="needs model.checkpoint"):
+        load_recipe("digits").with_overrides({"model.head_start": "probe"})
+    with pytest.raises(ConfigError, match="model.head_start='linear': use one of zeros, probe"):
+        load_recipe("digits").with_overrides({"model.head_start": "linear"})
+    # The default is not written, so that the configs of earlier runs read back the same.
+    assert "head_start" not in load_recipe("digits").to_dict()["model"]
+
+
+def test_adamw_starts_from_the_probe_and_the_paper_from_zero_unless_told(source):
+    cfg = load_recipe("finetune").with_overrides({"train.steps": 200, "model.checkpoint": str(source)})
+    assert choice.apply(cfg, choice.ADAMW, explicit=set()).model.head_start == "probe"
+    assert choice.apply(cfg, choice.PAPER, explicit=set()).model.head_start == "zeros"
+    told = cfg.with_overrides({"model.head_start": "zeros"})
+    assert choice.apply(told, choice.ADAMW, explicit={"model.head_start"}).model.head_start == "zeros"
+    plan = finetune.plan(str(source), "digits", options={"lr": 0.001}, choose="adamw")
+    assert plan.config.model.head_start == "probe" and "linear probe" in " ".join(plan.notes)
+    assert finetune.plan(str(source), "digits", choose="paper").config.model.head_start == "zeros"
+    kept = finetune.plan(str(source), "digits", options={"lr": 0.001}, choose="adamw",
+                         overrides=["model.head_start=zeros"])
+    assert kept.config.model.head_start == "zeros"
