@@ -21,9 +21,13 @@ import torch.nn.functional as F
 from vitlab.eval.features import extract_features
 
 
+def scaling(train: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training features' (mean, std) per feature, the standardisation the probe fits on."""
+    return train.mean(0), train.std(0, unbiased=False) + 1e-6
+
+
 def _standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor]:
-    mean = train.mean(0, keepdim=True)
-    std = train.std(0, unbiased=False, keepdim=True) + 1e-6
+    mean, std = scaling(train)
     return [(t - mean) / std for t in (train, *others)]
 
 

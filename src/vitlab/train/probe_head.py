@@ -26,7 +26,7 @@ import torch
 
 from vitlab.config import RunConfig
 from vitlab.eval.features import extract_features
-from vitlab.eval.linear_probe import fit_logistic
+from vitlab.eval.linear_probe import fit_logistic, scaling
 from vitlab.train.build import plain_training_set
 from vitlab.train.compute import ComputeMeter
 
@@ -40,8 +40,7 @@ def head_from_probe(feats: np.ndarray, labels: np.ndarray, num_classes: int, c: 
     the logistic regression fitted on the standardised features: with x' = (x - mean) / std,
     x' W + b = x (W / std) + (b - (mean / std) W)."""
     x = torch.as_tensor(feats, dtype=torch.float64)
-    mean = x.mean(0)
-    std = x.std(0, unbiased=False) + 1e-6  # the standardisation of linear_probe._standardise
+    mean, std = scaling(x)
     w, b = fit_logistic(((x - mean) / std).numpy(), labels, num_classes, c)
     return (w / std[:, None]).T.contiguous(), b - (mean / std) @ w
 
