@@ -157,8 +157,9 @@ class Trainer:
                 return self.folder.read_summary()
             self._restore(run, resume_from)
             train_seconds = self._train(run)
-            results = self._evaluate(run, run.start, final=True)
-            return self._finish(run, results, train_seconds)
+            summary = self._finish(run, self._evaluate(run, run.start, final=True), train_seconds)
+            distributed.barrier(ctx)  # all done before the group goes: gloo can abort a rank that leaves first
+            return summary
         finally:
             self.folder.release()
             distributed.cleanup(ctx)
@@ -407,10 +408,8 @@ class Trainer:
         target.eval()
         results = {}
         for split, dataset in run.eval_sets.items():
-            loader = make_loader(
-                dataset, t.eval_batch_size or max(t.batch_size // ctx.world, 1), rank=ctx.rank, world=ctx.world,
-                train=False, num_workers=self.cfg.data.num_workers,
-            )
+            loader = make_loader(dataset, t.eval_batch_size or max(t.batch_size // ctx.world, 1), rank=ctx.rank,
+                                 world=ctx.world, train=False, num_workers=self.cfg.data.num_workers)
             sums = None
             shown = eval_batches(loader, split, _size(dataset), quiet=self.quiet or not ctx.is_main)
             with torch.no_grad(), torch.autocast(**self._autocast(ctx)):
