@@ -115,18 +115,19 @@ def open_datasets(cfg: RunConfig, model: ModelConfig,
     if sources is not None:
         return wrap_sources(cfg, model, sources)
     d = cfg.data
-    options: dict[str, Any] = dict(dev_fraction=d.dev_fraction, skip_bad_images=d.skip_bad_images,
-                                   shuffle_buffer=d.shuffle_buffer)
-    transforms = data_transforms(cfg, model)
+    training, evaluation = data_transforms(cfg, model)
+    train = training_subset(open_split(cfg, d.name, d.train_split, training, True), d.train_fraction, d.train_size,
+                            d.subset_seed)
+    return train, {s: open_split(cfg, d.eval_data or d.name, s, evaluation, False) for s in d.eval_splits}
 
-    def open_split(spec: str, split: str, train: bool):
-        extra = {"classes": list(d.classes)} if spec.startswith("wds:") and d.classes else {}
-        transform = transforms[0] if train else transforms[1]
-        return open_dataset(spec, split, transform, train=train, seed=cfg.train.seed, **options, **extra)
 
-    eval_spec = d.eval_data or d.name
-    train = training_subset(open_split(d.name, d.train_split, True), d.train_fraction, d.train_size, d.subset_seed)
-    return train, {s: open_split(eval_spec, s, False) for s in d.eval_splits}
+def open_split(cfg: RunConfig, spec: str, split: str, transform: Any, train: bool) -> Any:
+    """One split of a data spec with the run's data options (dev fraction, bad images, shuffle
+    buffer, a wds set's class list)."""
+    d = cfg.data
+    extra = {"classes": list(d.classes)} if spec.startswith("wds:") and d.classes else {}
+    return open_dataset(spec, split, transform, train=train, seed=cfg.train.seed, dev_fraction=d.dev_fraction,
+                        skip_bad_images=d.skip_bad_images, shuffle_buffer=d.shuffle_buffer, **extra)
 
 
 def plain_training_set(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]] = None) -> Any:
@@ -137,10 +138,7 @@ def plain_training_set(cfg: RunConfig, model: ModelConfig, sources: Optional[tup
         train = sources[0].dataset if isinstance(sources[0], torch.utils.data.DataLoader) else sources[0]
         images = foreign.wrap(train, evaluate, seed=cfg.train.seed)
     else:
-        extra = {"classes": list(d.classes)} if d.name.startswith("wds:") and d.classes else {}
-        images = open_dataset(d.name, d.train_split, evaluate, train=False, seed=cfg.train.seed,
-                              dev_fraction=d.dev_fraction, skip_bad_images=d.skip_bad_images,
-                              shuffle_buffer=d.shuffle_buffer, **extra)
+        images = open_split(cfg, d.name, d.train_split, evaluate, False)
     return training_subset(images, d.train_fraction, d.train_size, d.subset_seed)
 
 
