@@ -182,3 +182,71 @@ def test_curve_figures_draw_reference_lines(tmp_path):
     assert path.exists() and path.stat().st_size > 1000
     with pytest.raises(ConfigError, match="references"):
         FigureSpec(file="d.png", kind="curve", y="m", references=["x"])
+
+
+COMPUTE = {
+    "train": {"config": "digits", "steps": 4},
+    "grid": {"model": {"ViT": {"tag.family": "ViT"}, "hybrid": {"tag.family": "hybrid"}}, "steps": [50, 100, 200, 400],
+             "seed": [0, 1, 2]},
+    "report": {"metrics": ["test.top1"],
+               "compare": [{"claim": "hybrid ahead at equal compute", "axis": "model", "a": "hybrid", "b": "ViT",
+                            "at": "compute.train_flops", "along": "steps"}],
+               "slopes": [{"x": "compute.train_flops", "y": "test.top1", "by": "family", "a": "ViT", "b": "hybrid",
+                           "claim": "ViT's slope is steeper"}]},
+}
+
+
+def compute_rows():
+    """ViT: top-1 linear in log10(FLOPs) (slope 0.05 + 0.01 x seed); the hybrid costs 1.7x per
+    step and sits exactly 0.01 above the ViT's line of the same seed, with a flatter slope."""
+    out = []
+    for seed in range(3):
+        g = 0.05 + 0.01 * seed
+        for steps in (50, 100, 200, 400):
+            vit, hyb = steps * 1e9, steps * 1.7e9
+            out.append({"model": "ViT", "family": "ViT", "steps": steps, "seed": seed, "status": "done",
+                        "compute.train_flops": vit, "test.top1": 0.2 + g * math.log10(vit / 1e10)})
+            # the hybrid's own line: through the ViT line + 0.01 at 50 steps, half the slope
+            x0 = math.log10(50 * 1.7e9 / 1e10)
+            out.append({"model": "hybrid", "family": "hybrid", "steps": steps, "seed": seed, "status": "done",
+                        "compute.train_flops": hyb,
+                        "test.top1": 0.21 + g * x0 + g / 2 * (math.log10(hyb / 1e10) - x0)})
+    return out
+
+
+def test_a_comparison_at_equal_compute_interpolates_b_in_log_compute():
+    spec = SweepSpec.from_dict(COMPUTE, "t")
+    comps = findings.build(spec, compute_rows())["comparisons"]
+    at = [c for c in comps if c["claim"] == "hybrid ahead at equal compute"]
+    # the hybrid at 400 steps costs more than the ViT's 400 steps: outside its range, left out
+    assert [c["context"]["steps of hybrid"] for c in at] == ["50", "100", "200"]
+    first = at[0]
+    assert first["n"] == 3 and first["diffs"] == pytest.approx([0.01, 0.01, 0.01]) and first["verdict"] == "Reproduced"
+    # later budgets: the hybrid's flatter line falls below the ViT's, by (g/2) log10(2) per doubling
+    for c, k in zip(at[1:], (1, 2)):
+        want = [0.01 - (0.05 + 0.01 * s) / 2 * k * math.log10(2) for s in range(3)]
+        assert c["diffs"] == pytest.approx(want)
+    assert "steps of hybrid=50, ViT at equal=compute.train_flops" in findings.comparisons_table({"comparisons": at})
+
+
+def test_slopes_compared_paired_by_seed():
+    spec = SweepSpec.from_dict(COMPUTE, "t")
+    comp = next(c for c in findings.build(spec, compute_rows())["comparisons"] if c["claim"] == "ViT's slope is steeper")
+    assert comp["diffs"] == pytest.approx([(0.05 + 0.01 * s) / 2 for s in range(3)])
+    assert comp["verdict"] == "Reproduced" and comp["metric"] == "test.top1 per decade of compute.train_flops"
+
+
+def test_a_difference_of_two_columns_is_a_metric_and_is_not_clipped():
+    spec = SweepSpec.from_dict({**SPEC, "report": {"metrics": ["fewshot.shots.5.mean - init.shots.5.mean"]}}, "t")
+    rs = [{**r, "init.shots.5.mean": 0.5} for r in rows() if r["status"] == "done"]
+    arm = findings.build(spec, rs)["arms"][0]["metrics"]["fewshot.shots.5.mean - init.shots.5.mean"]
+    assert arm["mean"] == pytest.approx(0.21 - 0.5) and arm["lo"] < arm["mean"] < arm["hi"] < 0
+
+
+def test_bad_equal_compute_and_slope_comparisons_name_the_problem():
+    for report, match in [({"compare": [{"axis": "model", "a": "ViT", "b": "hybrid", "at": "compute.train_flops"}]}, "go together"),
+                          ({"compare": [{"axis": "model", "a": "ViT", "b": "hybrid", "at": "f", "along": "epochs"}]},
+                           "not a grid axis"),
+                          ({"slopes": [{"x": "f", "y": "test.top1", "a": "ViT", "b": "BiT"}]}, "give `by`")]:
+        with pytest.raises(ConfigError, match=match):
+            SweepSpec.from_dict({**COMPUTE, "report": report}, "t")

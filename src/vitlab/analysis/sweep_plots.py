@@ -68,17 +68,23 @@ def plot_lines(groups: dict[str, Points], path, *, title="", xlabel="", ylabel="
 
 def plot_pareto(groups: dict[str, Points], fronts: dict[str, list[tuple[float, float]]], path, *, title="",
                 xlabel="", ylabel="", logx=True, logy=False) -> Path:
-    """Every cell as a point, and each series' Pareto front as a step line (Fig. 5)."""
+    """Every cell as a faint point, the mean over the cells at each x (the seeds of one model
+    and budget) with a +- one standard deviation error bar, and each series' Pareto front of
+    those means as a step line (Fig. 5)."""
     fig = new_figure(5.0, 3.6)
     ax = fig.add_subplot(1, 1, 1)
-    for label, pts in groups.items():
+    for i, (label, pts) in enumerate(groups.items()):
+        color = f"C{i}"
         xs = [float(x) for x, ys in pts for _ in ys]
         ys = [y for _, ys_ in pts for y in ys_]
-        dots = ax.scatter(xs, ys, s=14, alpha=0.7, label=label)
+        ax.scatter(xs, ys, s=8, alpha=0.35, color=color)
+        means = [(float(x), *_stats(ys_)) for x, ys_ in pts]
+        mx, my, sd = zip(*means)
+        ax.errorbar(mx, my, yerr=sd, fmt="o", ms=4, capsize=2, color=color, label=label)
         front = fronts.get(label) or []
         if front:
             fx, fy = zip(*front)
-            ax.step(fx, fy, where="post", color=dots.get_facecolor()[0], lw=1.2)
+            ax.step(fx, fy, where="post", color=color, lw=1.2)
     return _finish(ax, fig, path, title, xlabel, ylabel, logx, logy, len(groups) > 1)
 
 

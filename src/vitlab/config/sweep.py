@@ -170,11 +170,20 @@ class CompareSpec:
     claim: str = ""
     metrics: tuple[str, ...] = ()
     where: Mapping[str, Any] = field(default_factory=dict)
+    # Equal cost instead of equal settings (Fig. 5's equal compute): each a cell against b's
+    # metric at the same value of the results column `at` (compute.train_flops), read off the
+    # same seed's b cells along the grid axis `along` (steps) by linear interpolation in
+    # log10(at); an a cell outside b's range is not compared (no extrapolation).
+    at: str = ""
+    along: str = ""
 
     def __post_init__(self) -> None:
         check_fields(self, f"report.compare[{self.claim or self.axis}]")
         if self.a is None or self.b is None or str(self.a) == str(self.b):
             raise ConfigError(f"report.compare[{self.claim or self.axis}]: give two different values a and b of {self.axis}")
+        if bool(self.at) != bool(self.along):
+            raise ConfigError(f"report.compare[{self.claim or self.axis}]: `at` (a results column, e.g. "
+                              "compute.train_flops) and `along` (the grid axis that moves it, e.g. steps) go together")
 
 
 @dataclass(frozen=True)
@@ -187,9 +196,18 @@ class SlopeSpec:
     y: str = setting("", check=_nonempty)
     by: str = ""
     logx: bool = True
+    # Optionally two groups of `by` compared: each seed's slope of a against the same seed's
+    # slope of b, paired by seed, with the verdict rule ("ViT's slope is steeper than BiT's").
+    a: Any = None
+    b: Any = None
+    expect: str = setting("higher", one_of=EXPECT)
+    claim: str = ""
 
     def __post_init__(self) -> None:
         check_fields(self, f"report.slopes[{self.y} ~ {self.x}]")
+        if (self.a is None) != (self.b is None) or (self.a is not None and (not self.by or str(self.a) == str(self.b))):
+            raise ConfigError(f"report.slopes[{self.y} ~ {self.x}]: to compare slopes give `by` and two different "
+                              "groups a and b of it")
 
 
 @dataclass(frozen=True)
@@ -248,6 +266,10 @@ class SweepSpec:
                 raise ConfigError(f"grid.{axis}: give a list of values (or a mapping of labels to settings)")
         known = set(self.train) | set(self.grid) | {k for v in self.grid.values() if isinstance(v, dict)
                                                     for b in v.values() for k in b}
+        for c in self.report.compare:
+            if c.along and c.along not in self.grid:
+                raise ConfigError(f"report.compare[{c.claim or c.axis}].along: {c.along} is not a grid axis "
+                                  f"(the axes: {', '.join(self.grid)})")
         missing = [k for k in self.scale if k not in known]
         if missing:
             raise ConfigError(f"scale: {', '.join(missing)} is set nowhere in train or grid; scale only keys you set")

@@ -47,7 +47,8 @@ def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Pat
         return sweep_plots.plot_bars(groups, path, **labels)
     fronts = {}
     for label, pts in groups.items():
-        points = [(res.number(x), y) for x, ys in pts for y in ys if res.number(x) is not None]
+        # the front of the means over seeds at each x (one model at one budget), as plotted
+        points = [(res.number(x), sum(ys) / len(ys)) for x, ys in pts if res.number(x) is not None and ys]
         fronts[label] = res.pareto_front(points)
     return sweep_plots.plot_pareto(groups, fronts, path, logx=fig.logx, **labels)
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 from vitlab.config.sweep import CompareSpec, SweepSpec
 from vitlab.files import atomic_write_text
 from vitlab.sweep import stats
-from vitlab.sweep.results import number
+from vitlab.sweep.results import value
 
 
 def _done(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -62,10 +62,11 @@ def arms(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for context, cells in grouped.items():
         entry = {"arm": dict(context), "seeds": [c.get(pair_by) for c in cells], "metrics": {}}
         for metric in spec.report.metrics:
-            values = [v for v in (number(c.get(metric)) for c in cells) if v is not None]
+            values = [v for v in (value(c, metric) for c in cells) if v is not None]
             if not values:
                 continue
-            d = stats.describe(values, bounds=(0.0, 1.0) if percent(metric) else None)  # accuracies stay in [0, 1]
+            bounded = percent(metric) and " - " not in metric  # accuracies stay in [0, 1]; a difference need not
+            d = stats.describe(values, bounds=(0.0, 1.0) if bounded else None)
             draw = _draw_std(cells, metric)
             if draw is not None:
                 d["draw_std"] = draw
@@ -74,29 +75,79 @@ def arms(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _entry(c: CompareSpec, context: dict[str, Any], metric: str, diff: dict[str, Any]) -> dict[str, Any]:
+    return {"claim": c.claim, "axis": c.axis, "a": c.a, "b": c.b, "expect": c.expect, "margin": c.margin,
+            "context": context, "metric": metric, **diff, "verdict": stats.verdict(diff, c.expect, c.margin)}
+
+
+def _side(row: dict[str, Any], c: CompareSpec) -> Optional[str]:
+    v = str(row.get(c.axis))
+    return "a" if v == str(c.a) else "b" if v == str(c.b) else None
+
+
+def interpolate(points: list[tuple[float, float]], x: float) -> Optional[float]:
+    """y at x on the broken line through (x, y) points; None outside their range."""
+    pts = sorted(points)
+    if not pts or x < pts[0][0] or x > pts[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[0][1]  # a single point, at exactly x
+
+
+def compare_at(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`compare` at equal `c.at` (CompareSpec.at): each a cell against the same seed's b cells,
+    interpolated in log10(at) along `c.along`; one comparison per value of along (a's)."""
+    pair_by = spec.report.pair_by
+    others = [a for a in spec.grid if a not in (pair_by, c.axis, c.along)]
+    b_rows: dict[tuple, list[dict[str, Any]]] = {}
+    a_rows: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for row in _done(rows):
+        x = value(row, c.at)
+        if x is None or x <= 0 or not all(str(row.get(k)) == str(v) for k, v in c.where.items()):
+            continue
+        side, context, seed = _side(row, c), _context(row, others), str(row.get(pair_by))
+        if side == "b":
+            b_rows.setdefault((context, seed), []).append(row)
+        elif side == "a":
+            a_rows.setdefault((context, str(row.get(c.along))), {})[seed] = row
+    out = []
+    for (context, where), by_seed in a_rows.items():
+        for metric in c.metrics or spec.report.metrics:
+            a, b = {}, {}
+            for seed, row in by_seed.items():
+                curve = [(math.log10(value(r, c.at)), value(r, metric)) for r in b_rows.get((context, seed), [])]
+                ya = value(row, metric)
+                yb = interpolate([p for p in curve if p[1] is not None], math.log10(value(row, c.at)))
+                if ya is not None and yb is not None:
+                    a[seed], b[seed] = ya, yb
+            if a:
+                label = {**dict(context), f"{c.along} of {c.a}": where, f"{c.b} at equal": c.at}
+                out.append(_entry(c, label, metric, stats.paired(a, b)))
+    return out
+
+
 def compare(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The paired differences of one compared pair, per context and metric, with verdicts."""
+    if c.at:
+        return compare_at(spec, c, rows)
     pair_by = spec.report.pair_by
     others = [a for a in spec.grid if a not in (pair_by, c.axis)]
     keep = [r for r in _done(rows) if all(str(r.get(k)) == str(v) for k, v in c.where.items())]
     sides: dict[tuple, dict[str, dict[Any, dict]]] = {}
     for row in keep:
-        side = "a" if str(row.get(c.axis)) == str(c.a) else "b" if str(row.get(c.axis)) == str(c.b) else None
+        side = _side(row, c)
         if side:
             sides.setdefault(_context(row, others), {"a": {}, "b": {}})[side][str(row.get(pair_by))] = row
     out = []
     for context, both in sides.items():
         for metric in c.metrics or spec.report.metrics:
-            a = {k: number(r.get(metric)) for k, r in both["a"].items() if number(r.get(metric)) is not None}
-            b = {k: number(r.get(metric)) for k, r in both["b"].items() if number(r.get(metric)) is not None}
+            a = {k: value(r, metric) for k, r in both["a"].items() if value(r, metric) is not None}
+            b = {k: value(r, metric) for k, r in both["b"].items() if value(r, metric) is not None}
             if not a or not b:
                 continue
-            diff = stats.paired(a, b)
-            out.append({
-                "claim": c.claim, "axis": c.axis, "a": c.a, "b": c.b, "expect": c.expect, "margin": c.margin,
-                "context": dict(context), "metric": metric, **diff,
-                "verdict": stats.verdict(diff, c.expect, c.margin),
-            })
+            out.append(_entry(c, dict(context), metric, stats.paired(a, b)))
     return out
 
 
@@ -106,7 +157,7 @@ def slopes(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for f in spec.report.slopes:
         groups: dict[str, tuple[list[float], list[float]]] = {}
         for row in _done(rows):
-            x, y = number(row.get(f.x)), number(row.get(f.y))
+            x, y = value(row, f.x), value(row, f.y)
             if x is None or y is None or (f.logx and x <= 0):
                 continue
             xs, ys = groups.setdefault(str(row.get(f.by, "")) if f.by else "all", ([], []))
@@ -117,8 +168,37 @@ def slopes(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def slope_comparisons(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each report.slopes line with groups a and b: per seed, the slope of a's cells and of
+    b's, their difference paired by seed (stats.paired) and the verdict."""
+    out = []
+    pair_by = spec.report.pair_by
+    for f in spec.report.slopes:
+        if f.a is None:
+            continue
+        per: dict[str, dict[str, tuple[list[float], list[float]]]] = {"a": {}, "b": {}}
+        for row in _done(rows):
+            x, y = value(row, f.x), value(row, f.y)
+            group = str(row.get(f.by))
+            side = "a" if group == str(f.a) else "b" if group == str(f.b) else None
+            if side is None or x is None or y is None or (f.logx and x <= 0):
+                continue
+            xs, ys = per[side].setdefault(str(row.get(pair_by)), ([], []))
+            xs.append(math.log10(x) if f.logx else x)
+            ys.append(y)
+        fits = {side: {seed: stats.slope(*pts)["slope"] for seed, pts in d.items()} for side, d in per.items()}
+        a = {k: v for k, v in fits["a"].items() if v is not None}
+        b = {k: v for k, v in fits["b"].items() if v is not None}
+        if a and b:
+            diff = stats.paired(a, b)
+            out.append({"claim": f.claim, "axis": f.by, "a": f.a, "b": f.b, "expect": f.expect, "margin": 0.0,
+                        "context": {}, "metric": f"{f.y} per decade of {f.x}" if f.logx else f"{f.y} per unit of {f.x}",
+                        **diff, "verdict": stats.verdict(diff, f.expect)})
+    return out
+
+
 def build(spec: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)]
+    comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)] + slope_comparisons(spec, rows)
     return {
         "sweep": spec.name, "level": stats.LEVEL, "interval": "Student t over seeds (pair_by), two-sided",
         "pair_by": spec.report.pair_by, "rule": stats.RULE,

@@ -100,6 +100,15 @@ def number(v: Any) -> Optional[float]:
     return f if math.isfinite(f) else None
 
 
+def value(row: dict[str, Any], column: str) -> Optional[float]:
+    """A results column's number, or `A - B` of two columns (a score minus its baseline:
+    `fewshot.shots.5.mean - init.shots.5.mean`); None when a side is missing."""
+    if " - " in column:
+        a, b = (value(row, c.strip()) for c in column.split(" - ", 1))
+        return None if a is None or b is None else a - b
+    return number(row.get(column))
+
+
 def selected(rows: list[dict[str, Any]], fig: FigureSpec) -> list[dict[str, Any]]:
     def keep(row: dict[str, Any]) -> bool:
         return row["status"] != "missing" and all(str(row.get(k)) == str(v) for k, v in fig.where.items())
@@ -112,7 +121,7 @@ def groups(rows: list[dict[str, Any]], fig: FigureSpec) -> dict[str, list[tuple[
     sorted when numeric). Cells differing only in axes not drawn (seeds) share an x."""
     by: dict[str, dict[Any, list[float]]] = defaultdict(dict)
     for row in selected(rows, fig):
-        y, x = number(row.get(fig.y)), row.get(fig.x)
+        y, x = value(row, fig.y), row.get(fig.x)
         if y is None or x is None:
             continue
         by[str(row.get(fig.series, "")) if fig.series else fig.y].setdefault(x, []).append(y)
