@@ -44,6 +44,21 @@ def test_the_int8_layer_is_the_rounded_product():
 
 
 @torch.no_grad()
+def test_the_extreme_levels_multiply_exactly_on_this_cpu():
+    """Inputs at the top level times weights at +-127, the case that saturates int16 pairs on
+    CPUs without VNNI: the layer's levels are chosen so that the product stays exact."""
+    dense = Dense(256, 4)
+    with torch.no_grad():
+        dense.weight.copy_(torch.tensor([1.0, -1.0, 0.5, -0.25]).repeat_interleave(256).reshape(4, 256))
+        dense.bias.zero_()
+    x = torch.full((3, 256), 2.0)
+    layer = int8.CalibratedInt8Linear(dense, (0.0, 2.0), out_dtype=torch.float32)
+    assert int(layer.quantize(x).max()) == layer.top == int8.activation_top()
+    torch.testing.assert_close(layer(x).double(), dequantized_product(layer, dense, x), atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(layer(x), dense(x), rtol=1e-2, atol=0.0)
+
+
+@torch.no_grad()
 def test_gelu_is_fused_and_a_uint8_output_is_the_next_layers_input():
     torch.manual_seed(1)
     dense = Dense(32, 40, gelu="tanh")

@@ -54,7 +54,7 @@ def test_int8_linear_is_the_rounded_product():
 
 
 def test_packed_fp32_is_the_same_function():
-    if not deploy.copies.onednn_available():
+    if torch.float32 not in deploy.copies.onednn_dtypes():
         pytest.skip("this PyTorch build has no oneDNN")
     m = model(depth=2)
     packed = deploy.to_packed_fp32(m)
@@ -66,6 +66,21 @@ def test_packed_fp32_is_the_same_function():
     exact = model(depth=2, gelu="exact")
     with torch.inference_mode():
         torch.testing.assert_close(deploy.to_packed_fp32(exact)(x), exact(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_bf16_copy_is_packed_exactly_where_this_cpu_runs_onednn_in_bf16():
+    """oneDNN's bf16 kernel needs AVX-512 or AVX-NE-CONVERT; an AVX2-only CPU raises at the
+    call. The copy asks the kernel (`onednn_dtypes`), packs where it runs and stays plain
+    elsewhere, and on both computes the model's function to bf16 rounding."""
+    m = model(depth=2)
+    copy = deploy.to_bfloat16(m)
+    packed = isinstance(copy.model.blocks[0].mlp.fc1, deploy.PackedLinear)
+    assert packed == (torch.bfloat16 in deploy.copies.onednn_dtypes())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        got, want = copy(x), m(x)
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
 
 
 def test_serving_copies_leave_the_model_alone():

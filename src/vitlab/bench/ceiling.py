@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.config import BiTConfig, ModelConfig
-from vitlab.models.layers import onednn_available
+from vitlab.models.layers import onednn_dtypes
 
 # The product dtype each system precision runs its Dense layers in.
 CEILING_OF = {"fp32": "fp32", "fp32-packed": "fp32", "bf16-autocast": "bf16", "bf16": "bf16",
@@ -49,7 +49,7 @@ def kernels(precision: str, device: str = "cpu") -> list[str]:
     """The kernels timed for a product dtype on a device."""
     if precision == "int8":
         return ["_int_mm"]
-    if torch.device(device).type == "cpu" and precision in ("fp32", "bf16") and onednn_available():
+    if torch.device(device).type == "cpu" and precision in ("fp32", "bf16") and DTYPES[precision] in onednn_dtypes():
         return ["F.linear", "oneDNN"]
     return ["F.linear"]
 

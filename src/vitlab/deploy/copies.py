@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from vitlab.checkpoints import io
 from vitlab.config import ConfigError
 from vitlab.deploy.int8 import quantize_calibrated
-from vitlab.models.layers import onednn_available
+from vitlab.models.layers import onednn_dtypes
 from vitlab.models.vit import VisionTransformer
 
 
@@ -97,9 +97,10 @@ def pack_linears(model: VisionTransformer, batch_hint: Optional[int] = None) -> 
     return model
 
 
-def _packable(model: nn.Module) -> bool:
-    """oneDNN's packed layout is for CPU tensors; on a GPU the copies stay plain."""
-    return onednn_available() and next(model.parameters()).device.type == "cpu"
+def _packable(model: nn.Module, dtype: torch.dtype) -> bool:
+    """oneDNN's packed layout is for CPU tensors in a dtype its kernel runs on this CPU (bf16
+    needs AVX-512 or AVX-NE-CONVERT); elsewhere, and on a GPU, the copies stay plain."""
+    return dtype in onednn_dtypes() and next(model.parameters()).device.type == "cpu"
 
 
 def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, packed: bool = True) -> Serving:
@@ -107,7 +108,7 @@ def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, pa
     images, returns fp32 logits. On the CPU, `packed` (the default) also packs the
     encoder's Dense layers once and fuses the GELU (see `PackedLinear`)."""
     m = copy.deepcopy(model).eval().to(dtype)
-    if packed and dtype == torch.bfloat16 and _packable(m):  # oneDNN's fp16 wants AVX512-FP16
+    if packed and dtype == torch.bfloat16 and _packable(m, dtype):  # oneDNN's fp16 wants AVX512-FP16
         with torch.no_grad():
             pack_linears(m)
     return Serving(m, dtype)
@@ -126,7 +127,7 @@ def to_packed_fp32(model: VisionTransformer) -> VisionTransformer:
     """An fp32 inference copy with oneDNN-packed Dense layers and fused GELU: the same
     numbers as `model` to float32 rounding, without autograd (on a GPU: a plain copy)."""
     m = copy.deepcopy(model).eval()
-    if _packable(m):
+    if _packable(m, torch.float32):
         with torch.no_grad():
             pack_linears(m)
     m.serving = "fp32-packed"  # its packed layout is for this process: vitlab.save refuses it

@@ -16,6 +16,12 @@ stream) run in bf16. Three choices make it fast and keep it accurate:
   so it costs nothing at run time.
 - **Per-channel weight scales**, symmetric int8, one scale per output channel.
 
+On CPUs without VNNI (AVX2 only), oneDNN multiplies u8 x s8 with an instruction that adds
+each pair of products into a saturating int16, so two products near 255 x 127 overflow and
+the result is wrong, silently (measured: errors of 6e4 on random full-range operands). Where
+a one-time probe finds that, activations use 7 bits (0..127), whose pairs fit int16 exactly;
+it costs one bit of activation resolution there and nothing elsewhere.
+
 `vitlab.deploy.copies.quantize_int8` without calibration images keeps the portable layer
 (`torch._int_mm`, scales found per token at run time); this one needs oneDNN's kernels
 (`torch.ops.onednn.qlinear_pointwise`, on x86 PyTorch builds).
@@ -24,6 +30,7 @@ stream) run in bf16. Three choices make it fast and keep it accurate:
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Optional
 
 import torch
@@ -39,11 +46,23 @@ def available() -> bool:
     return hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
-def affine_u8(lo: float, hi: float) -> tuple[float, int]:
-    """Scale and zero point mapping [lo, hi] (widened to hold 0) onto 0..255."""
+@functools.cache
+def activation_top() -> int:
+    """The largest uint8 activation level the int8 kernel multiplies exactly on this CPU: 255,
+    or 127 where its u8 x s8 pairs saturate int16 (no VNNI; see the module's notes). Found by
+    one product whose exact value is known: 8 x 255 x 127."""
+    x, w = torch.full((1, 8), 255, dtype=torch.uint8), torch.full((1, 8), 127, dtype=torch.int8)
+    y = torch.ops.onednn.qlinear_pointwise(
+        x, 1.0, 0, torch.ops.onednn.qlinear_prepack(w, None), torch.ones(1), torch.zeros(1, dtype=torch.int64),
+        None, 1.0, 0, torch.float32, "none", [], "")
+    return 255 if float(y) == 8 * 255 * 127 else 127
+
+
+def affine_u8(lo: float, hi: float, top: int = 255) -> tuple[float, int]:
+    """Scale and zero point mapping [lo, hi] (widened to hold 0) onto 0..top."""
     lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = max(hi - lo, 1e-8) / 255.0
-    return scale, int(min(max(round(-lo / scale), 0), 255))
+    scale = max(hi - lo, 1e-8) / top
+    return scale, int(min(max(round(-lo / scale), 0), top))
 
 
 class CalibratedInt8Linear(nn.Module):
@@ -58,8 +77,9 @@ class CalibratedInt8Linear(nn.Module):
         w_scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
         q = torch.round(w / w_scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.x_scale, self.x_zero = affine_u8(*x_range)
-        self.out_scale, self.out_zero = affine_u8(*out_range) if out_range else (1.0, 0)
+        self.top = activation_top()  # the uint8 levels used: 0..255, or 0..127 without VNNI
+        self.x_scale, self.x_zero = affine_u8(*x_range, self.top)
+        self.out_scale, self.out_zero = affine_u8(*out_range, self.top) if out_range else (1.0, 0)
         self.out_dtype = None if out_range else out_dtype  # None: oneDNN writes uint8
         gelu = getattr(linear, "gelu", None)
         self.post = ("none", [], "") if gelu is None else ("gelu", [], gelu)
@@ -71,7 +91,7 @@ class CalibratedInt8Linear(nn.Module):
 
     def quantize(self, x: Tensor) -> Tensor:
         # In fp32 (bf16 cannot hold 0..255 in unit steps), on a copy: x is not ours to change.
-        return x.to(torch.float32, copy=True).mul_(1.0 / self.x_scale).add_(self.x_zero).round_().clamp_(0, 255).to(torch.uint8)
+        return x.to(torch.float32, copy=True).mul_(1.0 / self.x_scale).add_(self.x_zero).round_().clamp_(0, self.top).to(torch.uint8)
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape

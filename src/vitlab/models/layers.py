@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -20,17 +21,35 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-_ONEDNN = onednn_available()
+@functools.cache
+def onednn_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes oneDNN's Dense kernel runs on this CPU, found by running it once on a tiny
+    product. fp32 runs everywhere; bf16 and fp16 need AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT,
+    and an AVX2-only CPU refuses them with an error at the call. Asking the kernel is exact
+    for every CPU and PyTorch build, where a list of CPU flags would go stale."""
+    if not onednn_available():
+        return frozenset()
+    runs = set()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        w, x = torch.zeros(8, 8, dtype=dtype), torch.zeros(2, 8, dtype=dtype)
+        try:
+            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+            torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 2), None, "none", [], "")
+        except RuntimeError:
+            continue
+        runs.add(dtype)
+    return frozenset(runs)
+
+
 _POST_OPS = {None: ("none", [], ""), "none": ("gelu", [], "none"), "tanh": ("gelu", [], "tanh")}
 
 
 def _onednn_inference(x: Tensor, weight: Tensor) -> bool:
     return (
-        _ONEDNN
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and x.device.type == "cpu"
+        x.device.type == "cpu"
         and x.dtype == weight.dtype
-        and x.dtype in (torch.float32, torch.bfloat16)
+        and x.dtype in onednn_dtypes()
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
