@@ -21,6 +21,14 @@ from vitlab.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    # The README runs the suite on two pytest-xdist workers (-n 2) on a 2-core machine: each
+    # worker then computes on one thread, as every child process of the suite already does
+    # (OMP_NUM_THREADS=1), so that two workers never fight over one core's OpenMP threads.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
