@@ -16,8 +16,8 @@ from vitlab.cli import main
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec, load_sweep, shipped_sweeps
 from vitlab.sweep import expand, run_sweep
-from vitlab.sweep.cells import flag_argv
-from vitlab.sweep.results import flatten, pareto_front
+from vitlab.sweep.cells import Cell, Step, flag_argv
+from vitlab.sweep.results import cell_row, flatten, pareto_front
 
 TINY = {
     "train": {"config": "digits", "steps": 4, "batch-size": 32, "ckpt-every": 2,
@@ -94,6 +94,8 @@ def test_flags_and_overrides_as_a_command_line():
     ({"figures": [{"file": "a.jpg", "x": "a", "y": "b"}]}, ".png"),
     ({"after": {"x": {"command": "info"}}}, "result"),
     ({"grids": {}}, "unknown key"),
+    ({"grid": {"model": {"ViT-64x4": {"model.depth": 4}, "BiT-14w8": {"model": "BiT-R26-C"}}},
+      "report": {"compare": [{"axis": "model", "a": "ViT-C/4", "b": "BiT-14w8"}]}}, "'ViT-C/4' is not a value of grid.model"),
 ])
 def test_bad_specs_name_the_problem(bad, match):
     with pytest.raises(ConfigError, match=match):
@@ -109,6 +111,22 @@ def test_shipped_specs_load_and_expand(tmp_path):
         assert cells and all(c.steps[0].argv[0] == "train" for c in cells)
         assert spec.figures, f"{name} draws no figure"
         assert path.read_text().startswith("#"), f"{name} is headed by the command that runs it"
+
+
+def test_a_grid_label_is_never_overwritten_by_a_result_of_its_name(tmp_path):
+    """A `model` axis labels its cells ViT-64x4, BiT-14w8, ...; train's summary.json also has a
+    `model` (the model's description). The arms and compared pairs are found by the label,
+    so it stays, and the summary's value goes under train.model."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "summary.json").write_text(json.dumps(
+        {"model": "ViT-C/4 (custom: width 64)", "steps": 4, "splits": {"test": {"top1": 0.5}}}))
+    (tmp_path / "fewshot.json").write_text(json.dumps({"seed": 7, "shots": {"5": {"mean": 0.3}}}))
+    cell = Cell("model-ViT-64x4_seed-0", {"model": "ViT-64x4", "seed": 0}, {},
+                (Step("train", ("train",), "train/summary.json"), Step("fewshot", ("fewshot",), "fewshot.json")))
+    row = cell_row(cell, tmp_path)
+    assert row["model"] == "ViT-64x4" and row["train.model"] == "ViT-C/4 (custom: width 64)"
+    assert row["seed"] == 0 and row["fewshot.seed"] == 7 and row["test.top1"] == 0.5 and row["steps"] == 4
+    assert row["fewshot.shots.5.mean"] == 0.3 and row["status"] == "done"
 
 
 def test_flatten_and_pareto_front():

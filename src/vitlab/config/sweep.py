@@ -267,6 +267,13 @@ class SweepSpec:
         known = set(self.train) | set(self.grid) | {k for v in self.grid.values() if isinstance(v, dict)
                                                     for b in v.values() for k in b}
         for c in self.report.compare:
+            # A side that names no value of its axis would compare nothing, silently.
+            values = self.grid.get(c.axis)
+            labels = [str(v) for v in (values if isinstance(values, list) else values or ())]
+            for side in (c.a, c.b):
+                if labels and str(side) not in labels:
+                    raise ConfigError(f"report.compare[{c.claim or c.axis}]: {side!r} is not a value of grid.{c.axis} "
+                                      f"({', '.join(labels)})")
             if c.along and c.along not in self.grid:
                 raise ConfigError(f"report.compare[{c.claim or c.axis}].along: {c.along} is not a grid axis "
                                   f"(the axes: {', '.join(self.grid)})")

@@ -64,10 +64,13 @@ def cell_row(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         done += 1
         if step.name == "train":
             splits = data.pop("splits", {}) if isinstance(data, dict) else {}
-            row.update(flatten(splits))
-            row.update(flatten(data))
+            results = {**flatten(splits), **flatten(data)}
         else:
-            row.update(flatten(data, f"{step.name}."))
+            results = flatten(data, f"{step.name}.")
+        # A cell's grid labels are what its arms and compared pairs are found by: a result of
+        # the same name (train's summary.json has `model`, the model's description) goes
+        # under its step's name instead of overwriting the label.
+        row.update({(f"{step.name}.{k}" if k in cell.labels else k): v for k, v in results.items()})
     row["status"] = "done" if done == len(cell.steps) else ("partial" if done else "missing")
     return row
 
