@@ -21,6 +21,7 @@ from vitlab.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def pytest_configure(config):
@@ -29,7 +30,6 @@ def pytest_configure(config):
     # (OMP_NUM_THREADS=1), so that two workers never fight over one core's OpenMP threads.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def perturb(model: torch.nn.Module, seed: int = 0, scale: float = 0.05) -> torch.nn.Module:
