@@ -64,6 +64,13 @@ def test_keep_copies_the_evidence_and_never_the_weights(tmp_path):
     assert not (tmp_path / "kept" / cell.name / "train" / "checkpoints").exists()
 
 
+def test_a_difference_metric_is_one_block():
+    """Fig. 4's score is the 5-shot gain over random init, `A - B`: the spaces are the metric's."""
+    table = evidence.block("data-size arms fewshot.shots.5.mean - init.shots.5.mean", RESULTS)
+    rows = [line for line in table.splitlines() if line.startswith("| model=")]
+    assert len(rows) == 9 and all(line.count("|") == 7 for line in rows)
+
+
 def test_a_bad_block_names_the_forms():
     with pytest.raises(ConfigError, match="SPEC arms METRIC"):
         evidence.block("pos-embed table", RESULTS)

@@ -10,7 +10,8 @@
         replaces each generated block of a Markdown page with the table built now from the
         committed cells:
 
-            <!-- findings: SPEC arms METRIC -->        per-arm mean, std, 95% interval
+            <!-- findings: SPEC arms METRIC -->        per-arm mean, std, 95% interval (METRIC
+                                                      may be a difference, `A - B`)
             <!-- findings: SPEC compare [METRIC] -->   paired differences and verdicts
             <!-- findings: SPEC slopes -->              fitted slopes (report.slopes)
             <!-- findings: SPEC time -->               cells finished and training time
@@ -84,9 +85,9 @@ def block(args: str, root: Path) -> str:
     if words[1] == "slopes":
         return findings.slopes_table(report)
     if words[1] == "arms":
-        if len(words) != 3:
+        if len(words) < 3:
             raise ConfigError(f"<!-- findings: {args} -->: name the metric, e.g. {words[0]} arms test.top1")
-        return findings.arms_table(report, words[2])
+        return findings.arms_table(report, " ".join(words[2:]))  # a difference metric: `A - B`
     return findings.comparisons_table(report, words[2:] or None)
 
 
