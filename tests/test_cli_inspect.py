@@ -52,6 +52,11 @@ def test_inspect_on_a_data_spec(tmp_path, capsys):
     assert (d > 0).all() and (d < np.hypot(12, 12)).all()
     assert np.array(numbers["position_similarity"]["similarity"]).shape == (4, 4, 4, 4)
     assert len(numbers["rollout"]["maps"]) == 3
+    # written as rounded, 4 decimals (3 for distances), not a float32's 0.12340000271797180
+    for values, digits in ((numbers["position_similarity"]["similarity"], 4), (numbers["rollout"]["maps"], 4),
+                           (numbers["attention_distance"]["distance_px"], 3)):
+        flat = np.array(values, dtype=np.float64).ravel()
+        assert flat.size and all(repr(v) == repr(round(v, digits)) for v in flat.tolist())
     page = (out / "index.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and 'src="filters.png"' not in page
 

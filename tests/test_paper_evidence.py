@@ -64,6 +64,24 @@ def test_keep_copies_the_evidence_and_never_the_weights(tmp_path):
     assert not (tmp_path / "kept" / cell.name / "train" / "checkpoints").exists()
 
 
+def test_kept_after_step_json_holds_what_the_results_rows_read(tmp_path):
+    """An analysis's grid of grids (no results column reads it) is left out of the copy; the
+    rows, and so the report, rebuilt from the copy are the source's."""
+    src = tmp_path / "sweep"
+    shutil.copytree(RESULTS / "pos-embed", src)
+    fewshot = next(src.glob("*/fewshot.json"))
+    d = json.loads(fewshot.read_text())
+    d["similarity"] = [[[0.5, 0.25], [0.125, 1.0]]]  # three deep: a map per position
+    d["per_layer"] = [[1.0, 2.0], [3.0, 4.0]]  # a table: its row means are a column
+    fewshot.write_text(json.dumps(d))
+    evidence.keep(src, tmp_path / "kept")
+    kept = json.loads((tmp_path / "kept" / fewshot.relative_to(src)).read_text())
+    assert "similarity" not in kept and kept["per_layer"] == d["per_layer"] and kept["shots"] == d["shots"]
+    src_rows, kept_rows = evidence.load(src)[1], evidence.load(tmp_path / "kept")[1]
+    assert kept_rows == src_rows and any("fewshot.per_layer" in r for r in kept_rows)
+    assert all("fewshot.similarity" not in r for r in src_rows)
+
+
 def test_a_difference_metric_is_one_block():
     """Fig. 4's score is the 5-shot gain over random init, `A - B`: the spaces are the metric's."""
     table = evidence.block("data-size arms fewshot.shots.5.mean - init.shots.5.mean", RESULTS)

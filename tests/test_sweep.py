@@ -63,6 +63,19 @@ def test_cells_are_the_product_of_the_axes_with_bundles_and_scale(tmp_path):
     assert len({c.key for c in cells}) == len(cells)
 
 
+def test_an_after_step_gets_the_cells_seed(tmp_path):
+    spec = SweepSpec.from_dict({
+        "train": {"config": "digits"}, "grid": {"seed": [3, 4]},
+        "after": {"init": {"command": "inspect {checkpoint} --random-init {seed} --images digits --out {cell}/init",
+                           "result": "init/analysis.json"}},
+    }, "t")
+    argvs = [c.steps[1].argv for c in expand(spec, tmp_path)]
+    assert [a[a.index("--random-init") + 1] for a in argvs] == ["3", "4"]
+    unseeded = SweepSpec.from_dict({**spec.to_dict(), "grid": {"model.depth": [1, 2]}}, "t")
+    with pytest.raises(ConfigError, match="uses {seed}, but the spec sets no seed"):
+        expand(unseeded, tmp_path)
+
+
 def test_tags_label_a_cell_and_train_nothing(tmp_path):
     """Fig. 5's series: a bundle's `tag.family` names the family in results.csv and the
     figures; it never reaches the trainer's command line, nor the folder name."""

@@ -250,3 +250,49 @@ def test_bad_equal_compute_and_slope_comparisons_name_the_problem():
                           ({"slopes": [{"x": "f", "y": "test.top1", "a": "ViT", "b": "BiT"}]}, "give `by`")]:
         with pytest.raises(ConfigError, match=match):
             SweepSpec.from_dict({**COMPUTE, "report": report}, "t")
+
+
+DISTANCE = {
+    "train": {"config": "digits"},
+    "grid": {"model": ["ViT", "hybrid"], "seed": [0, 1, 2]},
+    "report": {"metrics": ["inspect.min[0]"], "compare": [
+        {"claim": "first layer nearer than at init", "a": "inspect.min[0]", "b": "init.min[0]", "expect": "lower"},
+        {"claim": "last above first", "a": "inspect.min[-1]", "b": "inspect.min[0]", "expect": "higher"},
+        {"claim": "ViT nearer", "axis": "model", "a": "ViT", "b": "hybrid", "expect": "lower"}]},
+}
+
+
+def distance_rows():
+    out = []
+    for model, first in (("ViT", 14.0), ("hybrid", 16.0)):
+        for seed in range(3):
+            out.append({"model": model, "seed": seed, "status": "done", "inspect.min": [first + 0.1 * seed, 16.0, 17.0],
+                        "init.min": [16.5, 16.5, 16.5]})
+    return out
+
+
+def test_list_entries_are_columns_and_two_columns_of_the_same_cells_compare():
+    spec = SweepSpec.from_dict(DISTANCE, "t")
+    report = findings.build(spec, distance_rows())
+    vit = next(a for a in report["arms"] if a["arm"] == {"model": "ViT"})
+    assert vit["metrics"]["inspect.min[0]"]["mean"] == pytest.approx(14.1)
+    comps = {(c["claim"], tuple(c["context"].items())): c for c in report["comparisons"]}
+    near = comps[("first layer nearer than at init", (("model", "ViT"),))]
+    assert near["diffs"] == pytest.approx([-2.5, -2.4, -2.3]) and near["verdict"] == "Reproduced"
+    assert near["metric"] == "inspect.min[0]"
+    last = comps[("last above first", (("model", "hybrid"),))]
+    assert last["diffs"] == pytest.approx([1.0, 0.9, 0.8]) and last["verdict"] == "Reproduced"
+    across = comps[("ViT nearer", ())]
+    assert across["diffs"] == pytest.approx([-2.0, -2.0, -2.0]) and across["verdict"] == "Reproduced"
+    # an entry past the list's end, or of a column that is not a list, is missing, not an error
+    from vitlab.sweep.results import value
+    row = distance_rows()[0]
+    assert value(row, "inspect.min[3]") is None and value(row, "inspect.min[-4]") is None
+    assert value({"x": 0.5}, "x[0]") is None and value(row, "inspect.min[-1]") == 17.0
+
+
+def test_a_comparison_of_columns_refuses_what_needs_an_axis():
+    for bad, match in [({"a": "x", "b": "x"}, "two different results columns"),
+                       ({"a": "x", "b": "y", "where": {"model": "ViT"}}, "need an axis")]:
+        with pytest.raises(ConfigError, match=match):
+            SweepSpec.from_dict({**DISTANCE, "report": {"compare": [bad]}}, "t")

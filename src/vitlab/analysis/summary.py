@@ -22,6 +22,11 @@ from vitlab.analysis.rollout import attention_rollout
 NO_ATTENTION = "a BiT ResNet has no attention: its receptive field grows with depth by construction"
 
 
+def _rounded(a: np.ndarray, digits: int) -> list:
+    # Rounded in float64: a float32 0.1234 becomes 0.12340000271797180 in JSON.
+    return np.asarray(a, dtype=np.float64).round(digits).tolist()
+
+
 @dataclass
 class Analysis:
     filters: FilterPCs
@@ -52,7 +57,7 @@ class Analysis:
                 "note": self.pos_note,
                 "grid": list(self.grid),
                 "summary": self.pos_summary,
-                "similarity": None if self.pos_similarity is None else self.pos_similarity.round(4).tolist(),
+                "similarity": None if self.pos_similarity is None else _rounded(self.pos_similarity, 4),
             },
             "attention_distance": {
                 "num_images": self.num_images,
@@ -60,13 +65,13 @@ class Analysis:
                 "mode": self.distance_mode,
                 "uniform": round(self.uniform_distance, 3),
                 "class_token": "excluded as query and key; patch rows renormalised",
-                "distance_px": self.distances.round(3).tolist(),
-                "attention_to_class_token": self.prefix_fraction.round(4).tolist(),
+                "distance_px": _rounded(self.distances, 3),
+                "attention_to_class_token": _rounded(self.prefix_fraction, 4),
                 "summary": self.distance_summary,
             },
             "rollout": {
                 "labels": self.rollout_labels,
-                "maps": self.rollout_maps.round(4).tolist(),
+                "maps": _rounded(self.rollout_maps, 4),
             },
         }
 

@@ -24,12 +24,17 @@
       compare:                    # paired-by-seed differences a - b, with the verdict rule
         - {claim: "Table 8: a position embedding beats none", axis: model.pos_embed,
            a: learned, b: none, expect: higher}
+        - {claim: "trained better than random", a: fewshot.shots.5.mean, b: init.shots.5.mean}
+                                  # no axis: two columns of the same cells, per arm
 
 A command may use {checkpoint} (the cell's final weights), {best} (its best.safetensors, with
-train.keep_best), {run} (its run folder), {cell}
-(its folder) and {scaled:N} (N x --scale, rounded, at least 1). Results are named as in
-results.csv: the train summary's `test.top1`, `compute.train_flops`, ...; an after-step's
-numbers under its name, `fewshot.shots.5.mean`.
+train.keep_best), {run} (its run folder), {cell} (its folder), {seed} (its training seed:
+`inspect --random-init {seed}` draws a random-init baseline per seed) and {scaled:N}
+(N x --scale, rounded, at least 1). Results are named as in results.csv: the train
+summary's `test.top1`, `compute.train_flops`, ...; an after-step's
+numbers under its name, `fewshot.shots.5.mean`; `A - B` is the difference of two columns and
+`NAME[i]` one entry of a list column (`inspect.attention_distance.summary.mean_per_layer[0]`,
+the first layer; `[-1]`, the last).
 """
 
 from __future__ import annotations
@@ -160,9 +165,13 @@ class CompareSpec:
     """One compared pair: cells with `axis` = a against those with `axis` = b, paired by the
     report's pair_by axis and matched on every other axis (one comparison per combination of
     them, kept to `where`). `expect` is the paper's claim: a higher, lower, or equal to b
-    (within `margin`, in the metric's units); `metrics` default to the report's."""
+    (within `margin`, in the metric's units); `metrics` default to the report's.
 
-    axis: str = setting("", check=_nonempty)
+    Without `axis`, a and b are two results columns of the same cells (a trained model's
+    first-layer distance against the same cell's random-init one, the last layer against the
+    first): per arm, each seed's a against its own b."""
+
+    axis: str = ""
     a: Any = None
     b: Any = None
     expect: str = setting("higher", one_of=EXPECT)
@@ -180,7 +189,11 @@ class CompareSpec:
     def __post_init__(self) -> None:
         check_fields(self, f"report.compare[{self.claim or self.axis}]")
         if self.a is None or self.b is None or str(self.a) == str(self.b):
-            raise ConfigError(f"report.compare[{self.claim or self.axis}]: give two different values a and b of {self.axis}")
+            what = f"values a and b of {self.axis}" if self.axis else "results columns a and b (or an axis and two of its values)"
+            raise ConfigError(f"report.compare[{self.claim or self.axis}]: give two different {what}")
+        if not self.axis and (self.at or self.metrics or self.where):
+            raise ConfigError(f"report.compare[{self.claim or self.a}]: a and b are results columns here (no `axis`); "
+                              "`at`, `metrics` and `where` need an axis")
         if bool(self.at) != bool(self.along):
             raise ConfigError(f"report.compare[{self.claim or self.axis}]: `at` (a results column, e.g. "
                               "compute.train_flops) and `along` (the grid axis that moves it, e.g. steps) go together")

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from vitlab.checkpoints import io
 from vitlab.config import ConfigError
-from vitlab.deploy.int8 import quantize_calibrated
+from vitlab.deploy.int8 import quantize_calibrated, rest_dtype
 from vitlab.models.layers import onednn_dtypes
 from vitlab.models.vit import VisionTransformer
 
@@ -39,11 +39,11 @@ from vitlab.models.vit import VisionTransformer
 class Serving(nn.Module):
     """A model in another dtype behind an fp32 interface: casts the images in, logits out."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype):
+    def __init__(self, model: nn.Module, dtype: torch.dtype, kind: str = ""):
         super().__init__()
         self.model = model
         self.dtype = dtype
-        self.serving = str(dtype).removeprefix("torch.")  # what vitlab.save and export refuse by name
+        self.serving = kind or str(dtype).removeprefix("torch.")  # what vitlab.save and export refuse by name
 
     @property
     def config(self):
@@ -177,12 +177,12 @@ def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None
 
     With `calibration` images (normalised as the model expects; a few hundred training
     images): static scales, smoothed LayerNorm outliers and oneDNN's int8 kernels, bf16
-    elsewhere (`vitlab.deploy.int8`): the fast mode on x86 CPUs with VNNI or AMX. Without:
+    elsewhere where this CPU has it, else fp32 (`vitlab.deploy.int8`): the fast mode on x86 CPUs with VNNI or AMX. Without:
     `Int8Linear` (scales per token at run time, `torch._int_mm`), which runs anywhere; the
     patch embedding, position embedding, LayerNorms, softmax and the head then stay fp32.
     """
     if calibration is not None:
-        return Serving(quantize_calibrated(model, calibration), torch.bfloat16)
+        return Serving(quantize_calibrated(model, calibration), rest_dtype(), kind="int8, calibrated")
     model = copy.deepcopy(model).eval()
     for block in model.blocks:
         for parent, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc1"), (block.mlp, "fc2")):

@@ -3,7 +3,8 @@
 `quantize_calibrated(model, images)` returns a copy whose encoder Dense layers (paper §3.1,
 Eq. 2-3: qkv, the attention projection, the MLP's two layers) multiply int8 numbers with
 int32 accumulation, and whose other parts (LayerNorm, attention's softmax, the residual
-stream) run in bf16. Three choices make it fast and keep it accurate:
+stream) run in `rest_dtype()`: bf16 where oneDNN runs bf16 on this CPU, fp32 elsewhere. Three
+choices make it fast and keep it accurate:
 
 - **Static activation scales.** Each Dense layer's input range is measured once on the
   calibration images, so no call spends a pass over its input finding the range; the MLP's
@@ -20,7 +21,10 @@ On CPUs without VNNI (AVX2 only), oneDNN multiplies u8 x s8 with an instruction 
 each pair of products into a saturating int16, so two products near 255 x 127 overflow and
 the result is wrong, silently (measured: errors of 6e4 on random full-range operands). Where
 a one-time probe finds that, activations use 7 bits (0..127), whose pairs fit int16 exactly;
-it costs one bit of activation resolution there and nothing elsewhere.
+it costs one bit of activation resolution there and nothing elsewhere. Those CPUs have no
+bf16 either, and oneDNN's int8 kernel writing bf16 output there falls back to a reference
+loop (measured on an AVX2 EPYC: 0.45 s for a 520x64x256 product, against 0.6 ms writing
+uint8 and 6-10 ms writing fp32), so the copy keeps its other parts in fp32 there.
 
 `vitlab.deploy.copies.quantize_int8` without calibration images keeps the portable layer
 (`torch._int_mm`, scales found per token at run time); this one needs oneDNN's kernels
@@ -36,7 +40,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from vitlab.models.layers import Block, Dense
+from vitlab.models.layers import Block, Dense, onednn_dtypes
 from vitlab.models.vit import VisionTransformer
 
 ALPHA = 0.5  # SmoothQuant's migration strength: half of the outliers' range moves to the weights
@@ -44,6 +48,12 @@ ALPHA = 0.5  # SmoothQuant's migration strength: half of the outliers' range mov
 
 def available() -> bool:
     return hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+def rest_dtype() -> torch.dtype:
+    """The dtype of the calibrated copy outside its int8 products: bf16 where oneDNN runs it
+    on this CPU (AVX-512, AMX), else fp32 (see the module's notes on AVX2-only CPUs)."""
+    return torch.bfloat16 if torch.bfloat16 in onednn_dtypes() else torch.float32
 
 
 @functools.cache
@@ -71,7 +81,7 @@ class CalibratedInt8Linear(nn.Module):
     one. Output in `out_dtype`, or uint8 at `out_range` (the next layer's input)."""
 
     def __init__(self, linear: Dense, x_range: tuple[float, float],
-                 out_range: Optional[tuple[float, float]] = None, out_dtype: torch.dtype = torch.bfloat16):
+                 out_range: Optional[tuple[float, float]] = None, out_dtype: Optional[torch.dtype] = None):
         super().__init__()
         w = linear.weight.detach().float()  # (out, in)
         w_scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -80,7 +90,7 @@ class CalibratedInt8Linear(nn.Module):
         self.top = activation_top()  # the uint8 levels used: 0..255, or 0..127 without VNNI
         self.x_scale, self.x_zero = affine_u8(*x_range, self.top)
         self.out_scale, self.out_zero = affine_u8(*out_range, self.top) if out_range else (1.0, 0)
-        self.out_dtype = None if out_range else out_dtype  # None: oneDNN writes uint8
+        self.out_dtype = None if out_range else (out_dtype or rest_dtype())  # None: oneDNN writes uint8
         gelu = getattr(linear, "gelu", None)
         self.post = ("none", [], "") if gelu is None else ("gelu", [], gelu)
         # Not persistent: a packed layout is for this process and machine, not for a file.
@@ -150,8 +160,8 @@ def smooth(norm: nn.LayerNorm, dense: Dense, x_range: Tensor, alpha: float = ALP
 @torch.no_grad()
 def quantize_calibrated(model: VisionTransformer, images: Tensor, batch_size: int = 64) -> VisionTransformer:
     """An int8 copy of `model` calibrated on `images` (N, C, H, W), normalised as the model
-    expects (a few hundred training images are enough). It runs in bf16 outside the Dense
-    layers: it takes bf16 images and returns bf16 logits (`serving.quantize_int8` wraps it)."""
+    expects (a few hundred training images are enough). It runs in rest_dtype() outside the
+    Dense layers: it takes and returns that dtype (`copies.quantize_int8` wraps it)."""
     if not available():
         raise RuntimeError("calibrated int8 needs oneDNN's int8 kernels (an x86 build of PyTorch); "
                            "use deploy.quantize_int8(model) without calibration images instead")
@@ -169,7 +179,7 @@ def quantize_calibrated(model: VisionTransformer, images: Tensor, batch_size: in
             "fc1": CalibratedInt8Linear(dense["fc1"], _tensor_range(fc1), out_range=hidden),
             "fc2": CalibratedInt8Linear(dense["fc2"], hidden),
         })
-    m.to(torch.bfloat16)  # the rest in bf16; the int8 layers keep their fp32 scales and biases
+    m.to(rest_dtype())  # the rest in bf16 (fp32 without it); the int8 layers keep fp32 scales and biases
     for block, layers in zip(m.blocks, int8):
         block.attn.qkv, block.attn.proj = layers["qkv"], layers["proj"]
         block.mlp.fc1, block.mlp.fc2 = layers["fc1"], layers["fc2"]

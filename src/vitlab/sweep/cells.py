@@ -108,17 +108,22 @@ def flag_argv(settings: dict[str, Any]) -> list[str]:
     return flags + overrides
 
 
-def _fill(command: str, cell_dir: Path, scale: float) -> tuple[str, ...]:
+def _fill(command: str, cell_dir: Path, scale: float, settings: dict[str, Any]) -> tuple[str, ...]:
     run = RunLayout(cell_dir / TRAIN)
     words = {"checkpoint": str(run.last), "best": str(run.checkpoint_file(BEST)), "run": str(run.path),
              "cell": str(cell_dir)}
+    if "seed" in settings:  # the cell's training seed: a baseline drawn per seed pairs with it
+        words["seed"] = str(settings["seed"])
 
     def one(m: re.Match) -> str:
         name, _, arg = m.group(1).partition(":")
         if name == "scaled":
             return str(max(1, round(float(arg) * scale)))
+        if name == "seed" and name not in words:
+            raise ConfigError(f"after: {command!r} uses {{seed}}, but the spec sets no seed; set it in train or grid")
         if name not in words:
-            raise ConfigError(f"after: unknown placeholder {{{name}}} in {command!r}; known: checkpoint, best, run, cell, scaled:N")
+            raise ConfigError(f"after: unknown placeholder {{{name}}} in {command!r}; "
+                              "known: checkpoint, best, run, cell, seed, scaled:N")
         return words[name]
 
     return tuple(re.sub(r"\{([a-z]+(?::[0-9.]+)?)\}", one, w) for w in shlex.split(command))
@@ -160,7 +165,7 @@ def cells(spec: SweepSpec, out: Path, scale: float = 1.0) -> Iterator[Cell]:
         except UnsafeNameError as e:
             raise ConfigError(str(e)) from None
         train = Step("train", ("train", *flag_argv(settings), "--out", str(cell_dir / TRAIN)), TRAIN_RESULT)
-        after = tuple(Step(a.name, _fill(a.command, cell_dir, scale), a.result) for a in spec.after)
+        after = tuple(Step(a.name, _fill(a.command, cell_dir, scale, settings), a.result) for a in spec.after)
         yield Cell(key, labels, settings, (train, *after))
 
 

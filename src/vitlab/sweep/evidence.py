@@ -4,7 +4,10 @@
         copies what the numbers rest on (kilobytes): sweep.json, results.csv, report.md and
         report.json, and per cell its cell.json, train/summary.json, train/config.yaml and
         each after-step's result JSON (few-shot, fine-tuning, analysis); never checkpoints.
-        `vitlab sweep --report DEST` rebuilds the report from the copy.
+        An after-step's JSON keeps the part its results row is built from (results.columns_only:
+        not an analysis's position-similarity grid of grids or rollout maps, 100 kB a cell that
+        no table reads; the run folder keeps the whole file). `vitlab sweep --report DEST`
+        rebuilds the same report from the copy.
 
     render(page_text, Path("results/paper")) -> page_text
         replaces each generated block of a Markdown page with the table built now from the
@@ -25,12 +28,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from vitlab.config import ConfigError
+from vitlab.files import atomic_write_text
 from vitlab.sweep import findings, load_folder, results as res, stats
 from vitlab.sweep.cells import TRAIN_RESULT, expand
 
@@ -43,15 +48,20 @@ NOT_RUN = "*Not run in this session.*"
 def keep(src: Path, dest: Path) -> list[Path]:
     """Copy a sweep folder's evidence (see the module docstring); returns the files copied."""
     spec, scale = load_folder(src)
-    names = [*TOP]
+    names, trimmed = [*TOP], set()
     for cell in expand(spec, src, scale):
         for rel in (*PER_CELL, *(s.result for s in cell.steps[1:])):
             names.append(f"{cell.key}/{rel}")
+        trimmed.update(f"{cell.key}/{s.result}" for s in cell.steps[1:] if s.result.endswith(".json"))
     copied = []
     for rel in names:
         if (src / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src / rel, dest / rel)
+            data = res.read_json(src / rel) if rel in trimmed else None
+            if data is None:
+                shutil.copyfile(src / rel, dest / rel)
+            else:
+                atomic_write_text(dest / rel, json.dumps(res.columns_only(data), indent=2) + "\n")
             copied.append(dest / rel)
     return copied
 

@@ -11,7 +11,8 @@ there is.
 
 A comparison pairs cells of `axis` = a and = b that agree on every other axis but pair_by,
 one comparison per combination of those other axes (kept to `where`), and gives the
-paired-by-seed difference a - b (stats.paired) with the verdict rule (stats.verdict).
+paired-by-seed difference a - b (stats.paired) with the verdict rule (stats.verdict). A
+comparison without an axis pairs two results columns of the same cells, per arm.
 """
 
 from __future__ import annotations
@@ -128,10 +129,25 @@ def compare_at(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> l
     return out
 
 
+def compare_columns(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A compare without an axis: column a against column b of the same cells, per arm,
+    paired by seed (the metric is named by a, whose units the difference has)."""
+    pair_by = spec.report.pair_by
+    per_arm: dict[tuple, tuple[dict[str, float], dict[str, float]]] = {}
+    for row in _done(rows):
+        ya, yb = value(row, str(c.a)), value(row, str(c.b))
+        if ya is not None and yb is not None:
+            a, b = per_arm.setdefault(_context(row, [x for x in spec.grid if x != pair_by]), ({}, {}))
+            a[str(row.get(pair_by))], b[str(row.get(pair_by))] = ya, yb
+    return [_entry(c, dict(context), str(c.a), stats.paired(a, b)) for context, (a, b) in per_arm.items()]
+
+
 def compare(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The paired differences of one compared pair, per context and metric, with verdicts."""
     if c.at:
         return compare_at(spec, c, rows)
+    if not c.axis:
+        return compare_columns(spec, c, rows)
     pair_by = spec.report.pair_by
     others = [a for a in spec.grid if a not in (pair_by, c.axis)]
     keep = [r for r in _done(rows) if all(str(r.get(k)) == str(v) for k, v in c.where.items())]

@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
@@ -27,6 +28,14 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _numbers(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_number(x) for x in v)
+
+
+def _table(v: Any) -> bool:
+    return isinstance(v, list) and all(_numbers(r) for r in v)
+
+
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     if isinstance(d, dict):
@@ -37,9 +46,9 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
         return out
     key = prefix[:-1]
     if isinstance(d, list):
-        if all(_is_number(v) for v in d):
+        if _numbers(d):
             out[key] = d
-        elif all(isinstance(v, list) and all(_is_number(x) for x in v) for v in d):
+        elif _table(d):
             out[key] = [sum(r) / len(r) if r else float("nan") for r in d]  # a table (layer x head): row means
         return out  # deeper (maps of a map per position, images): not a results column
     if d is None or isinstance(d, (int, float, str, bool)):
@@ -47,7 +56,17 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _read_json(path: Path) -> Optional[Any]:
+def columns_only(d: Any) -> Any:
+    """`d` without what flatten() leaves out (the per-class tables, and lists deeper than a
+    table: a position-similarity grid of grids, rollout maps per image): the part of a cell's
+    JSON that its results row is built from, so a copy of it rebuilds the same row."""
+    if isinstance(d, dict):
+        return {k: columns_only(v) for k, v in d.items()
+                if k not in SKIP and (not isinstance(v, list) or _numbers(v) or _table(v))}
+    return d
+
+
+def read_json(path: Path) -> Optional[Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -58,7 +77,7 @@ def cell_row(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     row: dict[str, Any] = {**cell.labels, "cell": cell.key}
     done = 0
     for step in cell.steps:
-        data = _read_json(cell_dir / step.result)
+        data = read_json(cell_dir / step.result)
         if data is None:
             continue
         done += 1
@@ -103,12 +122,20 @@ def number(v: Any) -> Optional[float]:
     return f if math.isfinite(f) else None
 
 
+_ITEM = re.compile(r"(.+)\[(-?\d+)\]")
+
+
 def value(row: dict[str, Any], column: str) -> Optional[float]:
-    """A results column's number, or `A - B` of two columns (a score minus its baseline:
-    `fewshot.shots.5.mean - init.shots.5.mean`); None when a side is missing."""
+    """A results column's number, `A - B` of two columns (a score minus its baseline:
+    `fewshot.shots.5.mean - init.shots.5.mean`), or one entry of a list column, counted from 0
+    (`...mean_per_layer[0]`, the first layer; `[-1]`, the last); None when a side is missing."""
     if " - " in column:
         a, b = (value(row, c.strip()) for c in column.split(" - ", 1))
         return None if a is None or b is None else a - b
+    item = _ITEM.fullmatch(column)
+    if item:
+        values, i = row.get(item[1]), int(item[2])
+        return number(values[i]) if isinstance(values, list) and -len(values) <= i < len(values) else None
     return number(row.get(column))
 
 
