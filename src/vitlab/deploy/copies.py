@@ -177,9 +177,10 @@ def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None
 
     With `calibration` images (normalised as the model expects; a few hundred training
     images): static scales, smoothed LayerNorm outliers and oneDNN's int8 kernels, bf16
-    elsewhere where this CPU has it, else fp32 (`vitlab.deploy.int8`): the fast mode on x86 CPUs with VNNI or AMX. Without:
-    `Int8Linear` (scales per token at run time, `torch._int_mm`), which runs anywhere; the
-    patch embedding, position embedding, LayerNorms, softmax and the head then stay fp32.
+    elsewhere where this CPU has it, else fp32 (`vitlab.deploy.int8`): the fast mode on x86
+    CPUs with VNNI or AMX. Without: `Int8Linear` (scales per token at run time,
+    `torch._int_mm`), which runs anywhere; the patch embedding, position embedding,
+    LayerNorms, softmax and the head then stay fp32.
     """
     if calibration is not None:
         return Serving(quantize_calibrated(model, calibration), rest_dtype(), kind="int8, calibrated")
