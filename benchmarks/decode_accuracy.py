@@ -32,7 +32,7 @@ from vitlab.bench import machine, tables
 from vitlab.data import decode as D
 from vitlab.data.datasets import Encoded, read_image
 from vitlab.data.transforms import eval_transform
-from vitlab.data.wds import iter_shard
+from vitlab.data.tar_shards import iter_shard
 
 SHARDS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "cifar10"
 

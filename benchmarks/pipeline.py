@@ -68,7 +68,7 @@ def make_photos(root: Path, size: tuple[int, int], per_photo: int) -> str:
                 (root / name).mkdir(parents=True, exist_ok=True)
                 tile.save(root / name / f"{k:02d}.jpg", quality=90)
         return f"{len(names)} photographs of Debian's mate-backgrounds, {per_photo} tiles each at {size[0]}x{size[1]}"
-    from vitlab.data.wds import iter_shard
+    from vitlab.data.tar_shards import iter_shard
 
     for n, (key, parts) in enumerate(iter_shard(sorted(SHARDS.glob("test-*.tar*"))[0])):
         if n == 14 * per_photo:

@@ -37,7 +37,7 @@ from pathlib import Path
 from PIL import Image
 
 import vitlab
-from vitlab.data.wds import iter_shard
+from vitlab.data.tar_shards import iter_shard
 from vitlab.bench.machine import busy_jiffies, machine_info, wait_quiet
 from vitlab.serve.load import LoadResult, run_load
 

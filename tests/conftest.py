@@ -241,7 +241,7 @@ def zero_png(width: int, height: int) -> bytes:
 
 def cifar_test_images(shards: Path, count: int) -> list[tuple[str, bytes, int]]:
     """The first `count` (name, JPEG bytes, class index) of the CIFAR-10 test shards."""
-    from vitlab.data.wds import iter_shard
+    from vitlab.data.tar_shards import iter_shard
 
     out = []
     for key, parts in iter_shard(sorted(shards.glob("test-*.tar*"))[0]):

@@ -15,7 +15,7 @@ from PIL import Image
 
 from vitlab.data import BadImageError, DataError, make_loader, open_dataset, read_image
 from vitlab.data import transforms as T
-from vitlab.data.wds import expand_braces
+from vitlab.data.tar_shards import expand_braces
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CIFAR_WDS = SHARED / "cifar10"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 import pytest
 
 from vitlab.cli import main
@@ -75,3 +76,51 @@ def test_the_trainer_trains_on_the_subset(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["epochs"] == pytest.approx(2 / (100 // 16), abs=1e-3)
     assert "train_size: 100" in (out / "config.yaml").read_text()
+
+
+def _batches(dataset, **layout):
+    return [(images.clone(), labels.tolist()) for images, labels, _ in make_loader(dataset, **layout)]
+
+
+def test_a_subset_reads_its_shards_once_and_streams_the_same_batches(tmp_path, monkeypatch):
+    """A view that keeps part of its shards holds its samples after one read: every later
+    epoch reads no shard, and each batch (augmentation included) is the streamed one's."""
+    from vitlab.data import wds
+    from vitlab.data.transforms import train_transform
+
+    write_shards(tmp_path, cifar_samples(60), per_shard=20, gz=True)
+    stream = open_dataset(f"wds:{tmp_path}/train-{{000000..000002}}.tar.gz", "train", train_transform(32), train=True)
+    reads = []
+    real = wds.iter_shard
+    monkeypatch.setattr(wds, "iter_shard", lambda path: (reads.append(path), real(path))[1])
+    held, streamed = training_subset(stream, size=20, seed=0), training_subset(stream, size=20, seed=0)
+    reads.clear()
+    layout = dict(batch_size=5, num_steps=12, seed=3)  # 3 epochs of 4 batches
+    held_batches = _batches(held, **layout)
+    assert len(reads) == 3 and held.held is not None  # each shard once, for all three epochs
+    assert _equal(_batches(held, **layout), held_batches)
+    assert len(reads) == 3  # a second loader over the held view reads nothing either
+
+    monkeypatch.setattr(wds, "HOLD_BYTES", 0)  # too large to hold: it streams, reading per epoch
+    reads.clear()
+    streamed_batches = _batches(streamed, **layout)
+    assert streamed.held is None and streamed.too_large_to_hold and len(reads) > 3
+    assert _equal(held_batches, streamed_batches)
+
+
+def _equal(a, b) -> bool:
+    return len(a) == len(b) and all(la == lb and torch.equal(xa, xb) for (xa, la), (xb, lb) in zip(a, b))
+
+
+def test_the_dev_split_is_read_once_across_evaluations(cifar_dir, monkeypatch):
+    from vitlab.data import wds
+
+    dev = open_dataset(f"wds:{cifar_dir}", "dev", eval_transform(32))
+    reads = []
+    real = wds.iter_shard
+    monkeypatch.setattr(wds, "iter_shard", lambda path: (reads.append(path), real(path))[1])
+    first = _batches(dev, batch_size=256, train=False, num_workers=1)
+    shards = len(reads)
+    second = _batches(dev, batch_size=256, train=False, num_workers=1)
+    assert shards == len(dev.shards) and len(reads) == shards  # the second evaluation read no shard
+    assert _equal(first, second) and sum(len(labels) for _, labels in first) == len(dev) == 1026

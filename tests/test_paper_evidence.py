@@ -94,3 +94,10 @@ def test_a_bad_block_names_the_forms():
         evidence.block("pos-embed table", RESULTS)
     with pytest.raises(ConfigError, match="name the metric"):
         evidence.block("pos-embed arms", RESULTS)
+
+
+def test_the_suite_time_has_a_row_per_committed_spec():
+    table = evidence.block("suite time", RESULTS).splitlines()
+    specs = sorted(p.parent.name for p in RESULTS.glob("*/sweep.json"))
+    assert [line.split(" | ")[0].lstrip("| ") for line in table[2:-1]] == specs
+    assert table[-1].startswith("| all | | ")

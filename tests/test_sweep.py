@@ -168,6 +168,15 @@ def test_sweep_runs_skips_resumes_and_plots(tmp_path, capsys):
     assert rows[0]["steps"] == "4"
     for fig in ("top1.png", "fewshot.png", "pareto.png"):
         assert (out / fig).stat().st_size > 1000
+    # Each step's wall time is kept with the cell; the report sums them and gives the sweep's.
+    entries = {c: json.loads((out / c / "timing.json").read_text())["steps"] for c in ("seed-0", "seed-1")}
+    assert all([e["step"] for e in steps] == ["train", "fewshot"] for steps in entries.values())
+    assert all(e["exit_code"] == 0 and e["seconds"] > 0 and "cores" in e["machine"] for s in entries.values() for e in s)
+    time = json.loads((out / "report.json").read_text())["time"]
+    seconds = [e["seconds"] for steps in entries.values() for e in steps]
+    assert max(seconds) - 0.1 <= time["wall_s"] <= sum(seconds) + 0.1 and time["side_by_side"] in (1, 2)
+    assert time["train_s"] == pytest.approx(sum(s[0]["seconds"] for s in entries.values()), abs=0.1)
+    assert "Time: " in (out / "report.md").read_text()
     # Rerun: nothing to do.
     capsys.readouterr()
     assert main(["sweep", str(spec), "--out", str(out)]) == 0
@@ -187,6 +196,9 @@ def test_sweep_runs_skips_resumes_and_plots(tmp_path, capsys):
     resumed = load_file(str(ckpts / "step-00000004.safetensors"))
     assert all((resumed[k] == final[k]).all() for k in final)  # exact resume on the CPU
     assert all(r["status"] == "done" for r in _rows(out))
+    steps = [e["step"] for e in json.loads((cell / "timing.json").read_text())["steps"]]
+    assert steps == ["train", "fewshot", "train", "fewshot"]  # the resumed steps are added, the done ones kept
+    assert len(json.loads((out / "seed-0" / "timing.json").read_text())["steps"]) == 2
 
 
 def test_a_changed_spec_never_reuses_a_cell(tmp_path):
@@ -221,3 +233,26 @@ def test_submitit_local_executor_runs_the_cells(tmp_path):
     assert (out / "submitit").is_dir()
     assert json.loads((out / "seed-3" / "train" / "summary.json").read_text())["steps"] == 4
     assert (out / "top1.png").exists()
+
+
+def test_the_sweeps_time_is_the_union_of_its_steps(tmp_path):
+    """Wall time: the intervals in which some step ran (two side by side count once, a night
+    between a stop and a resume not at all); training and after-steps summed apart."""
+    from vitlab.sweep import timing
+
+    def cell(name, *steps):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "timing.json").write_text(json.dumps({"steps": [
+            {"step": s, "start": a, "seconds": n, "machine": "CPU X (2 cores)"} for s, a, n in steps]}))
+        return d
+
+    a = cell("a", ("train", 0, 100), ("fewshot", 100, 10))
+    b = cell("b", ("train", 50, 100), ("fewshot", 150, 10))
+    c = cell("c", ("train", 86_400, 30))  # resumed the next day
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "timing.json").write_text("{not json")  # unreadable: no entries, no error
+    t = timing.summary([a, b, c, tmp_path / "d", tmp_path / "missing"])
+    assert t == {"wall_s": 190.0, "side_by_side": 2, "train_s": 230.0, "after_s": 20.0, "machines": ["CPU X (2 cores)"]}
+    assert timing.summary([tmp_path / "d"]) is None
+    assert "3 minutes of wall time on CPU X (2 cores), at most 2 step(s) side by side" in timing.sentence(t)

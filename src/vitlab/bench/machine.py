@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from vitlab.config import pick_device
+from vitlab.config.device import cpu_name_and_flags
 
 _HZ = os.sysconf("SC_CLK_TCK")
 
@@ -155,20 +156,6 @@ def device_sync(device: str) -> Callable[[], None]:
 
 # What the machine is ---------------------------------------------------------------------
 ISA_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-
-
-def cpu_name_and_flags() -> tuple[str, set[str]]:
-    cpu, flags = platform.processor() or "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and cpu in ("", "unknown CPU", platform.machine()):
-                    cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return cpu, flags
 
 
 # Dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' data sheets, for MFU:

@@ -8,6 +8,7 @@ hardware is there is checked only when a device is picked for work.
 
 from __future__ import annotations
 
+import platform
 import re
 from typing import Optional
 
@@ -45,3 +46,19 @@ def pick_device(text: str, setting: str = "--device "):
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{setting}{text}: Apple's Metal backend (mps) is not available here; use {setting}cpu")
     return device
+
+
+def cpu_name_and_flags() -> tuple[str, set[str]]:
+    """The CPU's name and its instruction-set flags, as /proc/cpuinfo gives them (the name
+    from the platform module where there is no such file)."""
+    cpu, flags = platform.processor() or "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and cpu in ("", "unknown CPU", platform.machine()):
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return cpu, flags

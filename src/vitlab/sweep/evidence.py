@@ -2,8 +2,9 @@
 
     keep(Path("runs/sweeps/pos-embed"), Path("results/paper/pos-embed"))
         copies what the numbers rest on (kilobytes): sweep.json, results.csv, report.md and
-        report.json, and per cell its cell.json, train/summary.json, train/config.yaml and
-        each after-step's result JSON (few-shot, fine-tuning, analysis); never checkpoints.
+        report.json, and per cell its cell.json, timing.json, train/summary.json,
+        train/config.yaml and each after-step's result JSON (few-shot, fine-tuning,
+        analysis); never checkpoints.
         An after-step's JSON keeps the part its results row is built from (results.columns_only:
         not an analysis's position-similarity grid of grids or rollout maps, 100 kB a cell that
         no table reads; the run folder keeps the whole file). `vitlab sweep --report DEST`
@@ -17,7 +18,8 @@
                                                       may be a difference, `A - B`)
             <!-- findings: SPEC compare [METRIC] -->   paired differences and verdicts
             <!-- findings: SPEC slopes -->              fitted slopes (report.slopes)
-            <!-- findings: SPEC time -->               cells finished and training time
+            <!-- findings: SPEC time -->               cells finished, wall time, summed step times
+            <!-- findings: suite time -->              the same, one row per committed spec
             <!-- findings: rule -->                    the verdict rule, as the code applies it
             (the generated lines)
             <!-- /findings -->
@@ -32,15 +34,15 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from vitlab.config import ConfigError
 from vitlab.files import atomic_write_text
-from vitlab.sweep import findings, load_folder, results as res, stats
+from vitlab.sweep import findings, load_folder, results as res, stats, timing
 from vitlab.sweep.cells import TRAIN_RESULT, expand
 
 TOP = ("sweep.json", "results.csv", "report.md", "report.json")
-PER_CELL = ("cell.json", TRAIN_RESULT, "train/config.yaml")
+PER_CELL = ("cell.json", timing.FILE, TRAIN_RESULT, "train/config.yaml")
 BLOCK = re.compile(r"(<!-- findings: (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /findings -->)", re.S)
 NOT_RUN = "*Not run in this session.*"
 
@@ -76,22 +78,55 @@ def _seconds(rows: list[dict[str, Any]]) -> float:
     return sum(float(r.get("train_seconds") or 0) for r in rows if r.get("status") == "done")
 
 
+def _time(folder: Path) -> tuple[dict[str, Any], Optional[dict[str, Any]], float, list[dict[str, Any]]]:
+    spec, rows, scale = load(folder)
+    report = findings.build(spec, rows)
+    return report, timing.summary(folder / r["cell"] for r in rows), scale, rows
+
+
+def time_sentence(folder: Path) -> str:
+    report, time, scale, rows = _time(folder)
+    head = f"{report['finished']} of {report['cells']} cells finished (scale {scale:g})"
+    if time is None:  # evidence kept before the step times were
+        return (f"{head}; {_seconds(rows) / 60:.0f} minutes of training in all, summed over cells (`train_seconds`; "
+                "two cells side by side on 2 CPU cores that other jobs shared).")
+    return f"{head}: {timing.sentence(time)}"
+
+
+def suite_table(root: Path) -> str:
+    """One row per committed spec with step times, and their total."""
+    lines = ["| spec | cells | wall time (min) | side by side | training, summed (min) | after-steps, summed (min) | machine |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    total = 0.0
+    for folder in sorted(p.parent for p in root.glob("*/sweep.json")):
+        report, time, _, _ = _time(folder)
+        if time is None:
+            lines.append(f"| {folder.name} | {report['finished']} of {report['cells']} | - | - | - | - | not recorded |")
+            continue
+        total += time["wall_s"]
+        lines.append(f"| {folder.name} | {report['finished']} of {report['cells']} | {time['wall_s'] / 60:.0f} | "
+                     f"{time['side_by_side']} | {time['train_s'] / 60:.0f} | {time['after_s'] / 60:.0f} | "
+                     f"{'; '.join(time['machines'])} |")
+    lines.append(f"| all | | {total / 60:.0f} ({total / 3600:.1f} hours) | | | | |")
+    return "\n".join(lines)
+
+
 def block(args: str, root: Path) -> str:
     words = args.split()
     if words == ["rule"]:
         return stats.RULE
+    if words == ["suite", "time"]:
+        return suite_table(root)
     if len(words) < 2 or words[1] not in ("arms", "compare", "time", "slopes"):
-        raise ConfigError(f"<!-- findings: {args} -->: write SPEC arms METRIC, SPEC compare [METRIC] or SPEC time")
+        raise ConfigError(f"<!-- findings: {args} -->: write SPEC arms METRIC, SPEC compare [METRIC], SPEC time "
+                          "or suite time")
     folder = root / words[0]
     if not (folder / "sweep.json").is_file():
         return NOT_RUN
+    if words[1] == "time":
+        return time_sentence(folder)
     spec, rows, scale = load(folder)
     report = findings.build(spec, rows)
-    if words[1] == "time":
-        minutes = _seconds(rows) / 60
-        return (f"{report['finished']} of {report['cells']} cells finished (scale {scale:g}); "
-                f"{minutes:.0f} minutes of training in all, summed over cells (`train_seconds`; two cells "
-                "side by side on 2 CPU cores that other jobs shared).")
     if words[1] == "slopes":
         return findings.slopes_table(report)
     if words[1] == "arms":

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from vitlab.config.sweep import CompareSpec, SweepSpec
 from vitlab.files import atomic_write_text
-from vitlab.sweep import stats
+from vitlab.sweep import stats, timing
 from vitlab.sweep.results import value
 
 
@@ -296,6 +296,8 @@ def slopes_table(report: dict[str, Any]) -> str:
 def markdown(report: dict[str, Any], metrics: list[str]) -> str:
     parts = [f"# Sweep {report['sweep']}: statistics", "",
              f"{report['finished']} of {report['cells']} cells finished. Intervals: 95%, {report['interval']}.", ""]
+    if "time" in report:
+        parts += [f"Time: {timing.sentence(report['time'])}", ""]
     for metric in metrics:
         parts += [f"## {metric}", "", arms_table(report, metric), ""]
     if report["comparisons"]:
@@ -307,7 +309,8 @@ def markdown(report: dict[str, Any], metrics: list[str]) -> str:
 
 
 def write(spec: SweepSpec, rows: list[dict[str, Any]], out: Path) -> tuple[Path, Path]:
-    report = build(spec, rows)
+    """report.json and report.md: the statistics, and the time the cells' steps took."""
+    report = {**build(spec, rows), "time": timing.summary(out / r["cell"] for r in rows)}
     js, md = out / "report.json", out / "report.md"
     atomic_write_text(js, json.dumps(report, indent=2, default=str))
     atomic_write_text(md, markdown(report, list(spec.report.metrics)))

@@ -20,6 +20,7 @@ from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
 from vitlab.extras import require
 from vitlab.files import atomic_write_text, require_regular_file
+from vitlab.sweep import timing
 from vitlab.sweep.cells import Cell, Step
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
@@ -85,8 +86,8 @@ def _tail(path: Path, lines: int = 6) -> str:
 
 def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optional[dict] = None) -> dict[str, Any]:
     """Run a cell's missing steps in order, each as `python -m vitlab ...` with its output in
-    STEP.log, first making the cell's folder and its cell.json (`record`) where they are
-    absent. A top-level function of plain arguments, so submitit can ship it to a job."""
+    STEP.log and its wall time in timing.json, first making the cell's folder and its
+    cell.json (`record`) where they are absent. A top-level function of plain arguments, so submitit can ship it to a job."""
     folder = Path(cell_dir)
     if record is not None and not (folder / "cell.json").exists():
         folder.mkdir(parents=True, exist_ok=True)
@@ -102,8 +103,10 @@ def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optiona
         with open(log, "a") as f:
             f.write(f"$ vitlab {' '.join(step.argv)}\n")
             f.flush()
+            began, clock = time.time(), time.perf_counter()
             rc = subprocess.run([sys.executable, "-m", "vitlab", *step.argv], stdout=f, stderr=subprocess.STDOUT,
                                 env=env, cwd=os.getcwd()).returncode
+        timing.record(folder, step.name, began, time.perf_counter() - clock, rc, threads)
         if rc != 0 or not (folder / step.result).exists():
             why = f"exit code {rc}" if rc != 0 else f"it wrote no {step.result}"
             return {"status": "failed", "step": step.name, "why": why, "log": str(log), "tail": _tail(log)}

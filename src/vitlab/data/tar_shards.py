@@ -1,0 +1,140 @@
+"""Tar shards as WebDataset writes them: where a pattern's shards are, and the samples of one.
+
+`expand_braces` and `resolve_shards` turn `wds:PATTERN` into shard paths (local or remote);
+`iter_shard` reads one shard as a stream of (key, {extension: bytes}), naming a truncated or
+damaged shard instead of ending early. What the samples mean (labels, dev buckets, the
+dataset) is vitlab.data.wds's.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import lzma
+import os
+import re
+import tarfile
+import zlib
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from vitlab.data import remote
+from vitlab.data.datasets import DataError
+from vitlab.files import NotRegularFileError, require_regular_file
+
+# A member larger than this is refused before it is read: no image or label is near it, and
+# a tar (or a gzip bomb) can claim any size in its header.
+MAX_MEMBER_BYTES = 512 * 2**20
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """`a{000..002}b` -> a000b a001b a002b (zero padding kept); `{x,y}` -> alternatives."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    head, tail, body = pattern[: m.start()], pattern[m.end() :], m.group(1)
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if r:
+        lo, hi = r.group(1), r.group(2)
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        options = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+    else:
+        options = body.split(",")
+    return [p for o in options for p in expand_braces(head + o + tail)]
+
+
+def resolve_shards(pattern: str, split: str) -> list[Path]:
+    if remote.is_remote(pattern):  # http(s):// or pipe: (remote.py); braces expand, globs do not
+        return [remote.RemoteShard(p) for p in expand_braces(pattern)]
+    path = Path(pattern)
+    if path.is_dir():
+        prefixes = ("train",) if split in ("train", "dev", "train-minus-dev") else ("test", "val")
+        for prefix in prefixes:
+            shards = sorted(p for p in path.glob(f"{prefix}*.tar*") if p.is_file())  # is_file: no FIFOs
+            if shards:
+                return shards
+        raise DataError(f"wds: {path} holds no {' or '.join(p + '*.tar[.gz]' for p in prefixes)} shards for split {split!r}")
+    shards = []
+    for p in expand_braces(pattern):
+        found = sorted(glob.glob(p)) if any(c in p for c in "*?[") else ([p] if os.path.exists(p) else [])
+        if not found:
+            raise DataError(f"wds: no shard {p} (from the pattern {pattern})")
+        shards += [Path(f) for f in found]
+    for shard in shards:
+        try:
+            require_regular_file(shard, "shard file")
+        except NotRegularFileError as e:
+            raise DataError(f"wds: {e}") from None
+    return shards
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """WebDataset convention: the key is the path up to the first dot of the file name."""
+    folder, _, base = name.rpartition("/")
+    stem, _, ext = base.partition(".")
+    return (folder + "/" + stem if folder else stem), ext.lower()
+
+
+class _Tail(io.RawIOBase):
+    """A reader that counts the bytes it hands out and keeps the last KEEP of them: enough
+    to look at the block where tarfile stopped (see `iter_shard`)."""
+
+    KEEP = 64 * 1024
+
+    def __init__(self, f: Any):
+        self.f, self.total, self.tail = f, 0, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        data = self.f.read(len(b))
+        b[: len(data)] = data
+        self.total += len(data)
+        self.tail = (self.tail + data)[-self.KEEP :]
+        return len(data)
+
+
+def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """The samples of one shard, in tar order: (key, {extension: bytes}).
+
+    tarfile ends a stream quietly at a truncated or garbled header, which would make a damaged
+    shard a shorter one; here the block it stopped at must be the end-of-archive marker (zeros),
+    and every member must be read whole, or the shard is named as damaged."""
+    try:
+        with remote.open_shard(path) as stream:
+            raw = _Tail(stream)
+            with tarfile.open(fileobj=raw, mode="r|") as tf:
+                key, parts = None, {}
+                for member in tf:
+                    if not member.isfile():  # links and folders carry no sample (and are never followed)
+                        continue
+                    if member.size > MAX_MEMBER_BYTES:
+                        raise DataError(f"wds: {path}: member {member.name} claims {member.size:,} bytes, more than "
+                                        f"any sample ({MAX_MEMBER_BYTES:,}); not read")
+                    k, ext = split_key(member.name)
+                    if k != key and parts:
+                        yield key, parts
+                        parts = {}
+                    key = k
+                    f = tf.extractfile(member)
+                    parts[ext] = f.read() if f else b""
+                    if len(parts[ext]) != member.size:
+                        raise DataError(f"wds: {path}: member {member.name} is cut short; the shard is truncated")
+                _check_end(path, raw, tf.offset, key)
+                if parts:
+                    yield key, parts
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"wds: cannot read the shard {path} ({type(e).__name__}: {e})") from None
+
+
+def _check_end(path: Path, raw: _Tail, end: int, last: Optional[str]) -> None:
+    start = raw.total - len(raw.tail)
+    block = raw.tail[end - start : end - start + tarfile.BLOCKSIZE] if end >= start else None
+    after = f" after sample {last}" if last else ""
+    if block is not None and len(block) < tarfile.BLOCKSIZE:
+        raise DataError(f"wds: cannot read the shard {path}: it is truncated{after} (no end-of-archive marker)")
+    if block is not None and block.count(0) != tarfile.BLOCKSIZE:
+        raise DataError(f"wds: cannot read the shard {path}: a damaged header at byte {end:,}{after}")
