@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -24,12 +25,17 @@ from vitlab.files import atomic_write_text
 
 FILE = "timing.json"
 TRAIN_STEP = "train"
+VECTOR_UNITS = (("amx_bf16", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"), ("asimd", "NEON"))
 
 
 def machine() -> str:
-    """This machine in a few words: the CPU's name and the cores this process may use."""
+    """This machine in a few words: the CPU's name, its widest vector instructions (a virtual
+    machine often shows one name for CPU generations that differ twofold in speed) and the
+    cores this process may use."""
+    name, flags = cpu_name_and_flags()
+    widest = next((label for flag, label in VECTOR_UNITS if flag in flags), platform.machine())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{cpu_name_and_flags()[0]} ({cores} cores)"
+    return f"{name}, {widest} ({cores} cores)"
 
 
 def read(cell_dir: Path) -> list[dict[str, Any]]:
