@@ -101,3 +101,32 @@ def test_the_suite_time_has_a_row_per_committed_spec():
     specs = sorted(p.parent.name for p in RESULTS.glob("*/sweep.json"))
     assert [line.split(" | ")[0].lstrip("| ") for line in table[2:-1]] == specs
     assert table[-1].startswith("| all | | ")
+
+
+def _paper_suite():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("paper_suite", ROOT / "benchmarks" / "paper_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_suite_script_replaces_kept_evidence_and_nothing_else(tmp_path):
+    suite = _paper_suite()
+    assert set(suite.SPECS) == {p.parent.name for p in RESULTS.glob("*/sweep.json")}  # every shipped spec runs
+    kept = tmp_path / "kept" / "pos-embed-at"
+    kept.mkdir(parents=True)
+    (kept / "sweep.json").write_text("{}")
+    (kept / "stale.json").write_text("{}")  # a cell of an older grid: gone with the replaced folder
+    suite.replace_evidence(RESULTS / "pos-embed-at", kept)
+    assert not (kept / "stale.json").exists()
+    assert evidence.load(kept)[1] == evidence.load(RESULTS / "pos-embed-at")[1]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's file")
+    with pytest.raises(SystemExit, match="not a kept sweep"):
+        suite.replace_evidence(RESULTS / "pos-embed-at", mine)
+    assert (mine / "notes.txt").read_text() == "a user's file"
+    with pytest.raises(SystemExit):
+        suite.main(["--page", str(tmp_path / "page.md")])  # a page is generated only from kept evidence

@@ -87,7 +87,8 @@ def _tail(path: Path, lines: int = 6) -> str:
 def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optional[dict] = None) -> dict[str, Any]:
     """Run a cell's missing steps in order, each as `python -m vitlab ...` with its output in
     STEP.log and its wall time in timing.json, first making the cell's folder and its
-    cell.json (`record`) where they are absent. A top-level function of plain arguments, so submitit can ship it to a job."""
+    cell.json (`record`) where they are absent. A top-level function of plain arguments, so
+    submitit can ship it to a job."""
     folder = Path(cell_dir)
     if record is not None and not (folder / "cell.json").exists():
         folder.mkdir(parents=True, exist_ok=True)

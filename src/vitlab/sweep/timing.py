@@ -3,7 +3,7 @@
 Each cell's steps append to OUT/<cell>/timing.json as they run:
 
     {"steps": [{"step": "train", "start": 1764880000.1, "seconds": 95.2, "exit_code": 0,
-                "machine": "AMD EPYC (2 cores)", "threads": 1}, ...]}
+                "machine": "AMD EPYC, AVX-512 (2 cores)", "threads": 1}, ...]}
 
 A rerun that finds a step done records nothing for it; a resumed step adds an entry. From the
 cells' entries, `summary` gives the sweep's wall time as the union of the intervals in which
@@ -30,8 +30,8 @@ VECTOR_UNITS = (("amx_bf16", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"), (
 
 def machine() -> str:
     """This machine in a few words: the CPU's name, its widest vector instructions (a virtual
-    machine often shows one name for CPU generations that differ twofold in speed) and the
-    cores this process may use."""
+    machine often shows one name for CPU generations that differ in speed, and may differ in
+    the last bits of their arithmetic) and the cores this process may use."""
     name, flags = cpu_name_and_flags()
     widest = next((label for flag, label in VECTOR_UNITS if flag in flags), platform.machine())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
