@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from vitlab.cli import main
 from vitlab.config import ConfigError, DataConfig
