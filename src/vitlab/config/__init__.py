@@ -42,6 +42,7 @@ from vitlab.config.run import (
     OPTIMIZERS,
     PARALLEL,
     PRECISIONS,
+    STOP_SIGNALS,
     DataConfig,
     ModelSection,
     NoOptions,
@@ -59,7 +60,7 @@ __all__ = [
     "AfterStep", "FigureSpec", "SweepSpec", "load_sweep", "shipped_sweeps",
     "BIT_STEMS", "BiTConfig", "CONFIG_KINDS", "ModelConfig", "bit_flops", "config_from_dict", "config_kind",
     "CLASSIFIERS", "DECAYS", "GELUS", "HEAD_INITS", "MPP_TARGETS", "OBJECTIVE_OPTIONS", "OPTIMIZERS", "PARALLEL",
-    "POS_EMBEDS", "PRECISIONS", "RESIZE_MODES", "WS_MODES", "ConfigError", "pick_device", "DataConfig", "MPPConfig", "ModelSection",
+    "POS_EMBEDS", "PRECISIONS", "STOP_SIGNALS", "RESIZE_MODES", "WS_MODES", "ConfigError", "pick_device", "DataConfig", "MPPConfig", "ModelSection",
     "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "ServeConfig", "TrainConfig", "ViTConfig", "load_recipe",
     "model_flops", "parse_override", "resnet_flops", "shipped_recipes",
 ]

@@ -31,6 +31,9 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PARALLEL = ("ddp", "fsdp")
+# Signals train.stop_signals may name: each stops a run at the next step boundary with a
+# checkpoint (vitlab.train.preemption); data-loader workers ignore them all (vitlab.data.loader).
+STOP_SIGNALS = ("TERM", "USR1", "USR2", "HUP")
 RECIPES = Path(__file__).resolve().parent.parent / "configs"
 HEAD_STARTS = ("zeros", "probe")  # model.head_start: how a fine-tune's new head starts
 SHUFFLE_BUFFER = 2000  # samples a streamed (wds) training set holds for shuffling: data.shuffle_buffer
@@ -42,6 +45,11 @@ def _crop_range(v: tuple[float, float]) -> Optional[str]:
 
 def _ratio_range(v: tuple[float, float]) -> Optional[str]:
     return None if 0 < v[0] <= v[1] else "must be (low, high) with 0 < low <= high"
+
+
+def _signal_names(v: tuple[str, ...]) -> Optional[str]:
+    bad = [name for name in v if name not in STOP_SIGNALS]
+    return f"{', '.join(bad)}: not one of {', '.join(STOP_SIGNALS)} (signal names without SIG)" if bad else None
 
 
 # A model section's changes may name a field of either model kind; the variant it names
@@ -219,6 +227,9 @@ class TrainConfig:
     eval_batch_size: int = setting(0, at_least=0)  # 0 = batch_size
     early_stop: EarlyStopConfig = dataclasses.field(default_factory=EarlyStopConfig)
     keep_best: str = ""  # SPLIT.NAME (dev.top1): write checkpoints/best.safetensors at each best evaluation
+    # Signals that stop the run at the next step boundary with a checkpoint, to resume exactly
+    # (a cluster's preemption or time limit; vitlab.train.preemption); [] = none.
+    stop_signals: tuple[str, ...] = setting(("TERM", "USR1"), check=_signal_names)
 
     def __post_init__(self) -> None:
         check_fields(self, "train")

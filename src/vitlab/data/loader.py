@@ -11,10 +11,12 @@ serves a whole run, crossing epochs, so its workers start once.
 
 from __future__ import annotations
 
+import signal
 from typing import Any, Iterator, Optional
 
 import torch
 
+from vitlab.config import STOP_SIGNALS
 from vitlab.data.datasets import Skipped, item_seed
 from vitlab.data.decode import stack_images
 from vitlab.data.wds import WebDataset
@@ -78,6 +80,15 @@ def collate(items: list) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
     return stack_images(good, bad)
 
 
+def leave_signals_to_parent(worker_id: int) -> None:
+    """A worker's start: the signals that stop a training run (train.stop_signals) are the main
+    process's to act on. Slurm sends them to every process of a job; a worker ended by one
+    would end the run before the checkpoint the main process writes at its next step. The
+    main process ends its workers itself, and a worker leaves when its parent is gone."""
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+
+
 def make_loader(
     dataset: Any,
     batch_size: int,
@@ -100,7 +111,8 @@ def make_loader(
     global generator, which would shift dropout and Mixup after a resume. pin_memory: batches
     in page-locked memory (for a CUDA device: the copy to it can overlap the step).
     """
-    common = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
+    common = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory,
+                  worker_init_fn=leave_signals_to_parent if num_workers else None)
     if isinstance(dataset, WebDataset):
         batches = dataset.batches(
             batch_size=batch_size, rank=rank, world=world, start_step=start_step, num_steps=num_steps, train=train

@@ -107,6 +107,14 @@ def data_transforms(cfg: RunConfig, model: ModelConfig) -> tuple[Any, Any]:
     return train, (fast_model_transform(model) if d.eval_decode == "fast" else model_transform(model))
 
 
+def dataset_size(dataset: Any) -> Optional[int]:
+    """The number of images of an evaluation set, when it knows it (a stream may not)."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
 def open_datasets(cfg: RunConfig, model: ModelConfig,
                   sources: Optional[tuple[Any, dict[str, Any]]] = None) -> tuple[Any, dict[str, Any]]:
     """(training set, {evaluation split: dataset}) with the model's preprocessing, from the

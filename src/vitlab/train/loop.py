@@ -12,7 +12,7 @@ so the last checkpoint stays the last good state.
 Exact resume: everything a step depends on is either saved (weights, optimiser, EMA,
 Python/NumPy/torch random states) or a function of (seed, step) (the data order and each
 image's augmentation, see vitlab.data.loader). On CPU a resumed run's weights are
-bit-identical to an uninterrupted run's.
+bit-identical to an uninterrupted run's, stopped by a signal too (preemption.py).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from vitlab.data.loader import batches_per_epoch
 from vitlab.eval.accuracy import add_counts
 from vitlab import run_layout
 from vitlab.files import atomic_write_text
-from vitlab.train import callbacks as cb, distributed, probe_head, state
-from vitlab.train.build import architecture, build_model, describe_source, model_input, open_datasets, train_loader
+from vitlab.train import callbacks as cb, distributed, preemption, probe_head, state
+from vitlab.train.build import (architecture, build_model, dataset_size, describe_source, model_input, open_datasets,
+                                train_loader)
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.objectives import Objective, build_objective
 from vitlab.train.optim import EMA, build_optimizer, lr_at
@@ -140,7 +141,7 @@ class Trainer:
         t = self.cfg.train
         check_trackers(list(self.trackers))
         ctx = distributed.setup(t.device, t.parallel)
-        self.ctx = ctx
+        self.ctx, self.watch = ctx, preemption.Watch(t.stop_signals, ctx)  # train.stop_signals, noted from now
         try:
             distributed.check_precision(t.precision, ctx, FP16_DEVICES)
             mode = self._claim_folder(ctx)
@@ -158,10 +159,12 @@ class Trainer:
             self._restore(run, resume_from)
             train_seconds = self._train(run)
             summary = self._finish(run, self._evaluate(run, run.start, final=True), train_seconds)
-            distributed.barrier(ctx)  # all done before the group goes: gloo can abort a rank that leaves first
+            distributed.barrier(ctx)  # every process is done with the group before any destroys it
             return summary
         finally:
+            self.watch.close()
             self.folder.release()
+            run = self.run_state = None  # its modules hold the process group, which cleanup ends
             distributed.cleanup(ctx)
 
     def request_stop(self, reason: str) -> None:
@@ -302,8 +305,11 @@ class Trainer:
                 self._log_step(run, step, loss, acc, lr, labels.shape[0])
                 if t.eval_every and step % t.eval_every == 0 and step < run.plan.total:
                     self._evaluate(run, step)
-                if step % t.ckpt_every == 0 or step == run.plan.total or run.stop:
+                stop_signal = self.watch.stop_now()  # the same on every process
+                if step % t.ckpt_every == 0 or step == run.plan.total or run.stop or stop_signal:
                     self._save(run, step, run.prior_seconds + time.perf_counter() - t_start)
+                if stop_signal:
+                    raise preemption.Preempted(stop_signal, step, run.plan.total, run.last_good, ctx.is_main)
                 if run.stop:
                     self._say(f"{run.stop}; stopping at step {step} of {run.plan.total}")
                     break
@@ -411,7 +417,7 @@ class Trainer:
             loader = make_loader(dataset, t.eval_batch_size or max(t.batch_size // ctx.world, 1), rank=ctx.rank,
                                  world=ctx.world, train=False, num_workers=self.cfg.data.num_workers)
             sums = None
-            shown = eval_batches(loader, split, _size(dataset), quiet=self.quiet or not ctx.is_main)
+            shown = eval_batches(loader, split, dataset_size(dataset), quiet=self.quiet or not ctx.is_main)
             with torch.no_grad(), torch.autocast(**self._autocast(ctx)):
                 for images, labels, _ in shown:
                     if labels.numel():
@@ -489,11 +495,3 @@ class Trainer:
         notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
         LOG.info(final_report(self.folder, summary, results, notes, where))  # --quiet too
         return summary
-
-
-def _size(dataset: Any) -> Optional[int]:
-    """The number of images of an evaluation set, when it knows it (a stream may not)."""
-    try:
-        return len(dataset)
-    except TypeError:
-        return None

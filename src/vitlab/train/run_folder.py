@@ -49,7 +49,7 @@ def _close_in_child() -> None:
 # Config keys that may change between a run and its resumption: none of them changes a number.
 RESUMABLE_CHANGES = {
     "data.num_workers", "train.log_every", "train.eval_batch_size", "train.keep_checkpoints",
-    "train.ckpt_every", "train.device", "train.threads",
+    "train.ckpt_every", "train.device", "train.threads", "train.stop_signals",
 }
 
 
