@@ -29,6 +29,19 @@ def run(cmd: list[str], out) -> None:
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "vitlab", "train"]
 
+# `vitlab train` that then fails (exit 99) if gloo's worker threads outlived the run: the process
+# group must be gone before the interpreter exits, or a worker still letting go of a
+# collective's tensors then aborts the process ("terminate called without an active exception").
+GROUP_GONE = """import os, sys
+from vitlab.cli import main
+code = main(["train", *sys.argv[1:]])
+tasks = "/proc/self/task"
+names = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)] if os.path.isdir(tasks) else []
+left = [n for n in names if "gloo" in n]
+print(f"gloo threads left at exit: {left}", file=sys.stderr)
+sys.exit(99 if left else code)
+"""
+
 
 def same_weights(one, two) -> None:
     a = load_file(str(one / "checkpoints" / "last.safetensors"))
@@ -49,7 +62,8 @@ def same_weights(one, two) -> None:
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
     run([sys.executable, "-m", "vitlab", "train"], tmp_path / "one")
-    run(TORCHRUN, tmp_path / "two")
+    (tmp_path / "group_gone.py").write_text(GROUP_GONE)
+    run([*TORCHRUN[:-3], str(tmp_path / "group_gone.py")], tmp_path / "two")
     same_weights(tmp_path / "one", tmp_path / "two")
     run([*TORCHRUN, "--fsdp"], tmp_path / "fsdp")  # sharded parameters, gathered checkpoints
     same_weights(tmp_path / "one", tmp_path / "fsdp")

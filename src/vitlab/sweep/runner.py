@@ -20,10 +20,11 @@ from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
 from vitlab.extras import require
 from vitlab.files import atomic_write_text, require_regular_file
-from vitlab.sweep import timing
+from vitlab.sweep import slurm, timing
 from vitlab.sweep.cells import Cell, Step
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
+STOPPED = 75  # a training's exit status when a signal stopped it with a checkpoint (vitlab.train.preemption)
 Say = Callable[[str], None]
 
 
@@ -110,6 +111,8 @@ def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optiona
         timing.record(folder, step.name, began, time.perf_counter() - clock, rc, threads)
         if rc != 0 or not (folder / step.result).exists():
             why = f"exit code {rc}" if rc != 0 else f"it wrote no {step.result}"
+            if rc == STOPPED:
+                why += ": stopped by a signal, with a checkpoint; the same sweep command continues it"
             return {"status": "failed", "step": step.name, "why": why, "log": str(log), "tail": _tail(log)}
     return {"status": "done", "seconds": round(time.time() - start, 1)}
 
@@ -148,10 +151,10 @@ def check_launcher(launcher: str) -> None:
                           "login node, or use --launcher local (or submitit-local)")
 
 
-def submitit_executor(launcher: str, folder: Path, params: dict[str, Any]):
+def submitit_executor(launcher: str, folder: Path, params: dict[str, Any], say: Say = print):
     submitit = _submitit(launcher)
     if launcher == "slurm":
-        executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+        executor = slurm.executor(submitit, folder, say)
     else:
         executor = submitit.LocalExecutor(folder=str(folder))
     try:
@@ -163,8 +166,9 @@ def submitit_executor(launcher: str, folder: Path, params: dict[str, Any]):
 
 def run_submitit(todo, launcher: str, folder: Path, params: dict[str, Any], threads: int, wait: bool, say: Say):
     """Each cell one submitit job; waits for them (and reports each) unless `wait` is False."""
-    executor = submitit_executor(launcher, folder, params)
-    jobs = [executor.submit(run_cell, str(d), steps, threads, record) for _, d, steps, record in todo]
+    executor = submitit_executor(launcher, folder, params, say)
+    jobs = slurm.submit(executor, [(run_cell, str(d), steps, threads, record) for _, d, steps, record in todo],
+                        f"--launcher {launcher}")
     say(f"submitted {len(jobs)} job(s) through submitit ({launcher}); logs in {folder}")
     if not wait:
         for (cell, *_), job in zip(todo, jobs):
@@ -172,12 +176,11 @@ def run_submitit(todo, launcher: str, folder: Path, params: dict[str, Any], thre
         return None
     cells = {id(job): cell for (cell, *_), job in zip(todo, jobs)}
     results = []
-    for n, job in enumerate(_submitit(launcher).helpers.as_completed(jobs), 1):
+    for n, job in enumerate(_submitit(launcher).helpers.as_completed(jobs, poll_frequency=2), 1):
         try:
             result = job.result()
         except Exception as e:  # the job itself died (killed, out of time): the cell resumes next time
-            result = {"status": "failed", "step": "job", "why": f"{type(e).__name__}", "log": str(job.paths.stderr),
-                      "tail": str(e).strip()[-400:]}
+            result = slurm.failure(job, e)
         _report(say, n, len(jobs), cells[id(job)], result)
         results.append(result)
     return results

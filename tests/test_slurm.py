@@ -1,0 +1,198 @@
+"""vitlab on a running Slurm cluster, as its users run it: a two-task DDP training through srun
+(one process group, one run folder) preempted and requeued, ending with the weights of an
+uninterrupted run bit for bit; `vitlab sweep --launcher slurm` and `vitlab vtab --launcher
+slurm` through submitit on a cluster without accounting (no sacct warnings: the states come
+from squeue, said once); a failing cell's one-line error and a refused job's reason reaching
+the user. .ci/run starts the single-node cluster (tools/slurm-cluster start); where none
+answers, these tests skip and say how to start one. The first tests need no cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+from safetensors.torch import load_file
+
+from vitlab.data.datasets import digits_arrays
+from vitlab.sweep.slurm import GONE, queue_job_class
+from vitlab.train.distributed import first_host, launch
+from vitlab.train.preemption import EXIT_STATUS
+
+from conftest import ROOT, assert_one_line_error
+
+STEPS = 40
+TRAIN = ["--steps", str(STEPS), "--batch-size", "32", "--ckpt-every", "5", "--seed", "3", "--quiet",
+         "model.hidden_size=32", "model.depth=2", "model.num_heads=2", "model.mlp_dim=64", "model.image_size=8",
+         "model.patch_size=4", "data.num_workers=0", "train.threads=1", "optim.warmup_steps=2"]
+
+
+# Without a cluster: what a process reads of Slurm's environment and of squeue -----------------
+def test_srun_tasks_form_one_group_and_torchrun_wins_over_slurm():
+    task = {"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4",
+            "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    me = launch(task)
+    assert (me.rank, me.world, me.local_rank) == (1, 4, 1) and me.init.startswith("tcp://gpu07:")
+    assert launch({**task, "SLURM_PROCID": "0"}).init == me.init  # every task meets at the same place
+    assert launch({**task, "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29400"}).init == "tcp://10.0.0.2:29400"
+    batch = {k: v for k, v in task.items() if k != "SLURM_STEP_ID"}  # the batch script of a 4-task job
+    assert launch({**batch, "SLURM_PROCID": "0"}).world == 1
+    assert launch({**task, "SLURM_STEP_NUM_TASKS": "1"}).world == 1
+    torchrun = launch({**task, "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"})
+    assert (torchrun.rank, torchrun.world, torchrun.init) == (5, 8, "")  # env://, torchrun's own rendezvous
+
+
+def test_queue_states_come_from_squeue_and_a_job_gone_from_it_has_ended():
+    pytest.importorskip("submitit")
+    watcher = queue_job_class(__import__("submitit")).watcher.__class__(delay_s=600)
+    for job in ("12", "13", "14_1", "99"):
+        watcher.register_job(job)
+    info = watcher.read_info("12|RUNNING|node1\n13|COMPLETED|node1\n14_[0-3]|PENDING|\n")
+    assert {j: info[j]["State"] for j in ("12", "13", "14_1", "99")} == {
+        "12": "RUNNING", "13": "COMPLETED", "14_1": "PENDING", "99": GONE}
+    assert watcher._make_command()[:3] == ["squeue", "--noheader", "--states=all"]
+
+
+# On the cluster ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    """A Slurm cluster that takes jobs, or a skip that says how to get one."""
+    if shutil.which("sbatch") is None:
+        pytest.skip("Slurm is not installed (Debian: apt-get install slurm-wlm munge), and no cluster runs here: "
+                    "as root, tools/slurm-cluster start")
+    try:
+        states = subprocess.run(["sinfo", "--noheader", "--format=%T"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        states = None
+    if states is None or states.returncode != 0 or not {"idle", "mixed", "allocated"} & set(states.stdout.split()):
+        said = " ".join(((states.stderr or states.stdout) if states else "sinfo timed out").split())[:200]
+        pytest.skip(f"no Slurm cluster takes jobs here ({said or 'no node up'}): as root, tools/slurm-cluster start")
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def job_state(job: str) -> str:
+    out = subprocess.run(["squeue", "--noheader", "--states=all", "--jobs", job, "--format=%T"],
+                         capture_output=True, text=True).stdout.split()
+    return out[0] if out else GONE
+
+
+def wait_for(condition, what: str, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds:.0f} s for {what}"
+        time.sleep(0.25)
+
+
+def test_node_lists_read_as_scontrol_expands_them(cluster):
+    for nodes in ("localhost", "gpu[07-09,12],cpu3", "rack[1-2]-node[01-02],x", "n[1-3]", "a1,b[2-3]"):
+        listed = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True)
+        assert first_host(nodes) == listed.stdout.split()[0], nodes
+
+
+@pytest.mark.slow
+def test_a_preempted_two_task_srun_job_requeues_and_ends_as_an_uninterrupted_run(cluster, tmp_path):
+    """srun -n 2: one process group from Slurm's variables (world size 2, one run folder, rank 0
+    alone writes); SIGUSR1 (what --signal=USR1@SECONDS sends before a time limit) stops both
+    tasks at one step with its checkpoint, the job requeues itself, starts again and resumes;
+    the final weights are those of the same training run straight through by torchrun."""
+    run = tmp_path / "run"
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --ntasks=2\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
+                      f"#SBATCH --output={tmp_path}/job-%j.out\n"
+                      f"srun {sys.executable} -m vitlab train --out {run} {' '.join(TRAIN)}\n")
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=env(),
+                         cwd=ROOT).stdout.strip()
+    straight = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                                 "-m", "vitlab", "train", "--out", str(tmp_path / "straight"), *TRAIN],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        wait_for(lambda: (run / "checkpoints" / "step-00000005.safetensors").exists() or job_state(job) == GONE,
+                 "the job's first checkpoint")
+        subprocess.run(["scancel", "--signal=USR1", job], check=True)
+        wait_for(lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", GONE), "the requeued job's end")
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert job_state(job) == "COMPLETED", log[-3000:]
+    stopped = [line for line in log.splitlines() if line.startswith("vitlab train: stopped:")]
+    assert len(stopped) == 1, log[-3000:]  # rank 0 speaks for the run
+    assert "SIGUSR1 at step" in stopped[0] and f"Slurm job {job} requeued" in stopped[0]
+    assert stopped[0].endswith(f"(exit status {EXIT_STATUS})") and "Traceback" not in log
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "Restarts=1" in shown, shown
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == STEPS
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and len(steps) == len(set(steps)) + 1  # once each (train and test at the end)
+    _, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err[-3000:]
+    a = load_file(str(run / "checkpoints" / "last.safetensors"))
+    b = load_file(str(tmp_path / "straight" / "checkpoints" / "last.safetensors"))
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)  # bit for bit
+
+
+TINY_SWEEP = {
+    "train": {"config": "digits", "steps": 4, "batch-size": 32, "ckpt-every": 2, "model.depth": 1,
+              "model.hidden_size": 32, "train.threads": 1},
+    "grid": {"model.num_heads": [2, 3]},  # 3 does not divide the width 32: that cell's training fails
+    "figures": [],
+}
+
+
+@pytest.mark.slow
+def test_sweep_on_slurm_runs_its_cells_says_a_failed_cell_in_one_line_and_no_sacct_noise(cluster, tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(TINY_SWEEP))
+    out = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, "-m", "vitlab", "sweep", str(spec), "--launcher", "slurm", "--out", str(out)],
+                       capture_output=True, text=True, env=env(), timeout=600)
+    said = r.stdout + r.stderr
+    assert r.returncode == 1, said[-3000:]  # one cell failed
+    assert said.count("job states come from squeue") == 1 and "sacct" not in said.replace("(no sacct)", "")
+    assert "WARNING" not in said and "Traceback" not in said
+    assert "model.num_heads=2: done in" in r.stdout
+    failed = r.stdout[r.stdout.index("model.num_heads=3: FAILED at train (exit code 2)"):]
+    assert "vitlab train: error: hidden_size 32 is not divisible by num_heads 3" in failed.splitlines()[2]
+    assert json.loads((out / "num-heads-2" / "train" / "summary.json").read_text())["steps"] == 4
+    assert "1 of 2 cells finished" in r.stdout
+    # A job the scheduler refuses: sbatch's reason, in the one line.
+    bad = subprocess.run([sys.executable, "-m", "vitlab", "sweep", str(spec), "--launcher", "slurm", "--out",
+                          str(tmp_path / "refused"), "--slurm", "slurm_partition=nosuchpartition"],
+                         capture_output=True, text=True, env=env(), timeout=300)
+    assert_one_line_error(bad.returncode, bad.stderr, "sweep", mentions=("Slurm refused the job", "partition"))
+
+
+@pytest.mark.slow
+def test_vtab_on_slurm_runs_a_task_as_a_job(cluster, digits_run, tmp_path):
+    root = tmp_path / "vtab"
+    d = digits_arrays()  # digits dressed as DTD: image folders train / validation / test
+    images, labels = np.concatenate([d["train"][0], d["test"][0]]), np.concatenate([d["train"][1], d["test"][1]])
+    for split, (a, b) in {"train": (0, 1000), "validation": (1000, 1300), "test": (1300, 1500)}.items():
+        for i in range(a, b):
+            folder = root / "dtd" / split / str(labels[i])
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(images[i]).save(folder / f"{i:06d}.png")
+    out = tmp_path / "suite"
+    ckpt = digits_run / "checkpoints" / "last.safetensors"
+    r = subprocess.run([sys.executable, "-m", "vitlab", "vtab", str(ckpt), "--root", str(root), "--out", str(out),
+                        "--tasks", "dtd", "--steps", "4", "--batch-size", "32", "--quiet", "--launcher", "slurm"],
+                       capture_output=True, text=True, env=env(), timeout=600)
+    said = r.stdout + r.stderr
+    assert r.returncode == 0, said[-3000:]
+    assert said.count("job states come from squeue") == 1 and "WARNING" not in said
+    result = json.loads((out / "dtd" / "result.json").read_text())
+    assert result["test_images"] == 200
+    row = json.loads((out / "vtab.json").read_text())
+    assert row["tasks"]["dtd"] == result["top1"]
+    assert list((out / "submitit").glob("*_log.out"))  # the job's own log, where submitit keeps it
