@@ -9,6 +9,9 @@ The convention (docs/architecture.md, "Docs that run"):
                Each command runs; when its output shows `error:`, `stopped:` or
                `exit status N`, it must fail, otherwise succeed.
 - ```python    a script, run top to bottom in the sandbox; it must not raise.
+- ```sbatch    a Slurm batch script: submitted from the sandbox (`sbatch --wait`) to the cluster
+               tools/slurm-cluster starts, it must end with exit status 0. Without a cluster
+               its vitlab commands are parsed, and the file's test skips, saying so.
 - ```text, ```yaml, ...   not code (file trees, usage synopses, program output); never run.
                A `$ ` transcript line there is an error: transcripts are ```console.
 - A fence without a language is an error: every block says which of these it is.
@@ -51,7 +54,7 @@ from vitlab.data.transforms import eval_transform
 from conftest import ROOT, perturb, tiny_model
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-RUNNABLE = ("bash", "console", "python")
+RUNNABLE = ("bash", "console", "python", "sbatch")
 NOT_CODE = ("text", "yaml", "json", "csv", "html")
 MARKER = re.compile(r"<!--\s*docs-test:\s*skip:\s*(.+?)\s*-->")
 # Before a console block that runs: its output is from a real machine, not what the sandbox's
@@ -113,7 +116,7 @@ def joined(lines: list[str]) -> list[tuple[int, str]]:
 def commands(block: Block) -> list[tuple[str, str]]:
     """(command, the output the doc shows for it) in order."""
     lines = block.text.splitlines()
-    if block.language == "bash":
+    if block.language in ("bash", "sbatch"):
         return [(c.strip(), "") for _, c in joined(lines) if c.strip() and not c.strip().startswith("#")]
     found = []
     cmd_lines = [(n, line[2:]) for n, line in enumerate(lines) if line.startswith("$ ")]
@@ -254,9 +257,11 @@ def parse_only(block: Block) -> None:
         compile(block.text, block.where, "exec")
         return
     for command, _ in commands(block):
+        if block.language == "sbatch":  # the job's own commands: `srun vitlab ...`, `srun torchrun ...`
+            command = re.sub(r"^srun(\s+--?[\w-]+(=\S+)?)*\s+", "", command)
         for part in re.split(r"\s*&&\s*", command):
             _, words = argv_of(part)
-            if words[:1] == ["vitlab"] or words[:3] == ["torchrun"] and "vitlab" in words:
+            if words[:1] == ["vitlab"] or words[:1] == ["torchrun"] and "vitlab" in words:
                 argv = words[1:] if words[0] == "vitlab" else words[words.index("vitlab") + 1 :]
                 try:
                     build_parser().parse_args(argv)
@@ -329,7 +334,34 @@ def output_mismatch(shown: str, actual: str) -> str:
     return ""
 
 
+def slurm_takes_jobs() -> bool:
+    if shutil.which("sbatch") is None:
+        return False
+    try:
+        states = subprocess.run(["sinfo", "--noheader", "--format=%T"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return False
+    return states.returncode == 0 and bool({"idle", "mixed", "allocated"} & set(states.stdout.split()))
+
+
+def run_batch(block: Block) -> None:
+    """Submit the script from the sandbox and wait for the job; its log when it fails."""
+    script = Path(f"docs-test-{block.line}.sbatch")
+    script.write_text(block.text)
+    done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ))
+    job = done.stdout.strip().split(";")[0]
+    m = re.search(r"^#SBATCH\s+(?:--output=|-o\s*)(\S+)", block.text, re.M)
+    log = Path((m.group(1) if m else "slurm-%j.out").replace("%j", job).replace("%x", "*"))
+    shown = "".join(p.read_text(errors="replace") for p in Path().glob(str(log))) if "*" in str(log) else (
+        log.read_text(errors="replace") if log.exists() else "")
+    assert done.returncode == 0, f"{block.where}: job {job} exited {done.returncode}\n{done.stderr}\n{shown[-3000:]}"
+
+
 def run_block(block: Block) -> None:
+    if block.language == "sbatch":
+        run_batch(block)
+        return
     if block.language == "python":
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -350,16 +382,23 @@ def run_block(block: Block) -> None:
 @pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
 def test_every_block_runs_as_shown(path, sandbox):
     blocks = read_blocks(path)
+    cluster, unrun = None, 0
     for block in blocks:
         assert block.language, f"{block.where}: a fence without a language; say ```bash, console, python or text"
         if block.language not in RUNNABLE:
             assert block.language in NOT_CODE, f"{block.where}: unknown block language {block.language!r}"
             assert not re.search(r"^\$ ", block.text, re.M), f"{block.where}: a transcript belongs in ```console"
             continue
-        if block.skip:
+        if block.language == "sbatch" and not block.skip:
+            cluster = slurm_takes_jobs() if cluster is None else cluster
+            unrun += not cluster
+        if block.skip or (block.language == "sbatch" and not cluster):
             parse_only(block)
         else:
             run_block(block)
+    if unrun:
+        pytest.skip(f"its other blocks ran; its {unrun} Slurm batch script(s) were parsed, not run: no Slurm cluster "
+                    "takes jobs here (as root: tools/slurm-cluster start)")
 
 
 def test_the_docs_use_paths_relative_to_the_project():

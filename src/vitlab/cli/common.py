@@ -122,25 +122,20 @@ def command_line() -> str:
 
 
 def training_exit(train, command: str = "train") -> int:
-    """Run `train()` and turn how a training ends into the exit status: 0 done, 3 stopped by a
-    diverging loss, 2 an unreadable image (named; the checkpoints written so far are kept),
-    75 stopped by a signal (train.stop_signals) with a checkpoint: in a Slurm batch job the
-    job is requeued, elsewhere the same command continues."""
+    """Run `train()` and turn how a training ends into the exit status: 0 done, 3 stopped by a diverging
+    loss, 75 by a signal (preemption.py), 2 an unreadable image (named); checkpoints written are kept."""
     import sys
 
     from vitlab.data import BadImageError
-    from vitlab.train.loop import TrainingDiverged
-    from vitlab.train.preemption import EXIT_STATUS, Preempted, requeue
+    from vitlab.train import loop, preemption
 
     try:
         train()
-    except TrainingDiverged as e:
+    except loop.TrainingDiverged as e:
         print(f"vitlab {command}: stopped: {e}", file=sys.stderr)
         return 3
-    except Preempted as e:
-        if e.report:  # one process speaks (and requeues) for the run
-            print(f"vitlab {command}: stopped: {e}; {requeue()} (exit status {EXIT_STATUS})", file=sys.stderr)
-        return EXIT_STATUS
+    except preemption.Preempted as e:
+        return preemption.finish(e, command)
     except BadImageError as e:
         print(f"vitlab {command}: error: {bad_image_message(e)}", file=sys.stderr)
         return 2

@@ -54,15 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> int:
     """The flags' own checks; returns --max-cells (its default where not given)."""
     from vitlab.cli import UsageError
-    from vitlab.sweep import LAUNCHERS
     from vitlab.sweep.cells import MAX_CELLS
 
     if not math.isfinite(args.scale) or args.scale <= 0:
         raise UsageError(f"--scale must be a positive finite number, got {args.scale}")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.launcher not in LAUNCHERS:
-        raise UsageError(f"--launcher {args.launcher!r}: use one of {', '.join(LAUNCHERS)}")
     max_cells = MAX_CELLS if args.max_cells is None else args.max_cells
     if max_cells < 1:
         raise UsageError(f"--max-cells must be at least 1, got {max_cells}")
@@ -109,8 +106,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("name a sweep spec (a YAML file or a shipped name such as paper/pos-embed), "
                          "or rebuild a finished sweep's report with --report DIR")
     spec, _ = load_sweep(args.spec)
-    if not (args.dry_run or args.report):
-        check_launcher(args.launcher)  # Slurm or submitit missing: said now, before any cell
+    check_launcher(args.launcher, usable=not (args.dry_run or args.report))  # said now, before any cell
     suffix = "" if args.scale == 1 else f"-x{args.scale:g}"
     out = Path(args.out or f"runs/sweeps/{spec.name}{suffix}")
     if args.dry_run:

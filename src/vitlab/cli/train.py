@@ -27,7 +27,12 @@ Precision: --bf16 autocast (CPUs with bf16 units and GPUs); --fp16 autocast with
 scaler on CUDA GPUs.
 
 Many processes: torchrun --nproc_per_node N -m vitlab train ... (DDP; --fsdp shards the
-model). --batch-size is the global batch.
+model), or under Slurm srun -n N vitlab train ... (one process group from Slurm's
+variables). --batch-size is the global batch.
+
+SIGTERM or SIGUSR1 (train.stop_signals) stops a run at the end of its step with a checkpoint
+and exit status 75; in a Slurm batch job it requeues the job, elsewhere the same command
+continues exactly (docs/cluster.md).
 
 examples:
   vitlab train                                   # digits, about a minute on 2 CPU cores

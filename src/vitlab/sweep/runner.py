@@ -140,10 +140,13 @@ def _submitit(launcher: str):
     return require("sweep", f"--launcher {launcher}")["submitit"]
 
 
-def check_launcher(launcher: str) -> None:
-    """Refuse, before any cell is made, a launcher this machine cannot use."""
+def check_launcher(launcher: str, usable: bool = True) -> None:
+    """Refuse, before any cell is made, a launcher vitlab does not know, or (`usable`) one this
+    machine cannot use (submitit or Slurm missing)."""
     if launcher not in LAUNCHERS:
         raise ConfigError(f"--launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    if not usable:
+        return
     if launcher != "local":
         _submitit(launcher)
     if launcher == "slurm" and shutil.which("sbatch") is None:

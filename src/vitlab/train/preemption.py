@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Optional
@@ -97,3 +98,11 @@ def requeue(env: Optional[dict[str, str]] = None) -> str:
         signal.signal(signal.SIGTERM, previous)
     why = " ".join((done.stderr or done.stdout).split()) or f"exit status {done.returncode}"
     return f"Slurm job {job} not requeued ({why}): {again}"
+
+
+def finish(stopped: Preempted, command: str) -> int:
+    """How a command ends on a stopped run: the process that speaks for the run requeues its
+    Slurm job (or says how to continue) in one line on stderr; EXIT_STATUS on every process."""
+    if stopped.report:
+        print(f"vitlab {command}: stopped: {stopped}; {requeue()} (exit status {EXIT_STATUS})", file=sys.stderr)
+    return EXIT_STATUS
