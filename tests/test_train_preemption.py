@@ -4,6 +4,7 @@ bit for bit. Slurm's side (the requeue, srun's tasks) is tests/test_slurm.py's."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,18 +23,21 @@ ARGS = ["--steps", str(STEPS), "--batch-size", "32", "--ckpt-every", "5", "--see
         "model.patch_size=4", "data.num_workers=1", "train.threads=1", "optim.warmup_steps=2"]
 
 
-def train(out, *extra: str) -> subprocess.Popen:
+def start(command: str, out, *args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "vitlab", "train", "--out", str(out), *ARGS, *extra],
+    return subprocess.Popen([sys.executable, "-m", "vitlab", command, "--out", str(out), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+
+def train(out, *extra: str) -> subprocess.Popen:
+    return start("train", out, *ARGS, *extra)
 
 
 def signal_after_first_checkpoint(p: subprocess.Popen, out, number: int) -> None:
     """Send `number` to the run's whole process group (as Slurm does: the workers too) once
     its step-5 checkpoint exists, so that the run is mid-way."""
-    first = out / "checkpoints" / "step-00000005.safetensors"
     deadline = time.monotonic() + 240
-    while not first.exists() and p.poll() is None and time.monotonic() < deadline:
+    while not list(out.glob("**/step-00000005.safetensors")) and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert p.poll() is None, p.communicate()[1][-3000:]
     os.killpg(p.pid, number)
@@ -67,17 +71,24 @@ def test_a_stop_signal_checkpoints_and_the_same_command_continues_bit_exactly(tm
 
 
 @pytest.mark.slow
-def test_stop_signals_are_configurable_and_others_keep_their_meaning(tmp_path):
-    """train.stop_signals=[USR2]: SIGUSR2 stops with a checkpoint; SIGUSR1 is then not vitlab's
-    and does what it does by default (ends the process)."""
-    p = train(tmp_path / "usr2", "train.stop_signals=[USR2]")
+def test_a_fine_tune_stops_on_the_signals_it_is_given_and_others_keep_their_meaning(tmp_path, digits_run):
+    """vitlab finetune with train.stop_signals=[USR2]: SIGUSR2 stops it with a checkpoint and the
+    same command finishes it; SIGUSR1 is then not vitlab's and does what it does by default."""
+    tune = ["--from", str(digits_run / "checkpoints" / "last.safetensors"), "--data", "digits", "--lr", "0.01",
+            "--steps", "30", "--ckpt-every", "5", "--batch-size", "32", "--quiet", "train.threads=1",
+            "data.num_workers=1", "train.stop_signals=[USR2]"]
+    p, q = start("finetune", tmp_path / "usr2", *tune), start("finetune", tmp_path / "usr1", *tune)
     signal_after_first_checkpoint(p, tmp_path / "usr2", signal.SIGUSR2)
-    _, err = p.communicate(timeout=240)
-    assert p.returncode == EXIT_STATUS and "stopped: SIGUSR2 at step" in err, err[-3000:]
-    q = train(tmp_path / "usr1", "train.stop_signals=[USR2]")
     signal_after_first_checkpoint(q, tmp_path / "usr1", signal.SIGUSR1)
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == EXIT_STATUS and "vitlab finetune: stopped: SIGUSR2 at step" in err, err[-3000:]
     q.communicate(timeout=240)
     assert q.returncode == -signal.SIGUSR1
+    again = start("finetune", tmp_path / "usr2", *tune)
+    _, err = again.communicate(timeout=240)
+    assert again.returncode == 0, err[-3000:]
+    (summary,) = (tmp_path / "usr2").glob("**/summary.json")
+    assert json.loads(summary.read_text())["steps"] == 30
 
 
 def test_requeue_outside_slurm_and_where_slurm_refuses(tmp_path):
