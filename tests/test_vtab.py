@@ -222,7 +222,9 @@ def test_lr_grid_chooses_on_the_200_and_reruns_on_the_1000(tmp_path):
 
     task = TASKS["dtd"]
     s = vtab.Settings(steps=10, grid=(0.001, 0.01), seed=2)
-    result = vtab.run_task("ckpt.safetensors", task, tmp_path / "data", tmp_path / "out", s, train, log=lambda _: None)
+    (tmp_path / "ckpt.safetensors").write_bytes(b"weights")  # its content is part of the result's identity
+    ckpt = str(tmp_path / "ckpt.safetensors")
+    result = vtab.run_task(ckpt, task, tmp_path / "data", tmp_path / "out", s, train, log=lambda _: None)
     assert calls == [(0.001, "train-minus-dev", ("dev",), "lr-0.001"), (0.01, "train-minus-dev", ("dev",), "lr-0.01"),
                      (0.01, "train", ("test",), "final")]
     assert result["lr"] == 0.01 and result["top1"] == 0.6

@@ -17,8 +17,11 @@ vtab.json and vtab.csv. --lr-grid chooses the rate per task on the 200 val examp
 Task data is read from ROOT (see data/vtab_sources.py): tfds's prepared data (ROOT may be
 ~/tensorflow_datasets), a Hugging Face save_to_disk folder, or image folders ROOT/TASK/SPLIT/
 LABEL/. A task without data is listed with where to put it, and every mean says over how
-many of the 19 tasks it is taken. Finished tasks are kept (OUT/TASK/result.json), an
-interrupted one resumes: rerunning the command is always safe. --launcher slurm (or
+many of the 19 tasks it is taken. Finished tasks are kept (OUT/TASK/result.json, with the
+checkpoint's sha256 and the task's settings), an interrupted one resumes: rerunning the command
+is always safe. A result of another checkpoint or other settings is refused by name, never
+reported under this one: give another --out. A vtab.md, vtab.json or vtab.csv that you wrote
+or edited is kept unless --force. --launcher slurm (or
 submitit-local, or local with --jobs N) runs each task as its own job, as vitlab sweep does;
 --report writes the row from what has finished.
 
@@ -49,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="a submitit executor parameter")
     p.add_argument("--no-wait", action="store_true", help="submit the jobs and return (then --report)")
     p.add_argument("--report", action="store_true", help="run nothing: write the row of the finished tasks")
+    p.add_argument("--force", action="store_true", help="replace vtab.md/.json/.csv even when edited (never a result)")
     p.add_argument("--quiet", action="store_true", help="print only each task's result and the row")
     p.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE", help="changes to every task's run")
 
@@ -68,15 +72,14 @@ def run(args: argparse.Namespace) -> int:
                       image_size=args.image_size, seed=args.seed, device=args.device, overrides=tuple(args.overrides))
     if args.launcher and not args.report:
         done = launch(args.checkpoint, root, out, tasks, s, launcher=args.launcher, jobs=args.jobs,
-                      params=launcher_params(args.slurm), wait=not args.no_wait)
+                      params=launcher_params(args.slurm), wait=not args.no_wait, force=args.force)
         if done is None:
             return 0
         failed = [r for r in done if r["status"] != "done"]
     elif not args.report:
         vtab.run_suite(args.checkpoint, root, out, tasks, s, lambda c, o: recipe.train(
-            c, o, command=command_line(), quiet=args.quiet))
-    row = vtab.table_row(vtab.collect(out), vtab.checkpoint_name(args.checkpoint), vtab.absent(root))
-    paths = vtab.write_tables(row, out)
+            c, o, command=command_line(), quiet=args.quiet), force=args.force)
+    row, paths = vtab.report(args.checkpoint, root, out, s, args.force)
     print(vtab.markdown(row) + f"\nrow written to {paths['markdown']}, {paths['json'].name}, {paths['csv'].name}")
     if args.launcher and not args.report and failed:
         print(f"vitlab vtab: error: {len(failed)} task job(s) failed; see the vtab.log in their folders under {out}",

@@ -26,6 +26,7 @@ from vitlab.config.fields import (
 )
 from vitlab.config.model import BiTConfig, ViTConfig, as_pair
 from vitlab.config.mpp import MPPConfig
+from vitlab.files.documents import read_yaml as read_yaml_file
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
@@ -316,7 +317,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"bad override {text!r}: write SECTION.KEY=VALUE, e.g. optim.weight_decay=0.05")
     try:
         value = yaml.safe_load(raw)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         value = raw
     return key.strip(), value
 
@@ -332,12 +333,7 @@ def read_yaml(path_or_name: str, shipped: Path, what: str, names: list[str]) -> 
         path = shipped / f"{path_or_name}.yaml"
         if not path.is_file():
             raise ConfigError(f"no {what} file {path_or_name!r}; shipped {what}s: {', '.join(names)}")
-    try:
-        return yaml.safe_load(path.read_text()) or {}, path
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    return read_yaml_file(path, dict, what, f"fix the {what}, or name a shipped one", ConfigError), path
 
 
 def load_recipe(path_or_name: str) -> RunConfig:

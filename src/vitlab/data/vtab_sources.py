@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image
 
 from vitlab.data.datasets import IMAGE_EXTENSIONS, DataError, ImageDataset, decoded, read_image
+from vitlab.data.foreign import load_saved
 from vitlab.data.tfrecord import read_examples, tfds_shards
 from vitlab.data.vtab import SPLITS, Task, get_task, task_label, task_splits
 
@@ -83,12 +84,7 @@ def _hf_image(value: Any) -> Image.Image:
 
 
 def _hf_sources(folder: Path) -> dict[str, Source]:
-    try:
-        import datasets  # optional: pip install 'vitlab[datasets]'
-    except ImportError:
-        raise DataError(f"{folder}: a datasets save_to_disk folder needs the datasets package: "
-                        "pip install 'vitlab[datasets]'") from None
-    data = datasets.load_from_disk(str(folder))
+    data = load_saved(folder, str(folder))  # its JSON files checked, the library's errors one line
     splits = data if isinstance(data, dict) else {"train": data}
     out = {}
     for name, split in splits.items():
