@@ -90,5 +90,8 @@ def hub_client_errors() -> tuple[type[BaseException], ...]:
 
 def error_line(e: BaseException) -> str:
     """An optional library's exception as the words of one line: its class and first line."""
-    text = (str(e).strip().splitlines() or [""])[0][:200]
+    try:
+        text = (str(e).strip().splitlines() or [""])[0][:200]
+    except Exception:  # an exception class whose message needs attributes it was not given
+        text = ""
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
