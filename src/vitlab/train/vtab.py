@@ -228,7 +228,8 @@ def check_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s
     OUT, and a task's result of other work."""
     tables_owner(out, force)
     for task in tasks:
-        finished(task, out, identity(checkpoint, task, root, s))
+        if (out / task.name / "result.json").exists():  # (the checkpoint is hashed only when there is one)
+            finished(task, out, identity(checkpoint, task, root, s))
 
 
 def run_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings, train: TrainFn,
