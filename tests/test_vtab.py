@@ -81,7 +81,8 @@ def standins(tmp_path_factory):
     version = root / "dsprites" / "2.0.0"
     version.mkdir(parents=True)
     (version / "dataset_info.json").write_text("{}")
-    records = [write_example({"image": [png(x)], "label_x_position": [2 * y + i % 2], "label_orientation": [i % 40]})
+    # Its pixels 0/1, as dSprites stores them (VTAB multiplies by 255).
+    records = [write_example({"image": [png((x >= 128).astype(np.uint8))], "label_x_position": [2 * y + i % 2], "label_orientation": [i % 40]})
                for i, (x, y) in enumerate(zip(cifar_images, cifar_labels))]
     for k in range(2):
         write_records(version / f"dsprites-train.tfrecord-{k:05d}-of-00002", records[k * 1000 : (k + 1) * 1000])
