@@ -153,12 +153,12 @@ def locate(task: Task, root: Path) -> Optional[tuple[str, Path]]:
     return None
 
 
-def describe(task: Task, root: Path, accept: str = "") -> dict[str, Any]:
+def describe(task: Task, root: Path, accept: str = "") -> Optional[dict[str, Any]]:
     """What a run of `task` reads, for its results: the form, the folder, and for tfds the
-    version read, the one VTAB pins and whether the user accepted another."""
+    version read, the one VTAB pins and whether the user accepted another (None: no data)."""
     found = locate(task, root)
     if found is None:
-        raise DataError(where_to_put(task, root))
+        return None
     kind, folder = found
     if kind != "tfds":
         return {"form": kind, "folder": str(folder)}

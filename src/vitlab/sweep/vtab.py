@@ -22,8 +22,8 @@ def child_argv(checkpoint: str, root: Path, out: Path, s: Settings, task: Task) 
             "--lr", repr(s.lr), "--batch-size", str(s.batch_size), "--seed", str(s.seed), "--device", s.device, "--quiet"]
     if s.grid:
         argv += ["--lr-grid", ",".join(repr(r) for r in s.grid)]
-    if s.image_size:
-        argv += ["--image-size", str(s.image_size)]
+    argv += ["--image-size", str(s.image_size or "checkpoint")]
+    argv += [f"--tfds-version={a}" for a in s.accept]
     return (*argv, *s.overrides)
 
 
