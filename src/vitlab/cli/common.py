@@ -174,7 +174,7 @@ def print_result(args, result: dict) -> bool:
     return bool(args.json)
 
 
-def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):
+def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str, preprocessing=None):
     """((features, labels), class names) of one split, cached, with a progress bar: the
     library's dataset_features, for fewshot and linear-probe."""
     import sys
@@ -184,7 +184,8 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
     features, labels, names = dataset_features(
         model, args.data, split, max_per_class=max_per_class or None, limit=limit or None, batch_size=args.batch_size,
         use_cache=not args.no_cache, model_hash=model_hash, log=lambda m: print(f"  {split}: {m}", file=sys.stderr),
-        progress=lambda total, desc: progress(total=total, desc=desc), workers=args.workers)
+        progress=lambda total, desc: progress(total=total, desc=desc), workers=args.workers,
+        preprocessing=preprocessing)
     return (features, labels), names
 
 
