@@ -329,11 +329,12 @@ def test_fewshot_command_default_is_big_vision_and_recorded(digit_ckpts, tmp_pat
     assert res["num_train_pool"] == len(train) and res["pool_per_class"] == "all"  # the whole split
     assert res["l2"] == 1024.0 and res["protocol"] == {
         "pool": "whole training split", "l2": 1024.0, "preprocessing": "resize 18 -> centre crop 16",
-        "draws": "per seed, a permutation of each class (big_vision's)", "big_vision": True}
+        "draws": "per seed, a permutation of each class (big_vision's)", "big_vision": True,
+        "summary": "big_vision's protocol: shots from the whole training split, resize 18 -> centre crop 16"}
     assert main(["fewshot", ck, "--data", "digits", "--shots", "5", "--seeds", "2", "--l2", "loo", "--pool", "20",
                  "--preprocess", "model"]) == 0
     out = capsys.readouterr().out
-    assert "protocol (not big_vision's): shots from the first 20 per class, the checkpoint's own" in out
+    assert "not big_vision's protocol: shots from the first 20 per class, the checkpoint's own" in out
 
 
 def test_fewshot_command_errors(digit_ckpts, capsys):
@@ -345,7 +346,7 @@ def test_fewshot_command_errors(digit_ckpts, capsys):
     assert main(["fewshot", ck, "--data", "digits", "--shots", "25", "--pool", "10"]) == 2
     assert "raise --pool" in capsys.readouterr().err
     assert main(["fewshot", ck, "--data", "digits", "--l2", "-1"]) == 2
-    assert "--l2 must be a positive number (default 1024) or loo" in capsys.readouterr().err
+    assert "--l2 '-1': give a positive L2 strength (default 1024, big_vision's) or loo" in capsys.readouterr().err
     assert main(["fewshot", ck, "--data", "nosuchdata"]) == 2
     assert "unknown dataset" in capsys.readouterr().err
 

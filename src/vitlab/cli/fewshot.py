@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 HELP = "few-shot linear accuracy of frozen features (closed-form least squares, §4.1)"
@@ -35,13 +36,9 @@ def add_arguments(p) -> None:
     add_feature_arguments(p, "where the few-shot examples come from", "what accuracy is measured on")
     p.add_argument("--shots", default="1,5,10,25", help="comma-separated shots per class (default 1,5,10,25)")
     p.add_argument("--seeds", type=int, default=3, help="draws per shot count (default 3)")
-    p.add_argument("--l2", default="1024", help="the L2 strength (default 1024, big_vision's), or loo: chosen per draw "
-                   "by leave-one-out")
-    p.add_argument("--pool", type=int, default=0,
-                   help="draw the shots from the first N training images of each class (default 0: all, big_vision's)")
-    p.add_argument("--preprocess", choices=("big_vision", "model"), default="big_vision",
-                   help="big_vision: resize to 256/224 of the model's size, centre-crop (default); model: the "
-                   "checkpoint's own preprocessing")
+    p.add_argument("--l2", default="1024", help="L2 strength (default 1024, big_vision's), or loo: leave-one-out")
+    p.add_argument("--pool", type=int, default=0, help="draw from the first N images per class (default 0: all)")
+    p.add_argument("--preprocess", choices=("big_vision", "model"), default="big_vision", help="resize and crop (default big_vision)")
 
 
 def parse_shots(text: str) -> list[int]:
@@ -62,15 +59,14 @@ def run(args) -> int:
     from vitlab.cli.common import frozen_features, print_result
     from vitlab.config import pick_device
     from vitlab.eval.features import model_fingerprint
-    from vitlab.eval.fewshot import fewshot_config, fewshot_eval
+    from vitlab.eval.fewshot import fewshot_eval, parse_l2, protocol
 
-    shots, l2 = _check(args)
+    shots, l2 = _check(args), parse_l2(args.l2, "--l2")
     model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
     fp = model_fingerprint(model)
-    pre = fewshot_config(model.config) if args.preprocess == "big_vision" else model.config
     print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
-    (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp, pre)
-    (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp, pre)
+    (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)
+    (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
     try:
         result = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=l2,
                               num_classes=len(class_names) if class_names else None)
@@ -78,13 +74,14 @@ def run(args) -> int:
         raise UsageError(str(e)) from None
     result.update(checkpoint=args.checkpoint, model=model.config.name, random_init=args.random_init, data=args.data,
                   train_split=args.train_split, test_split=args.test_split, pool_per_class=args.pool or "all",
-                  num_train_pool=int(len(tr_y)), weights_sha256=fp, protocol=protocol(args, pre))
+                  num_train_pool=int(len(tr_y)), weights_sha256=fp,
+                  protocol=protocol(args.pool, l2, model.config, args.preprocess))
     if not print_result(args, result):
         _print_table(args, model.config.name, result)
     return 0
 
 
-def _check(args) -> tuple[list[int], float | str]:
+def _check(args) -> list[int]:
     from vitlab.cli import UsageError
 
     shots = parse_shots(args.shots)
@@ -92,39 +89,15 @@ def _check(args) -> tuple[list[int], float | str]:
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
     if args.pool and args.pool < max(shots):
         raise UsageError(f"--pool {args.pool} is smaller than the largest shot count {max(shots)}; raise --pool")
-    if args.l2 == "loo":
-        return shots, "loo"
-    try:
-        l2 = float(args.l2)
-    except ValueError:
-        l2 = float("nan")
-    if not l2 > 0:
-        raise UsageError(f"--l2 must be a positive number (default 1024) or loo, got {args.l2!r}")
-    return shots, l2
-
-
-def protocol(args, pre) -> dict:
-    """How this result was measured, and whether that is big_vision's protocol throughout."""
-    size = pre.image_size[0]
-    used = {"pool": "whole training split" if not args.pool else f"first {args.pool} per class",
-            "l2": "leave-one-out over a grid" if args.l2 == "loo" else float(args.l2),
-            "preprocessing": (f"resize {int(size / pre.crop_fraction)} -> centre crop {size}"
-                              if args.preprocess == "big_vision" else "the checkpoint's own"),
-            "draws": "per seed, a permutation of each class (big_vision's)"}
-    used["big_vision"] = (not args.pool and used["l2"] == 1024.0 and args.preprocess == "big_vision")
-    return used
+    return shots
 
 
 def _print_table(args, name: str, result: dict) -> None:
     what = "random init" if args.random_init is not None else args.checkpoint
     print(f"few-shot linear accuracy  {name} ({what})  on {args.data}")
-    print(
-        f"{result['num_classes']} classes, {result['feature_dim']}-d features, "
-        f"test {result['num_test']} images, {args.seeds} seed(s), L2: {result['l2']}"
-    )
-    used = result["protocol"]
-    print(("big_vision's protocol: " if used["big_vision"] else "protocol (not big_vision's): ")
-          + f"shots from the {used['pool']}, {used['preprocessing']}")
+    print(f"{result['num_classes']} classes, {result['feature_dim']}-d features, "
+          f"test {result['num_test']} images, {args.seeds} seed(s), L2: {result['l2']}")
+    print(result["protocol"]["summary"])
     print(f"{'shots':>5}  {'accuracy':>16}  {'per seed':<24}  L2 per seed")
     for s, r in result["shots"].items():
         per = " ".join(f"{100 * a:.1f}" for a in r["accuracy"])
@@ -136,7 +109,5 @@ def _print_table(args, name: str, result: dict) -> None:
 
 
 def _log2(v: float) -> str:
-    import math
-
     k = math.log2(v)
     return f"{k:.0f}" if abs(k - round(k)) < 1e-9 else f"{k:.2f}"

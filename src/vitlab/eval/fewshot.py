@@ -50,6 +50,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from vitlab.data import DataError
 from vitlab.eval.features import extract_features
 
 BIAS_CONSTANT = 100.0
@@ -128,9 +129,39 @@ def choose_l2(problem: RidgeProblem, grid: Sequence[float] = L2_GRID) -> float:
     return max(l2 for l2, e in zip(grid, errors) if e <= best * (1 + 1e-9))
 
 
-def fewshot_config(config):
-    """The model's preprocessing with the protocol's resize and centre crop (PREPROCESSING)."""
-    return config.replace(**PREPROCESSING)
+def fewshot_config(config, preprocess: str = "big_vision"):
+    """The model's preprocessing with the protocol's resize and centre crop (PREPROCESSING),
+    or ("model") the model's own."""
+    return config.replace(**PREPROCESSING) if preprocess == "big_vision" else config
+
+
+def parse_l2(text: str, flag: str = "l2") -> Union[float, str]:
+    """An L2 strength as written ("1024", "2e3") or "loo"; anything else is refused (DataError)."""
+    if text == "loo":
+        return "loo"
+    try:
+        l2 = float(text)
+    except ValueError:
+        l2 = float("nan")
+    if not l2 > 0:
+        raise DataError(f"{flag} {text!r}: give a positive L2 strength (default 1024, big_vision's) or loo")
+    return l2
+
+
+def protocol(pool: int, l2: Union[float, str], config, preprocess: str = "big_vision") -> dict:
+    """How a result was measured (`config`: the model's), and whether that is big_vision's
+    protocol throughout: for the result file."""
+    config, big_vision_crop = fewshot_config(config, preprocess), preprocess == "big_vision"
+    size = config.image_size[0]
+    used = {"pool": f"first {pool} per class" if pool else "whole training split",
+            "l2": "leave-one-out over a grid" if l2 == "loo" else float(l2),
+            "preprocessing": (f"resize {int(size / config.crop_fraction)} -> centre crop {size}" if big_vision_crop
+                              else "the checkpoint's own"),
+            "draws": "per seed, a permutation of each class (big_vision's)"}
+    used["big_vision"] = not pool and used["l2"] == BIG_VISION_L2 and big_vision_crop
+    used["summary"] = (f"{'' if used['big_vision'] else 'not '}big_vision's protocol: shots from the {used['pool']}, "
+                       f"{used['preprocessing']}")
+    return used
 
 
 def sample_shots(labels: np.ndarray, shots: int, seed: int, classes: Sequence[int]) -> np.ndarray:

@@ -66,6 +66,15 @@ class Settings:
         return dict(a.partition("=")[::2] for a in self.accept).get(task.name, "")
 
 
+def image_size(text: str) -> Optional[int]:
+    """--image-size: pixels, or "checkpoint" (None: the checkpoint's own resolution)."""
+    if text == "checkpoint":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint")
+    return int(text)
+
+
 def checkpoint_name(checkpoint: str) -> str:
     """How the row names the model: a run's folder for RUN/checkpoints/*.safetensors, else the file's stem."""
     path = Path(checkpoint)
