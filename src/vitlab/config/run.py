@@ -34,6 +34,9 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 PARALLEL = ("ddp", "fsdp")
 RECIPES = Path(__file__).resolve().parent.parent / "configs"
 HEAD_STARTS = ("zeros", "probe")  # model.head_start: how a fine-tune's new head starts
+# The inception crop's area range: vision_transformer's input_pipeline.py (and big_vision's
+# inception_crop) samples 5% to 100% of the image, not torchvision's 8%.
+CROP_SCALE = (0.05, 1.0)
 SHUFFLE_BUFFER = 2000  # samples a streamed (wds) training set holds for shuffling: data.shuffle_buffer
 
 
@@ -121,7 +124,7 @@ class DataConfig:
     decode: str = setting("fast", one_of=("fast", "pil", "cuda"))
     eval_decode: str = setting("pil", one_of=("pil", "fast"), hint="fast: reduced-scale JPEG decoding, opt-in")
     # Inception-style crop (the paper's training preprocessing): area and aspect-ratio ranges.
-    crop_scale: tuple[float, float] = setting((0.08, 1.0), check=_crop_range)
+    crop_scale: tuple[float, float] = setting(CROP_SCALE, check=_crop_range)
     crop_ratio: tuple[float, float] = setting((0.75, 1.3333333333333333), check=_ratio_range)
     hflip: bool = True
     randaugment: int = setting(0, at_least=0, hint="RandAugment ops per image; 0 = off")

@@ -23,6 +23,8 @@ import numpy as np
 from PIL import Image
 from torch import Tensor
 
+from vitlab.config.run import CROP_SCALE
+
 
 def to_mode(image: Image.Image, in_channels: int) -> Image.Image:
     """Bring any PIL mode to L (1 channel) or RGB (3 channels).
@@ -282,7 +284,7 @@ def train_transform(
     mean: Sequence[float] = (0.5, 0.5, 0.5),
     std: Sequence[float] = (0.5, 0.5, 0.5),
     in_channels: int = 3,
-    crop_scale: Sequence[float] = (0.08, 1.0),
+    crop_scale: Sequence[float] = CROP_SCALE,
     crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
     hflip: bool = True,
     randaugment: int = 0,

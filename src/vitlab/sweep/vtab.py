@@ -25,8 +25,8 @@ def child_argv(checkpoint: str, root: Path, out: Path, s: Settings, task: Task, 
         argv.append("--force")
     if s.grid:
         argv += ["--lr-grid", ",".join(repr(r) for r in s.grid)]
-    if s.image_size:
-        argv += ["--image-size", str(s.image_size)]
+    argv += ["--image-size", str(s.image_size or "checkpoint")]
+    argv += [f"--tfds-version={a}" for a in s.accept]
     return (*argv, *s.overrides)
 
 

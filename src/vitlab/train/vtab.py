@@ -2,7 +2,8 @@
 
 The paper's VTAB setting (Appendix B.1.1, Table 4): one setting for all 19 tasks, 2,500 steps
 at learning rate 0.01, with the fine-tuning recipe's SGD (momentum 0.9, cosine decay, no
-weight decay, clipping at 1, batch 512, warm-up 500 steps), trained on each task's 1,000
+weight decay, clipping at 1, batch 512, warm-up 500 steps), at the paper's fine-tuning
+resolution of 384 (Appendix B.1.1; `Settings.image_size`), trained on each task's 1,000
 examples and evaluated on its full test split. The paper chose that setting by a small sweep
 on the 200-example val sets; `Settings.grid` runs such a sweep per task (train on the 800,
 score on the 200, then rerun the best rate on all 1,000). VTAB-1k's fine-tuning uses no
@@ -31,8 +32,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
-from vitlab.data.vtab import GROUPS, TASKS, Task, group_sizes, mean
-from vitlab.data.vtab_sources import locate, where_to_put
+from vitlab.data import DataError
+from vitlab.data.vtab import GROUPS, TASKS, Task, get_task, group_sizes, mean
+from vitlab.data.vtab_sources import describe, locate, where_to_put
 from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.files.documents import Number, read_json
 from vitlab.files.identity import differences, work_identity
@@ -42,6 +44,7 @@ from vitlab.train.run_folder import RESUMABLE_CHANGES
 
 VTAB_LR = 0.01  # Table 4
 VTAB_WARMUP = 500  # the fine-tuning recipe's warm-up (at most a fifth of a shorter run)
+VTAB_IMAGE_SIZE = 384  # the paper fine-tunes every task at 384 (Appendix B.1.1)
 TrainFn = Callable[[RunConfig, Path], dict[str, Any]]
 
 
@@ -51,10 +54,32 @@ class Settings:
     lr: float = VTAB_LR
     batch_size: int = 512
     grid: tuple[float, ...] = ()  # learning rates to choose from on the 200-example val set; () = lr
-    image_size: Optional[int] = None  # None: the checkpoint's own (the paper fine-tunes at 384)
+    image_size: Optional[int] = VTAB_IMAGE_SIZE  # None: the checkpoint's own
     seed: int = 0
     device: str = "auto"
     overrides: tuple[str, ...] = ()  # SECTION.KEY=VALUE, applied last
+    # TASK=[CONFIG/]VERSION: a tfds copy read instead of the one VTAB pins (recorded in results)
+    accept: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for a in self.accept:
+            name, sep, version = a.partition("=")
+            if not sep or not version:
+                raise DataError(f"--tfds-version {a!r}: write TASK=[CONFIG/]VERSION, e.g. pets=4.0.0")
+            get_task(name)  # (an unknown task is refused with the list of the 19)
+
+    def accepted(self, task: Task) -> str:
+        """The tfds [CONFIG/]VERSION accepted for `task` instead of VTAB's pin ("" for none)."""
+        return dict(a.partition("=")[::2] for a in self.accept).get(task.name, "")
+
+
+def image_size(text: str) -> Optional[int]:
+    """--image-size: pixels, or "checkpoint" (None: the checkpoint's own resolution)."""
+    if text == "checkpoint":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint")
+    return int(text)
 
 
 def checkpoint_name(checkpoint: str) -> str:
@@ -66,7 +91,8 @@ def checkpoint_name(checkpoint: str) -> str:
 def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConfig:
     """The fine-tuning run of one task: the finetune recipe with the VTAB setting."""
     changes: dict[str, Any] = {
-        "model.checkpoint": checkpoint, "data.name": f"vtab:{task.name}:{root}", "data.eval_data": "",
+        "model.checkpoint": checkpoint, "data.eval_data": "",
+        "data.name": f"vtab:{task.name}{'@' + s.accepted(task) if s.accepted(task) else ''}:{root}",
         "data.train_split": "train", "data.eval_splits": ["test"], "data.crop_scale": [1.0, 1.0],
         "data.crop_ratio": [1.0, 1.0], "data.hflip": False, "train.steps": s.steps, "train.epochs": 0.0,
         "train.batch_size": s.batch_size, "train.seed": s.seed, "train.device": s.device, "optim.lr": s.lr,
@@ -120,17 +146,21 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
     if result is not None:
         return result
     cfg = task_config(checkpoint, task, root, s)
+    data = describe(task, root, s.accepted(task))  # (refuses a tfds copy other than VTAB's before training)
     if s.grid:
         swept = lr_sweep(cfg, folder, s.grid, train, log=log)
         summary, lr = swept["final"], swept["best_lr"]
     else:
         summary, lr = train(cfg, folder / "run"), s.lr
     test = summary["splits"]["test"]
+    image_size = cfg.model.changes.get("image_size")  # (an (h, w) pair; None: the checkpoint's)
+    size = "the checkpoint's resolution" if image_size is None else "x".join(map(str, image_size)) + " px"
     result = {"task": task.name, "title": task.title, "group": task.group, "top1": test["top1"],
-              "test_images": test["count"], "lr": lr, "steps": s.steps, "folder": str(folder), "identity": now}
+              "test_images": test["count"], "lr": lr, "steps": s.steps, "image_size": image_size,
+              "data": data, "folder": str(folder), "identity": now}
     if distributed.is_main_process():
         atomic_write_text(done, json.dumps(result, indent=2))
-    log(f"vtab {task.name}: test top-1 {test['top1']:.2%} on {test['count']:,} images (lr {lr:g})")
+    log(f"vtab {task.name}: test top-1 {test['top1']:.2%} on {test['count']:,} images (lr {lr:g}, {size})")
     return result
 
 
