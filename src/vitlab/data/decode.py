@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vitlab.config.run import CROP_SCALE
 from vitlab.data.datasets import Encoded, bad_image, decoded
 from vitlab.data.transforms import _interpolation, _size, eval_transform, to_mode, train_transform
 from vitlab.files import NotRegularFileError, require_regular_file
@@ -222,7 +223,7 @@ class FastTrainTransform:
     takes_encoded = True
 
     def __init__(self, size: tuple[int, int], mean: Sequence[float], std: Sequence[float], in_channels: int = 3,
-                 crop_scale: Sequence[float] = (0.08, 1.0), crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+                 crop_scale: Sequence[float] = CROP_SCALE, crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
                  hflip: bool = True, randaugment: int = 0, randaugment_magnitude: int = 9,
                  interpolation: Any = None, uint8: bool = True):
         from torchvision import transforms as T
@@ -419,7 +420,7 @@ def training_transform(decode: str, image_size: Any, mean: Sequence[float] = (0.
     if decode == "cuda":
         if augment.get("randaugment"):
             raise ValueError("RandAugment runs on the CPU: use decode=fast (data.decode=fast) with randaugment")
-        return PlanTransform(augment.get("crop_scale", (0.08, 1.0)), augment.get("crop_ratio", (3 / 4, 4 / 3)),
+        return PlanTransform(augment.get("crop_scale", CROP_SCALE), augment.get("crop_ratio", (3 / 4, 4 / 3)),
                              augment.get("hflip", True), in_channels)
     if decode == "fast":
         return fast_train_transform(image_size, mean, std, in_channels, uint8=uint8, **augment)

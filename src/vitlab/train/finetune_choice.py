@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from vitlab.config import ConfigError, RunConfig
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed
-from vitlab.train.run_folder import RunFolder
+from vitlab.train.run_folder import RunFolder, read_summary
 
 CHOICES = ("auto", "paper", "adamw")  # --recipe: auto = choose on the dev split
 
@@ -249,10 +249,7 @@ def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, exp
 
 def count_sweep_in(summary_file: Path, result: Mapping[str, Any]) -> None:
     """Add the sweep's compute to the final run's summary.json, beside the run's own."""
-    try:
-        summary = json.loads(summary_file.read_text())
-    except (OSError, ValueError):
-        return
+    summary = read_summary(summary_file)  # the final run's, just written: a damaged one is named
     summary["sweep"] = {k: result[k] for k in ("best", "best_recipe", "best_lr", "sweep_steps", "sweep_compute")}
     summary["compute_with_sweep"] = result["compute_with_sweep"]
     summary["steps_with_sweep"] = summary.get("steps", 0) + result["sweep_steps"]
