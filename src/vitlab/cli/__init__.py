@@ -200,6 +200,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"vitlab {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        preemption = sys.modules.get("vitlab.train.preemption")  # loaded by any command that trains
+        if preemption is not None and isinstance(e, preemption.Preempted):  # train, finetune, vtab
+            return preemption.finish(e, args.command)
         # torch reports a failed allocation as a plain RuntimeError ("can't allocate memory")
         out_of_memory = isinstance(e, RuntimeError) and "allocate" in str(e)
         if not (isinstance(e, expected_errors()) or out_of_memory):

@@ -122,20 +122,19 @@ def command_line() -> str:
 
 
 def training_exit(train, command: str = "train") -> int:
-    """Run `train()` and turn how a training ends into the exit status: 0 done, 3 stopped by a diverging
-    loss, 75 by a signal (preemption.py), 2 an unreadable image (named); checkpoints written are kept."""
+    """Run `train()` and turn how a training ends into the exit status: 0 done, 3 stopped by a
+    diverging loss, 2 an unreadable image (named); the checkpoints written so far are kept.
+    (A run stopped by a signal ends every command the same way: vitlab.cli.main, status 75.)"""
     import sys
 
     from vitlab.data import BadImageError
-    from vitlab.train import loop, preemption
+    from vitlab.train.loop import TrainingDiverged
 
     try:
         train()
-    except loop.TrainingDiverged as e:
+    except TrainingDiverged as e:
         print(f"vitlab {command}: stopped: {e}", file=sys.stderr)
         return 3
-    except preemption.Preempted as e:
-        return preemption.finish(e, command)
     except BadImageError as e:
         print(f"vitlab {command}: error: {bad_image_message(e)}", file=sys.stderr)
         return 2

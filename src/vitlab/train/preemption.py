@@ -6,11 +6,12 @@ signal a job asks for (`#SBATCH --signal=USR1@120`: SIGUSR1 two minutes before i
 limit). While a run trains, `Watch` turns each of `train.stop_signals` (default TERM and
 USR1) into a request noted at the next step boundary, by every process at the same step: the
 trainer writes that step's checkpoint and raises `Preempted`, and the run resumes from there
-exactly (the same weights as a run never stopped, bit for bit on CPU). `vitlab train` and
-`vitlab finetune` then exit with status 75 (EX_TEMPFAIL: "try again") and, in a Slurm batch
-job, requeue it (`requeue`): when the job starts again, its same command resumes. A job
-submitted with --no-requeue is not requeued, and says so. Outside Slurm the same holds:
-`kill -TERM` a run, start it again, and it continues.
+exactly (the same weights as a run never stopped, bit for bit on CPU). The command that
+trains (train, finetune, vtab: vitlab.cli.main) then exits with status 75 (EX_TEMPFAIL: "try
+again") and, in a Slurm batch job, requeues it (`requeue`): when the job starts again, its
+same command resumes. A job submitted with --no-requeue is not requeued, and says so.
+Outside Slurm the same holds: `kill -TERM` a run, start it again, and it continues. (A
+sweep cell's training is not a task of its job: the job requeues, vitlab.sweep.slurm.)
 
 Data-loader workers ignore these signals (vitlab.data.loader.leave_signals_to_parent), since
 Slurm signals every process of a job. A second signal changes nothing: the run is already
