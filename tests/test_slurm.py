@@ -3,7 +3,7 @@
 uninterrupted run bit for bit; `vitlab sweep --launcher slurm` and `vitlab vtab --launcher
 slurm` through submitit on a cluster without accounting (no sacct warnings: the states come
 from squeue, said once); a failing cell's one-line error and a refused job's reason reaching
-the user. .ci/run starts the single-node cluster (tools/slurm-cluster start); where none
+the user. .ci/run starts the two-node cluster (tools/slurm-cluster start); where none
 answers, these tests skip and say how to start one. The first tests need no cluster."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from vitlab.data.datasets import digits_arrays
-from vitlab.sweep.slurm import GONE, queue_job_class
+from vitlab.sweep.slurm import GONE, failure, minutes, queue_job_class
 from vitlab.train.distributed import first_host, launch
 from vitlab.train.preemption import EXIT_STATUS
 
@@ -59,6 +60,20 @@ def test_queue_states_come_from_squeue_and_a_job_gone_from_it_has_ended():
     assert {j: info[j]["State"] for j in ("12", "13", "14_1", "99")} == {
         "12": "RUNNING", "13": "COMPLETED", "14_1": "PENDING", "99": GONE}
     assert watcher._make_command()[:3] == ["squeue", "--noheader", "--states=all"]
+
+
+def test_time_limits_read_as_sbatch_reads_them_and_a_timed_out_job_names_the_fix(tmp_path):
+    limits = {"45": 45, "30:00": 30, "30:01": 31, "4:00:00": 240, "2-00:00:00": 2880, "2-12": 3600, "1-02:03": 1563,
+              "UNLIMITED": None, "infinite": None, "NONE": None}
+    assert {text: minutes(text) for text in limits} == limits
+    log = tmp_path / "7_0_log.err"
+    log.write_text("submitit WARNING - Caught signal SIGUSR2 on node1: this job is timed-out.\n"
+                   "submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out too many times.\n"
+                   "srun: error: node1: task 0: Exited with exit code 1\n")
+    job = SimpleNamespace(job_id="7", state="FAILED", paths=SimpleNamespace(stderr=log))
+    said = failure(job, RuntimeError())
+    assert said["why"] == "Slurm job 7 ended without a result (FAILED)"
+    assert said["tail"] == "timed-out too many times (each job's time limit: --slurm timeout_min=MINUTES)"
 
 
 # On the cluster ---------------------------------------------------------------------------------
@@ -160,6 +175,7 @@ def test_sweep_on_slurm_runs_its_cells_says_a_failed_cell_in_one_line_and_no_sac
     said = r.stdout + r.stderr
     assert r.returncode == 1, said[-3000:]  # one cell failed
     assert said.count("job states come from squeue") == 1 and "sacct" not in said.replace("(no sacct)", "")
+    assert said.count("Slurm jobs ask for the time limit of partition debug (unlimited)") == 1
     assert "WARNING" not in said and "Traceback" not in said
     assert "model.num_heads=2: done in" in r.stdout
     failed = r.stdout[r.stdout.index("model.num_heads=3: FAILED at train (exit code 2)"):]
@@ -174,7 +190,10 @@ def test_sweep_on_slurm_runs_its_cells_says_a_failed_cell_in_one_line_and_no_sac
 
 
 @pytest.mark.slow
-def test_vtab_on_slurm_runs_a_task_as_a_job(cluster, digits_run, tmp_path):
+def test_vtab_on_slurm_runs_a_task_as_a_job_that_is_preempted_and_requeued(cluster, digits_run, tmp_path):
+    """A task's job gets the signal submitit asks for (SIGUSR2: the time limit's notice, or a
+    preemption): its fine-tune stops at a step with a checkpoint, submitit requeues the job,
+    and the job's second start continues the task to its result."""
     root = tmp_path / "vtab"
     d = digits_arrays()  # digits dressed as DTD: image folders train / validation / test
     images, labels = np.concatenate([d["train"][0], d["test"][0]]), np.concatenate([d["train"][1], d["test"][1]])
@@ -185,14 +204,26 @@ def test_vtab_on_slurm_runs_a_task_as_a_job(cluster, digits_run, tmp_path):
             Image.fromarray(images[i]).save(folder / f"{i:06d}.png")
     out = tmp_path / "suite"
     ckpt = digits_run / "checkpoints" / "last.safetensors"
-    r = subprocess.run([sys.executable, "-m", "vitlab", "vtab", str(ckpt), "--root", str(root), "--out", str(out),
-                        "--tasks", "dtd", "--steps", "4", "--batch-size", "32", "--quiet", "--launcher", "slurm"],
-                       capture_output=True, text=True, env=env(), timeout=600)
-    said = r.stdout + r.stderr
-    assert r.returncode == 0, said[-3000:]
+    p = subprocess.Popen([sys.executable, "-m", "vitlab", "vtab", str(ckpt), "--root", str(root), "--out", str(out),
+                          "--tasks", "dtd", "--steps", "30", "--batch-size", "32", "--image-size", "checkpoint",
+                          "--quiet", "--launcher", "slurm", "train.ckpt_every=5", "train.threads=1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    run = out / "dtd" / "run"
+    try:
+        wait_for(lambda: (run / "checkpoints" / "step-00000005.safetensors").exists() or p.poll() is not None,
+                 "the task's first checkpoint")
+        (job,) = [x.name.split("_")[0] for x in (out / "submitit").glob("*_submitted.pkl")]
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        said = "".join(p.communicate(timeout=600))
+    finally:
+        p.kill()
+    assert p.returncode == 0, said[-3000:]
     assert said.count("job states come from squeue") == 1 and "WARNING" not in said
+    assert "Slurm jobs ask for the time limit of partition debug (unlimited)" in said
+    log = (out / "dtd" / "vtab.log").read_text()
+    assert "vitlab vtab: stopped: SIGTERM at step" in log and "Traceback" not in log, log[-3000:]
+    assert "Restarts=1" in subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     result = json.loads((out / "dtd" / "result.json").read_text())
-    assert result["test_images"] == 200
-    row = json.loads((out / "vtab.json").read_text())
-    assert row["tasks"]["dtd"] == result["top1"]
-    assert list((out / "submitit").glob("*_log.out"))  # the job's own log, where submitit keeps it
+    assert result["test_images"] == 200 and result["steps"] == 30
+    assert json.loads((out / "vtab.json").read_text())["tasks"]["dtd"] == result["top1"]
+    assert (out / "submitit" / f"{job}_0_log.out").is_file()  # the job's own log, where submitit keeps it

@@ -53,11 +53,12 @@ def _tail(path: Path, lines: int = 6) -> str:
         return ""
 
 
-def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optional[dict] = None) -> dict[str, Any]:
+def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optional[dict] = None,
+             job: Optional[slurm.Stoppable] = None) -> dict[str, Any]:
     """Run a cell's missing steps in order, each as `python -m vitlab ...` with its output in
     STEP.log and its wall time in timing.json, first making the cell's folder and its
     cell.json (`record`) where they are absent. A top-level function of plain arguments, so
-    submitit can ship it to a job."""
+    submitit can ship it to a job (`job`: a Slurm job's, which starts the steps)."""
     folder = Path(cell_dir)
     if record is not None and not (folder / "cell.json").exists():
         folder.mkdir(parents=True, exist_ok=True)
@@ -74,8 +75,14 @@ def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optiona
             f.write(f"$ vitlab {' '.join(step.argv)}\n")
             f.flush()
             began, clock = time.time(), time.perf_counter()
-            rc = subprocess.run([sys.executable, "-m", "vitlab", *step.argv], stdout=f, stderr=subprocess.STDOUT,
-                                env=env, cwd=os.getcwd()).returncode
+            launch = subprocess.Popen if job is None else job.start
+            child = launch([sys.executable, "-m", "vitlab", *step.argv], stdout=f, stderr=subprocess.STDOUT, env=env,
+                           cwd=os.getcwd())
+            try:
+                rc = child.wait()
+            except BaseException:  # as subprocess.run: the step does not outlive its cell
+                child.kill()
+                raise
         timing.record(folder, step.name, began, time.perf_counter() - clock, rc, threads)
         if rc != 0 or not (folder / step.result).exists():
             why = f"exit code {rc}" if rc != 0 else f"it wrote no {step.result}"
@@ -126,6 +133,7 @@ def submitit_executor(launcher: str, folder: Path, params: dict[str, Any], say: 
     submitit = _submitit(launcher)
     if launcher == "slurm":
         executor = slurm.executor(submitit, folder, say)
+        params = slurm.time_limit(params, say)
     else:
         executor = submitit.LocalExecutor(folder=str(folder))
     try:
@@ -138,7 +146,8 @@ def submitit_executor(launcher: str, folder: Path, params: dict[str, Any], say: 
 def run_submitit(todo, launcher: str, folder: Path, params: dict[str, Any], threads: int, wait: bool, say: Say):
     """Each cell one submitit job; waits for them (and reports each) unless `wait` is False."""
     executor = submitit_executor(launcher, folder, params, say)
-    jobs = slurm.submit(executor, [(run_cell, str(d), steps, threads, record) for _, d, steps, record in todo],
+    cell = slurm.Stoppable(run_cell) if launcher == "slurm" else run_cell
+    jobs = slurm.submit(executor, [(cell, str(d), steps, threads, record) for _, d, steps, record in todo],
                         f"--launcher {launcher}")
     say(f"submitted {len(jobs)} job(s) through submitit ({launcher}); logs in {folder}")
     if not wait:
