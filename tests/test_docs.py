@@ -9,7 +9,7 @@ The convention (docs/architecture.md, "Docs that run"):
                Each command runs; when its output shows `error:`, `stopped:` or
                `exit status N`, it must fail, otherwise succeed.
 - ```python    a script, run top to bottom in the sandbox; it must not raise.
-- ```sbatch    a Slurm batch script: submitted from the sandbox (`sbatch --wait`) to the cluster
+- ```sbatch    a Slurm batch script: submitted from the sandbox (`sbatch`) to the cluster
                tools/slurm-cluster starts, it must end with exit status 0. Without a cluster
                its vitlab commands are parsed, and the file's test skips, saying so.
 - ```text, ```yaml, ...   not code (file trees, usage synopses, program output); never run.
@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -345,17 +346,27 @@ def slurm_takes_jobs() -> bool:
 
 
 def run_batch(block: Block) -> None:
-    """Submit the script from the sandbox and wait for the job; its log when it fails."""
+    """Submit the script from the sandbox and wait for the job (polling squeue: `sbatch --wait`
+    looks at 2, 10 and 42 s); its log when it fails."""
     script = Path(f"docs-test-{block.line}.sbatch")
     script.write_text(block.text)
-    done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True,
-                          timeout=900, env=dict(os.environ))
-    job = done.stdout.strip().split(";")[0]
+    sub = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ))
+    assert sub.returncode == 0, f"{block.where}: sbatch refused it: {sub.stderr.strip()}"
+    job = sub.stdout.strip().split(";")[0]
+    deadline, state = time.monotonic() + 900, ""
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["squeue", "--noheader", "--states=all", "--jobs", job, "--format=%T"],
+                               capture_output=True, text=True).stdout.split()
+        state = shown[0] if shown else "no longer listed by squeue"
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"):
+            break
+        time.sleep(0.5)
     m = re.search(r"^#SBATCH\s+(?:--output=|-o\s*)(\S+)", block.text, re.M)
     log = Path((m.group(1) if m else "slurm-%j.out").replace("%j", job).replace("%x", "*"))
     shown = "".join(p.read_text(errors="replace") for p in Path().glob(str(log))) if "*" in str(log) else (
         log.read_text(errors="replace") if log.exists() else "")
-    assert done.returncode == 0, f"{block.where}: job {job} exited {done.returncode}\n{done.stderr}\n{shown[-3000:]}"
+    assert state == "COMPLETED", f"{block.where}: job {job} ended {state}\n{shown[-3000:]}"
 
 
 def run_block(block: Block) -> None:
