@@ -1,10 +1,11 @@
 """vitlab on a running Slurm cluster, as its users run it: a two-task DDP training through srun
 (one process group, one run folder) preempted and requeued, ending with the weights of an
-uninterrupted run bit for bit; `vitlab sweep --launcher slurm` and `vitlab vtab --launcher
-slurm` through submitit on a cluster without accounting (no sacct warnings: the states come
-from squeue, said once); a failing cell's one-line error and a refused job's reason reaching
-the user. .ci/run starts the two-node cluster (tools/slurm-cluster start); where none
-answers, these tests skip and say how to start one. The first tests need no cluster."""
+uninterrupted run bit for bit; a cancelled job that stays cancelled; `vitlab sweep --launcher
+slurm` and `vitlab vtab --launcher slurm` through submitit on a cluster without accounting (no
+sacct warnings: the states come from squeue, said once), a task's job preempted and requeued;
+a failing cell's one-line error and a refused job's reason reaching the user. .ci/run starts
+the two-node cluster (tools/slurm-cluster start); where none answers, these tests skip and
+say how to start one. The first tests need no cluster."""
 
 from __future__ import annotations
 
@@ -155,6 +156,35 @@ def test_a_preempted_two_task_srun_job_requeues_and_ends_as_an_uninterrupted_run
     a = load_file(str(run / "checkpoints" / "last.safetensors"))
     b = load_file(str(tmp_path / "straight" / "checkpoints" / "last.safetensors"))
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)  # bit for bit
+
+
+@pytest.mark.slow
+def test_a_cancelled_job_checkpoints_and_stays_cancelled(cluster, tmp_path):
+    """scancel sends SIGTERM: the run writes its checkpoint and says how to continue, and the
+    job is not requeued (a job requeued on SIGTERM could never be cancelled)."""
+    run = tmp_path / "run"
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --requeue\n#SBATCH --output={tmp_path}/job-%j.out\n"
+                      f"srun {sys.executable} -m vitlab train --out {run} {' '.join(TRAIN)}\n")
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=env(),
+                         cwd=ROOT).stdout.strip()
+    try:
+        wait_for(lambda: (run / "checkpoints" / "step-00000005.safetensors").exists() or job_state(job) == GONE,
+                 "the job's first checkpoint")
+        subprocess.run(["scancel", job], check=True)
+        wait_for(lambda: job_state(job) not in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED"), "the job's end")
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert job_state(job) == "CANCELLED", log[-3000:]
+    (stopped,) = [line for line in log.splitlines() if line.startswith("vitlab train: stopped:")]
+    assert stopped.startswith("vitlab train: stopped: SIGTERM at step ") and "Traceback" not in log
+    assert f"Slurm job {job} not requeued on SIGTERM, which scancel sends too" in stopped
+    step = int(stopped.split("at step ")[1].split()[0])
+    assert (run / "checkpoints" / f"step-{step:08d}.safetensors").is_file()
+    time.sleep(6)  # cred_expire: a requeued job would be back by now
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "Restarts=0" in shown and "JobState=CANCELLED" in shown, shown
 
 
 TINY_SWEEP = {

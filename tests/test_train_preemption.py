@@ -91,15 +91,21 @@ def test_a_fine_tune_stops_on_the_signals_it_is_given_and_others_keep_their_mean
     assert json.loads(summary.read_text())["steps"] == 30
 
 
-def test_requeue_outside_slurm_and_where_slurm_refuses(tmp_path):
-    assert requeue({}) == "run the same command again to continue from there"
+def test_requeue_outside_slurm_on_scancels_signal_and_where_slurm_refuses(tmp_path):
+    assert requeue("SIGUSR1", {}) == "run the same command again to continue from there"
     # A job id with no scontrol that knows it: said, with how the run continues.
     scontrol = tmp_path / "scontrol"
-    scontrol.write_text("#!/bin/sh\necho 'scontrol: error: Requested operation is presently disabled for job 7' >&2\nexit 1\n")
+    scontrol.write_text("#!/bin/sh\necho \"$@\" >> \"$0.called\"\n"
+                        "echo 'scontrol: error: Requested operation is presently disabled for job 7' >&2\nexit 1\n")
     scontrol.chmod(0o755)
-    line = requeue({"SLURM_JOB_ID": "7", "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    job = {"SLURM_JOB_ID": "7", "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    line = requeue("SIGUSR1", job)
     assert line.startswith("Slurm job 7 not requeued (scontrol: error: Requested operation is presently disabled")
     assert line.endswith("run the same command again to continue from there")
+    # SIGTERM is scancel's signal too: a job requeued on it could not be cancelled.
+    line = requeue("SIGTERM", job)
+    assert line.startswith("Slurm job 7 not requeued on SIGTERM, which scancel sends too")
+    assert (tmp_path / "scontrol.called").read_text() == "requeue 7\n"  # asked once, for SIGUSR1 only
 
 
 def test_data_loader_workers_leave_the_stop_signals_to_their_parent():

@@ -31,8 +31,8 @@ model), or under Slurm srun -n N vitlab train ... (one process group from Slurm'
 variables). --batch-size is the global batch.
 
 SIGTERM or SIGUSR1 (train.stop_signals) stops a run at the end of its step with a checkpoint
-and exit status 75; in a Slurm batch job it requeues the job, elsewhere the same command
-continues exactly (docs/cluster.md).
+and exit status 75, and the same command continues exactly; in a Slurm batch job SIGUSR1
+(--signal=USR1@SECONDS, the notice before a time limit) also requeues the job (docs/cluster.md).
 
 examples:
   vitlab train                                   # digits, about a minute on 2 CPU cores

@@ -8,8 +8,9 @@ USR1) into a request noted at the next step boundary, by every process at the sa
 trainer writes that step's checkpoint and raises `Preempted`, and the run resumes from there
 exactly (the same weights as a run never stopped, bit for bit on CPU). The command that
 trains (train, finetune, vtab: vitlab.cli.main) then exits with status 75 (EX_TEMPFAIL: "try
-again") and, in a Slurm batch job, requeues it (`requeue`): when the job starts again, its
-same command resumes. A job submitted with --no-requeue is not requeued, and says so.
+again") and, in a Slurm batch job stopped by the notice it asked for (any stop signal but
+SIGTERM, which scancel sends), requeues it (`requeue`): when the job starts again, its same
+command resumes. A job submitted with --no-requeue is not requeued, and says so.
 Outside Slurm the same holds: `kill -TERM` a run, start it again, and it continues. (A
 sweep cell's training is not a task of its job: the job requeues, vitlab.sweep.slurm.)
 
@@ -77,15 +78,22 @@ class Watch:
         self.previous = {}
 
 
-def requeue(env: Optional[dict[str, str]] = None) -> str:
+def requeue(signal_name: str, env: Optional[dict[str, str]] = None) -> str:
     """Requeue this Slurm batch job (`scontrol requeue $SLURM_JOB_ID`) and say so; outside
-    Slurm, or when Slurm refuses (a job submitted with --no-requeue, an interactive srun),
-    say how the run continues instead. Called once per job, by rank 0, after the checkpoint."""
+    Slurm, on SIGTERM, or when Slurm refuses (a job submitted with --no-requeue, an
+    interactive srun), say how the run continues instead. Called once per job, by rank 0,
+    after the checkpoint. SIGTERM does not requeue: it is what `scancel` sends (a job
+    requeued on it could not be cancelled), and a cluster that preempts by requeueing
+    (PreemptMode=REQUEUE) requeues the job itself; the notice a job asks for before its time
+    limit (--signal=USR1@SECONDS) does."""
     env = dict(os.environ) if env is None else env
     again = "run the same command again to continue from there"
     job = env.get("SLURM_JOB_ID", "")
     if not job:
         return again
+    if signal_name == "SIGTERM":
+        return (f"Slurm job {job} not requeued on SIGTERM, which scancel sends too (a job that asks for "
+                f"--signal=USR1@SECONDS before its time limit requeues on that): {again}")
     scontrol = shutil.which("scontrol", path=env.get("PATH"))
     if scontrol is None:
         return f"Slurm job {job} not requeued (no scontrol on this node): {again}"
@@ -105,5 +113,6 @@ def finish(stopped: Preempted, command: str) -> int:
     """How a command ends on a stopped run: the process that speaks for the run requeues its
     Slurm job (or says how to continue) in one line on stderr; EXIT_STATUS on every process."""
     if stopped.report:
-        print(f"vitlab {command}: stopped: {stopped}; {requeue()} (exit status {EXIT_STATUS})", file=sys.stderr)
+        print(f"vitlab {command}: stopped: {stopped}; {requeue(stopped.signal_name)} (exit status {EXIT_STATUS})",
+              file=sys.stderr)
     return EXIT_STATUS
