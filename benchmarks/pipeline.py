@@ -40,7 +40,7 @@ from PIL import Image
 
 from vitlab.bench import machine, tables
 from vitlab.data import decode as D
-from vitlab.data import make_loader, open_dataset
+from vitlab.data import DataOptions, make_loader, open_dataset
 from vitlab.data.transforms import eval_transform, train_transform
 from vitlab.files import atomic_write_text
 
@@ -96,7 +96,7 @@ def systems(root: Path, files: list[Path], train: bool) -> dict[str, Callable[[]
 
     steps = len(files) // BATCH
     spec = f"imagefolder:{root}"
-    common = dict(test_fraction=0.0001)
+    common = dict(options=DataOptions(test_fraction=0.0001))
     if train:
         fast = open_dataset(spec, "train", D.fast_train_transform(224, MEAN, STD, uint8=True), train=True, **common)
         pil = open_dataset(spec, "train", train_transform(224, MEAN, STD), train=True, **common)

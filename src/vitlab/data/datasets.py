@@ -169,6 +169,15 @@ class ImageDataset(torch.utils.data.Dataset):
         view.indices = self.indices[np.asarray(indices)]
         return view
 
+    def view(self, transform: Callable, *, seed: int = 0, train: bool = False) -> "ImageDataset":
+        """The same items through another transform and augmentation seed, sharing the storage
+        (nothing is read again); `train` is the loader's business for a map-style set."""
+        import copy
+
+        out = copy.copy(self)
+        out.transform, out.seed = transform, seed
+        return out
+
     def _load(self, i: int) -> Image.Image:
         raise NotImplementedError
 

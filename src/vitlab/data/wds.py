@@ -177,6 +177,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         self.transform = transform
         self.train = train
         self.seed = seed
+        self.buffer_size = shuffle_buffer  # what a training view shuffles in
         self.shuffle_buffer = shuffle_buffer if train else 0
         self.skip_bad_images = skip_bad_images
         self.subset = {"dev": "dev", "train-minus-dev": "rest"}.get(split)
@@ -224,6 +225,14 @@ class WebDataset(torch.utils.data.IterableDataset):
         view.num_samples = len(view.only)
         view.held, view.too_large_to_hold = None, False
         return view
+
+    def view(self, transform: Callable, *, seed: int = 0, train: bool = False) -> "WebDataset":
+        """The same shards and split through another transform, seed and mode (a training
+        stream shuffles, an evaluation pass does not), sharing the index and any held samples."""
+        out = copy.copy(self)
+        out.transform, out.seed, out.train = transform, seed, train
+        out.shuffle_buffer = self.buffer_size if train else 0
+        return out
 
     def hold(self) -> None:
         """Read the shards once and keep this view's samples (see HOLD_BYTES): only for a view

@@ -39,9 +39,10 @@ from vitlab.files import atomic_write_text
 from vitlab.train import callbacks as cb, distributed, probe_head, state
 from vitlab.train.build import architecture, build_model, describe_source, model_input, open_datasets, train_loader
 from vitlab.train.compute import ComputeMeter
+from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, eval_batches, final_report, plot_run, truncate_after
+from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, final_report, plot_run, truncate_after
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 from vitlab.log import get_logger
@@ -113,11 +114,13 @@ class Trainer:
     summary; `trackers` ("wandb", "mlflow", "tensorboard") also receive every metrics record;
     `extend` lets a finished or running run continue to a new train.steps/train.epochs
     (`vitlab train --resume RUN --steps N`); `callbacks` are vitlab.train.callbacks.Callback
-    objects, called after the config's own (early stopping, keep-best)."""
+    objects, called after the config's own (early stopping, keep-best); `inputs` what the
+    runs of one plan read once and share (vitlab.train.inputs), by default this run's own."""
 
     def __init__(self, config: RunConfig, out: str | Path, command: str = "", quiet: bool = False,
                  data: Any = None, eval_data: Any = None, notes: tuple[str, ...] = (),
-                 trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = ()):
+                 trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = (),
+                 inputs: Optional[Inputs] = None):
         self.sources = None
         if data is not None:
             evals = eval_data if isinstance(eval_data, dict) else ({"test": eval_data} if eval_data is not None else {})
@@ -135,6 +138,7 @@ class Trainer:
         self.trackers = tuple(trackers)
         self.extend = extend
         self.callbacks = tuple(callbacks)
+        self.inputs = inputs or Inputs()
 
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
@@ -206,8 +210,8 @@ class Trainer:
         random.seed(t.seed)
         np.random.seed(t.seed)
         torch.manual_seed(t.seed)
-        train_set, eval_sets = open_datasets(cfg, architecture(cfg.model), self.sources)
-        model = build_model(cfg.model, train_set.class_names)
+        train_set, eval_sets = open_datasets(cfg, architecture(cfg.model, self.inputs), self.sources, self.inputs)
+        model = build_model(cfg.model, train_set.class_names, self.inputs)
         objective = build_objective(model, cfg)
         run = Run(ctx, cfg, model, objective, train_set, eval_sets, self._plan(train_set, ctx))
         run.hooks, self.run_state = cb.Hooks(self, run, [*cb.from_config(cfg), *self.callbacks]), run
@@ -243,7 +247,7 @@ class Trainer:
         run.objective.to(ctx.device)
         run.compute = ComputeMeter(run.model.config, ctx.device, ctx.world)
         if saved is None:  # before wrapping, which may flatten the parameters (FSDP)
-            run.head_probe = probe_head.for_run(self.cfg, run.model, self.sources, run.compute)
+            run.head_probe = probe_head.for_run(self.cfg, run.model, self.sources, run.compute, self.inputs)
         run.model.set_grad_checkpointing(t.grad_checkpointing)
         run.wrapped = distributed.wrap(run.objective, ctx, inner=run.model)
         run.optimizer = build_optimizer(run.objective, self.cfg.optim)
@@ -411,7 +415,7 @@ class Trainer:
             loader = make_loader(dataset, t.eval_batch_size or max(t.batch_size // ctx.world, 1), rank=ctx.rank,
                                  world=ctx.world, train=False, num_workers=self.cfg.data.num_workers)
             sums = None
-            shown = eval_batches(loader, split, _size(dataset), quiet=self.quiet or not ctx.is_main)
+            shown = eval_batches(loader, split, dataset_size(dataset), quiet=self.quiet or not ctx.is_main)
             with torch.no_grad(), torch.autocast(**self._autocast(ctx)):
                 for images, labels, _ in shown:
                     if labels.numel():
@@ -489,11 +493,3 @@ class Trainer:
         notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
         LOG.info(final_report(self.folder, summary, results, notes, where))  # --quiet too
         return summary
-
-
-def _size(dataset: Any) -> Optional[int]:
-    """The number of images of an evaluation set, when it knows it (a stream may not)."""
-    try:
-        return len(dataset)
-    except TypeError:
-        return None

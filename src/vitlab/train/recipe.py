@@ -20,6 +20,7 @@ from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
 from vitlab.files import check_writable
 from vitlab.models.variants import variant_config
 from vitlab.run_layout import RunLayout
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import EXTENDABLE, Trainer
 from vitlab.train.run_folder import RESUMABLE_CHANGES, RunFolder
 
@@ -130,12 +131,13 @@ def check_resumable(out: Path) -> None:
 
 
 def train(cfg: RunConfig, out: Path | str, *, command: str = "", quiet: bool = False, notes: Sequence[str] = (),
-          trackers: Sequence[str] = (), extend: bool = False) -> dict[str, Any]:
+          trackers: Sequence[str] = (), extend: bool = False, inputs: Optional[Inputs] = None) -> dict[str, Any]:
     """One training run into `out` (its folder and checkpoints/ checked writable first: a resumed
     run writes into both, found now rather than at its next checkpoint) -> the run's summary.
+    `inputs`: what the runs of one plan share, read once (train/inputs.py).
     Raises TrainingDiverged on a non-finite loss and BadImageError on an unreadable image."""
     out = Path(out)
     for folder in (out, RunLayout(out).checkpoints):
         check_writable(folder, folder=True)
     return Trainer(cfg, out, command=command, quiet=quiet, notes=tuple(notes), trackers=tuple(trackers),
-                   extend=extend).run()
+                   extend=extend, inputs=inputs).run()

@@ -46,8 +46,9 @@ def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
     for k in range(repeats):
         cfg = plan.config.with_overrides({"train.seed": seed + k, **({"optim.lr": best_lr} if best_lr else {})})
         if best_recipe:  # the recipe the sweep chose (its optimiser and augmentation), at its rate
+            # (the plan's own recipe, the paper's protocol, chooses the rate only: best_recipe "")
             cfg = choice.apply(cfg, choice.RECIPES[best_recipe], plan.explicit).with_overrides({"optim.lr": best_lr})
-        this = replace(plan, config=cfg, out=plan.out / f"seed-{k}", sweep=plan.sweep and best_lr is None)
+        this = replace(plan, config=cfg, out=plan.out / f"seed-{k}", arms=[] if best_lr else plan.arms)
         result = run(this)
         best_lr = best_lr or result.get("best_lr")
         best_recipe = best_recipe or result.get("best_recipe")
@@ -59,7 +60,7 @@ def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
     for split in runs[0]["top1"]:
         mean, std = mean_std([r["top1"][split] for r in runs])
         summary[split] = {"mean": mean, "std": std, "n": len(runs)}
-    out = {"repeats": repeats, "best_lr": best_lr, "runs": runs, "top1": summary}
+    out = {"repeats": repeats, "best_lr": best_lr, "best_recipe": best_recipe, "runs": runs, "top1": summary}
     if distributed.is_main_process():
         atomic_write_text(plan.out / "repeats.json", json.dumps(out, indent=2))
     return out

@@ -31,7 +31,8 @@ from vitlab.data.vtab import GROUPS, TASKS, Task, group_sizes, mean
 from vitlab.data.vtab_sources import locate, where_to_put
 from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.train import distributed
-from vitlab.train.finetune import TABLE4_STEPS, lr_sweep
+from vitlab.train import finetune_choice as choice
+from vitlab.train.finetune import TABLE4_STEPS
 
 VTAB_LR = 0.01  # Table 4
 VTAB_WARMUP = 500  # the fine-tuning recipe's warm-up (at most a fifth of a shorter run)
@@ -80,7 +81,8 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
         return json.loads(done.read_text())
     cfg = task_config(checkpoint, task, root, s)
     if s.grid:
-        swept = lr_sweep(cfg, folder, s.grid, train, log=log)
+        arms = [choice.Arm(choice.PLANNED, lr) for lr in s.grid]  # the rate alone, chosen on the val set
+        swept = choice.choose(cfg, folder, arms, cfg.train.steps, set(), lambda c, o, _notes=(): train(c, o), log)
         summary, lr = swept["final"], swept["best_lr"]
     else:
         summary, lr = train(cfg, folder / "run"), s.lr
