@@ -8,7 +8,7 @@ hits every system alike:
 
 1. `vitlab train --config cifar10 --data digits` (the recipe's policy: 1 compute thread and
    1 data worker) -- its checkpoint is the source of the fine-tunes;
-2. `vitlab finetune --from THAT --data digits --lr 0.003`: fine-tuning's own policy, which
+2. `vitlab finetune THAT --data digits --lr 0.003`: fine-tuning's own policy, which
    takes the source run's threads and workers (the plan line says so);
 3. the same with `train.threads=0 data.num_workers=0`: the policy fine-tuning had before
    (one thread per core, data in the training process).
@@ -70,9 +70,9 @@ def main() -> None:
         base = args.runs / f"round{r}"
         systems = [
             ("vitlab train --config cifar10", ["train", "--config", "cifar10", *steps, *COMMON], base / "train"),
-            ("vitlab finetune (its policy)", ["finetune", "--from", str(base / "train" / "checkpoints" /
+            ("vitlab finetune (its policy)", ["finetune", str(base / "train" / "checkpoints" /
                                               "last.safetensors"), "--lr", "0.003", *steps, *COMMON], base / "ft"),
-            ("vitlab finetune, threads 0, workers 0 (before)", ["finetune", "--from", str(base / "train" / "checkpoints"
+            ("vitlab finetune, threads 0, workers 0 (before)", ["finetune", str(base / "train" / "checkpoints"
                                                                 / "last.safetensors"), "--lr", "0.003", *steps,
                                                                 *COMMON, "train.threads=0", "data.num_workers=0"],
              base / "ft-old"),

@@ -189,10 +189,10 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
 
 
 def lr_rates(text: str | None) -> list[float] | None:
-    """--lr-grid's rates, or None for Table 4's."""
+    """--lr-grid's rates (an empty list for an empty one, which the library refuses), or None for Table 4's."""
     from vitlab.cli import UsageError
 
-    if not text:
+    if text is None:
         return None
     try:
         return [float(v) for v in text.split(",") if v.strip()]

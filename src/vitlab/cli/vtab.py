@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", metavar="T,T,...", help="run only these tasks (default: all 19; the row shows all)")
     p.add_argument("--out", metavar="DIR", help="the suite folder (default runs/vtab-CHECKPOINT)")
     p.add_argument("--steps", type=int, default=2500, help="fine-tuning steps per task (default 2,500, Table 4)")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01, Table 4)")
+    p.add_argument("--lr", type=float, help="learning rate (default 0.01, Table 4)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="choose each task's rate from these on its 200 val examples")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--image-size", type=int, metavar="N", help="fine-tuning resolution (default: the checkpoint's)")
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
     root, out = Path(args.root).expanduser(), Path(args.out or f"runs/vtab-{Path(args.checkpoint).stem}")
     tasks = [get_task(t) for t in args.tasks.split(",")] if args.tasks else list(TASKS.values())
-    s = vtab.Settings(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grid=tuple(lr_rates(args.lr_grid) or ()),
+    s = vtab.Settings(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grid=lr_rates(args.lr_grid),
                       image_size=args.image_size, seed=args.seed, device=args.device, overrides=tuple(args.overrides))
     if args.launcher and not args.report:
         done = launch(args.checkpoint, root, out, tasks, s, launcher=args.launcher, jobs=args.jobs,

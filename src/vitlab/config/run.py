@@ -2,6 +2,11 @@
 
 A run is read from a YAML recipe, changed by "section.key=value" overrides, and written back
 as the resolved `config.yaml` of the run folder. Defaults live in these dataclasses only.
+
+Each value remembers the layer that set it (`RunConfig.origins`, "section.key" -> layer; a
+key it lacks is the default): the recipe or config file it was read from, the command line,
+the checkpoint, the fine-tune's plan or sweep. config.yaml shows the layer beside each value
+(config/provenance.py).
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ class ModelSection:
             raise ConfigError(f"model.head_start={self.head_start!r}: use one of {', '.join(HEAD_STARTS)}")
         if self.head_start == "probe" and not self.checkpoint:
             raise ConfigError("model.head_start=probe fits a pretrained model's new head on its frozen features: it "
-                              "needs model.checkpoint (vitlab finetune --from CHECKPOINT)")
+                              "needs model.checkpoint (vitlab finetune CHECKPOINT)")
         check_keys(ViTConfig, dict(self.changes), "model", extra=_MODEL_EXTRA)
         changes = dict(self.changes)
         if "image_size" in changes:
@@ -259,6 +264,19 @@ class RunConfig:
                 f"got {type(self.objective).__name__}"
             )
 
+    @property
+    def origins(self) -> dict[str, str]:
+        """"section.key" -> the layer that set it (config/provenance.py); a key not here is the default."""
+        return self.__dict__.get("_origins", {})
+
+    def origin(self, key: str) -> str:
+        return self.origins.get(key, DEFAULT_ORIGIN)
+
+    def set_by(self, origins: Mapping[str, str]) -> "RunConfig":
+        """This config, recording `origins` (merged over those it has); returns it."""
+        object.__setattr__(self, "_origins", {**self.origins, **origins})
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         def plain(v: Any) -> Any:
             if isinstance(v, tuple):
@@ -276,8 +294,9 @@ class RunConfig:
         return out
 
     @classmethod
-    def from_dict(cls, d: Any) -> "RunConfig":
-        """A run from plain values (a recipe, a config.yaml, overrides), numbers read from text."""
+    def from_dict(cls, d: Any, origin: Optional[str] = None) -> "RunConfig":
+        """A run from plain values (a recipe, a config.yaml, overrides), numbers read from text;
+        `origin`: the layer they come from, recorded for every key `d` holds."""
         if not isinstance(d, dict):
             raise ConfigError(f"a recipe must be a mapping of sections, got {type(d).__name__}")
         valid = ("model", *SECTIONS, "objective")
@@ -286,10 +305,12 @@ class RunConfig:
             raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(valid)}")
         sections = {k: section_from_text(c, d.get(k), k) for k, c in SECTIONS.items()}
         options = section_from_text(OBJECTIVE_OPTIONS[sections["train"].objective], d.get("objective"), "objective")
-        return cls(model=ModelSection.from_dict(d.get("model")), objective=options, **sections)
+        cfg = cls(model=ModelSection.from_dict(d.get("model")), objective=options, **sections)
+        return cfg.set_by({key: origin for key in keys_of(d)}) if origin else cfg
 
-    def with_overrides(self, overrides: dict[str, Any]) -> "RunConfig":
-        """Apply {"optim.lr": 0.01, "model.dropout": 0.1, ...}; a wrong key names the valid ones."""
+    def with_overrides(self, overrides: dict[str, Any], origin: Optional[str] = None) -> "RunConfig":
+        """Apply {"optim.lr": 0.01, "model.dropout": 0.1, ...}; a wrong key names the valid ones.
+        `origin`: the layer that sets them (recorded; the other keys keep theirs)."""
         d = self.to_dict()
         objective_changed = "train.objective" in overrides and overrides["train.objective"] != self.train.objective
         if objective_changed:
@@ -306,7 +327,17 @@ class RunConfig:
                 d[section][head] = {**d[section][head], rest: value}
             else:
                 d[section][name] = value
-        return RunConfig.from_dict(d)
+        kept = {k: v for k, v in self.origins.items() if not (objective_changed and k.startswith("objective."))}
+        return RunConfig.from_dict(d).set_by({**kept, **{key: origin or CHANGED_ORIGIN for key in overrides}})
+
+
+DEFAULT_ORIGIN = "default"
+CHANGED_ORIGIN = "vitlab"  # a change whose caller named no layer
+
+
+def keys_of(d: Mapping[str, Any]) -> list[str]:
+    """The "section.key" names a plain config mapping (a recipe, a config.yaml) sets."""
+    return [f"{section}.{key}" for section, values in d.items() if isinstance(values, dict) for key in values]
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -341,9 +372,11 @@ def read_yaml(path_or_name: str, shipped: Path, what: str, names: list[str]) -> 
 
 
 def load_recipe(path_or_name: str) -> RunConfig:
-    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...)."""
+    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...);
+    its values recorded as set by "recipe NAME" (shipped) or "config file PATH" (any other)."""
     d, path = read_yaml(path_or_name, RECIPES, "recipe", shipped_recipes())
+    shipped = path.resolve().parent == RECIPES and not Path(path_or_name).is_file()
     try:
-        return RunConfig.from_dict(d)
+        return RunConfig.from_dict(d, f"recipe {path.stem}" if shipped else f"config file {path}")
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None

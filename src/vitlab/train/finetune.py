@@ -25,13 +25,16 @@ two calls:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from vitlab.checkpoints import is_pretrained_name
 from vitlab.config import ConfigError, RunConfig, load_recipe
+from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
 from vitlab.data import DEV_FRACTIONS, identity
 from vitlab.data.transforms import model_transform
 from vitlab.train import build, finetune_choice as choice, recipe as recipes
@@ -112,7 +115,7 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
         else:
             notes.append(f"learning rate {o.lr:g}: the recipe's, not chosen for this data; the best of Table 4's "
                          "grid (0.001-0.03) can be far better (docs/training.md: 46.5% vs 61.9%); --lr-sweep picks it")
-    return Defaults(cfg.with_overrides(changes) if changes else cfg, notes, quick)
+    return Defaults(cfg.with_overrides(changes, PLAN) if changes else cfg, notes, quick)
 
 
 def resolution_note(image_size: tuple[int, int], explicit: bool) -> str:
@@ -183,11 +186,27 @@ def in_steps(cfg: RunConfig, n_train: int) -> RunConfig:
     t = cfg.train
     if t.steps:
         return cfg
-    return cfg.with_overrides({"train.steps": max(1, math.ceil(t.epochs * (n_train // t.batch_size))), "train.epochs": 0.0})
+    steps = max(1, math.ceil(t.epochs * (n_train // t.batch_size)))
+    return cfg.with_overrides({"train.steps": steps, "train.epochs": 0.0}, PLAN)
 
 
-def _check(checkpoint: str, data: str, choose: str, options: Mapping[str, Any], paper_resolution: bool,
-           table4: Optional[str]) -> None:
+def checkpoint_argument(positional: Optional[str], flag: Optional[str], overrides: list[str]) -> str:
+    """The checkpoint of `vitlab finetune CHECKPOINT` or its alias `--from CHECKPOINT`. With
+    --from, the first word after the command is an override (SECTION.KEY=VALUE), put back."""
+    if flag is None:
+        if not positional:
+            raise ConfigError("give the checkpoint to fine-tune: vitlab finetune CHECKPOINT --data SPEC")
+        return positional
+    if positional and "=" not in positional:
+        raise ConfigError(f"{positional} and --from {flag} both name the checkpoint: give one")
+    if positional:
+        overrides.insert(0, positional)
+    return flag
+
+
+def _check(checkpoint: str, data: str, choose: str, options: Mapping[str, Any], overrides: Sequence[str],
+           paper_resolution: bool, lr_sweep: bool, rates: Optional[Sequence[float]], table4: Optional[str]) -> None:
+    """Refuse, before anything is read, what cannot run or would drop a setting silently."""
     if choose not in choice.CHOICES:
         raise ConfigError(f"--recipe {choose!r}: use one of {', '.join(choice.CHOICES)}")
     if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
@@ -198,6 +217,16 @@ def _check(checkpoint: str, data: str, choose: str, options: Mapping[str, Any], 
         raise ConfigError("--paper-resolution and --image-size both set the resolution: give one")
     if table4 is not None and table4 not in TABLE4_STEPS:
         raise ConfigError(f"--table4 {table4!r}: not a Table 4 dataset; use one of {', '.join(TABLE4_STEPS)}")
+    if rates is not None:
+        lr_grid(None, rates)  # an empty or non-positive grid, refused now
+    given = {o.split("=", 1)[0].strip(): o for o in overrides if "=" in o}
+    if paper_resolution and "model.image_size" in given:
+        raise ConfigError(f"--paper-resolution and {given['model.image_size']} both set the resolution: give one")
+    rate = "--lr" if options.get("lr") is not None else given.get("optim.lr")
+    chooser = "--lr-sweep" if lr_sweep else "--lr-grid" if rates is not None else None
+    if rate and chooser:
+        raise ConfigError(f"{rate} and {chooser} both set the learning rate ({chooser} chooses it on the dev split): "
+                          "give one")
 
 
 def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[str, Any] = {},
@@ -211,9 +240,11 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     ("paper") with any other, such as Table 2's. The checkpoint and the training split are read
     here, once, into the plan's `inputs` (a given one is shared), where its runs find them."""
     choose = choose or ("auto" if recipe == RECIPE else "paper")
-    _check(checkpoint, data, choose, options, paper_resolution, table4)
+    _check(checkpoint, data, choose, options, overrides, paper_resolution, lr_sweep, rates, table4)
     inputs = inputs or Inputs()
     extra: dict[str, Any] = {"model.checkpoint": checkpoint}
+    layers = {"model.checkpoint": COMMAND_LINE, "train.steps": PLAN, "data.dev_fraction": COMMAND_LINE,
+              "model.image_size": CHECKPOINT}  # --paper-resolution: the checkpoint's own, stepped up
     notes: list[str] = []
     unset = length_unset(recipe, options)
     if unset:  # Table 4's count for the dataset, once the data says which it is; this until then
@@ -223,15 +254,16 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     if paper_resolution:
         own = inputs.checkpoint(checkpoint).config
         extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride)
-    cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra)
+    cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra, layers)
     explicit = explicit_keys(options, overrides, paper_resolution)
     threads, threads_note = choice.thread_policy(cfg, checkpoint, explicit)
-    cfg = cfg.with_overrides(threads)
+    if choice.source_run_config(checkpoint):  # else the recipe's own, as they are
+        cfg = cfg.with_overrides(threads, CHECKPOINT)
     train_set = training_set(cfg, inputs)
     row = table4 or getattr(train_set, "identity", None)
     grid = lr_grid(row, rates)
     if unset and row in TABLE4_STEPS:
-        cfg = cfg.with_overrides({"train.steps": TABLE4_STEPS[row]})
+        cfg = cfg.with_overrides({"train.steps": TABLE4_STEPS[row]}, PLAN)
     elif unset:
         notes.append(f"{DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)")
     out = Path(out) if out else Path("runs") / f"{name}-{Path(checkpoint).stem}"
@@ -239,7 +271,8 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     chosen = choice.resolved(choose, explicit, cfg)
     if chosen.name == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
         fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep)
-        arms = [choice.Arm(choice.PLANNED, lr) for lr in grid] if lr_sweep or fitted.quick_sweep_steps else []
+        swept = lr_sweep or fitted.quick_sweep_steps or rates is not None  # --lr-grid: a sweep of its rates
+        arms = [choice.Arm(choice.PLANNED, lr) for lr in grid] if swept else []
         config = in_steps(fitted.config, len(train_set)) if arms else fitted.config
         return Plan(config, out, [*head, *chosen.notes, *fitted.notes, *notes], arms, fitted.quick_sweep_steps,
                     explicit, inputs)
@@ -255,20 +288,36 @@ def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[s
         log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Carry out a plan: the run alone (its summary), or the sweep and then the best arm on the
     whole training set (finetune_choice.choose's result, with "best_lr" and the final run's
-    summary). Every run reads the plan's inputs: nothing is read twice."""
+    summary). Every run reads the plan's inputs: nothing is read twice. `quiet`: the final
+    run's summary only (the sweep's runs and lines say nothing; warnings still do)."""
     if not p.arms:
         return recipes.train(p.config, p.out, command=command, quiet=quiet, notes=p.notes, trackers=trackers,
                              inputs=p.inputs)
     choice.check_sweep_folder(p.out)  # before the first sweep run
-    (log or say)("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
+    log = (lambda _: None) if quiet else (log or say)
+    log("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
 
     def arm(c: RunConfig, o: Path, more: Sequence[str] = ()) -> dict[str, Any]:
-        said = (f"sweep run: {o.name}, {c.train.steps} steps, scored on the dev split",) if o.parent.name == "sweep" \
-            else (*p.notes, *more)
-        return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers, inputs=p.inputs)
+        sweeping = o.parent.name == "sweep"
+        said = (f"sweep run: {o.name}, {c.train.steps} steps, scored on the dev split",) if sweeping else (*p.notes, *more)
+        with silenced(quiet and sweeping):
+            return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers, inputs=p.inputs)
 
     steps = p.sweep_steps or p.config.train.steps
-    return choice.choose(p.config, p.out, p.arms, steps, p.explicit, arm, log or say)
+    return choice.choose(p.config, p.out, p.arms, steps, p.explicit, arm, log)
+
+
+@contextlib.contextmanager
+def silenced(quiet: bool) -> Iterator[None]:
+    """vitlab.train's messages but warnings held back (a sweep run under --quiet says nothing,
+    its summary included)."""
+    level = LOG.level
+    if quiet:
+        LOG.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        LOG.setLevel(level)
 
 
 def done_line(p: Plan, result: Mapping[str, Any]) -> Optional[str]:

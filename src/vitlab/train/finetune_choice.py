@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from vitlab.config import ConfigError, RunConfig
+from vitlab.config.provenance import PLAN, SWEEP
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed
 from vitlab.train.run_folder import RunFolder
@@ -106,10 +107,12 @@ def arms(choice: str, table4_grid: Sequence[float], rates: Optional[Sequence[flo
     return out
 
 
-def apply(cfg: RunConfig, recipe: Recipe, explicit: set[str], steps: Optional[int] = None) -> RunConfig:
+def apply(cfg: RunConfig, recipe: Recipe, explicit: set[str], steps: Optional[int] = None,
+          origin: str = SWEEP) -> RunConfig:
     """The config with a recipe's changes and warm-up share (of `steps`, default the run's),
     leaving the keys the user set; PLANNED keeps the plan's warm-up, at most WARMUP_SHARE of
-    a short arm (`steps`), which a longer one would outlast."""
+    a short arm (`steps`), which a longer one would outlast. `origin`: the layer that chose
+    the recipe (the sweep, or the plan when --recipe named it)."""
     total = steps or cfg.train.steps
     changes = {k: v for k, v in recipe.changes.items() if k not in explicit}
     if recipe.warmup_share is None:
@@ -117,7 +120,7 @@ def apply(cfg: RunConfig, recipe: Recipe, explicit: set[str], steps: Optional[in
             changes["optim.warmup_steps"] = min(cfg.optim.warmup_steps, max(1, round(WARMUP_SHARE * steps)))
     elif "optim.warmup_steps" not in explicit:
         changes["optim.warmup_steps"] = max(1, round(recipe.warmup_share * total)) if total else cfg.optim.warmup_steps
-    return cfg.with_overrides(changes) if changes else cfg
+    return cfg.with_overrides(changes, origin) if changes else cfg
 
 
 QUICK_SHARE = 0.05  # each arm of a quick sweep trains for this share of the run's steps
@@ -167,7 +170,7 @@ def decide(cfg: RunConfig, chosen: Resolved, explicit: set[str], table4_grid: Se
     warm = f"warm-up {PAPER.warmup_share:.0%} of each run with the paper's recipe, {ADAMW.warmup_share:.0%} with " \
         "AdamW (the CPU recipes' 100 of 390 steps)"
     if chosen.name == "adamw" and "optim.lr" in explicit:
-        return Decided(apply(cfg, ADAMW, explicit), [], None, [*chosen.notes, f"recipe: {ADAMW.words}",
+        return Decided(apply(cfg, ADAMW, explicit, origin=PLAN), [], None, [*chosen.notes, f"recipe: {ADAMW.words}",
                                                              f"warm-up {ADAMW.warmup_share:.0%} of the run"])
     candidates = arms(chosen.name, table4_grid, rates)
     steps = None if full_sweep else arm_steps(total)
@@ -246,7 +249,7 @@ def sweep_config(cfg: RunConfig, arm: Arm, explicit: set[str], steps: int) -> Ru
     """An arm's short run on train-minus-dev, scored on dev."""
     return apply(cfg, arm.recipe, explicit, steps).with_overrides(
         {"optim.lr": arm.lr, "train.steps": steps, "train.epochs": 0.0, "data.train_split": "train-minus-dev",
-         "data.eval_splits": ["dev"], "data.eval_data": ""})
+         "data.eval_splits": ["dev"], "data.eval_data": ""}, SWEEP)
 
 
 def check_sweep_folder(out: Path) -> None:
@@ -284,7 +287,7 @@ def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, exp
     edge = edge_note(grid, winner.lr) if winner.recipe.grid is None else ""
     line = verdict_line(v, labels) + (f"; {edge}" if edge else "")
     log(f"{line}; training it on the full training set")
-    final_cfg = apply(cfg, winner.recipe, explicit).with_overrides({"optim.lr": winner.lr})
+    final_cfg = apply(cfg, winner.recipe, explicit).with_overrides({"optim.lr": winner.lr}, SWEEP)
     final = train_fn(final_cfg, out / "final", (line,))  # the verdict among the final run's plan lines
     result = {
         "arms": [{"arm": a.name, "recipe": a.recipe.name, "lr": a.lr, "steps": steps, "dev_top1": scores[a.name]}

@@ -126,7 +126,7 @@ class Trainer:
             evals = eval_data if isinstance(eval_data, dict) else ({"test": eval_data} if eval_data is not None else {})
             self.sources = (data, evals)
             config = config.with_overrides({"data.name": describe_source(data), "data.eval_data": "",
-                                            "data.eval_splits": list(evals)})
+                                            "data.eval_splits": list(evals)}, "data given as objects")
         elif eval_data is not None:
             raise ConfigError("eval_data= needs data= too (or put both in the config's data section)")
         self.cfg = config

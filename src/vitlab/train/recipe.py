@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
+from vitlab.config.provenance import COMMAND_LINE
+from vitlab.config.run import CHANGED_ORIGIN
 from vitlab.files import check_writable
 from vitlab.models.variants import variant_config
 from vitlab.run_layout import RunLayout
@@ -67,25 +69,54 @@ def settings(options: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     return given
 
 
+def given_settings(options: Mapping[str, Any], overrides: Sequence[str] = ()) -> list[tuple[str, str, Any]]:
+    """(flag or override as typed, config key, value) for every setting the user gave: the
+    options (`settings`), then the SECTION.KEY=VALUE overrides. Two that set one key to
+    different values are refused by name: neither may win without a word."""
+    given = settings(options) + [(o, *parse_override(o)) for o in overrides]
+    first: dict[str, tuple[str, Any]] = {}
+    for what, key, value in given:
+        if key in first and not _same(key, first[key][1], value):
+            raise ConfigError(f"{first[key][0]} and {what} both set {key}: give one")
+        first.setdefault(key, (what, value))
+    return given
+
+
+def _same(key: str, a: Any, b: Any) -> bool:
+    """Whether two values of `key` are the same setting once read as its type (0.01 and 1e-2);
+    a value the key cannot take is refused here, by its own message."""
+    return RunConfig().with_overrides({key: a}) == RunConfig().with_overrides({key: b})
+
+
 def option_overrides(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options as SECTION.KEY overrides (SECTION.KEY=VALUE strings are applied after them)."""
     return {key: value for _, key, value in settings(options)}
 
 
 def resolve(recipe: Optional[str], options: Mapping[str, Any] = {}, overrides: Sequence[str] = (),
-            extra: Optional[Mapping[str, Any]] = None) -> tuple[RunConfig, str]:
+            extra: Optional[Mapping[str, Any]] = None, extra_origins: Mapping[str, str] = {}) -> tuple[RunConfig, str]:
     """Recipe + `extra` + options + overrides -> (RunConfig, recipe name). `options["model"]`
     swaps the variant (keeping the recipe's dropout settings); `options["data"]` drops the
-    recipe's evaluation set, which belongs to its own data."""
+    recipe's evaluation set, which belongs to its own data. Each value records its layer:
+    the recipe's, `extra_origins[key]` for `extra` (a caller's own settings), the command
+    line for options and overrides; an option and an override that disagree are refused."""
     name = recipe or DEFAULT_RECIPE
-    d = load_recipe(name).to_dict()
+    given = given_settings(options, overrides)
+    base = load_recipe(name)
+    d = base.to_dict()
     if options.get("model"):
         keep = KEEP_WITH_MODEL if variant_config(options["model"]).kind == "vit" else ()  # a BiT ResNet has no dropout
         d["model"] = {"name": options["model"], **{k: v for k, v in d["model"].items() if k in keep}}
     if options.get("data"):
         d["data"]["eval_data"] = ""
-    cfg = RunConfig.from_dict(d).with_overrides({**(extra or {}), **option_overrides(options)})
-    cfg = cfg.with_overrides(dict(parse_override(o) for o in overrides))
+    swapped = {"model.name": COMMAND_LINE} if options.get("model") else {}  # --model: a section of its own
+    cfg = RunConfig.from_dict(d).set_by({k: v for k, v in base.origins.items() if not swapped or not
+                                         k.startswith("model.") or k[6:] in KEEP_WITH_MODEL})
+    cfg.set_by({**swapped, **({"data.eval_data": COMMAND_LINE} if options.get("data") else {})})
+    extra = extra or {}
+    for layer in dict.fromkeys(extra_origins.get(k, CHANGED_ORIGIN) for k in extra):
+        cfg = cfg.with_overrides({k: v for k, v in extra.items() if extra_origins.get(k, CHANGED_ORIGIN) == layer}, layer)
+    cfg = cfg.with_overrides({key: value for _, key, value in given}, COMMAND_LINE)
     if cfg.train.steps == 0 and cfg.train.epochs == 0:
         raise ConfigError("the recipe sets no length: pass --steps N or --epochs N")
     return cfg, Path(name).stem
@@ -100,7 +131,7 @@ def resume_config(run_dir: Path | str, options: Mapping[str, Any] = {}, override
     if not RunLayout(run_dir).config.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.yaml there; give a run folder written by vitlab train")
     changeable = RESUMABLE_CHANGES | EXTENDABLE
-    given = settings(options) + [(o, *parse_override(o)) for o in overrides]
+    given = given_settings(options, overrides)
     refused = list(dict.fromkeys(flag for flag, key, _ in given if key not in changeable))
     if recipe is not None:
         refused.insert(0, "--config")
@@ -116,7 +147,7 @@ def resume_config(run_dir: Path | str, options: Mapping[str, Any] = {}, override
             "start a new run with another --out"
         )
     cfg = RunFolder(run_dir).read_config()  # a damaged config.yaml is one line naming it
-    return cfg.with_overrides({key: value for _, key, value in given})
+    return cfg.with_overrides({key: value for _, key, value in given}, COMMAND_LINE)
 
 
 def default_out(recipe_name: str) -> Path:

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Optional
 import yaml
 
 from vitlab.config import ConfigError, RunConfig
+from vitlab.config.provenance import annotated_yaml, origins_in
 from vitlab.files import atomic_write_text, is_temporary, require_regular_file
 from vitlab.run_layout import CONFIG, SUMMARY, RunLayout
 from vitlab.train import state as checkpoint_state
@@ -184,9 +185,12 @@ class RunFolder(RunLayout):
                         p.unlink()
 
     def read_config(self) -> RunConfig:
+        """The run's config, each value's layer as config.yaml records it (else this file)."""
         try:
             require_regular_file(self.config, CONFIG)
-            return RunConfig.from_dict(with_earlier_defaults(yaml.safe_load(self.config.read_text())))
+            text = self.config.read_text()
+            cfg = RunConfig.from_dict(with_earlier_defaults(yaml.safe_load(text)), f"config file {self.config}")
+            return cfg.set_by(origins_in(text))
         except yaml.YAMLError as e:
             raise ConfigError(f"{self.config}: not valid YAML ({str(e).splitlines()[0]})") from None
         except (UnicodeDecodeError, OSError) as e:
@@ -204,10 +208,13 @@ class RunFolder(RunLayout):
         return summary
 
     def write_config(self, cfg: RunConfig, command: str = "") -> None:
-        header = "# Resolved config of this run (vitlab train --config this-file reruns it)\n"
+        """config.yaml: every setting, each with the layer that set it (config/provenance.py)."""
+        header = ("# Resolved config of this run (vitlab train --config this-file reruns it)\n"
+                  "# After each value, the layer that set it: default, recipe NAME, config file PATH, checkpoint,\n"
+                  "# fine-tune plan, sweep, vtab or command line (later layers over earlier ones)\n")
         if command:
             header += f"# command: {command}\n"
-        atomic_write_text(self.config, header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        atomic_write_text(self.config, header + annotated_yaml(cfg))
 
 def config_differences(old: RunConfig, new: RunConfig, ignore: Optional[set[str]] = None) -> list[str]:
     """"section.key: old -> new" for every setting that changes a number."""

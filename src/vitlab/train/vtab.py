@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from vitlab.config import RunConfig, load_recipe, parse_override
+from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
+from vitlab.config.provenance import COMMAND_LINE
 from vitlab.data.vtab import GROUPS, TASKS, Task, group_sizes, mean
 from vitlab.data.vtab_sources import locate, where_to_put
 from vitlab.files import OutputFolder, atomic_write_text
@@ -39,16 +40,33 @@ VTAB_WARMUP = 500  # the fine-tuning recipe's warm-up (at most a fifth of a shor
 TrainFn = Callable[[RunConfig, Path], dict[str, Any]]
 
 
+# The keys vitlab vtab sets from its own flags: an override of one would silently beat the flag.
+FLAGS = {"train.steps": "--steps", "optim.lr": "--lr (or --lr-grid)", "train.batch_size": "--batch-size",
+         "model.image_size": "--image-size", "train.seed": "--seed", "train.device": "--device"}
+
+
 @dataclass(frozen=True)
 class Settings:
     steps: int = TABLE4_STEPS["vtab"]
-    lr: float = VTAB_LR
+    lr: Optional[float] = None  # None: VTAB_LR, or the grid's choice
     batch_size: int = 512
-    grid: tuple[float, ...] = ()  # learning rates to choose from on the 200-example val set; () = lr
+    grid: Optional[Sequence[float]] = None  # learning rates to choose from on the 200-example val set; None = lr
     image_size: Optional[int] = None  # None: the checkpoint's own (the paper fine-tunes at 384)
     seed: int = 0
     device: str = "auto"
     overrides: tuple[str, ...] = ()  # SECTION.KEY=VALUE, applied last
+
+    def __post_init__(self) -> None:
+        if self.grid is not None and (not self.grid or min(self.grid) <= 0):
+            raise ConfigError(f"--lr-grid {','.join(f'{r:g}' for r in self.grid)!r}: give positive rates separated by commas")
+        if self.grid is not None and self.lr is not None:
+            raise ConfigError("--lr and --lr-grid both set the learning rate (--lr-grid chooses it per task): give one")
+        keys = [parse_override(o)[0] for o in self.overrides]
+        flagged = [f"{o} (vitlab vtab sets it with {FLAGS[k]})" for o, k in zip(self.overrides, keys) if k in FLAGS]
+        if flagged:  # the override would win over the flag without a word
+            raise ConfigError(f"{'; '.join(flagged)}: give it with the flag")
+        object.__setattr__(self, "grid", tuple(self.grid or ()))
+        object.__setattr__(self, "lr", VTAB_LR if self.lr is None else self.lr)
 
 
 def checkpoint_name(checkpoint: str) -> str:
@@ -68,8 +86,8 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConf
     }
     if s.image_size:
         changes["model.image_size"] = s.image_size
-    cfg = load_recipe("finetune").with_overrides(changes)
-    return cfg.with_overrides(dict(parse_override(o) for o in s.overrides))
+    cfg = load_recipe("finetune").with_overrides(changes, "vtab")
+    return cfg.with_overrides(dict(parse_override(o) for o in s.overrides), COMMAND_LINE)
 
 
 def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, train: TrainFn,
