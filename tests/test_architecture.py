@@ -31,7 +31,7 @@ ROWS: tuple[tuple[str, ...], ...] = (
     ("checkpoints", "data"),
     ("models",),
     ("config",),
-    ("files", "progress", "run_layout", "extras"),
+    ("files", "progress", "run_layout", "extras", "pixels"),
     ("log",),
 )
 # package -> exactly the vitlab packages it imports: every pair used is listed, and every pair
@@ -43,10 +43,11 @@ LAYERS: dict[str, set[str]] = {
     "log": set(),
     "run_layout": set(),
     "extras": set(),
+    "pixels": set(),
     "config": {"files"},
-    "models": {"config"},
+    "models": {"config", "pixels"},
     "checkpoints": {"config", "extras", "files", "log", "models", "progress", "run_layout"},
-    "data": {"config", "extras", "files"},
+    "data": {"config", "extras", "files", "pixels"},
     "eval": {"data", "files"},
     "analysis": {"checkpoints", "config", "eval", "extras", "files", "models"},
     "deploy": {"checkpoints", "config", "extras", "files", "models"},

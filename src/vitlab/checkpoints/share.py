@@ -27,6 +27,7 @@ from vitlab.checkpoints import hf, hub, timm
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.tables import export_state
 from vitlab.config import model_flops
+from vitlab.config.run import AUGMENTATIONS
 from vitlab.files import OutputFolder, atomic_write, atomic_write_text
 from vitlab.run_layout import CHECKPOINTS, LAST, RunLayout, run_of
 
@@ -273,14 +274,12 @@ HYPERPARAMETERS = [
     ("train", "label_smoothing", "label smoothing"), ("train", "mixup", "Mixup alpha"),
     ("train", "cutmix", "CutMix alpha"), ("train", "ema", "EMA decay"), ("model", "dropout", "dropout"),
     ("model", "drop_path", "stochastic depth"), ("data", "crop_scale", "inception crop scale"),
-    ("data", "hflip", "horizontal flip"), ("data", "randaugment", "RandAugment ops"),
-    ("data", "autoaugment", "AutoAugment policy"), ("data", "trivialaugment", "TrivialAugment"),
-    ("data", "augmix", "AugMix severity"), ("data", "random_erasing", "random erasing"),
+    ("data", "hflip", "horizontal flip"), *(("data", a.option, a.words) for a in AUGMENTATIONS),
 ]
 
 
-OFF_WHEN_ZERO = ("steps", "epochs", "label_smoothing", "mixup", "cutmix", "ema", "dropout", "drop_path", "randaugment",
-                 "trivialaugment", "augmix", "random_erasing")  # 0 means off (or, for steps/epochs, the other one)
+OFF_WHEN_ZERO = ("steps", "epochs", "label_smoothing", "mixup", "cutmix", "ema", "dropout", "drop_path",
+                 *(a.option for a in AUGMENTATIONS))  # 0 means off (or, for steps/epochs, the other one)
 
 
 def _hyperparameters(facts: dict[str, Any]) -> list[str]:

@@ -111,6 +111,43 @@ AUTOAUGMENT_POLICIES = ("", "imagenet", "cifar10", "svhn")  # torchvision.transf
 
 
 @dataclass(frozen=True)
+class Augmentation:
+    """One augmentation after the Inception crop and flip: the data section's keys it reads
+    (the first turns it on: 0, "" or false is off), the torchvision transform that does it
+    (`op`, a class of torchvision.transforms) with the key of each of its arguments, how a
+    model card names it, and the arguments of its command-line flag (--KEY). `on_float`: it
+    runs on the normalised float image, after the rest. Adding an augmentation is a row here
+    and its fields in DataConfig; vitlab.data.augment builds it, the command line and the model
+    card read this table."""
+
+    keys: tuple[str, ...]
+    op: str
+    args: Mapping[str, str]
+    words: str
+    flag: Mapping[str, Any]
+    on_float: bool = False
+
+    @property
+    def option(self) -> str:
+        return self.keys[0]
+
+
+AUGMENTATIONS = (
+    Augmentation(("randaugment", "randaugment_magnitude"), "RandAugment",
+                 {"num_ops": "randaugment", "magnitude": "randaugment_magnitude"}, "RandAugment ops",
+                 dict(type=int, nargs=2, metavar=("N", "M"), help="RandAugment: N ops of magnitude M per image (DeiT 2 9)")),
+    Augmentation(("autoaugment",), "AutoAugment", {"policy": "autoaugment"}, "AutoAugment policy",
+                 dict(metavar="POLICY", choices=AUTOAUGMENT_POLICIES[1:], help="torchvision's AutoAugment with this policy")),
+    Augmentation(("trivialaugment",), "TrivialAugmentWide", {}, "TrivialAugment",
+                 dict(action="store_true", default=None, help="torchvision's TrivialAugmentWide")),
+    Augmentation(("augmix",), "AugMix", {"severity": "augmix"}, "AugMix severity",
+                 dict(type=int, nargs="?", const=3, metavar="SEVERITY", help="torchvision's AugMix, severity 1-10, default 3")),
+    Augmentation(("random_erasing",), "RandomErasing", {"p": "random_erasing"}, "random erasing",
+                 dict(type=float, metavar="P", help="torchvision's RandomErasing on a share P of the images"), on_float=True),
+)
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Where the images come from and how they are augmented (§4.1, Appendix B.1)."""
 
@@ -153,9 +190,10 @@ class DataConfig:
             # One class trains to 100% with loss 0; a name twice makes two labels print alike.
             raise ConfigError(f"data.classes={list(self.classes)!r}: give two or more distinct class names, "
                               "or leave the key out for the dataset's own")
-        if self.decode == "cuda" and self.randaugment:
-            raise ConfigError(f"data.randaugment={self.randaugment} runs on the CPU and data.decode=cuda augments on the "
-                              "GPU; use data.decode=fast with RandAugment")
+        on = [a.option for a in AUGMENTATIONS if getattr(self, a.option)]
+        if self.decode == "cuda" and on:
+            raise ConfigError(f"data.{on[0]}={getattr(self, on[0])!r} runs on the CPU and data.decode=cuda augments on the "
+                              f"GPU; use data.decode=fast with {on[0]}")
         if self.train_size and self.train_fraction < 1:
             raise ConfigError(
                 f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g} both pick the "

@@ -43,7 +43,7 @@ The API other parts of vitlab (and users) call:
                 is a run's.
         dataset.view(transform, seed=, train=): the opened set read another way, not
                 opened again (what a fine-tune's runs share: train/inputs.py).
-    read_image(path) -> PIL.Image       decode a file or raise BadImageError naming it
+    read_image(source) -> PIL.Image     decode a file (or bytes) or raise BadImageError naming it
     training_subset(dataset, fraction=1.0, size=0, seed=0) -> dataset
                                         a fixed, class-balanced part of a training set
                                         (--train-fraction, --train-size; see subset.py)
@@ -52,10 +52,14 @@ The API other parts of vitlab (and users) call:
                 training batches (exactly resumable, split over processes), or one
                 evaluation pass
     transforms.eval_transform / transforms.train_transform / transforms.model_transform
-    decode.training_transform(decode, ...) / decode.fast_eval_transform / fast_model_transform
-                the same augmentation and preprocessing, a JPEG decoded only at the DCT scale
-                its crop needs (data.decode, data.eval_decode; uint8 training images that
-                decode.model_input normalises on the device; "cuda": decoded on the GPU)
+                the evaluation and the training transform; the training one's decode is a step
+                (decode.STEPS: pil, fast -- a JPEG decoded only at the DCT scale its crop
+                needs --, cuda -- on the GPU), the crop, flip, augmentations (config.run.
+                AUGMENTATIONS) and normalisation (vitlab.pixels) shared; uint8 out for the
+                loader (decode.model_input normalises it on the device), or normalised
+    images.read_image / images.open_image
+                the one image opener: formats, the decompression-bomb limit, and one decision
+                of what is an image for every decoder
     foreign.wrap(source, transform) -> any torch Dataset or DataLoader, torchvision dataset or
                 Hugging Face datasets object as a vitlab dataset (see foreign.py)
 

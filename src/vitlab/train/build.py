@@ -10,8 +10,8 @@ import torch
 from vitlab import checkpoints
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
 from vitlab.data import DataOptions, foreign, make_loader, training_subset
-from vitlab.data.decode import fast_model_transform, model_input, training_transform
-from vitlab.data.transforms import AUGMENT_OPTIONS, model_transform
+from vitlab.data.decode import model_input
+from vitlab.data.transforms import AUGMENT_OPTIONS, fast_model_transform, model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
 from vitlab.train.inputs import Inputs
@@ -92,21 +92,13 @@ def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[st
 def data_transforms(cfg: RunConfig, model: ModelConfig) -> tuple[Any, Any]:
     """(training, evaluation) transforms of a run: the model's preprocessing with the recipe's
     augmentation, decoded as data.decode and data.eval_decode say (vitlab.data.decode). The
-    training images come out uint8 (but for data.decode=pil); the trainer normalises them on
-    its device (decode.model_input)."""
+    training images come out uint8 (unless an augmentation runs on the normalised image); the
+    trainer normalises them on its device (decode.model_input)."""
     d = cfg.data
-    augment = augmentation(d)
-    policies = [k for k in ("autoaugment", "trivialaugment", "augmix", "random_erasing") if augment[k]]
-    if policies and d.decode != "pil":
-        raise ConfigError(f"data.{policies[0]} runs on torchvision's PIL path: set data.decode=pil (the command-line "
-                          "flags --autoaugment, --trivialaugment, --augmix and --random-erasing do)")
-    if not policies:
-        augment = {k: v for k, v in augment.items() if k not in ("autoaugment", "trivialaugment", "augmix", "random_erasing")}
-    if d.decode == "pil":
-        train = model_transform(model, train=True, **augment)
-    else:
-        train = training_transform(d.decode, model.image_size, model.mean, model.std, model.in_channels, uint8=True,
-                                   interpolation=model.interpolation, **augment)
+    try:
+        train = model_transform(model, train=True, decode=d.decode, uint8=True, **augmentation(d))
+    except ValueError as e:  # an augmentation data.decode=cuda cannot run
+        raise ConfigError(f"data.decode={d.decode}: {e}") from None
     return train, (fast_model_transform(model) if d.eval_decode == "fast" else model_transform(model))
 
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
 from vitlab.config.provenance import COMMAND_LINE
-from vitlab.config.run import CHANGED_ORIGIN
+from vitlab.config.run import AUGMENTATIONS, CHANGED_ORIGIN
 from vitlab.files import check_writable
 from vitlab.models.variants import variant_config
 from vitlab.run_layout import RunLayout
@@ -41,8 +41,6 @@ FLAG_KEYS = {
     "objective": "train.objective", "mixup": "train.mixup", "cutmix": "train.cutmix",
     "label_smoothing": "train.label_smoothing", "drop_path": "model.drop_path",
     "train_fraction": "data.train_fraction", "train_size": "data.train_size",
-    "autoaugment": "data.autoaugment", "trivialaugment": "data.trivialaugment", "augmix": "data.augmix",
-    "random_erasing": "data.random_erasing",
 }
 
 
@@ -55,12 +53,11 @@ def settings(options: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
         given += [("--epochs", "train.epochs", options["epochs"]), ("--epochs", "train.steps", 0)]
     if options.get("steps") is not None:
         given.append(("--steps", "train.steps", options["steps"]))
-    if options.get("randaugment") is not None:
-        n, magnitude = options["randaugment"]
-        given += [("--randaugment", "data.randaugment", n), ("--randaugment", "data.randaugment_magnitude", magnitude)]
-    policy = next((attr for attr in ("autoaugment", "trivialaugment", "augmix", "random_erasing") if options.get(attr)), None)
-    if policy:  # torchvision's policies run on the PIL images
-        given.append((f"--{policy.replace('_', '-')}", "data.decode", "pil"))
+    for a in AUGMENTATIONS:  # --KEY VALUE, or --randaugment N M: one value per key of the augmentation
+        value = options.get(a.option)
+        if value is not None:
+            values = value if len(a.keys) > 1 else [value]
+            given += [(f"--{a.option.replace('_', '-')}", f"data.{key}", v) for key, v in zip(a.keys, values)]
     for flag in ("bf16", "fp16"):
         if options.get(flag):
             given.append((f"--{flag}", "train.precision", flag))
