@@ -217,7 +217,9 @@ def child(parent: PathLike, name: str, what: str = "name") -> Path:
 MANIFEST = ".vitlab-outputs.json"
 
 
-def _digest(path: Path) -> str:
+def sha256_file(path: PathLike) -> str:
+    """The sha256 of a file's bytes, read in blocks: vitlab's one file digest (output
+    ownership here, the published checkpoints' check in checkpoints/pretrained.py)."""
     import hashlib
 
     h = hashlib.sha256()
@@ -272,7 +274,7 @@ class OutputFolder:
     def owned(self, name: str) -> bool:
         p = self.folder / name
         recorded = self._manifest().get(name)
-        return bool(recorded) and p.is_file() and not p.is_symlink() and _digest(p) == recorded
+        return bool(recorded) and p.is_file() and not p.is_symlink() and sha256_file(p) == recorded
 
     def claim(self, names) -> None:
         if self.folder.exists() and not self.folder.is_dir():
@@ -299,6 +301,6 @@ class OutputFolder:
         for name in self.written:
             p = self.folder / name
             if p.is_file():
-                files[name] = _digest(p)
+                files[name] = sha256_file(p)
         atomic_write_text(self.folder / MANIFEST, json.dumps({"writer": f"vitlab {self.writer}", "files": files},
                                                              indent=1, sort_keys=True) + "\n")

@@ -30,6 +30,7 @@ from vitlab.config import model_flops
 from vitlab.config.run import AUGMENTATIONS
 from vitlab.files import OutputFolder, atomic_write, atomic_write_text
 from vitlab.run_layout import CHECKPOINTS, LAST, RunLayout, run_of
+from vitlab.tables import markdown_table
 
 TIMM_WEIGHTS = "timm_model.safetensors"
 # Beside timm's weights, transformers' go in a one-shard index, not in model.safetensors:
@@ -255,9 +256,9 @@ def _data_and_metrics(model, facts: dict[str, Any]) -> list[str]:
     splits = summary.get("splits") or {}
     rows = [(s, m) for s, m in splits.items() if isinstance(m, dict) and "top1" in m]
     if rows:
-        lines += ["| split | top-1 | top-5 | loss |", "| --- | --- | --- | --- |"]
-        lines += [f"| {s} | {m['top1']:.2%} | {m.get('top5', float('nan')):.2%} | {m.get('loss', float('nan')):.4f} |"
-                  for s, m in rows]
+        lines += markdown_table(["split", "top-1", "top-5", "loss"], [
+            [s, f"{m['top1']:.2%}", f"{m.get('top5', float('nan')):.2%}", f"{m.get('loss', float('nan')):.4f}"]
+            for s, m in rows]).splitlines()
     else:
         lines.append("None recorded.")
     return lines + [""]
@@ -293,10 +294,10 @@ def _hyperparameters(facts: dict[str, Any]) -> list[str]:
             continue  # AdamW has betas, not momentum
         if section == "optim" and config.get("optim", {}).get("name") == "sgd" and key == "betas":
             continue
-        rows.append(f"| {label} | {value} |")
+        rows.append([label, value])
     if not rows:
         return []
-    return ["## Training hyper-parameters", "", "| setting | value |", "| --- | --- |", *rows,
+    return ["## Training hyper-parameters", "", *markdown_table(["setting", "value"], rows).splitlines(),
             "", "The run's whole config is its config.yaml (`vitlab train --config config.yaml` reruns it).", ""]
 
 

@@ -19,8 +19,6 @@ says over how many of the 19 tasks it is taken.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from vitlab.config.provenance import COMMAND_LINE
 from vitlab.data.vtab import GROUPS, TASKS, Task, group_sizes, mean
 from vitlab.data.vtab_sources import locate, where_to_put
 from vitlab.files import OutputFolder, atomic_write_text
+from vitlab.tables import csv_table, markdown_table
 from vitlab.train import distributed
 from vitlab.train import finetune_choice as choice
 from vitlab.train.finetune import TABLE4_STEPS
@@ -146,7 +145,7 @@ def markdown(row: dict[str, Any]) -> str:
     head = ["model", *(TASKS[t].title for t in TASKS), *GROUPS, "Mean"]
     cells = [row["name"], *(_pct(v) for v in row["tasks"].values()), *(_agg(row["groups"][g]) for g in GROUPS),
              _agg(row["mean"])]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), "| " + " | ".join(cells) + " |"]
+    lines = [markdown_table(head, [cells]).rstrip("\n")]
     if not row["complete"]:
         lines += ["", f"Incomplete: {row['mean']['tasks']} of {row['mean']['of']} tasks; each mean is over the tasks "
                   "it names in brackets."]
@@ -156,14 +155,11 @@ def markdown(row: dict[str, Any]) -> str:
 
 
 def csv_text(row: dict[str, Any]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["model", *TASKS, *GROUPS, "mean", "tasks_in_mean", "complete"])
-    w.writerow([row["name"], *("" if v is None else f"{v:.6f}" for v in row["tasks"].values()),
-                *("" if row["groups"][g]["mean"] is None else f"{row['groups'][g]['mean']:.6f}" for g in GROUPS),
-                "" if row["mean"]["mean"] is None else f"{row['mean']['mean']:.6f}", row["mean"]["tasks"],
-                row["complete"]])
-    return buf.getvalue()
+    number = lambda v: "" if v is None else f"{v:.6f}"  # noqa: E731
+    return csv_table(["model", *TASKS, *GROUPS, "mean", "tasks_in_mean", "complete"],
+                     [[row["name"], *(number(v) for v in row["tasks"].values()),
+                       *(number(row["groups"][g]["mean"]) for g in GROUPS), number(row["mean"]["mean"]),
+                       row["mean"]["tasks"], row["complete"]]])
 
 
 TABLES = ("vtab.md", "vtab.json", "vtab.csv")
