@@ -101,7 +101,7 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
                      "training images (the paper's smallest set, Flowers, has 4 batches an epoch)")
     batch = changes.get("train.batch_size", t.batch_size)
     total = t.steps or max(1, math.ceil(t.epochs * (n_train // batch)))
-    cap = max(1, round(choice.WARMUP_SHARE * total))
+    cap = choice.warmup(o.warmup_steps, total)
     if "optim.warmup_steps" not in explicit and o.warmup_steps > cap:
         changes["optim.warmup_steps"] = cap
         notes.append(f"warm-up {cap} steps: 5% of the {total} (the paper's 500 of 10,000); the recipe's "

@@ -117,10 +117,19 @@ def apply(cfg: RunConfig, recipe: Recipe, explicit: set[str], steps: Optional[in
     changes = {k: v for k, v in recipe.changes.items() if k not in explicit}
     if recipe.warmup_share is None:
         if steps and steps < cfg.train.steps:
-            changes["optim.warmup_steps"] = min(cfg.optim.warmup_steps, max(1, round(WARMUP_SHARE * steps)))
-    elif "optim.warmup_steps" not in explicit:
-        changes["optim.warmup_steps"] = max(1, round(recipe.warmup_share * total)) if total else cfg.optim.warmup_steps
+            changes["optim.warmup_steps"] = warmup(cfg.optim.warmup_steps, steps)
+    elif "optim.warmup_steps" not in explicit and total:
+        changes["optim.warmup_steps"] = warmup(cfg.optim.warmup_steps, total, recipe.warmup_share)
     return cfg.with_overrides(changes, origin) if changes else cfg
+
+
+def warmup(current: int, total: int, share: Optional[float] = None) -> int:
+    """The one rule of a fine-tune's warm-up: `share` of the run's `total` steps (at least 1);
+    without a share the current warm-up, cut to WARMUP_SHARE of the run where it would outlast
+    it (the paper's 500 of 10,000 steps)."""
+    if share is not None:
+        return max(1, round(share * total))
+    return min(current, max(1, round(WARMUP_SHARE * total)))
 
 
 QUICK_SHARE = 0.05  # each arm of a quick sweep trains for this share of the run's steps
