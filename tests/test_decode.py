@@ -215,3 +215,19 @@ def test_a_run_written_before_the_fast_decoder_resumes_with_the_full_decode(tmp_
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(d))
     assert resume_config(tmp_path / "old").data.decode == "pil"
     assert resume_config(tmp_path / "new").data.decode == "fast"
+
+
+def test_the_box_is_torchvisions_draw_for_draw_also_at_the_fallback():
+    """draw_box repeats RandomResizedCrop.get_params' arithmetic without its setup: the same
+    box, flip and generator state after, for ordinary images and for the shapes where every
+    attempt fails and torchvision falls back to a central crop."""
+    cases = [((375, 500), (0.08, 1.0), (3 / 4, 4 / 3)), ((8, 8), (0.6, 1.0), (0.8, 1.25)),
+             ((100, 30), (0.9, 1.0), (3 / 4, 4 / 3)), ((7, 300), (0.08, 1.0), (3 / 4, 4 / 3))]
+    for seed in range(200):
+        for (h, w), scale, ratio in cases:
+            torch.manual_seed(seed)
+            box, after = D.draw_box(h, w, scale, ratio, True), torch.rand(1)
+            torch.manual_seed(seed)
+            reference = T.RandomResizedCrop.get_params(torch.empty(1, h, w), list(scale), list(ratio))
+            flip = bool(torch.rand(1) < 0.5)
+            assert (tuple(box[:4]), box.flip) == (reference, flip) and torch.equal(after, torch.rand(1))

@@ -27,6 +27,7 @@ decision of what is an image).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
@@ -153,13 +154,39 @@ class Box(NamedTuple):
 
 def draw_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[float], hflip: bool) -> Box:
     """torchvision's RandomResizedCrop box, then RandomHorizontalFlip's coin, drawn from torch's
-    global generator in that order: the same draws as `transforms.train_transform`."""
-    from torchvision import transforms as T
-
-    shape_only = torch.empty(1, 1, 1, dtype=torch.uint8).expand(1, height, width)
-    i, j, h, w = T.RandomResizedCrop.get_params(shape_only, list(scale), list(ratio))
+    global generator in that order: the same draws, and the same arithmetic (the log of the
+    ratio range and each draw in float32), as `RandomResizedCrop.get_params`, without its
+    per-call setup (tests/test_decode.py holds them equal)."""
+    area = height * width
+    log_lo, log_hi = _log_ratio(tuple(ratio))
+    draw = torch.empty(1)
+    for _ in range(10):
+        target_area = area * draw.uniform_(scale[0], scale[1]).item()
+        aspect_ratio = torch.exp(draw.uniform_(log_lo, log_hi)).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = int(torch.randint(0, height - h + 1, size=(1,)).item())
+            j = int(torch.randint(0, width - w + 1, size=(1,)).item())
+            break
+    else:  # torchvision's fallback: the central crop at the nearest allowed ratio
+        in_ratio = float(width) / float(height)
+        if in_ratio < min(ratio):
+            w, h = width, int(round(width / min(ratio)))
+        elif in_ratio > max(ratio):
+            h, w = height, int(round(height * max(ratio)))
+        else:
+            w, h = width, height
+        i, j = (height - h) // 2, (width - w) // 2
     flip = bool(torch.rand(1) < 0.5) if hflip else False
     return Box(i, j, h, w, flip)
+
+
+@functools.lru_cache(maxsize=16)
+def _log_ratio(ratio: tuple[float, float]) -> tuple[float, float]:
+    """torch.log of the ratio range in float32, as torchvision computes it."""
+    lo, hi = torch.log(torch.tensor(ratio))
+    return float(lo), float(hi)
 
 
 def scaled(box: Box, full: tuple[int, int], now: tuple[int, int]) -> tuple[int, int, int, int]:
