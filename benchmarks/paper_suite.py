@@ -7,7 +7,8 @@ evidence kept and docs/paper-in-miniature.md regenerated from it.
 
 Each spec is `vitlab sweep paper/SPEC --jobs J --threads T --scale S --out OUT/SPEC` (skipping
 finished cells, resuming an interrupted one). `--keep DIR` replaces DIR/SPEC with the sweep's
-evidence (vitlab.sweep.evidence.keep: cell JSON, step times, reports; no checkpoints), and
+evidence (vitlab.sweep.evidence.keep: cell JSON, step times, reports; no checkpoints): a DIR/SPEC
+that holds anything but such evidence, or that is the sweep's own folder, is refused and kept; and
 `--page` rewrites the page's generated blocks from DIR. Each cell's steps record their wall
 time, so the page's time table is this run's, on this machine.
 """
@@ -15,25 +16,68 @@ time, so the page's time table is this run's, on this machine.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from vitlab.cli import main as vitlab
+from vitlab.config import ConfigError
 from vitlab.sweep import evidence
 
 # Cheapest first: a broken setup shows in minutes, not after the longest spec.
 SPECS = ("pos-embed-at", "pos-embed", "compute", "data-size", "cls-gap", "attention-distance")
 
 
-def replace_evidence(src: Path, dest: Path) -> None:
-    """dest becomes a copy of src's evidence; an existing dest must be evidence (a sweep.json)."""
+def not_evidence(folder: Path) -> list[str]:
+    """The files of `folder` that keeping it again would not copy (evidence.keep), in order:
+    none for a folder of kept evidence; a live sweep's checkpoints, logs and notes otherwise."""
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    if not (folder / "sweep.json").is_file():
+        return files or ["(no sweep.json)"]
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            kept = {p.relative_to(Path(tmp) / "copy").as_posix() for p in evidence.keep(folder, Path(tmp) / "copy")}
+        except (ConfigError, OSError) as e:
+            return [f"(its sweep.json cannot be read: {e})"]
+    return [f for f in files if f not in kept]
+
+
+def check_keep(src: Path, dest: Path) -> None:
+    """Refuse (SystemExit) a --keep destination that may not be replaced: the sweep folder
+    itself, one inside it or around it, or a folder holding anything but kept evidence
+    (`not_evidence`). Checked for every spec before the first sweep runs, and again before
+    each replacement."""
+    s, d = src.resolve(), dest.resolve()
+    if s == d or s in d.parents or d in s.parents:
+        raise SystemExit(f"paper_suite: --keep puts {dest} where the sweep {src} is (the same folder, inside it or "
+                         "around it); keep the evidence in a folder of its own, e.g. --keep results/paper")
     if dest.exists():
-        if not (dest / "sweep.json").is_file():
-            raise SystemExit(f"paper_suite: {dest} exists and is not a kept sweep (no sweep.json); "
-                             "move it away or choose another --keep folder")
-        shutil.rmtree(dest)
-    evidence.keep(src, dest)
+        foreign = not_evidence(dest)
+        if foreign:
+            listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise SystemExit(f"paper_suite: {dest} holds files that are not a kept sweep's evidence ({listed}); "
+                             "nothing was removed: move them away or choose another --keep folder")
+
+
+def replace_evidence(src: Path, dest: Path) -> None:
+    """dest becomes a copy of src's evidence, made beside it and then swapped in; what
+    `check_keep` refuses is left as it is."""
+    check_keep(src, dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.new-", dir=dest.parent))
+    try:
+        evidence.keep(src, staging)
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.replace(dest, old / dest.name)
+            os.replace(staging, dest)
+            shutil.rmtree(old)  # the previous evidence, every file of it checked to be evidence above
+        else:
+            os.replace(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
@@ -48,9 +92,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.page and not args.keep:
         parser.error("--page needs --keep (the page is generated from the kept evidence)")
+    outs = {name: args.out / (name if args.scale == 1 else f"{name}-x{args.scale:g}") for name in args.only}
+    for name, out in outs.items():
+        if args.keep:  # before hours of sweeps, not after them
+            check_keep(out, args.keep / name)
     failed = []
-    for name in args.only:
-        out = args.out / (name if args.scale == 1 else f"{name}-x{args.scale:g}")
+    for name, out in outs.items():
         rc = vitlab(["sweep", f"paper/{name}", "--out", str(out), "--jobs", str(args.jobs),
                      "--threads", str(args.threads), "--scale", f"{args.scale:g}"])
         if rc != 0:

@@ -72,7 +72,7 @@ def official_arrays(
                     norm(p + "gn_proj", 4 * mid, gn=True)
                 c = 4 * mid
         cin = c
-        stride = patch * 4 * 2 ** (len(resnet) - 1)
+        stride = patch * 4 * 2 ** max(len(resnet) - 1, 0)  # the root alone (no stages): /4
     a["embedding/kernel"] = f32(patch, patch, cin, width, scale=1 / math.sqrt(patch * patch * cin))
     a["embedding/bias"] = f32(width, scale=0.1)
     n = (image // stride) ** 2
@@ -237,6 +237,8 @@ CASES = {
     "linen spelling": dict(spelling="linen", classes=7),
     "hybrid (old GN shapes)": dict(resnet=(1, 1), patch=1, width=64, old_gn_shape=True, representation=32),
     "hybrid 3 stages": dict(resnet=(1, 1, 1), patch=1, width=64, image=64),
+    # AugReg's R+Ti/16: vision_transformer's `resnet.num_layers = ()`, the ResNet root alone.
+    "R+Ti/16 (root, no stages)": dict(resnet=(), patch=2, width=64),
 }
 
 
@@ -274,6 +276,75 @@ def test_import_reproduces_the_official_forward(tmp_path, case):
     with torch.no_grad():
         got = model.float()(pixels).double().numpy()
     assert np.abs(got - want).max() < 1e-5, np.abs(got - want).max()
+
+
+LINEN = dict(zip(SPELLINGS["original"], SPELLINGS["linen"]))
+
+
+def big_vision_layout(a: dict[str, np.ndarray], layout: str) -> dict[str, np.ndarray]:
+    """An official checkpoint rewritten as big_vision writes the same model (vit.py's `_Model`,
+    `Encoder(scan=...)`, `fix_old_checkpoints` read backwards): the position embedding of
+    the patches alone at the top level, the class token carrying its own row; or, before
+    2022, at Transformer/pos_embedding with the class row; linen block names; a scanned
+    encoder; an optax state's params/ prefix."""
+    a = dict(a)
+    pos = a.pop("Transformer/posembed_input/pos_embedding")
+    if layout == "Transformer/pos_embedding":
+        a["Transformer/pos_embedding"] = pos
+    elif "cls" in a:
+        a["cls"], a["pos_embedding"] = a["cls"] + pos[:, :1], pos[:, 1:]
+    else:
+        a["pos_embedding"] = pos
+    if layout != "pos_embedding":  # every later layout: linen's module numbering
+        for old, new in LINEN.items():
+            a = {k.replace(f"/{old}/", f"/{new}/"): v for k, v in a.items()}
+    if layout in ("scan", "params"):
+        blocks = sorted({k.split("/")[1] for k in a if k.startswith("Transformer/encoderblock_")},
+                        key=lambda b: int(b.split("_")[1]))
+        names = {k.split("/", 2)[2] for k in a if k.startswith("Transformer/encoderblock_0/")}
+        for n in names:
+            a[f"Transformer/encoderblock/{n}"] = np.stack([a.pop(f"Transformer/{b}/{n}") for b in blocks])
+    if layout == "params":
+        a = {f"params/{k}": v for k, v in a.items()}
+    return a
+
+
+BIG_VISION = {
+    "pos_embedding": {},
+    "linen": {},
+    "linen, gap": dict(token=False),
+    "scan": dict(representation=48),
+    "params": {},
+    "Transformer/pos_embedding": {},
+}
+
+
+@pytest.mark.parametrize("layout", BIG_VISION)
+def test_big_vision_layouts_give_the_official_logits(tmp_path, layout):
+    """Each of big_vision's layouts of an official checkpoint loads to the same model: its
+    logits equal the original file's and the independent NumPy forward's."""
+    rng = np.random.default_rng(zlib.crc32(layout.encode()))
+    kw = BIG_VISION[layout]
+    arrays = official_arrays(rng, **kw)
+    rewritten = big_vision_layout(arrays, layout.split(",")[0])
+    assert "Transformer/posembed_input/pos_embedding" not in rewritten
+    model = vitlab.load(save_npz(tmp_path / "bv.npz", rewritten))
+    original = vitlab.load(save_npz(tmp_path / "official.npz", arrays))
+    assert model.config == original.config and model.config.classifier == ("token" if kw.get("token", True) else "gap")
+    x = images(rng)
+    pixels = torch.from_numpy(x).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        got, want = model(pixels).double().numpy(), original(pixels).double().numpy()
+    assert np.abs(got - want).max() < 1e-5, np.abs(got - want).max()
+    assert np.abs(got - official_forward(arrays, x)).max() < 1e-5
+    assert np.abs(want).max() > 0.5
+
+
+def test_a_big_vision_map_head_is_refused(tmp_path):
+    a = big_vision_layout(official_arrays(np.random.default_rng(3), token=False), "linen")
+    a["MAPHead_0/probe"] = np.zeros((1, 1, 64), np.float32)
+    with pytest.raises(CheckpointError, match="MAP head"):
+        vitlab.load(save_npz(tmp_path / "map.npz", a))
 
 
 def test_a_perturbed_parameter_changes_the_logits(tmp_path):

@@ -13,6 +13,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from conftest import cifar_test_images
+from vitlab.config.run import CROP_SCALE
 from vitlab.data import BadImageError, decode as D, open_dataset
 from vitlab.data.datasets import Encoded, FileDataset
 from vitlab.data.transforms import eval_transform, fast_eval_transform, train_transform
@@ -65,7 +66,7 @@ def test_crop_distribution_is_torchvisions(photos, monkeypatch):
             torch.manual_seed(seed)
             fast(Encoded(photo, str(photo)))
             torch.manual_seed(seed)
-            i, j, h, w = T.RandomResizedCrop.get_params(torch.empty(1, *shown), [0.08, 1.0], [3 / 4, 4 / 3])
+            i, j, h, w = T.RandomResizedCrop.get_params(torch.empty(1, *shown), list(CROP_SCALE), [3 / 4, 4 / 3])
             reference.append((shown, (i, j, h, w), bool(torch.rand(1) < 0.5)))
         assert [(d[0], d[1]) for d in drawn] == [r[0] for r in reference]  # drawn on the full size
         assert [tuple(d[2][:4]) for d in drawn] == [r[1] for r in reference]
@@ -74,11 +75,11 @@ def test_crop_distribution_is_torchvisions(photos, monkeypatch):
         ratio = np.log([d[2].width / d[2].height for d in drawn])
         ref_area = np.array([r[1][2] * r[1][3] / (r[0][0] * r[0][1]) for r in reference])
         ref_ratio = np.log([r[1][3] / r[1][2] for r in reference])
-        bins = np.linspace(0.08, 1.0, 9)
+        bins = np.linspace(CROP_SCALE[0], 1.0, 9)  # (the default: vision_transformer's 5% to 100%)
         assert np.array_equal(np.histogram(area, bins)[0], np.histogram(ref_area, bins)[0])
         rbins = np.linspace(np.log(3 / 4), np.log(4 / 3), 9)
         assert np.array_equal(np.histogram(ratio, rbins)[0], np.histogram(ref_ratio, rbins)[0])
-        assert area.min() >= 0.05 and area.max() <= 1.0 and np.histogram(area, bins)[0].min() > 0
+        assert area.min() >= CROP_SCALE[0] * 0.9 and area.max() <= 1.0 and np.histogram(area, bins)[0].min() > 0
 
 
 def test_fast_train_pixels_match_the_float_transform(photos):

@@ -93,7 +93,7 @@ def test_fewshot_on_separable_clusters(k, d):
     tr_x, tr_y = clusters(k, d, 30, 0.3, 0)
     te_x, te_y = clusters(k, d, 20, 0.3, 0)  # same centres (same seed), fresh noise below
     te_x = te_x + 0.3 * np.random.default_rng(9).normal(size=te_x.shape).astype(np.float32)
-    res = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=(1, 5), seeds=3)
+    res = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=(1, 5), seeds=3, l2="loo")
     assert res["num_classes"] == k and res["feature_dim"] == d
     assert res["shots"][5]["mean"] > 0.95
     assert len(res["shots"][1]["accuracy"]) == 3 and all(l2 in L2_GRID for l2 in res["shots"][1]["l2"])
@@ -116,6 +116,58 @@ def test_sampling_is_seeded_and_checks_pool():
     assert (np.bincount(labels[a]) == 4).all()
     with pytest.raises(ValueError, match="only 10 training examples"):
         sample_shots(labels, 11, 0, range(3))
+
+
+def big_vision_fewshot_lsr(x_train, y_train, x_test, y_test, num_classes, shots, seeds, l2=2.0**10):
+    """big_vision's evaluators/fewshot_lsr.py in NumPy, written from its source: per seed one
+    generator permutes each class's indices (classes 0..K-1), the S shots are the first S of
+    each; whitening by the shots' mean and std (+1e-5), a bias column of 100, {-1, 1}
+    targets, (XᵀX + λI)⁻¹XᵀY or Xᵀ(XXᵀ + λI)⁻¹Y through eigh, argmax on the test set.
+    Returns {shots: [accuracy per seed]}."""
+    out = {s: [] for s in shots}
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        class_indices = [rng.permutation(np.where(y_train == c)[0]) for c in range(num_classes)]
+        for s in shots:
+            idx = np.concatenate([ind[:s] for ind in class_indices])
+            x, y = x_train[idx].astype(np.float64), y_train[idx]
+            mean, std = x.mean(0, keepdims=True), x.std(0, keepdims=True) + 1e-5
+            x = np.pad((x - mean) / std, ((0, 0), (0, 1)), constant_values=100.0)
+            t = 2.0 * np.eye(num_classes)[y] - 1.0
+            if x.shape[0] >= x.shape[1]:
+                eigs, q = np.linalg.eigh(x.T @ x)
+                lhs, rhs = q, q.T @ (x.T @ t)
+            else:
+                eigs, q = np.linalg.eigh(x @ x.T)
+                lhs, rhs = x.T @ q, q.T @ t
+            w = (lhs * (1.0 / (eigs + l2))[None]) @ rhs
+            xt = np.pad((x_test - mean) / std, ((0, 0), (0, 1)), constant_values=100.0)
+            out[s].append(float(np.mean(np.argmax(xt @ w, 1) == y_test)))
+    return out
+
+
+@pytest.mark.parametrize("d", [12, 200])  # primal (more shots than features at 25 shots) and dual
+def test_default_is_big_vision_seed_for_seed(d):
+    """The default protocol equals big_vision's fewshot_lsr for every shot count and seed:
+    the whole training set as the pool, one permutation per class and seed, λ = 2^10."""
+    k, rng = 6, np.random.default_rng(d)
+    tr_x, tr_y = clusters(k, d, 40, 2.5, 1)
+    tr_x = tr_x + 2 * d**0.5 / 4 * rng.normal(size=tr_x.shape).astype(np.float32)  # overlapping clusters
+    order = rng.permutation(len(tr_y))  # classes interleaved, as a real training split is
+    tr_x, tr_y = tr_x[order], tr_y[order]
+    te_x, te_y = clusters(k, d, 30, 2.5, 1)
+    te_x = te_x + 2 * d**0.5 / 4 * rng.normal(size=te_x.shape).astype(np.float32)
+    shots = (1, 5, 10, 25)
+    res = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=5)
+    want = big_vision_fewshot_lsr(tr_x, tr_y, te_x, te_y, k, shots, 5)
+    for s in shots:
+        assert res["shots"][s]["accuracy"] == pytest.approx(want[s], abs=1e-12), s
+        assert res["shots"][s]["l2"] == [1024.0] * 5
+    assert res["l2"] == 1024.0
+    assert len(set(want[5])) > 1 and 0.3 < np.mean(want[5]) < 0.99  # seeds draw different sets; not trivial
+    # Leave-one-out is a named alternative, and gives other numbers.
+    loo = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=(5,), seeds=5, l2="loo")
+    assert loo["l2"] == "leave-one-out over grid" and loo["shots"][5]["l2"] != [1024.0] * 5
 
 
 def test_loo_prefers_strong_regularisation_for_noise():
@@ -262,6 +314,29 @@ def test_fewshot_command_and_cache(digit_ckpts, tmp_path, monkeypatch, capsys):
     assert rnd["weights_sha256"] != res["weights_sha256"] and rnd["random_init"] == 3
 
 
+def test_fewshot_command_default_is_big_vision_and_recorded(digit_ckpts, tmp_path, monkeypatch, capsys):
+    import json
+
+    from vitlab.cli import main
+    from vitlab.data import open_dataset
+    from vitlab.data.transforms import eval_transform
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    ck = str(digit_ckpts / "model.safetensors")
+    assert main(["fewshot", ck, "--data", "digits", "--shots", "1,5", "--seeds", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    train = open_dataset("digits", "train", eval_transform(16))
+    assert res["num_train_pool"] == len(train) and res["pool_per_class"] == "all"  # the whole split
+    assert res["l2"] == 1024.0 and res["protocol"] == {
+        "pool": "whole training split", "l2": 1024.0, "preprocessing": "resize 18 -> centre crop 16",
+        "draws": "per seed, a permutation of each class (big_vision's)", "big_vision": True,
+        "summary": "big_vision's protocol: shots from the whole training split, resize 18 -> centre crop 16"}
+    assert main(["fewshot", ck, "--data", "digits", "--shots", "5", "--seeds", "2", "--l2", "loo", "--pool", "20",
+                 "--preprocess", "model"]) == 0
+    out = capsys.readouterr().out
+    assert "not big_vision's protocol: shots from the first 20 per class, the checkpoint's own" in out
+
+
 def test_fewshot_command_errors(digit_ckpts, capsys):
     from vitlab.cli import main
 
@@ -270,6 +345,8 @@ def test_fewshot_command_errors(digit_ckpts, capsys):
     assert "--shots" in capsys.readouterr().err
     assert main(["fewshot", ck, "--data", "digits", "--shots", "25", "--pool", "10"]) == 2
     assert "raise --pool" in capsys.readouterr().err
+    assert main(["fewshot", ck, "--data", "digits", "--l2", "-1"]) == 2
+    assert "--l2 '-1': give a positive L2 strength (default 1024, big_vision's) or loo" in capsys.readouterr().err
     assert main(["fewshot", ck, "--data", "nosuchdata"]) == 2
     assert "unknown dataset" in capsys.readouterr().err
 

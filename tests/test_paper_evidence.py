@@ -116,16 +116,14 @@ def test_the_suite_script_replaces_kept_evidence_and_nothing_else(tmp_path):
     suite = _paper_suite()
     assert set(suite.SPECS) == {p.parent.name for p in RESULTS.glob("*/sweep.json")}  # every shipped spec runs
     kept = tmp_path / "kept" / "pos-embed-at"
-    kept.mkdir(parents=True)
-    (kept / "sweep.json").write_text("{}")
-    (kept / "stale.json").write_text("{}")  # a cell of an older grid: gone with the replaced folder
+    shutil.copytree(RESULTS / "pos-embed", kept)  # the evidence of another grid: every file of it is evidence
     suite.replace_evidence(RESULTS / "pos-embed-at", kept)
-    assert not (kept / "stale.json").exists()
     assert evidence.load(kept)[1] == evidence.load(RESULTS / "pos-embed-at")[1]
+    assert not any(p.name.startswith("pos-embed-learned") for p in kept.iterdir())  # the older grid's cells: gone
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("a user's file")
-    with pytest.raises(SystemExit, match="not a kept sweep"):
+    with pytest.raises(SystemExit, match="not a kept sweep's evidence"):
         suite.replace_evidence(RESULTS / "pos-embed-at", mine)
     assert (mine / "notes.txt").read_text() == "a user's file"
     with pytest.raises(SystemExit):

@@ -337,7 +337,9 @@ def test_vtab_keeps_a_users_tables(tmp_path, capsys, ckpt):
     (out / "vtab.md").write_bytes(USER)
     with unchanged(tmp_path):
         line = refused(capsys, ["vtab", ckpt, "--root", tmp_path / "no-data", "--out", out], "vtab", "vtab.md")
-    assert "--force" not in line  # vtab has no --force to offer
+    assert "--force" in line  # a user's (or an edited) table is replaced only when asked
+    assert main(["vtab", str(ckpt), "--root", str(tmp_path / "no-data"), "--out", str(out), "--quiet", "--force"]) == 0
+    assert (out / "vtab.md").read_bytes() != USER
     fresh = tmp_path / "fresh"
     for _ in range(2):  # no task has data here: the row is written, then rewritten
         assert main(["vtab", str(ckpt), "--root", str(tmp_path / "no-data"), "--out", str(fresh), "--quiet"]) == 0

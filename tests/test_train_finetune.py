@@ -12,11 +12,19 @@ def test_defaults_scale_to_a_small_training_set():
     cfg = load_recipe("finetune").with_overrides({"train.steps": 500})
     fitted = finetune.fit_defaults(cfg, 1_293, explicit=set())
     t, o = fitted.config.train, fitted.config.optim
-    assert t.batch_size == 256 and 1_293 // t.batch_size >= finetune.MIN_STEPS_PER_EPOCH
+    # The recipe's global batch is kept, as micro-batches of at most a quarter of the data.
+    assert t.batch_size == 512 and t.micro_batch_size == 256 and 1_293 // 256 >= finetune.MIN_STEPS_PER_EPOCH
     assert o.warmup_steps == 25 <= 0.05 * t.steps  # the recipe's 500 would be the whole run
     assert fitted.quick_sweep_steps == 25 == choice.arm_steps(500) and o.lr == cfg.optim.lr  # one quick share
     text = " | ".join(fitted.notes)
-    assert "warm-up 25 steps: 5% of the 500" in text and "batch 256" in text and "quick sweep" in text
+    assert "warm-up 25 steps: 5% of the 500" in text and "as 2 micro-batches of 256" in text and "quick sweep" in text
+    # Flowers (Table 4: 500 steps, batch 512) on its 2,040 training images, minus the 10% dev split:
+    # vision_transformer's protocol, batch 512 and warm-up 500, kept.
+    flowers = finetune.fit_defaults(cfg, 1_836, explicit=set(), table4_steps=finetune.TABLE4_STEPS["flowers"])
+    assert (flowers.config.train.batch_size, flowers.config.optim.warmup_steps) == (512, 500)
+    assert flowers.config.train.micro_batch_size == 256
+    tiny = finetune.fit_defaults(cfg, 300, explicit=set())  # fewer images than one batch: a smaller batch
+    assert tiny.config.train.batch_size == 64 and "more than the 300 training images" in " ".join(tiny.notes)
 
 
 def test_defaults_leave_large_data_and_explicit_choices_alone():

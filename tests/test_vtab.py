@@ -81,7 +81,8 @@ def standins(tmp_path_factory):
     version = root / "dsprites" / "2.0.0"
     version.mkdir(parents=True)
     (version / "dataset_info.json").write_text("{}")
-    records = [write_example({"image": [png(x)], "label_x_position": [2 * y + i % 2], "label_orientation": [i % 40]})
+    # Its pixels 0/1, as dSprites stores them (VTAB multiplies by 255).
+    records = [write_example({"image": [png((x >= 128).astype(np.uint8))], "label_x_position": [2 * y + i % 2], "label_orientation": [i % 40]})
                for i, (x, y) in enumerate(zip(cifar_images, cifar_labels))]
     for k in range(2):
         write_records(version / f"dsprites-train.tfrecord-{k:05d}-of-00002", records[k * 1000 : (k + 1) * 1000])
@@ -142,7 +143,7 @@ def test_vtab_end_to_end_row(standins, digits_run, tmp_path, capsys):
     ckpt = str(digits_run / "checkpoints" / "last.safetensors")
     out = tmp_path / "suite"
     argv = ["vtab", ckpt, "--root", str(root), "--out", str(out), "--steps", "6", "--batch-size", "32", "--quiet",
-            "--seed", "3"]
+            "--seed", "3", "--image-size", "checkpoint"]  # (the default is the paper's 384)
     assert main([*argv, "--tasks", "dtd,eurosat,dsprites_orientation"]) == 0
     first = capsys.readouterr().out
     assert "dsprites_location: data present, not run yet" in first and "sun397: no data; put it in" in first
@@ -152,6 +153,10 @@ def test_vtab_end_to_end_row(standins, digits_run, tmp_path, capsys):
     results = {t: json.loads((out / t / "result.json").read_text()) for t in PRESENT}
     cfg = (out / "eurosat" / "run" / "config.yaml").read_text()
     assert "seed: 3" in cfg and "steps: 6" in cfg and "hflip: false" in cfg
+    assert results["dsprites_location"]["data"] == {
+        "form": "tfds", "folder": str(root / "dsprites" / "2.0.0"), "tfds": "dsprites:2.0.0", "vtab_pins": "dsprites:2.*.*",
+        "accepted_other": False}
+    assert results["eurosat"]["data"]["form"] == "datasets" and results["dtd"]["image_size"] is None
     assert {t: r["test_images"] for t, r in results.items()} == {"dtd": 200, "eurosat": 300, "dsprites_location": 200,
                                                                  "dsprites_orientation": 200}
     row = json.loads((out / "vtab.json").read_text())
@@ -222,7 +227,9 @@ def test_lr_grid_chooses_on_the_200_and_reruns_on_the_1000(tmp_path):
 
     task = TASKS["dtd"]
     s = vtab.Settings(steps=10, grid=(0.001, 0.01), seed=2)
-    result = vtab.run_task("ckpt.safetensors", task, tmp_path / "data", tmp_path / "out", s, train, log=lambda _: None)
+    (tmp_path / "ckpt.safetensors").write_bytes(b"weights")  # its content is part of the result's identity
+    ckpt = str(tmp_path / "ckpt.safetensors")
+    result = vtab.run_task(ckpt, task, tmp_path / "data", tmp_path / "out", s, train, log=lambda _: None)
     assert calls == [(0.001, "train-minus-dev", ("dev",), "lr-0.001"), (0.01, "train-minus-dev", ("dev",), "lr-0.01"),
                      (0.01, "train", ("test",), "final")]
     assert result["lr"] == 0.01 and result["top1"] == 0.6
@@ -234,3 +241,8 @@ def test_lr_grid_chooses_on_the_200_and_reruns_on_the_1000(tmp_path):
     default = vtab.task_config("ckpt.safetensors", task, tmp_path / "data", vtab.Settings())
     assert (default.train.steps, default.optim.lr, default.train.batch_size, default.optim.warmup_steps) == \
         (2500, 0.01, 512, 500)  # Table 4's VTAB row, the fine-tuning recipe's batch and warm-up
+    assert default.model.changes["image_size"] == (384, 384)  # the paper fine-tunes VTAB at 384
+    accepted = vtab.task_config("c", TASKS["pets"], tmp_path, vtab.Settings(accept=("pets=4.0.0",)))
+    assert accepted.data.name == f"vtab:pets@4.0.0:{tmp_path}"
+    with pytest.raises(DataError, match="TASK=\\[CONFIG/\\]VERSION"):
+        vtab.Settings(accept=("pets",))

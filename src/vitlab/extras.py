@@ -68,3 +68,30 @@ def require(group: str, what: Optional[str] = None, modules: Optional[Iterable[s
         raise MissingExtraError(f"{need} needs the {group} extra, and {', '.join(absent)} {verb} not installed: "
                                 f'pip install "vitlab[{group}]"')
     return imported
+
+
+def hub_client_errors() -> tuple[type[BaseException], ...]:
+    """Every exception class of the Hub client's own: huggingface_hub.errors' classes and all
+    the exception classes of the HTTP library it is built on (requests in older versions,
+    httpx or httpx2 in newer ones: found from HfHubHTTPError's bases, not named here), with
+    OSError: what a call of the Hub client (vitlab's hub reads, `vitlab push`, datasets'
+    load_dataset) catches, so that any failure is one line."""
+    try:
+        from huggingface_hub import errors
+    except ImportError:  # no Hub client: nothing of its own to raise
+        return (OSError,)
+    found: set[type[BaseException]] = {OSError}
+    libraries = {base.__module__.split(".")[0] for base in errors.HfHubHTTPError.__mro__} - {"huggingface_hub", "builtins"}
+    modules = {errors, *(importlib.import_module(name) for name in libraries)}
+    for module in modules:
+        found |= {c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Exception)}
+    return tuple(sorted(found, key=lambda c: f"{c.__module__}.{c.__qualname__}"))
+
+
+def error_line(e: BaseException) -> str:
+    """An optional library's exception as the words of one line: its class and first line."""
+    try:
+        text = (str(e).strip().splitlines() or [""])[0][:200]
+    except Exception:  # an exception class whose message needs attributes it was not given
+        text = ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -30,7 +30,7 @@ from vitlab.analysis import attention_rollout
 from vitlab.analysis.overlay import captioned, overlay
 from vitlab.config import ConfigError
 from vitlab.data import read_image
-from vitlab.data.transforms import model_transform, to_mode
+from vitlab.data.transforms import image_input, model_transform, to_mode
 from vitlab.deploy import PRECISIONS, Serving, for_precision
 from vitlab.files import OutputFolder, atomic_write, to_name
 
@@ -86,11 +86,24 @@ class Predictor:
         return cls(model, precision, device, checkpoint=str(checkpoint))
 
     # Images -> tensors ---------------------------------------------------------------------
-    def preprocess(self, image: Image.Image | Tensor | str | os.PathLike) -> Tensor:
-        """One image (a PIL image, a uint8 (C, H, W) tensor or a file) as the model's input."""
+    def preprocess(self, image: Image.Image | Tensor | np.ndarray | str | os.PathLike) -> Tensor:
+        """One image (a file, a PIL image, a numpy (H, W, C) array or a (C, H, W) tensor; see
+        data.transforms.image_input, which refuses anything else and NaN pixels) as the model's input."""
         if isinstance(image, (str, os.PathLike)):
             image = read_image(image)
         return self.transform(image)
+
+    @staticmethod
+    def _batch(batch: Sequence[Tensor] | Tensor) -> Tensor:
+        """Prepared images as one tensor; one that holds NaN or infinity is refused by number
+        (it would give NaN probabilities and a meaningless top class)."""
+        x = batch if isinstance(batch, Tensor) else torch.stack(list(batch))
+        if x.is_floating_point():
+            finite = torch.isfinite(x.flatten(1)).all(dim=1)
+            if not bool(finite.all()):
+                bad = int((~finite).nonzero()[0])
+                raise ValueError(f"image {bad} of the batch holds NaN or infinite values; pass finite pixels")
+        return x
 
     def display(self, image: Image.Image) -> Image.Image:
         """The picture a map is drawn over: RGB, its longer side DISPLAY_SIDE."""
@@ -110,7 +123,7 @@ class Predictor:
     @torch.inference_mode()
     def classify(self, batch: Sequence[Tensor] | Tensor) -> list[np.ndarray]:
         """Softmax probabilities, one (num_classes,) array per prepared image."""
-        x = batch if isinstance(batch, Tensor) else torch.stack(list(batch))
+        x = self._batch(batch)
         return list(self._forward(x, False).float().softmax(-1).cpu().numpy())
 
     @torch.inference_mode()
@@ -118,7 +131,7 @@ class Predictor:
         """Probabilities plus attention: the rollout and each head's map, per image."""
         if not self.has_attention:
             raise ConfigError(f"{self.config.name} is a BiT ResNet and has no attention to draw")
-        x = batch if isinstance(batch, Tensor) else torch.stack(list(batch))
+        x = self._batch(batch)
         out = self._forward(x, True)
         attentions = [a.float().cpu() for a in out["attentions"]]  # per block, (B, heads, T, T)
         probs = out["logits"].float().softmax(-1).cpu().numpy()
@@ -142,8 +155,8 @@ class Predictor:
     # Files -> rows -------------------------------------------------------------------------
     def predict(self, images: Iterable[Any], top_k: int = 5, batch_size: int = 16, attention: bool = False,
                 overlays: Optional[str | os.PathLike | OutputFolder] = None, on_error=None) -> Iterator[dict[str, Any]]:
-        """Rows {"image", "predictions", ["rollout", "attention"]} for images (files, PIL images
-        or tensors), batch_size at a time, each batch's rows as soon as it is done. With
+        """Rows {"image", "predictions", ["rollout", "attention"]} for images (files, PIL images,
+        numpy arrays or tensors), batch_size at a time, each batch's rows as soon as it is done. With
         `overlays` (a folder) the rollout over each image is written there as a PNG
         (`attention`: its path). A file that cannot be read goes to `on_error(image, error)`
         and is skipped (without on_error, the error is raised)."""
@@ -153,7 +166,7 @@ class Predictor:
         written = 0
         for item in images:
             try:
-                picture = read_image(item) if isinstance(item, (str, os.PathLike)) else item
+                picture = read_image(item) if isinstance(item, (str, os.PathLike)) else image_input(item)
                 chunk.append((item, self.preprocess(picture), picture if overlays is not None else None))
             except Exception as e:  # PIL raises many types for a file that is not an image
                 if on_error is None:

@@ -25,6 +25,11 @@ CHECKPOINTS = "checkpoints"
 EVAL = "eval"  # what `vitlab eval` of the run's checkpoints writes
 LAST = "last.safetensors"
 EMA = "ema.safetensors"
+# What a finished run's summary.json holds for everything that reads it back (sweep tables, a
+# fine-tune's choice, the model card, vtab), as files.documents checks it: each split's
+# metrics finite numbers, and the step count, the checkpoint's path.
+SUMMARY_SHAPE = {"splits?": {str: {"top1?": float, "top5?": float, "count?": int}}, "steps?": int,
+                 "checkpoint?": (str, None)}
 
 
 class RunLayout:

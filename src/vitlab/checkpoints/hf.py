@@ -35,6 +35,7 @@ from vitlab.checkpoints.tables import (
 from vitlab.config import ViTConfig
 from vitlab.models.variants import describe
 from vitlab.files import replace_folder
+from vitlab.files.documents import read_json
 
 FORMAT_NAME = "hf"
 ACTS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
@@ -93,10 +94,9 @@ def _config_json(path: Path) -> Optional[dict[str, Any]]:
     if not f.is_file():  # also refuses a FIFO, which would block the read
         return None
     try:
-        c = json.loads(f.read_text())
-    except (OSError, ValueError):  # not JSON, or not UTF-8
+        return read_json(f, dict, "Hugging Face config")
+    except (OSError, ValueError):  # not JSON, not UTF-8, not an object: not this format
         return None
-    return c if isinstance(c, dict) else None
 
 
 def detect(path: Path) -> bool:
@@ -111,10 +111,8 @@ def _weights(folder: Path) -> dict:
         return read_tensors(folder / "model.safetensors")[0]
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{index}: not a readable weight index ({type(e).__name__}: {e})") from None
+        files = sorted(set(read_json(index, {"weight_map": {str: str}}, "weight index", "restore the folder's index",
+                                     CheckpointError)["weight_map"].values()))
         state: dict = {}
         for name in files:
             if not isinstance(name, str) or Path(name).name != name:  # a shard outside the folder: refused
@@ -241,10 +239,7 @@ def _preprocessing(folder: Path, cfg: ViTConfig) -> ViTConfig:
     f = folder / "preprocessor_config.json"
     if not f.is_file():
         return cfg
-    try:
-        p = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{f}: not readable JSON ({e})") from None
+    p = read_json(f, dict, "preprocessor config", "restore it, or remove it to use the model's defaults", CheckpointError)
     return apply_preprocessing(p, cfg, str(f))
 
 

@@ -30,7 +30,6 @@ unpickling code) and, for transformers' layout, preprocessor_config.json.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import socket
@@ -40,8 +39,8 @@ from typing import Any, Optional
 
 from vitlab.checkpoints import pretrained
 from vitlab.checkpoints.io import CheckpointError
-from vitlab.extras import MissingExtraError, require
-from vitlab.files import require_regular_file
+from vitlab.extras import MissingExtraError, hub_client_errors, require
+from vitlab.files.documents import read_json
 
 HF_PREFIX, TIMM_PREFIX = "hf-hub:", "timm:"
 REACH_TIMEOUT_S = 5.0
@@ -234,11 +233,11 @@ def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = Tr
         ) from None
     except errors.RevisionNotFoundError:
         raise CheckpointError(f"hf-hub:{repo.repo_id} has no revision {repo.revision!r}; use a branch, tag or commit it has") from None
-    except (errors.HfHubHTTPError, OSError) as e:  # connection refused, DNS, timeouts
-        raise CheckpointError(_offline_message(repo, filename, e, hint)) from None
     except ValueError as e:  # huggingface_hub's own refusal of a damaged cache entry
         raise CheckpointError(f"hf-hub:{where}: the Hub cache's copy ({_cache_folder(repo)}) is damaged "
                               f"({str(e).splitlines()[0][:160]}); delete that folder to download the repo again") from None
+    except hub_client_errors() as e:  # connection refused, DNS, timeouts, whatever the HTTP library calls them
+        raise CheckpointError(_offline_message(repo, filename, e, hint)) from None
 
 
 def _cache_folder(repo: HubRepo) -> Path:
@@ -322,15 +321,8 @@ def download_repo(repo: HubRepo, hint: str = "") -> tuple[Path, str]:
 def read_json_object(path: Path, where: str) -> dict[str, Any]:
     """A JSON file of a Hub repo (or any checkpoint folder) that must hold one object: UTF-8,
     valid JSON, a mapping; anything else is a CheckpointError naming the file."""
-    try:
-        data = json.loads(require_regular_file(path, path.name).read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{where}: {path.name} ({path}) is not UTF-8 text; the repo's copy is damaged") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{where}: {path.name} ({path}) is not readable JSON ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{where}: {path.name} ({path}) holds a JSON {type(data).__name__}, not an object")
-    return data
+    return read_json(path, dict, f"JSON object ({where})", "the repo's copy is damaged: delete it from the cache to "
+                     "fetch it again, or fix the folder", CheckpointError)
 
 
 def shard_names(index: Path, where: str) -> list[str]:

@@ -1,5 +1,7 @@
 """The official JAX/Flax checkpoints (`.npz`) of the paper and of AugReg, both ways; the
 official BiT ResNet archives go through the same reader and writer with bit.py's table.
+big_vision's layouts of the same model (linen block names, a scanned encoder, a `params/`
+prefix, the position embedding of the patches alone) are read too (`from_big_vision`).
 
 This is the only file that knows the official ViT parameter names (see
 ../shared/docs/official-checkpoints.md for the layout). The architecture is inferred from
@@ -12,6 +14,7 @@ what the official code computes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 import zipfile
@@ -161,12 +164,46 @@ def load_arrays(path: str | os.PathLike) -> dict[str, Tensor]:
     return out
 
 
+# big_vision's layouts (big_vision/models/vit.py: `load`, `fix_old_checkpoints`,
+# `scan_to_pyloop`; utils.py: `load_params`), each read as big_vision reads it.
+BIG_VISION_PREFIXES = ("params/", "opt/target/")  # an optax train state; a Flax optimizer's
+SCANNED = "Transformer/encoderblock/"  # nn.scan: one block's arrays stacked over depth
+
+
+def from_big_vision(a: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor], list[str]]:
+    """big_vision's layouts rewritten into the original one, and what was rewritten: the
+    prefix of a train state, a scanned encoder, the position embedding at the top level
+    (or at `Transformer/pos_embedding`, before 2022) where it covers only the patches, the
+    class token then having none (a zero row here is the same sum)."""
+    notes = []
+    prefix = next((p for p in BIG_VISION_PREFIXES if any(k.startswith(p) for k in a)), None)
+    if prefix is not None:
+        a, notes = {k[len(prefix):]: v for k, v in a.items() if k.startswith(prefix)}, [prefix.rstrip("/")]
+    if any(k.startswith("MAPHead_0/") for k in a):
+        raise CheckpointError(f"{source}: a big_vision model with a MAP head (pool_type='map'); vitlab's ViT pools "
+                              "with the class token or the mean (the paper's), so it cannot compute this one")
+    if any(k.startswith(SCANNED) for k in a):
+        stacked = {k[len(SCANNED):]: v for k, v in a.items() if k.startswith(SCANNED)}
+        a = {k: v for k, v in a.items() if not k.startswith(SCANNED)}
+        depth = stacked["LayerNorm_0/scale"].shape[0] if "LayerNorm_0/scale" in stacked else 0
+        a.update({f"Transformer/encoderblock_{i}/{k}": v[i] for i in range(depth) for k, v in stacked.items()})
+        notes.append(f"scanned encoder ({depth} blocks)")
+    for name in ("Transformer/pos_embedding", "pos_embedding"):
+        if name in a and POS not in a:
+            pos = a.pop(name)
+            if "cls" in a and pos.ndim == 3 and math.isqrt(pos.shape[1]) ** 2 == pos.shape[1]:
+                pos = torch.cat([torch.zeros_like(pos[:, :1]), pos], dim=1)  # patches only: the class token has none
+            a[POS] = pos
+            notes.append(name)
+    return a, notes
+
+
 def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
     """The architecture, from the arrays' names and shapes alone."""
     if "embedding/kernel" not in a:
         hint = ""
         if any(k.startswith(("params/", "opt/target/")) for k in a):
-            hint = " (this looks like a big_vision or training-state archive, which vitlab does not read)"
+            hint = " (a training-state archive without a ViT's parameters)"
         raise CheckpointError(
             f"{source}: no 'embedding/kernel' array, so not an official ViT checkpoint{hint}; "
             f"found {', '.join(sorted(a)[:6])}"
@@ -227,8 +264,11 @@ def read(path: str | os.PathLike) -> Imported:
         cfg, metadata = bit.config_from_npz(arrays, str(path)), {}
         table = bit.npz_rules(cfg)
     else:
+        arrays, layout = from_big_vision(arrays, str(path))
         cfg, spelling = infer_config(arrays, str(path))
         table, metadata = rules(cfg, spelling), {"spelling": spelling}
+        if layout:
+            metadata["big_vision"] = layout
     state = import_state(table, arrays, expected_shapes(cfg), str(path))
     names = read_class_names(path, cfg.num_classes)
     return Imported(cfg, state, names, source_format=FORMAT_NAME, metadata=metadata)

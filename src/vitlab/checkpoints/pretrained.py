@@ -29,6 +29,7 @@ from typing import Optional
 
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import atomic_write, atomic_write_text, cache_dir, sha256_file
+from vitlab.files.documents import read_json
 from vitlab.log import get_logger, notice
 from vitlab.progress import Progress
 
@@ -192,8 +193,8 @@ def _digests_file() -> Path:
 
 def _recorded() -> dict[str, dict]:
     try:
-        return json.loads(_digests_file().read_text())
-    except (OSError, json.JSONDecodeError):
+        return read_json(_digests_file(), {str: {"sha256": str, "size?": int, "mtime_ns?": int}}, "digest table")
+    except (OSError, ValueError):  # none yet, or damaged: each file is hashed again and checked
         return {}
 
 

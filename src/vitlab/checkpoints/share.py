@@ -28,8 +28,10 @@ from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.tables import export_state
 from vitlab.config import model_flops
 from vitlab.config.run import AUGMENTATIONS
+from vitlab.extras import error_line, hub_client_errors
 from vitlab.files import OutputFolder, atomic_write, atomic_write_text
-from vitlab.run_layout import CHECKPOINTS, LAST, RunLayout, run_of
+from vitlab.files.documents import read_json, read_yaml
+from vitlab.run_layout import CHECKPOINTS, LAST, SUMMARY_SHAPE, RunLayout, run_of
 from vitlab.tables import markdown_table
 
 TIMM_WEIGHTS = "timm_model.safetensors"
@@ -56,7 +58,7 @@ def source(path: str | os.PathLike) -> tuple[str, Optional[Path]]:
     run = run_of(path)
     if run is None or run.path != Path(path):
         return str(path), run.path if run is not None else None
-    ckpt = Path(json.loads(run.summary.read_text()).get("checkpoint") or "")
+    ckpt = Path(_summary(run).get("checkpoint") or "")
     if not ckpt.is_file():
         ckpt = run.last
     if not ckpt.is_file():
@@ -64,18 +66,22 @@ def source(path: str | os.PathLike) -> tuple[str, Optional[Path]]:
     return str(ckpt), run.path
 
 
+def _summary(run: RunLayout) -> dict[str, Any]:
+    return read_json(run.summary, SUMMARY_SHAPE, "run summary", "restore it, or push the checkpoint file itself",
+                     CheckpointError)
+
+
 def run_facts(run: Optional[Path]) -> dict[str, Any]:
-    """What a model card says about the training run: summary.json and config.yaml."""
+    """What a model card says about the training run: summary.json and config.yaml (each
+    read back through files.documents)."""
     if run is None:
         return {}
     facts: dict[str, Any] = {}
     layout = RunLayout(run)
-    try:
-        facts["summary"] = json.loads(layout.summary.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{layout.summary}: not readable JSON ({e})") from None
+    facts["summary"] = _summary(layout)
     if layout.config.is_file():
-        facts["config"] = yaml.safe_load(layout.config.read_text()) or {}
+        facts["config"] = read_yaml(layout.config, {"data?": (dict, None), "model?": (dict, None)}, "run's config",
+                                    "restore it, or push the checkpoint file itself", CheckpointError)
     return facts
 
 
@@ -125,7 +131,7 @@ def _write_folder(model, folder: Path, repo_id: str, run: Optional[Path], with_t
         state = export_state(timm.rules(model.config), model.state_dict(), f"{folder} (timm)")
         state = {k: v.contiguous() for k, v in state.items()}
         atomic_write(folder / TIMM_WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-        config = json.loads((folder / "config.json").read_text())
+        config = read_json(folder / "config.json", dict, "Hugging Face config", "write the folder again", CheckpointError)
         config.update(timm.hub_config(model, TIMM_WEIGHTS))
         atomic_write_text(folder / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
         _index_transformers_weights(folder)
@@ -405,7 +411,9 @@ def push(model, target: str, run: Optional[str | os.PathLike] = None, token: Opt
                     f"the Hub refused the upload to {repo_id} (HTTP {status}): set HF_TOKEN to a token with write "
                     "access (or run `hf auth login`)"
                 ) from None
-            raise CheckpointError(f"upload to {repo_id} failed: {str(e).splitlines()[0]}") from None
-        except OSError as e:
-            raise CheckpointError(f"upload to {repo_id} failed: no connection to {api.endpoint} ({e})") from None
+            raise CheckpointError(f"upload to {repo_id} failed: {error_line(e)}") from None
+        except hub_client_errors() as e:  # no connection, a timeout, any error of the Hub's HTTP library
+            raise CheckpointError(f"upload to {repo_id} failed: no answer from {api.endpoint} "
+                                  f"({error_line(e)}); check the network (or $HF_ENDPOINT) and push again, "
+                                  "or write the folder alone with --folder DIR and upload it later") from None
     return str(info.commit_url)

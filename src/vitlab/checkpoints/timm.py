@@ -49,6 +49,7 @@ from vitlab.checkpoints.tables import (
 from vitlab.checkpoints.labels import imagenet_names, imagenet_synsets
 from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.extras import require
+from vitlab.files.documents import read_json
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "timm"
@@ -118,10 +119,10 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 def folder_config(folder: Path) -> Optional[dict[str, Any]]:
     """A timm config.json (an "architecture" and its pretrained_cfg), or None."""
     try:
-        c = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        c = read_json(folder / "config.json", dict, "timm config")
     except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not a timm folder
         return None
-    return c if isinstance(c, dict) and "architecture" in c else None
+    return c if "architecture" in c else None
 
 
 def _folder_weights(folder: Path) -> Optional[Path]:

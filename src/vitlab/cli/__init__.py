@@ -57,6 +57,9 @@ OUTPUTS = (
 # Single-file outputs that may name a user's file: written only when new, or with --force
 # (docs/reliability.md, "What each command writes"). export and convert check their own.
 NEW_FILES = (("predict", "csv"), ("fewshot", "out"), ("linear-probe", "out"), ("eval", "predictions"))
+DATA_COMMANDS = ("train", "finetune", "eval", "fewshot", "linear-probe", "inspect", "sweep", "vtab")
+ALLOW_PIPE_HELP = ("(commands that read data) run the shell command of a wds:pipe:COMMAND data spec that comes from a file (a recipe, a run's "
+                   "config.yaml, a sweep spec); one typed on this command line always runs. Or VITLAB_ALLOW_PIPE=1")
 
 
 class UsageError(ValueError):
@@ -83,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(p)
+        if name in DATA_COMMANDS:
+            p.add_argument("--allow-pipe", action="store_true", help=ALLOW_PIPE_HELP)
         p.set_defaults(_run=module.run)
     return parser
 
@@ -182,6 +187,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     warnings.showwarning = _show_warning
     try:
         check_arguments(args)
+        if args.command in DATA_COMMANDS:  # a pipe: data spec runs its shell command only as typed (data/remote.py)
+            with importlib.import_module("vitlab.data.remote").command_line_rule(argv, args.allow_pipe):
+                return int(args._run(args) or 0)
         return int(args._run(args) or 0)
     except BrokenPipeError:
         # The reader went away (`vitlab info ... | head -1`): stop quietly; point stdout at

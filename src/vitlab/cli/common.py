@@ -170,15 +170,17 @@ def print_result(args, result: dict) -> bool:
 
 def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):
     """((features, labels), class names) of one split, cached, with a progress bar: the
-    library's dataset_features, for fewshot and linear-probe."""
+    library's dataset_features, for fewshot and linear-probe (with --preprocess: fewshot's)."""
     import sys
 
     from vitlab.eval.features import dataset_features
+    from vitlab.eval.fewshot import fewshot_config
 
     features, labels, names = dataset_features(
         model, args.data, split, max_per_class=max_per_class or None, limit=limit or None, batch_size=args.batch_size,
         use_cache=not args.no_cache, model_hash=model_hash, log=lambda m: print(f"  {split}: {m}", file=sys.stderr),
-        progress=lambda total, desc: progress(total=total, desc=desc), workers=args.workers)
+        progress=lambda total, desc: progress(total=total, desc=desc), workers=args.workers,
+        preprocessing=fewshot_config(model.config, getattr(args, "preprocess", "model")))
     return (features, labels), names
 
 

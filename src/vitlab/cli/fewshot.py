@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 HELP = "few-shot linear accuracy of frozen features (closed-form least squares, §4.1)"
 DESCRIPTION = """\
-The paper's few-shot evaluation: for each shot count S and seed, draw S training images per
-class, map their frozen representations (the pre-logits, or the pooled token) to {-1, 1}^K
-targets by L2-regularised least squares solved in closed form, and measure top-1 accuracy
-on the test split. The L2 strength is chosen per draw from a grid by leave-one-out error on
-the few-shot examples themselves (or fixed with --l2). Accuracy is the mean over seeds,
-with the standard deviation.
+The paper's few-shot evaluation, as big_vision runs it (evaluators/fewshot_lsr.py): for
+each seed, draw S training images per class from the whole training split, map their
+frozen representations (the pre-logits, or the pooled token) to {-1, 1}^K targets by
+least squares with L2 strength 2^10, solved in closed form, and measure top-1 accuracy on
+the test split, on images resized to 256 and centre-cropped to 224 (at the model's
+resolution R: R * 256 / 224, then R). Accuracy is the mean over seeds, with the standard
+deviation. The result records the protocol; named alternatives: --l2 loo (chosen per draw
+by leave-one-out error on the few-shot examples), --pool N (draw from the first N images of
+each class), --preprocess model (the checkpoint's own resize and crop).
 
 Features are extracted once and cached (keyed by the weights, the data and the
 preprocessing; $VITLAB_CACHE/features, default ~/.cache/vitlab/features), so a second
-sweep over shots and seeds reads them back. Training images come from the first --pool
-images of each class (all with --pool 0); streaming (wds:) data stops reading once every
-class is full.
+sweep over shots and seeds reads them back; streaming (wds:) data with --pool stops reading
+once every class is full.
 
 examples:
   vitlab fewshot runs/cifar10/checkpoints/last.safetensors --data wds:../shared/data/cifar10
   vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --shots 1,5,10 --seeds 5 --json
+  vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --l2 loo --pool 100
   vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --random-init 0 --out random.json
 """
 
@@ -32,10 +36,9 @@ def add_arguments(p) -> None:
     add_feature_arguments(p, "where the few-shot examples come from", "what accuracy is measured on")
     p.add_argument("--shots", default="1,5,10,25", help="comma-separated shots per class (default 1,5,10,25)")
     p.add_argument("--seeds", type=int, default=3, help="draws per shot count (default 3)")
-    p.add_argument("--l2", type=float, help="fix the L2 strength instead of choosing it by leave-one-out")
-    p.add_argument(
-        "--pool", type=int, default=100, help="training images per class to draw shots from (default 100; 0: all)"
-    )
+    p.add_argument("--l2", default="1024", help="L2 strength (default 1024, big_vision's), or loo: leave-one-out")
+    p.add_argument("--pool", type=int, default=0, help="draw from the first N images per class (default 0: all)")
+    p.add_argument("--preprocess", choices=("big_vision", "model"), default="big_vision", help="resize and crop (default big_vision)")
 
 
 def parse_shots(text: str) -> list[int]:
@@ -56,22 +59,23 @@ def run(args) -> int:
     from vitlab.cli.common import frozen_features, print_result
     from vitlab.config import pick_device
     from vitlab.eval.features import model_fingerprint
-    from vitlab.eval.fewshot import fewshot_eval
+    from vitlab.eval.fewshot import fewshot_eval, parse_l2, protocol
 
-    shots = _check(args)
+    shots, l2 = _check(args), parse_l2(args.l2, "--l2")
     model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
     fp = model_fingerprint(model)
     print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
     (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)
     (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
     try:
-        result = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=args.l2,
+        result = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=l2,
                               num_classes=len(class_names) if class_names else None)
     except ValueError as e:
         raise UsageError(str(e)) from None
     result.update(checkpoint=args.checkpoint, model=model.config.name, random_init=args.random_init, data=args.data,
                   train_split=args.train_split, test_split=args.test_split, pool_per_class=args.pool or "all",
-                  num_train_pool=int(len(tr_y)), weights_sha256=fp)
+                  num_train_pool=int(len(tr_y)), weights_sha256=fp,
+                  protocol=protocol(args.pool, l2, model.config, args.preprocess))
     if not print_result(args, result):
         _print_table(args, model.config.name, result)
     return 0
@@ -85,18 +89,15 @@ def _check(args) -> list[int]:
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
     if args.pool and args.pool < max(shots):
         raise UsageError(f"--pool {args.pool} is smaller than the largest shot count {max(shots)}; raise --pool")
-    if args.l2 is not None and args.l2 <= 0:
-        raise UsageError(f"--l2 must be positive, got {args.l2}")
     return shots
 
 
 def _print_table(args, name: str, result: dict) -> None:
     what = "random init" if args.random_init is not None else args.checkpoint
     print(f"few-shot linear accuracy  {name} ({what})  on {args.data}")
-    print(
-        f"{result['num_classes']} classes, {result['feature_dim']}-d features, "
-        f"test {result['num_test']} images, {args.seeds} seed(s), L2: {result['l2']}"
-    )
+    print(f"{result['num_classes']} classes, {result['feature_dim']}-d features, "
+          f"test {result['num_test']} images, {args.seeds} seed(s), L2: {result['l2']}")
+    print(result["protocol"]["summary"])
     print(f"{'shots':>5}  {'accuracy':>16}  {'per seed':<24}  L2 per seed")
     for s, r in result["shots"].items():
         per = " ".join(f"{100 * a:.1f}" for a in r["accuracy"])
@@ -108,7 +109,5 @@ def _print_table(args, name: str, result: dict) -> None:
 
 
 def _log2(v: float) -> str:
-    import math
-
     k = math.log2(v)
     return f"{k:.0f}" if abs(k - round(k)) < 1e-9 else f"{k:.2f}"

@@ -69,30 +69,13 @@ def _check(args: argparse.Namespace) -> int:
     return max_cells
 
 
-def _dry_run(spec, out, scale: float, max_cells: int) -> int:
-    """The number of cells at once (counted, not made), then each cell's commands when the
-    grid is within --max-cells; runs nothing."""
-    from vitlab.sweep.cells import count, expand, too_many
-
-    n = count(spec)
-    print(f"sweep {spec.name}: {n:,} cell(s) -> {out}")
-    if n > max_cells:
-        print(f"not listed: {too_many(n, max_cells)}")
-        return 0
-    for cell in expand(spec, out, scale, max_cells):
-        print(f"{cell.key}:")
-        for step in cell.steps:
-            print(f"  vitlab {' '.join(step.argv)}")
-    return 0
-
-
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from vitlab.cli import UsageError
     from vitlab.cli.common import launcher_params
     from vitlab.config.sweep import load_sweep
-    from vitlab.sweep import run_sweep
+    from vitlab.sweep import dry_run, run_sweep
     from vitlab.sweep.runner import check_launcher
 
     max_cells = _check(args)
@@ -114,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     suffix = "" if args.scale == 1 else f"-x{args.scale:g}"
     out = Path(args.out or f"runs/sweeps/{spec.name}{suffix}")
     if args.dry_run:
-        return _dry_run(spec, out, args.scale, max_cells)
+        print("\n".join(dry_run(spec, out, args.scale, max_cells)))
+        return 0
     # A Slurm job runs on its own allocation: its threads are the job's, not this machine's.
     local = args.launcher != "slurm"
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)

@@ -9,21 +9,26 @@ DESCRIPTION = """\
 VTAB-1k (the paper's Table 2 VTAB column, Fig. 2 and Table 9): every task fine-tuned on its
 1,000 training examples (800 train + 200 val, taken as VTAB defines them: fixed slices of the
 source order) with the paper's setting (2,500 steps at lr 0.01, SGD, batch 512, no
-augmentation) and tested on its full test split. The row, per-task top-1, the Natural /
-Specialized / Structured means and the mean over the 19 tasks, goes to OUT/vtab.md,
-vtab.json and vtab.csv. --lr-grid chooses the rate per task on the 200 val examples first
+augmentation, 384 px; --image-size checkpoint keeps the checkpoint's own) and tested on its
+full test split. The row, per-task top-1, the Natural / Specialized / Structured means and
+the mean over the 19 tasks, goes to OUT/vtab.md, vtab.json and vtab.csv. --lr-grid chooses the rate per task on the 200 val examples first
 (train on the 800), then reruns the best on all 1,000.
 
 Task data is read from ROOT (see data/vtab_sources.py): tfds's prepared data (ROOT may be
 ~/tensorflow_datasets), a Hugging Face save_to_disk folder, or image folders ROOT/TASK/SPLIT/
-LABEL/. A task without data is listed with where to put it, and every mean says over how
-many of the 19 tasks it is taken. Finished tasks are kept (OUT/TASK/result.json), an
-interrupted one resumes: rerunning the command is always safe. --launcher slurm (or
+LABEL/. Of tfds data, the config and version VTAB pins are read (retinopathy's btgraham-300,
+pets 3.*.*, kitti 3.1.0, ...); --tfds-version TASK=[CONFIG/]VERSION accepts another, and the
+task's result.json records which was read. A task without data is listed with where to put
+it, and every mean says over how many of the 19 tasks it is taken. Finished tasks are kept
+(OUT/TASK/result.json, with the checkpoint's sha256 and the task's settings), an interrupted
+one resumes: rerunning the command is always safe. A result of another checkpoint or other
+settings is refused by name, never reported under this one: give another --out. A vtab.md,
+vtab.json or vtab.csv that you wrote or edited is kept unless --force. --launcher slurm (or
 submitit-local, or local with --jobs N) runs each task as its own job, as vitlab sweep does;
 --report writes the row from what has finished.
 
 examples:
-  vitlab vtab ViT-B_16.npz --root ~/tensorflow_datasets --image-size 384 --out runs/vtab-b16
+  vitlab vtab ViT-B_16.npz --root ~/tensorflow_datasets --out runs/vtab-b16
   vitlab vtab ViT-B_16.npz --root ~/vtab --tasks cifar100,dtd,eurosat --steps 500
   vitlab vtab ViT-B_16.npz --root ~/vtab --lr-grid 0.001,0.01 --launcher slurm --slurm gpus_per_node=1
   vitlab vtab ViT-B_16.npz --root ~/vtab --out runs/vtab-b16 --report
@@ -41,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, help="learning rate (default 0.01, Table 4)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="choose each task's rate from these on its 200 val examples")
     p.add_argument("--batch-size", type=int, default=512)
-    p.add_argument("--image-size", type=int, metavar="N", help="fine-tuning resolution (default: the checkpoint's)")
+    p.add_argument("--image-size", default="384", metavar="N", help="fine-tuning resolution (default 384; checkpoint)")
+    p.add_argument("--tfds-version", action="append", default=[], metavar="TASK=[CONFIG/]VERSION", help="accept it")
     p.add_argument("--seed", type=int, default=0)
     add_device_argument(p)
     p.add_argument("--launcher", help="run each task as a job: local (with --jobs), slurm or submitit-local")
@@ -49,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="a submitit executor parameter")
     p.add_argument("--no-wait", action="store_true", help="submit the jobs and return (then --report)")
     p.add_argument("--report", action="store_true", help="run nothing: write the row of the finished tasks")
+    p.add_argument("--force", action="store_true", help="replace vtab.md/.json/.csv even when edited (never a result)")
     p.add_argument("--quiet", action="store_true", help="print only each task's result and the row")
     p.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE", help="changes to every task's run")
 
@@ -65,18 +72,18 @@ def run(args: argparse.Namespace) -> int:
     root, out = Path(args.root).expanduser(), Path(args.out or f"runs/vtab-{Path(args.checkpoint).stem}")
     tasks = [get_task(t) for t in args.tasks.split(",")] if args.tasks else list(TASKS.values())
     s = vtab.Settings(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grid=lr_rates(args.lr_grid),
-                      image_size=args.image_size, seed=args.seed, device=args.device, overrides=tuple(args.overrides))
+                      image_size=vtab.image_size(args.image_size), seed=args.seed, device=args.device,
+                      overrides=tuple(args.overrides), accept=tuple(args.tfds_version))
     if args.launcher and not args.report:
         done = launch(args.checkpoint, root, out, tasks, s, launcher=args.launcher, jobs=args.jobs,
-                      params=launcher_params(args.slurm), wait=not args.no_wait)
+                      params=launcher_params(args.slurm), wait=not args.no_wait, force=args.force)
         if done is None:
             return 0
         failed = [r for r in done if r["status"] != "done"]
     elif not args.report:
         vtab.run_suite(args.checkpoint, root, out, tasks, s, lambda c, o: recipe.train(
-            c, o, command=command_line(), quiet=args.quiet))
-    row = vtab.table_row(vtab.collect(out), vtab.checkpoint_name(args.checkpoint), vtab.absent(root))
-    paths = vtab.write_tables(row, out)
+            c, o, command=command_line(), quiet=args.quiet), force=args.force)
+    row, paths = vtab.report(args.checkpoint, root, out, s, args.force)
     print(vtab.markdown(row) + f"\nrow written to {paths['markdown']}, {paths['json'].name}, {paths['csv'].name}")
     if args.launcher and not args.report and failed:
         print(f"vitlab vtab: error: {len(failed)} task job(s) failed; see the vtab.log in their folders under {out}",

@@ -46,11 +46,12 @@ class ResNetConfig:
     """The BiT ResNet stem of a hybrid (paper §3.1): weight-standardised convs, GroupNorm.
 
     `layers` counts bottleneck units per stage. Three stages give a stride-16 feature map
-    (root /4, then /2 per later stage), four give stride 32.
+    (root /4, then /2 per later stage), four give stride 32; none, the root alone (stride 4,
+    64 x width_factor channels), is AugReg's R+Ti/16 (vision_transformer's `num_layers=()`).
     """
 
-    layers: tuple[int, ...] = setting((3, 4, 9), check=lambda v: None if 1 <= len(v) <= 4 and min(v) >= 1
-                                      else "needs 1 to 4 stages of at least one unit each")
+    layers: tuple[int, ...] = setting((3, 4, 9), check=lambda v: None if len(v) <= 4 and min(v, default=1) >= 1
+                                      else "needs 0 to 4 stages of at least one unit each")
     width_factor: int = setting(1, at_least=1)
     # Weight standardisation: "std" is the official (w - mean) / (std + eps) with eps 1e-5;
     # "var" is (w - mean) / sqrt(var + eps), the form timm uses (with eps 1e-8).
@@ -68,11 +69,12 @@ class ResNetConfig:
 
     @property
     def stride(self) -> int:
-        return 4 * 2 ** (len(self.layers) - 1)
+        return 4 * 2 ** max(len(self.layers) - 1, 0)
 
     @property
     def out_channels(self) -> int:
-        return 64 * self.width_factor * 4 * 2 ** (len(self.layers) - 1)
+        width = 64 * self.width_factor  # the root's; each stage ends with 4x its width
+        return width * 4 * 2 ** (len(self.layers) - 1) if self.layers else width
 
 
 def _all_positive(v: tuple[float, ...]) -> Optional[str]:

@@ -31,6 +31,7 @@ from vitlab.config.fields import (
 )
 from vitlab.config.model import BiTConfig, ViTConfig, as_pair
 from vitlab.config.mpp import MPPConfig
+from vitlab.files.documents import read_yaml as read_yaml_file
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
@@ -38,6 +39,9 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 PARALLEL = ("ddp", "fsdp")
 RECIPES = Path(__file__).resolve().parent.parent / "configs"
 HEAD_STARTS = ("zeros", "probe")  # model.head_start: how a fine-tune's new head starts
+# The inception crop's area range: vision_transformer's input_pipeline.py (and big_vision's
+# inception_crop) samples 5% to 100% of the image, not torchvision's 8%.
+CROP_SCALE = (0.05, 1.0)
 SHUFFLE_BUFFER = 2000  # samples a streamed (wds) training set holds for shuffling: data.shuffle_buffer
 
 
@@ -162,7 +166,7 @@ class DataConfig:
     decode: str = setting("fast", one_of=("fast", "pil", "cuda"))
     eval_decode: str = setting("pil", one_of=("pil", "fast"), hint="fast: reduced-scale JPEG decoding, opt-in")
     # Inception-style crop (the paper's training preprocessing): area and aspect-ratio ranges.
-    crop_scale: tuple[float, float] = setting((0.08, 1.0), check=_crop_range)
+    crop_scale: tuple[float, float] = setting(CROP_SCALE, check=_crop_range)
     crop_ratio: tuple[float, float] = setting((0.75, 1.3333333333333333), check=_ratio_range)
     hflip: bool = True
     randaugment: int = setting(0, at_least=0, hint="RandAugment ops per image; 0 = off")
@@ -385,7 +389,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"bad override {text!r}: write SECTION.KEY=VALUE, e.g. optim.weight_decay=0.05")
     try:
         value = yaml.safe_load(raw)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         value = raw
     return key.strip(), value
 
@@ -401,12 +405,7 @@ def read_yaml(path_or_name: str, shipped: Path, what: str, names: list[str]) -> 
         path = shipped / f"{path_or_name}.yaml"
         if not path.is_file():
             raise ConfigError(f"no {what} file {path_or_name!r}; shipped {what}s: {', '.join(names)}")
-    try:
-        return yaml.safe_load(path.read_text()) or {}, path
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    return read_yaml_file(path, dict, what, f"fix the {what}, or name a shipped one", ConfigError), path
 
 
 def load_recipe(path_or_name: str) -> RunConfig:

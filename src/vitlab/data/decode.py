@@ -37,8 +37,10 @@ import torch
 from PIL import Image
 
 from vitlab.data.datasets import Encoded
-from vitlab.data.images import BadImageError, bad_image, check_size, decoded, image_bytes, jpeg_pixels, open_image, read_image, to_mode
+from vitlab.data.images import (BadImageError, bad_image, check_size, decoded, image_bytes, jpeg_pixels, open_image,
+                                read_image, to_mode)
 from vitlab.pixels import normalise
+
 
 def interpolation_mode(name: str) -> Any:
     """torchvision's InterpolationMode of a config's interpolation name."""

@@ -19,6 +19,7 @@ already and is used as it is. Class names come from `class_names=`, else the sou
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -28,7 +29,9 @@ from torch import Tensor
 
 from vitlab.data.datasets import DataError, ImageDataset, apply_seeded, item_seed
 from vitlab.data.loader import collate
-from vitlab.extras import MissingExtraError, require
+from vitlab.extras import MissingExtraError, error_line, hub_client_errors, require
+from vitlab.files import UnsafeNameError, child
+from vitlab.files.documents import read_json
 
 IMAGE_KEYS = ("image", "img", "pixel_values", "jpg", "png")
 LABEL_KEYS = ("label", "labels", "fine_label", "target")
@@ -221,26 +224,59 @@ def _datasets_cache() -> Optional[str]:
     return None
 
 
+# A folder written by save_to_disk: a DatasetDict's dataset_dict.json names its splits, each a
+# folder whose state.json names its Arrow files and whose dataset_info.json holds the features.
+SAVED = {"dataset_dict.json": {"splits": [str]}, "state.json": {"_data_files": [{"filename": str}]},
+         "dataset_info.json": dict}
+
+
+def load_saved(folder: Path, where: str) -> Any:
+    """`datasets.load_from_disk(folder)`, its JSON files checked first (files.documents: a file
+    that is not JSON, nested without end or of another shape is one DataError naming it), and
+    any error of the library's own reading (a missing or damaged Arrow file) one line too."""
+    try:
+        datasets = require("datasets", "a save_to_disk folder")["datasets"]  # optional: pip install "vitlab[datasets]"
+    except MissingExtraError as e:
+        raise DataError(str(e)) from None
+    again = f"{where} is a damaged save_to_disk folder: write it again with save_to_disk"
+    splits = [folder]
+    if (folder / "dataset_dict.json").exists():
+        names = read_json(folder / "dataset_dict.json", SAVED["dataset_dict.json"], "dataset_dict.json", again, DataError)
+        try:
+            splits = [child(folder, name, "split") for name in names["splits"]]
+        except UnsafeNameError as e:
+            raise DataError(f"{folder / 'dataset_dict.json'}: {e}; {again}") from None
+    for split in splits:
+        for name in ("state.json", "dataset_info.json"):
+            if (split / name).exists():
+                read_json(split / name, SAVED[name], name, again, DataError)
+    try:
+        return datasets.load_from_disk(str(folder))
+    except MemoryError:
+        raise
+    except Exception as e:  # the library's own reading of what the files name: one line, whatever its type
+        raise DataError(f"{where}: cannot read it ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+                        f"{again}") from None
+
+
 def hf_split(arg: str, split: str):
     """One split ("train" or "test") of a Hugging Face dataset: `arg` is a folder written by
     `save_to_disk` or a local dataset folder, else NAME[:CONFIG] read with `load_dataset`,
     which reads its own cache ($HF_DATASETS_CACHE) and, with $HF_HUB_OFFLINE=1, only that."""
-    from pathlib import Path
-
     try:
         datasets = require("datasets", "hf: data")["datasets"]  # optional: pip install "vitlab[datasets]"
     except MissingExtraError as e:
         raise DataError(str(e)) from None
-    folder = Path(arg).expanduser()
+    folder, data = Path(arg).expanduser(), None
+    if folder.is_dir() and any((folder / f).is_file() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):
+        data = load_saved(folder, f"hf:{arg}")
     try:
-        if folder.is_dir() and any((folder / f).is_file() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):
-            data = datasets.load_from_disk(str(folder))
-        else:
+        if data is None:
             name, _, config = arg.partition(":")
             data = datasets.load_dataset(str(folder) if folder.is_dir() else name, config or None, cache_dir=_datasets_cache())
-    except (ConnectionError, FileNotFoundError, ValueError, OSError) as e:
+    except (ConnectionError, FileNotFoundError, ValueError, *hub_client_errors()) as e:  # the Hub's HTTP errors too
         raise DataError(
-            f"hf:{arg}: cannot read it ({type(e).__name__}: {str(e).splitlines()[0][:200]}). Offline, a Hub dataset "
+            f"hf:{arg}: cannot read it ({error_line(e)}). Offline, a Hub dataset "
             "must be in the datasets cache already (load it once online with datasets.load_dataset), or give a "
             "folder written by dataset.save_to_disk(DIR) as hf:DIR"
         ) from None

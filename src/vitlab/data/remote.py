@@ -3,6 +3,12 @@ stream with the standard library, and `pipe:COMMAND`, the standard output of a s
 the user wrote (WebDataset's own convention: `pipe:curl -s URL`, `pipe:aws s3 cp URL -`,
 `pipe:gsutil cat URL`). Brace patterns expand as for files (`https://host/train-{000..009}.tar`).
 
+A `pipe:` command is the one place vitlab runs a shell, so it runs only what the user wrote
+(`check_command`): in a `vitlab` process, a command typed on its command line (`--data
+wds:pipe:...`, `data.name=wds:pipe:...`), never one that came from a file (a recipe, a run's
+config.yaml, a sweep spec) unless the command line says --allow-pipe or the environment
+VITLAB_ALLOW_PIPE=1; in Python, the strings its caller passes.
+
 Nothing is stored: a shard is streamed each time it is read. The per-shard index (sample
 counts, labels) is cached as for files when the server names the version it sends (an ETag,
 or Last-Modified with Content-Length); a pipe, whose output may change, is indexed afresh.
@@ -12,18 +18,71 @@ from __future__ import annotations
 
 import gzip
 import bz2
+import contextlib
 import hashlib
 import io
 import lzma
+import os
 import subprocess
+import time
 import urllib.error
 import urllib.request
-from typing import Any, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from vitlab.data.datasets import DataError
 
 SCHEMES = ("http://", "https://", "pipe:")
 TIMEOUT_S = 30.0  # for the first byte of a response; a stalled server is named, not waited on forever
+# A shard's whole deadline: TIMEOUT_S plus its bytes at MIN_RATE, so that a server that sends a
+# byte now and then (never silent for TIMEOUT_S) is cut off too. Both may be set for a slow
+# link in the environment: VITLAB_HTTP_TIMEOUT (seconds), VITLAB_HTTP_MIN_RATE (bytes per second).
+MIN_RATE = 16 * 1024
+
+
+def limits() -> tuple[float, float]:
+    """(TIMEOUT_S, MIN_RATE), or what the environment sets instead."""
+    def number(name: str, default: float) -> float:
+        text = os.environ.get(name, "")
+        try:
+            value = float(text) if text else default
+        except ValueError:
+            value = -1.0
+        if not value > 0 or value == float("inf"):
+            raise DataError(f"{name}={text!r}: give a positive number (the default is {default:g})")
+        return value
+
+    return number("VITLAB_HTTP_TIMEOUT", TIMEOUT_S), number("VITLAB_HTTP_MIN_RATE", MIN_RATE)
+
+# Who may run a shell command. None: no command line set the rule (a Python caller, whose
+# strings run as WebDataset runs them); else the commands typed on this process's command line.
+ALLOW_ENV = "VITLAB_ALLOW_PIPE"
+_typed: Optional[frozenset[str]] = None
+
+
+def typed_commands(words: Iterable[str]) -> frozenset[str]:
+    """The `pipe:` commands written in command-line words (`wds:pipe:CMD`, `data.name=wds:pipe:CMD`)."""
+    return frozenset(w.split("pipe:", 1)[1] for w in words if "pipe:" in w)
+
+
+@contextlib.contextmanager
+def command_line_rule(argv: Iterable[str], allow: bool = False) -> Iterator[None]:
+    """While a command runs: only the pipe: commands typed in `argv` run (all of them with
+    `allow`, the command's --allow-pipe)."""
+    global _typed
+    before, _typed = _typed, None if allow else typed_commands(argv)
+    try:
+        yield
+    finally:
+        _typed = before
+
+
+def check_command(command: str, where: str = "wds") -> None:
+    """Refuse, before it runs, a pipe: command nobody allowed (see the module docstring)."""
+    if _typed is None or command in _typed or os.environ.get(ALLOW_ENV, "") not in ("", "0"):
+        return
+    raise DataError(f"{where}: pipe:{command} would run a shell command that is not on this command line (it comes "
+                    "from a file: a recipe, a run's config.yaml or a sweep spec); if you trust that file, allow it "
+                    f"with --allow-pipe on the command line, or {ALLOW_ENV}=1 in the environment")
 
 
 def is_remote(pattern: str) -> bool:
@@ -75,7 +134,7 @@ def _raw(shard: RemoteShard) -> Any:
     if shard.is_pipe:
         return _Pipe(shard[len("pipe:"):])
     try:
-        return urllib.request.urlopen(urllib.request.Request(shard, headers={"User-Agent": "vitlab"}), timeout=TIMEOUT_S)
+        return urllib.request.urlopen(urllib.request.Request(shard, headers={"User-Agent": "vitlab"}), timeout=limits()[0])
     except urllib.error.HTTPError as e:
         raise DataError(f"wds: {shard}: the server answered HTTP {e.code} ({e.reason})") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
@@ -88,7 +147,7 @@ def open_shard(shard: Any) -> Any:
     if not isinstance(shard, RemoteShard):
         raw = open(shard, "rb")
     else:
-        raw = io.BufferedReader(_raw(shard) if shard.is_pipe else _Response(_raw(shard)), buffer_size=1 << 20)
+        raw = io.BufferedReader(_raw(shard) if shard.is_pipe else _Response(_raw(shard), shard), buffer_size=1 << 20)
     magic = raw.peek(6)[:6]
     if magic[:2] == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=raw, mode="rb")
@@ -100,17 +159,28 @@ def open_shard(shard: Any) -> Any:
 
 
 class _Response(io.RawIOBase):
-    """An HTTP response as a raw stream (BufferedReader wants readinto)."""
+    """An HTTP response as a raw stream (BufferedReader wants readinto), under the shard's whole
+    deadline (`limits`): what arrived must keep up with MIN_RATE after the first TIMEOUT_S, or
+    the stream ends in a DataError that says so. Each read takes what has arrived (read1), so
+    the deadline is checked as bytes come, at most TIMEOUT_S (one socket read) after it passes."""
 
-    def __init__(self, response: Any):
-        self.response = response
+    def __init__(self, response: Any, url: str):
+        self.response, self.url = response, url
+        self.timeout, self.min_rate = limits()
+        self.start, self.received = time.monotonic(), 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: Any) -> int:
-        data = self.response.read(len(b))
+        data = self.response.read1(len(b))
         b[: len(data)] = data
+        self.received += len(data)
+        elapsed = time.monotonic() - self.start
+        if data and elapsed > self.timeout + self.received / self.min_rate:
+            raise DataError(f"wds: {self.url}: {self.received:,} bytes in {elapsed:.0f} s, slower than "
+                            f"{self.min_rate:,.0f} bytes/s after the first {self.timeout:g} s; the server is stalling, "
+                            "so the shard was cut off (a slow link: set VITLAB_HTTP_MIN_RATE lower)")
         return len(data)
 
     def close(self) -> None:
@@ -126,7 +196,7 @@ def version_tag(shard: RemoteShard) -> Optional[str]:
         return None
     try:
         request = urllib.request.Request(shard, method="HEAD", headers={"User-Agent": "vitlab"})
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as r:
+        with urllib.request.urlopen(request, timeout=limits()[0]) as r:
             etag, modified, length = r.headers.get("ETag"), r.headers.get("Last-Modified"), r.headers.get("Content-Length")
     except (urllib.error.URLError, OSError, ValueError):
         return None
@@ -141,8 +211,8 @@ def classes_beside(shard: RemoteShard) -> Optional[list[str]]:
         return None
     url = shard.rsplit("/", 1)[0] + "/classes.txt"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "vitlab"}), timeout=TIMEOUT_S) as r:
-            text = r.read(1 << 20).decode()
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "vitlab"}), timeout=limits()[0]) as r:
+            text = io.BufferedReader(_Response(r, url)).read(1 << 20).decode()  # under a shard's deadline
     except (urllib.error.URLError, OSError, ValueError, UnicodeDecodeError):
         return None
     return [line.strip() for line in text.splitlines() if line.strip()]

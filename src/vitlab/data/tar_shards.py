@@ -45,6 +45,8 @@ def expand_braces(pattern: str) -> list[str]:
 
 def resolve_shards(pattern: str, split: str) -> list[Path]:
     if remote.is_remote(pattern):  # http(s):// or pipe: (remote.py); braces expand, globs do not
+        if pattern.startswith("pipe:"):
+            remote.check_command(pattern[len("pipe:"):])  # a shell runs only what the user wrote
         return [remote.RemoteShard(p) for p in expand_braces(pattern)]
     path = Path(pattern)
     if path.is_dir():

@@ -4,14 +4,17 @@ A TFRecord file is a sequence of records, each
 
     uint64 length | uint32 masked crc of length | length bytes | uint32 masked crc of data
 
-(little-endian), and each record here is an Example: a map from feature name to a list of
+(little-endian); both checksums (CRC-32C, masked) are verified, by google-crc32c, before a
+record is used, so a damaged byte is refused rather than read as another label. Each record
+here is an Example: a map from feature name to a list of
 bytes, floats or int64s. tfds flattens nested features into names joined by "/" (CLEVR's
 `objects/size`) and stores images encoded (PNG or JPEG). The wire format is read with the
 few rules of protobuf it needs (varints and length-delimited fields), so no generated code
 and no TensorFlow are involved; nothing in a file is ever executed.
 
 tfds names its shards NAME-SPLIT.tfrecord-00000-of-00016 under NAME/[CONFIG/]VERSION/, and
-reads them, unshuffled, in shard order: that order is the one VTAB's slices refer to.
+reads them, unshuffled, in shard order: that order is the one VTAB's slices refer to. Which
+config and version is read is the caller's choice (`prepared` lists them).
 """
 
 from __future__ import annotations
@@ -21,26 +24,41 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
+
 from vitlab.data.datasets import DataError
 
 _SHARD = re.compile(r"^.+-(\w+)\.tfrecord-(\d+)-of-(\d+)$")
 
 
-def tfds_shards(folder: Path) -> dict[str, list[Path]]:
-    """{split: shard files in order} of the newest version found under a tfds builder folder."""
-    if not folder.is_dir():
-        return {}
-    infos = sorted(folder.rglob("dataset_info.json"), key=lambda p: [int(x) if x.isdigit() else x
-                                                                    for x in re.split(r"[./]", str(p))])
-    for info in reversed(infos):
-        shards: dict[str, list[tuple[int, Path]]] = {}
-        for f in info.parent.iterdir():
-            m = _SHARD.match(f.name)
-            if m:
-                shards.setdefault(m.group(1), []).append((int(m.group(2)), f))
-        if shards:
-            return {s: [f for _, f in sorted(fs)] for s, fs in shards.items()}
-    return {}
+_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+
+
+def prepared(builder_dir: Path) -> list[tuple[str, str, Path]]:
+    """(config, version, folder) of every prepared copy under a tfds builder folder: a
+    BUILDER/[CONFIG/]VERSION folder with tfds's dataset_info.json; config "" for none."""
+    if not builder_dir.is_dir():
+        return []
+    found = []
+    for info in builder_dir.glob("*/dataset_info.json"):
+        found.append(("", info.parent.name, info.parent))
+    for info in builder_dir.glob("*/*/dataset_info.json"):
+        found.append((info.parent.parent.name, info.parent.name, info.parent))
+    return sorted(f for f in found if _VERSION.match(f[1]))
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+def shards(folder: Path) -> dict[str, list[Path]]:
+    """{split: shard files in order} of one prepared tfds folder (BUILDER/[CONFIG/]VERSION)."""
+    found: dict[str, list[tuple[int, Path]]] = {}
+    for f in folder.iterdir():
+        m = _SHARD.match(f.name)
+        if m:
+            found.setdefault(m.group(1), []).append((int(m.group(2)), f))
+    return {s: [f for _, f in sorted(fs)] for s, fs in found.items()}
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -105,8 +123,14 @@ def parse_example(record: bytes) -> dict[str, list[Any]]:
     return out
 
 
+def _damaged(path: Path, pos: int, what: str) -> DataError:
+    return DataError(f"{path}: the record at byte {pos} fails its {what} checksum: the file is damaged; "
+                     "prepare the dataset again (tfds) or copy it anew")
+
+
 class Records:
-    """The records of some TFRecord files in order, indexed by offset and parsed on demand."""
+    """The records of some TFRecord files in order, indexed by offset and parsed on demand;
+    each length's checksum is checked while indexing, each record's when it is read."""
 
     def __init__(self, files: list[Path]):
         self.files = list(files)
@@ -118,6 +142,8 @@ class Records:
                     head = f.read(12)
                     if len(head) < 12:
                         raise DataError(f"{path}: truncated TFRecord file at byte {pos}")
+                    if struct.unpack("<I", head[8:])[0] != masked_crc(head[:8]):
+                        raise _damaged(path, pos, "length")
                     (length,) = struct.unpack("<Q", head[:8])
                     self.index.append((k, pos + 12, length))
                     pos += 12 + length + 4
@@ -132,7 +158,10 @@ class Records:
         k, offset, length = self.index[i]
         with open(self.files[k], "rb") as f:
             f.seek(offset)
-            return parse_example(f.read(length))
+            data = f.read(length + 4)
+        if len(data) != length + 4 or struct.unpack("<I", data[length:])[0] != masked_crc(data[:length]):
+            raise _damaged(self.files[k], offset - 12, "data")
+        return parse_example(data[:length])
 
 
 def read_examples(files: list[Path]) -> Records:
@@ -167,30 +196,14 @@ def write_example(features: dict[str, list[Any]]) -> bytes:
     return _field(1, entries)
 
 
-def _crc32c_table() -> list[int]:
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC32C = _crc32c_table()
-
-
 def masked_crc(data: bytes) -> int:
     """TFRecord's checksum: CRC-32C (Castagnoli), rotated right by 15 bits plus a constant."""
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = _CRC32C[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
+    crc = google_crc32c.value(bytes(data))
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def write_records(path: Path, records: list[bytes]) -> None:
-    """A TFRecord file with its checksums, as TensorFlow writes one (reading here skips them)."""
+    """A TFRecord file with its checksums, as TensorFlow writes one."""
     with open(path, "wb") as f:
         for r in records:
             length = struct.pack("<Q", len(r))

@@ -17,9 +17,11 @@ One training transform, `TrainTransform`, whatever decodes the image:
 `vitlab.transform(model, train=True)` returns, is the fast path `vitlab train` uses (decode=fast,
 its pixels normalised in the transform).
 
-The transforms take a PIL image of any mode (L, RGB, RGBA, P, I;16, ...), a uint8 (C, H, W)
-tensor, or an encoded image (a vitlab dataset's `Encoded`: decoded as the step says), and
-return a float tensor (C, H, W).
+The transforms take a PIL image of any mode (L, RGB, RGBA, P, I;16, ...), a numpy array as
+image libraries give one ((H, W) or (H, W, C): uint8 pixels, or floats in [0, 1], read as the
+8-bit image they round to), a uint8 or float (C, H, W) tensor, or an encoded image (a vitlab
+dataset's `Encoded`: decoded as the step says), and return a float tensor (C, H, W); anything
+else, and pixels that are NaN or infinite, is refused by `image_input` with what to pass.
 """
 
 from __future__ import annotations
@@ -29,15 +31,60 @@ import inspect
 import math
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
 
-from vitlab.config.run import AUGMENTATIONS
+from vitlab.config.run import AUGMENTATIONS, CROP_SCALE
 from vitlab.data import decode as decoding
 from vitlab.data.decode import STEPS, FastEvalTransform, Planned, interpolation_mode
 from vitlab.data.images import to_mode
 from vitlab.pixels import Normalise
+
+
+
+
+
+
+
+def image_input(image):
+    """One image as the transforms take it (see the module docstring): a PIL image or a
+    (C, H, W) tensor as it is, a numpy array (H, W[, C]) a PIL image (uint8 pixels as they are,
+    float pixels in [0, 1] times 255, rounded). A TypeError or ValueError names
+    anything else: another type, a (C, H, W) array, integers that are not uint8, NaN or inf."""
+    import torch
+
+    if isinstance(image, Image.Image):
+        return image
+    if isinstance(image, np.ndarray):
+        return _array_image(image)
+    if not isinstance(image, torch.Tensor):
+        raise TypeError(f"an image is a PIL image, a numpy array (H, W, C) or a (C, H, W) tensor, not "
+                        f"{type(image).__name__}; read a file with vitlab.data.read_image")
+    if image.is_floating_point():
+        if not bool(torch.isfinite(image).all()):
+            raise ValueError("the image tensor holds NaN or infinite values; pass finite pixels")
+        return image
+    if image.dtype != torch.uint8:
+        raise TypeError(f"an image tensor is uint8 (pixels 0-255) or float (0-1), not {str(image.dtype)[6:]}")
+    return image
+
+
+def _array_image(a: np.ndarray) -> Image.Image:
+    if not (a.ndim == 2 or a.ndim == 3 and a.shape[-1] in (1, 3, 4)):
+        raise ValueError(f"a numpy image is (H, W) or (H, W, C) with C 1, 3 or 4, not of shape {a.shape}; for a (C, H, W) "
+                         "array pass array.transpose(1, 2, 0)")
+    if a.dtype == np.uint8:
+        return Image.fromarray(np.ascontiguousarray(a[..., 0] if a.ndim == 3 and a.shape[-1] == 1 else a))
+    if a.dtype.kind != "f":
+        raise TypeError(f"a numpy image is uint8 (pixels 0-255) or float (0-1), not {a.dtype}")
+    if not np.isfinite(a).all():
+        raise ValueError("the numpy image holds NaN or infinite values; pass finite pixels")
+    if a.size and (a.min() < 0 or a.max() > 1):
+        raise ValueError(f"float pixels run from 0 to 1, not {a.min():g} to {a.max():g}; for 0-255 pass uint8 "
+                         "(array.astype(numpy.uint8))")
+    return _array_image(np.round(a * 255).astype(np.uint8))  # as a PIL image, the same path as 8-bit pixels
 
 
 def _size(image_size: int | Sequence[int]) -> tuple[int, int]:
@@ -59,6 +106,7 @@ class _Input:
     def __call__(self, image):
         from torchvision.transforms.v2 import functional as F
 
+        image = image_input(image)
         if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and self.backend == "pil":
             image = F.to_pil_image(image)
         if isinstance(image, Image.Image):
@@ -218,7 +266,7 @@ class TrainTransform:
 
     def __init__(self, image_size: int | Sequence[int], mean: Sequence[float] = (0.5, 0.5, 0.5),
                  std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3,
-                 crop_scale: Sequence[float] = (0.08, 1.0), crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+                 crop_scale: Sequence[float] = CROP_SCALE, crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
                  hflip: bool = True, interpolation: str = "bilinear", decode: str = "fast", uint8: bool = False,
                  **augment: Any):
         if decode not in STEPS:
@@ -237,6 +285,8 @@ class TrainTransform:
         self.described = (crop_scale, crop_ratio, hflip, interpolation)
 
     def __call__(self, image: Any) -> Any:
+        if not isinstance(image, decoding.Encoded):
+            image = image_input(image)  # a numpy array as a PIL image; NaN, inf and other types refused
         x, box = STEPS[self.decode](image, self.draw, self.size, self.interpolation, self.in_channels)
         if isinstance(x, Planned):
             return x

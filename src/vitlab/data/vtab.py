@@ -9,7 +9,10 @@ source's train split; `train[90%:+200]` the 200 that start at 90% of it (VTAB co
 percentage as `90 * n // 100`); `test[50%:]` the second half of the test split.
 
 Tasks whose source is one dataset (CLEVR, dSprites, SmallNORB, KITTI) derive their label
-from its features, as VTAB does (`LABELS`). The groups: Natural (7), Specialized (4),
+from its features, as VTAB does (`LABELS`). Each task reads the tfds builder, config and
+version VTAB pins (`Task.tfds`, from task_adaptation/data/TASK.py: `dmlab:2.0.1`,
+`kitti:3.1.0`, `diabetic_retinopathy_detection/btgraham-300:3.*.*`, ...); dSprites stores its
+pixels as 0/1, which VTAB multiplies by 255 (`binary_pixels`). The groups: Natural (7), Specialized (4),
 Structured (8). Where the data lives and the forms it may take are in vtab_sources.py.
 """
 
@@ -33,11 +36,29 @@ class Task:
     title: str  # as Table 9 heads its column
     group: str
     classes: int
-    source: str  # the tfds builder (and config): the folder name of its tfds or datasets copy
+    tfds: str  # the tfds name VTAB loads, "BUILDER[/CONFIG]:VERSION" (task_adaptation/data/*.py pins it)
     train800: str  # slices of the source's splits, VTAB's own definition
     val200: str
     test: str
     label: str = "label"  # a source feature, or a derivation in LABELS
+    # The source stores pixels as 0/1 and VTAB multiplies them by 255 (task_adaptation/data/dsprites.py).
+    binary_pixels: bool = False
+
+    @property
+    def source(self) -> str:
+        """The tfds builder: the folder name of the task's tfds or datasets copy."""
+        return self.tfds.split(":")[0].split("/")[0]
+
+    @property
+    def config(self) -> str:
+        """The tfds config VTAB reads ("" for a builder without configs)."""
+        name = self.tfds.split(":")[0]
+        return name.split("/", 1)[1] if "/" in name else ""
+
+    @property
+    def version(self) -> str:
+        """The tfds version VTAB pins: exact ("3.1.0") or a major version ("3.*.*")."""
+        return self.tfds.split(":")[1]
 
 
 def _bin(value: float, thresholds: tuple[float, ...]) -> int:
@@ -69,31 +90,32 @@ LABELS: dict[str, Callable[[dict[str, Any]], int]] = {
 
 _NAT, _SPE, _STR = GROUPS
 TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("caltech101", "Caltech101", _NAT, 102, "caltech101", "train[:800]", "train[90%:+200]", "test"),
-    Task("cifar100", "CIFAR-100", _NAT, 100, "cifar100", "train[:800]", "train[90%:+200]", "test"),
-    Task("dtd", "DTD", _NAT, 47, "dtd", "train[:800]", "validation[:200]", "test"),
-    Task("flowers102", "Flowers102", _NAT, 102, "oxford_flowers102", "train[:800]", "validation[:200]", "test"),
-    Task("pets", "Pets", _NAT, 37, "oxford_iiit_pet", "train[:800]", "train[80%:+200]", "test"),
-    Task("sun397", "Sun397", _NAT, 397, "sun397", "train[:800]", "validation[:200]", "test"),
-    Task("svhn", "SVHN", _NAT, 10, "svhn_cropped", "train[:800]", "train[90%:+200]", "test"),
-    Task("patch_camelyon", "Camelyon", _SPE, 2, "patch_camelyon", "train[:800]", "validation[:200]", "test"),
-    Task("eurosat", "EuroSAT", _SPE, 10, "eurosat", "train[:800]", "train[60%:+200]", "train[80%:]"),
-    Task("resisc45", "Resisc45", _SPE, 45, "resisc45", "train[:800]", "train[60%:+200]", "train[80%:]"),
-    Task("retinopathy", "Retinopathy", _SPE, 5, "diabetic_retinopathy_detection", "train[:800]", "validation[:200]",
-         "test"),
-    Task("clevr_count", "Clevr-Count", _STR, 8, "clevr", "train[:800]", "train[90%:+200]", "validation",
+    Task("caltech101", "Caltech101", _NAT, 102, "caltech101:3.*.*", "train[:800]", "train[90%:+200]", "test"),
+    Task("cifar100", "CIFAR-100", _NAT, 100, "cifar100:3.*.*", "train[:800]", "train[90%:+200]", "test"),
+    Task("dtd", "DTD", _NAT, 47, "dtd:3.*.*", "train[:800]", "validation[:200]", "test"),
+    Task("flowers102", "Flowers102", _NAT, 102, "oxford_flowers102:2.*.*", "train[:800]", "validation[:200]", "test"),
+    Task("pets", "Pets", _NAT, 37, "oxford_iiit_pet:3.*.*", "train[:800]", "train[80%:+200]", "test"),
+    Task("sun397", "Sun397", _NAT, 397, "sun397/tfds:4.*.*", "train[:800]", "validation[:200]", "test"),
+    Task("svhn", "SVHN", _NAT, 10, "svhn_cropped:3.*.*", "train[:800]", "train[90%:+200]", "test"),
+    Task("patch_camelyon", "Camelyon", _SPE, 2, "patch_camelyon:2.*.*", "train[:800]", "validation[:200]", "test"),
+    Task("eurosat", "EuroSAT", _SPE, 10, "eurosat/rgb:2.*.*", "train[:800]", "train[60%:+200]", "train[80%:]"),
+    Task("resisc45", "Resisc45", _SPE, 45, "resisc45:3.*.*", "train[:800]", "train[60%:+200]", "train[80%:]"),
+    Task("retinopathy", "Retinopathy", _SPE, 5, "diabetic_retinopathy_detection/btgraham-300:3.*.*",
+         "train[:800]", "validation[:200]", "test"),
+    Task("clevr_count", "Clevr-Count", _STR, 8, "clevr:3.*.*", "train[:800]", "train[90%:+200]", "validation",
          "clevr_count"),
-    Task("clevr_distance", "Clevr-Dist", _STR, 6, "clevr", "train[:800]", "train[90%:+200]", "validation",
+    Task("clevr_distance", "Clevr-Dist", _STR, 6, "clevr:3.*.*", "train[:800]", "train[90%:+200]", "validation",
          "clevr_distance"),
-    Task("dmlab", "DMLab", _STR, 6, "dmlab", "train[:800]", "validation[:200]", "test"),
-    Task("kitti_distance", "KITTI-Dist", _STR, 4, "kitti", "train[:800]", "validation[:200]", "test", "kitti_distance"),
-    Task("dsprites_location", "dSpr-Loc", _STR, 16, "dsprites", "train[:800]", "train[80%:+200]", "train[90%:]",
-         "dsprites_location"),
-    Task("dsprites_orientation", "dSpr-Ori", _STR, 16, "dsprites", "train[:800]", "train[80%:+200]", "train[90%:]",
-         "dsprites_orientation"),
-    Task("smallnorb_azimuth", "sNORB-Azim", _STR, 18, "smallnorb", "train[:800]", "test[:200]", "test[50%:]",
+    Task("dmlab", "DMLab", _STR, 6, "dmlab:2.0.1", "train[:800]", "validation[:200]", "test"),
+    Task("kitti_distance", "KITTI-Dist", _STR, 4, "kitti:3.1.0", "train[:800]", "validation[:200]", "test",
+         "kitti_distance"),
+    Task("dsprites_location", "dSpr-Loc", _STR, 16, "dsprites:2.*.*", "train[:800]", "train[80%:+200]",
+         "train[90%:]", "dsprites_location", binary_pixels=True),
+    Task("dsprites_orientation", "dSpr-Ori", _STR, 16, "dsprites:2.*.*", "train[:800]", "train[80%:+200]",
+         "train[90%:]", "dsprites_orientation", binary_pixels=True),
+    Task("smallnorb_azimuth", "sNORB-Azim", _STR, 18, "smallnorb:2.*.*", "train[:800]", "test[:200]", "test[50%:]",
          "smallnorb_azimuth"),
-    Task("smallnorb_elevation", "sNORB-Elev", _STR, 9, "smallnorb", "train[:800]", "test[:200]", "test[50%:]",
+    Task("smallnorb_elevation", "sNORB-Elev", _STR, 9, "smallnorb:2.*.*", "train[:800]", "test[:200]", "test[50%:]",
          "smallnorb_elevation"),
 )}
 
@@ -122,10 +144,17 @@ def resolve_slice(expr: str, sizes: dict[str, int]) -> tuple[str, int, int]:
     return split, start, stop
 
 
+def task_split(task: Task, split: str, sizes: dict[str, int]) -> list[tuple[str, int, int]]:
+    """One VTAB-1k split of `task` ("train800", "val200", "train800val200" or "test") as a list
+    of (source split, start, stop); only the slices it is made of are resolved."""
+    slices = {"train800": [task.train800], "val200": [task.val200], "train800val200": [task.train800, task.val200],
+              "test": [task.test]}[split]
+    return [resolve_slice(s, sizes) for s in slices]
+
+
 def task_splits(task: Task, sizes: dict[str, int]) -> dict[str, list[tuple[str, int, int]]]:
     """The four VTAB-1k splits of `task` as lists of (source split, start, stop)."""
-    train, val, test = (resolve_slice(s, sizes) for s in (task.train800, task.val200, task.test))
-    return {"train800": [train], "val200": [val], "train800val200": [train, val], "test": [test]}
+    return {split: task_split(task, split, sizes) for split in ("train800", "val200", "train800val200", "test")}
 
 
 def task_label(task: Task, features: dict[str, Any]) -> int:

@@ -18,7 +18,11 @@ For task T (vtab.TASKS) under a root folder ROOT, the first of these that exists
                                                  TensorFlow (tfrecord.py)
 
 SOURCE is the tfds builder's name (`clevr`, `svhn_cropped`, ...); a derived task (CLEVR count
-and distance, dSprites, SmallNORB, KITTI) reads its label from the source's features.
+and distance, dSprites, SmallNORB, KITTI) reads its label from the source's features. Of a
+tfds copy, only the config and version VTAB pins are read (`Task.tfds`: the newest version
+that matches); a folder holding only others is refused, naming what VTAB reads and where it
+says so, unless the spec accepts another one explicitly: `vtab:TASK@[CONFIG/]VERSION:ROOT`
+(`vtab:pets@4.0.0:ROOT`), which the run's data description (`describe`) records.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ import numpy as np
 from PIL import Image
 
 from vitlab.data.datasets import IMAGE_EXTENSIONS, DataError, ImageDataset
+from vitlab.data.foreign import load_saved
 from vitlab.data.images import check_size, decoded, read_image
-from vitlab.data.tfrecord import read_examples, tfds_shards
-from vitlab.data.vtab import SPLITS, Task, get_task, task_label, task_splits
+from vitlab.data.tfrecord import prepared, read_examples, shards, version_key
+from vitlab.data.vtab import SPLITS, Task, get_task, task_label, task_split
 
 
 def where_to_put(task: Task, root: Path) -> str:
@@ -84,12 +89,7 @@ def _hf_image(value: Any) -> Image.Image:
 
 
 def _hf_sources(folder: Path) -> dict[str, Source]:
-    try:
-        import datasets  # optional: pip install 'vitlab[datasets]'
-    except ImportError:
-        raise DataError(f"{folder}: a datasets save_to_disk folder needs the datasets package: "
-                        "pip install 'vitlab[datasets]'") from None
-    data = datasets.load_from_disk(str(folder))
+    data = load_saved(folder, str(folder))  # its JSON files checked, the library's errors one line
     splits = data if isinstance(data, dict) else {"train": data}
     out = {}
     for name, split in splits.items():
@@ -111,9 +111,32 @@ def _tfds_sources(shards: dict[str, list[Path]]) -> dict[str, Source]:
     return out
 
 
+def _matches(version: str, pin: str) -> bool:
+    return all(p in ("*", v) for p, v in zip(pin.split("."), version.split(".")))
+
+
+def pinned(task: Task, builder_dir: Path, accept: str = "") -> Path:
+    """The prepared tfds folder of `task` VTAB reads: its config, the newest version matching
+    its pin; with `accept` ("[CONFIG/]VERSION") that one instead. Anything else is refused."""
+    copies = prepared(builder_dir)
+    config, pin = task.config, task.version
+    if accept:
+        config, _, pin = accept.rpartition("/") if "/" in accept else (config, "", accept)
+    fits = [c for c in copies if c[0] == config and _matches(c[1], pin)]
+    if fits:
+        return max(fits, key=lambda c: version_key(c[1]))[2]
+    held = ", ".join(f"{c}:{v}" if c else v for c, v, _ in copies) or "no prepared version"
+    wanted = f"{config}:{pin}" if config else pin
+    if accept:
+        raise DataError(f"{task.name}: {builder_dir} holds {held}, not the {wanted} the spec accepts")
+    raise DataError(f"{task.name}: {builder_dir} holds {held}; VTAB reads {task.tfds} (task_adaptation/data, "
+                    f"as tfds.builder({task.tfds!r}) prepares it): prepare that, or accept another explicitly "
+                    f"with vtab:{task.name}@[CONFIG/]VERSION:ROOT")
+
+
 def locate(task: Task, root: Path) -> Optional[tuple[str, Path]]:
-    """Which form the task's data takes and where ("folders", "datasets" or "tfds"), looking
-    only at folder names; None when absent."""
+    """Which form the task's data takes and where ("folders", "datasets" or "tfds": the
+    builder's folder), looking only at folder names; None when absent."""
     own = root / task.name
     if (own / "dataset_dict.json").is_file():
         return "datasets", own
@@ -122,12 +145,27 @@ def locate(task: Task, root: Path) -> Optional[tuple[str, Path]]:
     source = root / task.source
     if (source / "dataset_dict.json").is_file():
         return "datasets", source
-    if tfds_shards(source):
+    if prepared(source):
         return "tfds", source
     return None
 
 
-def find_sources(task: Task, root: Path) -> Optional[tuple[dict[str, Source], Optional[list[str]], str]]:
+def describe(task: Task, root: Path, accept: str = "") -> Optional[dict[str, Any]]:
+    """What a run of `task` reads, for its results: the form, the folder, and for tfds the
+    version read, the one VTAB pins and whether the user accepted another (None: no data)."""
+    found = locate(task, root)
+    if found is None:
+        return None
+    kind, folder = found
+    if kind != "tfds":
+        return {"form": kind, "folder": str(folder)}
+    read = pinned(task, folder, accept)
+    config = f"/{read.parent.name}" if read.parent != folder else ""
+    return {"form": "tfds", "folder": str(read), "tfds": f"{task.source}{config}:{read.name}", "vtab_pins": task.tfds,
+            "accepted_other": bool(accept)}
+
+
+def find_sources(task: Task, root: Path, accept: str = "") -> Optional[tuple[dict[str, Source], Optional[list[str]], str]]:
     """(sources by split, class names of an image-folder copy or None, where) or None when absent."""
     found = locate(task, root)
     if found is None:
@@ -138,24 +176,34 @@ def find_sources(task: Task, root: Path) -> Optional[tuple[dict[str, Source], Op
         return sources, classes, str(folder)
     if kind == "datasets":
         return _hf_sources(folder), None, str(folder)
-    return _tfds_sources(tfds_shards(folder)), None, str(folder)
+    folder = pinned(task, folder, accept)
+    return _tfds_sources(shards(folder)), None, str(folder)
+
+
+def _labels(task: Task, items: list[tuple[Source, int]], folders: bool, where: str) -> list[int]:
+    """Each item's task label; a source without the feature the task reads is refused."""
+    try:
+        return [src.features(i)["label"] if folders else task_label(task, src.features(i)) for src, i in items]
+    except KeyError as e:
+        have = ", ".join(sorted(items[0][0].features(items[0][1]))) if items else "none"
+        raise DataError(f"{task.name} ({where}): the source has no feature {e.args[0]!r}, which VTAB reads "
+                        f"{task.name}'s label from (features: {have}); is this {task.tfds}?") from None
 
 
 class VtabDataset(ImageDataset):
     """One VTAB-1k split of a task (vtab.SPLITS names them), labels read up front."""
 
-    def __init__(self, task: Task, root: Path, split: str, transform: Callable, **kw: Any):
-        found = find_sources(task, root)
+    def __init__(self, task: Task, root: Path, split: str, transform: Callable, accept: str = "", **kw: Any):
+        found = find_sources(task, root, accept)
         if found is None:
             raise DataError(where_to_put(task, root))
         sources, folder_classes, self.where = found
         try:
-            pieces = task_splits(task, {s: src.n for s, src in sources.items()})[SPLITS[split]]
+            pieces = task_split(task, SPLITS[split], {s: src.n for s, src in sources.items()})
         except DataError as e:
             raise DataError(f"{task.name} ({self.where}): {e}") from None
         self.items = [(sources[s], i) for s, start, stop in pieces for i in range(start, stop)]
-        labels = [src.features(i)["label"] if folder_classes is not None else task_label(task, src.features(i))
-                  for src, i in self.items]
+        labels = _labels(task, self.items, folder_classes is not None, self.where)
         if labels and (min(labels) < 0 or max(labels) >= task.classes):
             raise DataError(f"{task.name} ({self.where}): labels run from {min(labels)} to {max(labels)}, outside the "
                             f"task's {task.classes} classes")
@@ -163,21 +211,31 @@ class VtabDataset(ImageDataset):
         if folder_classes:  # named label folders
             names = folder_classes + [str(c) for c in range(len(folder_classes), task.classes)]
         self.task = task
+        # The source's own 0/1 pixels (tfds, datasets) scaled as VTAB scales them; image folders hold images.
+        self.scale = task.binary_pixels and folder_classes is None
         super().__init__(np.asarray(labels, dtype=np.int64), names, transform, **kw)
 
     def _load(self, i: int) -> Image.Image:
         source, index = self.items[i]
-        return source.image(index)
+        image = source.image(index)
+        return image.point(lambda v: v * 255) if self.scale else image
 
     def _name(self, i: int) -> str:
         return f"{self.task.name} item {i} ({self.where})"
 
 
-def open_vtab(arg: str, split: str, transform: Callable, **kw: Any) -> VtabDataset:
-    """`vtab:TASK:ROOT` (vitlab.data.open_dataset): one split of a VTAB-1k task."""
+def parse_spec(arg: str) -> tuple[Task, str, Path]:
+    """`TASK[@[CONFIG/]VERSION]:ROOT` -> (task, the tfds version accepted instead of VTAB's, root)."""
     name, sep, root = arg.partition(":")
     if not sep or not root:
         raise DataError(f"vtab:{arg}: write vtab:TASK:ROOT, e.g. vtab:cifar100:~/tensorflow_datasets")
+    name, _, accept = name.partition("@")
+    return get_task(name), accept, Path(root).expanduser()
+
+
+def open_vtab(arg: str, split: str, transform: Callable, **kw: Any) -> VtabDataset:
+    """`vtab:TASK:ROOT` (vitlab.data.open_dataset): one split of a VTAB-1k task."""
+    task, accept, root = parse_spec(arg)
     if split not in SPLITS:
         raise DataError(f"vtab:{arg}: unknown split {split!r}; use {', '.join(SPLITS)}")
-    return VtabDataset(get_task(name), Path(root).expanduser(), split, transform, **kw)
+    return VtabDataset(task, root, split, transform, accept=accept, **kw)

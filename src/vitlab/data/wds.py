@@ -34,6 +34,7 @@ from vitlab.data.identity import dev_fraction as identity_dev_fraction
 from vitlab.data.identity import recognise, summed
 from vitlab.data.tar_shards import iter_shard, resolve_shards
 from vitlab.files import atomic_write_text
+from vitlab.files.documents import read_json
 
 IMAGE_KEYS = ("png", "jpg", "jpeg", "webp", "ppm", "bmp", "tif", "tiff")
 LABEL_KEYS = ("cls", "cls.txt", "label")
@@ -60,6 +61,10 @@ def dev_bucket(key: str) -> int:
     return zlib.crc32(key.encode()) % DEV_BUCKETS
 
 
+# A cached shard index, as read back (files.documents): anything else is indexed afresh.
+INDEX_SHAPE = {"buckets": [int], "min_label": int, "max_label": int, "label_counts": [int]}
+
+
 def shard_index(path: Path) -> dict[str, Any]:
     """Per shard: how many samples in each dev bucket, the smallest and largest label and
     the count of each label. Cached on disk, keyed by the shard's path, size and modification
@@ -69,10 +74,8 @@ def shard_index(path: Path) -> dict[str, Any]:
     try:
         if tag == "uncached":
             raise OSError("a remote shard without a version: indexed afresh")
-        index = json.loads(cache.read_text())
-        if isinstance(index, dict) and {"buckets", "min_label", "max_label", "label_counts"} <= set(index):
-            return index
-    except (OSError, ValueError):
+        return read_json(cache, INDEX_SHAPE, "shard index")
+    except (OSError, ValueError):  # none yet, or damaged: index the shard again
         pass
     buckets = [0] * DEV_BUCKETS
     labels = []
@@ -115,9 +118,10 @@ def shard_labels(path: Path) -> tuple[list[str], list[int]]:
     try:
         if tag == "uncached":
             raise OSError("a remote shard without a version: read afresh")
-        d = json.loads(cache.read_text())
-        return d["keys"], d["labels"]
-    except (OSError, ValueError, KeyError):
+        d = read_json(cache, {"keys": [str], "labels": [int]}, "shard's labels")
+        if len(d["keys"]) == len(d["labels"]):
+            return d["keys"], d["labels"]
+    except (OSError, ValueError):  # none yet, or damaged: read the shard again
         pass
     keys, labels = [], []
     for key, parts in iter_shard(path):

@@ -213,12 +213,15 @@ def open_for_model(spec: str, split: str, config, class_names: Optional[Sequence
 def dataset_features(model: torch.nn.Module, spec: str, split: str, *, max_per_class: Optional[int] = None,
                      limit: Optional[int] = None, batch_size: int = 128, use_cache: bool = True,
                      model_hash: Optional[str] = None, log: Optional[Callable[[str], None]] = None,
-                     progress: Optional[Callable] = None, workers: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
+                     progress: Optional[Callable] = None, workers: int = 0,
+                     preprocessing=None) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(features, labels, class names) of a dataset spec's split through the model's own
-    preprocessing and the feature cache: what `vitlab fewshot` and `vitlab linear-probe`
-    read. `progress(total, desc)` makes a bar with .update(n) (a context manager); `workers`
-    data-loader processes decode the images (the same features, see extract_features)."""
-    dataset = open_for_model(spec, split, model.config, getattr(model, "class_names", None))
+    preprocessing (or `preprocessing`, a config with other crop fields) and the feature cache:
+    what `vitlab fewshot` and `vitlab linear-probe` read. `progress(total, desc)` makes a bar
+    with .update(n) (a context manager); `workers` data-loader processes decode the images
+    (the same features, see extract_features)."""
+    config = preprocessing or model.config
+    dataset = open_for_model(spec, split, config, getattr(model, "class_names", None))
     names = list(getattr(dataset, "class_names", None) or [])
     total = expected_count(dataset, max_per_class, len(names) or None, limit)
     with (progress(total, f"features {split}") if progress else contextlib.nullcontext()) as bar:
@@ -230,7 +233,7 @@ def dataset_features(model: torch.nn.Module, spec: str, split: str, *, max_per_c
             seen[0] = n
 
         features, labels = cached_features(
-            model, dataset, feature_key(spec, split, model.config), use_cache=use_cache, model_hash=model_hash,
+            model, dataset, feature_key(spec, split, config), use_cache=use_cache, model_hash=model_hash,
             log=log, batch_size=batch_size, max_per_class=max_per_class or None, limit=limit or None,
             num_classes=len(names) or None, progress=counted, workers=workers)
     return features, labels, names

@@ -20,8 +20,16 @@ Like the reference evaluator (big_vision's fewshot_lsr), features are whitened w
 few-shot set's own mean and standard deviation, and the bias is a constant column of 100,
 large so the bias is almost unregularised.
 
-Choosing λ. The paper says the L2 strength is picked from a grid but not how; the current
-reference code uses one fixed constant. We choose, per (shots, seed), the λ of the grid with
+The protocol, by default big_vision's (big_vision/evaluators/fewshot_lsr.py and
+configs/common_fewshot.py): for each seed one generator `default_rng(seed)` permutes every
+class's examples of the whole training split (classes in index order), and S shots are the
+first S of each permutation (so the 5-shot set holds the 1-shot one); λ is fixed at 2^10;
+the images are resized to 256 x 256 and centre-cropped to 224 (`PREPROCESSING`: at a
+model's resolution R, resized to R * 256 / 224). With the same features, `fewshot_eval`
+gives big_vision's accuracies seed for seed. The result records the protocol.
+
+Choosing λ instead (`l2="loo"`, a named alternative). The paper says the L2 strength is
+picked from a grid but not how. "loo" chooses, per (shots, seed), the λ of the grid with
 the smallest leave-one-out squared error on the few-shot training set itself, so the test
 set never influences the choice. Ridge regression has LOO residuals in closed form:
 with the hat matrix H = X (XᵀX + λI)⁻¹ Xᵀ and fitted values Ŷ = HY,
@@ -31,20 +39,25 @@ with the hat matrix H = X (XᵀX + λI)⁻¹ Xᵀ and fitted values Ŷ = HY,
 (exact for the linear fit; the whitening statistics still include the held-out point).
 In the primal form H_ii = Σ_j (XQ)_ij² / (e_j + λ); in the dual form H = Q diag(e/(e+λ)) Qᵀ,
 so H_ii = Σ_j Q_ij² e_j / (e_j + λ). At 1 shot the held-out example's class has no other
-example, so LOO is pessimistic there; `l2=` fixes λ instead (the reference code's habit).
+example, so LOO is pessimistic there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
+from vitlab.data import DataError
 from vitlab.eval.features import extract_features
 
 BIAS_CONSTANT = 100.0
+BIG_VISION_L2 = 2.0**10  # configs/common_fewshot.py: l2_reg
+# configs/common_fewshot.py: resize(256) | central_crop(224): the whole image squashed to
+# 256 x 256, the centre 224 x 224 kept (224 / 256 of each side).
+PREPROCESSING = {"crop_fraction": 224 / 256, "crop_mode": "squash"}
 # 2^-10 ... 2^20 in steps of 4x: wide enough for whitened features of any width.
 L2_GRID: tuple[float, ...] = tuple(2.0**k for k in range(-10, 21, 2))
 
@@ -116,8 +129,44 @@ def choose_l2(problem: RidgeProblem, grid: Sequence[float] = L2_GRID) -> float:
     return max(l2 for l2, e in zip(grid, errors) if e <= best * (1 + 1e-9))
 
 
+def fewshot_config(config, preprocess: str = "big_vision"):
+    """The model's preprocessing with the protocol's resize and centre crop (PREPROCESSING),
+    or ("model") the model's own."""
+    return config.replace(**PREPROCESSING) if preprocess == "big_vision" else config
+
+
+def parse_l2(text: str, flag: str = "l2") -> Union[float, str]:
+    """An L2 strength as written ("1024", "2e3") or "loo"; anything else is refused (DataError)."""
+    if text == "loo":
+        return "loo"
+    try:
+        l2 = float(text)
+    except ValueError:
+        l2 = float("nan")
+    if not l2 > 0:
+        raise DataError(f"{flag} {text!r}: give a positive L2 strength (default 1024, big_vision's) or loo")
+    return l2
+
+
+def protocol(pool: int, l2: Union[float, str], config, preprocess: str = "big_vision") -> dict:
+    """How a result was measured (`config`: the model's), and whether that is big_vision's
+    protocol throughout: for the result file."""
+    config, big_vision_crop = fewshot_config(config, preprocess), preprocess == "big_vision"
+    size = config.image_size[0]
+    used = {"pool": f"first {pool} per class" if pool else "whole training split",
+            "l2": "leave-one-out over a grid" if l2 == "loo" else float(l2),
+            "preprocessing": (f"resize {int(size / config.crop_fraction)} -> centre crop {size}" if big_vision_crop
+                              else "the checkpoint's own"),
+            "draws": "per seed, a permutation of each class (big_vision's)"}
+    used["big_vision"] = not pool and used["l2"] == BIG_VISION_L2 and big_vision_crop
+    used["summary"] = (f"{'' if used['big_vision'] else 'not '}big_vision's protocol: shots from the {used['pool']}, "
+                       f"{used['preprocessing']}")
+    return used
+
+
 def sample_shots(labels: np.ndarray, shots: int, seed: int, classes: Sequence[int]) -> np.ndarray:
-    """Indices of `shots` examples per class, drawn without replacement with `seed`."""
+    """Indices of `shots` examples per class, drawn without replacement with `seed`: the first
+    `shots` of a permutation of each class's examples, classes in order, as big_vision draws."""
     rng = np.random.default_rng(seed)
     picked = []
     for c in classes:
@@ -138,14 +187,19 @@ def fewshot_eval(
     test_labels: np.ndarray,
     shots: Sequence[int] = (1, 5, 10, 25),
     seeds: int = 3,
-    l2: Optional[float] = None,
+    l2: Union[float, str] = BIG_VISION_L2,
     l2_grid: Sequence[float] = L2_GRID,
     num_classes: Optional[int] = None,
 ) -> dict:
     """Few-shot accuracy per shot count: {"shots": {S: {mean, std, accuracy[], l2[]}}, ...}.
 
-    Seeds 0..seeds-1 draw the examples; `l2` fixes λ, else it is chosen per draw by LOO.
+    Seeds 0..seeds-1 draw the examples from all of the training features given; `l2` fixes
+    λ (big_vision's 2^10 by default), or "loo" chooses it per draw by leave-one-out.
     """
+    if l2 == "loo":
+        l2 = None
+    elif isinstance(l2, str) or l2 is None or not l2 > 0:
+        raise ValueError(f"l2={l2!r}: give a positive L2 strength (big_vision's is 1024) or 'loo'")
     classes = sorted(set(int(c) for c in train_labels))
     k = num_classes or (max(classes + [int(test_labels.max())]) + 1)
     tr_x, tr_y = torch.from_numpy(np.asarray(train_feats)), torch.from_numpy(np.asarray(train_labels))
@@ -179,10 +233,11 @@ def fewshot_eval(
 def fewshot_from_data(model: torch.nn.Module, train, test, *, batch_size: int = 128,
                       max_per_class: Optional[int] = None, **options) -> dict:
     """`fewshot_eval` on the frozen representation of `model` (features.extract_features)
-    for any two datasets or DataLoaders (torch, torchvision, Hugging Face, vitlab).
-    `max_per_class` caps the training images read (the largest shot count is enough)."""
-    shots = options.get("shots", (1, 5, 10, 25))
-    cap = max_per_class or max(shots)
-    tr_x, tr_y = extract_features(model, train, batch_size=batch_size, max_per_class=cap)
+    for any two datasets or DataLoaders (torch, torchvision, Hugging Face, vitlab). The
+    shots are drawn from the whole training set, as big_vision draws them; `max_per_class`
+    draws them from the first images of each class instead (recorded as the pool)."""
+    tr_x, tr_y = extract_features(model, train, batch_size=batch_size, max_per_class=max_per_class)
     te_x, te_y = extract_features(model, test, batch_size=batch_size)
-    return fewshot_eval(tr_x, tr_y, te_x, te_y, **options)
+    result = fewshot_eval(tr_x, tr_y, te_x, te_y, **options)
+    result["pool_per_class"] = max_per_class or "all"
+    return result

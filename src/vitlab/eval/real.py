@@ -11,27 +11,19 @@ has no valid label and is left out of both the hits and the count:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from vitlab.data import DataError
+from vitlab.files.documents import Number, read_json
 
 
 def read_real_labels(path: str | Path, num_images: int, num_classes: int) -> list[list[int]]:
     """The published real.json: checked to hold one list of class ids per image."""
     path = Path(path)
-    try:
-        labels = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"--real {path}: no such file; give the ReaL labels (real.json)") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"--real {path}: not JSON ({str(e).splitlines()[0]}); give the ReaL labels (real.json)") from None
-    if not isinstance(labels, list) or not all(isinstance(x, list) for x in labels):
-        raise DataError(f"--real {path}: expected a list with one list of class ids per validation image")
-    flat = [c for x in labels for c in x]
-    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < num_classes for c in flat):
-        raise DataError(f"--real {path}: every label must be a class id from 0 to {num_classes - 1}")
+    ids = Number(0, num_classes - 1, integer=True)
+    labels = read_json(path, [[ids]], "ReaL label file (a list with one list of class ids per validation image)",
+                       "give the ReaL labels (real.json)", lambda m: DataError(f"--real {m}"))
     if len(labels) != num_images:
         raise DataError(f"--real {path}: {len(labels)} label lists for {num_images} images; ReaL has one per validation "
                         "image, in file-name order (imagenet-val:DIR with all 50,000 images)")

@@ -19,12 +19,14 @@ from typing import Any, Optional
 from vitlab.analysis import sweep_plots
 from vitlab.config import ConfigError
 from vitlab.config.sweep import FigureSpec, SweepSpec
+from vitlab.data import remote
 from vitlab.files import OutputFolder, atomic_write_text
+from vitlab.files.documents import Number, read_json
 from vitlab.sweep import findings, results as res
-from vitlab.sweep.cells import MAX_CELLS, Cell, expand
-from vitlab.sweep.runner import LAUNCHERS, Say, check_launcher, check_record, run
+from vitlab.sweep.cells import MAX_CELLS, Cell, check_record, count, expand, too_many
+from vitlab.sweep.runner import LAUNCHERS, Say, check_launcher, run
 
-__all__ = ["LAUNCHERS", "Cell", "draw", "expand", "load_folder", "run_sweep"]
+__all__ = ["LAUNCHERS", "Cell", "draw", "dry_run", "expand", "load_folder", "run_sweep"]
 
 SPEC_FILE = "sweep.json"  # in a sweep's folder: the spec and --scale it was run with
 
@@ -64,15 +66,24 @@ def save_spec(spec: SweepSpec, out: Path, scale: float) -> Path:
 def load_folder(out: Path) -> tuple[SweepSpec, float]:
     """The spec and scale a sweep folder was run with (its sweep.json)."""
     path = out / SPEC_FILE
-    try:
-        d = json.loads(path.read_text())
-        return SweepSpec.from_dict(d["spec"], d["spec"].get("name") or out.name), float(d.get("scale", 1.0))
-    except FileNotFoundError:
+    if not (path.exists() or path.is_symlink()):
         raise ConfigError(f"{out} has no {SPEC_FILE} (not a sweep folder, or made by an older vitlab): "
-                          f"name the spec too, vitlab sweep SPEC --out {out} --report") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path} cannot be read as a sweep's spec ({e}); name the spec: "
-                          f"vitlab sweep SPEC --out {out} --report") from None
+                          f"name the spec too, vitlab sweep SPEC --out {out} --report")
+    d = read_json(path, {"spec": dict, "scale?": Number(0, integer=False)}, "sweep's spec",
+                  f"name the spec: vitlab sweep SPEC --out {out} --report", ConfigError)
+    try:
+        return SweepSpec.from_dict(d["spec"], d["spec"].get("name") or out.name), float(d.get("scale", 1.0))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}; name the spec: vitlab sweep SPEC --out {out} --report") from None
+
+
+def check_commands(cell: Cell, spec: SweepSpec) -> None:
+    """A `pipe:` data spec in a cell's commands comes from the spec file: the cells' processes
+    would see it typed on their command lines, so it is allowed (or refused) here, once, by
+    the rule of the sweep's own command line (vitlab.data.remote.check_command)."""
+    for step in cell.steps:
+        for command in remote.typed_commands(step.argv):
+            remote.check_command(command, f"sweep {spec.name}, cell {cell.key}, step {step.name}")
 
 
 def report(spec: SweepSpec, cells: list[Cell], out: Path, say: Say = print) -> dict[str, Any]:
@@ -90,6 +101,18 @@ def report(spec: SweepSpec, cells: list[Cell], out: Path, say: Say = print) -> d
     return {"rows": rows, "csv": csv, "report": md, "figures": drawn, "finished": done, "cells": len(rows)}
 
 
+def dry_run(spec: SweepSpec, out: Path, scale: float = 1.0, max_cells: int = MAX_CELLS) -> list[str]:
+    """What `vitlab sweep --dry-run` prints: the number of cells at once (counted, not made),
+    then each cell's commands when the grid is within `max_cells`; runs nothing."""
+    n = count(spec)
+    lines = [f"sweep {spec.name}: {n:,} cell(s) -> {out}"]
+    if n > max_cells:
+        return lines + [f"not listed: {too_many(n, max_cells)}"]
+    for cell in expand(spec, out, scale, max_cells):
+        lines += [f"{cell.key}:", *(f"  vitlab {' '.join(step.argv)}" for step in cell.steps)]
+    return lines
+
+
 def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, threads: int = 0,
               launcher: str = "local", params: Optional[dict[str, Any]] = None, wait: bool = True,
               report_only: bool = False, max_cells: int = MAX_CELLS, say: Say = print) -> dict[str, Any]:
@@ -102,7 +125,8 @@ def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, 
     if not report_only:  # refused before anything is written: a launcher this machine lacks, another cell's folder
         check_launcher(launcher)
         for cell in cells:
-            check_record(cell, spec, out)
+            check_record(cell, out)
+            check_commands(cell, spec)
     save_spec(spec, out, scale)
     ran = None
     if not report_only:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import math
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,6 +29,8 @@ import yaml
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
 from vitlab.files import MAX_NAME_BYTES, UnsafeNameError, child, to_name
+from vitlab.files.documents import read_json
+from vitlab.files.identity import content_digest
 from vitlab.run_layout import RunLayout
 
 TRAIN_RESULT = "train/summary.json"
@@ -52,6 +55,9 @@ class Cell:
     labels: dict[str, Any]  # axis -> the value (or bundle label) of this cell
     settings: dict[str, Any]  # every train setting, shared and from the axes
     steps: tuple[Step, ...]
+    # What makes the cell the cell it is, as its cell.json records it (`identity`): its labels,
+    # its settings and the spec's after-steps.
+    record: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.labels.items()) or "(single cell)"
@@ -166,7 +172,8 @@ def cells(spec: SweepSpec, out: Path, scale: float = 1.0) -> Iterator[Cell]:
             raise ConfigError(str(e)) from None
         train = Step("train", ("train", *flag_argv(settings), "--out", str(cell_dir / TRAIN)), TRAIN_RESULT)
         after = tuple(Step(a.name, _fill(a.command, cell_dir, scale, settings), a.result) for a in spec.after)
-        yield Cell(key, labels, settings, (train, *after))
+        record = {"labels": labels, "settings": settings, "after": [[a.name, a.command, a.result] for a in spec.after]}
+        yield Cell(key, labels, settings, (train, *after), json.loads(json.dumps(record)))
 
 
 def too_many(n: int, max_cells: int) -> str:
@@ -187,3 +194,39 @@ def expand(spec: SweepSpec, out: Path, scale: float = 1.0, max_cells: int = MAX_
         seen[cell.key] = cell.labels
         result.append(cell)
     return result
+
+
+# A cell's identity, and the check that a folder holds that cell ------------------------------
+CHECKPOINT_KEYS = ("model.checkpoint",)  # settings that name weights a cell starts from
+
+
+def identity(cell: Cell) -> dict[str, Any]:
+    """What cell.json records (files.identity's rule): the cell's record and, when its settings
+    name a checkpoint file, that file's sha256 (a file replaced under the same name is another
+    cell's work). A name that is no local file (a published one) counts as the name."""
+    named = {k: cell.settings[k] for k in CHECKPOINT_KEYS if isinstance(cell.settings.get(k), str)}
+    digests = {k: content_digest(v) for k, v in named.items() if Path(v).exists()}
+    return {**cell.record, "checkpoint": digests} if digests else dict(cell.record)
+
+
+def _damaged(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"{path} is damaged ({why}); it records which cell {path.parent.name} is: restore it, or delete "
+                       f"the folder {path.parent} to run that cell again")
+
+
+def check_record(cell: Cell, out: Path) -> Path:
+    """The cell's folder, refused when its cell.json records another cell or other work
+    (`identity`), or cannot be read. Makes nothing: the folder is made when the cell starts."""
+    cell_dir = out / cell.key
+    path = cell_dir / "cell.json"
+    if not (path.exists() or path.is_symlink()):
+        return cell_dir
+    old = read_json(path, dict, "cell record", "", lambda m: _damaged(path, m[len(f"{path}: "):].rstrip("; ")))
+    now = identity(cell)
+    if old != now:
+        changed = [k for k in now.keys() | old.keys() if now.get(k) != old.get(k)] or ["settings"]
+        raise ConfigError(
+            f"{cell_dir} holds cell {cell.describe()} run with other {', '.join(sorted(changed))}; its results are "
+            "kept: pass another --out for the changed spec (or delete that cell's folder to rerun it)"
+        )
+    return cell_dir

@@ -17,9 +17,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
 
+from vitlab.config import ConfigError
 from vitlab.config.sweep import FigureSpec
-from vitlab.files import atomic_write_text
-from vitlab.sweep.cells import Cell
+from vitlab.files import atomic_write_text, documents
+from vitlab.run_layout import SUMMARY_SHAPE
+from vitlab.sweep.cells import Cell, check_record
 
 SKIP = ("per_class", "confusion")  # per-class tables: too wide for a results row
 
@@ -66,18 +68,21 @@ def columns_only(d: Any) -> Any:
     return d
 
 
-def read_json(path: Path) -> Optional[Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+def read_json(path: Path, step: str = "") -> Optional[Any]:
+    """A step's result file (None when it has none), read back through files.documents: one
+    that is damaged, or a train summary whose metrics are not numbers, is refused by name."""
+    if not (path.exists() or path.is_symlink()):
         return None
+    shape = SUMMARY_SHAPE if step == "train" else object
+    return documents.read_json(path, shape, f"{step or 'step'} result",
+                               "delete it to run the step again (rerun the sweep)", ConfigError)
 
 
 def cell_row(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     row: dict[str, Any] = {**cell.labels, "cell": cell.key}
     done = 0
     for step in cell.steps:
-        data = read_json(cell_dir / step.result)
+        data = read_json(cell_dir / step.result, step.name)
         if data is None:
             continue
         done += 1
@@ -95,7 +100,16 @@ def cell_row(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 
 def collect(cells: list[Cell], out: Path) -> list[dict[str, Any]]:
-    return [cell_row(c, out / c.key) for c in cells]
+    """A row per cell, each cell's folder checked to hold that cell's work first (its cell.json,
+    cells.check_record): a cell finished with other settings is refused, never tabulated."""
+    rows = []
+    for c in cells:
+        cell_dir = check_record(c, out)
+        if not (cell_dir / "cell.json").exists() and any((cell_dir / s.result).exists() for s in c.steps):
+            raise ConfigError(f"{cell_dir} holds results but no cell.json saying which cell made them; delete the "
+                              "folder to run the cell again")
+        rows.append(cell_row(c, cell_dir))
+    return rows
 
 
 def write_csv(rows: list[dict[str, Any]], axes: list[str], path: Path) -> Path:

@@ -19,9 +19,9 @@ from typing import Any, Callable, Optional
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
 from vitlab.extras import require
-from vitlab.files import atomic_write_text, require_regular_file
+from vitlab.files import atomic_write_text
 from vitlab.sweep import timing
-from vitlab.sweep.cells import Cell, Step
+from vitlab.sweep.cells import Cell, Step, check_record, identity
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
 Say = Callable[[str], None]
@@ -29,44 +29,12 @@ Say = Callable[[str], None]
 
 def cell_record(cell: Cell, spec: SweepSpec) -> dict[str, Any]:
     """What makes a cell the cell it is; a rerun must find the same record in cell.json."""
-    return {
-        "labels": cell.labels,
-        "settings": cell.settings,
-        "after": [[a.name, a.command, a.result] for a in spec.after],
-    }
-
-
-def _damaged(path: Path, why: str) -> ConfigError:
-    return ConfigError(f"{path} is damaged ({why}); it records which cell {path.parent.name} is: restore it, or delete "
-                       f"the folder {path.parent} to run that cell again")
-
-
-def check_record(cell: Cell, spec: SweepSpec, out: Path) -> Path:
-    """The cell's folder, refused when its cell.json records another cell (or cannot be
-    read). Makes nothing: the folder is made when the cell starts (`run_cell`)."""
-    cell_dir = out / cell.key
-    record = json.loads(json.dumps(cell_record(cell, spec)))
-    path = cell_dir / "cell.json"
-    if not (path.exists() or path.is_symlink()):
-        return cell_dir
-    try:
-        old = json.loads(require_regular_file(path, "cell.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise _damaged(path, str(e).splitlines()[0][:120]) from None
-    if not isinstance(old, dict):
-        raise _damaged(path, f"a JSON {type(old).__name__}, not an object")
-    if old != record:
-        changed = [k for k in record if record[k] != old.get(k)] or ["settings"]
-        raise ConfigError(
-            f"{cell_dir} holds cell {cell.describe()} run with other {', '.join(changed)}; its results are "
-            "kept: pass another --out for the changed spec (or delete that cell's folder to rerun it)"
-        )
-    return cell_dir
+    return identity(cell)
 
 
 def prepare(cell: Cell, spec: SweepSpec, out: Path) -> Path:
     """The cell's folder with its cell.json, made now (what `run_cell` does as the cell starts)."""
-    cell_dir = check_record(cell, spec, out)
+    cell_dir = check_record(cell, out)
     if not (cell_dir / "cell.json").exists():
         cell_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cell_dir / "cell.json", json.dumps(cell_record(cell, spec), indent=2))
@@ -190,7 +158,7 @@ def run(cells: list[Cell], spec: SweepSpec, out: Path, *, jobs: int = 1, threads
     check_launcher(launcher)
     todo = []
     for cell in cells:
-        cell_dir = check_record(cell, spec, out)
+        cell_dir = check_record(cell, out)
         steps = missing(cell, cell_dir)
         if steps:
             todo.append((cell, cell_dir, steps, cell_record(cell, spec)))

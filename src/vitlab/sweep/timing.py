@@ -22,6 +22,7 @@ from typing import Any, Iterable, Optional
 
 from vitlab.config.device import cpu_name_and_flags
 from vitlab.files import atomic_write_text
+from vitlab.files.documents import read_json
 
 FILE = "timing.json"
 TRAIN_STEP = "train"
@@ -42,8 +43,8 @@ def read(cell_dir: Path) -> list[dict[str, Any]]:
     """The cell's step entries; none when the file is missing or unreadable (timing is a record,
     never a reason to stop a sweep)."""
     try:
-        entries = json.loads((cell_dir / FILE).read_text()).get("steps", [])
-    except (OSError, ValueError, AttributeError):
+        entries = read_json(cell_dir / FILE, {"steps": list}, "step timing")["steps"]
+    except (OSError, ValueError):
         return []
     return [e for e in entries if isinstance(e, dict) and _number(e.get("start")) and _number(e.get("seconds"))]
 

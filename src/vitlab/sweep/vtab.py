@@ -13,25 +13,30 @@ from typing import Any, Optional, Sequence
 from vitlab.data.vtab import Task
 from vitlab.sweep.cells import Cell, Step
 from vitlab.sweep.runner import Say, run_local, run_submitit
-from vitlab.train.vtab import Settings, absent
+from vitlab.train.vtab import Settings, absent, check_suite
 
 
-def child_argv(checkpoint: str, root: Path, out: Path, s: Settings, task: Task) -> tuple[str, ...]:
-    """The `vitlab vtab` command line of one task's job, with the suite's settings."""
+def child_argv(checkpoint: str, root: Path, out: Path, s: Settings, task: Task, force: bool = False) -> tuple[str, ...]:
+    """The `vitlab vtab` command line of one task's job, with the suite's settings (and
+    --force, the suite's own leave to replace edited tables)."""
     argv = ["vtab", checkpoint, "--root", str(root), "--out", str(out), "--tasks", task.name, "--steps", str(s.steps),
             "--lr", repr(s.lr), "--batch-size", str(s.batch_size), "--seed", str(s.seed), "--device", s.device, "--quiet"]
+    if force:
+        argv.append("--force")
     if s.grid:
         argv += ["--lr-grid", ",".join(repr(r) for r in s.grid)]
-    if s.image_size:
-        argv += ["--image-size", str(s.image_size)]
+    argv += ["--image-size", str(s.image_size or "checkpoint")]
+    argv += [f"--tfds-version={a}" for a in s.accept]
     return (*argv, *s.overrides)
 
 
 def launch(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings, *, launcher: str = "local",
            jobs: int = 1, threads: int = 0, params: Optional[dict[str, Any]] = None, wait: bool = True,
-           say: Say = print) -> Optional[list[dict]]:
+           say: Say = print, force: bool = False) -> Optional[list[dict]]:
     """Run each task without a result as its own job (a task without data is said, not
-    submitted); None when submitted without waiting."""
+    submitted; a result of other work is refused first, train/vtab.check_suite); None when
+    submitted without waiting."""
+    check_suite(checkpoint, root, out, tasks, s, force)  # a user's tables, a result of other work: refused first
     todo, missing = [], absent(root, tasks)
     for task in tasks:
         folder = out / task.name
@@ -41,7 +46,7 @@ def launch(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Set
         if (folder / "result.json").is_file():
             continue
         folder.mkdir(parents=True, exist_ok=True)
-        step = Step("vtab", child_argv(checkpoint, root, out, s, task), "result.json")
+        step = Step("vtab", child_argv(checkpoint, root, out, s, task, force), "result.json")
         todo.append((Cell(task.name, {"task": task.name}, {}, (step,)), folder, [step], None))  # no cell.json
     say(f"vtab: {len(tasks)} task(s), {len(missing)} without data, {len(tasks) - len(missing) - len(todo)} finished, "
         f"{len(todo)} to run as jobs -> {out}")

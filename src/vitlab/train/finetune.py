@@ -86,22 +86,29 @@ class Defaults:
     quick_sweep_steps: Optional[int] = None
 
 
-def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_asked: bool = False) -> Defaults:
+def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_asked: bool = False,
+                 table4_steps: Optional[int] = None) -> Defaults:
     """The recipe's numbers fitted to this checkpoint and data; `explicit` holds the keys the
     user set (`train.batch_size`, `optim.warmup_steps`, `optim.lr`, `model.image_size`), which
-    are left as they are."""
+    are left as they are. The global batch is the recipe's: where it is more than a quarter of
+    the training set, it runs as micro-batches (gradient accumulation, the same update), and
+    only a training set smaller than one batch makes it smaller. A run of Table 4's length
+    on its dataset (`table4_steps`) keeps the recipe's warm-up, as vision_transformer does
+    (configs/common.py: 500 steps, also of 500-step runs)."""
     t, o = cfg.train, cfg.optim
     changes: dict[str, Any] = {}
     notes = []
     fill = max(1, n_train // MIN_STEPS_PER_EPOCH)
-    if "train.batch_size" not in explicit and t.batch_size > fill:
-        batch = 2 ** max(0, fill.bit_length() - 1)  # a power of two, at least MIN_STEPS_PER_EPOCH steps per epoch
-        changes["train.batch_size"] = batch
-        notes.append(f"batch {batch}: the recipe's {t.batch_size} is more than a quarter of the {n_train:,} "
-                     "training images (the paper's smallest set, Flowers, has 4 batches an epoch)")
+    if "train.batch_size" not in explicit and t.batch_size > n_train:
+        changes["train.batch_size"] = batch = 2 ** max(0, fill.bit_length() - 1)
+        notes.append(f"batch {batch}: the recipe's {t.batch_size} is more than the {n_train:,} training images")
+    elif "train.batch_size" not in explicit and not t.micro_batch_size and t.batch_size > fill:
+        changes["train.micro_batch_size"] = micro = max(d for d in range(1, fill + 1) if t.batch_size % d == 0)
+        notes.append(f"batch {t.batch_size}, the recipe's, as {t.batch_size // micro} micro-batches of {micro}: "
+                     f"the batch is more than a quarter of the {n_train:,} training images")
     batch = changes.get("train.batch_size", t.batch_size)
     total = t.steps or max(1, math.ceil(t.epochs * (n_train // batch)))
-    cap = choice.warmup(o.warmup_steps, total)
+    cap = o.warmup_steps if total == table4_steps else choice.warmup(o.warmup_steps, total)
     if "optim.warmup_steps" not in explicit and o.warmup_steps > cap:
         changes["optim.warmup_steps"] = cap
         notes.append(f"warm-up {cap} steps: 5% of the {total} (the paper's 500 of 10,000); the recipe's "
@@ -270,7 +277,7 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     head = [resolution_note(architecture(cfg.model, inputs).image_size, "model.image_size" in explicit), threads_note]
     chosen = choice.resolved(choose, explicit, cfg)
     if chosen.name == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
-        fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep)
+        fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep, TABLE4_STEPS.get(row or ""))
         swept = lr_sweep or fitted.quick_sweep_steps or rates is not None  # --lr-grid: a sweep of its rates
         arms = [choice.Arm(choice.PLANNED, lr) for lr in grid] if swept else []
         config = in_steps(fitted.config, len(train_set)) if arms else fitted.config

@@ -41,7 +41,7 @@ from vitlab.config import ConfigError, RunConfig
 from vitlab.config.provenance import PLAN, SWEEP
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed
-from vitlab.train.run_folder import RunFolder
+from vitlab.train.run_folder import RunFolder, read_summary
 
 CHOICES = ("auto", "paper", "adamw")  # --recipe: auto = choose on the dev split
 WARMUP_SHARE = 0.05  # the paper's 500 warm-up steps of 10,000 (Appendix B.1.1)
@@ -313,10 +313,7 @@ def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, exp
 
 def count_sweep_in(summary_file: Path, result: Mapping[str, Any]) -> None:
     """Add the sweep's compute to the final run's summary.json, beside the run's own."""
-    try:
-        summary = json.loads(summary_file.read_text())
-    except (OSError, ValueError):
-        return
+    summary = read_summary(summary_file)  # the final run's, just written: a damaged one is named
     summary["sweep"] = {k: result[k] for k in ("best", "best_recipe", "best_lr", "sweep_steps", "sweep_compute")}
     summary["compute_with_sweep"] = result["compute_with_sweep"]
     summary["steps_with_sweep"] = summary.get("steps", 0) + result["sweep_steps"]

@@ -222,7 +222,7 @@ class Trainer:
         if t.batch_size % ctx.world:
             raise ConfigError(f"train.batch_size {t.batch_size} is not divisible by the {ctx.world} processes")
         per_rank = t.batch_size // ctx.world
-        micro = t.micro_batch_size or per_rank
+        micro = min(t.micro_batch_size or per_rank, per_rank)  # (more than a process's batch: all of it)
         if per_rank % micro:
             raise ConfigError(f"the per-process batch {per_rank} is not a multiple of train.micro_batch_size {micro}")
         per_epoch = batches_per_epoch(train_set, t.batch_size)

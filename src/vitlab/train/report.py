@@ -17,7 +17,9 @@ from typing import Any, Iterable, Optional, Sequence, TextIO
 
 from vitlab import progress
 from vitlab.analysis import plots
+from vitlab.config import ConfigError
 from vitlab.files import atomic_write_text
+from vitlab.files.documents import read_json_lines
 from vitlab.progress import format_seconds
 from vitlab.run_layout import METRICS
 from vitlab.train.compute import format_compute
@@ -61,7 +63,7 @@ def _step_of(line: str) -> float:
     try:
         record = json.loads(line)
         return float(record.get("step", 0)) if isinstance(record, dict) else math.inf
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return math.inf
 
 
@@ -179,10 +181,9 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
 def read_curves(metrics_path: Path) -> dict[str, dict[str, list]]:
     """metrics.jsonl as one series per split: step, loss, accuracy and (train) lr."""
     series: dict[str, dict[str, list]] = {}
-    for line in metrics_path.read_text().splitlines():
-        if not line.strip():
-            continue
-        r = json.loads(line)
+    records = read_json_lines(metrics_path, {"step": int, "split?": str}, "metrics log",
+                              "remove the damaged line (or the file) to draw the curve", ConfigError)
+    for r in records:
         s = series.setdefault(r.get("split", "train"), {"step": [], "loss": [], "accuracy": [], "lr": []})
         s["step"].append(r["step"])
         s["loss"].append(r.get("loss", float("nan")))

@@ -19,18 +19,16 @@ A folder belongs to one process at a time: `claim` takes an exclusive `flock` on
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-import yaml
-
 from vitlab.config import ConfigError, RunConfig
 from vitlab.config.provenance import annotated_yaml, origins_in
-from vitlab.files import atomic_write_text, is_temporary, require_regular_file
-from vitlab.run_layout import CONFIG, SUMMARY, RunLayout
+from vitlab.files import atomic_write_text, is_temporary
+from vitlab.files.documents import read_json, read_yaml
+from vitlab.run_layout import SUMMARY_SHAPE, RunLayout
 from vitlab.train import state as checkpoint_state
 
 LOCK_FILE = ".vitlab.lock"
@@ -186,26 +184,15 @@ class RunFolder(RunLayout):
 
     def read_config(self) -> RunConfig:
         """The run's config, each value's layer as config.yaml records it (else this file)."""
+        d = read_yaml(self.config, dict, "run's config", "restore it, or use another --out", ConfigError)
         try:
-            require_regular_file(self.config, CONFIG)
-            text = self.config.read_text()
-            cfg = RunConfig.from_dict(with_earlier_defaults(yaml.safe_load(text)), f"config file {self.config}")
-            return cfg.set_by(origins_in(text))
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{self.config}: not valid YAML ({str(e).splitlines()[0]})") from None
-        except (UnicodeDecodeError, OSError) as e:
-            raise ConfigError(f"{self.config}: cannot be read ({e})") from None
+            cfg = RunConfig.from_dict(with_earlier_defaults(d), f"config file {self.config}")
+            return cfg.set_by(origins_in(self.config.read_text()))
         except ConfigError as e:
             raise ConfigError(f"{self.config}: {e}") from None
 
     def read_summary(self) -> dict:
-        try:
-            summary = json.loads(require_regular_file(self.summary, SUMMARY).read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{self.summary}: unreadable ({e}); remove it to evaluate the finished run again") from None
-        if not isinstance(summary, dict):
-            raise ConfigError(f"{self.summary}: not a JSON object; remove it to evaluate the finished run again")
-        return summary
+        return read_summary(self.summary)
 
     def write_config(self, cfg: RunConfig, command: str = "") -> None:
         """config.yaml: every setting, each with the layer that set it (config/provenance.py)."""
@@ -215,6 +202,12 @@ class RunFolder(RunLayout):
         if command:
             header += f"# command: {command}\n"
         atomic_write_text(self.config, header + annotated_yaml(cfg))
+
+
+def read_summary(path: Path) -> dict:
+    """A run's summary.json, checked (files.documents); one ConfigError naming it otherwise."""
+    return read_json(path, SUMMARY_SHAPE, "run summary", "remove it to evaluate the finished run again", ConfigError)
+
 
 def config_differences(old: RunConfig, new: RunConfig, ignore: Optional[set[str]] = None) -> list[str]:
     """"section.key: old -> new" for every setting that changes a number."""

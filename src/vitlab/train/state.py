@@ -170,7 +170,7 @@ def damage(path: Path) -> Optional[str]:
                 return f"truncated ({size} bytes, not even its header)"
             header = json.loads(f.read(n))
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
         return f"unreadable ({type(e).__name__}: {e})"
     if 8 + n + end != size:
         return f"truncated ({size:,} bytes of {8 + n + end:,})"

@@ -25,6 +25,7 @@ from typing import Any
 from vitlab.config import ConfigError
 from vitlab.extras import MissingExtraError, require
 from vitlab.files import atomic_write_text
+from vitlab.files.documents import read_json
 
 # name -> (module that must be importable, the pip extra that installs it)
 PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
@@ -136,7 +137,8 @@ def open_trackers(names: list[str], folder: Path, config: dict[str, Any]) -> lis
     """The trackers asked for, each continuing its run of an earlier session of this folder."""
     check(names)
     ids_file = folder / "trackers.json"
-    ids = json.loads(ids_file.read_text()) if ids_file.exists() else {}
+    ids = read_json(ids_file, {str: (str, int, None)}, "list of tracker runs", "delete it to start new tracker runs",
+                    ConfigError) if ids_file.exists() else {}
     trackers: list[Tracker] = []
     for name in dict.fromkeys(names):
         try:

@@ -2,7 +2,8 @@
 
 The paper's VTAB setting (Appendix B.1.1, Table 4): one setting for all 19 tasks, 2,500 steps
 at learning rate 0.01, with the fine-tuning recipe's SGD (momentum 0.9, cosine decay, no
-weight decay, clipping at 1, batch 512, warm-up 500 steps), trained on each task's 1,000
+weight decay, clipping at 1, batch 512, warm-up 500 steps), at the paper's fine-tuning
+resolution of 384 (Appendix B.1.1; `Settings.image_size`), trained on each task's 1,000
 examples and evaluated on its full test split. The paper chose that setting by a small sweep
 on the 200-example val sets; `Settings.grid` runs such a sweep per task (train on the 800,
 score on the 200, then rerun the best rate on all 1,000). VTAB-1k's fine-tuning uses no
@@ -10,9 +11,12 @@ augmentation: the images are resized whole (no random crop, no flip; a flip chan
 label of dSprites orientation, a crop that of dSprites location).
 
 Each task writes OUT/TASK/ (its run folder, or sweep/ and final/) and, when done,
-OUT/TASK/result.json; a task with a result is not run again and an interrupted one resumes
-from its checkpoint. The table is made from every result.json under OUT, so tasks run as
-separate jobs (sweep/vtab.py) add up to one row. A task whose data is absent is listed with
+OUT/TASK/result.json with the identity of its work (files.identity: the checkpoint's sha256
+and the task's resolved settings); a task with a result is not run again when that identity
+is the one asked for now, is refused by name when it is not (another checkpoint, other
+settings), and an interrupted one resumes from its checkpoint. The table is made from every
+result.json under OUT, checked the same way, so tasks run as separate jobs (sweep/vtab.py)
+add up to one row and a row never names results of other work. A task whose data is absent is listed with
 where to put it and counted as absent, never left out of the mean silently: the mean then
 says over how many of the 19 tasks it is taken.
 """
@@ -24,18 +28,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from vitlab import checkpoints
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
 from vitlab.config.provenance import COMMAND_LINE
-from vitlab.data.vtab import GROUPS, TASKS, Task, group_sizes, mean
-from vitlab.data.vtab_sources import locate, where_to_put
+from vitlab.data import DataError
+from vitlab.data.vtab import GROUPS, TASKS, Task, get_task, group_sizes, mean
+from vitlab.data.vtab_sources import describe, locate, where_to_put
 from vitlab.files import OutputFolder, atomic_write_text
+from vitlab.files.documents import Number, read_json
+from vitlab.files.identity import differences, work_identity
 from vitlab.tables import csv_table, markdown_table
 from vitlab.train import distributed
 from vitlab.train import finetune_choice as choice
 from vitlab.train.finetune import TABLE4_STEPS
+from vitlab.train.run_folder import RESUMABLE_CHANGES
 
 VTAB_LR = 0.01  # Table 4
 VTAB_WARMUP = 500  # the fine-tuning recipe's warm-up (at most a fifth of a shorter run)
+VTAB_IMAGE_SIZE = 384  # the paper fine-tunes every task at 384 (Appendix B.1.1)
 TrainFn = Callable[[RunConfig, Path], dict[str, Any]]
 
 
@@ -50,12 +60,19 @@ class Settings:
     lr: Optional[float] = None  # None: VTAB_LR, or the grid's choice
     batch_size: int = 512
     grid: Optional[Sequence[float]] = None  # learning rates to choose from on the 200-example val set; None = lr
-    image_size: Optional[int] = None  # None: the checkpoint's own (the paper fine-tunes at 384)
+    image_size: Optional[int] = VTAB_IMAGE_SIZE  # None: the checkpoint's own
     seed: int = 0
     device: str = "auto"
     overrides: tuple[str, ...] = ()  # SECTION.KEY=VALUE, applied last
+    # TASK=[CONFIG/]VERSION: a tfds copy read instead of the one VTAB pins (recorded in results)
+    accept: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for a in self.accept:
+            name, sep, version = a.partition("=")
+            if not sep or not version:
+                raise DataError(f"--tfds-version {a!r}: write TASK=[CONFIG/]VERSION, e.g. pets=4.0.0")
+            get_task(name)  # (an unknown task is refused with the list of the 19)
         if self.grid is not None and (not self.grid or min(self.grid) <= 0):
             raise ConfigError(f"--lr-grid {','.join(f'{r:g}' for r in self.grid)!r}: give positive rates separated by commas")
         if self.grid is not None and self.lr is not None:
@@ -67,6 +84,19 @@ class Settings:
         object.__setattr__(self, "grid", tuple(self.grid or ()))
         object.__setattr__(self, "lr", VTAB_LR if self.lr is None else self.lr)
 
+    def accepted(self, task: Task) -> str:
+        """The tfds [CONFIG/]VERSION accepted for `task` instead of VTAB's pin ("" for none)."""
+        return dict(a.partition("=")[::2] for a in self.accept).get(task.name, "")
+
+
+def image_size(text: str) -> Optional[int]:
+    """--image-size: pixels, or "checkpoint" (None: the checkpoint's own resolution)."""
+    if text == "checkpoint":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint")
+    return int(text)
+
 
 def checkpoint_name(checkpoint: str) -> str:
     """How the row names the model: a run's folder for RUN/checkpoints/*.safetensors, else the file's stem."""
@@ -77,7 +107,8 @@ def checkpoint_name(checkpoint: str) -> str:
 def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConfig:
     """The fine-tuning run of one task: the finetune recipe with the VTAB setting."""
     changes: dict[str, Any] = {
-        "model.checkpoint": checkpoint, "data.name": f"vtab:{task.name}:{root}", "data.eval_data": "",
+        "model.checkpoint": checkpoint, "data.eval_data": "",
+        "data.name": f"vtab:{task.name}{'@' + s.accepted(task) if s.accepted(task) else ''}:{root}",
         "data.train_split": "train", "data.eval_splits": ["test"], "data.crop_scale": [1.0, 1.0],
         "data.crop_ratio": [1.0, 1.0], "data.hflip": False, "train.steps": s.steps, "train.epochs": 0.0,
         "train.batch_size": s.batch_size, "train.seed": s.seed, "train.device": s.device, "optim.lr": s.lr,
@@ -89,14 +120,49 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConf
     return cfg.with_overrides(dict(parse_override(o) for o in s.overrides), COMMAND_LINE)
 
 
+def identity(checkpoint: str, task: Task, root: Path, s: Settings) -> dict[str, Any]:
+    """The identity of a task's work (files.identity): the checkpoint's content and the task's
+    resolved run config with its learning-rate grid; not the checkpoint's path, nor the
+    settings that change no number (the device, workers, checkpoint spacing: RESUMABLE_CHANGES)."""
+    d = task_config(checkpoint, task, root, s).to_dict()
+    d["model"].pop("checkpoint", None)
+    for key in RESUMABLE_CHANGES:
+        section, _, name = key.partition(".")
+        d[section].pop(name, None)
+    return work_identity(checkpoints.resolve(checkpoint), {"run": d, "lr_grid": list(s.grid)})
+
+
+RESULT_SHAPE = {"task": str, "top1": Number(0, 1), "test_images": Number(1, integer=True), "lr?": Number(0),
+                "identity?": object}
+
+
+def finished(task: Task, out: Path, now: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """OUT/TASK/result.json when the task has one made by the work `now` names (identity);
+    None when it has none; a ConfigError naming what differs when it is other work, or when
+    the file is damaged."""
+    done = out / task.name / "result.json"
+    if not (done.exists() or done.is_symlink()):
+        return None
+    again = f"delete {done.parent} to run {task.name} again"
+    result = read_json(done, RESULT_SHAPE, "VTAB task result", again, ConfigError)
+    changed = differences(result.get("identity"), now)
+    if changed:
+        raise ConfigError(f"{done} is the result of other work ({'; '.join(changed[:4])}); it is kept: give another "
+                          f"--out for this checkpoint and these settings, the same ones to use it, or {again}")
+    return result
+
+
 def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, train: TrainFn,
              log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fine-tune and test one task (or read its result.json when it has one)."""
+    """Fine-tune and test one task (or read its result.json when it holds this work)."""
     folder = out / task.name
     done = folder / "result.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    now = identity(checkpoint, task, root, s)
+    result = finished(task, out, now)
+    if result is not None:
+        return result
     cfg = task_config(checkpoint, task, root, s)
+    data = describe(task, root, s.accepted(task))  # (refuses a tfds copy other than VTAB's before training)
     if s.grid:
         arms = [choice.Arm(choice.PLANNED, lr) for lr in s.grid]  # the rate alone, chosen on the val set
         swept = choice.choose(cfg, folder, arms, cfg.train.steps, set(), lambda c, o, _notes=(): train(c, o), log)
@@ -104,18 +170,25 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
     else:
         summary, lr = train(cfg, folder / "run"), s.lr
     test = summary["splits"]["test"]
+    image_size = cfg.model.changes.get("image_size")  # (an (h, w) pair; None: the checkpoint's)
+    size = "the checkpoint's resolution" if image_size is None else "x".join(map(str, image_size)) + " px"
     result = {"task": task.name, "title": task.title, "group": task.group, "top1": test["top1"],
-              "test_images": test["count"], "lr": lr, "steps": s.steps, "folder": str(folder)}
+              "test_images": test["count"], "lr": lr, "steps": s.steps, "image_size": image_size,
+              "data": data, "folder": str(folder), "identity": now}
     if distributed.is_main_process():
         atomic_write_text(done, json.dumps(result, indent=2))
-    log(f"vtab {task.name}: test top-1 {test['top1']:.2%} on {test['count']:,} images (lr {lr:g})")
+    log(f"vtab {task.name}: test top-1 {test['top1']:.2%} on {test['count']:,} images (lr {lr:g}, {size})")
     return result
 
 
-def collect(out: Path) -> dict[str, dict[str, Any]]:
-    """Every finished task's result under OUT (whichever job ran it)."""
-    return {name: json.loads((out / name / "result.json").read_text())
-            for name in TASKS if (out / name / "result.json").is_file()}
+def collect(checkpoint: str, root: Path, out: Path, s: Settings) -> dict[str, dict[str, Any]]:
+    """Every finished task's result under OUT (whichever job ran it), each checked to be this
+    checkpoint's with these settings (`finished`)."""
+    results = {}
+    for task in TASKS.values():
+        if (out / task.name / "result.json").exists():
+            results[task.name] = finished(task, out, identity(checkpoint, task, root, s))
+    return results
 
 
 def table_row(results: dict[str, dict[str, Any]], name: str, missing: dict[str, str]) -> dict[str, Any]:
@@ -165,24 +238,26 @@ def csv_text(row: dict[str, Any]) -> str:
 TABLES = ("vtab.md", "vtab.json", "vtab.csv")
 
 
-def tables_owner(out: Path) -> OutputFolder:
-    """The suite folder's tables, claimed: a user's vtab.md there is refused (files.OutputFolder),
-    unless the folder already holds this suite's tasks (a task folder with its result)."""
-    owner = OutputFolder(out, "vtab", force=any((out / name / "result.json").is_file() for name in TASKS),
-                         offer_force=False)
+def tables_owner(out: Path, force: bool = False) -> OutputFolder:
+    """The suite folder's tables, claimed (files.OutputFolder): new ones, or the ones vtab wrote
+    there and nobody changed since; a user's (or an edited) vtab.md is refused unless `force`."""
+    owner = OutputFolder(out, "vtab", force=force)
     owner.claim(TABLES)
     return owner
 
 
-def write_tables(row: dict[str, Any], out: Path) -> dict[str, Path]:
-    """OUT/vtab.md, vtab.json, vtab.csv: the row in three forms."""
+def write_tables(row: dict[str, Any], out: Path, force: bool = False) -> dict[str, Path]:
+    """OUT/vtab.md, vtab.json, vtab.csv: the row in three forms. Claimed, written and listed
+    under the folder's lock, so that task jobs finishing together each find the others'."""
     paths = {"markdown": out / "vtab.md", "json": out / "vtab.json", "csv": out / "vtab.csv"}
     if distributed.is_main_process():
-        owner = tables_owner(out)
-        atomic_write_text(paths["markdown"], markdown(row))
-        atomic_write_text(paths["json"], json.dumps(row, indent=2))
-        atomic_write_text(paths["csv"], csv_text(row))
-        owner.record(TABLES)
+        owner = OutputFolder(out, "vtab", force=force)
+        with owner.locked():
+            owner.claim(TABLES)
+            atomic_write_text(paths["markdown"], markdown(row))
+            atomic_write_text(paths["json"], json.dumps(row, indent=2))
+            atomic_write_text(paths["csv"], csv_text(row))
+            owner.record(TABLES)
     return paths
 
 
@@ -191,17 +266,34 @@ def absent(root: Path, tasks: Sequence[Task] = tuple(TASKS.values())) -> dict[st
     return {t.name: where_to_put(t, root) for t in tasks if locate(t, root) is None}
 
 
+def check_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings,
+                force: bool = False) -> None:
+    """What a run of the suite would refuse, refused before its first task: a user's tables in
+    OUT, and a task's result of other work."""
+    tables_owner(out, force)
+    for task in tasks:
+        if (out / task.name / "result.json").exists():  # (the checkpoint is hashed only when there is one)
+            finished(task, out, identity(checkpoint, task, root, s))
+
+
 def run_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings, train: TrainFn,
-              name: str = "", log: Callable[[str], None] = print) -> dict[str, Any]:
+              name: str = "", log: Callable[[str], None] = print, force: bool = False) -> dict[str, Any]:
     """Fine-tune every task of `tasks` that has data and is not done, then write the row of
     all results under OUT (Markdown, JSON, CSV) and return it."""
-    tables_owner(out)  # a user's tables there: refused before the first task, not after the last
+    check_suite(checkpoint, root, out, tasks, s, force)
     missing = absent(root)
     for task in tasks:
         if task.name in missing:
             log(f"vtab {missing[task.name]}")
             continue
         run_task(checkpoint, task, root, out, s, train, log)
-    row = table_row(collect(out), name or checkpoint_name(checkpoint), missing)
-    write_tables(row, out)
-    return row
+    return report(checkpoint, root, out, s, force, name, missing)[0]
+
+
+def report(checkpoint: str, root: Path, out: Path, s: Settings, force: bool = False, name: str = "",
+           missing: Optional[dict[str, str]] = None) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The row of every result under OUT that is this work (`collect`), written to OUT's tables:
+    (row, the tables' paths)."""
+    missing = absent(root) if missing is None else missing
+    row = table_row(collect(checkpoint, root, out, s), name or checkpoint_name(checkpoint), missing)
+    return row, write_tables(row, out, force)

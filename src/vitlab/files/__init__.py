@@ -5,16 +5,18 @@ The bottom layer: it imports nothing else of vitlab, so every package may use it
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import shutil
-import stat
 import tempfile
 from pathlib import Path
-from typing import Callable, Union
+from typing import Any, Callable, Iterator
 
-PathLike = Union[str, "os.PathLike[str]"]
+# The regular-file check lives with the reader of files (files/documents.py); writers use it too.
+from vitlab.files.documents import NotRegularFileError, PathLike, read_json, require_regular_file  # noqa: F401
+
 
 
 def _umask() -> int:
@@ -88,26 +90,6 @@ def replace_folder(target: PathLike, fill: Callable[[Path], object], owned: Call
                 p.unlink()
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-class NotRegularFileError(OSError):
-    """A path that is a FIFO, a device or a socket where a file is meant: opening it could
-    block forever (a FIFO with no writer) or read without end (/dev/zero)."""
-
-
-def require_regular_file(path: PathLike, what: str = "file") -> Path:
-    """`path` if it is a regular file (symlinks followed); else OSError saying what it is.
-    Checked before opening, so a FIFO or a device is refused instead of hanging."""
-    path = Path(path)
-    st = os.stat(path)  # FileNotFoundError names the path
-    if stat.S_ISREG(st.st_mode):
-        return path
-    kind = next((name for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                                         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                                         (stat.S_ISSOCK, "a socket")) if test(st.st_mode)), "not a regular file")
-    error = NotRegularFileError(f"{path}: is {kind}, not a regular {what}; vitlab reads regular files only")
-    error.kind = kind
-    raise error
 
 
 def check_writable(path: PathLike, folder: bool = False) -> None:
@@ -215,14 +197,17 @@ def child(parent: PathLike, name: str, what: str = "name") -> Path:
 # vitlab wrote into a folder is listed, with each file's digest, in the folder's MANIFEST: a
 # listed file still holding those bytes is vitlab's to replace; any other file is the user's.
 MANIFEST = ".vitlab-outputs.json"
+LOCK = ".vitlab-outputs.lock"  # held while outputs are claimed, written and listed (OutputFolder.locked)
 
 
-def sha256_file(path: PathLike) -> str:
+def sha256_file(path: PathLike, into: Any = None) -> str:
     """The sha256 of a file's bytes, read in blocks: vitlab's one file digest (output
-    ownership here, the published checkpoints' check in checkpoints/pretrained.py)."""
+    ownership here, the published checkpoints' check in checkpoints/pretrained.py, finished
+    work's identity in files/identity.py). `into`: a hashlib object to feed instead (a
+    folder's digest over its files); its digest so far is returned."""
     import hashlib
 
-    h = hashlib.sha256()
+    h = hashlib.sha256() if into is None else into
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
@@ -261,15 +246,25 @@ class OutputFolder:
         self.written: set[str] = set()
 
     def _manifest(self) -> dict:
-        import json
-
-        p = self.folder / MANIFEST
         try:
-            data = json.loads(require_regular_file(p, MANIFEST).read_text(encoding="utf-8"))
-            files = data.get("files") if isinstance(data, dict) else None
-            return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(files, dict) else {}
+            return read_json(self.folder / MANIFEST, {"files": {str: str}}, "list of vitlab's outputs")["files"]
         except (OSError, ValueError):
             return {}  # no manifest, or a damaged one: nothing here counts as vitlab's
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator["OutputFolder"]:
+        """Hold the folder's outputs for this process while it claims, writes and records them
+        (an exclusive flock on LOCK, waited for): two processes that write the same outputs
+        (vtab's task jobs, each writing the row) then each find the other's files recorded."""
+        import fcntl
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield self
+        finally:
+            os.close(fd)
 
     def owned(self, name: str) -> bool:
         p = self.folder / name
