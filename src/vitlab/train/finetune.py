@@ -269,6 +269,7 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     train_set = training_set(cfg, inputs)
     row = table4 or getattr(train_set, "identity", None)
     grid = lr_grid(row, rates)
+    unset = unset and cfg.origin("train.steps") == PLAN  # (not an override's: train.steps=N)
     if unset and row in TABLE4_STEPS:
         cfg = cfg.with_overrides({"train.steps": TABLE4_STEPS[row]}, PLAN)
     elif unset:

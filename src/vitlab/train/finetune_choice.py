@@ -312,7 +312,10 @@ def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, exp
 
 
 def count_sweep_in(summary_file: Path, result: Mapping[str, Any]) -> None:
-    """Add the sweep's compute to the final run's summary.json, beside the run's own."""
+    """Add the sweep's compute to the final run's summary.json, beside the run's own (where the
+    training function wrote one)."""
+    if not summary_file.exists():
+        return
     summary = read_summary(summary_file)  # the final run's, just written: a damaged one is named
     summary["sweep"] = {k: result[k] for k in ("best", "best_recipe", "best_lr", "sweep_steps", "sweep_compute")}
     summary["compute_with_sweep"] = result["compute_with_sweep"]
