@@ -171,6 +171,7 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
         summary, lr = train(cfg, folder / "run"), s.lr
     test = summary["splits"]["test"]
     image_size = cfg.model.changes.get("image_size")  # (an (h, w) pair; None: the checkpoint's)
+    image_size = None if image_size is None else list(image_size)  # as result.json reads back
     size = "the checkpoint's resolution" if image_size is None else "x".join(map(str, image_size)) + " px"
     result = {"task": task.name, "title": task.title, "group": task.group, "top1": test["top1"],
               "test_images": test["count"], "lr": lr, "steps": s.steps, "image_size": image_size,
