@@ -81,8 +81,13 @@ class Settings:
         flagged = [f"{o} (vitlab vtab sets it with {FLAGS[k]})" for o, k in zip(self.overrides, keys) if k in FLAGS]
         if flagged:  # the override would win over the flag without a word
             raise ConfigError(f"{'; '.join(flagged)}: give it with the flag")
-        object.__setattr__(self, "grid", tuple(self.grid or ()))
-        object.__setattr__(self, "lr", VTAB_LR if self.lr is None else self.lr)
+        if self.grid is not None:
+            object.__setattr__(self, "grid", tuple(self.grid))  # kept as given otherwise: Settings(**vars(s)) == s
+
+    @property
+    def rate(self) -> float:
+        """The learning rate of a run without a grid (and the grid's runs' starting config)."""
+        return VTAB_LR if self.lr is None else self.lr
 
     def accepted(self, task: Task) -> str:
         """The tfds [CONFIG/]VERSION accepted for `task` instead of VTAB's pin ("" for none)."""
@@ -111,7 +116,7 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConf
         "data.name": f"vtab:{task.name}{'@' + s.accepted(task) if s.accepted(task) else ''}:{root}",
         "data.train_split": "train", "data.eval_splits": ["test"], "data.crop_scale": [1.0, 1.0],
         "data.crop_ratio": [1.0, 1.0], "data.hflip": False, "train.steps": s.steps, "train.epochs": 0.0,
-        "train.batch_size": s.batch_size, "train.seed": s.seed, "train.device": s.device, "optim.lr": s.lr,
+        "train.batch_size": s.batch_size, "train.seed": s.seed, "train.device": s.device, "optim.lr": s.rate,
         "optim.warmup_steps": min(VTAB_WARMUP, max(1, s.steps // 5)), "train.ckpt_every": max(1, min(500, s.steps)),
     }
     if s.image_size:
@@ -129,7 +134,7 @@ def identity(checkpoint: str, task: Task, root: Path, s: Settings) -> dict[str, 
     for key in RESUMABLE_CHANGES:
         section, _, name = key.partition(".")
         d[section].pop(name, None)
-    return work_identity(checkpoints.resolve(checkpoint), {"run": d, "lr_grid": list(s.grid)})
+    return work_identity(checkpoints.resolve(checkpoint), {"run": d, "lr_grid": list(s.grid or ())})
 
 
 RESULT_SHAPE = {"task": str, "top1": Number(0, 1), "test_images": Number(1, integer=True), "lr?": Number(0),
@@ -168,7 +173,7 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
         swept = choice.choose(cfg, folder, arms, cfg.train.steps, set(), lambda c, o, _notes=(): train(c, o), log)
         summary, lr = swept["final"], swept["best_lr"]
     else:
-        summary, lr = train(cfg, folder / "run"), s.lr
+        summary, lr = train(cfg, folder / "run"), s.rate
     test = summary["splits"]["test"]
     image_size = cfg.model.changes.get("image_size")  # (an (h, w) pair; None: the checkpoint's)
     image_size = None if image_size is None else list(image_size)  # as result.json reads back
