@@ -28,11 +28,12 @@ import torch
 from PIL import Image
 
 import vitlab
-from vitlab.bench import machine, tables
+from vitlab.bench import machine
 from vitlab.data import decode as D
 from vitlab.data.datasets import Encoded, read_image
 from vitlab.data.transforms import eval_transform
 from vitlab.data.tar_shards import iter_shard
+import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 
 SHARDS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "cifar10"
 

@@ -24,11 +24,11 @@ paper's Tables 5 and 6 for this script.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import sys
 from pathlib import Path
 from typing import Any, Optional
+
+from vitlab.tables import csv_table, markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -106,23 +106,15 @@ def table5_rows(checkpoints: Path, val: str, real: Optional[str], image_size: in
 
 
 def markdown(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    def cell(v: Any) -> str:
-        return "absent" if v is None else str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    """The rows as Markdown (vitlab.tables), an absent value written as absent."""
+    return markdown_table(columns, [["absent" if r.get(c) is None else r.get(c) for c in columns] for r in rows])
 
 
 def write(rows: list[dict[str, Any]], columns: list[str], out: Path, name: str, note: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
     text = f"# {name}\n\n{note}\n\n" + markdown(rows, columns)
     (out / f"paper-tables-{name}.md").write_text(text)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
-    w.writeheader()
-    w.writerows(rows)
-    (out / f"paper-tables-{name}.csv").write_text(buf.getvalue())
+    (out / f"paper-tables-{name}.csv").write_text(csv_table(columns, [[r.get(c) for c in columns] for r in rows]))
     return text
 
 

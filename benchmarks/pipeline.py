@@ -16,7 +16,8 @@ Every system reads the same folder in one process with one thread (torch.set_num
 num_workers=0), batches of 24, and is timed by the CPU time of that thread: images per second
 per core. The training transform is the Inception crop (scale 0.08-1, ratio 3/4-4/3) to 224,
 a horizontal flip and normalisation (vitlab's fast path hands uint8 batches to the training
-process, which normalises them on its device: it is shown with and without that step counted);
+process, which normalises them on its device; `vitlab.transform(model, train=True)` is the
+same path with the normalisation done in the transform, float batches out, as torchvision's);
 evaluation is resize to 256, centre crop 224, normalise.
 Systems are shuffled in every round; other processes' CPU use during each sample is read from
 /proc/stat. Writes benchmarks/results/pipeline.md, pipeline.csv, pipeline-profile.md (each stage's
@@ -38,11 +39,13 @@ from typing import Callable
 import torch
 from PIL import Image
 
-from vitlab.bench import machine, tables
-from vitlab.data import decode as D
-from vitlab.data import make_loader, open_dataset
-from vitlab.data.transforms import eval_transform, train_transform
+import vitlab
+from vitlab.bench import machine
+from vitlab.data import decode as D, images
+from vitlab.data import DataOptions, make_loader, open_dataset
+from vitlab.data.transforms import eval_transform, fast_eval_transform, train_transform
 from vitlab.files import atomic_write_text
+import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 
 MATE = Path("/usr/share/backgrounds/mate")
 PHOTOS = ("Elephants_5640x3172", "Aqua", "Blinds", "Dune", "FreshFlower", "Garden", "GreenMeadow", "LadyBird",
@@ -96,27 +99,29 @@ def systems(root: Path, files: list[Path], train: bool) -> dict[str, Callable[[]
 
     steps = len(files) // BATCH
     spec = f"imagefolder:{root}"
-    common = dict(test_fraction=0.0001)
+    common = dict(options=DataOptions(test_fraction=0.0001))
     if train:
-        fast = open_dataset(spec, "train", D.fast_train_transform(224, MEAN, STD, uint8=True), train=True, **common)
-        pil = open_dataset(spec, "train", train_transform(224, MEAN, STD), train=True, **common)
+        fast = open_dataset(spec, "train", train_transform(224, MEAN, STD, uint8=True), train=True, **common)
+        model = vitlab.get_config("ViT-B/16", mean=MEAN, std=STD)  # vitlab.transform's model: 224 px, bilinear
+        public = open_dataset(spec, "train", vitlab.transform(model, train=True), train=True, **common)
+        pil = open_dataset(spec, "train", train_transform(224, MEAN, STD, decode="pil"), train=True, **common)
         tv_t = T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(), T.ToTensor(),
                           T.Normalize(MEAN, STD)])
         timm_loader = timm.data.create_loader(
             timm.data.ImageDataset(str(root)), input_size=(3, 224, 224), batch_size=BATCH, is_training=True,
             use_prefetcher=False, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, color_jitter=None,
             auto_augment=None, re_prob=0.0, interpolation="bilinear", mean=MEAN, std=STD, num_workers=0)
-        normalise = D.Normalise(MEAN, STD)
         out = {
             "vitlab (data.decode=fast: uint8 batches, as the workers hand them over)":
                 lambda: _drain(make_loader(fast, BATCH, num_steps=steps)),
-            "vitlab (data.decode=fast, each batch also normalised, as the trainer does)":
-                lambda: _drain(make_loader(fast, BATCH, num_steps=steps), normalise),
-            "vitlab (data.decode=pil: float, the earlier path)": lambda: _drain(make_loader(pil, BATCH, num_steps=steps)),
+            "vitlab.transform(model, train=True): the same fast path, normalised in the transform":
+                lambda: _drain(make_loader(public, BATCH, num_steps=steps)),
+            "vitlab (data.decode=pil: decoded, cropped and resized by PIL)":
+                lambda: _drain(make_loader(pil, BATCH, num_steps=steps)),
         }
     else:
         crop = dict(crop_fraction=0.875, crop_mode="center")
-        fast = open_dataset(spec, "train", D.fast_eval_transform(224, MEAN, STD, **crop), **common)
+        fast = open_dataset(spec, "train", fast_eval_transform(224, MEAN, STD, **crop), **common)
         pil = open_dataset(spec, "train", eval_transform(224, MEAN, STD, **crop), **common)
         tv_t = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
         timm_t = timm.data.create_transform(224, is_training=False, crop_pct=0.875, interpolation="bilinear",
@@ -172,8 +177,8 @@ def gpu_rows(files: list[Path], rounds: int, device: str = "cuda") -> list[dict]
     the device's (nvjpeg decode, crop, resize, flip, normalise of a batch of 128) per second."""
     from vitlab.data.datasets import Encoded
 
-    plan = D.PlanTransform((0.08, 1.0), (3 / 4, 4 / 3), True)
-    normalise = D.Normalise(MEAN, STD)
+    plan = train_transform(224, MEAN, STD, decode="cuda")
+    normalise = (MEAN, STD)
     encoded = [Encoded(f, str(f)) for f in files]
     planned = [plan(e) for e in (encoded * (128 // len(encoded) + 1))[:128]]
     D.decode_planned(planned, (224, 224), device, normalise)  # warm-up: nvjpeg handles, kernels
@@ -214,7 +219,8 @@ def stage_profile(files: list[Path], reps: int = 3) -> list[dict]:
     for _ in range(reps):
         for f in files:
             t = time.thread_time()
-            im, data = D.open_lazy(Encoded(f, str(f)))
+            data = f.read_bytes()
+            im = images.open_image(data, str(f))
             full = D.shown_size(im)
             t = tick("read the file, parse the JPEG header", t)
             box = D.draw_box(*full, (0.08, 1.0), (3 / 4, 4 / 3), True)
@@ -296,7 +302,7 @@ def cores_needed(records: list[dict], mfu: float = 0.5) -> list[dict]:
 
     per_image = 3 * model_flops(variant_config("ViT-B/16"))
     rates = {r["system"]: float(r["img/s per core"]) for r in records if r["photos"] == "500x375" and r["transform"] == "train"}
-    fast = next(v for k, v in rates.items() if k.startswith("vitlab (data.decode=fast, each batch"))
+    fast = next(v for k, v in rates.items() if k.startswith("vitlab.transform(model, train=True)"))
     out = []
     for name, peaks in GPU_PEAKS:
         if "bf16" not in peaks:

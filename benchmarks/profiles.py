@@ -1,4 +1,4 @@
-"""Where the time goes: CPU-time profiles (`vitlab.bench.profile`) of the settings the goals
+"""Where the time goes: CPU-time profiles (`benchmarks/op_profile.py`) of the settings the goals
 name, one PyTorch thread, every operator timed by its own thread's CPU time.
 
 One thread, because that is what a thread's CPU time can account for exactly; the shares
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
-from vitlab.bench import profile, tables
 from vitlab.bench.suites import setting
 from vitlab.bench.systems import System, prepare
 from vitlab.files import atomic_write_text
+import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
+import op_profile as profile  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 
 INFERENCE = [("ViT-B/16", 1, "bf16"), ("ViT-B/16", 8, "bf16"), ("ViT-B/16", 8, "fp32"), ("ViT-B/16", 1, "int8"),
              ("ViT-B/16", 8, "int8"), ("ViT-C/4", 128, "bf16"), ("ViT-C/4", 128, "int8"), ("ViT-Ti/16", 1, "fp32")]

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.bench import machine, runner, suites, tables
+from vitlab.bench import machine, runner, suites
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.data import make_loader, open_dataset
 from vitlab.data.transforms import model_transform
@@ -43,6 +43,7 @@ from vitlab.deploy import copies
 from endtoend import end_to_end  # noqa: E402 (this folder's modules; the script's folder is on sys.path)
 from profiles import profiles
 from scaling import scaling
+import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR = ROOT.parent / "shared" / "data" / "cifar10"

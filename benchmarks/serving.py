@@ -39,7 +39,7 @@ from PIL import Image
 import vitlab
 from vitlab.data.tar_shards import iter_shard
 from vitlab.bench.machine import busy_jiffies, machine_info, wait_quiet
-from vitlab.serve.load import LoadResult, run_load
+from loadgen import LoadResult, run_load  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 HZ = os.sysconf("SC_CLK_TCK")  # the unit of /proc's CPU times

@@ -17,7 +17,7 @@ shipped source (the measurement must then be rerun: each records `protocol.sourc
 For each target and each seed, at the same compute (the same model and batch, and the same
 training FLOPs):
 
-- default fine-tune: `vitlab finetune --from SOURCE --data D --steps S --batch-size B --seed N`,
+- default fine-tune: `vitlab finetune SOURCE --data D --steps S --batch-size B --seed N`,
   nothing else: its quick sweep chooses the recipe (the paper's SGD, or AdamW from a
   linear-probe head) and the rate on a dev split, then trains the winner for S steps; the
   sweep's steps and the probes' forward passes count as compute;
@@ -108,7 +108,7 @@ def weights_digest(path: Path) -> str:
 def one_seed(source: Path, name: str, data: str, out: Path, seed: int, steps: int, batch: int) -> dict:
     """Default fine-tune and from scratch at the same compute, one seed."""
     ft_dir, sc_dir = out / f"finetune-seed{seed}", out / f"scratch-seed{seed}"
-    ft_wall = vitlab("finetune", "--from", str(source), "--data", data, "--steps", str(steps), "--batch-size",
+    ft_wall = vitlab("finetune", str(source), "--data", data, "--steps", str(steps), "--batch-size",
                      str(batch), "--seed", str(seed), "--out", str(ft_dir), "--quiet")
     ft = summary(ft_dir)
     sweep = json.loads((ft_dir / "sweep.json").read_text()) if (ft_dir / "sweep.json").exists() else {}

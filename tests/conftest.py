@@ -22,6 +22,9 @@ from vitlab.models.vit import VisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+# The repository's own tooling (benchmarks/loadgen.py, report_tables.py, ...) is imported as
+# its scripts import one another: by module name, from their folder.
+sys.path.append(str(ROOT / "benchmarks"))
 
 
 def pytest_configure(config):

@@ -17,6 +17,7 @@ import torch
 import vitlab
 from vitlab.checkpoints import pretrained
 from vitlab.checkpoints.io import CheckpointError
+from vitlab.files import sha256_file
 
 NAME = "ViT-B/16:imagenet21k"
 
@@ -89,7 +90,7 @@ def test_file_url_and_recorded_checksum(storage, cache, monkeypatch):
     root, _ = storage
     monkeypatch.setenv("VITLAB_BASE_URL", root.as_uri())
     path = pretrained.fetch(NAME, progress=False)
-    digest = pretrained.sha256_of(path)
+    digest = sha256_file(path)
     assert pretrained._recorded()[pretrained.PRETRAINED[NAME].path]["sha256"] == digest
     # A cached file that changed since is caught by the digest of its first download.
     data = bytearray(path.read_bytes())
@@ -110,7 +111,7 @@ def test_the_download_is_torch_hubs_and_a_published_checksum_passes(storage, ser
     root, _ = storage
     monkeypatch.setenv("VITLAB_BASE_URL", url)
     entry = pretrained.PRETRAINED[NAME]
-    published = pretrained.sha256_of(root / entry.path)
+    published = sha256_file(root / entry.path)
     monkeypatch.setitem(pretrained.PRETRAINED, NAME, replace(entry, sha256=published))
     calls = []
     real = torch.hub.download_url_to_file

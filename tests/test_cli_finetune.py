@@ -117,9 +117,8 @@ def test_the_default_chooses_a_recipe_on_dev_and_counts_the_sweep(tmp_path, digi
     import yaml
 
     out = tmp_path / "ft"
-    r = subprocess.run([sys.executable, "-m", "vitlab", "finetune", "--from",
-                        str(digits_run / "checkpoints" / "last.safetensors"), "--data", "digits", "--steps", "20",
-                        "--batch-size", "64", "--out", str(out), "--quiet"],
+    r = subprocess.run([sys.executable, "-m", "vitlab", "finetune", str(digits_run / "checkpoints" / "last.safetensors"),
+                        "--data", "digits", "--steps", "20", "--batch-size", "64", "--out", str(out)],
                        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"threads: 1 compute thread and 0 data workers, as the source run trained ({digits_run}" in r.stdout
@@ -139,3 +138,19 @@ def test_the_default_chooses_a_recipe_on_dev_and_counts_the_sweep(tmp_path, digi
     config = yaml.safe_load((out / "final" / "config.yaml").read_text())
     assert config["optim"]["name"] == {"paper": "sgd", "adamw": "adamw"}[sweep["best_recipe"]]
     assert config["optim"]["lr"] == sweep["best_lr"] and config["train"]["threads"] == 1
+
+
+def test_quiet_prints_the_summary_only_and_from_is_an_alias(tmp_path, digits_run):
+    """--quiet: the final run's summary and the sweep's pick, nothing of the six sweep runs;
+    the checkpoint given as --from CHECKPOINT (the earlier form) is the same command."""
+    out = tmp_path / "ft"
+    r = subprocess.run([sys.executable, "-m", "vitlab", "finetune", "--data", "digits", "--steps", "20", "train.log_every=5",
+                        "--from", str(digits_run / "checkpoints" / "last.safetensors"), "--batch-size", "64",
+                        "--out", str(out), "--quiet"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("done: 20 steps") and lines[-2].startswith("sweep done: ") and len(lines) <= 14, lines
+    assert not any(line.startswith(("sweep: ", "  sweep run:", "fine-tuning defaults")) or "/sweep/" in line for line in lines)
+    assert json.loads((out / "final" / "summary.json").read_text())["steps_with_sweep"] == 80
+    assert "  log_every: 5  # command line" in (out / "final" / "config.yaml").read_text()  # the override, put back

@@ -26,7 +26,7 @@ pytest.importorskip("fastapi_offline")
 import vitlab  # noqa: E402
 from conftest import small_classifier  # noqa: E402
 from vitlab.cli import main  # noqa: E402
-from vitlab.serve.load import run_load  # noqa: E402
+from loadgen import run_load  # noqa: E402  (benchmarks/loadgen.py: on sys.path by conftest)
 
 VITLAB = [sys.executable, "-m", "vitlab"]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitlab.data import BadImageError, DataError, make_loader, open_dataset, read_image
+from vitlab.data import BadImageError, DataError, DataOptions, make_loader, open_dataset, read_image
 from vitlab.data import transforms as T
 from vitlab.data.tar_shards import expand_braces
 
@@ -87,7 +87,7 @@ def test_fashion_mnist_offline_error_names_the_fix(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ds, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
     with pytest.raises(DataError, match="download .* failed.*dataset-fashion-mnist"):
-        open_dataset("fashion-mnist", "train", T.eval_transform(28, **GREY), mirror="http://127.0.0.1:9/")
+        open_dataset("fashion-mnist", "train", T.eval_transform(28, **GREY), options=DataOptions(mirror="http://127.0.0.1:9/"))
 
 
 def test_cifar10_in_torchvision_format(tmp_path):
@@ -161,8 +161,7 @@ def write_shards(folder: Path, samples, per_shard: int, gz: bool, prefix: str = 
 
 def test_webdataset_real_shards_streamed():
     need_cifar()
-    ds = open_dataset(f"wds:{CIFAR_WDS}/test-{{000000..000001}}.tar.gz", "test", T.eval_transform(32),
-                      classes=CIFAR_NAMES)
+    ds = open_dataset(f"wds:{CIFAR_WDS}/test-{{000000..000001}}.tar.gz", "test", T.eval_transform(32), options=DataOptions(classes=tuple(CIFAR_NAMES)))
     assert len(ds) == 10_000 and ds.class_names == CIFAR_NAMES
     first = cifar_samples(3)
     items = []
@@ -180,7 +179,7 @@ def test_webdataset_built_shards_split_across_workers_and_processes(tmp_path, gz
     samples = cifar_samples(45)
     write_shards(tmp_path, samples, per_shard=10, gz=gz)
     spec = f"wds:{tmp_path}/train-{{000000..000004}}.tar{'.gz' if gz else ''}"
-    ds = open_dataset(spec, "train", T.eval_transform(32), train=True, shuffle_buffer=8)
+    ds = open_dataset(spec, "train", T.eval_transform(32), train=True, options=DataOptions(shuffle_buffer=8))
     assert len(ds) == 45 and ds.class_names == [str(i) for i in range(max(y for *_, y in samples) + 1)]
     # Two processes x two workers each: together exactly the one-process batches.
     def labels_of(world, workers):
@@ -194,7 +193,7 @@ def test_webdataset_built_shards_split_across_workers_and_processes(tmp_path, gz
     pair = labels_of(2, 2)
     assert [a + b for a, b in zip(*pair)] == single
     # Shuffled, but every sample once per epoch (5 batches of 8 = 40 of the 45).
-    ids = open_dataset(spec, "train", T.eval_transform(32), shuffle_buffer=8)
+    ids = open_dataset(spec, "train", T.eval_transform(32), options=DataOptions(shuffle_buffer=8))
     assert sorted(y for _, y in ids) == sorted(y for *_, y in samples)
     # Resuming at batch 3 gives batches 3 and 4 of the uninterrupted order, images and all.
     full = [b[0] for b in make_loader(ds, 8, num_steps=5, seed=3)]
@@ -241,7 +240,7 @@ def test_dev_split_comes_from_the_data_not_its_path(tmp_path):
         (half / shard.name).symlink_to(shard)
     part = open_dataset(f"wds:{half}", "dev", T.eval_transform(32))
     assert part.identity is None and abs(len(part) - 2500) < 200  # 10% of 25,000
-    assert len(open_dataset(f"wds:{half}", "dev", T.eval_transform(32), dev_fraction=0.02)) < 700  # explicit wins
+    assert len(open_dataset(f"wds:{half}", "dev", T.eval_transform(32), options=DataOptions(dev_fraction=0.02))) < 700  # explicit wins
 
 
 def test_dataset_identity_by_name_or_class_counts():
@@ -298,10 +297,10 @@ def test_bad_images_named_or_skipped_and_counted(tmp_path):
     victim.write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
     with pytest.raises(BadImageError, match=victim.name):
         read_image(victim)
-    strict = open_dataset(f"imagefolder:{tmp_path}", "train", T.eval_transform(32), test_fraction=0.01)
+    strict = open_dataset(f"imagefolder:{tmp_path}", "train", T.eval_transform(32), options=DataOptions(test_fraction=0.01))
     with pytest.raises(BadImageError, match=f"{victim.name}.*--skip-bad-images"):
         list(make_loader(strict, 11, train=False))
-    lenient = open_dataset(f"imagefolder:{tmp_path}", "train", T.eval_transform(32), test_fraction=0.01, skip_bad_images=True)
+    lenient = open_dataset(f"imagefolder:{tmp_path}", "train", T.eval_transform(32), options=DataOptions(test_fraction=0.01, skip_bad_images=True))
     batches = list(make_loader(lenient, 11, train=False))
     assert [n for b in batches for n in b[2]] == [str(victim)] and sum(len(b[1]) for b in batches) == 10
 
@@ -313,7 +312,7 @@ def test_bad_sample_in_a_shard_is_named(tmp_path):
     ds = open_dataset(f"wds:{tmp_path}/train-000000.tar", "test", T.eval_transform(32))
     with pytest.raises(BadImageError, match=f"train-000000.tar: sample {samples[2][0]}"):
         list(ds)
-    ds = open_dataset(f"wds:{tmp_path}/train-000000.tar", "test", T.eval_transform(32), skip_bad_images=True)
+    ds = open_dataset(f"wds:{tmp_path}/train-000000.tar", "test", T.eval_transform(32), options=DataOptions(skip_bad_images=True))
     batches = list(make_loader(ds, 4, train=False))
     skipped = [n for b in batches for n in b[2]]
     assert skipped == [f"{tmp_path}/train-000000.tar:{samples[2][0]}"] and sum(len(b[1]) for b in batches) == 5

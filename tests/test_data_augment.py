@@ -52,8 +52,8 @@ def test_each_option_adds_torchvisions_transform_and_changes_images(option, cifa
     model = vitlab.create_model("ViT-C/4")
     value, cls = OPTIONS[option]
     plain, augmented = vitlab.transform(model, train=True), vitlab.transform(model, train=True, **{option: value})
-    assert sum(isinstance(t, cls) for t in augmented.transforms) == 1
-    assert not any(isinstance(t, cls) for t in plain.transforms)
+    assert sum(isinstance(t, cls) for t in augmented.augmentations) == 1
+    assert not any(isinstance(t, cls) for t in plain.augmentations)
     changed = 0
     for seed, image in enumerate(cifar_images):
         torch.manual_seed(seed)

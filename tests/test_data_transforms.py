@@ -117,9 +117,12 @@ def test_training_transform_matches_the_eval_one_where_they_meet():
     """With the whole image as the crop and no flip, the inception crop is the eval resize:
     the same size, interpolation and normalisation."""
     cfg = vitlab.get_config("ViT-Ti/16", depth=1, interpolation="bicubic", mean=(0.3, 0.4, 0.5))
-    train = vitlab.transform(cfg, train=True, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip=False)
+    whole = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip=False)
     image = photos()[0].crop((0, 0, 427, 427))
-    assert torch.allclose(train(image), vitlab.transform(cfg)(image), atol=1e-6)
+    pil = vitlab.transform(cfg, train=True, decode="pil", **whole)  # resized by PIL, as the evaluation is
+    assert torch.allclose(pil(image), vitlab.transform(cfg)(image), atol=1e-6)
+    fast = vitlab.transform(cfg, train=True, **whole)  # the fast path: torch's antialiased kernel on uint8
+    assert (fast(image) - vitlab.transform(cfg)(image)).abs().mean() * 255 * min(cfg.std) < 1.0  # under a grey level
     with pytest.raises(TypeError, match="train=True"):
         vitlab.transform(cfg, randaugment=2)
 

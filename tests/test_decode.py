@@ -16,7 +16,8 @@ from conftest import cifar_test_images
 from vitlab.config.run import CROP_SCALE
 from vitlab.data import BadImageError, decode as D, open_dataset
 from vitlab.data.datasets import Encoded, FileDataset
-from vitlab.data.transforms import eval_transform, train_transform
+from vitlab.data.transforms import eval_transform, fast_eval_transform, train_transform
+from vitlab.pixels import Normalise
 
 
 @pytest.fixture
@@ -49,14 +50,14 @@ def test_crop_distribution_is_torchvisions(photos, monkeypatch):
     drawn = []
     real_draw = D.draw_box
 
-    def spy(height, width, *args):
-        box = real_draw(height, width, *args)
+    def spy(height, width, *args, **kwargs):
+        box = real_draw(height, width, *args, **kwargs)
         drawn.append((height, width, box))
         return box
 
     monkeypatch.setattr(D, "draw_box", spy)
     for size in (224, 32):
-        fast = D.fast_train_transform(size, uint8=True)
+        fast = train_transform(size, uint8=True)
         drawn.clear()
         reference = []
         for seed in range(300):
@@ -85,9 +86,9 @@ def test_fast_train_pixels_match_the_float_transform(photos):
     """Same seed, same crop: at 224 (decoded in full) the uint8 path differs from PIL's resize by
     well under a grey level; at 32 px (decoded at 1/8) by a few."""
     for size, limit in ((224, 0.25), (32, 6.0)):
-        fast = D.fast_train_transform(size, uint8=True)
-        slow = train_transform(size)
-        normalise = D.Normalise((0.5,) * 3, (0.5,) * 3)
+        fast = train_transform(size, uint8=True)
+        slow = train_transform(size, decode="pil")
+        normalise = Normalise((0.5,) * 3, (0.5,) * 3)
         diffs = []
         for seed, photo in enumerate(photos):
             torch.manual_seed(seed)
@@ -104,9 +105,10 @@ def test_normalise_matches_the_float_transform(photos):
     x = D.to_uint8(image)
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     reference = T.Normalize(mean, std)(T.functional.to_tensor(image))
-    out = D.Normalise(mean, std)(x)
-    assert out.dtype == torch.float32 and torch.allclose(out, reference, rtol=0, atol=2e-6)
-    assert torch.allclose(D.Normalise(mean, std)(x[None].repeat(2, 1, 1, 1))[1], reference, rtol=0, atol=2e-6)
+    out = Normalise(mean, std)(x)
+    assert out.dtype == torch.float32 and torch.equal(out, reference)  # the same bits as torchvision's
+    assert torch.equal(Normalise(mean, std)(x[None].repeat(2, 1, 1, 1))[1], reference)
+    assert torch.equal(Normalise(mean, std)(x[None].contiguous(memory_format=torch.channels_last))[0], reference)
 
 
 def test_fast_eval_is_identical_where_nothing_is_reduced_and_close_where_it_is(photos):
@@ -115,9 +117,9 @@ def test_fast_eval_is_identical_where_nothing_is_reduced_and_close_where_it_is(p
     for photo in photos[:4]:
         full = Image.open(photo).convert("RGB")
         for crop in ({"crop_fraction": 1.0}, {"crop_fraction": 0.875, "crop_mode": "center"}):
-            same = D.fast_eval_transform(224, **crop)(Encoded(photo, str(photo)))
+            same = fast_eval_transform(224, **crop)(Encoded(photo, str(photo)))
             assert torch.equal(same, eval_transform(224, **crop)(full))
-        near = D.fast_eval_transform(32)(Encoded(photo, str(photo)))
+        near = fast_eval_transform(32)(Encoded(photo, str(photo)))
         diff = (near - eval_transform(32)(full)).abs().mean().item() * 127.5
         assert 0 < diff < 6.0
 
@@ -125,7 +127,7 @@ def test_fast_eval_is_identical_where_nothing_is_reduced_and_close_where_it_is(p
 def test_gpu_path_on_the_cpu_equals_the_cpu_path(photos):
     """decode_planned runs on the CPU the operations it runs on CUDA (decode_jpeg, crop, resize,
     flip, normalise): at 224 it gives the fast CPU path's pixels exactly, for the same seeds."""
-    fast, plan = D.fast_train_transform(224, uint8=True), D.PlanTransform(CROP_SCALE, (3 / 4, 4 / 3), True)
+    fast, plan = train_transform(224, uint8=True), train_transform(224, decode="cuda")
     planned, expected = [], []
     for seed, photo in enumerate(photos):
         torch.manual_seed(seed)
@@ -133,8 +135,8 @@ def test_gpu_path_on_the_cpu_equals_the_cpu_path(photos):
         torch.manual_seed(seed)
         planned.append(plan(Encoded(photo, str(photo))))
     assert all(p.encoded for p in planned)
-    batch = D.decode_planned(planned, (224, 224), "cpu", D.Normalise((0.5,) * 3, (0.5,) * 3))
-    assert torch.allclose(batch, D.Normalise((0.5,) * 3, (0.5,) * 3)(torch.stack(expected)), rtol=0, atol=0)
+    batch = D.decode_planned(planned, (224, 224), "cpu", ((0.5,) * 3, (0.5,) * 3))
+    assert torch.allclose(batch, Normalise((0.5,) * 3, (0.5,) * 3)(torch.stack(expected)), rtol=0, atol=0)
     # a PNG (or an image held in memory) is decoded on the CPU and still cropped on the device
     png = photos[0].with_suffix(".png")
     Image.open(photos[0]).save(png)
@@ -146,25 +148,25 @@ def test_gpu_path_on_the_cpu_equals_the_cpu_path(photos):
 
 def test_datasets_hand_over_encoded_images_and_bad_ones_are_named(photos, cifar_dir, tmp_path):
     root = photos[0].parent.parent
-    data = open_dataset(f"imagefolder:{root}", "train", D.fast_train_transform(224, uint8=True), train=True)
+    data = open_dataset(f"imagefolder:{root}", "train", train_transform(224, uint8=True), train=True)
     x, label = data[0]
     assert x.dtype == torch.uint8 and x.shape == (3, 224, 224) and label in (0, 1)
     broken = root / "class0" / "broken.jpg"
     broken.write_bytes(photos[0].read_bytes()[:300])
-    files = FileDataset([photos[0], broken], np.array([0, 1]), ["a", "b"], D.fast_train_transform(224, uint8=True))
+    files = FileDataset([photos[0], broken], np.array([0, 1]), ["a", "b"], train_transform(224, uint8=True))
     assert files[0][0].dtype == torch.uint8
     with pytest.raises(BadImageError, match="broken.jpg: cannot read this image"):
         files[1]
     files.skip_bad_images = True
     assert str(files[1]).endswith("broken.jpg")
-    stream = open_dataset(f"wds:{cifar_dir}", "train", D.fast_train_transform(32, uint8=True), train=True)
+    stream = open_dataset(f"wds:{cifar_dir}", "train", train_transform(32, uint8=True), train=True)
     image, _ = next(iter(stream))  # a shard's JPEG bytes, handed over undecoded
     assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)
-    stream = open_dataset(f"wds:{cifar_dir}", "test", D.fast_eval_transform(32))
+    stream = open_dataset(f"wds:{cifar_dir}", "test", fast_eval_transform(32))
     image, _ = next(iter(stream))
     assert image.dtype == torch.float32 and image.shape == (3, 32, 32)
     with pytest.raises(ValueError, match="decode='gpu': use one of pil, fast, cuda"):
-        D.training_transform("gpu", 224)
+        train_transform(224, decode="gpu")
 
 
 def test_jpeg_header_reads_what_pil_reads_and_rotated_photos_stay_upright(photos, tmp_path):
@@ -184,7 +186,7 @@ def test_jpeg_header_reads_what_pil_reads_and_rotated_photos_stay_upright(photos
     exif[0x0112] = 6
     Image.open(photos[0]).save(turned, quality=90, exif=exif)
     assert D.jpeg_header(turned.read_bytes())[3] is True
-    fast, slow = D.fast_train_transform(224, uint8=True), train_transform(224)
+    fast, slow = train_transform(224, uint8=True), train_transform(224, decode="pil")
     torch.manual_seed(1)
     x = fast(Encoded(turned, str(turned)))
     torch.manual_seed(1)
@@ -192,7 +194,7 @@ def test_jpeg_header_reads_what_pil_reads_and_rotated_photos_stay_upright(photos
 
     y = slow(read_image(turned))
     assert read_image(turned).size == (375, 500)
-    assert (D.Normalise((0.5,) * 3, (0.5,) * 3)(x) - y).abs().mean() * 127.5 < 0.5
+    assert (Normalise((0.5,) * 3, (0.5,) * 3)(x) - y).abs().mean() * 127.5 < 0.5
 
 
 def test_a_run_written_before_the_fast_decoder_resumes_with_the_full_decode(tmp_path):
@@ -214,3 +216,19 @@ def test_a_run_written_before_the_fast_decoder_resumes_with_the_full_decode(tmp_
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(d))
     assert resume_config(tmp_path / "old").data.decode == "pil"
     assert resume_config(tmp_path / "new").data.decode == "fast"
+
+
+def test_the_box_is_torchvisions_draw_for_draw_also_at_the_fallback():
+    """draw_box repeats RandomResizedCrop.get_params' arithmetic without its setup: the same
+    box, flip and generator state after, for ordinary images and for the shapes where every
+    attempt fails and torchvision falls back to a central crop."""
+    cases = [((375, 500), (0.08, 1.0), (3 / 4, 4 / 3)), ((8, 8), (0.6, 1.0), (0.8, 1.25)),
+             ((100, 30), (0.9, 1.0), (3 / 4, 4 / 3)), ((7, 300), (0.08, 1.0), (3 / 4, 4 / 3))]
+    for seed in range(200):
+        for (h, w), scale, ratio in cases:
+            torch.manual_seed(seed)
+            box, after = D.draw_box(h, w, scale, ratio, True), torch.rand(1)
+            torch.manual_seed(seed)
+            reference = T.RandomResizedCrop.get_params(torch.empty(1, h, w), list(scale), list(ratio))
+            flip = bool(torch.rand(1) < 0.5)
+            assert (tuple(box[:4]), box.flip) == (reference, flip) and torch.equal(after, torch.rand(1))

@@ -19,7 +19,7 @@ from PIL import Image
 
 from conftest import assert_one_line_error, tree_state, unchanged, vitlab_cli
 from vitlab.cli import main
-from vitlab.data import BadImageError, DataError, make_loader, open_dataset, read_image
+from vitlab.data import BadImageError, DataError, DataOptions, make_loader, open_dataset, read_image
 from vitlab.train.run_folder import LOCK_FILE
 from vitlab.data.transforms import eval_transform
 
@@ -85,10 +85,10 @@ def test_links_in_a_shard_are_never_followed(tmp_path, link):
         add(tf, "a.cls", b"0")
         add(tf, "b.png", b"", type=tarfile.SYMTYPE if link == "symlink" else tarfile.LNKTYPE, linkname=str(secret))
         add(tf, "b.cls", b"1")
-    ds = open_dataset(f"wds:{root}", "train", classes=["x", "y"], transform=GREY16)
+    ds = open_dataset(f"wds:{root}", "train", transform=GREY16, options=DataOptions(classes=("x", "y")))
     with pytest.raises(BadImageError, match="sample b: cannot read the image .*no image member"):
         list(ds)
-    lenient = open_dataset(f"wds:{root}", "train", classes=["x", "y"], skip_bad_images=True, transform=GREY16)
+    lenient = open_dataset(f"wds:{root}", "train", transform=GREY16, options=DataOptions(classes=("x", "y"), skip_bad_images=True))
     batches = list(make_loader(lenient, 2, train=False))
     assert [n for b in batches for n in b[2]] == [f"{root / 'train-000000.tar'}:b"]
 
@@ -124,7 +124,7 @@ def test_broken_shards_are_named_in_one_line(tmp_path, capsys, damage):
     path.write_bytes(blob)
     with unchanged(tmp_path, skip=(tmp_path / "cache", tmp_path / "run" / LOCK_FILE)):  # the refused run's lock only
         with pytest.raises(DataError, match="cannot read the shard"):
-            list(open_dataset(f"wds:{path}", "train", classes=["a", "b"], transform=GREY16))
+            list(open_dataset(f"wds:{path}", "train", GREY16, options=DataOptions(classes=("a", "b"))))
         rc = main(["train", "--data", f"wds:{path}", "--steps", "1", "--out", str(tmp_path / "run"), "--quiet"])
     assert_one_line_error(rc, capsys.readouterr().err, "train", mentions=(str(path),))
 

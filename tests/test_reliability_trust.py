@@ -232,7 +232,7 @@ def test_vitlab_vtab_never_reports_another_checkpoints_results_in_a_fresh_proces
     other = tmp_path / "other.safetensors"
     vitlab.save(perturb(tiny_model(class_names=[f"c{i}" for i in range(10)]), seed=3), other)
     args = ["--root", str(root), "--out", str(out), "--tasks", "dtd", "--batch-size", "8", "--quiet",
-            "model.image_size=16", "data.num_workers=0"]
+            "--image-size", "16", "data.num_workers=0"]
     r = vitlab_cli("vtab", str(ckpt), *args, "--steps", "2", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     before = tree_state(tmp_path)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from vitlab.config import load_recipe
-from vitlab.train import finetune
+from vitlab.train import finetune, finetune_choice as choice
 
 
 def test_defaults_scale_to_a_small_training_set():
@@ -13,7 +15,7 @@ def test_defaults_scale_to_a_small_training_set():
     # The recipe's global batch is kept, as micro-batches of at most a quarter of the data.
     assert t.batch_size == 512 and t.micro_batch_size == 256 and 1_293 // 256 >= finetune.MIN_STEPS_PER_EPOCH
     assert o.warmup_steps == 25 <= 0.05 * t.steps  # the recipe's 500 would be the whole run
-    assert fitted.quick_sweep_steps == 50 and o.lr == cfg.optim.lr
+    assert fitted.quick_sweep_steps == 25 == choice.arm_steps(500) and o.lr == cfg.optim.lr  # one quick share
     text = " | ".join(fitted.notes)
     assert "warm-up 25 steps: 5% of the 500" in text and "as 2 micro-batches of 256" in text and "quick sweep" in text
     # Flowers (Table 4: 500 steps, batch 512) on its 2,040 training images, minus the 10% dev split:
@@ -45,22 +47,29 @@ def test_resolution_notes_and_the_papers_step_up():
 
 def test_the_edge_of_the_grid_is_named():
     grid = (0.001, 0.003, 0.01, 0.03)
-    assert "largest" in finetune.edge_note(grid, 0.03) and "0.09" in finetune.edge_note(grid, 0.03)
-    assert "smallest" in finetune.edge_note(grid, 0.001)
-    assert finetune.edge_note(grid, 0.01) == ""
+    assert "largest" in choice.edge_note(grid, 0.03) and "0.09" in choice.edge_note(grid, 0.03)
+    assert "smallest" in choice.edge_note(grid, 0.001)
+    assert choice.edge_note(grid, 0.01) == ""
+
+
+def rate_verdict(scores: dict[float, float], dev_count: int) -> dict:
+    """The one verdict of a sweep of rates alone (the paper's protocol: the plan's own recipe)."""
+    arms = [choice.Arm(choice.PLANNED, lr) for lr in scores]
+    return choice.verdict({a.name: scores[a.lr] for a in arms}, {a.name: "" for a in arms}, dev_count)
 
 
 def test_a_sweep_that_cannot_tell_the_rates_apart_says_so():
     # 21 vs 20 of 144 dev images (the transfer table's digits sweep): one image apart.
-    close = {0.001: 14 / 144, 0.003: 11 / 144, 0.01: 21 / 144, 0.03: 20 / 144}
-    note = finetune.noise_note(close, 144)
-    assert "within sampling noise" in note and "14.6%" in note and "13.9%" in note
+    close = rate_verdict({0.001: 14 / 144, 0.003: 11 / 144, 0.01: 21 / 144, 0.03: 20 / 144}, 144)
+    line = choice.verdict_line(close, {f"lr-{lr:g}": f"lr {lr:g}" for lr in (0.001, 0.003, 0.01, 0.03)})
+    assert close["within_noise"] and close["best"] == "lr-0.01" and close["runner_up"] == "lr-0.03"
+    assert "within the noise" in line and "14.6%" in line and "13.9%" in line and "the next best, lr 0.03" in line
     # 900 vs 600 of 1,000 (a CIFAR-sized dev split): far apart.
-    assert finetune.noise_note({0.001: 0.6, 0.003: 0.9, 0.01: 0.5}, 1000) == ""
+    assert not rate_verdict({0.001: 0.6, 0.003: 0.9, 0.01: 0.5}, 1000)["within_noise"]
     # The same gap of 3 points is noise on 100 images and a real difference on 10,000.
-    assert finetune.noise_note({0.01: 0.80, 0.03: 0.83}, 100) != ""
-    assert finetune.noise_note({0.01: 0.80, 0.03: 0.83}, 10_000) == ""
-    assert finetune.noise_note({0.01: 0.5}, 100) == ""
+    assert rate_verdict({0.01: 0.80, 0.03: 0.83}, 100)["within_noise"]
+    assert not rate_verdict({0.01: 0.80, 0.03: 0.83}, 10_000)["within_noise"]
+    assert "within_noise" not in rate_verdict({0.01: 0.5}, 100)
 
 
 def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
@@ -73,7 +82,8 @@ def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
     vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=16, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
                                     hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5), ck)
     paper = finetune.plan(str(ck), "digits", choose="paper")
-    assert paper.config.optim.name == "sgd" and paper.arms == [] and paper.sweep and paper.sweep_steps == 50
+    assert paper.config.optim.name == "sgd" and paper.sweep and paper.sweep_steps == 25  # the same quick share
+    assert [a.name for a in paper.arms] == ["lr-0.001", "lr-0.003", "lr-0.01", "lr-0.03"]  # the rate alone
     assert any("a quick sweep first, Table 4's grid" in n for n in paper.notes)
     auto = finetune.plan(str(ck), "digits")
     assert [a.name for a in auto.arms][::4] == ["paper-lr-0.001", "adamw-lr-0.0003"] and auto.sweep_steps == 25
@@ -87,8 +97,54 @@ def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
     assert by_epochs.config.train.steps == 44 and by_epochs.sweep_steps == 10  # 2 x (1,437 // 64); at least 10 an arm
     # Another recipe (Table 2's) is followed as it is: no choice unless asked for.
     table2 = finetune.plan(str(ck), "digits", recipe="table2-finetune-imagenet-384", options={"steps": 40})
-    assert table2.arms == [] and table2.config.optim.name == "sgd"
+    assert all(a.recipe is choice.PLANNED for a in table2.arms) and table2.config.optim.name == "sgd"  # its rate alone
     assert finetune.plan(str(ck), "digits", recipe="table2-finetune-imagenet-384", options={"steps": 40},
                          choose="auto").arms
     # --table4 declares the dataset, and with it the paper's dev split.
     assert finetune.plan(str(ck), "digits", table4="cifar10", options={"steps": 40}).config.data.dev_fraction == 0.02
+
+
+def test_a_default_fine_tune_reads_its_checkpoint_once_and_each_split_once(tmp_path, monkeypatch):
+    """The plan is made once per process: a default fine-tune (the six-arm recipe sweep, the
+    final run) repeated twice reads the checkpoint file once, opens each data split once, and
+    fits the probe head once per split (train-minus-dev for the AdamW arms, train for the final
+    runs). Before: 16 checkpoint reads and 19 dataset opens for one fine-tune."""
+    import sys
+    from collections import Counter
+
+    import torch
+
+    import vitlab
+    from vitlab.checkpoints import io
+    from vitlab.data import datasets, open as data_open
+    from vitlab.train import probe_head, repeats
+
+    torch.manual_seed(0)
+    ck = tmp_path / "ck.safetensors"
+    vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=8, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
+                                    hidden_size=16, depth=1, num_heads=2, mlp_dim=32, num_classes=5), ck)
+    reads, opens, arrays, fits = Counter(), Counter(), Counter(), []
+    read, open_dataset, digits, fitted = io.read, data_open.open_dataset, datasets.digits_arrays, probe_head.fitted
+
+    def counted_open(spec, split, *args, **kwargs):
+        opens[split] += 1
+        return open_dataset(spec, split, *args, **kwargs)
+
+    monkeypatch.setattr(io, "read", lambda path, *a, **k: reads.update([str(path)]) or read(path, *a, **k))
+    for module in list(sys.modules.values()):  # every module that holds the name
+        if getattr(module, "open_dataset", None) is open_dataset:
+            monkeypatch.setattr(module, "open_dataset", counted_open)
+    monkeypatch.setattr(datasets, "digits_arrays", lambda *a: arrays.update(["digits"]) or digits(*a))
+    monkeypatch.setattr(probe_head, "fitted", lambda model, images, *a: fits.append(len(images)) or fitted(model, images, *a))
+
+    plan = finetune.plan(str(ck), "digits", options={"steps": 20, "batch_size": 32}, overrides=["train.threads=1"],
+                         out=tmp_path / "ft")
+    assert len(plan.arms) == 6 and plan.sweep_steps == 10  # the default: both recipes, a quick sweep
+    result = repeats.repeat(plan, 2, lambda p: finetune.run(p, quiet=True), log=lambda _: None)
+    assert result["runs"][1]["lr"] == result["best_lr"]
+    assert reads == {str(ck): 1}
+    assert opens == {"train": 1, "train-minus-dev": 1, "dev": 1, "test": 1} and arrays["digits"] == 4
+    assert sorted(fits) == [1_293, 1_437]  # one fit per split, however many runs start from it
+    second = json.loads((tmp_path / "ft" / "seed-1" / "summary.json").read_text())
+    if result["best_recipe"] == "adamw":  # its head is the first final run's, and no forward pass is counted twice
+        assert second["head_probe"]["shared_with_earlier_run"] and "forward_images" not in second["compute"]

@@ -38,7 +38,7 @@ def test_a_recipe_changes_the_config_but_not_what_the_user_set():
 
 def test_the_verdict_says_by_how_much_and_whether_it_is_noise():
     recipes = {"paper-lr-0.01": "paper", "paper-lr-0.03": "paper", "adamw-lr-0.001": "adamw"}
-    lrs = {"paper-lr-0.01": 0.01, "paper-lr-0.03": 0.03, "adamw-lr-0.001": 0.001}
+    lrs = {"paper-lr-0.01": "paper lr 0.01", "paper-lr-0.03": "paper lr 0.03", "adamw-lr-0.001": "adamw lr 0.001"}
     clear = choice.verdict({"paper-lr-0.01": 0.20, "paper-lr-0.03": 0.31, "adamw-lr-0.001": 0.80}, recipes, 144)
     assert clear["best"] == "adamw-lr-0.001" and clear["runner_up"] == "paper-lr-0.03"
     assert clear["margin"] == pytest.approx(0.49) and not clear["within_noise"]

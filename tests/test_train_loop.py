@@ -246,26 +246,28 @@ def test_finetune_at_a_higher_resolution_and_eval(tmp_path):
 
 
 def test_lr_sweep_picks_on_dev_then_trains_on_everything(tmp_path):
-    from vitlab.train.finetune import lr_sweep, noise_note
+    from vitlab.train import finetune_choice as choice
 
     cfg = tiny(train={"steps": 4, "ema": 0.0, "mixup": 0.0, "ckpt_every": 4})
     seen = []
 
-    def train(c, out):
+    def train(c, out, _notes=()):
         seen.append((c.optim.lr, c.data.train_split, c.data.eval_splits))
         return Trainer(c, out, quiet=True).run()
 
-    result = lr_sweep(cfg, tmp_path, (1e-4, 3e-3), train, log=lambda _: None)
+    arms = [choice.Arm(choice.PLANNED, lr) for lr in (1e-4, 3e-3)]  # the rate alone: the paper's sweep
+    result = choice.choose(cfg, tmp_path, arms, 4, set(), train, log=lambda _: None)
     assert seen[:2] == [(1e-4, "train-minus-dev", ("dev",)), (3e-3, "train-minus-dev", ("dev",))]
-    scores = result["dev_top1"]
-    best = max((1e-4, 3e-3), key=lambda lr: (scores[f"{lr:g}"], -lr))
-    assert result["best_lr"] == best and seen[2] == (best, "train", ("test",))
+    scores = {a["lr"]: a["dev_top1"] for a in result["arms"]}
+    best = max((1e-4, 3e-3), key=lambda lr: (scores[lr], -lr))
+    assert result["best_lr"] == best and seen[2] == (best, "train", ("test",)) and result["best_recipe"] == ""
     assert json.loads((tmp_path / "sweep.json").read_text())["best_lr"] == best
     assert (tmp_path / "final" / "summary.json").is_file() and (tmp_path / "sweep" / "lr-0.003" / "summary.json").is_file()
     dev = json.loads((tmp_path / "sweep" / "lr-0.0001" / "summary.json").read_text())["splits"]["dev"]
     assert dev["count"] == 144  # 10% of the 1,437 training digits
     # Whether the two dev scores are within noise of each other is recorded with them.
-    assert result["within_noise"] == bool(noise_note({1e-4: scores["0.0001"], 3e-3: scores["0.003"]}, 144))
+    noise = choice.two_standard_errors(scores[1e-4], scores[3e-3], 144)
+    assert result["within_noise"] == (abs(scores[1e-4] - scores[3e-3]) <= noise)
 
 
 # The BiT ResNet baseline through the same loop: a 14-layer, half-width ResNet on 8x8 digits.

@@ -98,6 +98,23 @@ def test_a_probe_head_run_resumes_exactly(source, tmp_path, monkeypatch):
     assert resumed["compute"]["forward_images"] == straight["compute"]["forward_images"] == 1437
 
 
+def test_a_head_fitted_once_gives_the_runs_that_share_it_the_same_weights(source, tmp_path):
+    """Runs of one plan share the probe head (train/inputs.py): a run that reuses it ends with
+    the same weights as one that fits it (the fit draws nothing from the random streams), and
+    counts none of its forward passes."""
+    from vitlab.train.inputs import Inputs
+
+    shared = Inputs()
+    first = Trainer(probe_config(source), tmp_path / "first", quiet=True, inputs=shared).run()
+    again = Trainer(probe_config(source), tmp_path / "again", quiet=True, inputs=shared).run()
+    alone = Trainer(probe_config(source), tmp_path / "alone", quiet=True).run()  # its own fit
+    a, b, c = (load_file(str(tmp_path / name / "checkpoints" / "last.safetensors")) for name in ("first", "again", "alone"))
+    assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
+    assert again["head_probe"]["shared_with_earlier_run"] and "shared_with_earlier_run" not in first["head_probe"]
+    assert first["compute"]["forward_images"] == alone["compute"]["forward_images"] == 1437
+    assert "forward_images" not in again["compute"] and len(shared.heads) == 1 and len(shared.checkpoints) == 1
+
+
 def test_the_probe_needs_a_checkpoint_and_a_known_name():
     with pytest.raises(ConfigError, match="needs model.checkpoint"):
         load_recipe("digits").with_overrides({"model.head_start": "probe"})

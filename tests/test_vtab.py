@@ -246,3 +246,20 @@ def test_lr_grid_chooses_on_the_200_and_reruns_on_the_1000(tmp_path):
     assert accepted.data.name == f"vtab:pets@4.0.0:{tmp_path}"
     with pytest.raises(DataError, match="TASK=\\[CONFIG/\\]VERSION"):
         vtab.Settings(accept=("pets",))
+
+
+@pytest.mark.parametrize("given", [{}, {"lr": 0.03}, {"grid": (0.001, 0.01)}, {"image_size": None, "seed": 3},
+                                   {"overrides": ("optim.weight_decay=0.1",), "accept": ("pets=4.0.0",)}])
+def test_settings_copy_to_themselves_and_through_a_task_jobs_command_line(given, tmp_path):
+    """A suite's settings, copied (as a second run compares them) or written into a task job's
+    `vitlab vtab` command line (--launcher) and read back, are the same settings: the rate
+    and the grid are passed only where set, so no job is refused for giving both."""
+    from vitlab.cli import build_parser, parse
+    from vitlab.cli.vtab import settings
+    from vitlab.sweep.vtab import child_argv
+
+    s = vtab.Settings(steps=10, **given)
+    assert vtab.Settings(**vars(s)) == s
+    argv = child_argv("ck.safetensors", tmp_path, tmp_path / "suite", s, TASKS["dtd"])
+    assert settings(parse(build_parser(), list(argv))) == s
+    assert vtab.task_config("ck", TASKS["dtd"], tmp_path, s).optim.lr == given.get("lr", vtab.VTAB_LR)

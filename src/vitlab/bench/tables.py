@@ -1,13 +1,11 @@
-"""Writing results: CSV and Markdown tables headed by the machine, the versions and the noise.
-
-Used by `vitlab bench` (the throughput rows of `vitlab.bench.runner`) and by
-`benchmarks/run_all.py` (its own tables through `write_table`). Files are written atomically.
+"""`vitlab bench`'s results: the CSV and Markdown files of its throughput rows
+(`vitlab.bench.runner`), headed by the machine, the versions and the noise, written through
+vitlab.tables (the one table writer). The repository's own benchmark pages add their tables
+in benchmarks/report_tables.py. Files are written atomically.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import statistics
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Optional, Sequence
 
 from vitlab.bench.runner import BenchConfig, Row
 from vitlab.files import atomic_write_text, check_name, child
+from vitlab.tables import csv_table, markdown_table
 
 COLUMNS = [
     "model", "gelu", "image_size", "batch", "task", "impl", "precision", "compiled", "checkpointing", "kernel",
@@ -62,11 +61,7 @@ def row_dict(row: Row) -> dict[str, str]:
 
 
 def csv_text(records: Sequence[dict], columns: Sequence[str]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, columns, lineterminator="\n")
-    w.writeheader()
-    w.writerows([{c: r.get(c, "") for c in columns} for r in records])
-    return buf.getvalue()
+    return csv_table(columns, [[r.get(c, "") for c in columns] for r in records])
 
 
 def write_csv(rows: Sequence[Row], path: str | os.PathLike) -> None:
@@ -104,31 +99,28 @@ def noise_line(rows: Sequence[Row], bench: BenchConfig) -> str:
             + contention_summary(rows, bench.contended_cores) + ".")
 
 
-def markdown_line(row: Row, with_mfu: bool = False) -> str:
+def markdown_cells(row: Row, with_mfu: bool = False) -> list[str]:
     d = row_dict(row)
-    setting, mfu = row.setting.label, (f" {d['mfu_pct']} |" if with_mfu else "")
+    mfu = [d["mfu_pct"]] if with_mfu else []
     if row.error:
-        return f"| {setting} | {row.system.label} | — | skipped: {row.error} |" + " |" * (6 + with_mfu)
+        return [row.setting.label, row.system.label, "—", f"skipped: {row.error}", *[""] * (6 + with_mfu)]
     if row.system.impl == "gemm":
-        return (f"| {setting} | {row.system.label} | {d['images_per_s']} GFLOP/s | "
-                f"{d['min']}–{d['max']} | {d['clean_samples']}/{d['samples']} |" + " |" * (5 + with_mfu))
-    return (f"| {setting} | {row.system.label} | {d['images_per_s']} | {d['min']}–{d['max']} | "
-            f"{d['clean_samples']}/{d['samples']} | {d['pct_of_ceiling']} |{mfu} {d['x_best_fp32_peer']} | "
-            f"{d['x_timm_fp32']} | {d['work_mib']} | {d['compile_s']} |")
+        return [row.setting.label, row.system.label, f"{d['images_per_s']} GFLOP/s", f"{d['min']}–{d['max']}",
+                f"{d['clean_samples']}/{d['samples']}", *[""] * (5 + with_mfu)]
+    return [row.setting.label, row.system.label, d["images_per_s"], f"{d['min']}–{d['max']}",
+            f"{d['clean_samples']}/{d['samples']}", d["pct_of_ceiling"], *mfu, d["x_best_fp32_peer"], d["x_timm_fp32"],
+            d["work_mib"], d["compile_s"]]
 
 
 def markdown(rows: Sequence[Row], info: Optional[dict[str, str]] = None, bench: Optional[BenchConfig] = None) -> str:
     """The results as a Markdown table, headed by the machine, versions and noise; an MFU
     column where the device's peak is known (GPUs)."""
     lines = ([header(info)] if info else []) + ([noise_line(rows, bench)] if bench else [])
-    if lines:
-        lines.append("")
     with_mfu = any(r.mfu is not None for r in rows)
     columns = ["setting", "system", "img/s (median)", "spread", "clean/all", "% of ceiling"]
     columns += ["MFU %"] * with_mfu + ["× best fp32 peer", "× timm fp32", "work MiB", "compile s"]
-    lines += ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-    lines += [markdown_line(row, with_mfu) for row in rows]
-    return "\n".join(lines) + "\n"
+    table = markdown_table(columns, [markdown_cells(row, with_mfu) for row in rows])
+    return "\n".join([*lines, ""]) + table if lines else table
 
 
 def write_results(rows: Sequence[Row], out_dir: str | os.PathLike, name: str, info: dict[str, str],
@@ -139,21 +131,4 @@ def write_results(rows: Sequence[Row], out_dir: str | os.PathLike, name: str, in
     csv_path, md_path = child(out, f"{name}.csv", "--name"), child(out, f"{name}.md", "--name")
     write_csv(rows, csv_path)
     atomic_write_text(md_path, f"# Benchmark: {name}\n\n" + markdown(rows, info, bench))
-    return csv_path, md_path
-
-
-def table(records: Sequence[dict], columns: Sequence[str]) -> str:
-    """A Markdown table of `records` (dicts), one column per name in `columns`."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in records]
-    return "\n".join(lines) + "\n"
-
-
-def write_table(out_dir: str | os.PathLike, name: str, title: str, info: dict[str, str],
-                records: Sequence[dict], columns: Sequence[str], notes: str = "") -> tuple[Path, Path]:
-    """NAME.csv and NAME.md for any table: a title, the machine line, notes, the table."""
-    out = Path(out_dir)
-    csv_path, md_path = out / f"{name}.csv", out / f"{name}.md"
-    atomic_write_text(csv_path, csv_text(records, columns))
-    atomic_write_text(md_path, f"# {title}\n\n{header(info)}\n\n{notes}\n{table(records, columns)}")
     return csv_path, md_path

@@ -19,7 +19,6 @@ the official storage (a mirror).
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import os
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from vitlab.checkpoints.io import CheckpointError
-from vitlab.files import atomic_write, atomic_write_text, cache_dir
+from vitlab.files import atomic_write, atomic_write_text, cache_dir, sha256_file
 from vitlab.files.documents import read_json
 from vitlab.log import get_logger, notice
 from vitlab.progress import Progress
@@ -206,14 +205,6 @@ def _record(entry: Pretrained, digest: str, path: Path) -> None:
     atomic_write_text(_digests_file(), json.dumps(table, indent=1, sort_keys=True))
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _verify_cached(entry: Pretrained, path: Path) -> None:
     """Check the cached file against the published digest, or the first download's. A file
     unchanged (size, mtime) since it was last verified is not hashed again."""
@@ -224,7 +215,7 @@ def _verify_cached(entry: Pretrained, path: Path) -> None:
     ):
         return
     want = entry.sha256 or (rec or {}).get("sha256")
-    digest = sha256_of(path)
+    digest = sha256_file(path)
     if want is not None and digest != want:
         raise CheckpointError(
             f"{path}: sha256 {digest[:16]}... does not match the expected {want[:16]}... for {entry.name}; "
@@ -298,4 +289,4 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
     size = path.stat().st_size
     rate = size / 1e6 / max(time.time() - start, 1e-6)
     notice(LOG, f"  done: {size / 1e6:.1f} MB at {rate:.1f} MB/s")
-    _record(entry, sha256_of(path), path)
+    _record(entry, sha256_file(path), path)

@@ -27,10 +27,12 @@ from vitlab.checkpoints import hf, hub, timm
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.tables import export_state
 from vitlab.config import model_flops
+from vitlab.config.run import AUGMENTATIONS
 from vitlab.extras import error_line, hub_client_errors
 from vitlab.files import OutputFolder, atomic_write, atomic_write_text
 from vitlab.files.documents import read_json, read_yaml
 from vitlab.run_layout import CHECKPOINTS, LAST, SUMMARY_SHAPE, RunLayout, run_of
+from vitlab.tables import markdown_table
 
 TIMM_WEIGHTS = "timm_model.safetensors"
 # Beside timm's weights, transformers' go in a one-shard index, not in model.safetensors:
@@ -260,9 +262,9 @@ def _data_and_metrics(model, facts: dict[str, Any]) -> list[str]:
     splits = summary.get("splits") or {}
     rows = [(s, m) for s, m in splits.items() if isinstance(m, dict) and "top1" in m]
     if rows:
-        lines += ["| split | top-1 | top-5 | loss |", "| --- | --- | --- | --- |"]
-        lines += [f"| {s} | {m['top1']:.2%} | {m.get('top5', float('nan')):.2%} | {m.get('loss', float('nan')):.4f} |"
-                  for s, m in rows]
+        lines += markdown_table(["split", "top-1", "top-5", "loss"], [
+            [s, f"{m['top1']:.2%}", f"{m.get('top5', float('nan')):.2%}", f"{m.get('loss', float('nan')):.4f}"]
+            for s, m in rows]).splitlines()
     else:
         lines.append("None recorded.")
     return lines + [""]
@@ -279,14 +281,12 @@ HYPERPARAMETERS = [
     ("train", "label_smoothing", "label smoothing"), ("train", "mixup", "Mixup alpha"),
     ("train", "cutmix", "CutMix alpha"), ("train", "ema", "EMA decay"), ("model", "dropout", "dropout"),
     ("model", "drop_path", "stochastic depth"), ("data", "crop_scale", "inception crop scale"),
-    ("data", "hflip", "horizontal flip"), ("data", "randaugment", "RandAugment ops"),
-    ("data", "autoaugment", "AutoAugment policy"), ("data", "trivialaugment", "TrivialAugment"),
-    ("data", "augmix", "AugMix severity"), ("data", "random_erasing", "random erasing"),
+    ("data", "hflip", "horizontal flip"), *(("data", a.option, a.words) for a in AUGMENTATIONS),
 ]
 
 
-OFF_WHEN_ZERO = ("steps", "epochs", "label_smoothing", "mixup", "cutmix", "ema", "dropout", "drop_path", "randaugment",
-                 "trivialaugment", "augmix", "random_erasing")  # 0 means off (or, for steps/epochs, the other one)
+OFF_WHEN_ZERO = ("steps", "epochs", "label_smoothing", "mixup", "cutmix", "ema", "dropout", "drop_path",
+                 *(a.option for a in AUGMENTATIONS))  # 0 means off (or, for steps/epochs, the other one)
 
 
 def _hyperparameters(facts: dict[str, Any]) -> list[str]:
@@ -300,10 +300,10 @@ def _hyperparameters(facts: dict[str, Any]) -> list[str]:
             continue  # AdamW has betas, not momentum
         if section == "optim" and config.get("optim", {}).get("name") == "sgd" and key == "betas":
             continue
-        rows.append(f"| {label} | {value} |")
+        rows.append([label, value])
     if not rows:
         return []
-    return ["## Training hyper-parameters", "", "| setting | value |", "| --- | --- |", *rows,
+    return ["## Training hyper-parameters", "", *markdown_table(["setting", "value"], rows).splitlines(),
             "", "The run's whole config is its config.yaml (`vitlab train --config config.yaml` reruns it).", ""]
 
 

@@ -76,17 +76,11 @@ def _add_regularisation(p) -> None:
     reg.add_argument("--mixup", type=float, metavar="ALPHA", help="Mixup with Beta(ALPHA, ALPHA) (train.mixup; DeiT 0.8)")
     reg.add_argument("--cutmix", type=float, metavar="ALPHA", help="CutMix with Beta(ALPHA, ALPHA) (train.cutmix; DeiT "
                      "1.0); with --mixup, one of the two per batch")
-    reg.add_argument("--randaugment", type=int, nargs=2, metavar=("N", "M"),
-                     help="RandAugment: N ops of magnitude M per image (data.randaugment, data.randaugment_magnitude; "
-                     "DeiT 2 9)")
-    reg.add_argument("--autoaugment", metavar="POLICY", choices=("imagenet", "cifar10", "svhn"),
-                     help="torchvision's AutoAugment with this policy (data.autoaugment)")
-    reg.add_argument("--trivialaugment", action="store_true", default=None,
-                     help="torchvision's TrivialAugmentWide (data.trivialaugment)")
-    reg.add_argument("--augmix", type=int, nargs="?", const=3, metavar="SEVERITY",
-                     help="torchvision's AugMix, severity 1-10, default 3 (data.augmix)")
-    reg.add_argument("--random-erasing", type=float, metavar="P",
-                     help="torchvision's RandomErasing on a share P of the images (data.random_erasing)")
+    from vitlab.config.run import AUGMENTATIONS
+
+    for a in AUGMENTATIONS:  # one flag each, from the table (config/run.py)
+        keys = ", ".join(f"data.{k}" for k in a.keys)
+        reg.add_argument(f"--{a.option.replace('_', '-')}", **{**a.flag, "help": f"{a.flag['help']} ({keys})"})
     reg.add_argument("--label-smoothing", type=float, metavar="EPS", help="label smoothing (train.label_smoothing; 0.1)")
     reg.add_argument("--drop-path", type=float, metavar="RATE", help="stochastic depth, largest rate at the last block "
                      "(model.drop_path; DeiT 0.1)")
@@ -192,10 +186,10 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
 
 
 def lr_rates(text: str | None) -> list[float] | None:
-    """--lr-grid's rates, or None for Table 4's."""
+    """--lr-grid's rates (an empty list for an empty one, which the library refuses), or None for Table 4's."""
     from vitlab.cli import UsageError
 
-    if not text:
+    if text is None:
         return None
     try:
         return [float(v) for v in text.split(",") if v.strip()]

@@ -50,19 +50,19 @@ sampling noise of the runner-up's (the pick is then uncertain). Sweeps write OUT
 the final run OUT/final/ (OUT/sweep.json has the scores).
 
 examples:
-  vitlab finetune --from runs/cifar10/checkpoints/last.safetensors --data digits
-  vitlab finetune --from runs/cifar10/checkpoints/last.safetensors --data digits --recipe paper
-  vitlab finetune --from runs/cifar10/checkpoints/last.safetensors --data cifar10:~/data --paper-resolution --steps 200
-  vitlab finetune --from vit_b16_in21k.npz --data imagefolder:~/pets --image-size 384 --lr-sweep
-  vitlab finetune --from hf-hub:google/vit-base-patch16-224-in21k --data imagefolder:~/photos --lr 0.01
+  vitlab finetune runs/cifar10/checkpoints/last.safetensors --data digits
+  vitlab finetune runs/cifar10/checkpoints/last.safetensors --data digits --recipe paper
+  vitlab finetune runs/cifar10/checkpoints/last.safetensors --data cifar10:~/data --paper-resolution --steps 200
+  vitlab finetune vit_b16_in21k.npz --data imagefolder:~/pets --image-size 384 --lr-sweep
+  vitlab finetune hf-hub:google/vit-base-patch16-224-in21k --data imagefolder:~/photos --lr 0.01
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from vitlab.cli.common import add_training_arguments
 
-    p.add_argument("--from", dest="checkpoint", required=True, metavar="CHECKPOINT",
-                   help="pretrained weights: any file vitlab.load reads, or a name (hf-hub:, timm:, MODEL:WEIGHTS)")
+    p.add_argument("checkpoint", nargs="?", help="pretrained weights: a file vitlab.load reads, or a name (hf-hub:...)")
+    p.add_argument("--from", dest="source", metavar="CHECKPOINT", help="the same, as a flag (the earlier form)")
     add_training_arguments(p, "finetune")
     p.add_argument("--paper-resolution", action="store_true",
                    help="fine-tune at the paper's step up from the checkpoint's resolution (x384/224, e.g. 224 -> 384)")
@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.cli.common import command_line, lr_rates, training_exit
     from vitlab.train import finetune
 
-    plan = finetune.plan(args.checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
+    checkpoint = finetune.checkpoint_argument(args.checkpoint, args.source, args.overrides)
+    plan = finetune.plan(checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
                          paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=lr_rates(args.lr_grid),
                          table4=args.table4, out=args.out, choose=args.recipe)
     result: dict = {}
@@ -98,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{repeats.report(result)}; every run in {plan.out / 'repeats.json'}")
         return code
     code = training_exit(lambda: result.update(one(plan)), "finetune")
-    done = finetune.done_line(plan, result) if code == 0 else None
-    if done:
-        print(done)
+    if code == 0 and finetune.done_line(plan, result):
+        print(finetune.done_line(plan, result))
     return code

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", metavar="T,T,...", help="run only these tasks (default: all 19; the row shows all)")
     p.add_argument("--out", metavar="DIR", help="the suite folder (default runs/vtab-CHECKPOINT)")
     p.add_argument("--steps", type=int, default=2500, help="fine-tuning steps per task (default 2,500, Table 4)")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01, Table 4)")
+    p.add_argument("--lr", type=float, help="learning rate (default 0.01, Table 4)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="choose each task's rate from these on its 200 val examples")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--image-size", default="384", metavar="N", help="fine-tuning resolution (default 384; checkpoint)")
@@ -60,20 +60,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE", help="changes to every task's run")
 
 
+def settings(args: argparse.Namespace):
+    """The suite's vtab.Settings from the flags (a task job's command line gives back its suite's)."""
+    from vitlab.cli.common import lr_rates
+    from vitlab.train import vtab
+
+    return vtab.Settings(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grid=lr_rates(args.lr_grid),
+                         image_size=vtab.image_size(args.image_size), seed=args.seed, device=args.device,
+                         overrides=tuple(args.overrides), accept=tuple(args.tfds_version))
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from vitlab.cli.common import command_line, launcher_params, lr_rates
+    from vitlab.cli.common import command_line, launcher_params
     from vitlab.data.vtab import TASKS, get_task
     from vitlab.sweep.vtab import launch
     from vitlab.train import recipe, vtab
 
     root, out = Path(args.root).expanduser(), Path(args.out or f"runs/vtab-{Path(args.checkpoint).stem}")
     tasks = [get_task(t) for t in args.tasks.split(",")] if args.tasks else list(TASKS.values())
-    s = vtab.Settings(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grid=tuple(lr_rates(args.lr_grid) or ()),
-                      image_size=vtab.image_size(args.image_size), seed=args.seed, device=args.device,
-                      overrides=tuple(args.overrides), accept=tuple(args.tfds_version))
+    s = settings(args)
     if args.launcher and not args.report:
         done = launch(args.checkpoint, root, out, tasks, s, launcher=args.launcher, jobs=args.jobs,
                       params=launcher_params(args.slurm), wait=not args.no_wait, force=args.force)

@@ -2,6 +2,11 @@
 
 A run is read from a YAML recipe, changed by "section.key=value" overrides, and written back
 as the resolved `config.yaml` of the run folder. Defaults live in these dataclasses only.
+
+Each value remembers the layer that set it (`RunConfig.origins`, "section.key" -> layer; a
+key it lacks is the default): the recipe or config file it was read from, the command line,
+the checkpoint, the fine-tune's plan or sweep. config.yaml shows the layer beside each value
+(config/provenance.py).
 """
 
 from __future__ import annotations
@@ -89,7 +94,7 @@ class ModelSection:
             raise ConfigError(f"model.head_start={self.head_start!r}: use one of {', '.join(HEAD_STARTS)}")
         if self.head_start == "probe" and not self.checkpoint:
             raise ConfigError("model.head_start=probe fits a pretrained model's new head on its frozen features: it "
-                              "needs model.checkpoint (vitlab finetune --from CHECKPOINT)")
+                              "needs model.checkpoint (vitlab finetune CHECKPOINT)")
         check_keys(ViTConfig, dict(self.changes), "model", extra=_MODEL_EXTRA)
         changes = dict(self.changes)
         if "image_size" in changes:
@@ -115,6 +120,43 @@ class ModelSection:
 
 
 AUTOAUGMENT_POLICIES = ("", "imagenet", "cifar10", "svhn")  # torchvision.transforms.AutoAugmentPolicy
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """One augmentation after the Inception crop and flip: the data section's keys it reads
+    (the first turns it on: 0, "" or false is off), the torchvision transform that does it
+    (`op`, a class of torchvision.transforms) with the key of each of its arguments, how a
+    model card names it, and the arguments of its command-line flag (--KEY). `on_float`: it
+    runs on the normalised float image, after the rest. Adding an augmentation is a row here
+    and its fields in DataConfig; vitlab.data.augment builds it, the command line and the model
+    card read this table."""
+
+    keys: tuple[str, ...]
+    op: str
+    args: Mapping[str, str]
+    words: str
+    flag: Mapping[str, Any]
+    on_float: bool = False
+
+    @property
+    def option(self) -> str:
+        return self.keys[0]
+
+
+AUGMENTATIONS = (
+    Augmentation(("randaugment", "randaugment_magnitude"), "RandAugment",
+                 {"num_ops": "randaugment", "magnitude": "randaugment_magnitude"}, "RandAugment ops",
+                 dict(type=int, nargs=2, metavar=("N", "M"), help="RandAugment: N ops of magnitude M per image (DeiT 2 9)")),
+    Augmentation(("autoaugment",), "AutoAugment", {"policy": "autoaugment"}, "AutoAugment policy",
+                 dict(metavar="POLICY", choices=AUTOAUGMENT_POLICIES[1:], help="torchvision's AutoAugment with this policy")),
+    Augmentation(("trivialaugment",), "TrivialAugmentWide", {}, "TrivialAugment",
+                 dict(action="store_true", default=None, help="torchvision's TrivialAugmentWide")),
+    Augmentation(("augmix",), "AugMix", {"severity": "augmix"}, "AugMix severity",
+                 dict(type=int, nargs="?", const=3, metavar="SEVERITY", help="torchvision's AugMix, severity 1-10, default 3")),
+    Augmentation(("random_erasing",), "RandomErasing", {"p": "random_erasing"}, "random erasing",
+                 dict(type=float, metavar="P", help="torchvision's RandomErasing on a share P of the images"), on_float=True),
+)
 
 
 @dataclass(frozen=True)
@@ -160,9 +202,10 @@ class DataConfig:
             # One class trains to 100% with loss 0; a name twice makes two labels print alike.
             raise ConfigError(f"data.classes={list(self.classes)!r}: give two or more distinct class names, "
                               "or leave the key out for the dataset's own")
-        if self.decode == "cuda" and self.randaugment:
-            raise ConfigError(f"data.randaugment={self.randaugment} runs on the CPU and data.decode=cuda augments on the "
-                              "GPU; use data.decode=fast with RandAugment")
+        on = [a.option for a in AUGMENTATIONS if getattr(self, a.option)]
+        if self.decode == "cuda" and on:
+            raise ConfigError(f"data.{on[0]}={getattr(self, on[0])!r} runs on the CPU and data.decode=cuda augments on the "
+                              f"GPU; use data.decode=fast with {on[0]}")
         if self.train_size and self.train_fraction < 1:
             raise ConfigError(
                 f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g} both pick the "
@@ -274,6 +317,19 @@ class RunConfig:
                 f"got {type(self.objective).__name__}"
             )
 
+    @property
+    def origins(self) -> dict[str, str]:
+        """"section.key" -> the layer that set it (config/provenance.py); a key not here is the default."""
+        return self.__dict__.get("_origins", {})
+
+    def origin(self, key: str) -> str:
+        return self.origins.get(key, DEFAULT_ORIGIN)
+
+    def set_by(self, origins: Mapping[str, str]) -> "RunConfig":
+        """This config, recording `origins` (merged over those it has); returns it."""
+        object.__setattr__(self, "_origins", {**self.origins, **origins})
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         def plain(v: Any) -> Any:
             if isinstance(v, tuple):
@@ -291,8 +347,9 @@ class RunConfig:
         return out
 
     @classmethod
-    def from_dict(cls, d: Any) -> "RunConfig":
-        """A run from plain values (a recipe, a config.yaml, overrides), numbers read from text."""
+    def from_dict(cls, d: Any, origin: Optional[str] = None) -> "RunConfig":
+        """A run from plain values (a recipe, a config.yaml, overrides), numbers read from text;
+        `origin`: the layer they come from, recorded for every key `d` holds."""
         if not isinstance(d, dict):
             raise ConfigError(f"a recipe must be a mapping of sections, got {type(d).__name__}")
         valid = ("model", *SECTIONS, "objective")
@@ -301,10 +358,12 @@ class RunConfig:
             raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(valid)}")
         sections = {k: section_from_text(c, d.get(k), k) for k, c in SECTIONS.items()}
         options = section_from_text(OBJECTIVE_OPTIONS[sections["train"].objective], d.get("objective"), "objective")
-        return cls(model=ModelSection.from_dict(d.get("model")), objective=options, **sections)
+        cfg = cls(model=ModelSection.from_dict(d.get("model")), objective=options, **sections)
+        return cfg.set_by({key: origin for key in keys_of(d)}) if origin else cfg
 
-    def with_overrides(self, overrides: dict[str, Any]) -> "RunConfig":
-        """Apply {"optim.lr": 0.01, "model.dropout": 0.1, ...}; a wrong key names the valid ones."""
+    def with_overrides(self, overrides: dict[str, Any], origin: Optional[str] = None) -> "RunConfig":
+        """Apply {"optim.lr": 0.01, "model.dropout": 0.1, ...}; a wrong key names the valid ones.
+        `origin`: the layer that sets them (recorded; the other keys keep theirs)."""
         d = self.to_dict()
         objective_changed = "train.objective" in overrides and overrides["train.objective"] != self.train.objective
         if objective_changed:
@@ -321,7 +380,17 @@ class RunConfig:
                 d[section][head] = {**d[section][head], rest: value}
             else:
                 d[section][name] = value
-        return RunConfig.from_dict(d)
+        kept = {k: v for k, v in self.origins.items() if not (objective_changed and k.startswith("objective."))}
+        return RunConfig.from_dict(d).set_by({**kept, **{key: origin or CHANGED_ORIGIN for key in overrides}})
+
+
+DEFAULT_ORIGIN = "default"
+CHANGED_ORIGIN = "vitlab"  # a change whose caller named no layer
+
+
+def keys_of(d: Mapping[str, Any]) -> list[str]:
+    """The "section.key" names a plain config mapping (a recipe, a config.yaml) sets."""
+    return [f"{section}.{key}" for section, values in d.items() if isinstance(values, dict) for key in values]
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -351,9 +420,11 @@ def read_yaml(path_or_name: str, shipped: Path, what: str, names: list[str]) -> 
 
 
 def load_recipe(path_or_name: str) -> RunConfig:
-    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...)."""
+    """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...);
+    its values recorded as set by "recipe NAME" (shipped) or "config file PATH" (any other)."""
     d, path = read_yaml(path_or_name, RECIPES, "recipe", shipped_recipes())
+    shipped = path.resolve().parent == RECIPES and not Path(path_or_name).is_file()
     try:
-        return RunConfig.from_dict(d)
+        return RunConfig.from_dict(d, f"recipe {path.stem}" if shipped else f"config file {path}")
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None

@@ -22,10 +22,11 @@ from typing import Any, BinaryIO, Callable, NamedTuple, Optional, Sequence, Unio
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 
 from vitlab.data import cifar
-from vitlab.files import NotRegularFileError, atomic_write_bytes, cache_dir, require_regular_file
+from vitlab.data.images import BadImageError, bad_image, decoded, read_image  # noqa: F401  (the one opener)
+from vitlab.files import atomic_write_bytes, cache_dir
 
 # The dev split is always drawn with this seed, independent of the run's seed, so that every
 # run of a learning-rate sweep holds out the same images.
@@ -40,10 +41,6 @@ FASHION_MNIST_FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-
-
-class BadImageError(ValueError):
-    """An image file that cannot be decoded; the message names the file."""
 
 
 class DataError(FileNotFoundError):
@@ -67,51 +64,6 @@ class Skipped(str):
 def data_cache() -> Path:
     """Where downloaded datasets and shard indexes go: $VITLAB_DATA, else vitlab's cache."""
     return Path(os.environ["VITLAB_DATA"]) if os.environ.get("VITLAB_DATA") else cache_dir("data")
-
-
-def read_image(path: str | os.PathLike | BinaryIO) -> Image.Image:
-    """Open and fully decode an image file (or the bytes of one in a file object, such as an
-    upload), or raise BadImageError naming it. Only regular files are opened (a FIFO would
-    block forever). The EXIF orientation of a photo is applied, as every viewer does, so a
-    portrait shot from a phone is upright."""
-    if isinstance(path, (str, os.PathLike)):
-        try:
-            require_regular_file(path, "image file")
-        except NotRegularFileError as e:
-            raise BadImageError(f"{path}: cannot read this image: it is {e.kind}, not a regular file; fix or "
-                                "remove it, or pass --skip-bad-images to skip and count such files") from None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused, not decoded
-            with Image.open(path) as im:
-                return decoded(im)
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # PIL raises many types for broken files
-        raise bad_image(path, e) from None
-
-
-def bad_image(name: Any, e: Exception) -> BadImageError:
-    """The one-line refusal of an image that cannot be decoded."""
-    return BadImageError(
-        f"{name}: cannot read this image ({type(e).__name__}: {e}); "
-        "fix or remove the file, or pass --skip-bad-images to skip and count such files"
-    )
-
-
-def decoded(im: Image.Image) -> Image.Image:
-    """A fully decoded copy of an open image: upright by its EXIF orientation, palettes
-    expanded. PIL's decompression-bomb check (Image.MAX_IMAGE_PIXELS) applies on open."""
-    im.load()
-    if im.width < 1 or im.height < 1:
-        raise ValueError(f"the image is {im.width}x{im.height} pixels")
-    try:
-        im = ImageOps.exif_transpose(im)  # always a copy (in_place=False)
-    except Exception:  # a broken EXIF block: the pixels are still good
-        im = im.copy()
-    if im.mode == "P":
-        im = im.convert("RGBA" if "transparency" in im.info else "RGB")
-    return im
 
 
 def item_seed(seed: int, epoch: int, key: int | str) -> int:
@@ -168,6 +120,15 @@ class ImageDataset(torch.utils.data.Dataset):
         view = copy.copy(self)
         view.indices = self.indices[np.asarray(indices)]
         return view
+
+    def view(self, transform: Callable, *, seed: int = 0, train: bool = False) -> "ImageDataset":
+        """The same items through another transform and augmentation seed, sharing the storage
+        (nothing is read again); `train` is the loader's business for a map-style set."""
+        import copy
+
+        out = copy.copy(self)
+        out.transform, out.seed = transform, seed
+        return out
 
     def _load(self, i: int) -> Image.Image:
         raise NotImplementedError

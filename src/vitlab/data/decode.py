@@ -7,37 +7,51 @@ function of it -- the image is decoded at the smallest of those scales at which 
 still has at least the output's pixels, so the resize that follows still shrinks (or
 keeps) and never enlarges what the full decode would have shrunk.
 
-`FastTrainTransform` is the training transform of `transforms.train_transform` (the same
-crop and flip, drawn from torch's generator in the same order, so one seed gives the same
-box and flip), done on uint8 tensors: the crop is cut in PIL, resized by torch's uint8
-antialiased kernel and flipped, and stays uint8 (C, H, W) -- a quarter of a float image
-through the workers' shared memory. `Normalise` turns a uint8 batch into the model's input
-in the training process, or on the device. `FastEvalTransform` decodes at the reduced scale
-and then runs the evaluation transform unchanged; its pixels differ from a full decode (by
-the mean absolute difference `benchmarks/pipeline.py` reports), so it is opt-in: evaluation
-by default decodes in full, as timm and Hugging Face do.
+The training transform (augment.py) takes its decode as a step, one of `STEPS`: each opens
+an image (encoded bytes, a PIL image or a uint8 tensor), has the box drawn on its shown size
+(`draw_box`, the same draws as torchvision's RandomResizedCrop and RandomHorizontalFlip), and
+returns the crop at the output size:
 
-`plan_crops` and `decode_planned` are the GPU path: the boxes and flips are drawn on the CPU
-from the same seeds, the bytes go to the device, and `torchvision.io.decode_jpeg(device=
-"cuda")` decodes a batch there, where it is cropped, resized, flipped and normalised.
+    pil    decoded in full by PIL, cropped and resized by PIL (torchvision's own path)
+    fast   a JPEG decoded at the DCT scale the box needs, cropped, resized by torch's uint8
+           antialiased kernel (a quarter of a float image through the workers)
+    cuda   nothing decoded: the bytes and the box (`Planned`), decoded, cropped and resized
+           on the GPU (`decode_planned`, torchvision.io.decode_jpeg(device="cuda"))
+
+`FastEvalTransform` decodes at the reduced scale and then runs the evaluation transform
+unchanged; its pixels differ from a full decode (by the mean absolute difference
+`benchmarks/pipeline.py` reports), so it is opt-in: evaluation by default decodes in full, as
+timm and Hugging Face do. Every image is opened through data/images.py (its checks, and one
+decision of what is an image).
 """
 
 from __future__ import annotations
 
-import io
+import functools
 import math
 import warnings
-from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
-from vitlab.config.run import CROP_SCALE
-from vitlab.data.datasets import Encoded, bad_image, decoded
-from vitlab.data.transforms import _interpolation, _size, eval_transform, to_mode, train_transform
-from vitlab.files import NotRegularFileError, require_regular_file
+from vitlab.data.datasets import Encoded
+from vitlab.data.images import (BadImageError, bad_image, check_size, decoded, image_bytes, jpeg_pixels, open_image,
+                                read_image, to_mode)
+from vitlab.pixels import normalise
+
+
+def interpolation_mode(name: str) -> Any:
+    """torchvision's InterpolationMode of a config's interpolation name."""
+    from torchvision import transforms as T
+
+    modes = {"bilinear": T.InterpolationMode.BILINEAR, "bicubic": T.InterpolationMode.BICUBIC,
+             "nearest": T.InterpolationMode.NEAREST}
+    if name not in modes:
+        raise ValueError(f"interpolation {name!r}: use one of {', '.join(modes)}")
+    return modes[name]
+
 
 SCALES = (8, 4, 2, 1)
 # EXIF orientations that turn the stored image a quarter: its width is the shown height.
@@ -47,18 +61,6 @@ TRANSPOSED = (5, 6, 7, 8)
 def dct_scale(box: tuple[int, int], out: tuple[int, int], margin: int = 1) -> int:
     """The largest of 8, 4, 2, 1 that leaves a (h, w) crop box at least `margin` times the (h, w) output."""
     return next((s for s in SCALES if box[0] // s >= margin * out[0] and box[1] // s >= margin * out[1]), 1)
-
-
-def read_encoded(image: Encoded) -> bytes:
-    """The encoded bytes, with `read_image`'s check that a path is a regular file."""
-    source = image.source
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return bytes(source)
-    try:
-        require_regular_file(source, "image file")
-    except NotRegularFileError as e:
-        raise bad_image(image.name, ValueError(f"it is {e.kind}, not a regular file")) from None
-    return Path(source).read_bytes()
 
 
 # Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic).
@@ -92,18 +94,6 @@ def jpeg_header(data: bytes) -> Optional[tuple[int, int, int, bool]]:
     return None
 
 
-def open_lazy(image: Encoded, data: Optional[bytes] = None) -> tuple[Image.Image, bytes]:
-    """An image opened without decoding its pixels (the caller decodes, after a `draft`) and its
-    bytes, read once; PIL's decompression-bomb limit applies as in `read_image`."""
-    data = read_encoded(image) if data is None else data
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return Image.open(io.BytesIO(data)), data
-    except Exception as e:
-        raise bad_image(image.name, e) from None
-
-
 def orientation(im: Image.Image) -> int:
     """The EXIF orientation (1: as stored); 1 for a broken EXIF block, which decoded() ignores."""
     try:
@@ -133,32 +123,19 @@ def decode_at(im: Image.Image, scale: int, name: str) -> Image.Image:
         raise bad_image(name, e) from None
 
 
-def jpeg_tensor(data: bytes, name: str, in_channels: int) -> Optional[torch.Tensor]:
-    """torchvision.io.decode_jpeg of the bytes as uint8 (C, H, W); None without it (torchvision's
-    decoders are deprecated for torchcodec and may go)."""
-    try:
-        from torchvision.io import ImageReadMode, decode_jpeg
-    except ImportError:
-        return None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                               mode=ImageReadMode.RGB if in_channels == 3 else ImageReadMode.GRAY)
-    except RuntimeError as e:
-        raise bad_image(name, e) from None
-
-
 def decode_uint8(im: Image.Image, data: bytes, name: str, scale: int, in_channels: int) -> torch.Tensor:
     """uint8 (C, H, W) of an opened image at 1/scale, in the model's channels. A JPEG needing
     no reduction, no turn and no colour conversion goes to torchvision.io.decode_jpeg (the same
     libjpeg-turbo pixels, one copy fewer); everything else to PIL."""
     plain = (im.mode == "RGB" and in_channels == 3) or (im.mode == "L" and in_channels == 1)
     if scale == 1 and im.format == "JPEG" and plain and orientation(im) == 1:
-        x = jpeg_tensor(data, name, in_channels)
-        if x is not None:
-            return x
-    return to_uint8(to_mode(decode_at(im, scale, name), in_channels))
+        return jpeg_pixels(data, name, in_channels)
+    try:
+        return to_uint8(to_mode(decode_at(im, scale, name), in_channels))
+    except BadImageError:
+        if im.format != "JPEG":
+            raise
+        return jpeg_pixels(data, name, in_channels, upright=True)  # PIL refuses it: libjpeg's full decode
 
 
 def to_uint8(image: Image.Image) -> torch.Tensor:
@@ -179,13 +156,39 @@ class Box(NamedTuple):
 
 def draw_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[float], hflip: bool) -> Box:
     """torchvision's RandomResizedCrop box, then RandomHorizontalFlip's coin, drawn from torch's
-    global generator in that order: the same draws as `transforms.train_transform`."""
-    from torchvision import transforms as T
-
-    shape_only = torch.empty(1, 1, 1, dtype=torch.uint8).expand(1, height, width)
-    i, j, h, w = T.RandomResizedCrop.get_params(shape_only, list(scale), list(ratio))
+    global generator in that order: the same draws, and the same arithmetic (the log of the
+    ratio range and each draw in float32), as `RandomResizedCrop.get_params`, without its
+    per-call setup (tests/test_decode.py holds them equal)."""
+    area = height * width
+    log_lo, log_hi = _log_ratio(tuple(ratio))
+    draw = torch.empty(1)
+    for _ in range(10):
+        target_area = area * draw.uniform_(scale[0], scale[1]).item()
+        aspect_ratio = torch.exp(draw.uniform_(log_lo, log_hi)).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = int(torch.randint(0, height - h + 1, size=(1,)).item())
+            j = int(torch.randint(0, width - w + 1, size=(1,)).item())
+            break
+    else:  # torchvision's fallback: the central crop at the nearest allowed ratio
+        in_ratio = float(width) / float(height)
+        if in_ratio < min(ratio):
+            w, h = width, int(round(width / min(ratio)))
+        elif in_ratio > max(ratio):
+            h, w = height, int(round(height * max(ratio)))
+        else:
+            w, h = width, height
+        i, j = (height - h) // 2, (width - w) // 2
     flip = bool(torch.rand(1) < 0.5) if hflip else False
     return Box(i, j, h, w, flip)
+
+
+@functools.lru_cache(maxsize=16)
+def _log_ratio(ratio: tuple[float, float]) -> tuple[float, float]:
+    """torch.log of the ratio range in float32, as torchvision computes it."""
+    lo, hi = torch.log(torch.tensor(ratio))
+    return float(lo), float(hi)
 
 
 def scaled(box: Box, full: tuple[int, int], now: tuple[int, int]) -> tuple[int, int, int, int]:
@@ -197,86 +200,105 @@ def scaled(box: Box, full: tuple[int, int], now: tuple[int, int]) -> tuple[int, 
     return left, top, right, bottom
 
 
-class Normalise:
-    """uint8 (..., C, H, W) -> float32 ((x / 255) - mean) / std, on whatever device x is."""
-
-    def __init__(self, mean: Sequence[float], std: Sequence[float]):
-        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.uint8:
-            return x
-        # (x - 255 mean) * (1 / (255 std)) in place on the float copy, channel by channel with
-        # scalars (broadcast tensors take a slower path on the CPU): the float path to 1e-6
-        y = x.to(torch.float32)
-        for c, (m, s) in enumerate(zip(self.mean, self.std)):
-            y[..., c, :, :].sub_(255.0 * m).mul_(1.0 / (255.0 * s))
-        return y
+# The decode steps of the training transform ----------------------------------------------
+# Each takes (image, draw, size, interpolation, in_channels), where draw(height, width) -> Box
+# draws the box on the shown size, and returns (the crop at `size`, the box).
+def _opened(image: Encoded) -> tuple[bytes, Image.Image]:
+    data = image_bytes(image.source, image.name)
+    return data, open_image(data, image.name)
 
 
-class FastTrainTransform:
-    """The Inception crop and flip of `train_transform`, decoding only what the crop needs.
+def pil_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: Any, in_channels: int) -> tuple[Any, Box]:
+    """Decoded in full by PIL, cropped and resized by PIL: torchvision's RandomResizedCrop on
+    the PIL image (a tensor is cropped and resized as torchvision does it for tensors)."""
+    from torchvision.transforms import functional as F
 
-    Takes an `Encoded` image (decoded here, at the reduced scale) or a PIL image; returns uint8
-    (C, H, W), or the normalised float image with `uint8=False`."""
-
-    takes_encoded = True
-
-    def __init__(self, size: tuple[int, int], mean: Sequence[float], std: Sequence[float], in_channels: int = 3,
-                 crop_scale: Sequence[float] = CROP_SCALE, crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
-                 hflip: bool = True, randaugment: int = 0, randaugment_magnitude: int = 9,
-                 interpolation: Any = None, uint8: bool = True):
-        from torchvision import transforms as T
-
-        self.size, self.in_channels, self.uint8 = tuple(size), in_channels, uint8
-        self.crop_scale, self.crop_ratio, self.hflip = tuple(crop_scale), tuple(crop_ratio), hflip
-        self.interpolation = interpolation or T.InterpolationMode.BILINEAR
-        self.bilinear = self.interpolation == T.InterpolationMode.BILINEAR
-        self.randaugment = T.RandAugment(num_ops=randaugment, magnitude=randaugment_magnitude) if randaugment else None
-        self.normalise = Normalise(mean, std)
-
-    def __call__(self, image: Any) -> torch.Tensor:
-        from torchvision.transforms.v2 import functional as F
-
-        if isinstance(image, Encoded):
-            x, full, box = self.decode(image)
-        else:
-            full = (image.height, image.width)
-            box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
-            x = to_uint8(to_mode(image, self.in_channels))
-        left, top, right, bottom = scaled(box, full, tuple(x.shape[-2:]))
-        # the crop copied to one channels-last block: torch's uint8 kernel runs a third faster on it
-        crop = x[None, :, top:bottom, left:right].contiguous(memory_format=torch.channels_last)
-        if self.bilinear:  # torch's native uint8 kernel, called directly
-            x = torch.nn.functional.interpolate(crop, self.size, mode="bilinear", align_corners=False, antialias=True)[0]
-        else:
-            x = F.resize(crop, list(self.size), self.interpolation, antialias=True)[0]
-        if box.flip:
-            x = x.flip(-1)
-        if self.randaugment is not None:
-            x = self.randaugment(x)
-        return x if self.uint8 else self.normalise(x)
+    if isinstance(image, Encoded):
+        image = read_image(image.source, image.name)
+    elif isinstance(image, torch.Tensor) and image.dtype == torch.uint8:
+        image = F.to_pil_image(image)
+    if isinstance(image, Image.Image):
+        image = to_mode(image, in_channels)
+    h, w = (image.height, image.width) if isinstance(image, Image.Image) else tuple(image.shape[-2:])
+    box = draw(h, w)
+    return F.resized_crop(image, box.top, box.left, box.height, box.width, list(size), interpolation,
+                          antialias=True), box
 
 
-    def decode(self, image: Encoded) -> tuple[torch.Tensor, tuple[int, int], Box]:
-        """(uint8 pixels at the scale the crop needs, the shown (h, w), the box drawn on it)."""
-        data = read_encoded(image)
-        header = jpeg_header(data)
-        if header is not None and not header[3] and header[2] == self.in_channels and min(header[:2]) > 0:
-            full = header[:2]  # no EXIF block, so no turn: the header's size is the shown size
-            if full[0] * full[1] > Image.MAX_IMAGE_PIXELS:  # as read_image: refused, not decoded
-                raise bad_image(image.name, ValueError(f"{full[1]}x{full[0]} pixels, over PIL's decompression-bomb "
-                                                       f"limit of {Image.MAX_IMAGE_PIXELS:,}"))
-            box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
-            x = jpeg_tensor(data, image.name, self.in_channels) if dct_scale(box[2:4], self.size) == 1 else None
-            if x is not None and tuple(x.shape[-2:]) == full:
+def fast_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: Any, in_channels: int
+              ) -> tuple[torch.Tensor, Box]:
+    """A JPEG decoded at the DCT scale its box needs (a PNG, or a decoded image, in full), cut
+    to the box and resized by torch's uint8 antialiased kernel: uint8 (C, H, W) at `size`."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as F
+
+    if isinstance(image, Encoded):
+        x, full, box = _decode_for_box(image, draw, size, in_channels)
+    else:
+        if isinstance(image, Image.Image):
+            image = to_uint8(to_mode(image, in_channels))
+        full = tuple(image.shape[-2:])
+        x, box = image, draw(*full)
+    left, top, right, bottom = scaled(box, full, tuple(x.shape[-2:]))
+    # the crop copied to one channels-last block: torch's uint8 kernel runs a third faster on it
+    crop = x[None, :, top:bottom, left:right].contiguous(memory_format=torch.channels_last)
+    if interpolation == InterpolationMode.BILINEAR and crop.dtype == torch.uint8:  # torch's native uint8 kernel
+        return torch.nn.functional.interpolate(crop, size, mode="bilinear", align_corners=False, antialias=True)[0], box
+    return F.resize(crop, list(size), interpolation, antialias=True)[0], box
+
+
+def _decode_for_box(image: Encoded, draw: Callable, size: tuple[int, int], in_channels: int
+                    ) -> tuple[torch.Tensor, tuple[int, int], Box]:
+    """(uint8 pixels at the scale the box needs, the shown (h, w), the box drawn on it)."""
+    data = image_bytes(image.source, image.name)
+    header = jpeg_header(data)
+    if header is not None and not header[3] and header[2] == in_channels and min(header[:2]) > 0:
+        full = header[:2]  # no EXIF block, so no turn: the header's size is the shown size
+        check_size(full[1], full[0], image.name)  # refused before decoding, as data/images.py does
+        box = draw(*full)
+        if dct_scale(box[2:4], size) == 1:
+            x = jpeg_pixels(data, image.name, in_channels)
+            if tuple(x.shape[-2:]) == full:
                 return x, full, box
-            im, _ = open_lazy(image, data)
-            return decode_uint8(im, data, image.name, dct_scale(box[2:4], self.size), self.in_channels), full, box
-        im, _ = open_lazy(image, data)
+        im = open_image(data, image.name)
+        return decode_uint8(im, data, image.name, dct_scale(box[2:4], size), in_channels), full, box
+    im = open_image(data, image.name)
+    full = shown_size(im)
+    box = draw(*full)
+    return decode_uint8(im, data, image.name, dct_scale(box[2:4], size), in_channels), full, box
+
+
+class Planned(NamedTuple):
+    """One training image for the device: its JPEG bytes (encoded=True) or, for what nvjpeg
+    does not take (other formats, CMYK, an EXIF rotation, images held in memory), its pixels
+    decoded on the CPU, uint8 (C, H, W); and the box and flip drawn for it."""
+
+    data: torch.Tensor
+    box: Box
+    shown: tuple[int, int]
+    encoded: bool
+    name: str = ""
+
+
+def cuda_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: Any, in_channels: int
+              ) -> tuple[Planned, Box]:
+    """For data.decode=cuda: a JPEG's header read and its box drawn as the CPU steps draw it
+    (the same draws for the same seed); the decoding left to the device (`decode_planned`)."""
+    if isinstance(image, Encoded):
+        data, im = _opened(image)
         full = shown_size(im)
-        box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
-        return decode_uint8(im, data, image.name, dct_scale(box[2:4], self.size), self.in_channels), full, box
+        if im.format == "JPEG" and im.mode in ("RGB", "L") and full == (im.height, im.width):
+            box = draw(*full)
+            return Planned(torch.frombuffer(bytearray(data), dtype=torch.uint8), box, full, True, image.name), box
+        image = decode_uint8(im, data, image.name, 1, in_channels)  # decoded on the CPU, cropped on the device
+    pixels = to_uint8(to_mode(image, in_channels)) if isinstance(image, Image.Image) else image
+    full = tuple(pixels.shape[-2:])
+    box = draw(*full)
+    return Planned(pixels, box, full, False), box
+
+
+STEPS = {"pil": pil_step, "fast": fast_step, "cuda": cuda_step}  # data.decode: how training images are decoded
+DECODERS = tuple(STEPS)
 
 
 class FastEvalTransform:
@@ -300,52 +322,18 @@ class FastEvalTransform:
 
     def __call__(self, image: Any) -> torch.Tensor:
         if isinstance(image, Encoded):
-            im, _ = open_lazy(image)
+            _, im = _opened(image)
             full = shown_size(im)
             image = decode_at(im, dct_scale(full, self.needed(full), self.margin), image.name)
         return self.transform(image)
 
 
-# The GPU path --------------------------------------------------------------------------
-class Planned(NamedTuple):
-    """One training image for the device: its JPEG bytes (encoded=True) or, for what nvjpeg
-    does not take (other formats, CMYK, an EXIF rotation, images held in memory), its pixels
-    decoded on the CPU, uint8 (C, H, W); and the box and flip drawn for it."""
-
-    data: torch.Tensor
-    box: Box
-    shown: tuple[int, int]
-    encoded: bool
-
-
-class PlanTransform:
-    """For `data.decode=cuda`: reads a JPEG's header, draws the crop and flip as the CPU path
-    does (the same draws for the same seed), and leaves decoding to the device (`decode_planned`)."""
-
-    takes_encoded = True
-
-    def __init__(self, crop_scale: Sequence[float], crop_ratio: Sequence[float], hflip: bool, in_channels: int = 3):
-        self.crop_scale, self.crop_ratio, self.hflip = tuple(crop_scale), tuple(crop_ratio), hflip
-        self.in_channels = in_channels
-
-    def __call__(self, image: Any) -> Planned:
-        if isinstance(image, Encoded):
-            im, data = open_lazy(image)
-            full = shown_size(im)
-            if im.format == "JPEG" and im.mode in ("RGB", "L") and full == (im.height, im.width):
-                box = draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip)
-                return Planned(torch.frombuffer(bytearray(data), dtype=torch.uint8), box, full, True)
-            image = decode_at(im, 1, image.name)
-        pixels = to_uint8(to_mode(image, self.in_channels))
-        full = tuple(pixels.shape[-2:])
-        return Planned(pixels, draw_box(*full, self.crop_scale, self.crop_ratio, self.hflip), full, False)
-
-
-def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any, normalise: Optional[Normalise] = None,
-                   interpolation: Any = None, in_channels: int = 3) -> torch.Tensor:
+def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any,
+                   mean_std: Optional[tuple[Sequence[float], Sequence[float]]] = None, interpolation: Any = None,
+                   in_channels: int = 3) -> torch.Tensor:
     """Decode, crop, resize and flip a batch of planned images on `device` (CUDA: nvjpeg through
     torchvision.io.decode_jpeg; the CPU runs the same operations, which is how it is tested).
-    Returns uint8 (B, C, H, W), or the normalised float batch with `normalise`."""
+    Returns uint8 (B, C, H, W), or the batch normalised with `mean_std` (vitlab.pixels)."""
     from torchvision.io import ImageReadMode, decode_jpeg
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as F
@@ -354,10 +342,13 @@ def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any,
     device = torch.device(device)
     jpegs = [p.data for p in items if p.encoded]
     if jpegs:
-        with warnings.catch_warnings():  # torchvision 0.29 points its decoders to torchcodec
-            warnings.simplefilter("ignore", DeprecationWarning)
-            jpegs = decode_jpeg(jpegs, mode=mode, device=device) if device.type == "cuda" else \
-                [decode_jpeg(d, mode=mode) for d in jpegs]
+        try:
+            with warnings.catch_warnings():  # torchvision 0.29 points its decoders to torchcodec
+                warnings.simplefilter("ignore", DeprecationWarning)
+                jpegs = decode_jpeg(jpegs, mode=mode, device=device) if device.type == "cuda" else \
+                    [decode_jpeg(d, mode=mode) for d in jpegs]
+        except RuntimeError:  # one the device's decoder refuses: each on the CPU, as data/images.py decides
+            jpegs = [jpeg_pixels(p.data.numpy().tobytes(), p.name, in_channels).to(device) for p in items if p.encoded]
     done = iter(jpegs)
     decoded_images = [next(done) if p.encoded else p.data.to(device, non_blocking=True) for p in items]
     out = []
@@ -367,7 +358,7 @@ def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any,
                      antialias=True)
         out.append(y.flip(-1) if p.box.flip else y)
     batch = torch.stack(out)
-    return normalise(batch) if normalise is not None else batch
+    return normalise(batch, *mean_std) if mean_std is not None else batch
 
 
 def stack_images(good: list, bad: tuple[str, ...]) -> tuple[Any, torch.Tensor, tuple[str, ...]]:
@@ -386,60 +377,13 @@ def stack_images(good: list, bad: tuple[str, ...]) -> tuple[Any, torch.Tensor, t
     return torch.stack(images), labels, bad
 
 
-
 def model_input(images: Any, device: Any, config: Any) -> torch.Tensor:
     """A loader's batch as the model's input on `device`, for a model of `config` (mean, std,
     image_size, in_channels, interpolation): planned images decoded there, uint8 moved there
-    (a quarter of the bytes of floats) and normalised there, float batches moved."""
-    normalise = Normalise(config.mean, config.std)
+    (a quarter of the bytes of floats) and normalised there (vitlab.pixels), float batches
+    (normalised by their transform) moved."""
     if isinstance(images, list):
-        return decode_planned(images, tuple(config.image_size), device, normalise,
-                              _interpolation(config.interpolation), config.in_channels)
-    return normalise(images.to(device, non_blocking=True))
-
-
-# Builders, with the arguments of transforms.train_transform / eval_transform ------------
-DECODERS = ("pil", "fast", "cuda")
-
-
-def fast_train_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
-                         in_channels: int = 3, interpolation: str = "bilinear", uint8: bool = False,
-                         **augment: Any) -> FastTrainTransform:
-    """`train_transform`'s augmentation, decoding only what the crop needs (uint8 out with uint8=True)."""
-    return FastTrainTransform(_size(image_size), mean, std, in_channels, interpolation=_interpolation(interpolation),
-                              uint8=uint8, **augment)
-
-
-def training_transform(decode: str, image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5),
-                       std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3, uint8: bool = False,
-                       **augment: Any) -> Callable:
-    """The training transform a `decode` setting names: "pil" transforms.train_transform (float
-    out), "fast" FastTrainTransform, "cuda" PlanTransform (for decode_planned on the device)."""
-    if decode not in DECODERS:
-        raise ValueError(f"decode={decode!r}: use one of {', '.join(DECODERS)}")
-    if decode == "cuda":
-        if augment.get("randaugment"):
-            raise ValueError("RandAugment runs on the CPU: use decode=fast (data.decode=fast) with randaugment")
-        return PlanTransform(augment.get("crop_scale", CROP_SCALE), augment.get("crop_ratio", (3 / 4, 4 / 3)),
-                             augment.get("hflip", True), in_channels)
-    if decode == "fast":
-        return fast_train_transform(image_size, mean, std, in_channels, uint8=uint8, **augment)
-    return train_transform(image_size, mean, std, in_channels, **augment)
-
-
-def fast_model_transform(config: Any) -> FastEvalTransform:
-    """`transforms.model_transform(config)` for evaluation, fed at the reduced scale (opt-in)."""
-    return fast_eval_transform(config.image_size, config.mean, config.std, config.in_channels, config.crop_fraction,
-                               config.crop_mode, config.interpolation, backend=getattr(config, "resize_backend", "pil"))
-
-
-def fast_eval_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
-                        in_channels: int = 3, crop_fraction: float = 1.0, crop_mode: str = "squash",
-                        interpolation: str = "bilinear", margin: int = 2, backend: str = "pil") -> FastEvalTransform:
-    """`eval_transform`, fed by a JPEG decoded at the largest reduction that leaves `margin` times
-    the size its resize makes (2: within 0.1 point of top-1 of the full decode, where 1 was not;
-    benchmarks/results/decode-accuracy.md)."""
-    inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend)
-    size = _size(image_size)
-    resize_to = (math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction))
-    return FastEvalTransform(inner, resize_to, keep_ratio=crop_mode == "center", margin=margin)
+        return decode_planned(images, tuple(config.image_size), device, (config.mean, config.std),
+                              interpolation_mode(config.interpolation), config.in_channels)
+    images = images.to(device, non_blocking=True)
+    return normalise(images, config.mean, config.std) if images.dtype == torch.uint8 else images

@@ -6,49 +6,46 @@ model expects (`vitlab.transform`), and the one every command feeds images throu
 checkpoint's crop, interpolation and resize backend (PIL for timm and vitlab, torchvision's
 uint8 tensor kernels for transformers 5.x), recorded in its config when it was imported.
 
+One training transform, `TrainTransform`, whatever decodes the image:
+
+    decode (a step: pil, fast or cuda; vitlab.data.decode)  ->  the Inception crop's box,
+    drawn on the shown size  ->  the crop at the model's size  ->  the flip  ->  the
+    augmentations (config.run.AUGMENTATIONS, built here from that table)  ->  uint8 out, or
+    normalised (vitlab.pixels)  ->  the augmentations on the float image (random erasing)
+
+`train_transform(..., decode="fast")` builds it; `model_transform(config, train=True)`, what
+`vitlab.transform(model, train=True)` returns, is the fast path `vitlab train` uses (decode=fast,
+its pixels normalised in the transform).
+
 The transforms take a PIL image of any mode (L, RGB, RGBA, P, I;16, ...), a numpy array as
 image libraries give one ((H, W) or (H, W, C): uint8 pixels, or floats in [0, 1], read as the
-8-bit image they round to), or for
-evaluation a uint8 or float (C, H, W) tensor, and return a float tensor (C, H, W); anything
-else, and pixels that are NaN or infinite, is refused by `image_input` with what to pass. The evaluation steps and the
-augmentations are torchvision's; RandAugment is an option.
+8-bit image they round to), a uint8 or float (C, H, W) tensor, or an encoded image (a vitlab
+dataset's `Encoded`: decoded as the step says), and return a float tensor (C, H, W); anything
+else, and pixels that are NaN or infinite, is refused by `image_input` with what to pass.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 from PIL import Image
 from torch import Tensor
 
-from vitlab.config.run import CROP_SCALE
+from vitlab.config.run import AUGMENTATIONS, CROP_SCALE
+from vitlab.data import decode as decoding
+from vitlab.data.decode import STEPS, FastEvalTransform, Planned, interpolation_mode
+from vitlab.data.images import to_mode
+from vitlab.pixels import Normalise
 
 
-def to_mode(image: Image.Image, in_channels: int) -> Image.Image:
-    """Bring any PIL mode to L (1 channel) or RGB (3 channels).
 
-    16/32-bit greyscale is scaled, not clipped: PIL's own I;16 -> L conversion saturates
-    everything above 255, which would turn most of a 16-bit image white.
-    """
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        a = np.asarray(image).astype(np.float64)
-        scale = 1.0 if image.mode == "F" else 65535.0
-        a = np.clip(a / scale, 0.0, 1.0) * 255.0
-        image = Image.fromarray(np.round(a).astype(np.uint8), mode="L")
-    if in_channels == 1:
-        return image if image.mode == "L" else image.convert("L")
-    if in_channels == 3:
-        if image.mode == "RGB":
-            return image
-        if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-            # Transparent pixels over white, the way a viewer shows them.
-            rgba = image.convert("RGBA")
-            background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            return Image.alpha_composite(background, rgba).convert("RGB")
-        return image.convert("RGB")
-    raise ValueError(f"images are read as 1 (L) or 3 (RGB) channels, not {in_channels}")
+
+
 
 
 def image_input(image):
@@ -97,58 +94,16 @@ def _size(image_size: int | Sequence[int]) -> tuple[int, int]:
     return int(h), int(w)
 
 
-def _interpolation(name: str):
-    from torchvision import transforms as T
-
-    modes = {"bilinear": T.InterpolationMode.BILINEAR, "bicubic": T.InterpolationMode.BICUBIC,
-             "nearest": T.InterpolationMode.NEAREST}
-    if name not in modes:
-        raise ValueError(f"interpolation {name!r}: use one of {', '.join(modes)}")
-    return modes[name]
-
-
-class _ToFloat:
-    """PIL image or (C, H, W) tensor -> float32 tensor in [0, 1]: uint8 / 255, like
-    torchvision's ToTensor, so every path ends in the same values."""
-
-    def __call__(self, image) -> Tensor:
-        import torch
-        from torchvision.transforms import functional as F
-
-        if isinstance(image, Image.Image):
-            image = F.pil_to_tensor(image)
-        return F.convert_image_dtype(image, torch.float32)
-
-    def __repr__(self) -> str:
-        return "ToFloat(uint8 / 255)"
-
-
-class _Mode:
-    """Bring a PIL image to the model's channels (tensors are taken as they are)."""
-
-    def __init__(self, in_channels: int):
-        self.in_channels = in_channels
-
-    def __call__(self, image):
-        image = image_input(image)
-        return to_mode(image, self.in_channels) if isinstance(image, Image.Image) else image
-
-    def __repr__(self) -> str:
-        return f"Mode({'RGB' if self.in_channels == 3 else 'L'})"
-
-
-class _Input(_Mode):
+class _Input:
     """The image in the form the resize backend takes: a PIL image in the model's mode for
     "pil" (a uint8 tensor is made one, so that it is resized by PIL too), a uint8 (C, H, W)
     tensor for "tensor" (a PIL image is converted first, as transformers' processor does).
     Float tensors pass as they are, to torchvision's tensor kernels."""
 
     def __init__(self, in_channels: int, backend: str):
-        super().__init__(in_channels)
-        self.backend = backend
+        self.in_channels, self.backend = in_channels, backend
 
     def __call__(self, image):
-        import torch
         from torchvision.transforms.v2 import functional as F
 
         image = image_input(image)
@@ -194,7 +149,6 @@ class EvalTransform:
     def __init__(self, image_size: int | Sequence[int], mean: Sequence[float] = (0.5, 0.5, 0.5),
                  std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3, crop_fraction: float = 1.0,
                  crop_mode: str = "squash", interpolation: str = "bilinear", backend: str = "pil"):
-        import torch
         from torchvision.transforms import v2
 
         if crop_mode not in ("squash", "center"):
@@ -205,7 +159,7 @@ class EvalTransform:
         self.resize_size = (math.floor(self.size[0] / crop_fraction), math.floor(self.size[1] / crop_fraction))
         self.mean, self.std, self.in_channels = tuple(mean), tuple(std), in_channels
         self.crop_fraction, self.crop_mode, self.interpolation, self.backend = crop_fraction, crop_mode, interpolation, backend
-        mode = _interpolation(interpolation)
+        mode = interpolation_mode(interpolation)
         if crop_mode == "squash":
             resize = v2.Resize(list(self.resize_size), mode, antialias=True)
         elif self.resize_size[0] == self.resize_size[1]:
@@ -216,7 +170,7 @@ class EvalTransform:
         self.crops = self.resize_size != self.size or crop_mode == "center"
         if self.crops:
             steps.append(v2.CenterCrop(list(self.size)))
-        steps += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+        steps += [v2.PILToTensor(), Normalise(mean, std)]  # vitlab.pixels: the one normaliser
         self.steps = v2.Compose(steps)
 
     def __call__(self, image) -> Tensor:
@@ -264,7 +218,8 @@ def model_transform(config, train: bool = False, **augment) -> Callable[[Image.I
     """The preprocessing a model of `config` expects (a ViTConfig or anything with its
     preprocessing fields), the one function every command feeds a model through: evaluation
     as `eval_transform` with the stored crop, interpolation and resize backend, or training
-    as `train_transform` at the same size, interpolation and normalisation."""
+    as `train_transform` at the same size, interpolation and normalisation, on the fast path
+    `vitlab train` takes (decode="fast"; `augment` may name another decode)."""
     common = dict(image_size=config.image_size, mean=config.mean, std=config.std, in_channels=config.in_channels)
     if train:
         return train_transform(**common, interpolation=config.interpolation, **augment)
@@ -274,57 +229,122 @@ def model_transform(config, train: bool = False, **augment) -> Callable[[Image.I
                           interpolation=config.interpolation, backend=getattr(config, "resize_backend", "pil"))
 
 
-# train_transform's augmentation options, as DataConfig and open_dataset name them.
-AUGMENT_OPTIONS = ("crop_scale", "crop_ratio", "hflip", "randaugment", "randaugment_magnitude", "autoaugment",
-                   "trivialaugment", "augmix", "random_erasing")
+# train_transform's augmentation options, as DataConfig names them: the crop and flip, then the table's.
+AUGMENT_OPTIONS = ("crop_scale", "crop_ratio", "hflip", *(key for a in AUGMENTATIONS for key in a.keys))
 
 
-def train_transform(
-    image_size: int | Sequence[int],
-    mean: Sequence[float] = (0.5, 0.5, 0.5),
-    std: Sequence[float] = (0.5, 0.5, 0.5),
-    in_channels: int = 3,
-    crop_scale: Sequence[float] = CROP_SCALE,
-    crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
-    hflip: bool = True,
-    randaugment: int = 0,
-    randaugment_magnitude: int = 9,
-    interpolation: str = "bilinear",
-    autoaugment: str = "",
-    trivialaugment: bool = False,
-    augmix: int = 0,
-    random_erasing: float = 0.0,
-) -> Callable[[Image.Image], Tensor]:
-    """Inception-style crop (random area and aspect ratio, resized to the model's size) and
-    a horizontal flip (Appendix B.1); then, each when set, torchvision's RandAugment
-    (num_ops=randaugment), AutoAugment (the `autoaugment` policy: imagenet, cifar10, svhn),
-    TrivialAugmentWide and AugMix (severity=augmix) on the image, and RandomErasing
-    (p=random_erasing) on the normalised tensor.
-
-    The random numbers come from torch's global generator: the datasets seed it per sample,
-    so an image gets the same augmentation whichever worker or process reads it.
-    """
+def augmentations(options: dict[str, Any]) -> tuple[list[Callable], list[Callable]]:
+    """(on the image, on the normalised float image): the torchvision transforms of each
+    augmentation of config.run.AUGMENTATIONS that `options` turns on, in the table's order. An
+    argument whose default is an enum (AutoAugment's policy) is given as that enum."""
     from torchvision import transforms as T
 
-    steps: list[Callable] = [
-        _Mode(in_channels),
-        T.RandomResizedCrop(
-            _size(image_size),
-            scale=tuple(crop_scale),
-            ratio=tuple(crop_ratio),
-            interpolation=_interpolation(interpolation),
-            antialias=True,
-        ),
-    ]
-    if hflip:
-        steps.append(T.RandomHorizontalFlip())
-    if randaugment:
-        steps.append(T.RandAugment(num_ops=randaugment, magnitude=randaugment_magnitude))
-    if autoaugment:
-        steps.append(T.AutoAugment(T.AutoAugmentPolicy(autoaugment)))
-    if trivialaugment:
-        steps.append(T.TrivialAugmentWide())
-    if augmix:
-        steps.append(T.AugMix(severity=augmix))
-    after = [T.RandomErasing(p=random_erasing)] if random_erasing else []  # on the normalised tensor
-    return T.Compose(steps + [_ToFloat(), T.Normalize(list(mean), list(std))] + after)
+    image, after = [], []
+    for a in AUGMENTATIONS:
+        if not options.get(a.option):
+            continue
+        op = getattr(T, a.op)
+        defaults = inspect.signature(op).parameters
+        args = {}
+        for arg, key in a.args.items():  # a key not given: torchvision's default
+            default = defaults[arg].default
+            value = options.get(key, default)
+            args[arg] = type(default)(value) if hasattr(type(default), "__members__") else value
+        (after if a.on_float else image).append(op(**args))
+    return image, after
+
+
+class TrainTransform:
+    """The training transform (see the module docstring): `decode` one of decode.STEPS; uint8
+    (C, H, W) out with `uint8` (the loader's batches, normalised by the training process on
+    its device) unless an augmentation runs on the float image, else normalised float32; for
+    decode="cuda" a `decode.Planned` item. The random draws (box, flip, augmentations) come
+    from torch's global generator in torchvision's order: datasets seed it per item, so an image
+    gets the same augmentation whichever worker or process reads it, and whatever decodes it."""
+
+    takes_encoded = True
+
+    def __init__(self, image_size: int | Sequence[int], mean: Sequence[float] = (0.5, 0.5, 0.5),
+                 std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3,
+                 crop_scale: Sequence[float] = CROP_SCALE, crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+                 hflip: bool = True, interpolation: str = "bilinear", decode: str = "fast", uint8: bool = False,
+                 **augment: Any):
+        if decode not in STEPS:
+            raise ValueError(f"decode={decode!r}: use one of {', '.join(STEPS)}")
+        unknown = sorted(set(augment) - set(AUGMENT_OPTIONS))
+        if unknown:
+            raise TypeError(f"unknown augmentation option(s) {unknown}; known: {', '.join(AUGMENT_OPTIONS)}")
+        self.size, self.mean, self.std, self.in_channels = _size(image_size), tuple(mean), tuple(std), in_channels
+        self.decode, self.uint8, self.interpolation = decode, uint8, interpolation_mode(interpolation)
+        self.draw = functools.partial(decoding.draw_box, scale=tuple(crop_scale), ratio=tuple(crop_ratio), hflip=hflip)
+        self.ops, self.after = augmentations(augment)
+        if decode == "cuda" and (self.ops or self.after):
+            raise ValueError(f"{', '.join(sorted(k for k in augment if augment[k]))} run on the CPU: use decode=fast "
+                             "(data.decode=fast) with them")
+        self.normalise = Normalise(mean, std)
+        self.described = (crop_scale, crop_ratio, hflip, interpolation)
+
+    def __call__(self, image: Any) -> Any:
+        if not isinstance(image, decoding.Encoded):
+            image = image_input(image)  # a numpy array as a PIL image; NaN, inf and other types refused
+        x, box = STEPS[self.decode](image, self.draw, self.size, self.interpolation, self.in_channels)
+        if isinstance(x, Planned):
+            return x
+        if box.flip:
+            x = x.transpose(Image.FLIP_LEFT_RIGHT) if isinstance(x, Image.Image) else x.flip(-1)
+        for op in self.ops:
+            x = op(x)
+        if isinstance(x, Image.Image):
+            from torchvision.transforms.functional import pil_to_tensor
+
+            x = pil_to_tensor(x)
+        if self.uint8 and not self.after and x.dtype == torch.uint8:
+            return x
+        y = self.normalise(x)
+        for op in self.after:
+            y = op(y)
+        return y
+
+    @property
+    def augmentations(self) -> list[Callable]:
+        """The torchvision transforms it runs after the crop and flip, in order."""
+        return [*self.ops, *self.after]
+
+    def __repr__(self) -> str:
+        (h, w), (scale, ratio, hflip, interpolation) = self.size, self.described
+        ops = ", ".join(type(op).__name__ for op in [*self.ops, *self.after]) or "none"
+        return (f"TrainTransform(\n  decode: {self.decode} (vitlab.data.decode)\n  crop: Inception, area {scale[0]:g}-"
+                f"{scale[1]:g}, aspect {ratio[0]:.3g}-{ratio[1]:.3g}, resized to {h}x{w}, {interpolation}, antialiased\n"
+                f"  flip: {'horizontal, half the images' if hflip else 'none'}\n  augmentations: {ops}\n"
+                f"  out: {'uint8 (normalised on the device)' if self.uint8 and not self.after else repr(self.normalise)}\n)")
+
+
+def train_transform(image_size: int | Sequence[int], mean: Sequence[float] = (0.5, 0.5, 0.5),
+                    std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3, decode: str = "fast",
+                    uint8: bool = False, **augment: Any) -> TrainTransform:
+    """The training transform: the Inception crop (random area `crop_scale` and aspect ratio
+    `crop_ratio`, resized to the model's size) and a horizontal flip (Appendix B.1); then,
+    each when set, the augmentations of config.run.AUGMENTATIONS (torchvision's RandAugment
+    with num_ops=randaugment, AutoAugment with the `autoaugment` policy, TrivialAugmentWide,
+    AugMix with severity=augmix, RandomErasing with p=random_erasing on the normalised image).
+    `decode`: "fast" (the default: a JPEG decoded at the scale its crop needs), "pil"
+    (decoded, cropped and resized by PIL, as torchvision does), "cuda" (on the GPU)."""
+    return TrainTransform(image_size, mean, std, in_channels, decode=decode, uint8=uint8, **augment)
+
+
+def fast_model_transform(config: Any) -> FastEvalTransform:
+    """`transforms.model_transform(config)` for evaluation, fed at the reduced scale (opt-in)."""
+    return fast_eval_transform(config.image_size, config.mean, config.std, config.in_channels, config.crop_fraction,
+                               config.crop_mode, config.interpolation, backend=getattr(config, "resize_backend", "pil"))
+
+
+def fast_eval_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
+                        in_channels: int = 3, crop_fraction: float = 1.0, crop_mode: str = "squash",
+                        interpolation: str = "bilinear", margin: int = 2, backend: str = "pil") -> FastEvalTransform:
+    """`eval_transform`, fed by a JPEG decoded at the largest reduction that leaves `margin` times
+    the size its resize makes (2: within 0.1 point of top-1 of the full decode, where 1 was not;
+    benchmarks/results/decode-accuracy.md)."""
+    inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend)
+    size = _size(image_size)
+    resize_to = (math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction))
+    return FastEvalTransform(inner, resize_to, keep_ratio=crop_mode == "center", margin=margin)

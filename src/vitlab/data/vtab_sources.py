@@ -27,15 +27,15 @@ says so, unless the spec accepts another one explicitly: `vtab:TASK@[CONFIG/]VER
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 from PIL import Image
 
-from vitlab.data.datasets import IMAGE_EXTENSIONS, DataError, ImageDataset, decoded, read_image
+from vitlab.data.datasets import IMAGE_EXTENSIONS, DataError, ImageDataset
 from vitlab.data.foreign import load_saved
+from vitlab.data.images import check_size, decoded, read_image
 from vitlab.data.tfrecord import prepared, read_examples, shards, version_key
 from vitlab.data.vtab import SPLITS, Task, get_task, task_label, task_split
 
@@ -81,9 +81,10 @@ def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _hf_image(value: Any) -> Image.Image:
     if isinstance(value, Image.Image):
+        check_size(value.width, value.height, "a Hugging Face image")
         return decoded(value)
     if isinstance(value, dict) and value.get("bytes"):
-        return decoded(Image.open(io.BytesIO(value["bytes"])))
+        return read_image(value["bytes"], value.get("path") or "a Hugging Face image")  # data/images.py's checks
     return Image.fromarray(np.asarray(value, dtype=np.uint8))
 
 
@@ -105,7 +106,7 @@ def _tfds_sources(shards: dict[str, list[Path]]) -> dict[str, Source]:
     out = {}
     for name, files in shards.items():
         examples = read_examples(files)  # (image bytes kept encoded: decoded on demand)
-        out[name] = Source(len(examples), lambda i, e=examples: decoded(Image.open(io.BytesIO(e[i]["image"][0]))),
+        out[name] = Source(len(examples), lambda i, e=examples, n=name: read_image(e[i]["image"][0], f"{n} record {i}"),
                            lambda i, e=examples: e[i])
     return out
 

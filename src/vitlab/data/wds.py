@@ -19,18 +19,16 @@ from __future__ import annotations
 import copy
 import json
 import random
-import warnings
 import zlib
-from io import BytesIO
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
-from PIL import Image
 
 from vitlab.data import remote
 from vitlab.config.run import SHUFFLE_BUFFER
-from vitlab.data.datasets import BadImageError, DataError, Encoded, Skipped, apply_seeded, data_cache, decoded, item_seed
+from vitlab.data.datasets import BadImageError, DataError, Encoded, Skipped, apply_seeded, data_cache, item_seed
+from vitlab.data.images import read_image
 from vitlab.data.decode import stack_images
 from vitlab.data.identity import dev_fraction as identity_dev_fraction
 from vitlab.data.identity import recognise, summed
@@ -181,6 +179,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         self.transform = transform
         self.train = train
         self.seed = seed
+        self.buffer_size = shuffle_buffer  # what a training view shuffles in
         self.shuffle_buffer = shuffle_buffer if train else 0
         self.skip_bad_images = skip_bad_images
         self.subset = {"dev": "dev", "train-minus-dev": "rest"}.get(split)
@@ -228,6 +227,14 @@ class WebDataset(torch.utils.data.IterableDataset):
         view.num_samples = len(view.only)
         view.held, view.too_large_to_hold = None, False
         return view
+
+    def view(self, transform: Callable, *, seed: int = 0, train: bool = False) -> "WebDataset":
+        """The same shards and split through another transform, seed and mode (a training
+        stream shuffles, an evaluation pass does not), sharing the index and any held samples."""
+        out = copy.copy(self)
+        out.transform, out.seed, out.train = transform, seed, train
+        out.shuffle_buffer = self.buffer_size if train else 0
+        return out
 
     def hold(self) -> None:
         """Read the shards once and keep this view's samples (see HOLD_BYTES): only for a view
@@ -288,26 +295,15 @@ class WebDataset(torch.utils.data.IterableDataset):
         label_error(shard, key, label, len(self.class_names))  # a shard changed since it was indexed
         data = next((parts[k] for k in IMAGE_KEYS if k in parts), None)
         seed = item_seed(self.seed, epoch, key) if self.train else None
+        name = f"{shard}: sample {key}"
         try:
             if data is None:
-                raise ValueError(f"no image member ({', '.join('.' + k for k in IMAGE_KEYS)})")
-            if getattr(self.transform, "takes_encoded", False):  # it decodes only what its crop needs
-                image: Any = Encoded(data, f"{shard}: sample {key}")
-            else:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("error", Image.DecompressionBombWarning)  # over 89 Mpx: refused
-                    with Image.open(BytesIO(data)) as im:
-                        image = decoded(im)
-        except Exception as e:  # PIL raises many types for broken data
-            if self.skip_bad_images:
-                return Skipped(f"{shard}:{key}")
-            raise BadImageError(
-                f"{shard}: sample {key}: cannot read the image ({type(e).__name__}: {e}); "
-                "fix the shard, or pass --skip-bad-images to skip and count such samples"
-            ) from None
-        try:
+                raise BadImageError(f"{name}: cannot read the image (no image member: {', '.join('.' + k for k in IMAGE_KEYS)}"
+                                    "); fix the shard, or pass --skip-bad-images to skip and count such samples")
+            # a transform that decodes only what its crop needs takes it encoded; else data/images.py decodes it
+            image = Encoded(data, name) if getattr(self.transform, "takes_encoded", False) else read_image(data, name)
             return apply_seeded(self.transform, image, seed), label
-        except BadImageError:  # raised by a transform that decodes for itself
+        except BadImageError:
             if self.skip_bad_images:
                 return Skipped(f"{shard}:{key}")
             raise

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitlab.data import DataError, foreign, make_loader, open_dataset
+from vitlab.data import DataError, DataOptions, foreign, make_loader, open_dataset
 from vitlab.eval.calibration import calibration_counts, calibration_metrics, class_metrics
 from vitlab.eval.classes import class_names_for, only_numbers
 from vitlab.eval.real import read_real_labels, real_accuracy
@@ -127,7 +127,7 @@ def evaluate_dataset(model: torch.nn.Module, spec: str, split: str = "test", *, 
         raise DataError("--real pairs each image with its line of the labels: fix unreadable images, do not skip them")
     if not cfg.num_classes:
         raise DataError(f"{cfg.name} has no classification head; evaluate it with vitlab fewshot or linear-probe")
-    dataset = open_dataset(spec, split, model_transform(cfg), skip_bad_images=skip_bad_images)
+    dataset = open_dataset(spec, split, model_transform(cfg), options=DataOptions(skip_bad_images=skip_bad_images))
     data_names = list(dataset.class_names)
     if len(data_names) != cfg.num_classes and not (only_numbers(data_names) and len(data_names) < cfg.num_classes):
         raise DataError(f"the checkpoint predicts {cfg.num_classes} classes but {spec} has {len(data_names)}; "

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import torch
 
-from vitlab.data import foreign, open_dataset
+from vitlab.data import DataOptions, foreign, open_dataset
 from vitlab.data.transforms import model_transform
 from vitlab.eval.accuracy import preprocessing
 from vitlab.files import atomic_write, cache_dir
@@ -202,12 +202,12 @@ def open_for_model(spec: str, split: str, config, class_names: Optional[Sequence
     """A dataset with the model's preprocessing (`model_transform`). WebDataset shards carry
     class indices only; without a classes.txt beside them the checkpoint's class names (when
     it has one per class) name them."""
-    options: dict[str, Any] = {}
+    options = DataOptions()
     if spec.lower().startswith("wds:") and class_names and len(class_names) == config.num_classes:
         shards = Path(spec[4:]).expanduser()
         if not (shards.is_dir() and (shards / "classes.txt").is_file()):
-            options["classes"] = list(class_names)
-    return open_dataset(spec, split, model_transform(config), **options)
+            options = DataOptions(classes=tuple(class_names))
+    return open_dataset(spec, split, model_transform(config), options=options)
 
 
 def dataset_features(model: torch.nn.Module, spec: str, split: str, *, max_per_class: Optional[int] = None,

@@ -12,7 +12,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 # The regular-file check lives with the reader of files (files/documents.py); writers use it too.
 from vitlab.files.documents import NotRegularFileError, PathLike, read_json, require_regular_file  # noqa: F401
@@ -200,10 +200,14 @@ MANIFEST = ".vitlab-outputs.json"
 LOCK = ".vitlab-outputs.lock"  # held while outputs are claimed, written and listed (OutputFolder.locked)
 
 
-def _digest(path: Path) -> str:
+def sha256_file(path: PathLike, into: Any = None) -> str:
+    """The sha256 of a file's bytes, read in blocks: vitlab's one file digest (output
+    ownership here, the published checkpoints' check in checkpoints/pretrained.py, finished
+    work's identity in files/identity.py). `into`: a hashlib object to feed instead (a
+    folder's digest over its files); its digest so far is returned."""
     import hashlib
 
-    h = hashlib.sha256()
+    h = hashlib.sha256() if into is None else into
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
@@ -265,7 +269,7 @@ class OutputFolder:
     def owned(self, name: str) -> bool:
         p = self.folder / name
         recorded = self._manifest().get(name)
-        return bool(recorded) and p.is_file() and not p.is_symlink() and _digest(p) == recorded
+        return bool(recorded) and p.is_file() and not p.is_symlink() and sha256_file(p) == recorded
 
     def claim(self, names) -> None:
         if self.folder.exists() and not self.folder.is_dir():
@@ -292,6 +296,6 @@ class OutputFolder:
         for name in self.written:
             p = self.folder / name
             if p.is_file():
-                files[name] = _digest(p)
+                files[name] = sha256_file(p)
         atomic_write_text(self.folder / MANIFEST, json.dumps({"writer": f"vitlab {self.writer}", "files": files},
                                                              indent=1, sort_keys=True) + "\n")

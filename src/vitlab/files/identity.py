@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from vitlab.files import PathLike
+from vitlab.files import PathLike, sha256_file
 
 
 def content_digest(path: PathLike) -> str:
@@ -37,9 +37,7 @@ def _digest(path: str, size: int, mtime_ns: int, folder: bool) -> str:
     for f in files:
         if folder:
             h.update(f"{f.relative_to(path).as_posix()}\0{f.stat().st_size}\0".encode())
-        with open(f, "rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                h.update(block)
+        sha256_file(f, h)  # the one file digest, fed into the folder's
     return h.hexdigest()
 
 

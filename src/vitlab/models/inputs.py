@@ -3,8 +3,8 @@
 - A float tensor of any precision (float64, float32, float16, bfloat16): normalised pixels,
   as `vitlab.transform(model)` makes them; cast to the model's own dtype and moved to its
   device.
-- A uint8 tensor: raw pixels 0-255, scaled to [0, 1] and normalised here with the model's
-  mean and std (its config), the same numbers `vitlab.transform` gives.
+- A uint8 tensor: raw pixels 0-255, scaled to [0, 1] and normalised with the model's mean
+  and std (its config) by vitlab.pixels, the normaliser `vitlab.transform` uses: the same numbers.
 - A numpy array: read as the tensor of its dtype (float, or uint8 pixels).
 - Anything else (int64, bool or complex tensors, lists, PIL images, None) is a TypeError that
   says what to pass; a wrong shape is a ValueError from the model's own check.
@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor
+
+from vitlab.pixels import normalise
 
 FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
@@ -33,11 +35,9 @@ def as_image_batch(x: Any, like: Tensor, mean: Sequence[float], std: Sequence[fl
                             "with the model's mean and std (vitlab.transform), or uint8 pixels 0-255")
         x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32 if x.dtype.kind == "f" else np.uint8))
     if x.dtype == torch.uint8:
-        m = torch.tensor(mean, dtype=like.dtype, device=like.device).view(1, -1, 1, 1)
-        s = torch.tensor(std, dtype=like.dtype, device=like.device).view(1, -1, 1, 1)
-        if x.dim() != 4 or x.shape[1] != m.shape[1]:
+        if x.dim() != 4 or x.shape[1] != len(mean):
             return x.to(device=like.device, dtype=like.dtype)  # the model's shape check names the problem
-        return (x.to(device=like.device, dtype=like.dtype) / 255 - m) / s
+        return normalise(x.to(like.device), mean, std).to(like.dtype)  # vitlab.pixels: the one normaliser
     if x.dtype not in FLOATS:
         raise TypeError(f"{name}: a tensor of {str(x.dtype).removeprefix('torch.')} cannot be images; pass float pixels "
                         "normalised with the model's mean and std (vitlab.transform), or uint8 pixels 0-255")

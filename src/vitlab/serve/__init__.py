@@ -9,7 +9,6 @@
 - `batcher.py`: concurrent requests share one forward pass (max batch, max wait);
 - `app.py`: the routes, the upload limit, the API key, JSON errors;
 - `metrics.py`: the Prometheus series of `/metrics`;
-- `load.py`: a bounded load generator for 127.0.0.1 (benchmarks and tests);
 - `static/`: the page at `/`, bundled (no CDN).
 
 FastAPI, uvicorn and prometheus_client are the `serve` extra, imported where they are used.

@@ -12,22 +12,16 @@ anything that is not one of a few plain raster formats or that would decode to m
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from torch import Tensor
 
 from vitlab.data import BadImageError, read_image
+from vitlab.data.images import FORMATS, open_image
 from vitlab.predictor import DISPLAY_SIDE, Looked, Predictor  # noqa: F401  (Looked: what look returns)
-
-# Plain raster formats only: PIL can also open formats that run other programs (EPS runs
-# Ghostscript) or that few cameras write; an upload server has no use for those. (JPEG's
-# opener also reads the MPO files of phone cameras.)
-FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM")
-
 
 class UploadError(ValueError):
     """An upload the server refuses; `status` is the HTTP status that says why (4xx)."""
@@ -38,30 +32,30 @@ class UploadError(ValueError):
 
 
 def decode(data: bytes, max_pixels: int) -> Image.Image:
-    """A fully decoded PIL image, or UploadError (400 empty, 415 not an image, 422 too big or broken)."""
+    """A fully decoded PIL image, or UploadError (400 empty, 415 not an image, 422 too big or
+    broken). data/images.py opens it, as it opens every image vitlab reads: the header only
+    first, then the format and the size (at most `max_pixels`) checked before decoding."""
     if not data:
         raise UploadError(400, "the upload is empty: send the image file's bytes")
-    Image.init()  # registers every plugin (WebP, TIFF, ...) so `formats` can name them; runs once
     try:
-        with Image.open(io.BytesIO(data), formats=FORMATS) as probe:  # parses the header only
-            width, height, kind = probe.width, probe.height, probe.format
-    except Image.DecompressionBombError as e:  # PIL's own last-resort limit, above ours
-        raise UploadError(422, f"{e}; the server decodes at most {max_pixels:,} pixels (--max-pixels)") from None
-    except UnidentifiedImageError:
-        raise UploadError(415, f"not an image the server reads (it takes {', '.join(FORMATS)})") from None
-    except Exception as e:  # a recognised format whose header is broken: PIL raises many types
-        raise UploadError(422, f"the image header is damaged ({type(e).__name__}: {e})") from None
-    if width < 1 or height < 1 or width * height > max_pixels:
-        raise UploadError(
-            422,
-            f"the image is {width}x{height} pixels; the server decodes at most {max_pixels:,} pixels "
-            "(--max-pixels): send a smaller image",
-        )
-    try:
-        return read_image(io.BytesIO(data))
+        probe = open_image(data, "the upload", max_pixels)  # parses the header only
     except BadImageError as e:
-        detail = str(e).split("cannot read this image ", 1)[-1].split("; fix or remove")[0]
-        raise UploadError(422, f"the {kind} image cannot be decoded: it is damaged or truncated {detail}") from None
+        if "UnidentifiedImageError" in str(e):
+            raise UploadError(415, f"not an image the server reads (it takes {', '.join(FORMATS)})") from None
+        if "pixels, over the limit" in str(e) or "DecompressionBomb" in str(e):
+            raise UploadError(422, f"{reason(e)}; the server decodes at most {max_pixels:,} pixels (--max-pixels): "
+                              "send a smaller image") from None
+        raise UploadError(422, f"the image header is damaged ({reason(e)})") from None
+    try:
+        return read_image(data, "the upload", max_pixels)
+    except BadImageError as e:
+        raise UploadError(422, f"the {probe.format} image cannot be decoded: it is damaged or truncated "
+                          f"({reason(e)})") from None
+
+
+def reason(e: BadImageError) -> str:
+    """What data/images.py found, without its advice to a training run."""
+    return str(e).split("cannot read this image (", 1)[-1].split("); fix or remove")[0]
 
 
 @dataclass

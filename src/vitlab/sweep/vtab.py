@@ -20,10 +20,12 @@ def child_argv(checkpoint: str, root: Path, out: Path, s: Settings, task: Task, 
     """The `vitlab vtab` command line of one task's job, with the suite's settings (and
     --force, the suite's own leave to replace edited tables)."""
     argv = ["vtab", checkpoint, "--root", str(root), "--out", str(out), "--tasks", task.name, "--steps", str(s.steps),
-            "--lr", repr(s.lr), "--batch-size", str(s.batch_size), "--seed", str(s.seed), "--device", s.device, "--quiet"]
+            "--batch-size", str(s.batch_size), "--seed", str(s.seed), "--device", s.device, "--quiet"]
     if force:
         argv.append("--force")
-    if s.grid:
+    if s.lr is not None:
+        argv += ["--lr", repr(s.lr)]
+    if s.grid:  # (the two are never both set: Settings refuses that)
         argv += ["--lr-grid", ",".join(repr(r) for r in s.grid)]
     argv += ["--image-size", str(s.image_size or "checkpoint")]
     argv += [f"--tfds-version={a}" for a in s.accept]

@@ -9,11 +9,12 @@ import torch
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
-from vitlab.data import foreign, make_loader, open_dataset, training_subset
-from vitlab.data.decode import fast_model_transform, model_input, training_transform
-from vitlab.data.transforms import AUGMENT_OPTIONS, model_transform
+from vitlab.data import DataOptions, foreign, make_loader, training_subset
+from vitlab.data.decode import model_input
+from vitlab.data.transforms import AUGMENT_OPTIONS, fast_model_transform, model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
+from vitlab.train.inputs import Inputs
 
 
 # A checkpoint's evaluation crop belongs to its pre-training data (ImageNet's 0.875); a
@@ -21,11 +22,11 @@ from vitlab.models.variants import variant_config
 FINETUNE_PREPROCESSING = {"crop_fraction": 1.0, "crop_mode": "squash"}
 
 
-def architecture(section: ModelSection) -> ModelConfig:
+def architecture(section: ModelSection, inputs: Optional[Inputs] = None) -> ModelConfig:
     """The network a run trains, before the class count is known: a registered variant, or
-    the one a start checkpoint holds, with the section's changes."""
+    the one a start checkpoint holds (read through `inputs`, once), with the section's changes."""
     if section.checkpoint:
-        config = checkpoints.read_checkpoint(section.checkpoint).config
+        config = (inputs or Inputs()).checkpoint(section.checkpoint).config
         return config.replace(**_applicable(config, {**FINETUNE_PREPROCESSING, **section.changes}))
     return variant_config(section.name, **section.changes)
 
@@ -39,10 +40,12 @@ def _applicable(config: ModelConfig, changes: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in changes.items() if k in own or v is not None}
 
 
-def build_model(section: ModelSection, class_names: list[str]) -> Model:
+def build_model(section: ModelSection, class_names: list[str], inputs: Optional[Inputs] = None) -> Model:
+    """The run's network for these classes: a new one of the named variant, or the start
+    checkpoint's (read through `inputs`) with the fine-tuning changes and a fresh zero head."""
     changes = {"num_classes": len(class_names), **section.changes}
     if section.checkpoint:
-        imported = checkpoints.read_checkpoint(section.checkpoint)
+        imported = (inputs or Inputs()).checkpoint(section.checkpoint)
         changes = _applicable(imported.config, {**FINETUNE_PREPROCESSING, **changes})
         # Fine-tuning (§3.2): position embeddings resized to the new resolution, the head
         # replaced when the class count changes, pre-logits dropped with representation_size=None.
@@ -89,65 +92,58 @@ def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[st
 def data_transforms(cfg: RunConfig, model: ModelConfig) -> tuple[Any, Any]:
     """(training, evaluation) transforms of a run: the model's preprocessing with the recipe's
     augmentation, decoded as data.decode and data.eval_decode say (vitlab.data.decode). The
-    training images come out uint8 (but for data.decode=pil); the trainer normalises them on
-    its device (decode.model_input)."""
+    training images come out uint8 (unless an augmentation runs on the normalised image); the
+    trainer normalises them on its device (decode.model_input)."""
     d = cfg.data
-    augment = augmentation(d)
-    policies = [k for k in ("autoaugment", "trivialaugment", "augmix", "random_erasing") if augment[k]]
-    if policies and d.decode != "pil":
-        raise ConfigError(f"data.{policies[0]} runs on torchvision's PIL path: set data.decode=pil (the command-line "
-                          "flags --autoaugment, --trivialaugment, --augmix and --random-erasing do)")
-    if not policies:
-        augment = {k: v for k, v in augment.items() if k not in ("autoaugment", "trivialaugment", "augmix", "random_erasing")}
-    if d.decode == "pil":
-        train = model_transform(model, train=True, **augment)
-    else:
-        train = training_transform(d.decode, model.image_size, model.mean, model.std, model.in_channels, uint8=True,
-                                   interpolation=model.interpolation, **augment)
+    try:
+        train = model_transform(model, train=True, decode=d.decode, uint8=True, **augmentation(d))
+    except ValueError as e:  # an augmentation data.decode=cuda cannot run
+        raise ConfigError(f"data.decode={d.decode}: {e}") from None
     return train, (fast_model_transform(model) if d.eval_decode == "fast" else model_transform(model))
 
 
-def dataset_size(dataset: Any) -> Optional[int]:
-    """The number of images of an evaluation set, when it knows it (a stream may not)."""
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
-
-
-def open_datasets(cfg: RunConfig, model: ModelConfig,
-                  sources: Optional[tuple[Any, dict[str, Any]]] = None) -> tuple[Any, dict[str, Any]]:
+def open_datasets(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]] = None,
+                  inputs: Optional[Inputs] = None) -> tuple[Any, dict[str, Any]]:
     """(training set, {evaluation split: dataset}) with the model's preprocessing, from the
-    config's data specs or from `sources` (objects; see wrap_sources); the training set cut to
-    data.train_fraction / data.train_size (a fixed, balanced subset)."""
+    config's data specs (each split opened once in `inputs`) or from `sources` (objects; see
+    wrap_sources); the training set cut to data.train_fraction / data.train_size (a fixed,
+    balanced subset)."""
     if sources is not None:
         return wrap_sources(cfg, model, sources)
+    inputs = inputs or Inputs()
     d = cfg.data
     training, evaluation = data_transforms(cfg, model)
-    train = training_subset(open_split(cfg, d.name, d.train_split, training, True), d.train_fraction, d.train_size,
-                            d.subset_seed)
-    return train, {s: open_split(cfg, d.eval_data or d.name, s, evaluation, False) for s in d.eval_splits}
+    train = training_split(cfg, training, True, inputs)
+    return train, {s: open_split(cfg, d.eval_data or d.name, s, evaluation, False, inputs) for s in d.eval_splits}
 
 
-def open_split(cfg: RunConfig, spec: str, split: str, transform: Any, train: bool) -> Any:
-    """One split of a data spec with the run's data options (dev fraction, bad images, shuffle
-    buffer, a wds set's class list)."""
+def training_split(cfg: RunConfig, transform: Any, train: bool, inputs: Inputs) -> Any:
+    """The run's training split and subset (data.train_fraction / data.train_size) through `transform`."""
     d = cfg.data
-    extra = {"classes": list(d.classes)} if spec.startswith("wds:") and d.classes else {}
-    return open_dataset(spec, split, transform, train=train, seed=cfg.train.seed, dev_fraction=d.dev_fraction,
-                        skip_bad_images=d.skip_bad_images, shuffle_buffer=d.shuffle_buffer, **extra)
+    subset = None if d.train_fraction == 1 and not d.train_size else (d.train_fraction, d.train_size, d.subset_seed)
+    return open_split(cfg, d.name, d.train_split, transform, train, inputs, subset)
 
 
-def plain_training_set(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]] = None) -> Any:
+def open_split(cfg: RunConfig, spec: str, split: str, transform: Any, train: bool, inputs: Inputs,
+               subset: Optional[tuple[float, int, int]] = None) -> Any:
+    """One split of a data spec with the run's data options (dev fraction, bad images, shuffle
+    buffer, a wds set's class list), opened once in `inputs`."""
+    options = DataOptions.of(cfg.data)
+    if not spec.startswith("wds:"):
+        options = dataclasses.replace(options, classes=())  # data.classes names a wds set's classes only
+    return inputs.split(spec, split, transform, train=train, seed=cfg.train.seed, options=options, subset=subset)
+
+
+def plain_training_set(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]] = None,
+                       inputs: Optional[Inputs] = None) -> Any:
     """The run's training images (its split and subset) at the evaluation transform: no
     augmentation, the full decode. What model.head_start=probe fits the new head on."""
     d, evaluate = cfg.data, model_transform(model)
     if sources is not None:
         train = sources[0].dataset if isinstance(sources[0], torch.utils.data.DataLoader) else sources[0]
         images = foreign.wrap(train, evaluate, seed=cfg.train.seed)
-    else:
-        images = open_split(cfg, d.name, d.train_split, evaluate, False)
-    return training_subset(images, d.train_fraction, d.train_size, d.subset_seed)
+        return training_subset(images, d.train_fraction, d.train_size, d.subset_seed)
+    return training_split(cfg, evaluate, False, inputs or Inputs())
 
 
 def train_loader(cfg: RunConfig, train_set: Any, batch: int, start: int, total: int, ctx: Any) -> Iterator:

@@ -11,10 +11,12 @@ The paper's numbers are for 224 px ImageNet models and large targets. `fit_defau
 their proportions on other checkpoints and data: the warm-up is at most 5% of the run (the
 paper's 500 of 10,000 steps), the batch no larger than the training set, and, where the
 training set is small, the learning rate comes from a quick form of the sweep (Table 4's
-grid, each rate trained for a quarter of the steps) instead of a fixed default.
+grid, each rate trained for 5% of the steps, at least 10: finetune_choice.arm_steps) instead
+of a fixed default.
 
 `plan` turns a checkpoint, a dataset and the user's settings into all of that (the config,
-the run folder, the plan lines, the sweep); `run` carries it out. `vitlab finetune` is these
+the run folder, the plan lines, the sweep) and reads the checkpoint and the training split
+once, for every run of the plan (train/inputs.py); `run` carries it out. `vitlab finetune` is these
 two calls:
 
     p = finetune.plan("runs/cifar10/checkpoints/last.safetensors", "digits", options={"steps": 200})
@@ -23,20 +25,22 @@ two calls:
 
 from __future__ import annotations
 
-import json
+import contextlib
+import logging
 import math
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from vitlab.checkpoints import is_pretrained_name, read_checkpoint
+from vitlab.checkpoints import is_pretrained_name
 from vitlab.config import ConfigError, RunConfig, load_recipe
-from vitlab.data import DEV_FRACTIONS, identity, open_dataset, paper_dataset
+from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
+from vitlab.data import DEV_FRACTIONS, identity
 from vitlab.data.transforms import model_transform
-from vitlab.files import atomic_write_text
-from vitlab.train import distributed, finetune_choice as choice, recipe as recipes
+from vitlab.train import build, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
 from vitlab.train.compute import format_compute
+from vitlab.train.inputs import Inputs
 from vitlab.log import get_logger
 
 LOG = get_logger("train")
@@ -55,9 +59,7 @@ TABLE4_LRS = {
 
 DEFAULT_GRID = (0.001, 0.003, 0.01, 0.03)  # Table 4's grid for every dataset but ImageNet and VTAB
 DEFAULT_STEPS = 500  # Table 4's count for its small datasets (Pets, Flowers), for data it does not list
-WARMUP_SHARE = 0.05  # the paper's 500 warm-up steps of 10,000 (Appendix B.1.1)
 SMALL_DATA = 20_000  # training sets up to this size get the quick learning-rate sweep by default
-QUICK_SHARE = 0.1  # each quick-sweep run trains for this share of the run's steps (40% more compute in all)
 MIN_STEPS_PER_EPOCH = 4  # the batch leaves at least this many steps per epoch (Table 4's Flowers: 2,040 / 512)
 RESOLUTION_STEP = 384 / 224  # the paper's step up: pre-trained at 224, fine-tuned at 384 (§3.2)
 RECIPE = "finetune"  # the shipped recipe fine-tuning starts from
@@ -106,7 +108,7 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
                      f"the batch is more than a quarter of the {n_train:,} training images")
     batch = changes.get("train.batch_size", t.batch_size)
     total = t.steps or max(1, math.ceil(t.epochs * (n_train // batch)))
-    cap = o.warmup_steps if total == table4_steps else max(1, round(WARMUP_SHARE * total))
+    cap = o.warmup_steps if total == table4_steps else choice.warmup(o.warmup_steps, total)
     if "optim.warmup_steps" not in explicit and o.warmup_steps > cap:
         changes["optim.warmup_steps"] = cap
         notes.append(f"warm-up {cap} steps: 5% of the {total} (the paper's 500 of 10,000); the recipe's "
@@ -114,13 +116,13 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
     quick = None
     if not lr_sweep_asked and "optim.lr" not in explicit:
         if n_train <= SMALL_DATA:
-            quick = max(20, round(QUICK_SHARE * total))
+            quick = choice.arm_steps(total)
             notes.append(f"learning rate: a quick sweep first, Table 4's grid, {quick} steps per rate on the "
                          "training set minus a dev split, scored on the dev split (--lr to skip it; --lr-sweep for the full one)")
         else:
             notes.append(f"learning rate {o.lr:g}: the recipe's, not chosen for this data; the best of Table 4's "
                          "grid (0.001-0.03) can be far better (docs/training.md: 46.5% vs 61.9%); --lr-sweep picks it")
-    return Defaults(cfg.with_overrides(changes) if changes else cfg, notes, quick)
+    return Defaults(cfg.with_overrides(changes, PLAN) if changes else cfg, notes, quick)
 
 
 def resolution_note(image_size: tuple[int, int], explicit: bool) -> str:
@@ -136,100 +138,24 @@ def paper_step_up(image_size: tuple[int, int], stride: int) -> int:
     return max(stride, round(image_size[0] * RESOLUTION_STEP / stride) * stride)
 
 
-SWEEP_FOLDER = ("sweep", "final", "sweep.json")  # what lr_sweep writes into its folder
-
-
-def check_sweep_folder(out: Path) -> None:
-    """Refuse, before any training, a folder that is not new, empty or a learning-rate sweep's:
-    its runs and sweep.json would go among the user's files."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; give a folder for the learning-rate sweep")
-    theirs = sorted(p.name for p in out.iterdir() if p.name not in SWEEP_FOLDER) if out.is_dir() else []
-    if theirs:
-        raise ConfigError(f"{out} exists and is not a vitlab run folder or learning-rate sweep (it holds "
-                          f"{', '.join(theirs[:3])}); refusing to write into it: choose a new --out folder")
-
-
-def lr_sweep(
-    cfg: RunConfig,
-    out: Path,
-    grid: tuple[float, ...],
-    train_fn: Callable[[RunConfig, Path], dict[str, Any]],
-    log: Callable[[str], None] | None = None,
-    sweep_steps: Optional[int] = None,
-) -> dict[str, Any]:
-    """Train once per learning rate on train-minus-dev, score on dev, retrain the best on train.
-
-    `train_fn(config, run_folder) -> summary` runs one training (the Trainer). Each sweep run
-    has its own folder under out/sweep/, so a stopped sweep resumes where it was.
-    `sweep_steps` shortens the sweep runs (the quick sweep), their warm-up kept at 5%.
-    """
-    check_sweep_folder(out)
-    log = log or say
-    scores, counts = {}, {}
-    short = {}
-    if sweep_steps:
-        short = {"train.steps": sweep_steps, "train.epochs": 0.0,
-                 "optim.warmup_steps": min(cfg.optim.warmup_steps, max(1, round(WARMUP_SHARE * sweep_steps)))}
-    for lr in grid:
-        sweep_cfg = cfg.with_overrides(
-            {"optim.lr": lr, "data.train_split": "train-minus-dev", "data.eval_splits": ["dev"], "data.eval_data": "",
-             **short}
-        )
-        summary = train_fn(sweep_cfg, out / "sweep" / f"lr-{lr:g}")
-        scores[lr], counts[lr] = summary["splits"]["dev"]["top1"], summary["splits"]["dev"]["count"]
-        log(f"lr-sweep: lr {lr:g} -> dev top-1 {scores[lr]:.2%}")
-    best = max(grid, key=lambda lr: (scores[lr], -lr))
-    edge, noise = edge_note(grid, best), noise_note(scores, counts[best])
-    log(f"lr-sweep: best lr {best:g}" + "".join(f"; {n}" for n in (edge, noise) if n)
-        + "; training on the full training set")
-    final = train_fn(cfg.with_overrides({"optim.lr": best}), out / "final")
-    result = {"grid": list(grid), "dev_top1": {f"{k:g}": v for k, v in scores.items()}, "best_lr": best,
-              "at_edge": bool(edge), "within_noise": bool(noise), "final": final}
-    if distributed.is_main_process():
-        atomic_write_text(out / "sweep.json", json.dumps(result, indent=2))
-    return result
-
-
-def edge_note(grid: tuple[float, ...], best: float) -> str:
-    """A warning when the best rate is the grid's smallest or largest: the optimum may lie beyond."""
-    if len(grid) < 2 or best not in (min(grid), max(grid)):
-        return ""
-    side, beyond = ("smallest", min(grid) / 3) if best == min(grid) else ("largest", max(grid) * 3)
-    return (f"it is the grid's {side} rate, so a better one may lie beyond it: try --lr-grid with {beyond:.2g} "
-            "on that side")
-
-
-def noise_note(scores: dict[float, float], dev_count: int) -> str:
-    """A warning when the best rate's dev score is within sampling noise of the runner-up's:
-    two standard errors of the difference of two accuracies on `dev_count` images. The paper's
-    dev splits (Table 4: 2% of CIFAR is 1,000 images) tell rates apart; a small dev split or
-    runs too short to leave chance may not, and then the pick is a coin toss."""
-    if len(scores) < 2 or dev_count < 1:
-        return ""
-    best, second = sorted(scores.values(), reverse=True)[:2]
-    p = (best + second) / 2
-    margin = 2 * math.sqrt(2 * p * (1 - p) / dev_count)
-    if best - second > margin:
-        return ""
-    return (f"the best two dev scores ({best:.1%}, {second:.1%}) are within sampling noise of each other on "
-            f"{dev_count} dev images (2 standard errors: {margin:.1%}), so the choice is uncertain: longer sweep "
-            "runs (--lr-sweep) or a rate of your own (--lr) decide it")
-
-
 @dataclass
 class Plan:
-    """A fine-tuning run decided: its config, folder and plan lines, and the learning-rate
-    sweep before it (`sweep`; `sweep_steps` None for the full sweep, else the quick one's length)."""
+    """A fine-tuning run decided: its config, folder and plan lines, the sweep before it
+    (`arms`: none, the config runs as it is; `sweep_steps` each arm's length, None for the
+    whole run), and what its runs read, read once (`inputs`: the checkpoint, the data splits,
+    the probe heads)."""
 
     config: RunConfig
     out: Path
     notes: list[str]
-    grid: tuple[float, ...]
-    sweep: bool = False
+    arms: list[choice.Arm] = field(default_factory=list)
     sweep_steps: Optional[int] = None
-    arms: list[choice.Arm] = field(default_factory=list)  # the recipe sweep's; empty: the paper's lr sweep
     explicit: set[str] = field(default_factory=set)
+    inputs: Inputs = field(default_factory=Inputs)
+
+    @property
+    def sweep(self) -> bool:
+        return bool(self.arms)
 
 
 def explicit_keys(options: Mapping[str, Any], overrides: Sequence[str] = (), paper_resolution: bool = False) -> set[str]:
@@ -249,107 +175,163 @@ def lr_grid(row: Optional[str], rates: Optional[Sequence[float]] = None) -> tupl
     return grid
 
 
-def _length(recipe: str, options: Mapping[str, Any], row: Optional[str], extra: dict, notes: list[str]) -> None:
-    """Table 4's number of steps for the dataset, unless the user or the recipe set a length."""
-    if row is not None and row not in TABLE4_STEPS:
-        raise ConfigError(f"--table4 {row!r}: not a Table 4 dataset; use one of {', '.join(TABLE4_STEPS)}")
-    if options.get("steps") is None and options.get("epochs") is None and load_recipe(recipe).train.steps == 0:
-        if row is None:
-            extra["train.steps"] = DEFAULT_STEPS
-            notes.append(f"{DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)")
-        else:
-            extra["train.steps"] = TABLE4_STEPS[row]
+def length_unset(recipe: str, options: Mapping[str, Any]) -> bool:
+    """Neither the user nor the recipe sets the run's length: Table 4's decides."""
+    return options.get("steps") is None and options.get("epochs") is None and load_recipe(recipe).train.steps == 0
 
 
-def training_set(cfg: RunConfig) -> Any:
-    """The run's training split (its length and `identity`: which paper dataset it is)."""
-    arch = architecture(cfg.model)
-    return open_dataset(cfg.data.name, cfg.data.train_split, model_transform(arch),
-                        **({"dev_fraction": cfg.data.dev_fraction} if cfg.data.dev_fraction >= 0 else {}))
+def training_set(cfg: RunConfig, inputs: Optional[Inputs] = None) -> Any:
+    """The run's training split (its length and `identity`: which paper dataset it is), opened
+    in `inputs`, where the runs of the plan find it again."""
+    inputs = inputs or Inputs()
+    return build.training_split(cfg, model_transform(architecture(cfg.model, inputs)), False, inputs)
+
+
+def in_steps(cfg: RunConfig, n_train: int) -> RunConfig:
+    """A length given in epochs (--epochs) as steps: what a sweep's arms and the warm-up shares
+    are measured in (an arm trains on fewer images, and would take fewer steps an epoch)."""
+    t = cfg.train
+    if t.steps:
+        return cfg
+    steps = max(1, math.ceil(t.epochs * (n_train // t.batch_size)))
+    return cfg.with_overrides({"train.steps": steps, "train.epochs": 0.0}, PLAN)
+
+
+def checkpoint_argument(positional: Optional[str], flag: Optional[str], overrides: list[str]) -> str:
+    """The checkpoint of `vitlab finetune CHECKPOINT` or its alias `--from CHECKPOINT`. With
+    --from, the first word after the command is an override (SECTION.KEY=VALUE), put back."""
+    if flag is None:
+        if not positional:
+            raise ConfigError("give the checkpoint to fine-tune: vitlab finetune CHECKPOINT --data SPEC")
+        return positional
+    if positional and "=" not in positional:
+        raise ConfigError(f"{positional} and --from {flag} both name the checkpoint: give one")
+    if positional:
+        overrides.insert(0, positional)
+    return flag
+
+
+def _check(checkpoint: str, data: str, choose: str, options: Mapping[str, Any], overrides: Sequence[str],
+           paper_resolution: bool, lr_sweep: bool, rates: Optional[Sequence[float]], table4: Optional[str]) -> None:
+    """Refuse, before anything is read, what cannot run or would drop a setting silently."""
+    if choose not in choice.CHOICES:
+        raise ConfigError(f"--recipe {choose!r}: use one of {', '.join(choice.CHOICES)}")
+    if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
+        raise ConfigError(f"{checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
+    if not data:
+        raise ConfigError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")
+    if paper_resolution and options.get("image_size"):
+        raise ConfigError("--paper-resolution and --image-size both set the resolution: give one")
+    if table4 is not None and table4 not in TABLE4_STEPS:
+        raise ConfigError(f"--table4 {table4!r}: not a Table 4 dataset; use one of {', '.join(TABLE4_STEPS)}")
+    if rates is not None:
+        lr_grid(None, rates)  # an empty or non-positive grid, refused now
+    given = {o.split("=", 1)[0].strip(): o for o in overrides if "=" in o}
+    if paper_resolution and "model.image_size" in given:
+        raise ConfigError(f"--paper-resolution and {given['model.image_size']} both set the resolution: give one")
+    rate = "--lr" if options.get("lr") is not None else given.get("optim.lr")
+    chooser = "--lr-sweep" if lr_sweep else "--lr-grid" if rates is not None else None
+    if rate and chooser:
+        raise ConfigError(f"{rate} and {chooser} both set the learning rate ({chooser} chooses it on the dev split): "
+                          "give one")
 
 
 def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[str, Any] = {},
          overrides: Sequence[str] = (), paper_resolution: bool = False, lr_sweep: bool = False,
          rates: Optional[Sequence[float]] = None, table4: Optional[str] = None,
-         out: Optional[Path | str] = None, choose: Optional[str] = None) -> Plan:
+         out: Optional[Path | str] = None, choose: Optional[str] = None, inputs: Optional[Inputs] = None) -> Plan:
     """Fine-tuning `checkpoint` (a file vitlab.load reads, or a published name) on `data`, fitted
     to both; `options` and `overrides` as recipe.resolve takes them, `rates` the sweep's grid.
     `choose`: the fine-tuning recipe, "paper", "adamw" or "auto" (chosen on the dev split;
     see finetune_choice.py); None: auto with the shipped `finetune` recipe, the recipe's own
-    ("paper") with any other, such as Table 2's."""
+    ("paper") with any other, such as Table 2's. The checkpoint and the training split are read
+    here, once, into the plan's `inputs` (a given one is shared), where its runs find them."""
     choose = choose or ("auto" if recipe == RECIPE else "paper")
-    if choose not in choice.CHOICES:
-        raise ConfigError(f"--recipe {choose!r}: use one of {', '.join(choice.CHOICES)}")
-    if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
-        raise ConfigError(f"--from {checkpoint}: no such file")
-    if not data:
-        raise ConfigError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")
-    if paper_resolution and options.get("image_size"):
-        raise ConfigError("--paper-resolution and --image-size both set the resolution: give one")
+    _check(checkpoint, data, choose, options, overrides, paper_resolution, lr_sweep, rates, table4)
+    inputs = inputs or Inputs()
     extra: dict[str, Any] = {"model.checkpoint": checkpoint}
+    layers = {"model.checkpoint": COMMAND_LINE, "train.steps": PLAN, "data.dev_fraction": COMMAND_LINE,
+              "model.image_size": CHECKPOINT}  # --paper-resolution: the checkpoint's own, stepped up
     notes: list[str] = []
-    row = table4 or paper_dataset(data)
-    grid = lr_grid(row, rates)
-    _length(recipe, options, row, extra, notes)
+    unset = length_unset(recipe, options)
+    if unset:  # Table 4's count for the dataset, once the data says which it is; this until then
+        extra["train.steps"] = DEFAULT_STEPS
     if table4:  # a declared Table 4 row declares the dataset, and so the paper's dev split
         extra["data.dev_fraction"] = DEV_FRACTIONS.get(table4, identity.DEFAULT_DEV_FRACTION)
     if paper_resolution:
-        own = read_checkpoint(checkpoint).config
+        own = inputs.checkpoint(checkpoint).config
         extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride)
-    cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra)
+    cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra, layers)
     explicit = explicit_keys(options, overrides, paper_resolution)
     threads, threads_note = choice.thread_policy(cfg, checkpoint, explicit)
-    cfg = cfg.with_overrides(threads)
-    train_set = training_set(cfg)
+    if choice.source_run_config(checkpoint):  # else the recipe's own, as they are
+        cfg = cfg.with_overrides(threads, CHECKPOINT)
+    train_set = training_set(cfg, inputs)
+    row = table4 or getattr(train_set, "identity", None)
+    grid = lr_grid(row, rates)
+    unset = unset and cfg.origin("train.steps") == PLAN  # (not an override's: train.steps=N)
+    if unset and row in TABLE4_STEPS:
+        cfg = cfg.with_overrides({"train.steps": TABLE4_STEPS[row]}, PLAN)
+    elif unset:
+        notes.append(f"{DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)")
     out = Path(out) if out else Path("runs") / f"{name}-{Path(checkpoint).stem}"
-    head = [resolution_note(architecture(cfg.model).image_size, "model.image_size" in explicit), threads_note]
+    head = [resolution_note(architecture(cfg.model, inputs).image_size, "model.image_size" in explicit), threads_note]
     chosen = choice.resolved(choose, explicit, cfg)
     if chosen.name == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
         fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep, TABLE4_STEPS.get(row or ""))
-        sweep = lr_sweep or fitted.quick_sweep_steps is not None
-        return Plan(fitted.config, out, [*head, *chosen.notes, *fitted.notes, *notes], grid, sweep,
-                    fitted.quick_sweep_steps, explicit=explicit)
+        swept = lr_sweep or fitted.quick_sweep_steps or rates is not None  # --lr-grid: a sweep of its rates
+        arms = [choice.Arm(choice.PLANNED, lr) for lr in grid] if swept else []
+        config = in_steps(fitted.config, len(train_set)) if arms else fitted.config
+        return Plan(config, out, [*head, *chosen.notes, *fitted.notes, *notes], arms, fitted.quick_sweep_steps,
+                    explicit, inputs)
     fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep_asked=True)  # batch and length; warm-up per recipe
-    t = fitted.config.train
-    if not t.steps:  # --epochs: in steps, which the arms' length and the warm-up shares are of
-        steps = max(1, math.ceil(t.epochs * (len(train_set) // t.batch_size)))
-        fitted.config = fitted.config.with_overrides({"train.steps": steps, "train.epochs": 0.0})
+    fitted.config = in_steps(fitted.config, len(train_set))
     dev = identity.describe(getattr(train_set, "identity", None), cfg.data.dev_fraction)
     c = choice.decide(fitted.config, chosen, explicit, grid, rates, lr_sweep, dev)
     kept = [n for n in fitted.notes if not n.startswith("warm-up")]
-    return Plan(c.config, out, [*head, *kept, *c.notes, *notes], grid, bool(c.arms), c.steps, c.arms, explicit)
+    return Plan(c.config, out, [*head, *kept, *c.notes, *notes], c.arms, c.steps, explicit, inputs)
 
 
 def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[str] = (),
         log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Carry out a plan: the run alone (its summary), or the sweep and then the best rate on the
-    whole training set (lr_sweep's result, with "best_lr" and the final run's summary)."""
-    if not p.sweep:
-        return recipes.train(p.config, p.out, command=command, quiet=quiet, notes=p.notes, trackers=trackers)
-    check_sweep_folder(p.out)  # before the first sweep run, for both kinds of sweep
-    (log or say)("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
-    if p.arms:
-        def arm(c: RunConfig, o: Path, more: Sequence[str] = ()) -> dict[str, Any]:
-            said = (f"sweep run: {o.name}, {c.train.steps} steps, scored on the dev split",) if o.parent.name == "sweep" \
-                else (*p.notes, *more)
-            return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers)
+    """Carry out a plan: the run alone (its summary), or the sweep and then the best arm on the
+    whole training set (finetune_choice.choose's result, with "best_lr" and the final run's
+    summary). Every run reads the plan's inputs: nothing is read twice. `quiet`: the final
+    run's summary only (the sweep's runs and lines say nothing; warnings still do)."""
+    if not p.arms:
+        return recipes.train(p.config, p.out, command=command, quiet=quiet, notes=p.notes, trackers=trackers,
+                             inputs=p.inputs)
+    choice.check_sweep_folder(p.out)  # before the first sweep run
+    log = (lambda _: None) if quiet else (log or say)
+    log("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
 
-        steps = p.sweep_steps or p.config.train.steps
-        return choice.choose(p.config, p.out, p.arms, steps, p.explicit, arm, log or say)
-
-    def train(c: RunConfig, o: Path) -> dict[str, Any]:
+    def arm(c: RunConfig, o: Path, more: Sequence[str] = ()) -> dict[str, Any]:
         sweeping = o.parent.name == "sweep"
-        said = (f"lr-sweep run: lr {c.optim.lr:g}, {c.train.steps} steps, scored on the dev split",) if sweeping else p.notes
-        return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers)
+        said = (f"sweep run: {o.name}, {c.train.steps} steps, scored on the dev split",) if sweeping else (*p.notes, *more)
+        with silenced(quiet and sweeping):
+            return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers, inputs=p.inputs)
 
-    return lr_sweep(p.config, p.out, p.grid, train, log=log, sweep_steps=p.sweep_steps)
+    steps = p.sweep_steps or p.config.train.steps
+    return choice.choose(p.config, p.out, p.arms, steps, p.explicit, arm, log)
+
+
+@contextlib.contextmanager
+def silenced(quiet: bool) -> Iterator[None]:
+    """vitlab.train's messages but warnings held back (a sweep run under --quiet says nothing,
+    its summary included)."""
+    level = LOG.level
+    if quiet:
+        LOG.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        LOG.setLevel(level)
 
 
 def done_line(p: Plan, result: Mapping[str, Any]) -> Optional[str]:
     """What `vitlab finetune` prints after a sweep: the pick, where the scores are, the compute."""
-    if "best_recipe" in result:
-        return (f"sweep done: {result['best_recipe']} at lr {result['best_lr']:g}; scores in {p.out / 'sweep.json'}; "
-                f"final run in {p.out / 'final'}\nwith the sweep: {format_compute(result['compute_with_sweep'])}")
-    if "best_lr" in result:
-        return f"lr-sweep done: best lr {result['best_lr']:g}; scores in {p.out / 'sweep.json'}; final run in {p.out / 'final'}"
-    return None
+    if "best_lr" not in result:
+        return None
+    pick = f"{result['best_recipe']} at lr {result['best_lr']:g}" if result["best_recipe"] else f"lr {result['best_lr']:g}"
+    return (f"sweep done: {pick}; scores in {p.out / 'sweep.json'}; final run in {p.out / 'final'}\n"
+            f"with the sweep: {format_compute(result['compute_with_sweep'])}")

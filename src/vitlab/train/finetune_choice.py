@@ -1,4 +1,4 @@
-"""Which fine-tuning recipe, chosen on the dev split: the paper's SGD or AdamW.
+"""Which fine-tuning recipe and rate, chosen on the dev split: the paper's SGD or AdamW.
 
 The paper fine-tunes with SGD (momentum 0.9, no weight decay, the inception crop) and picks
 the learning rate from Table 4's grid on a dev split (Appendix B.1.1). That recipe is made
@@ -18,6 +18,12 @@ trains the best arm on the whole training set:
             recipe's from-scratch 0.002, never above it: see ADAMW), the new head started
             as a linear probe of the frozen features (train/probe_head.py: LP-FT)
 
+The paper's own learning-rate sweep (`--recipe paper`, `--lr-sweep`, `vitlab vtab --lr-grid`)
+is the same mechanism with one recipe, the plan's (`PLANNED`): its arms are the rates of
+Table 4's grid, in OUT/sweep/lr-RATE. `choose` is the one loop for every such sweep: each arm
+on the training set minus the dev split, scored on the dev split, the best against the
+runner-up with its noise (two standard errors), the best on the whole training set.
+
 Every sweep step is compute: the final run's summary.json counts the sweep's images, FLOPs
 and seconds beside its own (`compute_with_sweep`). Settings the user gave (an optimiser, a
 crop, label smoothing, a warm-up) hold in every arm.
@@ -32,25 +38,31 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from vitlab.config import ConfigError, RunConfig
+from vitlab.config.provenance import PLAN, SWEEP
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed
 from vitlab.train.run_folder import RunFolder, read_summary
 
 CHOICES = ("auto", "paper", "adamw")  # --recipe: auto = choose on the dev split
+WARMUP_SHARE = 0.05  # the paper's 500 warm-up steps of 10,000 (Appendix B.1.1)
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """A fine-tuning recipe: what it changes in the paper's config, its warm-up share, its
-    rates (None: Table 4's grid for the dataset)."""
+    """A fine-tuning recipe: what it changes in the paper's config, its warm-up share (None:
+    the plan's own warm-up, at most WARMUP_SHARE of a short arm), its rates (None: Table 4's
+    grid for the dataset, or --lr-grid)."""
 
     name: str
     words: str
     changes: Mapping[str, Any] = field(default_factory=dict)
-    warmup_share: float = 0.05
+    warmup_share: Optional[float] = WARMUP_SHARE
     grid: Optional[tuple[float, ...]] = None
 
 
+# The plan's config as it is: the paper's protocol (--recipe paper), or a recipe file followed
+# as written; its sweep chooses the rate only (OUT/sweep/lr-RATE).
+PLANNED = Recipe("", "the plan's own recipe", warmup_share=None)
 PAPER = Recipe("paper", "the paper's SGD (momentum 0.9, no weight decay, inception crop from 8%)")
 ADAMW = Recipe(
     "adamw", "AdamW as vitlab trains from scratch (weight decay 0.05, crop from 35%, label smoothing 0.1), "
@@ -76,7 +88,12 @@ class Arm:
 
     @property
     def name(self) -> str:
-        return f"{self.recipe.name}-lr-{self.lr:g}"
+        """Its folder under OUT/sweep/ and its name in sweep.json."""
+        return f"{self.recipe.name}-lr-{self.lr:g}" if self.recipe.name else f"lr-{self.lr:g}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.recipe.name} lr {self.lr:g}" if self.recipe.name else f"lr {self.lr:g}"
 
 
 def arms(choice: str, table4_grid: Sequence[float], rates: Optional[Sequence[float]] = None) -> list[Arm]:
@@ -90,23 +107,38 @@ def arms(choice: str, table4_grid: Sequence[float], rates: Optional[Sequence[flo
     return out
 
 
-def apply(cfg: RunConfig, recipe: Recipe, explicit: set[str], steps: Optional[int] = None) -> RunConfig:
+def apply(cfg: RunConfig, recipe: Recipe, explicit: set[str], steps: Optional[int] = None,
+          origin: str = SWEEP) -> RunConfig:
     """The config with a recipe's changes and warm-up share (of `steps`, default the run's),
-    leaving the keys the user set."""
+    leaving the keys the user set; PLANNED keeps the plan's warm-up, at most WARMUP_SHARE of
+    a short arm (`steps`), which a longer one would outlast. `origin`: the layer that chose
+    the recipe (the sweep, or the plan when --recipe named it)."""
     total = steps or cfg.train.steps
     changes = {k: v for k, v in recipe.changes.items() if k not in explicit}
-    if "optim.warmup_steps" not in explicit:
-        changes["optim.warmup_steps"] = max(1, round(recipe.warmup_share * total)) if total else cfg.optim.warmup_steps
-    return cfg.with_overrides(changes)
+    if recipe.warmup_share is None:
+        if steps and steps < cfg.train.steps:
+            changes["optim.warmup_steps"] = warmup(cfg.optim.warmup_steps, steps)
+    elif "optim.warmup_steps" not in explicit and total:
+        changes["optim.warmup_steps"] = warmup(cfg.optim.warmup_steps, total, recipe.warmup_share)
+    return cfg.with_overrides(changes, origin) if changes else cfg
 
 
-ARM_SHARE = 0.05  # each arm of the quick sweep trains for this share of the run's steps
+def warmup(current: int, total: int, share: Optional[float] = None) -> int:
+    """The one rule of a fine-tune's warm-up: `share` of the run's `total` steps (at least 1);
+    without a share the current warm-up, cut to WARMUP_SHARE of the run where it would outlast
+    it (the paper's 500 of 10,000 steps)."""
+    if share is not None:
+        return max(1, round(share * total))
+    return min(current, max(1, round(WARMUP_SHARE * total)))
+
+
+QUICK_SHARE = 0.05  # each arm of a quick sweep trains for this share of the run's steps
 MIN_ARM_STEPS = 10
 
 
 def arm_steps(total: int) -> int:
-    """The quick sweep's length per arm: 5% of the run, at least 10 steps."""
-    return max(MIN_ARM_STEPS, round(ARM_SHARE * total))
+    """A quick sweep's length per arm: QUICK_SHARE of the run, at least MIN_ARM_STEPS steps."""
+    return max(MIN_ARM_STEPS, round(QUICK_SHARE * total))
 
 
 @dataclass
@@ -147,7 +179,7 @@ def decide(cfg: RunConfig, chosen: Resolved, explicit: set[str], table4_grid: Se
     warm = f"warm-up {PAPER.warmup_share:.0%} of each run with the paper's recipe, {ADAMW.warmup_share:.0%} with " \
         "AdamW (the CPU recipes' 100 of 390 steps)"
     if chosen.name == "adamw" and "optim.lr" in explicit:
-        return Decided(apply(cfg, ADAMW, explicit), [], None, [*chosen.notes, f"recipe: {ADAMW.words}",
+        return Decided(apply(cfg, ADAMW, explicit, origin=PLAN), [], None, [*chosen.notes, f"recipe: {ADAMW.words}",
                                                              f"warm-up {ADAMW.warmup_share:.0%} of the run"])
     candidates = arms(chosen.name, table4_grid, rates)
     steps = None if full_sweep else arm_steps(total)
@@ -169,10 +201,11 @@ def two_standard_errors(p1: float, p2: float, n: int) -> float:
 
 
 def verdict(scores: Mapping[str, float], arm_recipes: Mapping[str, str], dev_count: int) -> dict[str, Any]:
-    """The winning arm, and by how much its recipe beat the other recipe's best arm, with the
-    noise (two standard errors of the difference on the dev images)."""
-    best = max(scores, key=lambda a: (scores[a], arm_recipes[a] == "paper"))
-    others = [a for a in scores if arm_recipes[a] != arm_recipes[best]]
+    """The winning arm, and by how much it beat the runner-up, with the noise (two standard
+    errors of the difference on the dev images). The runner-up is the other recipe's best arm
+    when the sweep compares recipes, else the second-best rate."""
+    best = max(scores, key=lambda a: (scores[a], arm_recipes[a] in ("paper", "")))
+    others = [a for a in scores if arm_recipes[a] != arm_recipes[best]] or [a for a in scores if a != best]
     out: dict[str, Any] = {"best": best, "recipe": arm_recipes[best], "dev_top1": scores[best], "dev_count": dev_count}
     if others:
         runner = max(others, key=lambda a: scores[a])
@@ -182,17 +215,31 @@ def verdict(scores: Mapping[str, float], arm_recipes: Mapping[str, str], dev_cou
     return out
 
 
-def verdict_line(v: Mapping[str, Any], lrs: Mapping[str, float]) -> str:
-    """The plan line that says which recipe won and by how much, with the noise."""
-    head = (f"recipe: {v['recipe']} (lr {lrs[v['best']]:g}) scored {v['dev_top1']:.1%} on the {v['dev_count']:,} "
-            "dev images")
+def verdict_line(v: Mapping[str, Any], labels: Mapping[str, str]) -> str:
+    """The plan line that says which arm won and by how much, with the noise."""
+    best = labels[v["best"]]
+    head = (f"recipe: {v['recipe']} ({best.split(' ', 1)[1]})" if v["recipe"] else best) + \
+        f" scored {v['dev_top1']:.1%} on the {v['dev_count']:,} dev images"
     if "runner_up" not in v:
         return head
-    other = v["runner_up"].split("-lr-")[0]
-    gap = (f"; {other}'s best (lr {lrs[v['runner_up']]:g}) {v['dev_top1'] - v['margin']:.1%}: {v['recipe']} by "
-           f"{100 * v['margin']:.1f} points, noise (2 standard errors) {100 * v['noise']:.1f}")
-    return head + gap + (": within the noise, so the choice is uncertain (--recipe picks one)" if v["within_noise"]
-                         else "")
+    runner = labels[v["runner_up"]]
+    if v["recipe"] and not runner.startswith(v["recipe"] + " "):  # the other recipe's best
+        other, rate = runner.split(" ", 1)
+        gap = f"; {other}'s best ({rate}) {v['dev_top1'] - v['margin']:.1%}: {v['recipe']} by "
+    else:
+        gap = f"; the next best, {runner}, {v['dev_top1'] - v['margin']:.1%}: by "
+    gap += f"{100 * v['margin']:.1f} points, noise (2 standard errors) {100 * v['noise']:.1f}"
+    return head + gap + (": within the noise, so the choice is uncertain (--recipe picks one, --lr a rate)"
+                         if v["within_noise"] else "")
+
+
+def edge_note(grid: Sequence[float], best: float) -> str:
+    """A warning when the best rate is the grid's smallest or largest: the optimum may lie beyond."""
+    if len(grid) < 2 or best not in (min(grid), max(grid)):
+        return ""
+    side, beyond = ("smallest", min(grid) / 3) if best == min(grid) else ("largest", max(grid) * 3)
+    return (f"it is the grid's {side} rate, so a better one may lie beyond it: try --lr-grid with {beyond:.2g} "
+            "on that side")
 
 
 def summed_compute(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -211,34 +258,51 @@ def sweep_config(cfg: RunConfig, arm: Arm, explicit: set[str], steps: int) -> Ru
     """An arm's short run on train-minus-dev, scored on dev."""
     return apply(cfg, arm.recipe, explicit, steps).with_overrides(
         {"optim.lr": arm.lr, "train.steps": steps, "train.epochs": 0.0, "data.train_split": "train-minus-dev",
-         "data.eval_splits": ["dev"], "data.eval_data": ""})
+         "data.eval_splits": ["dev"], "data.eval_data": ""}, SWEEP)
+
+
+def check_sweep_folder(out: Path) -> None:
+    """Refuse, before any training, a folder that is not new, empty or a sweep's: its runs and
+    sweep.json would go among the user's files."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the sweep")
+    theirs = sorted(p.name for p in out.iterdir() if p.name not in SWEEP_FOLDER) if out.is_dir() else []
+    if theirs:
+        raise ConfigError(f"{out} exists and is not a vitlab run folder or sweep (it holds "
+                          f"{', '.join(theirs[:3])}); refusing to write into it: choose a new --out folder")
+
+
+SWEEP_FOLDER = ("sweep", "final", "sweep.json")  # what `choose` writes into its folder
 
 
 def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, explicit: set[str],
            train_fn: Callable[..., dict[str, Any]], log: Callable[[str], None]) -> dict[str, Any]:
     """Run the sweep (OUT/sweep/ARM/, each resumable), train the best arm on the whole
-    training set (OUT/final/), and write OUT/sweep.json; returns its content. `train_fn(config,
-    folder, more_notes=()) -> summary` runs one training."""
-    scores, lrs, recipes, summaries = {}, {}, {}, []
+    training set (OUT/final/), and write OUT/sweep.json; returns its content. `steps`: each
+    arm's length. `train_fn(config, folder, more_notes=()) -> summary` runs one training."""
+    check_sweep_folder(out)
+    scores, labels, recipes, summaries = {}, {}, {}, []
     dev_count = 0
     for arm in candidates:
         summary = train_fn(sweep_config(cfg, arm, explicit, steps), out / "sweep" / arm.name)
         summaries.append(summary)
         dev = summary["splits"]["dev"]
-        scores[arm.name], lrs[arm.name], recipes[arm.name], dev_count = dev["top1"], arm.lr, arm.recipe.name, dev["count"]
-        log(f"sweep: {arm.recipe.name} lr {arm.lr:g} -> dev top-1 {dev['top1']:.2%}")
+        scores[arm.name], labels[arm.name], recipes[arm.name], dev_count = dev["top1"], arm.label, arm.recipe.name, \
+            dev["count"]
+        log(f"sweep: {arm.label} -> dev top-1 {dev['top1']:.2%}")
     v = verdict(scores, recipes, dev_count)
-    line = verdict_line(v, lrs)
-    log(f"{line}; training it on the full training set")
     winner = next(a for a in candidates if a.name == v["best"])
-    final_cfg = apply(cfg, winner.recipe, explicit).with_overrides({"optim.lr": winner.lr})
+    grid = [a.lr for a in candidates if a.recipe == winner.recipe]
+    edge = edge_note(grid, winner.lr) if winner.recipe.grid is None else ""
+    line = verdict_line(v, labels) + (f"; {edge}" if edge else "")
+    log(f"{line}; training it on the full training set")
+    final_cfg = apply(cfg, winner.recipe, explicit).with_overrides({"optim.lr": winner.lr}, SWEEP)
     final = train_fn(final_cfg, out / "final", (line,))  # the verdict among the final run's plan lines
-    sweep_compute = summed_compute(summaries)
     result = {
         "arms": [{"arm": a.name, "recipe": a.recipe.name, "lr": a.lr, "steps": steps, "dev_top1": scores[a.name]}
                  for a in candidates],
-        **v, "best_lr": winner.lr, "best_recipe": winner.recipe.name, "line": line,
-        "sweep_steps": steps * len(candidates), "sweep_compute": sweep_compute,
+        **v, "grid": grid, "at_edge": bool(edge), "best_lr": winner.lr, "best_recipe": winner.recipe.name,
+        "line": line, "sweep_steps": steps * len(candidates), "sweep_compute": summed_compute(summaries),
         "compute_with_sweep": summed_compute([*summaries, final]), "final": final,
     }
     if distributed.is_main_process():
@@ -248,7 +312,10 @@ def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, exp
 
 
 def count_sweep_in(summary_file: Path, result: Mapping[str, Any]) -> None:
-    """Add the sweep's compute to the final run's summary.json, beside the run's own."""
+    """Add the sweep's compute to the final run's summary.json, beside the run's own (where the
+    training function wrote one)."""
+    if not summary_file.exists():
+        return
     summary = read_summary(summary_file)  # the final run's, just written: a damaged one is named
     summary["sweep"] = {k: result[k] for k in ("best", "best_recipe", "best_lr", "sweep_steps", "sweep_compute")}
     summary["compute_with_sweep"] = result["compute_with_sweep"]

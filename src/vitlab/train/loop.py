@@ -37,12 +37,13 @@ from vitlab.eval.accuracy import add_counts
 from vitlab import run_layout
 from vitlab.files import atomic_write_text
 from vitlab.train import callbacks as cb, distributed, preemption, probe_head, state
-from vitlab.train.build import (architecture, build_model, dataset_size, describe_source, model_input, open_datasets,
+from vitlab.train.build import (architecture, build_model, describe_source, model_input, open_datasets,
                                 train_loader)
 from vitlab.train.compute import ComputeMeter
+from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, eval_batches, final_report, plot_run, truncate_after
+from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, final_report, plot_run, truncate_after
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 from vitlab.log import get_logger
@@ -114,17 +115,19 @@ class Trainer:
     summary; `trackers` ("wandb", "mlflow", "tensorboard") also receive every metrics record;
     `extend` lets a finished or running run continue to a new train.steps/train.epochs
     (`vitlab train --resume RUN --steps N`); `callbacks` are vitlab.train.callbacks.Callback
-    objects, called after the config's own (early stopping, keep-best)."""
+    objects, called after the config's own (early stopping, keep-best); `inputs` what the
+    runs of one plan read once and share (vitlab.train.inputs), by default this run's own."""
 
     def __init__(self, config: RunConfig, out: str | Path, command: str = "", quiet: bool = False,
                  data: Any = None, eval_data: Any = None, notes: tuple[str, ...] = (),
-                 trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = ()):
+                 trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = (),
+                 inputs: Optional[Inputs] = None):
         self.sources = None
         if data is not None:
             evals = eval_data if isinstance(eval_data, dict) else ({"test": eval_data} if eval_data is not None else {})
             self.sources = (data, evals)
             config = config.with_overrides({"data.name": describe_source(data), "data.eval_data": "",
-                                            "data.eval_splits": list(evals)})
+                                            "data.eval_splits": list(evals)}, "data given as objects")
         elif eval_data is not None:
             raise ConfigError("eval_data= needs data= too (or put both in the config's data section)")
         self.cfg = config
@@ -136,6 +139,7 @@ class Trainer:
         self.trackers = tuple(trackers)
         self.extend = extend
         self.callbacks = tuple(callbacks)
+        self.inputs = inputs or Inputs()
 
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
@@ -209,8 +213,8 @@ class Trainer:
         random.seed(t.seed)
         np.random.seed(t.seed)
         torch.manual_seed(t.seed)
-        train_set, eval_sets = open_datasets(cfg, architecture(cfg.model), self.sources)
-        model = build_model(cfg.model, train_set.class_names)
+        train_set, eval_sets = open_datasets(cfg, architecture(cfg.model, self.inputs), self.sources, self.inputs)
+        model = build_model(cfg.model, train_set.class_names, self.inputs)
         objective = build_objective(model, cfg)
         run = Run(ctx, cfg, model, objective, train_set, eval_sets, self._plan(train_set, ctx))
         run.hooks, self.run_state = cb.Hooks(self, run, [*cb.from_config(cfg), *self.callbacks]), run
@@ -246,7 +250,7 @@ class Trainer:
         run.objective.to(ctx.device)
         run.compute = ComputeMeter(run.model.config, ctx.device, ctx.world)
         if saved is None:  # before wrapping, which may flatten the parameters (FSDP)
-            run.head_probe = probe_head.for_run(self.cfg, run.model, self.sources, run.compute)
+            run.head_probe = probe_head.for_run(self.cfg, run.model, self.sources, run.compute, self.inputs)
         run.model.set_grad_checkpointing(t.grad_checkpointing)
         run.wrapped = distributed.wrap(run.objective, ctx, inner=run.model)
         run.optimizer = build_optimizer(run.objective, self.cfg.optim)

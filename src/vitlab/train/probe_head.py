@@ -29,6 +29,7 @@ from vitlab.eval.features import extract_features
 from vitlab.eval.linear_probe import fit_logistic, scaling
 from vitlab.train.build import plain_training_set
 from vitlab.train.compute import ComputeMeter
+from vitlab.train.inputs import Inputs
 
 # The cap of docs/transfer.md's linear probes (`vitlab linear-probe --max-per-class 500`): all of
 # Fashion-MNIST's 60,000 images would cost more forward passes than a short fine-tune trains on.
@@ -50,6 +51,15 @@ def head_from_probe(feats: np.ndarray, labels: np.ndarray, num_classes: int, c: 
 def fit(model: torch.nn.Module, images: Any, *, max_per_class: int = MAX_PER_CLASS) -> dict[str, Any]:
     """Set `model.head` to the probe of its frozen features on `images` (a dataset of the run's
     training images at the evaluation transform); what it cost and how well it fits."""
+    weight, bias, result = fitted(model, images, max_per_class)
+    set_head(model, weight, bias)
+    return result
+
+
+def fitted(model: torch.nn.Module, images: Any, max_per_class: int = MAX_PER_CLASS
+           ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """(weight, bias, what it cost and how well it fits) of the probe of the model's frozen
+    features on `images`; the model is left as it was."""
     start = time.perf_counter()
     was_training = model.training
     feats, labels = extract_features(model, images, max_per_class=max_per_class)
@@ -58,33 +68,63 @@ def fit(model: torch.nn.Module, images: Any, *, max_per_class: int = MAX_PER_CLA
     if len(labels) == 0:
         raise ValueError("model.head_start=probe: the training split holds no images to fit the head on")
     weight, bias = head_from_probe(feats, labels, k)
+    logits = torch.as_tensor(feats, dtype=torch.float64) @ weight.T + bias
+    return weight, bias, {"images": int(len(labels)), "max_per_class": max_per_class, "C": C,
+                          "train_top1": float((logits.argmax(1).numpy() == labels).mean()),
+                          "seconds": round(time.perf_counter() - start, 3)}
+
+
+def set_head(model: torch.nn.Module, weight: torch.Tensor, bias: torch.Tensor) -> None:
     with torch.no_grad():
         model.head.weight.copy_(weight.to(model.head.weight))
         model.head.bias.copy_(bias.to(model.head.bias))
-    logits = torch.as_tensor(feats, dtype=torch.float64) @ weight.T + bias
-    return {"images": int(len(labels)), "max_per_class": max_per_class, "C": C,
-            "train_top1": float((logits.argmax(1).numpy() == labels).mean()),
-            "seconds": round(time.perf_counter() - start, 3)}
 
 
 def for_run(cfg: RunConfig, model: torch.nn.Module, sources: Optional[tuple[Any, dict[str, Any]]],
-            compute: ComputeMeter) -> Optional[dict[str, Any]]:
+            compute: ComputeMeter, inputs: Optional[Inputs] = None) -> Optional[dict[str, Any]]:
     """With model.head_start=probe, fit the head of a new run's model on the run's training
     images (its split and subset, the evaluation transform; `sources`: data given as objects)
-    and count its forward passes in `compute`; None otherwise. Every process of a distributed
-    run fits the same head (the same weights, images and deterministic solver), and each one's
-    forward passes count."""
+    and count its forward passes in `compute`; None otherwise. The fit is made once per
+    model and split in `inputs` (the runs of one fine-tuning plan share it: the sweep's arms
+    on train-minus-dev, the final run and the repeats on train); a run that reuses it counts
+    no forward passes, since none were made for it, and says so ("shared_with_earlier_run").
+    Every process of a distributed run fits the same head (the same weights, images and
+    deterministic solver), and each one's forward passes count."""
     if cfg.model.head_start != "probe":
         return None
-    result = fit(model, plain_training_set(cfg, model.config, sources))
-    compute.forward_only(result["images"] * compute.processes)  # each process ran them all
-    return result
+    inputs = inputs or Inputs()
+
+    def fit_now() -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        return fitted(model, plain_training_set(cfg, model.config, sources, inputs))
+
+    if sources is not None:  # data given as objects: nothing names them for a later run
+        weight, bias, result = fit_now()
+        fresh = True
+    else:
+        weight, bias, result, fresh = inputs.probe_head(probe_key(cfg, model), fit_now)
+    set_head(model, weight, bias)
+    if fresh:
+        compute.forward_only(result["images"] * compute.processes)  # each process ran them all
+        return dict(result)
+    return {**result, "shared_with_earlier_run": True}
+
+
+def probe_key(cfg: RunConfig, model: torch.nn.Module) -> dict[str, Any]:
+    """What decides a probe head: the start weights and the network, the training images
+    (spec, split, subset, data options) and the fit's settings."""
+    d = cfg.data
+    return {"checkpoint": cfg.model.checkpoint, "model": model.config.to_json(), "data": d.name,
+            "split": d.train_split, "subset": [d.train_fraction, d.train_size, d.subset_seed],
+            "dev_fraction": d.dev_fraction, "skip_bad_images": d.skip_bad_images, "classes": list(d.classes),
+            "max_per_class": MAX_PER_CLASS, "C": C}
 
 
 def lines(result: Optional[dict[str, Any]], start_step: int = 0) -> tuple[str, ...]:
     """The plan line of a head fitted at the start of this run (none on a resume)."""
     if not result or start_step:
         return ()
+    cost = "fitted for an earlier run of this plan, reused" if result.get("shared_with_earlier_run") \
+        else f"{result['seconds']:.1f} s"
     return (f"head: started as a linear probe of the frozen features (model.head_start=probe): {result['images']:,} "
-            f"training images, top-1 {result['train_top1']:.1%} on them, {result['seconds']:.1f} s "
+            f"training images, top-1 {result['train_top1']:.1%} on them, {cost} "
             "(model.head_start=zeros for the paper's zero head)",)

@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
+from vitlab.config.provenance import COMMAND_LINE
+from vitlab.config.run import AUGMENTATIONS, CHANGED_ORIGIN
 from vitlab.files import check_writable
 from vitlab.models.variants import variant_config
 from vitlab.run_layout import RunLayout
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import EXTENDABLE, Trainer
 from vitlab.train.run_folder import RESUMABLE_CHANGES, RunFolder
 
@@ -38,8 +41,6 @@ FLAG_KEYS = {
     "objective": "train.objective", "mixup": "train.mixup", "cutmix": "train.cutmix",
     "label_smoothing": "train.label_smoothing", "drop_path": "model.drop_path",
     "train_fraction": "data.train_fraction", "train_size": "data.train_size",
-    "autoaugment": "data.autoaugment", "trivialaugment": "data.trivialaugment", "augmix": "data.augmix",
-    "random_erasing": "data.random_erasing",
 }
 
 
@@ -52,12 +53,11 @@ def settings(options: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
         given += [("--epochs", "train.epochs", options["epochs"]), ("--epochs", "train.steps", 0)]
     if options.get("steps") is not None:
         given.append(("--steps", "train.steps", options["steps"]))
-    if options.get("randaugment") is not None:
-        n, magnitude = options["randaugment"]
-        given += [("--randaugment", "data.randaugment", n), ("--randaugment", "data.randaugment_magnitude", magnitude)]
-    policy = next((attr for attr in ("autoaugment", "trivialaugment", "augmix", "random_erasing") if options.get(attr)), None)
-    if policy:  # torchvision's policies run on the PIL images
-        given.append((f"--{policy.replace('_', '-')}", "data.decode", "pil"))
+    for a in AUGMENTATIONS:  # --KEY VALUE, or --randaugment N M: one value per key of the augmentation
+        value = options.get(a.option)
+        if value is not None:
+            values = value if len(a.keys) > 1 else [value]
+            given += [(f"--{a.option.replace('_', '-')}", f"data.{key}", v) for key, v in zip(a.keys, values)]
     for flag in ("bf16", "fp16"):
         if options.get(flag):
             given.append((f"--{flag}", "train.precision", flag))
@@ -66,25 +66,54 @@ def settings(options: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     return given
 
 
+def given_settings(options: Mapping[str, Any], overrides: Sequence[str] = ()) -> list[tuple[str, str, Any]]:
+    """(flag or override as typed, config key, value) for every setting the user gave: the
+    options (`settings`), then the SECTION.KEY=VALUE overrides. Two that set one key to
+    different values are refused by name: neither may win without a word."""
+    given = settings(options) + [(o, *parse_override(o)) for o in overrides]
+    first: dict[str, tuple[str, Any]] = {}
+    for what, key, value in given:
+        if key in first and not _same(key, first[key][1], value):
+            raise ConfigError(f"{first[key][0]} and {what} both set {key}: give one")
+        first.setdefault(key, (what, value))
+    return given
+
+
+def _same(key: str, a: Any, b: Any) -> bool:
+    """Whether two values of `key` are the same setting once read as its type (0.01 and 1e-2);
+    a value the key cannot take is refused here, by its own message."""
+    return RunConfig().with_overrides({key: a}) == RunConfig().with_overrides({key: b})
+
+
 def option_overrides(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options as SECTION.KEY overrides (SECTION.KEY=VALUE strings are applied after them)."""
     return {key: value for _, key, value in settings(options)}
 
 
 def resolve(recipe: Optional[str], options: Mapping[str, Any] = {}, overrides: Sequence[str] = (),
-            extra: Optional[Mapping[str, Any]] = None) -> tuple[RunConfig, str]:
+            extra: Optional[Mapping[str, Any]] = None, extra_origins: Mapping[str, str] = {}) -> tuple[RunConfig, str]:
     """Recipe + `extra` + options + overrides -> (RunConfig, recipe name). `options["model"]`
     swaps the variant (keeping the recipe's dropout settings); `options["data"]` drops the
-    recipe's evaluation set, which belongs to its own data."""
+    recipe's evaluation set, which belongs to its own data. Each value records its layer:
+    the recipe's, `extra_origins[key]` for `extra` (a caller's own settings), the command
+    line for options and overrides; an option and an override that disagree are refused."""
     name = recipe or DEFAULT_RECIPE
-    d = load_recipe(name).to_dict()
+    given = given_settings(options, overrides)
+    base = load_recipe(name)
+    d = base.to_dict()
     if options.get("model"):
         keep = KEEP_WITH_MODEL if variant_config(options["model"]).kind == "vit" else ()  # a BiT ResNet has no dropout
         d["model"] = {"name": options["model"], **{k: v for k, v in d["model"].items() if k in keep}}
     if options.get("data"):
         d["data"]["eval_data"] = ""
-    cfg = RunConfig.from_dict(d).with_overrides({**(extra or {}), **option_overrides(options)})
-    cfg = cfg.with_overrides(dict(parse_override(o) for o in overrides))
+    swapped = {"model.name": COMMAND_LINE} if options.get("model") else {}  # --model: a section of its own
+    cfg = RunConfig.from_dict(d).set_by({k: v for k, v in base.origins.items() if not swapped or not
+                                         k.startswith("model.") or k[6:] in KEEP_WITH_MODEL})
+    cfg.set_by({**swapped, **({"data.eval_data": COMMAND_LINE} if options.get("data") else {})})
+    extra = extra or {}
+    for layer in dict.fromkeys(extra_origins.get(k, CHANGED_ORIGIN) for k in extra):
+        cfg = cfg.with_overrides({k: v for k, v in extra.items() if extra_origins.get(k, CHANGED_ORIGIN) == layer}, layer)
+    cfg = cfg.with_overrides({key: value for _, key, value in given}, COMMAND_LINE)
     if cfg.train.steps == 0 and cfg.train.epochs == 0:
         raise ConfigError("the recipe sets no length: pass --steps N or --epochs N")
     return cfg, Path(name).stem
@@ -99,7 +128,7 @@ def resume_config(run_dir: Path | str, options: Mapping[str, Any] = {}, override
     if not RunLayout(run_dir).config.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.yaml there; give a run folder written by vitlab train")
     changeable = RESUMABLE_CHANGES | EXTENDABLE
-    given = settings(options) + [(o, *parse_override(o)) for o in overrides]
+    given = given_settings(options, overrides)
     refused = list(dict.fromkeys(flag for flag, key, _ in given if key not in changeable))
     if recipe is not None:
         refused.insert(0, "--config")
@@ -115,7 +144,7 @@ def resume_config(run_dir: Path | str, options: Mapping[str, Any] = {}, override
             "start a new run with another --out"
         )
     cfg = RunFolder(run_dir).read_config()  # a damaged config.yaml is one line naming it
-    return cfg.with_overrides({key: value for _, key, value in given})
+    return cfg.with_overrides({key: value for _, key, value in given}, COMMAND_LINE)
 
 
 def default_out(recipe_name: str) -> Path:
@@ -130,12 +159,13 @@ def check_resumable(out: Path) -> None:
 
 
 def train(cfg: RunConfig, out: Path | str, *, command: str = "", quiet: bool = False, notes: Sequence[str] = (),
-          trackers: Sequence[str] = (), extend: bool = False) -> dict[str, Any]:
+          trackers: Sequence[str] = (), extend: bool = False, inputs: Optional[Inputs] = None) -> dict[str, Any]:
     """One training run into `out` (its folder and checkpoints/ checked writable first: a resumed
     run writes into both, found now rather than at its next checkpoint) -> the run's summary.
+    `inputs`: what the runs of one plan share, read once (train/inputs.py).
     Raises TrainingDiverged on a non-finite loss and BadImageError on an unreadable image."""
     out = Path(out)
     for folder in (out, RunLayout(out).checkpoints):
         check_writable(folder, folder=True)
     return Trainer(cfg, out, command=command, quiet=quiet, notes=tuple(notes), trackers=tuple(trackers),
-                   extend=extend).run()
+                   extend=extend, inputs=inputs).run()

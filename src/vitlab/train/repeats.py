@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from vitlab.config import ConfigError
+from vitlab.config.provenance import SWEEP
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed
 from vitlab.train import finetune_choice as choice
@@ -44,10 +45,12 @@ def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
         raise ConfigError(f"--repeats must be at least 1, got {repeats}")
     seed, runs, best_lr, best_recipe = plan.config.train.seed, [], None, None
     for k in range(repeats):
-        cfg = plan.config.with_overrides({"train.seed": seed + k, **({"optim.lr": best_lr} if best_lr else {})})
+        cfg = plan.config.with_overrides({"train.seed": seed + k}, "repeats")
+        cfg = cfg.with_overrides({"optim.lr": best_lr}, SWEEP) if best_lr else cfg
         if best_recipe:  # the recipe the sweep chose (its optimiser and augmentation), at its rate
-            cfg = choice.apply(cfg, choice.RECIPES[best_recipe], plan.explicit).with_overrides({"optim.lr": best_lr})
-        this = replace(plan, config=cfg, out=plan.out / f"seed-{k}", sweep=plan.sweep and best_lr is None)
+            # (the plan's own recipe, the paper's protocol, chooses the rate only: best_recipe "")
+            cfg = choice.apply(cfg, choice.RECIPES[best_recipe], plan.explicit).with_overrides({"optim.lr": best_lr}, SWEEP)
+        this = replace(plan, config=cfg, out=plan.out / f"seed-{k}", arms=[] if best_lr else plan.arms)
         result = run(this)
         best_lr = best_lr or result.get("best_lr")
         best_recipe = best_recipe or result.get("best_recipe")
@@ -59,7 +62,7 @@ def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
     for split in runs[0]["top1"]:
         mean, std = mean_std([r["top1"][split] for r in runs])
         summary[split] = {"mean": mean, "std": std, "n": len(runs)}
-    out = {"repeats": repeats, "best_lr": best_lr, "runs": runs, "top1": summary}
+    out = {"repeats": repeats, "best_lr": best_lr, "best_recipe": best_recipe, "runs": runs, "top1": summary}
     if distributed.is_main_process():
         atomic_write_text(plan.out / "repeats.json", json.dumps(out, indent=2))
     return out

@@ -24,9 +24,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-import yaml
-
 from vitlab.config import ConfigError, RunConfig
+from vitlab.config.provenance import annotated_yaml, origins_in
 from vitlab.files import atomic_write_text, is_temporary
 from vitlab.files.documents import read_json, read_yaml
 from vitlab.run_layout import SUMMARY_SHAPE, RunLayout
@@ -184,9 +183,11 @@ class RunFolder(RunLayout):
                         p.unlink()
 
     def read_config(self) -> RunConfig:
+        """The run's config, each value's layer as config.yaml records it (else this file)."""
         d = read_yaml(self.config, dict, "run's config", "restore it, or use another --out", ConfigError)
         try:
-            return RunConfig.from_dict(with_earlier_defaults(d))
+            cfg = RunConfig.from_dict(with_earlier_defaults(d), f"config file {self.config}")
+            return cfg.set_by(origins_in(self.config.read_text()))
         except ConfigError as e:
             raise ConfigError(f"{self.config}: {e}") from None
 
@@ -194,10 +195,13 @@ class RunFolder(RunLayout):
         return read_summary(self.summary)
 
     def write_config(self, cfg: RunConfig, command: str = "") -> None:
-        header = "# Resolved config of this run (vitlab train --config this-file reruns it)\n"
+        """config.yaml: every setting, each with the layer that set it (config/provenance.py)."""
+        header = ("# Resolved config of this run (vitlab train --config this-file reruns it)\n"
+                  "# After each value, the layer that set it: default, recipe NAME, config file PATH, checkpoint,\n"
+                  "# fine-tune plan, sweep, vtab or command line (later layers over earlier ones)\n")
         if command:
             header += f"# command: {command}\n"
-        atomic_write_text(self.config, header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        atomic_write_text(self.config, header + annotated_yaml(cfg))
 
 
 def read_summary(path: Path) -> dict:

@@ -23,8 +23,6 @@ says over how many of the 19 tasks it is taken.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +30,17 @@ from typing import Any, Callable, Optional, Sequence
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
+from vitlab.config.provenance import COMMAND_LINE
 from vitlab.data import DataError
 from vitlab.data.vtab import GROUPS, TASKS, Task, get_task, group_sizes, mean
 from vitlab.data.vtab_sources import describe, locate, where_to_put
 from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.files.documents import Number, read_json
 from vitlab.files.identity import differences, work_identity
+from vitlab.tables import csv_table, markdown_table
 from vitlab.train import distributed
-from vitlab.train.finetune import TABLE4_STEPS, lr_sweep
+from vitlab.train import finetune_choice as choice
+from vitlab.train.finetune import TABLE4_STEPS
 from vitlab.train.run_folder import RESUMABLE_CHANGES
 
 VTAB_LR = 0.01  # Table 4
@@ -48,12 +49,17 @@ VTAB_IMAGE_SIZE = 384  # the paper fine-tunes every task at 384 (Appendix B.1.1)
 TrainFn = Callable[[RunConfig, Path], dict[str, Any]]
 
 
+# The keys vitlab vtab sets from its own flags: an override of one would silently beat the flag.
+FLAGS = {"train.steps": "--steps", "optim.lr": "--lr (or --lr-grid)", "train.batch_size": "--batch-size",
+         "model.image_size": "--image-size", "train.seed": "--seed", "train.device": "--device"}
+
+
 @dataclass(frozen=True)
 class Settings:
     steps: int = TABLE4_STEPS["vtab"]
-    lr: float = VTAB_LR
+    lr: Optional[float] = None  # None: VTAB_LR, or the grid's choice
     batch_size: int = 512
-    grid: tuple[float, ...] = ()  # learning rates to choose from on the 200-example val set; () = lr
+    grid: Optional[Sequence[float]] = None  # learning rates to choose from on the 200-example val set; None = lr
     image_size: Optional[int] = VTAB_IMAGE_SIZE  # None: the checkpoint's own
     seed: int = 0
     device: str = "auto"
@@ -67,6 +73,21 @@ class Settings:
             if not sep or not version:
                 raise DataError(f"--tfds-version {a!r}: write TASK=[CONFIG/]VERSION, e.g. pets=4.0.0")
             get_task(name)  # (an unknown task is refused with the list of the 19)
+        if self.grid is not None and (not self.grid or min(self.grid) <= 0):
+            raise ConfigError(f"--lr-grid {','.join(f'{r:g}' for r in self.grid)!r}: give positive rates separated by commas")
+        if self.grid is not None and self.lr is not None:
+            raise ConfigError("--lr and --lr-grid both set the learning rate (--lr-grid chooses it per task): give one")
+        keys = [parse_override(o)[0] for o in self.overrides]
+        flagged = [f"{o} (vitlab vtab sets it with {FLAGS[k]})" for o, k in zip(self.overrides, keys) if k in FLAGS]
+        if flagged:  # the override would win over the flag without a word
+            raise ConfigError(f"{'; '.join(flagged)}: give it with the flag")
+        if self.grid is not None:
+            object.__setattr__(self, "grid", tuple(self.grid))  # kept as given otherwise: Settings(**vars(s)) == s
+
+    @property
+    def rate(self) -> float:
+        """The learning rate of a run without a grid (and the grid's runs' starting config)."""
+        return VTAB_LR if self.lr is None else self.lr
 
     def accepted(self, task: Task) -> str:
         """The tfds [CONFIG/]VERSION accepted for `task` instead of VTAB's pin ("" for none)."""
@@ -95,13 +116,13 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConf
         "data.name": f"vtab:{task.name}{'@' + s.accepted(task) if s.accepted(task) else ''}:{root}",
         "data.train_split": "train", "data.eval_splits": ["test"], "data.crop_scale": [1.0, 1.0],
         "data.crop_ratio": [1.0, 1.0], "data.hflip": False, "train.steps": s.steps, "train.epochs": 0.0,
-        "train.batch_size": s.batch_size, "train.seed": s.seed, "train.device": s.device, "optim.lr": s.lr,
+        "train.batch_size": s.batch_size, "train.seed": s.seed, "train.device": s.device, "optim.lr": s.rate,
         "optim.warmup_steps": min(VTAB_WARMUP, max(1, s.steps // 5)), "train.ckpt_every": max(1, min(500, s.steps)),
     }
     if s.image_size:
         changes["model.image_size"] = s.image_size
-    cfg = load_recipe("finetune").with_overrides(changes)
-    return cfg.with_overrides(dict(parse_override(o) for o in s.overrides))
+    cfg = load_recipe("finetune").with_overrides(changes, "vtab")
+    return cfg.with_overrides(dict(parse_override(o) for o in s.overrides), COMMAND_LINE)
 
 
 def identity(checkpoint: str, task: Task, root: Path, s: Settings) -> dict[str, Any]:
@@ -113,7 +134,7 @@ def identity(checkpoint: str, task: Task, root: Path, s: Settings) -> dict[str, 
     for key in RESUMABLE_CHANGES:
         section, _, name = key.partition(".")
         d[section].pop(name, None)
-    return work_identity(checkpoints.resolve(checkpoint), {"run": d, "lr_grid": list(s.grid)})
+    return work_identity(checkpoints.resolve(checkpoint), {"run": d, "lr_grid": list(s.grid or ())})
 
 
 RESULT_SHAPE = {"task": str, "top1": Number(0, 1), "test_images": Number(1, integer=True), "lr?": Number(0),
@@ -148,10 +169,11 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
     cfg = task_config(checkpoint, task, root, s)
     data = describe(task, root, s.accepted(task))  # (refuses a tfds copy other than VTAB's before training)
     if s.grid:
-        swept = lr_sweep(cfg, folder, s.grid, train, log=log)
+        arms = [choice.Arm(choice.PLANNED, lr) for lr in s.grid]  # the rate alone, chosen on the val set
+        swept = choice.choose(cfg, folder, arms, cfg.train.steps, set(), lambda c, o, _notes=(): train(c, o), log)
         summary, lr = swept["final"], swept["best_lr"]
     else:
-        summary, lr = train(cfg, folder / "run"), s.lr
+        summary, lr = train(cfg, folder / "run"), s.rate
     test = summary["splits"]["test"]
     image_size = cfg.model.changes.get("image_size")  # (an (h, w) pair; None: the checkpoint's)
     image_size = None if image_size is None else list(image_size)  # as result.json reads back
@@ -202,7 +224,7 @@ def markdown(row: dict[str, Any]) -> str:
     head = ["model", *(TASKS[t].title for t in TASKS), *GROUPS, "Mean"]
     cells = [row["name"], *(_pct(v) for v in row["tasks"].values()), *(_agg(row["groups"][g]) for g in GROUPS),
              _agg(row["mean"])]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), "| " + " | ".join(cells) + " |"]
+    lines = [markdown_table(head, [cells]).rstrip("\n")]
     if not row["complete"]:
         lines += ["", f"Incomplete: {row['mean']['tasks']} of {row['mean']['of']} tasks; each mean is over the tasks "
                   "it names in brackets."]
@@ -212,14 +234,11 @@ def markdown(row: dict[str, Any]) -> str:
 
 
 def csv_text(row: dict[str, Any]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["model", *TASKS, *GROUPS, "mean", "tasks_in_mean", "complete"])
-    w.writerow([row["name"], *("" if v is None else f"{v:.6f}" for v in row["tasks"].values()),
-                *("" if row["groups"][g]["mean"] is None else f"{row['groups'][g]['mean']:.6f}" for g in GROUPS),
-                "" if row["mean"]["mean"] is None else f"{row['mean']['mean']:.6f}", row["mean"]["tasks"],
-                row["complete"]])
-    return buf.getvalue()
+    number = lambda v: "" if v is None else f"{v:.6f}"  # noqa: E731
+    return csv_table(["model", *TASKS, *GROUPS, "mean", "tasks_in_mean", "complete"],
+                     [[row["name"], *(number(v) for v in row["tasks"].values()),
+                       *(number(row["groups"][g]["mean"]) for g in GROUPS), number(row["mean"]["mean"]),
+                       row["mean"]["tasks"], row["complete"]]])
 
 
 TABLES = ("vtab.md", "vtab.json", "vtab.csv")

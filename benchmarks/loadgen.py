@@ -1,4 +1,5 @@
-"""A bounded load generator for a `vitlab serve` on this machine: the benchmark's and the tests'.
+"""A bounded load generator for a `vitlab serve` on this machine: the benchmark's and the tests'
+(this repository's tooling, not part of the library a user imports).
 
 `run_load(port, body, concurrency=32, requests=3000)` keeps `concurrency` clients busy, each on
 its own keep-alive connection sending the same POST, until `requests` have been answered (or

@@ -17,6 +17,8 @@ from typing import Callable
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from vitlab.tables import markdown_table
+
 # Operator name -> the kind of work it is in a ViT.
 # Operator name -> the kind of work it is in a ViT. Under inference mode the timer sees
 # composite operators whole (`linear`, `matmul`, `softmax`); with autograd, what they
@@ -115,12 +117,12 @@ def table(named: dict[str, Profile]) -> str:
     kinds: list[str] = []
     for p in named.values():
         kinds += [k for k in p.by_kind if k not in kinds]
-    lines = ["| where the time goes | " + " | ".join(named) + " |", "| --- |" + " --- |" * len(named)]
+    rows = []
     for kind in kinds:
         cells = []
         for p in named.values():
             s = p.by_kind.get(kind, 0.0)
             cells.append(f"{s * 1e3:.2f} ms ({s / p.timed:.0%})" if s else "")
-        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
-    lines.append("| total per call | " + " | ".join(f"{p.seconds * 1e3:.1f} ms" for p in named.values()) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([kind, *cells])
+    rows.append(["total per call", *(f"{p.seconds * 1e3:.1f} ms" for p in named.values())])
+    return markdown_table(["where the time goes", *named], rows)

@@ -1,0 +1,166 @@
+"""A dataset by spec and split: `open_dataset`, with its options as one typed value.
+
+    open_dataset("cifar10:../shared/data", "train", transform, train=True, seed=0,
+                 options=DataOptions(dev_fraction=0.02, skip_bad_images=True))
+
+The spec names the source (see the package docstring for the list), the split one part of
+it, the transform what each image goes through. `DataOptions` holds everything else that
+decides what is read, with its defaults in one place (the data section's, where the run's
+config has the setting: `DataOptions.of(cfg.data)`). A dataset opened once can be read
+through another transform, seed or mode without opening it again (`view`): that is how a
+fine-tune's sweep, repeats and final run share one open per split (train/inputs.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from vitlab.config.run import SHUFFLE_BUFFER, DataConfig
+from vitlab.data import datasets as ds, synthetic
+from vitlab.data.datasets import DataError
+from vitlab.data.foreign import ForeignDataset, hf_split
+from vitlab.data.identity import by_name, dev_fraction, recognise
+from vitlab.data.imagenet_val import imagenet_val
+from vitlab.data.vtab_sources import open_vtab
+from vitlab.data.wds import WebDataset
+
+NAMED = ("digits", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "imagenet-val", "vtab", "wds", "hf",
+         "synthetic")
+WITH_PATH = ("imagefolder", "imagenet-val", "vtab", "wds", "hf", "synthetic")  # specs that need NAME:PATH
+TEST_FRACTION = 0.2  # an imagefolder without train/ and val/ sub-folders: this share held out as "test"
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """How a spec is opened, besides its split, transform, mode and seed."""
+
+    dev_fraction: Optional[float] = None  # the dev split's share; None: the data's paper share (identity.py)
+    skip_bad_images: bool = False  # drop and count unreadable images instead of raising BadImageError
+    shuffle_buffer: int = SHUFFLE_BUFFER  # samples a streamed (wds) training set holds for shuffling
+    classes: tuple[str, ...] = ()  # a wds set's class names (else classes.txt beside the shards, else 0..K-1)
+    test_fraction: float = TEST_FRACTION  # imagefolder without sub-folders: the share held out as "test"
+    download: bool = True  # fetch a missing named set (fashion-mnist, cifar) when online
+    mirror: str = ds.FASHION_MNIST_URL  # where fashion-mnist is fetched from
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(self.classes or ()))
+        if self.dev_fraction is not None and self.dev_fraction < 0:
+            object.__setattr__(self, "dev_fraction", None)  # the data section's -1: the paper's share
+
+    @classmethod
+    def of(cls, data: DataConfig) -> "DataOptions":
+        """The options a run's data section sets."""
+        return cls(dev_fraction=data.dev_fraction, skip_bad_images=data.skip_bad_images,
+                   shuffle_buffer=data.shuffle_buffer, classes=data.classes)
+
+
+def paper_dataset(spec: str) -> Optional[str]:
+    """Which of the paper's datasets a spec holds: declared by its name (cifar10:DIR), else
+    recognised from its training split's class counts (identity.py), else None. Never from
+    the words of its path. Reads the training split's labels (no images); a spec that cannot
+    be opened is None here, and fails with its own message where it is used."""
+    named = by_name(spec)
+    if named or spec.partition(":")[0].strip().lower() not in NAMED:
+        return named
+    try:
+        return open_dataset(spec, "train", lambda image: image).identity  # labels only: no image is decoded
+    except (DataError, OSError, ValueError):
+        return None
+
+
+def _base_split(split: str) -> str:
+    if split in ("train", "dev", "train-minus-dev"):
+        return "train"
+    if split in ("test", "val"):
+        return "test"
+    raise DataError(f"unknown split {split!r}; use train, test (or val), dev or train-minus-dev")
+
+
+def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = False, seed: int = 0,
+                 options: DataOptions = DataOptions()) -> Any:
+    """A dataset by spec and split (see the package docstring): items (transform(image), label),
+    `.class_names`, a length, and `.view(transform, seed=, train=)` for another reading of it.
+    `train`: a training stream (wds: shuffled, with the seed); the augmentation itself is the
+    transform's."""
+    name, _, arg = spec.partition(":")
+    name = name.strip().lower()
+    if name not in NAMED:
+        raise DataError(
+            f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
+            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face "
+            "dataset), synthetic:TASK"
+        )
+    if name in WITH_PATH and not arg:
+        raise DataError(f"{name} needs a path: --data {name}:PATH")
+    base = _base_split(split)
+    if not callable(transform):
+        raise TypeError(f"open_dataset takes the images' transform (model_transform(config), vitlab.transform(model)), "
+                        f"not {type(transform).__name__}")
+    if not isinstance(options, DataOptions):
+        raise TypeError(f"open_dataset's options are a DataOptions, not {type(options).__name__}")
+    o = options
+    if name == "wds":
+        stream = WebDataset(arg, split, transform, train=train, seed=seed, shuffle_buffer=o.shuffle_buffer,
+                            skip_bad_images=o.skip_bad_images, dev_fraction=o.dev_fraction,
+                            classes=list(o.classes) or None, identity=by_name(spec))
+        check_classes(spec, stream.class_names)
+        return stream
+    common = dict(seed=seed, skip_bad_images=o.skip_bad_images)
+    if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
+        return open_vtab(arg, split, transform, **common)
+    if name == "imagenet-val":
+        dataset = imagenet_val(arg, base, transform, **common)
+    elif name == "imagefolder":
+        dataset = ds.image_folder(arg, base, transform, test_fraction=o.test_fraction, **common)
+    elif name == "hf":
+        dataset = ForeignDataset(hf_split(arg, base), transform, seed=seed)
+    else:
+        dataset = _arrays(spec, name, arg, base, transform, o, common)
+    check_classes(spec, dataset.class_names)
+    return _dev_part(dataset, spec, split, base, o.dev_fraction)
+
+
+def _arrays(spec: str, name: str, arg: str, base: str, transform: Callable, o: DataOptions,
+            common: dict[str, Any]) -> ds.ArrayDataset:
+    """The sets held in memory as arrays: digits, synthetic, Fashion-MNIST, CIFAR."""
+    if name == "digits":
+        arrays, classes = ds.digits_arrays(), [str(i) for i in range(10)]
+    elif name == "synthetic":
+        arrays, classes = synthetic.named(arg)
+    elif name == "fashion-mnist":
+        arrays, classes = ds.fashion_mnist_arrays(arg or None, o.download, o.mirror), ds.FASHION_MNIST_CLASSES
+    else:
+        arrays, classes = ds.cifar_arrays(name, arg or None, o.download)
+    images, labels = arrays[base]
+    if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
+        raise DataError(f"{spec}: {base} labels run from {labels.min()} to {labels.max()}, outside the "
+                        f"{len(classes)} classes; the label file is damaged")
+    return ds.ArrayDataset(images, labels, classes, transform, **common)
+
+
+def _dev_part(dataset: Any, spec: str, split: str, base: str, explicit: Optional[float]) -> Any:
+    """Say what the data is (`identity`: declared by the spec's name, else recognised from
+    the training split's class counts, never from its path) and carve the dev split, whose
+    size follows from it (identity.py)."""
+    dataset.identity = by_name(spec) or (recognise(np.bincount(dataset.labels)) if base == "train" else None)
+    if split in ("dev", "train-minus-dev"):
+        dev, rest = ds.dev_split(len(dataset), dev_fraction(dataset.identity, explicit))
+        dataset = dataset.select(dev if split == "dev" else rest)
+    return dataset
+
+
+def check_classes(spec: str, class_names: Sequence[str]) -> None:
+    """Classification needs two classes at least: with one, every prediction is right and
+    the loss is zero from the first step, a run that looks perfect and learns nothing."""
+    if len(class_names) < 2:
+        raise DataError(
+            f"{spec}: {len(class_names)} class{'' if len(class_names) == 1 else 'es'} ({', '.join(class_names)}); "
+            "classification needs at least two: check the data's class folders or labels"
+        )
+    if len(set(class_names)) != len(class_names):
+        twice = sorted({c for c in class_names if list(class_names).count(c) > 1})
+        raise DataError(f"{spec}: the class names {', '.join(twice[:5])} appear more than once; each class needs its own name")
+
