@@ -37,8 +37,7 @@ from vitlab.eval.accuracy import add_counts
 from vitlab import run_layout
 from vitlab.files import atomic_write_text
 from vitlab.train import callbacks as cb, distributed, preemption, probe_head, state
-from vitlab.train.build import (architecture, build_model, describe_source, model_input, open_datasets,
-                                train_loader)
+from vitlab.train.build import architecture, build_model, describe_source, model_input, open_datasets, train_loader
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective
