@@ -239,6 +239,36 @@ def test_only_the_drawing_modules_import_matplotlib():
     assert all(f"`{Path(m).name}`" in page for m in MATPLOTLIB)
 
 
+# What the model must never compute with (docs/architecture.md, models/): private backend ops,
+# oneDNN/MKL-DNN kernels, CPU capability probes, process-global caches. Any of them makes
+# `model(x)` depend on the process (a probe cached inside an export trace broke every fresh
+# export); kernel choices belong to vitlab.deploy's inference copy.
+PRIVATE_IN_MODELS = ("torch.ops.", "torch._C", "mkldnn", "onednn", "torch.backends", "cpu_capability",
+                     "get_cpu_capability", "functools.cache", "lru_cache", "_linear_pointwise")
+
+
+def private_ops(folder: Path) -> list[str]:
+    """`file:line: text` for each line of the .py files under folder that names one of PRIVATE_IN_MODELS."""
+    return [f"{f.relative_to(folder.parent)}:{n}: {line.strip()}" for f in sorted(folder.rglob("*.py"))
+            for n, line in enumerate(f.read_text().splitlines(), 1)
+            if any(word in line.lower() for word in (w.lower() for w in PRIVATE_IN_MODELS))]
+
+
+def test_models_compute_with_public_ops_only():
+    found = private_ops(SRC / "models")
+    assert not found, ("models/ computes with PyTorch's public ops only; move kernel choices to "
+                       "vitlab.deploy's inference copy:\n" + "\n".join(found))
+
+
+def test_the_public_ops_rule_can_fail(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "layers.py").write_text("import torch\n\ndef f(x, w):\n    return torch.ops.mkldnn._linear_pointwise(x, w)\n")
+    (models / "vit.py").write_text("import functools\n\n@functools.cache\ndef probe():\n    return 1\n")
+    assert [line.split(":")[0] for line in private_ops(models)] == ["models/layers.py", "models/vit.py"]
+    assert private_ops(SRC / "deploy"), "deploy/ holds the oneDNN copies: the scan must see them"
+
+
 def test_functions_and_files_stay_short():
     long = []
     for f in FILES:

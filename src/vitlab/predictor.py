@@ -5,8 +5,9 @@
     for row in predictor.predict(["cat.png", "ship.jpg"], top_k=3, attention=True):
         print(row["image"], row["predictions"][0])     # {"class", "index", "probability"}
 
-A Predictor holds one inference copy of a classifier in the chosen precision (vitlab.deploy's
-copies: fp32, fp32-packed, bf16, fp16, int8; on a GPU fp32, or bf16/fp16 as autocast), its
+A Predictor holds one inference copy of a classifier in the chosen precision (on a CPU
+`vitlab.deploy.inference_copy`: fp32 packed for oneDNN by default, or bf16, fp16, int8, or with
+`plain=True` the model as it is; on a GPU fp32, or bf16/fp16 as autocast), its
 preprocessing (`model_transform`: the checkpoint's crop, resize and backend, the same function
 every command uses) and its class names. It batches, returns softmax probabilities, the top k,
 and with `attention` the rollout (Fig. 6) and each head's map from the class token, and draws
@@ -31,7 +32,7 @@ from vitlab.analysis.overlay import captioned, overlay
 from vitlab.config import ConfigError
 from vitlab.data import read_image
 from vitlab.data.transforms import image_input, model_transform, to_mode
-from vitlab.deploy import PRECISIONS, Serving, for_precision
+from vitlab.deploy import PRECISIONS, Serving, inference_copy
 from vitlab.files import OutputFolder, atomic_write, to_name
 
 DISPLAY_SIDE = 384  # the longer side of an overlay image
@@ -56,7 +57,7 @@ class Predictor:
     """A classifier ready for images: preprocessing, precision, batching, top-k, attention."""
 
     def __init__(self, model: torch.nn.Module, precision: str = "fp32", device: str | torch.device | None = None,
-                 checkpoint: str = ""):
+                 checkpoint: str = "", plain: bool = False):
         cfg = model.config
         if not cfg.num_classes:
             raise ConfigError(f"{checkpoint or cfg.name}: the model has no classification head (num_classes=0); "
@@ -75,15 +76,15 @@ class Predictor:
         self.transform = model_transform(cfg)  # the checkpoint's crop, resize and backend, as every command
         model = model.eval()
         on_cpu = self.device.type == "cpu"
-        self.model = for_precision(model, precision) if on_cpu else model.to(self.device)
+        self.model = inference_copy(model, precision, plain=plain) if on_cpu else model.to(self.device)
         self.autocast = None if on_cpu or precision == "fp32" else (torch.bfloat16 if precision == "bf16" else torch.float16)
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, format: Optional[str] = None, precision: str = "fp32",
-             device: str | torch.device | None = None, **overrides: Any) -> "Predictor":
+             device: str | torch.device | None = None, plain: bool = False, **overrides: Any) -> "Predictor":
         """A Predictor for a checkpoint path or name (anything `vitlab.load` reads)."""
         model = checkpoints.load(checkpoint, format, **overrides)
-        return cls(model, precision, device, checkpoint=str(checkpoint))
+        return cls(model, precision, device, checkpoint=str(checkpoint), plain=plain)
 
     # Images -> tensors ---------------------------------------------------------------------
     def preprocess(self, image: Image.Image | Tensor | np.ndarray | str | os.PathLike) -> Tensor:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.config import BiTConfig, ModelConfig
-from vitlab.models.layers import onednn_dtypes
+from vitlab.deploy.onednn import onednn_dtypes
 
 # The product dtype each system precision runs its Dense layers in.
 CEILING_OF = {"fp32": "fp32", "fp32-packed": "fp32", "bf16-autocast": "bf16", "bf16": "bf16",

@@ -118,6 +118,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         from vitlab.config import pick_device
 
         pick_device(device)  # a device this machine lacks is refused before any work
+    if args.command in ("predict", "serve"):  # the inference copy, before the checkpoint is read
+        from vitlab.deploy import PRECISIONS
+
+        if args.precision not in PRECISIONS:
+            raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
     from vitlab.files import check_writable
 
     for command, name, folder in OUTPUTS:

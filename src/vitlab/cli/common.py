@@ -25,6 +25,11 @@ def add_device_argument(p) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or mps (default auto: cuda when available)")
 
 
+def add_plain_argument(p) -> None:
+    p.add_argument("--plain", action="store_true", help="run the model as PyTorch does, not vitlab.deploy's CPU "
+                   "inference copy (the default: oneDNN-packed weights, bias and GELU fused, the same logits to 1e-4)")
+
+
 def bad_image_message(e: Exception) -> str:
     """A BadImageError's own sentence, without the class path a data-loader worker prefixes
     ("vitlab.data.datasets.BadImageError: ...") when it re-raises the error in the parent."""
@@ -140,6 +145,7 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     the batch, the device, the feature cache and the output."""
     add_checkpoint_arguments(p)
     add_device_argument(p)
+    add_plain_argument(p)
     p.add_argument("--data", required=True,
                    help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN, hf:NAME")
     p.add_argument("--train-split", default="train", help=f"{train_help} (default train)")
@@ -167,6 +173,21 @@ def print_result(args, result: dict) -> bool:
     if args.json:
         print(json.dumps(result, indent=2))
     return bool(args.json)
+
+
+def feature_model(args):
+    """(the model features are extracted with, the checkpoint's sha256 fingerprint): the
+    checkpoint on --device, then vitlab.deploy's inference copy (on a CPU, unless --plain)."""
+    import sys
+
+    from vitlab.checkpoints import open_checkpoint
+    from vitlab.config import pick_device
+    from vitlab.deploy import inference_copy
+    from vitlab.eval.features import model_fingerprint
+
+    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
+    print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
+    return inference_copy(model, plain=args.plain), model_fingerprint(model)
 
 
 def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):

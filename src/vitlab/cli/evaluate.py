@@ -37,9 +37,10 @@ an empty list leaves the image out), with --data imagenet-val:DIR.
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from vitlab.cli.common import add_checkpoint_arguments, add_device_argument
+    from vitlab.cli.common import add_checkpoint_arguments, add_device_argument, add_plain_argument
 
     add_checkpoint_arguments(p)
+    add_plain_argument(p)
     p.add_argument("--data", required=True, metavar="SPEC", help="dataset spec, as for vitlab train")
     p.add_argument("--split", default="test", help="test (default), val, train, dev")
     p.add_argument("--image-size", type=int, metavar="N", help="evaluate at this resolution (position embeddings resized)")
@@ -63,20 +64,22 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.cli.common import bad_image_message, progress
     from vitlab.config import pick_device
     from vitlab.data import BadImageError
+    from vitlab.deploy import inference_copy
     from vitlab.eval.accuracy import evaluate_dataset, report, to_json, write_predictions
+    from vitlab.eval.real import real_line
     from vitlab.run_layout import results_folder
 
     device = pick_device(args.device)
-    overrides = {"image_size": args.image_size} if args.image_size else {}
-    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device, **overrides)
+    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device,
+                               **({"image_size": args.image_size} if args.image_size else {}))
+    model = inference_copy(model, plain=args.plain or bool(args.bf16))  # bf16 autocast runs the plain model
     out = Path(args.out) if args.out else results_folder(args.checkpoint)
     owner = _owner(out, args.split, args.force)  # a user's eval-SPLIT.json there: refused now, not replaced
-    bar = lambda total, desc: progress(total=total, desc=desc)  # noqa: E731
     try:
         metrics, names = evaluate_dataset(
             model, args.data, args.split, batch_size=args.batch_size, workers=args.workers,
             skip_bad_images=args.skip_bad_images, device=device, autocast_dtype=torch.bfloat16 if args.bf16 else None,
-            progress=bar, real=args.real, probabilities=bool(args.predictions))
+            progress=lambda total, desc: progress(total=total, desc=desc), real=args.real, probabilities=bool(args.predictions))
     except BadImageError as e:
         raise UsageError(bad_image_message(e)) from None
     if args.predictions:
@@ -88,8 +91,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(report(metrics, names))
     if args.real:
-        from vitlab.eval.real import real_line
-
         print(real_line(metrics))
     if metrics["bad_images_skipped"]:
         print(f"skipped {metrics['bad_images_skipped']} unreadable images")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 
 HELP = "few-shot linear accuracy of frozen features (closed-form least squares, §4.1)"
 DESCRIPTION = """\
@@ -55,16 +54,11 @@ def parse_shots(text: str) -> list[int]:
 
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.checkpoints import open_checkpoint
-    from vitlab.cli.common import frozen_features, print_result
-    from vitlab.config import pick_device
-    from vitlab.eval.features import model_fingerprint
+    from vitlab.cli.common import feature_model, frozen_features, print_result
     from vitlab.eval.fewshot import fewshot_eval, parse_l2, protocol
 
     shots, l2 = _check(args), parse_l2(args.l2, "--l2")
-    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
-    fp = model_fingerprint(model)
-    print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
+    model, fp = feature_model(args)
     (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)
     (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
     try:

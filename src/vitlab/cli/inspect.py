@@ -90,7 +90,6 @@ def _counted(batches, bar):
 
 def run(args) -> int:
     from vitlab.analysis.inspection import inspect_model, summary
-    from vitlab.cli import UsageError
     from vitlab.checkpoints import open_checkpoint
     from vitlab.cli.common import progress
     from vitlab.config import pick_device

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 HELP = "logistic-regression and k-NN accuracy of frozen features (full training set)"
 DESCRIPTION = """\
 Fit a multinomial logistic regression (L2-penalised, standardised features, full-batch
@@ -29,19 +27,14 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from vitlab.cli import UsageError
-    from vitlab.checkpoints import open_checkpoint
-    from vitlab.cli.common import frozen_features, print_result
-    from vitlab.config import pick_device
-    from vitlab.eval.features import model_fingerprint
+    from vitlab.cli.common import feature_model, frozen_features, print_result
     from vitlab.eval.linear_probe import knn_accuracy, logistic_probe
 
     if args.C <= 0:
         raise UsageError(f"--C must be positive, got {args.C}")
     if args.k < 1:
         raise UsageError(f"--k must be at least 1, got {args.k}")
-    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
-    fp = model_fingerprint(model)
-    print(f"extracting features of {model.config.name} on {args.data}", file=sys.stderr)
+    model, fp = feature_model(args)
     (tr_x, tr_y), _ = frozen_features(args, model, args.train_split, args.max_per_class, 0, fp)
     (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
     probe = logistic_probe(tr_x, tr_y, te_x, te_y, C=args.C, max_iter=args.max_iter)

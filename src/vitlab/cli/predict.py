@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitlab.cli.common import add_checkpoint_arguments, add_device_argument
+from vitlab.cli.common import add_checkpoint_arguments, add_device_argument, add_plain_argument
 from vitlab.config import pick_device
 from vitlab.files import OutputFolder
 
@@ -47,6 +47,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="images decoded and classified at a time (default 16)")
     p.add_argument("--precision", default="fp32", help="fp32 (default), bf16, fp16, int8 or fp32-packed (as serve)")
     add_device_argument(p)
+    add_plain_argument(p)
 
 
 def run(args) -> int:
@@ -54,16 +55,10 @@ def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.cli.common import progress
     from vitlab.data.image_files import find_images, unreadable
-    from vitlab.deploy import PRECISIONS
     from vitlab.predictor import Predictor, overlay_name
 
-    for name in ("top_k", "batch_size"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.precision not in PRECISIONS:  # before the checkpoint is read
-        raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
     model, _ = open_checkpoint(args.checkpoint, args.format)
-    predictor = Predictor(model, args.precision, pick_device(args.device), checkpoint=args.checkpoint)
+    predictor = Predictor(model, args.precision, pick_device(args.device), checkpoint=args.checkpoint, plain=args.plain)
     if args.attention and not predictor.has_attention:
         raise UsageError(f"--attention: {predictor.config.name} is a BiT ResNet and has no attention to draw; drop --attention")
     paths = find_images(args.images)

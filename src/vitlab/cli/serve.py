@@ -36,6 +36,7 @@ OPTIONS = (
 
 
 def add_arguments(p) -> None:
+    from vitlab.cli.common import add_plain_argument
     from vitlab.config.serve import ServeConfig
 
     d = ServeConfig
@@ -60,21 +61,18 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--access-log", action="store_true", help="log every request (off: /metrics counts them)")
     p.add_argument("--device", default="cpu", help="run the model on cpu (default), cuda, cuda:N or mps")
+    add_plain_argument(p)
 
 
 def run(args) -> int:
     from vitlab.checkpoints import open_checkpoint
-    from vitlab.cli import UsageError
     from vitlab.config import pick_device
     from vitlab.config.serve import ServeConfig
-    from vitlab.deploy import PRECISIONS
     from vitlab.serve import Engine, server
     from vitlab.extras import require
 
     require("serve", "vitlab serve", modules=())  # every module of the extra, checked before any work
     config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})
-    if args.precision not in PRECISIONS:  # before the checkpoint is read
-        raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
     model, _ = open_checkpoint(args.checkpoint, args.format)  # before the port: a bad file binds nothing
-    engine = Engine(model, args.precision, checkpoint=Path(args.checkpoint).name, device=pick_device(args.device))
+    engine = Engine(model, args.precision, Path(args.checkpoint).name, pick_device(args.device), args.plain)
     return server.start(engine, config, access_log=args.access_log)

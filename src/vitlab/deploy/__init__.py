@@ -1,6 +1,7 @@
 """Deployment on CPUs: reduced-precision serving copies and export.
 
     from vitlab import deploy
+    fast = deploy.inference_copy(model)         # vitlab's CPU inference path: packed fp32, built once
     fast = deploy.to_bfloat16(model)            # or deploy.quantize_int8(model, calibration=images)
     print(deploy.agreement(model, fast, images))
     deploy.save_int8(deploy.quantize_int8(model), "q8.safetensors"); deploy.load_int8("q8.safetensors")
@@ -11,6 +12,7 @@ Throughput against timm, Hugging Face and torchvision is measured by `vitlab.ben
 
 from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program, onnx_metadata, read_onnx_metadata
 from vitlab.deploy.int8 import CalibratedInt8Linear
+from vitlab.deploy.onednn import onednn_dtypes
 from vitlab.deploy.copies import (
     PRECISIONS,
     Agreement,
@@ -19,6 +21,7 @@ from vitlab.deploy.copies import (
     Serving,
     agreement,
     for_precision,
+    inference_copy,
     load_int8,
     quantize_int8,
     save_int8,
@@ -39,7 +42,9 @@ __all__ = [
     "export_onnx",
     "export_program",
     "for_precision",
+    "inference_copy",
     "load_int8",
+    "onednn_dtypes",
     "onnx_metadata",
     "quantize_int8",
     "read_onnx_metadata",

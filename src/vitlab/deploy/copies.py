@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from vitlab.checkpoints import io
 from vitlab.config import ConfigError
 from vitlab.deploy.int8 import quantize_calibrated, rest_dtype
-from vitlab.models.layers import onednn_dtypes
+from vitlab.deploy.onednn import onednn_dtypes
 from vitlab.models.vit import VisionTransformer
 
 
@@ -258,3 +258,22 @@ def for_precision(model: VisionTransformer, precision: str, calibration: Optiona
     if precision == "int8":
         return quantize_int8(model, calibration)
     raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+
+
+def inference_copy(model: nn.Module, precision: str = "fp32", *, plain: bool = False,
+                   calibration: Optional[Tensor] = None) -> nn.Module:
+    """The model as vitlab runs it for inference, built once, before any forward: the one call
+    for a user's own loop. On a CPU, "fp32" is the packed fp32 copy (`to_packed_fp32`: oneDNN's
+    packed weights, bias and GELU fused, the same function to float32 rounding); the other
+    precisions are `for_precision`'s copies. `plain=True` (the command line's --plain) returns
+    the model itself in eval mode, as PyTorch runs it. On a GPU, and for a model without
+    encoder blocks (a BiT ResNet), fp32 is the model itself."""
+    model = model.eval()
+    if plain:
+        if precision != "fp32":
+            raise ConfigError(f"plain runs the model as it is, in fp32; drop plain (--plain) to run {precision}")
+        return model
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if precision == "fp32" and on_cpu and hasattr(model, "blocks"):
+        return to_packed_fp32(model)
+    return for_precision(model, precision, calibration)

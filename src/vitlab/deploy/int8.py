@@ -40,7 +40,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from vitlab.models.layers import Block, Dense, onednn_dtypes
+from vitlab.deploy.onednn import onednn_dtypes
+from vitlab.models.layers import Block, Dense
 from vitlab.models.vit import VisionTransformer
 
 ALPHA = 0.5  # SmoothQuant's migration strength: half of the outliers' range moves to the weights

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -12,54 +11,12 @@ from torch import Tensor, nn
 from vitlab.models.pos_embed import resize_line
 
 
-# Dense layers at inference on the CPU go to oneDNN. PyTorch sends fp32 products to MKL, which
-# on AMD CPUs runs its AVX2 code at about half the rate of oneDNN's AVX-512 kernels (measured
-# on an EPYC at ViT-B/16's shapes: 100 against 220 GFLOP/s per core), and MKL's addmm first
-# copies the bias into the output; oneDNN adds the bias and the MLP's GELU in the same pass.
-# Autograd, autocast, tracing and compiling keep `F.linear`, whose kernels they know.
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-@functools.cache
-def onednn_dtypes() -> frozenset[torch.dtype]:
-    """The dtypes oneDNN's Dense kernel runs on this CPU, found by running it once on a tiny
-    product. fp32 runs everywhere; bf16 and fp16 need AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT,
-    and an AVX2-only CPU refuses them with an error at the call. Asking the kernel is exact
-    for every CPU and PyTorch build, where a list of CPU flags would go stale."""
-    if not onednn_available():
-        return frozenset()
-    runs = set()
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        w, x = torch.zeros(8, 8, dtype=dtype), torch.zeros(2, 8, dtype=dtype)
-        try:
-            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-            torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 2), None, "none", [], "")
-        except RuntimeError:
-            continue
-        runs.add(dtype)
-    return frozenset(runs)
-
-
-_POST_OPS = {None: ("none", [], ""), "none": ("gelu", [], "none"), "tanh": ("gelu", [], "tanh")}
-
-
-def _onednn_inference(x: Tensor, weight: Tensor) -> bool:
-    return (
-        x.device.type == "cpu"
-        and x.dtype == weight.dtype
-        and x.dtype in onednn_dtypes()
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-    )
-
-
 def dense(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: Optional[str] = None) -> Tensor:
-    """x W^T + b, then GELU if `gelu` is "none" (exact) or "tanh"; weight is (out, in)."""
-    if _onednn_inference(x, weight):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, *_POST_OPS[gelu])
+    """x W^T + b, then GELU if `gelu` is "none" (exact) or "tanh"; weight is (out, in).
+
+    Public ops only, so `model(x)` is the same function in every process and exports,
+    traces and compiles as written. The fast CPU kernels (packed weights with the
+    bias and GELU fused) belong to the inference copy `vitlab.deploy.inference_copy` builds."""
     y = F.linear(x, weight, bias)
     return y if gelu is None else F.gelu(y, approximate=gelu)
 
@@ -180,7 +137,7 @@ class Attention(nn.Module):
         still a key and a value. Not with relative attention (its offsets assume all queries)."""
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        # On the CPU, bf16 attention is faster as two oneDNN matrix products around a softmax
+        # On the CPU, bf16 attention is faster as two batched matrix products around a softmax
         # than in the fused kernel: 2x forward at ViT-B/16's shapes, 2-5x backward (torch 2.14).
         # In fp32 the fused kernel is the faster one. On a GPU the fused (flash) kernel stays:
         # it is fast there and never stores (T, T) matrices.

@@ -73,8 +73,8 @@ class Engine(Predictor):
     names, probabilities and attention, plus bounded decoding of uploads, warm-up and /info."""
 
     def __init__(self, model: torch.nn.Module, precision: str = "fp32", checkpoint: str = "",
-                 device: str | torch.device = "cpu"):
-        super().__init__(model, precision, device, checkpoint)  # `vitlab serve --device`
+                 device: str | torch.device = "cpu", plain: bool = False):
+        super().__init__(model, precision, device, checkpoint, plain)  # `vitlab serve --device`, `--plain`
 
     # Uploads -> tensors (any thread) -------------------------------------------------------
     def prepare(self, data: bytes, max_pixels: int, display: bool = False) -> Prepared:
