@@ -101,7 +101,7 @@ def test_the_copy_leaves_the_model_alone():
 def test_the_calibrated_copy_keeps_its_float_parts_in_a_dtype_this_cpu_runs(tmp_path):
     # oneDNN writing bf16 on a CPU without bf16 falls back to a loop 45-80x slower than fp32
     # (6 s an image on an AVX2 EPYC): the copy must pick fp32 there, bf16 where it runs.
-    from vitlab.models.layers import onednn_dtypes
+    from vitlab.deploy import onednn_dtypes
 
     q8 = deploy.quantize_int8(model(depth=1), calibration=torch.randn(4, 3, 32, 32))
     rest = int8.rest_dtype()
