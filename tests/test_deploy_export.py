@@ -55,6 +55,31 @@ def test_export_cli_at_trained_and_resized_resolution(tmp_path, capsys, fmt, suf
         assert "48x48" in out and ": ok" in out
 
 
+# The export as the first forward of a fresh process: a probe of the CPU inside the model once
+# recorded its own ops into the graph there (and cached an empty answer for the process).
+FIRST_FORWARD = """
+import sys, torch, vitlab
+from vitlab import deploy
+torch.manual_seed(0)
+m = vitlab.create_model("ViT-C/4", depth=2, head_init="xavier").eval()
+program = deploy.export_program(m, sys.argv[1])
+ops = sorted({str(n.target) for n in program.graph.nodes if n.op == "call_function"})
+private = [o for o in ops if any(w in o.lower() for w in ("mkldnn", "onednn", "_linear_pointwise"))]
+assert not private, private
+print(deploy.check_program(sys.argv[1], m, batch_sizes=(1, 3)))
+"""
+
+
+def test_torch_export_as_a_fresh_processs_first_forward_holds_only_public_ops(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", FIRST_FORWARD, str(tmp_path / "m.pt2")], capture_output=True, text=True,
+                       timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert float(r.stdout.split()[-1]) <= 1e-5  # reloaded by torch.export.load: the same logits
+
+
 def test_export_cli_errors(tmp_path, capsys):
     assert main(["export", str(tmp_path / "missing.safetensors"), "--format", "onnx", "--out", str(tmp_path / "x.onnx")]) == 2
     assert "missing.safetensors" in capsys.readouterr().err

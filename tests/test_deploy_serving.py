@@ -117,3 +117,39 @@ def test_agreement_notices_a_different_model(cifar_images):
     other.reset_classifier(10, init="xavier")  # a different head: predictions must differ
     result = deploy.agreement(m, other, cifar_images)
     assert result.top1 < 0.5
+
+
+# The inference copy: vitlab's CPU inference path (deploy.inference_copy) -------------------
+PARITY = 1e-4  # the copy against the plain model: float32 rounding of another summation order
+
+
+def test_the_inference_copy_is_the_plain_model_to_float32_rounding_on_real_images(cifar_images):
+    """The default of Predictor, predict, serve, eval and the feature commands on a CPU: the
+    packed fp32 copy where oneDNN runs fp32; the same logits as the plain model within PARITY,
+    deterministically (two calls give the same bits)."""
+    m = model(depth=2)
+    fast = deploy.inference_copy(m)
+    packed = torch.float32 in deploy.onednn_dtypes()
+    assert isinstance(fast.blocks[0].attn.qkv, deploy.PackedLinear) == packed and fast is not m
+    assert deploy.inference_copy(m, plain=True) is m
+    x = cifar_images[:16]
+    with torch.inference_mode():
+        got, want = fast(x), m(x)
+        assert torch.equal(got, fast(x))
+    torch.testing.assert_close(got, want, atol=PARITY, rtol=PARITY)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_the_inference_copy_refuses_plain_with_another_precision_and_export():
+    m = model(depth=2)
+    with pytest.raises(vitlab.config.ConfigError, match=r"drop plain \(--plain\) to run bf16"):
+        deploy.inference_copy(m, "bf16", plain=True)
+    fast = deploy.inference_copy(m)
+    if not hasattr(fast, "serving"):
+        pytest.skip("no oneDNN here: the copy is the plain model")
+    refusals = ((deploy.export_program, "export the model itself"),
+                (lambda c: deploy.export_onnx(c, "never.onnx"), "export the fp32 model"))
+    for export, fix in refusals:
+        with pytest.raises(ValueError, match=r"inference copy|serving copy") as e:
+            export(fast)
+        assert len(str(e.value).splitlines()) == 1 and fix in str(e.value) and "(fp32-packed)" in str(e.value)

@@ -250,8 +250,8 @@ def run_command(command: str, where: str) -> tuple[int, str]:
     env, words = argv_of(command)
     if any(command.startswith(p) or f"&& {p}" in command for p in NEVER_RUN):
         pytest.fail(f"{where}: `{command}` cannot run in a test; put <!-- docs-test: skip: REASON --> before the block")
-    if words and words[0] == "vitlab" and not re.search(r"[|;&<>]", command):
-        return run_vitlab(words[1:], env)
+    if words and words[0] == "vitlab" and not re.search(r"[|;&<>]", command) and words[1:2] != ["export"]:
+        return run_vitlab(words[1:], env)  # export runs as a user runs it: its trace is a fresh process's first forward
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=600,
                           env={**os.environ, **env})
     return done.returncode, done.stdout + done.stderr
@@ -377,6 +377,12 @@ def run_batch(block: Block) -> None:
 def run_block(block: Block) -> None:
     if block.language == "sbatch":
         run_batch(block)
+        return
+    if block.language == "python" and re.search(r"\bdeploy\.|vitlab\.serve|Predictor", block.text):
+        # Serving copies and export run in a fresh process, as a user's script does: no kernel
+        # warmed and no probe answered by an earlier block of this process.
+        done = subprocess.run([sys.executable, "-c", block.text], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{block.where}: the block failed in a fresh process\n{done.stderr[-3000:]}"
         return
     if block.language == "python":
         out = io.StringIO()

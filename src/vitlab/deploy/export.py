@@ -33,6 +33,7 @@ def export_program(model: VisionTransformer, path: Optional[str | os.PathLike] =
     """`torch.export` the inference forward with a dynamic batch; save a .pt2 if `path` is given."""
     from torch.export import Dim
 
+    refuse_serving_copy(model, "torch.export")
     model = model.eval()
     batch = Dim("batch", min=1, max=4096)
     program = torch.export.export(model, (_example(model),), dynamic_shapes=({0: batch},))
@@ -66,8 +67,15 @@ def onnx_metadata(model: VisionTransformer) -> dict[str, str]:
 
 
 def refuse_serving_copy(model: nn.Module, what: str) -> None:
-    """A reduced-precision serving copy has no ONNX form vitlab can promise: say what to do."""
+    """A reduced-precision serving copy has no ONNX form vitlab can promise, and a copy with
+    oneDNN-packed weights (vitlab.deploy.inference_copy's) none at all: say what to do."""
     kind = getattr(model, "serving", "")
+    if kind and what == "torch.export":
+        if kind == "int8":  # the portable int8 layer (torch._int_mm) exports as it is
+            return
+        raise ValueError(
+            f"{what} of an inference copy ({kind}) is not supported: its packed oneDNN weights belong to the "
+            "process that built it; export the model itself (vitlab.load(CHECKPOINT), or vitlab export CHECKPOINT)")
     if kind:
         raise ValueError(
             f"{what} of a serving copy ({kind}) is not supported (ONNX has no form of its int8/packed kernels "
