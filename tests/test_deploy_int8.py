@@ -108,7 +108,7 @@ def test_the_calibrated_copy_keeps_its_float_parts_in_a_dtype_this_cpu_runs(tmp_
     assert rest in onednn_dtypes() and q8.dtype == rest
     assert q8.model.norm.weight.dtype == rest and q8.model.blocks[0].attn.qkv.out_dtype == rest
     assert q8.serving == "int8, calibrated"
-    with pytest.raises(vitlab.checkpoints.CheckpointError, match=r"serving copy \(int8, calibrated"):
+    with pytest.raises(vitlab.checkpoints.CheckpointError, match=r"int8, calibrated serving copy .*deploy\.save_int8"):
         vitlab.save(q8, tmp_path / "q8.safetensors")
     assert not list(tmp_path.iterdir())
 
@@ -135,3 +135,30 @@ def test_calibrated_int8_agrees_with_fp32_on_cifar(cifar):
     with torch.inference_mode():
         spread = m(images).std().item()
     assert result.max_abs_diff < 0.25 * spread, str(result)
+
+
+def test_a_calibrated_copy_saves_and_reloads_with_identical_logits(tmp_path, cifar, capsys):
+    """save_int8(quantize_int8(m, calibration=x)): the int8 weights, the static activation
+    scales and the smoothed LayerNorms travel in the file; the copy read back gives the same
+    logits bit for bit on real images, `vitlab info` describes it, and it refuses export and
+    vitlab.load in one line each."""
+    from vitlab.cli import main
+
+    calibration, images = cifar
+    m = model(depth=2)
+    m.class_names = [f"c{i}" for i in range(10)]
+    q8 = deploy.quantize_int8(m, calibration=calibration)
+    deploy.save_int8(q8, tmp_path / "q8.safetensors")
+    back = deploy.load_int8(tmp_path / "q8.safetensors")
+    assert back.serving == "int8, calibrated" and back.dtype == q8.dtype and back.class_names == m.class_names
+    with torch.inference_mode():
+        assert torch.equal(back(images), q8(images))
+    assert main(["info", str(tmp_path / "q8.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "int8, calibrated serving copy (8 int8 weight tensors" in out and "load_int8" in out
+    with pytest.raises(vitlab.checkpoints.CheckpointError, match=r"deploy\.load_int8"):
+        vitlab.load(tmp_path / "q8.safetensors")
+    assert main(["export", str(tmp_path / "q8.safetensors"), "--format", "torch-export", "--out",
+                 str(tmp_path / "q8.pt2")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "export the model itself" in err

@@ -55,6 +55,9 @@ def serving_line(info: dict[str, Any]) -> Optional[str]:
     """How to run a serving copy, or None for a plain checkpoint."""
     if not info.get("serving"):
         return None
+    # A calibrated copy runs oneDNN's int8 kernels on packed weights, which no exporter holds.
+    export = " (oneDNN's int8 kernels; no export)" if "calibrated" in info["serving"] else \
+        " or `vitlab export --format torch-export`"
     return (f"{info['serving']} serving copy ({info['int8_tensors']} int8 weight tensors, "
-            f"{info['file_bytes'] / 1e6:.1f} MB): run it with vitlab.deploy.load_int8(path) or "
-            "`vitlab export --format torch-export`; vitlab.load reads only the fp32 model it was made from")
+            f"{info['file_bytes'] / 1e6:.1f} MB): run it with vitlab.deploy.load_int8(path){export}; "
+            "vitlab.load reads only the fp32 model it was made from")

@@ -99,8 +99,8 @@ def refuse_serving_copy(model: torch.nn.Module) -> None:
     """vitlab.deploy's serving copies (int8, bf16, packed) hold tensors a ViT does not: a file
     of them would not load. Refuse before writing, and say what to do instead."""
     kind = getattr(model, "serving", "")
-    if kind == "int8":
-        raise CheckpointError("this is an int8 serving copy (vitlab.deploy.quantize_int8): save it with "
+    if kind.startswith("int8"):
+        raise CheckpointError(f"this is an {kind} serving copy (vitlab.deploy.quantize_int8): save it with "
                               "vitlab.deploy.save_int8(model, path) and read it with vitlab.deploy.load_int8(path), "
                               "or save the fp32 model")
     if kind:

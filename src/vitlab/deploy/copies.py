@@ -31,9 +31,12 @@ from torch import Tensor, nn
 
 from vitlab.checkpoints import io
 from vitlab.config import ConfigError
-from vitlab.deploy.int8 import quantize_calibrated, rest_dtype
+from vitlab.deploy.int8 import calibrated_skeleton, quantize_calibrated, rest_dtype, restore_calibrated
 from vitlab.deploy.onednn import onednn_dtypes
 from vitlab.models.vit import VisionTransformer
+
+CALIBRATED = "int8, calibrated"  # the serving kind of quantize_int8(model, calibration=images)
+REST_KEY = "int8_rest_dtype"  # a calibrated copy's file: the dtype of its layers outside the int8 products
 
 
 class Serving(nn.Module):
@@ -183,7 +186,7 @@ def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None
     LayerNorms, softmax and the head then stay fp32.
     """
     if calibration is not None:
-        return Serving(quantize_calibrated(model, calibration), rest_dtype(), kind="int8, calibrated")
+        return Serving(quantize_calibrated(model, calibration), rest_dtype(), kind=CALIBRATED)
     model = copy.deepcopy(model).eval()
     for block in model.blocks:
         for parent, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc1"), (block.mlp, "fc2")):
@@ -192,27 +195,37 @@ def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None
     return model
 
 
-def save_int8(model: VisionTransformer, path) -> None:
-    """Write an int8 copy (`quantize_int8`) as a vitlab .safetensors file whose metadata says
-    so: the int8 weights with their scales, the rest fp32 (about a quarter of the fp32 size
-    for the encoder). `load_int8` reads it back; `vitlab.load` refuses it by name."""
-    if getattr(model, "serving", "") != "int8":
-        raise ValueError("save_int8 takes the int8 copy that vitlab.deploy.quantize_int8(model) returns")
-    io.write_state(model.config, io.contiguous_state(model), model.class_names, path,
-                   extra_metadata={io.SERVING_KEY: "int8"})
+def save_int8(model: nn.Module, path) -> None:
+    """Write an int8 copy (`quantize_int8`, with or without calibration) as a vitlab
+    .safetensors file whose metadata says so: the int8 weights with their scales (and, when
+    calibrated, the activations' static scales and the smoothed LayerNorms), the rest as the
+    copy keeps it. `load_int8` reads it back; `vitlab.load` refuses it by name."""
+    kind = getattr(model, "serving", "")
+    if kind not in ("int8", CALIBRATED):
+        raise ValueError("save_int8 takes an int8 copy: vitlab.deploy.quantize_int8(model) or "
+                         "quantize_int8(model, calibration=images)")
+    inner = model.model if kind == CALIBRATED else model
+    extra = {io.SERVING_KEY: kind, **({REST_KEY: str(model.dtype).removeprefix("torch.")} if kind == CALIBRATED else {})}
+    io.write_state(inner.config, io.contiguous_state(inner), inner.class_names, path, extra_metadata=extra)
 
 
-def load_int8(path) -> VisionTransformer:
-    """The int8 copy `save_int8` wrote, ready to run (and to export with torch.export)."""
-    imported = io.read(path, serving="int8")
+def load_int8(path) -> nn.Module:
+    """The int8 copy `save_int8` wrote, ready to run: the portable one (which torch.export
+    takes) or a calibrated one (the same logits as when it was saved, on a CPU that runs it)."""
+    kind = io.read_metadata(path).get(io.SERVING_KEY, "int8")
+    imported = io.read(path, serving=kind)
+    rest = getattr(torch, imported.metadata.get(REST_KEY, "float32"), torch.float32)
     with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
-        model = quantize_int8(VisionTransformer(imported.config))
+        fresh = VisionTransformer(imported.config)
+        model = calibrated_skeleton(fresh, rest) if kind == CALIBRATED else quantize_int8(fresh)
     try:
         model.load_state_dict(imported.state, strict=True)
     except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
         raise io.CheckpointError(f"{path}: the stored config does not fit the int8 tensors: "
                                  f"{' '.join(str(e).split())[:400]}") from None
     model.class_names = imported.class_names
+    if kind == CALIBRATED:
+        return Serving(restore_calibrated(model, rest), rest, kind=CALIBRATED)
     return model.eval()
 
 

@@ -94,11 +94,28 @@ class CalibratedInt8Linear(nn.Module):
         self.out_dtype = None if out_range else (out_dtype or rest_dtype())  # None: oneDNN writes uint8
         gelu = getattr(linear, "gelu", None)
         self.post = ("none", [], "") if gelu is None else ("gelu", [], gelu)
-        # Not persistent: a packed layout is for this process and machine, not for a file.
-        self.register_buffer("weight_packed", torch.ops.onednn.qlinear_prepack(q, None), persistent=False)
+        # The int8 weight and the activation's quantisation travel in a file (deploy.save_int8);
+        # the packed layout is for this process and machine only, made again by `restore`.
+        self.register_buffer("weight_int8", q)
         self.register_buffer("weight_scale", w_scale)
         self.register_buffer("weight_zero", torch.zeros(len(w_scale), dtype=torch.int64))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self.register_buffer("quantisation", torch.tensor(
+            [self.x_scale, self.x_zero, self.out_scale, self.out_zero, self.top, out_range is not None], dtype=torch.float64))
+        self.register_buffer("weight_packed", torch.ops.onednn.qlinear_prepack(q, None), persistent=False)
+
+    def restore(self, out_dtype: torch.dtype) -> None:
+        """After load_state_dict: the scales and zero points from `quantisation`, the weight
+        packed again. Refused where this CPU's int8 kernel cannot multiply the stored levels."""
+        x_scale, x_zero, out_scale, out_zero, top, uint8_out = self.quantisation.tolist()
+        if top > activation_top():
+            raise RuntimeError("this int8 copy was calibrated for 8-bit activations, which this CPU's int8 kernel "
+                               "(no VNNI) multiplies wrongly: calibrate it again here (deploy.quantize_int8(model, "
+                               "calibration=images))")
+        self.x_scale, self.x_zero, self.top = x_scale, int(x_zero), int(top)
+        self.out_scale, self.out_zero = out_scale, int(out_zero)
+        self.out_dtype = None if uint8_out else out_dtype
+        self.weight_packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
 
     def quantize(self, x: Tensor) -> Tensor:
         # In fp32 (bf16 cannot hold 0..255 in unit steps), on a copy: x is not ours to change.
@@ -185,6 +202,30 @@ def quantize_calibrated(model: VisionTransformer, images: Tensor, batch_size: in
         block.attn.qkv, block.attn.proj = layers["qkv"], layers["proj"]
         block.mlp.fc1, block.mlp.fc2 = layers["fc1"], layers["fc2"]
     return m
+
+
+def calibrated_skeleton(model: VisionTransformer, rest: torch.dtype) -> VisionTransformer:
+    """`model` (fresh, of a stored config) shaped as a calibrated copy, in `rest` outside the
+    int8 layers, for load_state_dict and `restore` to fill (deploy.load_int8)."""
+    if rest != torch.float32 and rest not in onednn_dtypes():
+        raise RuntimeError(f"this int8 copy keeps its other layers in {str(rest).removeprefix('torch.')}, which this "
+                           "CPU's oneDNN does not run: calibrate it again here (deploy.quantize_int8(model, "
+                           "calibration=images))")
+    m = model.eval().to(rest)
+    for block in m.blocks:
+        dense = _dense_layers(block)
+        block.attn.qkv, block.attn.proj = (CalibratedInt8Linear(dense[k], (0.0, 1.0), out_dtype=rest) for k in ("qkv", "proj"))
+        block.mlp.fc1 = CalibratedInt8Linear(dense["fc1"], (0.0, 1.0), out_range=(0.0, 1.0))
+        block.mlp.fc2 = CalibratedInt8Linear(dense["fc2"], (0.0, 1.0), out_dtype=rest)
+    return m
+
+
+def restore_calibrated(model: VisionTransformer, rest: torch.dtype) -> VisionTransformer:
+    """Every calibrated layer's scales and packed weight from the state just loaded."""
+    for layer in model.modules():
+        if isinstance(layer, CalibratedInt8Linear):
+            layer.restore(rest)
+    return model
 
 
 def _tensor_range(channel_range: Tensor) -> tuple[float, float]:
