@@ -11,8 +11,8 @@ it, the ratio to the fastest fp32 peer taken within each round, working memory a
 time. Each sample records other processes' CPU use; contended samples are dropped while clean
 ones exist (see docs/performance.md).
 
-Precisions: fp32 (the model as it is); fp32-packed (vitlab.deploy's copy with oneDNN-packed
-Dense layers and fused GELU); bf16-autocast (fp32 weights, bf16 matrix products); bf16
+Precisions: fp32 (the model as it is: PyTorch's F.linear); fp32-packed (vitlab's CPU inference
+path, vitlab.deploy.inference_copy: oneDNN-packed Dense layers and fused GELU); bf16-autocast (fp32 weights, bf16 matrix products); bf16
 (weights and activations in bf16; vitlab's copy is also packed); fp16-autocast and fp16 (the
 same in fp16, for GPUs); int8 (vitlab only: int8 Dense layers, calibrated for oneDNN's
 kernels on x86). A training step is fp32 or an autocast precision, AdamW, cross-entropy.
