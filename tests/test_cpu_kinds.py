@@ -90,6 +90,8 @@ def reference(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("kind", ["AVX2", "no vector code"])
 def test_a_lower_instruction_set_computes_the_same_function(tmp_path, reference, kind):
+    if "float32" not in reference["kernels"]["oneDNN Dense dtypes"]:
+        pytest.skip("this PyTorch build has no oneDNN: ONEDNN_MAX_CPU_ISA has nothing to cap")
     got = run_kind(tmp_path, kind)
     spread = float(reference["plain"].std())
     for key in ("plain", "fp32", "exported"):
