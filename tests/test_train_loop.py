@@ -358,3 +358,23 @@ def test_trainer_takes_dataset_objects(tmp_path):
     assert via_hf["splits"]["test"] == spec["splits"]["test"]
     with pytest.raises(ConfigError, match="map-style"):
         Trainer(cfg, tmp_path / "stream", quiet=True, data=Stream()).run()
+
+
+def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_model_alone():
+    """A supervised run's last evaluation on one CPU process (vtab's and finetune's test
+    score) runs vitlab.deploy's inference copy; the objective that trains keeps its model."""
+    from conftest import perturb, tiny_model
+
+    from vitlab import deploy
+    from vitlab.train.objectives import Supervised, evaluation_target
+
+    objective = Supervised(perturb(tiny_model()))
+    assert evaluation_target(objective, None, fast=False) is objective
+    fast = evaluation_target(objective, None, fast=True)
+    packed = torch.float32 in deploy.onednn_dtypes()
+    assert fast is not objective and isinstance(fast.model.blocks[0].mlp.fc1, deploy.PackedLinear) == packed
+    assert isinstance(objective.model.blocks[0].mlp.fc1, torch.nn.Linear)
+    images, labels = torch.randn(16, 3, 16, 16), torch.arange(16) % 10
+    with torch.no_grad():
+        got, want = fast.eval_step(images, labels), objective.eval().eval_step(images, labels)
+    assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in want.items()}

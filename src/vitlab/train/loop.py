@@ -17,7 +17,6 @@ bit-identical to an uninterrupted run's, stopped by a signal too (preemption.py)
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import random
@@ -40,7 +39,7 @@ from vitlab.train import callbacks as cb, distributed, preemption, probe_head, s
 from vitlab.train.build import architecture, build_model, describe_source, model_input, open_datasets, train_loader
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
-from vitlab.train.objectives import Objective, build_objective
+from vitlab.train.objectives import Objective, build_objective, evaluation_target
 from vitlab.train.optim import EMA, build_optimizer, lr_at
 from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, final_report, plot_run, truncate_after
 from vitlab.train.run_folder import RunFolder
@@ -408,12 +407,11 @@ class Trainer:
 
     # Evaluate -----------------------------------------------------------------------------
     def _evaluate(self, run: Run, step: int, final: bool = False) -> dict[str, dict[str, Any]]:
-        """Each evaluation split, with the EMA weights when Polyak averaging is on."""
+        """Each evaluation split, with the EMA weights when Polyak averaging is on (the last one
+        on vitlab's CPU inference path where it applies: objectives.evaluation_target)."""
         ctx, t = run.ctx, self.cfg.train
-        target = run.objective
-        if run.ema is not None:
-            target = copy.deepcopy(run.objective)
-            run.ema.copy_to(target.model)
+        fast = final and ctx.world == 1 and ctx.device.type == "cpu" and t.precision == "fp32" and t.objective == "supervised"
+        target = evaluation_target(run.objective, run.ema, fast)
         target.eval()
         results = {}
         for split, dataset in run.eval_sets.items():

@@ -30,6 +30,7 @@ class to vitlab.config.OBJECTIVE_OPTIONS.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 import torch
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.config import ConfigError, MPPConfig, RunConfig
+from vitlab.deploy import inference_copy
 from vitlab.eval.accuracy import batch_counts, metrics_from_counts
 from vitlab.models.mpp import UNTOUCHED, MPPHead, mpp_loss
 from vitlab.models.vit import VisionTransformer
@@ -199,3 +201,19 @@ OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (Supervised, 
 
 def build_objective(model: VisionTransformer, config: RunConfig) -> Objective:
     return OBJECTIVES[config.train.objective].from_config(model, config)
+
+
+def evaluation_target(objective: Objective, ema: Any, fast: bool) -> Objective:
+    """The objective an evaluation runs: itself, or a copy with the EMA weights when Polyak
+    averaging is on; with `fast` (a supervised run's final evaluation on one CPU process in
+    fp32, which vtab's and finetune's test scores are), a copy whose model is vitlab's CPU
+    inference path (`deploy.inference_copy`: the same logits to 1e-4). Never the trained
+    objective changed."""
+    if ema is None and not fast:
+        return objective
+    target = copy.deepcopy(objective)
+    if ema is not None:
+        ema.copy_to(target.model)
+    if fast:
+        target.model = inference_copy(target.model)
+    return target
