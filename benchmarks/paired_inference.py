@@ -47,12 +47,12 @@ def rows(name: str) -> dict:
         return {(r["batch"], r["impl"], r["precision"]): r for r in csv.DictReader(f)}
 
 
-def table(pairs: int, old: str, task: str = "infer") -> str:
+def table(pairs: int, old: str, task: str = "infer", clock: str = "wall") -> str:
     args, settings, prefix, _ = TASKS[task]
     model = args[1]
     out = [f"# {'Inference' if task == 'infer' else 'A training step'}, this code against {old}, interleaved pairs\n",
            f"`python benchmarks/paired_inference.py --old OLD_CHECKOUT --task {task}`: {pairs} pairs of `vitlab bench "
-           f"{' '.join(args)} --peers timm --rounds 1`, this code first in each pair. "
+           f"{' '.join(args)} --peers timm --rounds 1 --clock {clock}`, this code first in each pair. "
            "The bench files of each run are in `paired-inference/` (their headers say the machine and its load).\n",
            f"| {model} | precision | this, img/s | old, img/s | this ÷ old, per pair (median) | this, % of ceiling "
            "| old, % of ceiling | this × timm | old × timm |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -89,7 +89,7 @@ def main() -> None:
         for i in range(1, args.pairs + 1):
             bench(ROOT, f"{prefix}head-{i}", args.task, args.clock)
             bench(args.old.resolve(), f"{prefix}old-{i}", args.task, args.clock)
-    text = table(args.pairs, args.label, args.task)
+    text = table(args.pairs, args.label, args.task, args.clock)
     (ROOT / "benchmarks" / "results" / page).write_text(text)
     print(text)
 
