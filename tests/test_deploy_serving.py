@@ -153,3 +153,23 @@ def test_the_inference_copy_refuses_plain_with_another_precision_and_export():
         with pytest.raises(ValueError, match=r"inference copy|serving copy") as e:
             export(fast)
         assert len(str(e.value).splitlines()) == 1 and fix in str(e.value) and "(fp32-packed)" in str(e.value)
+
+
+def test_a_bf16_copy_takes_the_attention_kernel_this_cpu_runs_faster_and_the_same_function():
+    """The fused kernel or the explicit matmul-softmax path, timed once when the copy is built
+    (fused wins with AMX, loses on AVX-512 without it); both compute the model's attention."""
+    m = model(depth=2)
+    fast = deploy.inference_copy(m, "bf16")
+    attn = [b.attn.fused_cpu_bf16 for b in fast.model.blocks]
+    assert len(set(attn)) == 1 and not any(b.attn.fused_cpu_bf16 for b in m.blocks)  # the model keeps its default
+    x = torch.randn(4, 3, 32, 32)
+    out = {}
+    with torch.inference_mode():
+        want = m(x)
+        for fused in (False, True):
+            for b in fast.model.blocks:
+                b.attn.fused_cpu_bf16 = fused
+            out[fused] = fast(x)
+    for got in out.values():
+        assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert isinstance(deploy.copies.fused_attention_is_faster(2, 65, 16), bool)

@@ -22,6 +22,7 @@ fraction of images whose top-1 class is unchanged, and the largest logit differe
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,6 +33,7 @@ from torch import Tensor, nn
 from vitlab.checkpoints import io
 from vitlab.config import ConfigError
 from vitlab.deploy.int8 import calibrated_skeleton, quantize_calibrated, rest_dtype, restore_calibrated
+from vitlab.deploy import onednn
 from vitlab.deploy.onednn import onednn_dtypes
 from vitlab.models.vit import VisionTransformer
 
@@ -106,6 +108,42 @@ def _packable(model: nn.Module, dtype: torch.dtype) -> bool:
     return dtype in onednn_dtypes() and next(model.parameters()).device.type == "cpu"
 
 
+def fused_attention_is_faster(heads: int, tokens: int, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether PyTorch's fused attention kernel beats the explicit matmul-softmax path on this
+    CPU in `dtype`, timed once at the model's shapes (batch 8, the best of 5 calls each). It
+    does by 2.2x on a Xeon with AMX and loses by 2x on AVX-512 without it (torch 2.14): a
+    question for the CPU at hand, asked when a copy is built. The fused kernel must win by 20%,
+    so that a busy machine's noise does not flip the choice between runs."""
+    onednn.refuse_inside_a_trace("timing the attention kernels")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, heads, tokens, head_dim, generator=gen).to(dtype) for _ in range(3))
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with torch.inference_mode():
+        fused = best(lambda: F.scaled_dot_product_attention(q, k, v))
+        explicit = best(lambda: ((q * head_dim**-0.5) @ k.transpose(-2, -1)).softmax(-1) @ v)
+    return fused < 0.8 * explicit
+
+
+def choose_attention(model: VisionTransformer, dtype: torch.dtype) -> VisionTransformer:
+    """A bf16 CPU copy's attention: the fused kernel where it measured faster here (see
+    `fused_attention_is_faster`), else the model's explicit path; the same function either way."""
+    if dtype == torch.bfloat16 and next(model.parameters()).device.type == "cpu" and getattr(model, "blocks", None):
+        attn = model.blocks[0].attn
+        fused = fused_attention_is_faster(attn.num_heads, model.config.num_tokens, attn.head_dim, dtype)
+        for block in model.blocks:
+            block.attn.fused_cpu_bf16 = fused
+    return model
+
+
 def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, packed: bool = True) -> Serving:
     """A copy of `model` in `dtype` (bf16, or fp16 for GPUs) for inference: takes fp32
     images, returns fp32 logits. On the CPU, `packed` (the default) also packs the
@@ -114,7 +152,7 @@ def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, pa
     if packed and dtype == torch.bfloat16 and _packable(m, dtype):  # oneDNN's fp16 wants AVX512-FP16
         with torch.no_grad():
             pack_linears(m)
-    return Serving(m, dtype)
+    return Serving(choose_attention(m, dtype), dtype)
 
 
 def to_bfloat16(model: VisionTransformer, packed: bool = True) -> Serving:
@@ -186,7 +224,7 @@ def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None
     LayerNorms, softmax and the head then stay fp32.
     """
     if calibration is not None:
-        return Serving(quantize_calibrated(model, calibration), rest_dtype(), kind=CALIBRATED)
+        return Serving(choose_attention(quantize_calibrated(model, calibration), rest_dtype()), rest_dtype(), kind=CALIBRATED)
     model = copy.deepcopy(model).eval()
     for block in model.blocks:
         for parent, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc1"), (block.mlp, "fc2")):
@@ -225,7 +263,7 @@ def load_int8(path) -> nn.Module:
                                  f"{' '.join(str(e).split())[:400]}") from None
     model.class_names = imported.class_names
     if kind == CALIBRATED:
-        return Serving(restore_calibrated(model, rest), rest, kind=CALIBRATED)
+        return Serving(choose_attention(restore_calibrated(model, rest), rest), rest, kind=CALIBRATED)
     return model.eval()
 
 

@@ -16,7 +16,7 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def _outside_a_trace(what: str) -> None:
+def refuse_inside_a_trace(what: str) -> None:
     """A probe run inside torch.export, ONNX export, jit tracing or torch.compile would be
     recorded into the graph and its answer cached for the whole process: refuse it instead."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.compiler.is_exporting():
@@ -45,6 +45,6 @@ def onednn_dtypes() -> frozenset[torch.dtype]:
     product. fp32 runs everywhere; bf16 and fp16 need AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT,
     and an AVX2-only CPU (or ONEDNN_MAX_CPU_ISA=AVX2) refuses them with an error at the call.
     Asking the kernel is exact for every CPU and PyTorch build, where a list of CPU flags would
-    go stale. Never asked inside a trace (see `_outside_a_trace`)."""
-    _outside_a_trace("the oneDNN capability probe")
+    go stale. Never asked inside a trace (see `refuse_inside_a_trace`)."""
+    refuse_inside_a_trace("the oneDNN capability probe")
     return _probe()

@@ -102,6 +102,9 @@ class Attention(nn.Module):
         self.qkv = Dense(dim, 3 * dim, bias=qkv_bias)  # q, k, v along the output axis
         self.proj = Dense(dim, dim)
         self.attention_dropout = attention_dropout
+        # bf16 on the CPU takes the explicit path unless told otherwise: vitlab.deploy's bf16
+        # inference copy sets this where the fused kernel measured faster on the CPU at hand.
+        self.fused_cpu_bf16 = False
         self.proj_drop = nn.Dropout(dropout)
         self.rel_embedding: Optional[nn.Parameter] = None
         if num_tokens_relative is not None:
@@ -138,10 +141,11 @@ class Attention(nn.Module):
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         # On the CPU, bf16 attention is faster as two batched matrix products around a softmax
-        # than in the fused kernel: 2x forward at ViT-B/16's shapes, 2-5x backward (torch 2.14).
+        # than in the fused kernel on AVX-512 without AMX: 2x forward at ViT-B/16's shapes, 2-5x
+        # backward (torch 2.14); with AMX the fused forward is the faster one (2.2x at b8).
         # In fp32 the fused kernel is the faster one. On a GPU the fused (flash) kernel stays:
         # it is fast there and never stores (T, T) matrices.
-        cpu_bf16 = qkv.dtype == torch.bfloat16 and qkv.device.type == "cpu"
+        cpu_bf16 = qkv.dtype == torch.bfloat16 and qkv.device.type == "cpu" and not self.fused_cpu_bf16
         exact = return_attention or cpu_bf16
         if exact:  # one copy to (3, B, h, T, dh), so the batched products read q, k, v in place
             qkv = qkv.contiguous()
