@@ -14,8 +14,8 @@ weights are the shipped ones (SHA-256 of the tensors, recorded in
 benchmarks/results/transfer.json as `source.weights_sha256`); `--ship` makes a fresh build the
 shipped source (the measurement must then be rerun: each records `protocol.source_sha256`).
 
-For each target and each seed, at the same compute (the same model and batch, and the same
-training FLOPs):
+For each target and each seed, at equal fine-tuning compute (the same model and batch, and the
+same training FLOPs on the target; the source's own pretraining is not counted):
 
 - default fine-tune: `vitlab finetune SOURCE --data D --steps S --batch-size B --seed N`,
   nothing else: its quick sweep chooses the recipe (the paper's SGD, or AdamW from a
@@ -106,14 +106,14 @@ def weights_digest(path: Path) -> str:
 
 
 def one_seed(source: Path, name: str, data: str, out: Path, seed: int, steps: int, batch: int) -> dict:
-    """Default fine-tune and from scratch at the same compute, one seed."""
+    """Default fine-tune and from scratch at equal fine-tuning compute, one seed."""
     ft_dir, sc_dir = out / f"finetune-seed{seed}", out / f"scratch-seed{seed}"
     ft_wall = vitlab("finetune", str(source), "--data", data, "--steps", str(steps), "--batch-size",
                      str(batch), "--seed", str(seed), "--out", str(ft_dir), "--quiet")
     ft = summary(ft_dir)
     sweep = json.loads((ft_dir / "sweep.json").read_text()) if (ft_dir / "sweep.json").exists() else {}
     cost = ft.get("compute_with_sweep", ft["compute"])
-    # The same compute: the fine-tune's FLOPs with its sweep and its probe heads' forward passes,
+    # Equal fine-tuning compute: the fine-tune's FLOPs with its sweep and its probe heads' forward passes,
     # in training steps of the same model and batch (rounded up).
     total = math.ceil(cost["train_flops"] / (3e9 * cost["forward_gflops"] * batch) - 1e-6)
     sc_wall = vitlab("train", "--config", "cifar10", "--data", data, "--steps", str(total), "--batch-size", str(batch),
@@ -180,7 +180,7 @@ def verdict(p: dict) -> str:
 
 # Tables --------------------------------------------------------------------------------------
 def seeds_table(results: dict) -> str:
-    rows = ["| target | train images | default fine-tune (recipe chosen per seed) | from scratch, same compute "
+    rows = ["| target | train images | default fine-tune (recipe chosen per seed) | from scratch, equal fine-tuning compute "
             "| fine-tune − scratch, paired by seed (95% t interval) | verdict |",
             "| --- | --- | --- | --- | --- | --- |"]
     for name in TARGETS:
@@ -207,7 +207,7 @@ def seeds_table(results: dict) -> str:
 
 
 def single_seed_table(results: dict) -> str:
-    rows = ["| target | train images | fine-tuned, the paper's recipe | from scratch, same compute "
+    rows = ["| target | train images | fine-tuned, the paper's recipe | from scratch, equal fine-tuning compute "
             "| fine-tuned with the from-scratch recipe | linear probe (CIFAR-10 features / random) "
             "| 1 / 5 / 10 / 25-shot (CIFAR-10 features) | 1 / 5 / 10 / 25-shot (random) |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
