@@ -150,3 +150,20 @@ def test_the_suite_script_replaces_kept_evidence_and_nothing_else(tmp_path):
     assert (mine / "notes.txt").read_text() == "a user's file"
     with pytest.raises(SystemExit):
         suite.main(["--page", str(tmp_path / "page.md")])  # a page is generated only from kept evidence
+
+
+def test_a_nan_cell_fails_clearly(tmp_path, capsys):
+    """A NaN after-step result would drop out of its arm unseen (n 4 -> 3): it is refused by
+    file and key, one line, non-zero exit, no traceback."""
+    from vitlab.cli import main
+
+    shutil.copytree(RESULTS / "pos-embed-at", tmp_path / "p")
+    fewshot = tmp_path / "p" / "pos-embed-at-stem_seed-1" / "fewshot.json"
+    d = json.loads(fewshot.read_text())
+    d["shots"]["5"]["mean"] = float("nan")
+    fewshot.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=r"fewshot.json: fewshot.shots.5.mean is nan, not a finite number"):
+        evidence.load(tmp_path / "p")
+    assert main(["sweep", "--report", str(tmp_path / "p")]) != 0
+    err = capsys.readouterr().err
+    assert "fewshot.shots.5.mean is nan" in err and "Traceback" not in err and "rerun the sweep" in err
