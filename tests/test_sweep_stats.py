@@ -400,3 +400,15 @@ def test_claims_cannot_change_after_results_exist(tmp_path):
     check_claims(spec, tmp_path, expand(spec, tmp_path))
     with pytest.raises(ConfigError, match="declared before its run"):
         check_claims(changed, tmp_path, expand(changed, tmp_path))
+
+
+def test_a_declared_claim_names_its_row_and_is_one_of_a_kind():
+    base = {"axis": "model.pos_embed", "a": "learned", "b": "none", "claim": "an embedding helps"}
+    with pytest.raises(ConfigError, match="metric and selection required"):
+        SweepSpec.from_dict({**SPEC, "report": {"compare": [{**base, "primary": {"metric": "test.top1"}}]}}, "t")
+    with pytest.raises(ConfigError, match="effect: give a positive number"):
+        SweepSpec.from_dict({**SPEC, "report": {"compare": [
+            {**base, "primary": {"metric": "test.top1", "selection": "none", "effect": -1}}]}}, "t")
+    twice = {**base, "primary": {"metric": "test.top1", "selection": "none"}}
+    with pytest.raises(ConfigError, match="share a claim text"):
+        SweepSpec.from_dict({**SPEC, "report": {"compare": [twice, {**twice, "a": "none", "b": "learned"}]}}, "t")

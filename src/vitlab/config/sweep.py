@@ -26,6 +26,12 @@
            a: learned, b: none, expect: higher}
         - {claim: "trained better than random", a: fewshot.shots.5.mean, b: init.shots.5.mean}
                                   # no axis: two columns of the same cells, per arm
+        - {claim: "Fig. 9: equal at each one's best rate", axis: head, a: token, b: gap, expect: equal,
+           margin: 0.01, best: lr, by: dev.top1,        # per side the rate with the best dev mean
+           primary: {metric: fewshot.shots.5.mean, selection: "the rate, by dev top-1"}}
+                                  # primary: the claim, declared before the run: the one row
+                                  # (metric, `where` context) its verdict rests on, Holm-adjusted
+                                  # across the page's claims; sweep.json keeps its digest
 
 A command may use {checkpoint} (the cell's final weights), {best} (its best.safetensors, with
 train.keep_best), {run} (its run folder), {cell} (its folder), {seed} (its training seed:
@@ -333,6 +339,9 @@ class SweepSpec:
             if c.along and c.along not in self.grid:
                 raise ConfigError(f"report.compare[{c.claim or c.axis}].along: {c.along} is not a grid axis "
                                   f"(the axes: {', '.join(self.grid)})")
+        texts = [c.claim for c in (*self.report.compare, *self.report.slopes) if c.primary]
+        if len(set(texts)) != len(texts):
+            raise ConfigError("report: two declared claims (`primary`) share a claim text; give each its own")
         missing = [k for k in self.scale if k not in known]
         if missing:
             raise ConfigError(f"scale: {', '.join(missing)} is set nowhere in train or grid; scale only keys you set")
