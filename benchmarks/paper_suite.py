@@ -106,6 +106,7 @@ def main(argv: list[str]) -> int:
         if args.keep:
             replace_evidence(out, args.keep / name)
     if args.page:
+        evidence.write_reports(args.keep)  # p_holm and p_bh across the page's claims
         args.page.write_text(evidence.render(args.page.read_text(), args.keep))
         print(f"page:    {args.page} regenerated from {args.keep}")
     if failed:

@@ -87,7 +87,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--tasks", default="halfswap,crossover")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--runs", type=Path, help="where the run folders go (default OUT/../synthetic-runs, not committed)")

@@ -24,6 +24,11 @@ def test_the_page_is_generated_from_the_committed_results():
         "docs/paper-in-miniature.md differs from results/paper: run "
         "python -m vitlab.sweep.evidence docs/paper-in-miniature.md results/paper")
     assert stats.RULE in text and text.count("<!-- findings:") == text.count("<!-- /findings -->")
+    # each declared claim once, in the page's claims table, and a generated sentence per claim
+    claims = [c["claim"] for r in evidence.page_reports(RESULTS).values() for c in r["claims"]]
+    table = text.split("<!-- findings: claims -->")[1].split("<!-- /findings -->")[0]
+    assert all(table.count(f"| {c} |") == 1 for c in claims)
+    assert all(f"<!-- findings: {name} verdicts -->" in text for name in evidence.page_reports(RESULTS))
 
 
 def test_every_committed_sweep_is_evidence_only():
@@ -35,8 +40,25 @@ def test_every_committed_sweep_is_evidence_only():
         assert sum(p.stat().st_size for p in files) < 1_000_000
         report = json.loads((folder / "report.json").read_text())
         assert report["rule"] == stats.RULE
-        for c in report["comparisons"]:  # each verdict follows the rule from its interval
-            assert c["verdict"] == stats.verdict(c, c["expect"], c["margin"])
+        for c in report["comparisons"]:  # each verdict follows the rule from its interval and its p_holm
+            assert "p_holm" in c and "p_bh" in c and c["family"].startswith(("primary claims", "secondary rows"))
+            assert c["verdict"] == stats.verdict(c, c["expect"], c["margin"], c["p_holm"])
+            assert c["verdict_unadjusted"] == stats.verdict(c, c["expect"], c["margin"])
+
+
+def test_the_committed_reports_are_adjusted_across_the_page():
+    """report.json holds the page's Holm and BH p-values: the primary claims of every spec in
+    one family; rebuilt from the committed cells, they are the same."""
+    built = evidence.page_reports(RESULTS)
+    primary = [c for r in built.values() for c in r["comparisons"] if c["primary"]]
+    assert 10 <= len(primary) <= 20 and all(c["family"] == primary[0]["family"] for c in primary)
+    for name, report in built.items():
+        kept = json.loads((RESULTS / name / "report.json").read_text())
+        assert kept["claims_digest"] == report["claims_digest"]
+        assert json.loads(json.dumps(kept["comparisons"], default=str)) == json.loads(
+            json.dumps(report["comparisons"], default=str)), name
+        declared = json.loads((RESULTS / name / "sweep.json").read_text())["claims"]
+        assert declared["digest"] == report["claims_digest"] and declared["text"] == [c["claim"] for c in report["claims"]]
 
 
 def test_a_changed_result_changes_the_page(tmp_path):
@@ -128,3 +150,20 @@ def test_the_suite_script_replaces_kept_evidence_and_nothing_else(tmp_path):
     assert (mine / "notes.txt").read_text() == "a user's file"
     with pytest.raises(SystemExit):
         suite.main(["--page", str(tmp_path / "page.md")])  # a page is generated only from kept evidence
+
+
+def test_a_nan_cell_fails_clearly(tmp_path, capsys):
+    """A NaN after-step result would drop out of its arm unseen (n 4 -> 3): it is refused by
+    file and key, one line, non-zero exit, no traceback."""
+    from vitlab.cli import main
+
+    shutil.copytree(RESULTS / "pos-embed-at", tmp_path / "p")
+    fewshot = tmp_path / "p" / "pos-embed-at-stem_seed-1" / "fewshot.json"
+    d = json.loads(fewshot.read_text())
+    d["shots"]["5"]["mean"] = float("nan")
+    fewshot.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=r"fewshot.json: fewshot.shots.5.mean is nan, not a finite number"):
+        evidence.load(tmp_path / "p")
+    assert main(["sweep", "--report", str(tmp_path / "p")]) != 0
+    err = capsys.readouterr().err
+    assert "fewshot.shots.5.mean is nan" in err and "Traceback" not in err and "rerun the sweep" in err

@@ -82,11 +82,72 @@ def test_slopes_per_family_from_rows():
     (0.0, 0.02, 0.01, "higher", 0, "In direction"),  # touching 0 is not separated
     (-0.005, 0.004, 0.0, "equal", 0.01, "Reproduced"),
     (-0.02, 0.004, 0.0, "equal", 0.01, "Not shown"),
-    (0.001, 0.004, 0.002, "equal", 0.01, "Opposite"),
+    (0.001, 0.004, 0.002, "equal", 0.01, "Reproduced"),  # excludes 0, inside the margin: equal within it
+    (-0.0088, -0.0052, -0.007, "equal", 0.01, "Reproduced"),  # cls-gap at 7e-4, 5-shot: no longer Opposite
+    (0.012, 0.02, 0.016, "equal", 0.01, "Opposite"),  # wholly outside the margin
+    (-0.02, -0.011, -0.015, "equal", 0.01, "Opposite"),
+    (0.005, 0.02, 0.012, "equal", 0.01, "Not shown"),  # straddles the margin
     (None, None, 0.02, "higher", 0, None),
 ])
 def test_the_verdict_rule(lo, hi, mean, expect, margin, want):
     assert stats.verdict({"lo": lo, "hi": hi, "mean": mean}, expect, margin) == want
+
+
+def test_a_verdict_holm_does_not_carry_is_downgraded():
+    d = {"lo": 0.01, "hi": 0.03, "mean": 0.02}
+    assert stats.verdict(d, "higher", p_adjusted=0.01) == "Reproduced"
+    assert stats.verdict(d, "higher", p_adjusted=0.2) == "In direction"
+    assert stats.verdict(d, "lower", p_adjusted=0.2) == "Not shown"  # an Opposite not carried
+    assert stats.verdict({"lo": -0.005, "hi": 0.004, "mean": 0.0}, "equal", 0.01, p_adjusted=0.3) == "Not shown"
+
+
+def _simulate(true: float, sd: float, n: int, runs: int, seed: int) -> dict[str, int]:
+    import random
+
+    rng, counts = random.Random(seed), {}
+    for _ in range(runs):
+        diffs = {i: rng.gauss(true, sd) for i in range(n)}
+        v = stats.verdict(stats.paired(diffs, {i: 0.0 for i in range(n)}), "equal", 1.0)
+        counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def test_equivalence_known_answer_by_simulation():
+    """A true 0.5-point difference under a 1-point margin: with enough seeds Reproduced
+    (the interval shrinks inside ±1), never Opposite; the old rule called it Opposite more
+    often the more seeds there were."""
+    few, many = _simulate(0.5, 0.5, 4, 400, 0), _simulate(0.5, 0.5, 30, 400, 1)
+    assert "Opposite" not in few and "Opposite" not in many
+    assert many.get("Reproduced", 0) >= 0.95 * 400 and few.get("Reproduced", 0) < many["Reproduced"]
+    assert _simulate(2.0, 0.5, 30, 200, 2).get("Opposite", 0) >= 0.95 * 200  # a true 2 points is outside
+
+
+def test_claim_p_matches_the_interval_rule_and_scipy():
+    diff = stats.paired({i: v for i, v in enumerate([0.4, 0.6, 0.55, 0.3, 0.5])}, {i: 0.0 for i in range(5)})
+    p = stats.claim_p(diff, "equal", 1.0)
+    se = diff["std"] / math.sqrt(5)
+    ref = 2 * max(scipy_stats.t.sf((diff["mean"] + 1) / se, 4), scipy_stats.t.sf((1 - diff["mean"]) / se, 4))
+    assert p == pytest.approx(ref, rel=1e-9) and (p < 0.05) == (stats.verdict(diff, "equal", 1.0) == "Reproduced")
+    assert stats.claim_p(diff, "higher") == diff["p"]
+    out = stats.paired({i: v for i, v in enumerate([2.4, 2.6, 2.5])}, {i: 0.0 for i in range(3)})
+    assert (stats.claim_p(out, "equal", 1.0) < 0.05) and stats.verdict(out, "equal", 1.0) == "Opposite"
+
+
+def test_holm_and_bh_by_hand():
+    ps = [0.01, 0.04, 0.03, 0.005, None, 0.2]
+    # by hand: sorted .005 .01 .03 .04 .2 (m=5); Holm 5p, 4p, 3p, 2p, p with a running max
+    assert stats.holm(ps) == pytest.approx([0.04, 0.09, 0.09, 0.025, None, 0.2])
+    # BH: m p / rank with a running min from the top: .2, .05, .05, .025, .0125
+    assert stats.bh(ps) == pytest.approx([0.025, 0.05, 0.05, 0.025, None, 0.2])
+
+
+def test_mde_matches_the_noncentral_t_power():
+    """At the MDE the paired t-test's power (noncentral t, scipy) is close to 80%."""
+    std, n = 0.02, 4
+    d = stats.mde(std, n)
+    crit = scipy_stats.t.ppf(0.975, n - 1)
+    power = scipy_stats.nct.sf(crit, n - 1, d / (std / math.sqrt(n)))
+    assert 0.75 < power < 0.85 and stats.mde(std, 1) is None
 
 
 SPEC = {
@@ -296,3 +357,58 @@ def test_a_comparison_of_columns_refuses_what_needs_an_axis():
                        ({"a": "x", "b": "y", "where": {"model": "ViT"}}, "need an axis")]:
         with pytest.raises(ConfigError, match=match):
             SweepSpec.from_dict({**DISTANCE, "report": {"compare": [bad]}}, "t")
+
+
+def test_best_against_best_selects_on_dev_never_test():
+    spec = SweepSpec.from_dict({**SPEC, "report": {"compare": [
+        {"claim": "equal at each one's best rate", "axis": "model.pos_embed", "a": "learned", "b": "none",
+         "expect": "equal", "margin": 0.05, "best": "lr", "by": "dev.top1",
+         "primary": {"metric": "test.top1", "selection": "the best rate by dev top-1"}}]}}, "t")
+    data = rows()
+    for r in data:  # dev prefers 0.001 for learned, 0.01 for none
+        if r["status"] == "done":
+            r["dev.top1"] = 0.5 + (0.1 if (r["lr"] == 0.001) == (r["model.pos_embed"] == "learned") else 0.0)
+    report = findings.build(spec, data)
+    row = report["comparisons"][0]
+    assert row["context"] == {"lr of learned (best by dev.top1)": "0.001", "lr of none": "0.01"}
+    assert row["mean"] == pytest.approx(0.02 - 0.05) and row["primary"] and report["claims"][0]["row"] == 0
+    for r in data:
+        r.pop("dev.top1", None)
+    assert findings.build(spec, data)["claims"][0]["row"] is None  # no dev score: not run, never another row
+    with pytest.raises(ConfigError, match="never on test"):
+        SweepSpec.from_dict({**SPEC, "report": {"compare": [{"axis": "model.pos_embed", "a": "learned", "b": "none",
+                                                             "best": "lr", "by": "test.top1"}]}}, "t")
+
+
+def test_claims_cannot_change_after_results_exist(tmp_path):
+    from vitlab.config.sweep import claims_digest
+    from vitlab.sweep import check_claims, expand, save_spec
+
+    declared = {**SPEC, "report": {**SPEC["report"], "compare": [
+        {**SPEC["report"]["compare"][0], "primary": {"metric": "test.top1", "selection": "none"}}]}}
+    spec = SweepSpec.from_dict(declared, "t")
+    save_spec(spec, tmp_path, 1.0)
+    record = json.loads((tmp_path / "sweep.json").read_text())["claims"]
+    assert record["digest"] == claims_digest(spec) and record["text"] == ["an embedding helps"]
+    assert record["declared"] == "before the first cell ran"
+    changed = SweepSpec.from_dict({**declared, "report": {**declared["report"], "compare": [
+        {**declared["report"]["compare"][0], "expect": "equal", "margin": 0.01}]}}, "t")
+    check_claims(changed, tmp_path, expand(changed, tmp_path))  # no results yet: the spec may change
+    cell = expand(spec, tmp_path)[0]
+    (tmp_path / cell.key).mkdir()
+    (tmp_path / cell.key / "cell.json").write_text("{}")
+    check_claims(spec, tmp_path, expand(spec, tmp_path))
+    with pytest.raises(ConfigError, match="declared before its run"):
+        check_claims(changed, tmp_path, expand(changed, tmp_path))
+
+
+def test_a_declared_claim_names_its_row_and_is_one_of_a_kind():
+    base = {"axis": "model.pos_embed", "a": "learned", "b": "none", "claim": "an embedding helps"}
+    with pytest.raises(ConfigError, match="metric and selection required"):
+        SweepSpec.from_dict({**SPEC, "report": {"compare": [{**base, "primary": {"metric": "test.top1"}}]}}, "t")
+    with pytest.raises(ConfigError, match="effect: give a positive number"):
+        SweepSpec.from_dict({**SPEC, "report": {"compare": [
+            {**base, "primary": {"metric": "test.top1", "selection": "none", "effect": -1}}]}}, "t")
+    twice = {**base, "primary": {"metric": "test.top1", "selection": "none"}}
+    with pytest.raises(ConfigError, match="share a claim text"):
+        SweepSpec.from_dict({**SPEC, "report": {"compare": [twice, {**twice, "a": "none", "b": "learned"}]}}, "t")

@@ -148,3 +148,25 @@ def test_a_default_fine_tune_reads_its_checkpoint_once_and_each_split_once(tmp_p
     second = json.loads((tmp_path / "ft" / "seed-1" / "summary.json").read_text())
     if result["best_recipe"] == "adamw":  # its head is the first final run's, and no forward pass is counted twice
         assert second["head_probe"]["shared_with_earlier_run"] and "forward_images" not in second["compute"]
+
+
+def test_random_start_is_the_checkpoints_network_with_untrained_weights(tiny_checkpoint, tmp_path):
+    """`vitlab finetune --random-init SEED`, the control arm of a transfer score: the same
+    network and classes, the seed's weights (the same for the same seed), none of the source's."""
+    import pytest
+    import torch
+
+    import vitlab
+    from vitlab.config import ConfigError
+
+    first = finetune.random_start(str(tiny_checkpoint), 3, tmp_path / "runs" / "scratch")
+    again = finetune.random_start(str(tiny_checkpoint), 3, tmp_path / "again" / "scratch")
+    other = finetune.random_start(str(tiny_checkpoint), 4, tmp_path / "other" / "scratch")
+    assert first == str(tmp_path / "runs" / "scratch.random-init-3.safetensors")
+    source, a, b, c = (vitlab.load(p) for p in (tiny_checkpoint, first, again, other))
+    assert a.config == source.config and a.class_names == source.class_names
+    sa, ss, sc, K = a.state_dict(), source.state_dict(), c.state_dict(), "patch_embed.proj.weight"
+    assert all(torch.equal(sa[k], v) for k, v in b.state_dict().items())
+    assert not torch.equal(sa[K], ss[K]) and not torch.equal(sa[K], sc[K])
+    with pytest.raises(ConfigError, match="no such checkpoint"):
+        finetune.random_start(str(tmp_path / "absent.safetensors"), 0, tmp_path / "x")

@@ -72,6 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the fine-tuning recipe: auto chooses between the paper's SGD and AdamW on a dev split (the "
                    "default with the shipped finetune recipe); paper: the paper's protocol, or --config's recipe as "
                    "it is (the default with any other --config); adamw: vitlab's from-scratch recipe")
+    p.add_argument("--random-init", type=int, metavar="SEED", help="the control arm: start from the checkpoint's "
+                   "network at random init (written beside --out), the same fine-tuning from untrained weights")
     p.add_argument("--repeats", type=int, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
                    "(OUT/seed-K) and report top-1 as mean ± std, as Table 2 does (a sweep runs once, with seed 0)")
     p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "
@@ -83,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.train import finetune
 
     checkpoint = finetune.checkpoint_argument(args.checkpoint, args.source, args.overrides)
+    if args.random_init is not None:
+        checkpoint = finetune.random_start(checkpoint, args.random_init, args.out)
     plan = finetune.plan(checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
                          paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=lr_rates(args.lr_grid),
                          table4=args.table4, out=args.out, choose=args.recipe)

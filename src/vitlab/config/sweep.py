@@ -26,6 +26,12 @@
            a: learned, b: none, expect: higher}
         - {claim: "trained better than random", a: fewshot.shots.5.mean, b: init.shots.5.mean}
                                   # no axis: two columns of the same cells, per arm
+        - {claim: "Fig. 9: equal at each one's best rate", axis: head, a: token, b: gap, expect: equal,
+           margin: 0.01, best: lr, by: dev.top1,        # per side the rate with the best dev mean
+           primary: {metric: fewshot.shots.5.mean, selection: "the rate, by dev top-1"}}
+                                  # primary: the claim, declared before the run: the one row
+                                  # (metric, `where` context) its verdict rests on, Holm-adjusted
+                                  # across the page's claims; sweep.json keeps its digest
 
 A command may use {checkpoint} (the cell's final weights), {best} (its best.safetensors, with
 train.keep_best), {run} (its run folder), {cell} (its folder), {seed} (its training seed:
@@ -40,6 +46,8 @@ the first layer; `[-1]`, the last).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import shlex
 from dataclasses import dataclass, field
@@ -127,6 +135,29 @@ class AfterStep:
                               f"{', '.join(NOT_AFTER)} (e.g. fewshot {{checkpoint}} ...)")
 
 
+PRIMARY = {"metric": "the one metric the claim is judged on (a results column or `A - B`)",
+           "where": "the one context of the pair it is judged in (a mapping of axis: value; {} for none)",
+           "selection": "how any choice in it is made, on dev, never on test, in words",
+           "effect": "the smallest difference that matters (the paper's effect), in the metric's units"}
+
+
+def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
+    """A declared claim (`primary:`) names its metric, context and selection rule before the run."""
+    if not primary:
+        return
+    unknown = [k for k in primary if k not in PRIMARY]
+    missing = [k for k in ("metric", "selection") if not str(primary.get(k) or "").strip()]
+    if unknown or missing or not claim:
+        raise ConfigError(f"{where}.primary: give {', '.join(PRIMARY)} (metric and selection required, "
+                          f"and the pair's claim text); {'unknown ' + ', '.join(unknown) if unknown else ''}"
+                          f"{'missing ' + ', '.join(missing) if missing else ''}{'no claim' if not claim else ''}")
+    if not isinstance(primary.get("where", {}), Mapping):
+        raise ConfigError(f"{where}.primary.where: give a mapping of axis: value")
+    effect = primary.get("effect")
+    if effect is not None and (isinstance(effect, bool) or not isinstance(effect, (int, float)) or effect <= 0):
+        raise ConfigError(f"{where}.primary.effect: give a positive number in the metric's units")
+
+
 @dataclass(frozen=True)
 class FigureSpec:
     """One figure from results.csv.
@@ -185,9 +216,22 @@ class CompareSpec:
     # log10(at); an a cell outside b's range is not compared (no extrapolation).
     at: str = ""
     along: str = ""
+    # Best against best: per side, the value of the grid axis `best` whose mean over seeds of
+    # the results column `by` is highest (a dev split's score, never test), compared paired by seed.
+    best: str = ""
+    by: str = ""
+    # The claim declared before the run (PRIMARY): the one row of this pair the page's verdict rests on.
+    primary: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_fields(self, f"report.compare[{self.claim or self.axis}]")
+        check_primary(self.primary, f"report.compare[{self.claim or self.axis}]", self.claim)
+        if bool(self.best) != bool(self.by) or (self.by and not self.axis):
+            raise ConfigError(f"report.compare[{self.claim or self.axis}]: `best` (a grid axis, e.g. lr) and `by` "
+                              "(the dev column that picks its value, e.g. dev.top1) go together, with an axis")
+        if self.by and any(w.startswith("test") for w in self.by.replace(" - ", " ").split()):
+            raise ConfigError(f"report.compare[{self.claim or self.axis}].by: {self.by} is a test score; select on a "
+                              "dev split (e.g. dev.top1), never on test")
         if self.a is None or self.b is None or str(self.a) == str(self.b):
             what = f"values a and b of {self.axis}" if self.axis else "results columns a and b (or an axis and two of its values)"
             raise ConfigError(f"report.compare[{self.claim or self.axis}]: give two different {what}")
@@ -215,9 +259,11 @@ class SlopeSpec:
     b: Any = None
     expect: str = setting("higher", one_of=EXPECT)
     claim: str = ""
+    primary: Mapping[str, Any] = field(default_factory=dict)  # as CompareSpec.primary
 
     def __post_init__(self) -> None:
         check_fields(self, f"report.slopes[{self.y} ~ {self.x}]")
+        check_primary(self.primary, f"report.slopes[{self.y} ~ {self.x}]", self.claim)
         if (self.a is None) != (self.b is None) or (self.a is not None and (not self.by or str(self.a) == str(self.b))):
             raise ConfigError(f"report.slopes[{self.y} ~ {self.x}]: to compare slopes give `by` and two different "
                               "groups a and b of it")
@@ -287,9 +333,15 @@ class SweepSpec:
                 if labels and str(side) not in labels:
                     raise ConfigError(f"report.compare[{c.claim or c.axis}]: {side!r} is not a value of grid.{c.axis} "
                                       f"({', '.join(labels)})")
+            if c.best and c.best not in self.grid:
+                raise ConfigError(f"report.compare[{c.claim or c.axis}].best: {c.best} is not a grid axis "
+                                  f"(the axes: {', '.join(self.grid)})")
             if c.along and c.along not in self.grid:
                 raise ConfigError(f"report.compare[{c.claim or c.axis}].along: {c.along} is not a grid axis "
                                   f"(the axes: {', '.join(self.grid)})")
+        texts = [c.claim for c in (*self.report.compare, *self.report.slopes) if c.primary]
+        if len(set(texts)) != len(texts):
+            raise ConfigError("report: two declared claims (`primary`) share a claim text; give each its own")
         missing = [k for k in self.scale if k not in known]
         if missing:
             raise ConfigError(f"scale: {', '.join(missing)} is set nowhere in train or grid; scale only keys you set")
@@ -331,6 +383,24 @@ class SweepSpec:
         d = plain(self)
         d["after"] = {a.pop("name"): a for a in d["after"]}
         return d
+
+
+def declared_claims(spec: SweepSpec) -> list[dict[str, Any]]:
+    """The claims a spec declares (its pairs and slopes with `primary`): text, direction or
+    margin, metric, context, selection rule and effect, in the spec's order."""
+    out = []
+    for c in (*spec.report.compare, *spec.report.slopes):
+        if c.primary:
+            margin = getattr(c, "margin", 0.0)
+            out.append({"claim": c.claim, "a": c.a, "b": c.b, "expect": c.expect, "margin": margin,
+                        **{k: c.primary.get(k, {} if k == "where" else None) for k in PRIMARY}})
+    return out
+
+
+def claims_digest(spec: SweepSpec) -> str:
+    """sha256 of the declared claims, as a sweep folder records them before its first cell runs."""
+    text = json.dumps(declared_claims(spec), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def shipped_sweeps() -> list[str]:

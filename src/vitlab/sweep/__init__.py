@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from vitlab.analysis import sweep_plots
 from vitlab.config import ConfigError
-from vitlab.config.sweep import FigureSpec, SweepSpec
+from vitlab.config.sweep import FigureSpec, SweepSpec, claims_digest, declared_claims
 from vitlab.data import remote
 from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.files.documents import Number, read_json
@@ -57,9 +57,16 @@ def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Pat
 
 def save_spec(spec: SweepSpec, out: Path, scale: float) -> Path:
     """The spec and scale of a sweep, kept in its folder so `vitlab sweep --report DIR` can
-    rebuild the report from the cells alone."""
+    rebuild the report from the cells alone, with its declared claims' text and digest and
+    when they were declared (before the first cell ran, or as an earlier sweep.json says)."""
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / SPEC_FILE, json.dumps({"spec": spec.to_dict(), "scale": scale}, indent=2))
+    when = "before the first cell ran"
+    if (out / SPEC_FILE).is_file():
+        old = read_json(out / SPEC_FILE, {"spec": dict, "scale?": Number(0, integer=False), "claims?": dict},
+                        "sweep's spec", f"delete {out / SPEC_FILE}", ConfigError)
+        when = (old.get("claims") or {}).get("declared", when)
+    claims = {"digest": claims_digest(spec), "declared": when, "text": [c["claim"] for c in declared_claims(spec)]}
+    atomic_write_text(out / SPEC_FILE, json.dumps({"spec": spec.to_dict(), "scale": scale, "claims": claims}, indent=2))
     return out / SPEC_FILE
 
 
@@ -69,12 +76,24 @@ def load_folder(out: Path) -> tuple[SweepSpec, float]:
     if not (path.exists() or path.is_symlink()):
         raise ConfigError(f"{out} has no {SPEC_FILE} (not a sweep folder, or made by an older vitlab): "
                           f"name the spec too, vitlab sweep SPEC --out {out} --report")
-    d = read_json(path, {"spec": dict, "scale?": Number(0, integer=False)}, "sweep's spec",
+    d = read_json(path, {"spec": dict, "scale?": Number(0, integer=False), "claims?": dict}, "sweep's spec",
                   f"name the spec: vitlab sweep SPEC --out {out} --report", ConfigError)
     try:
         return SweepSpec.from_dict(d["spec"], d["spec"].get("name") or out.name), float(d.get("scale", 1.0))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}; name the spec: vitlab sweep SPEC --out {out} --report") from None
+
+
+def check_claims(spec: SweepSpec, out: Path, cells: list[Cell]) -> None:
+    """Refuse a spec whose declared claims differ from those its folder's results were run
+    under: a claim is set before the run, so a changed one needs a new run (another --out)."""
+    if not (out / SPEC_FILE).is_file() or not any((out / c.key / "cell.json").is_file() for c in cells):
+        return
+    old, _ = load_folder(out)
+    if claims_digest(old) != claims_digest(spec):
+        raise ConfigError(f"{out} holds results run under other declared claims (report.compare/slopes `primary`) "
+                          f"than {spec.name}'s now; a claim is declared before its run: run the changed spec into "
+                          "a new --out (or restore its claims)")
 
 
 def check_commands(cell: Cell, spec: SweepSpec) -> None:
@@ -127,6 +146,7 @@ def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, 
         for cell in cells:
             check_record(cell, out)
             check_commands(cell, spec)
+    check_claims(spec, out, cells)
     save_spec(spec, out, scale)
     ran = None
     if not report_only:

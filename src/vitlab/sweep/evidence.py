@@ -16,7 +16,10 @@
 
             <!-- findings: SPEC arms METRIC -->        per-arm mean, std, 95% interval (METRIC
                                                       may be a difference, `A - B`)
-            <!-- findings: SPEC compare [METRIC] -->   paired differences and verdicts
+            <!-- findings: SPEC compare [METRIC] -->   the secondary rows (not a declared claim's)
+            <!-- findings: SPEC verdicts -->            a verdict sentence per declared claim
+            <!-- findings: claims -->                  one row per declared claim of every spec,
+                                                      p_holm and p_bh across them (the page)
             <!-- findings: SPEC slopes -->              fitted slopes (report.slopes)
             <!-- findings: SPEC time -->               cells finished, wall time, summed step times
             <!-- findings: suite time -->              the same, one row per committed spec
@@ -111,44 +114,72 @@ def suite_table(root: Path) -> str:
     return "\n".join(lines)
 
 
-def block(args: str, root: Path) -> str:
+def page_reports(root: Path) -> dict[str, dict[str, Any]]:
+    """Every committed spec's report, with p_holm and p_bh adjusted across the page: the
+    declared claims of all specs in one family, their secondary rows in another."""
+    reports = {}
+    for folder in sorted(p.parent for p in root.glob("*/sweep.json")):
+        spec, rows, _ = load(folder)
+        reports[folder.name] = findings.build(spec, rows)
+    findings.adjust(list(reports.values()), f"the page ({root.name}: {', '.join(reports)})")
+    return reports
+
+
+def write_reports(root: Path) -> list[Path]:
+    """Rewrite each committed spec's report.json and report.md with the page's adjustment."""
+    written = []
+    for name, report in page_reports(root).items():
+        spec, rows, _ = load(root / name)
+        written += findings.write(spec, rows, root / name, report)
+    return written
+
+
+def block(args: str, root: Path, reports: Optional[dict[str, dict[str, Any]]] = None) -> str:
     words = args.split()
     if words == ["rule"]:
         return stats.RULE
     if words == ["suite", "time"]:
         return suite_table(root)
-    if len(words) < 2 or words[1] not in ("arms", "compare", "time", "slopes"):
-        raise ConfigError(f"<!-- findings: {args} -->: write SPEC arms METRIC, SPEC compare [METRIC], SPEC time "
-                          "or suite time")
+    reports = page_reports(root) if reports is None else reports
+    if words == ["claims"]:
+        return findings.claims_table(list(reports.values()))
+    if len(words) < 2 or words[1] not in ("arms", "compare", "time", "slopes", "verdicts"):
+        raise ConfigError(f"<!-- findings: {args} -->: write SPEC arms METRIC, SPEC compare [METRIC], SPEC verdicts, "
+                          "SPEC time, claims or suite time")
     folder = root / words[0]
     if not (folder / "sweep.json").is_file():
         return NOT_RUN
     if words[1] == "time":
         return time_sentence(folder)
-    spec, rows, scale = load(folder)
-    report = findings.build(spec, rows)
+    report = reports[words[0]]
     if words[1] == "slopes":
         return findings.slopes_table(report)
+    if words[1] == "verdicts":
+        return findings.sentences(report)
     if words[1] == "arms":
         if len(words) < 3:
             raise ConfigError(f"<!-- findings: {args} -->: name the metric, e.g. {words[0]} arms test.top1")
         return findings.arms_table(report, " ".join(words[2:]))  # a difference metric: `A - B`
-    return findings.comparisons_table(report, words[2:] or None)
+    return findings.comparisons_table(report, words[2:] or None, secondary=True)
 
 
 def render(text: str, root: Path) -> str:
+    reports = page_reports(root)
+
     def one(m: re.Match) -> str:
-        return m.group(1) + block(m.group("args"), root).rstrip("\n") + "\n" + m.group(4)
+        return m.group(1) + block(m.group("args"), root, reports).rstrip("\n") + "\n" + m.group(4)
 
     return BLOCK.sub(one, text)
 
 
 def main(argv: list[str]) -> int:
-    """python -m vitlab.sweep.evidence PAGE ROOT [--check]: rewrite (or check) a page's blocks."""
+    """python -m vitlab.sweep.evidence PAGE ROOT [--check]: rewrite (or check) a page's blocks,
+    and rewrite ROOT/*/report.json and report.md with the page's adjusted p-values."""
     page, root = Path(argv[0]), Path(argv[1])
     new = render(page.read_text(), root)
     if "--check" in argv:
         return 0 if new == page.read_text() else 1
+    write_reports(root)
     page.write_text(new)
     return 0
 

@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from vitlab.config.sweep import CompareSpec, SweepSpec
+from vitlab.config.sweep import CompareSpec, SweepSpec, claims_digest, declared_claims
 from vitlab.files import atomic_write_text
 from vitlab.sweep import stats, timing
 from vitlab.sweep.results import value
@@ -76,9 +76,22 @@ def arms(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _entry(c: CompareSpec, context: dict[str, Any], metric: str, diff: dict[str, Any]) -> dict[str, Any]:
-    return {"claim": c.claim, "axis": c.axis, "a": c.a, "b": c.b, "expect": c.expect, "margin": c.margin,
-            "context": context, "metric": metric, **diff, "verdict": stats.verdict(diff, c.expect, c.margin)}
+def _entry(c: Any, context: dict[str, Any], metric: str, diff: dict[str, Any]) -> dict[str, Any]:
+    margin = getattr(c, "margin", 0.0)
+    return {"claim": c.claim, "axis": getattr(c, "axis", "") or getattr(c, "by", ""), "a": c.a, "b": c.b,
+            "expect": c.expect, "margin": margin, "context": context, "metric": metric, **diff,
+            "p_claim": stats.claim_p(diff, c.expect, margin), "mde": stats.mde(diff.get("std"), diff.get("n") or 0),
+            "primary": _is_primary(c, context, metric), "verdict": stats.verdict(diff, c.expect, margin)}
+
+
+def _is_primary(c: Any, context: dict[str, Any], metric: str) -> bool:
+    """The row a declared claim rests on: its metric (a slope's y) in its context."""
+    p = c.primary
+    if not p:
+        return False
+    if hasattr(c, "logx"):  # a slope comparison has one row
+        return p["metric"] == c.y
+    return p["metric"] == metric and all(str(context.get(k)) == str(v) for k, v in (p.get("where") or {}).items())
 
 
 def _side(row: dict[str, Any], c: CompareSpec) -> Optional[str]:
@@ -142,8 +155,38 @@ def compare_columns(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]])
     return [_entry(c, dict(context), str(c.a), stats.paired(a, b)) for context, (a, b) in per_arm.items()]
 
 
+def _best(rows: list[dict[str, Any]], axis: str, by: str) -> Optional[str]:
+    """The value of `axis` whose cells' mean of `by` is highest (None when no cell has `by`)."""
+    means: dict[str, list[float]] = {}
+    for row in rows:
+        v = value(row, by)
+        if v is not None:
+            means.setdefault(str(row.get(axis)), []).append(v)
+    return max(means, key=lambda k: sum(means[k]) / len(means[k])) if means else None
+
+
+def compare_best(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Best against best (CompareSpec.best): per side the value of `c.best` picked by the mean
+    of the dev column `c.by`, then that side's cells paired by seed with the other's."""
+    pair_by, keep = spec.report.pair_by, [r for r in _done(rows) if _side(r, c)]
+    chosen = {side: _best([r for r in keep if _side(r, c) == side], c.best, c.by) for side in ("a", "b")}
+    if None in chosen.values():
+        return []
+    out = []
+    for metric in c.metrics or spec.report.metrics:
+        per = {side: {str(r.get(pair_by)): value(r, metric) for r in keep
+                      if _side(r, c) == side and str(r.get(c.best)) == chosen[side] and value(r, metric) is not None}
+               for side in ("a", "b")}
+        if per["a"] and per["b"]:
+            context = {f"{c.best} of {c.a} (best by {c.by})": chosen["a"], f"{c.best} of {c.b}": chosen["b"]}
+            out.append(_entry(c, context, metric, stats.paired(per["a"], per["b"])))
+    return out
+
+
 def compare(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The paired differences of one compared pair, per context and metric, with verdicts."""
+    if c.best:
+        return compare_best(spec, c, rows)
     if c.at:
         return compare_at(spec, c, rows)
     if not c.axis:
@@ -169,8 +212,11 @@ def compare(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list
 
 def slopes(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each report.slopes line per group: every finished cell with both numbers is a point."""
-    out = []
+    out, seen = [], set()
     for f in spec.report.slopes:
+        if (f.x, f.y, f.by, f.logx) in seen:  # two compared pairs of one fit (a slope per model size)
+            continue
+        seen.add((f.x, f.y, f.by, f.logx))
         groups: dict[str, tuple[list[float], list[float]]] = {}
         for row in _done(rows):
             x, y = value(row, f.x), value(row, f.y)
@@ -206,21 +252,46 @@ def slope_comparisons(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[
         a = {k: v for k, v in fits["a"].items() if v is not None}
         b = {k: v for k, v in fits["b"].items() if v is not None}
         if a and b:
-            diff = stats.paired(a, b)
-            out.append({"claim": f.claim, "axis": f.by, "a": f.a, "b": f.b, "expect": f.expect, "margin": 0.0,
-                        "context": {}, "metric": f"{f.y} per decade of {f.x}" if f.logx else f"{f.y} per unit of {f.x}",
-                        **diff, "verdict": stats.verdict(diff, f.expect)})
+            metric = f"{f.y} per decade of {f.x}" if f.logx else f"{f.y} per unit of {f.x}"
+            out.append(_entry(f, {}, metric, stats.paired(a, b)))
     return out
+
+
+def claims(spec: SweepSpec, comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The spec's declared claims, each with the index of its row in `comparisons`, or None:
+    a claim whose row the evidence cannot give (a control or dev score not run) is "not run
+    since declared", never replaced by another row."""
+    out = []
+    for claim in declared_claims(spec):
+        rows = [i for i, c in enumerate(comparisons) if c["primary"] and c["claim"] == claim["claim"]]
+        out.append({**claim, "row": rows[0] if rows else None, "spec": spec.name})
+    return out
+
+
+def adjust(reports: list[dict[str, Any]], family: str) -> None:
+    """Holm and Benjamini-Hochberg adjusted p-values (`p_holm`, `p_bh`) across the primary rows
+    of all `reports` (the page's declared claims) and, apart, across their secondary rows;
+    each verdict is then the rule's with its p_holm (stats.verdict). In place."""
+    for primary in (True, False):
+        rows = [c for r in reports for c in r["comparisons"] if c["primary"] == primary]
+        ps = [c["p_claim"] for c in rows]
+        for c, ph, pb in zip(rows, stats.holm(ps), stats.bh(ps)):
+            c.update(p_holm=ph, p_bh=pb, family=f"{'primary claims' if primary else 'secondary rows'} of {family}",
+                     verdict_unadjusted=stats.verdict(c, c["expect"], c["margin"]),
+                     verdict=stats.verdict(c, c["expect"], c["margin"], ph))
 
 
 def build(spec: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
     comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)] + slope_comparisons(spec, rows)
-    return {
+    report = {
         "sweep": spec.name, "level": stats.LEVEL, "interval": "Student t over seeds (pair_by), two-sided",
         "pair_by": spec.report.pair_by, "rule": stats.RULE,
         "cells": len(rows), "finished": len(_done(rows)),
         "arms": arms(spec, rows), "comparisons": comparisons, "slopes": slopes(spec, rows),
+        "claims": claims(spec, comparisons), "claims_digest": claims_digest(spec),
     }
+    adjust([report], f"sweep {spec.name}")
+    return report
 
 
 # Markdown -----------------------------------------------------------------------------------
@@ -268,17 +339,69 @@ def p_text(p: Optional[float]) -> str:
     return f"{p:.3f}" if p >= 0.001 else "<0.001"
 
 
-def comparisons_table(report: dict[str, Any], metrics: Optional[list[str]] = None) -> str:
-    lines = ["| claim | where | metric | a - b | n | mean diff | 95% interval | p (paired t) | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+def comparisons_table(report: dict[str, Any], metrics: Optional[list[str]] = None, secondary: bool = False) -> str:
+    """Every compared row (or the secondary ones: not a declared claim's), with p and p_holm."""
+    lines = ["| claim | where | metric | a - b | n | mean diff | 95% interval | p | p_holm | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in report["comparisons"]:
-        if metrics and c["metric"] not in metrics:
+        if (metrics and c["metric"] not in metrics) or (secondary and c.get("primary")):
             continue
         m = c["metric"]
         lines.append(f"| {c['claim'] or '-'} | {_label(c['context'])} | {m}{' (points)' if percent(m) else ''} | "
                      f"{c['a']} - {c['b']} | {c['n']} | {fmt(c['mean'], m, signed=True)} | "
-                     f"{_interval(c, m, signed=True)} | {p_text(c['p'])} | {c['verdict'] or 'too few seeds'} |")
+                     f"{_interval(c, m, signed=True)} | {p_text(c['p_claim'])} | {p_text(c.get('p_holm'))} | "
+                     f"{c['verdict'] or 'too few seeds'} |")
     return "\n".join(lines)
+
+
+def _mde_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
+    """The MDE, flagged where it exceeds the margin (equal) or the declared effect."""
+    m, bar = c["metric"], claim["margin"] if claim["expect"] == "equal" else claim.get("effect")
+    text = fmt(c.get("mde"), m)
+    return text + (" (above " + ("margin" if claim["expect"] == "equal" else "effect") + ")"
+                   if c.get("mde") is not None and bar and c["mde"] > bar else "")
+
+
+def claims_table(reports: list[dict[str, Any]]) -> str:
+    """One row per declared claim of every report: its one row's statistics, p, Holm and BH
+    p-values across the page, the minimum detectable effect (80% power) and the verdict."""
+    lines = ["| spec | claim | where, metric | a - b | n | mean diff | 95% interval | p | p_holm | p_bh | "
+             "MDE (80%) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in reports:
+        for claim in r.get("claims", []):
+            head = f"| {r['sweep']} | {claim['claim']} | "
+            if claim["row"] is None:
+                lines.append(head + f"{claim['metric']} | {claim['a']} - {claim['b']} | - | - | - | - | - | - | - | "
+                             "not run since declared |")
+                continue
+            c = r["comparisons"][claim["row"]]
+            m = c["metric"]
+            lines.append(head + f"{_label(c['context'])}; {m}{' (points)' if percent(m) else ''} | {c['a']} - {c['b']} | "
+                         f"{c['n']} | {fmt(c['mean'], m, signed=True)} | {_interval(c, m, signed=True)} | "
+                         f"{p_text(c['p_claim'])} | {p_text(c['p_holm'])} | {p_text(c['p_bh'])} | "
+                         f"{_mde_text(c, claim)} | {c['verdict'] or 'too few seeds'} |")
+    return "\n".join(lines)
+
+
+def sentences(report: dict[str, Any]) -> str:
+    """A verdict sentence per declared claim, written from its statistics alone."""
+    out = []
+    for claim in report.get("claims", []):
+        if claim["row"] is None:
+            out.append(f"- *{claim['claim']}*: not run since declared (its primary row, {claim['metric']}, needs "
+                       f"cells this evidence lacks; selection: {claim['selection']}).")
+            continue
+        c = report["comparisons"][claim["row"]]
+        m, unit = c["metric"], " points" if percent(c["metric"]) else ""
+        side = (f"within ±{fmt(claim['margin'], m)}{unit}" if claim["expect"] == "equal" else
+                f"{c['a']} {claim['expect']} than {c['b']}")
+        mde = c.get("mde")
+        out.append(f"- *{claim['claim']}* ({side}; {_label(c['context'])}; {m}): {c['a']} - {c['b']} = "
+                   f"{fmt(c['mean'], m, signed=True)}{unit} {_interval(c, m, signed=True)} over {c['n']} seeds, "
+                   f"p {p_text(c['p_claim'])}, p_holm {p_text(c['p_holm'])}: **{c['verdict'] or 'too few seeds'}**"
+                   f"{'' if c['verdict'] == c['verdict_unadjusted'] else ' (' + str(c['verdict_unadjusted']) + ' before Holm)'}."
+                   f" Detectable at 80% power: {fmt(mde, m)}{unit}.")
+    return "\n".join(out)
 
 
 def slopes_table(report: dict[str, Any]) -> str:
@@ -300,6 +423,9 @@ def markdown(report: dict[str, Any], metrics: list[str]) -> str:
         parts += [f"Time: {timing.sentence(report['time'])}", ""]
     for metric in metrics:
         parts += [f"## {metric}", "", arms_table(report, metric), ""]
+    if report.get("claims"):
+        parts += ["## Declared claims", "", f"Adjusted across the {report['comparisons'][0]['family'].split(' of ', 1)[1]}"
+                  if report["comparisons"] else "", "", claims_table([report]), "", sentences(report), ""]
     if report["comparisons"]:
         parts += ["## Compared pairs (a - b, paired by " + report["pair_by"] + ")", "", comparisons_table(report), ""]
     if report.get("slopes"):
@@ -308,9 +434,11 @@ def markdown(report: dict[str, Any], metrics: list[str]) -> str:
     return "\n".join(parts)
 
 
-def write(spec: SweepSpec, rows: list[dict[str, Any]], out: Path) -> tuple[Path, Path]:
-    """report.json and report.md: the statistics, and the time the cells' steps took."""
-    report = {**build(spec, rows), "time": timing.summary(out / r["cell"] for r in rows)}
+def write(spec: SweepSpec, rows: list[dict[str, Any]], out: Path,
+          built: Optional[dict[str, Any]] = None) -> tuple[Path, Path]:
+    """report.json and report.md: the statistics (`built`, when adjusted across a page), and
+    the time the cells' steps took."""
+    report = {**(built or build(spec, rows)), "time": timing.summary(out / r["cell"] for r in rows)}
     js, md = out / "report.json", out / "report.md"
     atomic_write_text(js, json.dumps(report, indent=2, default=str))
     atomic_write_text(md, markdown(report, list(spec.report.metrics)))

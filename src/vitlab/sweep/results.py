@@ -78,6 +78,16 @@ def read_json(path: Path, step: str = "") -> Optional[Any]:
                                "delete it to run the step again (rerun the sweep)", ConfigError)
 
 
+def check_finite(results: dict[str, Any], path: Path) -> None:
+    """A NaN or infinite result is refused by name: left in, it would drop out of its arm's
+    statistics unseen (value() reads it as missing) and change n without a word."""
+    for key, v in results.items():
+        for x in v if isinstance(v, list) else [v]:
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ConfigError(f"{path}: {key} is {x}, not a finite number, so the cell cannot be tabulated; "
+                                  "delete the file to run its step again (rerun the sweep)")
+
+
 def cell_row(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     row: dict[str, Any] = {**cell.labels, "cell": cell.key}
     done = 0
@@ -91,6 +101,7 @@ def cell_row(cell: Cell, cell_dir: Path) -> dict[str, Any]:
             results = {**flatten(splits), **flatten(data)}
         else:
             results = flatten(data, f"{step.name}.")
+        check_finite(results, cell_dir / step.result)
         # A cell's grid labels are what its arms and compared pairs are found by: a result of
         # the same name (train's summary.json has `model`, the model's description) goes
         # under its step's name instead of overwriting the label.

@@ -3,6 +3,8 @@
     describe([0.36, 0.37, 0.35])          # mean, std, the 95% t interval of the mean
     paired({0: .37, 1: .38}, {0: .36, 1: .36})   # a - b paired by seed: interval and p-value
     verdict(diff, "higher")               # the rule of docs/paper-in-miniature.md
+    holm([0.01, 0.04]), bh([...])         # p-values adjusted across a page's claims
+    mde(std, n)                           # the effect a paired t-test finds 80% of the time
 
 Intervals are Student-t intervals: mean ± t(0.975, n-1) · s/√n, with s the sample standard
 deviation (n-1 in the denominator). A paired comparison is the t interval and the two-sided
@@ -27,10 +29,16 @@ RULE = (
     "**Opposite** if it lies wholly on the other side; "
     "**In direction** if it contains 0 and the mean difference has the paper's sign; "
     "**Not shown** if it contains 0 and the mean difference is 0 or of the other sign. "
-    "Where the paper says a and b are equal (within a stated margin m): "
-    "**Reproduced** if the interval lies within ±m, **Opposite** if it excludes 0, **Not shown** otherwise. "
+    "Where the paper says a and b are equal within a stated margin m (equivalence, as two one-sided tests): "
+    "**Reproduced** if the interval lies inside [-m, +m]; **Opposite** if it lies wholly outside it; "
+    "**Not shown** otherwise (an interval that excludes 0 but lies inside the margin is equal within m). "
+    "A declared claim's verdict uses its Holm-adjusted p-value across the page's primary claims (`p_holm`): "
+    "a Reproduced or Opposite whose p_holm is 0.05 or more becomes In direction (Not shown for an equal claim "
+    "or an Opposite), so that at most 5% of the page's verdicts are separated by chance. "
     "Fewer than 2 seeds: no verdict."
 )
+ALPHA = 0.05
+POWER = 0.8
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -134,23 +142,85 @@ def paired(a: Mapping[Any, float], b: Mapping[Any, float], level: float = LEVEL)
     return out
 
 
-def verdict(diff: Mapping[str, Any], expect: str, margin: float = 0.0) -> Optional[str]:
-    """The rule (RULE) applied to a `paired` result; None with fewer than 2 pairs."""
+def claim_p(diff: Mapping[str, Any], expect: str, margin: float = 0.0) -> Optional[float]:
+    """The p-value whose < 0.05 the interval rule's separated verdicts stand for: the paired
+    t-test of d = 0 for a direction; for "equal within m", the two one-sided tests of d <= -m
+    and d >= +m (2 x the larger one-sided p: < 0.05 exactly when the 95% interval lies inside
+    ±m) when the mean is inside the margin, and the test of the nearer bound when it is
+    outside (< 0.05 exactly when the interval lies wholly outside ±m)."""
+    n, mean, std = diff.get("n") or 0, diff.get("mean"), diff.get("std")
+    if n < 2 or mean is None or std is None:
+        return None
+    if expect != "equal":
+        return diff.get("p")
+    se = std / math.sqrt(n)
+    if se == 0:
+        return 0.0 if abs(mean) != margin else 1.0
+    if abs(mean) <= margin:
+        worst = min((mean + margin) / se, (margin - mean) / se)  # the nearer bound's t
+        return min(1.0, 2.0 * (1.0 - t_cdf(worst, n - 1)))
+    return t_sf2((abs(mean) - margin) / se, n - 1)
+
+
+def verdict(diff: Mapping[str, Any], expect: str, margin: float = 0.0,
+            p_adjusted: Optional[float] = None) -> Optional[str]:
+    """The rule (RULE) applied to a `paired` result; None with fewer than 2 pairs. With
+    `p_adjusted` (the claim's Holm p), a separated verdict it does not carry is downgraded."""
     if expect not in EXPECT:
         raise ValueError(f"expect must be one of {', '.join(EXPECT)}, got {expect!r}")
     lo, hi, mean = diff.get("lo"), diff.get("hi"), diff.get("mean")
     if lo is None or hi is None:
         return None
     if expect == "equal":
-        if lo > 0 or hi < 0:
-            return "Opposite"
-        return "Reproduced" if -margin <= lo and hi <= margin else "Not shown"
-    sign = 1.0 if expect == "higher" else -1.0
-    if sign * lo > 0 and sign * hi > 0:
-        return "Reproduced"
-    if sign * lo < 0 and sign * hi < 0:
-        return "Opposite"
-    return "In direction" if sign * mean > 0 else "Not shown"
+        if -margin <= lo and hi <= margin:
+            found = "Reproduced"
+        else:
+            found = "Opposite" if lo > margin or hi < -margin else "Not shown"
+    else:
+        sign = 1.0 if expect == "higher" else -1.0
+        if sign * lo > 0 and sign * hi > 0:
+            found = "Reproduced"
+        elif sign * lo < 0 and sign * hi < 0:
+            found = "Opposite"
+        else:
+            found = "In direction" if sign * mean > 0 else "Not shown"
+    if p_adjusted is None or p_adjusted < ALPHA or found not in ("Reproduced", "Opposite"):
+        return found
+    return "In direction" if found == "Reproduced" and expect != "equal" else "Not shown"
+
+
+def holm(ps: Sequence[Optional[float]]) -> list[Optional[float]]:
+    """Holm's step-down adjusted p-values (None stays None): sorted ascending, the i-th
+    (from 0) is max over j <= i of (m - j) p_(j), capped at 1."""
+    order = sorted((p, i) for i, p in enumerate(ps) if p is not None)
+    out: list[Optional[float]] = [None] * len(ps)
+    running, m = 0.0, len(order)
+    for j, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (m - j) * p))
+        out[i] = running
+    return out
+
+
+def bh(ps: Sequence[Optional[float]]) -> list[Optional[float]]:
+    """Benjamini-Hochberg adjusted p-values (the false discovery rate; None stays None):
+    sorted ascending, the k-th (from 1) is min over j >= k of m p_(j) / j, capped at 1."""
+    order = sorted((p, i) for i, p in enumerate(ps) if p is not None)
+    out: list[Optional[float]] = [None] * len(ps)
+    running, m = 1.0, len(order)
+    for k in range(m, 0, -1):
+        p, i = order[k - 1]
+        running = min(running, m * p / k)
+        out[i] = running
+    return out
+
+
+def mde(std: Optional[float], n: int, alpha: float = ALPHA, power: float = POWER) -> Optional[float]:
+    """The minimum detectable effect of a paired t-test at n pairs: the true mean difference
+    found separated (two-sided, at alpha) with probability `power`, given the observed std of
+    the differences: (t(1 - alpha/2, n-1) + t(power, n-1)) * std / sqrt(n)."""
+    if std is None or n < 2:
+        return None
+    return (t_ppf(1.0 - alpha / 2.0, n - 1) + t_ppf(power, n - 1)) * std / math.sqrt(n)
 
 
 def slope(xs: Sequence[float], ys: Sequence[float], level: float = LEVEL) -> dict[str, Any]:

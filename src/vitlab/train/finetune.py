@@ -32,7 +32,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from vitlab.checkpoints import is_pretrained_name
+from vitlab.checkpoints import is_pretrained_name, open_checkpoint, save
 from vitlab.config import ConfigError, RunConfig, load_recipe
 from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
 from vitlab.data import DEV_FRACTIONS, identity
@@ -209,6 +209,21 @@ def checkpoint_argument(positional: Optional[str], flag: Optional[str], override
     if positional:
         overrides.insert(0, positional)
     return flag
+
+
+def random_start(checkpoint: str, seed: int, out: Optional[Path | str]) -> str:
+    """The control arm of a transfer score (`vitlab finetune CHECKPOINT --random-init SEED`):
+    the checkpoint's network at random initialisation (the seed's draw, its weights unread),
+    written beside the run folder, so that the same fine-tuning starts from untrained weights
+    and a pretraining gain is measured net of what the architecture alone reaches."""
+    if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
+        raise ConfigError(f"{checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
+    model, _ = open_checkpoint(checkpoint, random_init=seed)
+    run = Path(out) if out else Path("runs") / f"finetune-{Path(checkpoint).stem}-random-init-{seed}"
+    path = run.parent / f"{run.name}.random-init-{seed}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save(model, path)
+    return str(path)
 
 
 def _check(checkpoint: str, data: str, choose: str, options: Mapping[str, Any], overrides: Sequence[str],
