@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 
+from vitlab import suggest
 from vitlab.checkpoints import hf, hub, io, labels, npz, timm, torchvision, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
@@ -37,7 +38,7 @@ KIND_WORDS = {"vit": "ViT", "bit": "BiT ResNet"}
 
 def format_module(name: str) -> ModuleType:
     if name not in FORMATS:
-        raise CheckpointError(f"unknown checkpoint format {name!r}; known formats: {', '.join(FORMATS)}")
+        raise CheckpointError(suggest.unknown("checkpoint format", name, FORMATS))
     return FORMATS[name]
 
 
@@ -80,8 +81,8 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
     `timm:NAME`, `MODEL:WEIGHTS`; see hub.py), fetched through the Hub cache first.
 
     ImageNet class names are attached to a 1000- or 21,843-class checkpoint that stores
-    none, when it comes by name or in a format whose published files are all ImageNet
-    classifiers (labels.IMAGENET_FORMATS)."""
+    none, when it comes by name, is an official .npz, or is a state dict whose file name says
+    ImageNet (labels.says_imagenet); `Imported.guessed` names every field the file lacked."""
     by_name = is_pretrained_name(path_or_name)
     changes: dict = {}
     if by_name:
@@ -106,8 +107,12 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
     imported.source_format = name
     if changes:
         imported.config = imported.config.replace(**changes)
-    if imported.class_names is None and (by_name or name in labels.IMAGENET_FORMATS):
+        imported.guessed = {k: v for k, v in imported.guessed.items() if k not in changes}  # the name's table says
+    if imported.class_names is None and (by_name or labels.says_imagenet(name, path)):
         imported.class_names = labels.imagenet_names(imported.config.num_classes)
+        if imported.class_names and not by_name:
+            imported.guessed["class_names"] = (f"not in the file: ImageNet's, from the head's "
+                                               f"{imported.config.num_classes} classes and the file's name")
     return imported
 
 

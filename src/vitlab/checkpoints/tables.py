@@ -21,7 +21,8 @@ from typing import Callable, Collection, Optional, Sequence
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, head_names, parse_class_names, regular_file
+from vitlab.checkpoints.io import (CheckpointError, Imported, expected_shapes, guessed_preprocessing, head_names,
+                                  parse_class_names, regular_file)
 from vitlab.checkpoints.labels import is_imagenet
 from vitlab.config import ModelConfig, ViTConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write, atomic_write_bytes
@@ -299,10 +300,20 @@ def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[Mod
     (else inferred from the tensors), the table applied with every key and shape checked."""
     state, meta = read_tensors(path)
     state = rename(state)
-    cfg = stored_config(meta, str(path)) or infer(state, str(path))
+    stored = stored_config(meta, str(path))
+    cfg = stored or infer(state, str(path))
     ours = import_state(rules(cfg), state, expected_shapes(cfg), str(path))
     names = parse_class_names(meta.get("vitlab.class_names"), cfg.num_classes, str(path), "vitlab.class_names")
-    return Imported(cfg, ours, names, source_format=fmt, metadata=meta)
+    imported = Imported(cfg, ours, names, source_format=fmt, metadata=meta)
+    if stored is None:  # the tensors give the shapes; the rest is the source library's default
+        imported.guessed = guessed_preprocessing(f"{DEFAULTS_OF.get(fmt, fmt)} for {cfg.name}")
+        if getattr(cfg, "num_heads", None):
+            imported.guessed["num_heads"] = f"not in a state dict: the published count for width {cfg.hidden_size}"
+    return imported
+
+
+# Whose preprocessing a state dict without metadata gets (the readers' infer functions set it).
+DEFAULTS_OF = {"timm": "timm's pretrained_cfg default", "torchvision": "torchvision's weights preset"}
 
 
 def writer_metadata(model, fmt: str) -> dict[str, str]:

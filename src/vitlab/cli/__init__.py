@@ -66,8 +66,17 @@ class UsageError(ValueError):
     """A bad command-line input; printed without a traceback."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with the near command, choice or flag (vitlab.suggest) added to its errors."""
+
+    def error(self, message: str):
+        from vitlab.suggest import argument_hint
+
+        super().error(message + argument_hint(message, self._option_string_actions))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vitlab",
         description="The Vision Transformer paper, end to end: models, weights from every "
         "ecosystem, training, evaluation and the paper's analyses.",

@@ -54,14 +54,12 @@ def run(args) -> int:
     from vitlab.cli import UsageError
     from vitlab.cli.common import progress
     from vitlab.data.image_files import find_images, unreadable
-    from vitlab.deploy import PRECISIONS
-    from vitlab.predictor import Predictor, overlay_name
+    from vitlab.predictor import Predictor, check_precision, overlay_name
 
     for name in ("top_k", "batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.precision not in PRECISIONS:  # before the checkpoint is read
-        raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
+    check_precision(args.precision)  # before the checkpoint is read
     model, _ = open_checkpoint(args.checkpoint, args.format)
     predictor = Predictor(model, args.precision, pick_device(args.device), checkpoint=args.checkpoint)
     if args.attention and not predictor.has_attention:

@@ -64,17 +64,15 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from vitlab.checkpoints import open_checkpoint
-    from vitlab.cli import UsageError
     from vitlab.config import pick_device
     from vitlab.config.serve import ServeConfig
-    from vitlab.deploy import PRECISIONS
+    from vitlab.predictor import check_precision
     from vitlab.serve import Engine, server
     from vitlab.extras import require
 
     require("serve", "vitlab serve", modules=())  # every module of the extra, checked before any work
     config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})
-    if args.precision not in PRECISIONS:  # before the checkpoint is read
-        raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
+    check_precision(args.precision)  # before the checkpoint is read
     model, _ = open_checkpoint(args.checkpoint, args.format)  # before the port: a bad file binds nothing
     engine = Engine(model, args.precision, checkpoint=Path(args.checkpoint).name, device=pick_device(args.device))
     return server.start(engine, config, access_log=args.access_log)

@@ -21,6 +21,8 @@ from dataclasses import MISSING, field, fields
 from functools import lru_cache
 from typing import Any, Callable, Optional, Union
 
+from vitlab import suggest
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the field and the fix."""
@@ -162,12 +164,16 @@ def check_keys(cls: type, d: dict[str, Any], section: str, extra: tuple[str, ...
     """The one unknown-key check: fail on a key that is not a field of `cls` (or in `extra`)."""
     if not isinstance(d, dict):
         raise ConfigError(f"the {section or 'config'} section must be a mapping of keys to values, got {d!r}")
-    known = [f.name for f in fields(cls)] + list(extra)
+    known = list(dict.fromkeys([f.name for f in fields(cls)] + list(extra)))
     unknown = [k for k in d if k not in known]
     if unknown:
         where = f"{section}." if section else ""
+        if len(unknown) == 1:
+            raise ConfigError(suggest.unknown("key", where + str(unknown[0]), [where + k for k in known],
+                                              f"valid {section + ' ' if section else ''}keys: {', '.join(known)}",
+                                              keys=True))
         raise ConfigError(
-            f"unknown key(s) {', '.join(where + str(k) for k in unknown)}; "
+            f"unknown keys {', '.join(where + str(k) for k in unknown)}; "
             f"valid {section + ' ' if section else ''}keys: {', '.join(known)}"
         )
     return dict(d)
