@@ -37,15 +37,15 @@ def close_key(key: str, keys: Iterable[str]) -> list[str]:
     -> `optim.lr` (a key put in the wrong section is the likeliest slip)."""
     keys = list(dict.fromkeys(keys))
 
-    def score(candidate: str) -> float:
-        whole = difflib.SequenceMatcher(None, key.lower(), candidate.lower()).ratio()
-        name = difflib.SequenceMatcher(None, key.rpartition(".")[2].lower(), candidate.rpartition(".")[2].lower()).ratio()
-        return max(whole, name)
+    def score(candidate: str) -> float:  # the key's own name decides; a shared section says nothing
+        return difflib.SequenceMatcher(None, key.rpartition(".")[2].lower(), candidate.rpartition(".")[2].lower()).ratio()
 
     ranked = sorted(((score(k), k) for k in keys), key=lambda p: -p[0])
     if not ranked or ranked[0][0] < 0.7:
         return []
-    return [k for s, k in ranked[:3] if s >= ranked[0][0] - 0.08]
+    near = [k for s, k in ranked[:3] if s >= ranked[0][0] - 0.08]
+    own = [k for k in near if k.partition(".")[0] == key.partition(".")[0]]
+    return own or near  # `model.nme` is model.name, not data.name
 
 
 def _either(names: list[str]) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from vitlab import suggest
-from vitlab.checkpoints import hf, hub, io, labels, npz, timm, torchvision, verify
+from vitlab.checkpoints import hf, hub, io, labels, npz, pretrained, timm, torchvision, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
 from vitlab.models import Model, build
@@ -53,7 +53,10 @@ def check_path(path: str | os.PathLike) -> Path:
     before a reader opens it and blocks."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"{p}: no such file or folder")
+        names = [e.name for e in pretrained.PRETRAINED.values() if Path(e.path).name == p.name]
+        where = (f"; {p.name} is the paper's published file: the name {' or '.join(names[:2])} downloads it "
+                 "(vitlab.load(NAME), or put the file here)") if names else ""
+        raise FileNotFoundError(f"{p}: no such file or folder{where}")
     if not p.is_dir():
         io.regular_file(p)
     return p

@@ -29,7 +29,8 @@ class: the overlay `vitlab serve` returns, drawn by the same code. The work is
 vitlab.Predictor's, as in `vitlab serve` and Python (`--precision` picks the same inference
 copies as serve's).
 
-examples:
+examples (the first two: a test digit of the set `vitlab train` trained on, as a PNG):
+  python -c "from sklearn.datasets import load_digits; from PIL import Image; Image.fromarray((load_digits().images[-1] * 15).astype('uint8')).resize((64, 64)).save('digit.png')"
   vitlab predict runs/digits/checkpoints/last.safetensors digit.png
   vitlab predict model.safetensors photos/ --top-k 3 --csv predictions.csv
   vitlab predict model.safetensors 'shots/*.png' --attention overlays/ --device cuda

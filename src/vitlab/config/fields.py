@@ -168,6 +168,8 @@ def check_keys(cls: type, d: dict[str, Any], section: str, extra: tuple[str, ...
     unknown = [k for k in d if k not in known]
     if unknown:
         where = f"{section}." if section else ""
+        if not known:
+            raise ConfigError(f"unknown key {where}{unknown[0]}: the {section or 'config'} section takes no keys here")
         if len(unknown) == 1:
             raise ConfigError(suggest.unknown("key", where + str(unknown[0]), [where + k for k in known],
                                               f"valid {section + ' ' if section else ''}keys: {', '.join(known)}",

@@ -42,7 +42,7 @@ from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, final_report, plot_run, truncate_after
+from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, figure_label, final_report, plot_run, truncate_after
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 from vitlab.log import get_logger
@@ -494,7 +494,7 @@ class Trainer:
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
-        title = f"{run.model.config.name} on {self.cfg.data.name} ({self.out.name})"
+        title = f"{run.model.config.name} on {figure_label(self.cfg.data.name)} ({self.out.name})"
         notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
-        LOG.info(final_report(self.folder, summary, results, notes, where))  # --quiet too
+        LOG.info(final_report(self.folder, summary, results, notes, where, self.cfg.data.name))  # --quiet too
         return summary

@@ -148,9 +148,30 @@ def plot_run(folder, results: dict[str, dict[str, Any]], class_names: list[str],
     return []
 
 
+def figure_label(spec: str) -> str:
+    """A data spec as a figure's title names it: its kind and the last part of its path
+    (`wds:/data/cifar10/train-{0..3}.tar` -> `wds:cifar10`), never a machine's absolute path."""
+    kind, sep, rest = str(spec).partition(":")
+    if not sep or not rest:
+        return Path(kind).name or kind
+    if ":" in rest and not rest.startswith("/"):  # vtab:TASK:ROOT names its task
+        return f"{kind}:{rest.split(':')[0]}"
+    parts = [p for p in Path(rest.split("{")[0]).parts if p not in ("/", "..", ".")]
+    name = parts[-1] if parts else rest
+    return f"{kind}:{name if not name.startswith(('train-', 'test-')) or len(parts) < 2 else parts[-2]}"
+
+
+def next_commands(checkpoint: str, data: str, out: Path) -> list[str]:
+    """What to run on a finished run's checkpoint: evaluate, predict, look inside, few-shot."""
+    return ["next:", f"  vitlab eval {checkpoint} --data {data}", f"  vitlab predict {checkpoint} IMAGE...",
+            f"  vitlab inspect {checkpoint} --images {data} --out {out / 'inspect'}",
+            f"  vitlab fewshot {checkpoint} --data {data}"]
+
+
 def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, Any]], notes: list[str],
-                 tracker_lines: Sequence[str] = ()) -> str:
-    """What `vitlab train` prints at the end: the results, then where every output is."""
+                 tracker_lines: Sequence[str] = (), data: str = "") -> str:
+    """What `vitlab train` prints at the end: the results, where every output is, and (given
+    the run's data spec) the commands that use the checkpoint next."""
     lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
     for split, m in results.items():
         if "top1" in m:
@@ -175,7 +196,10 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
         if (out / f"confusion_{split}.png").exists():
             lines.append(f"  confusion       {out / f'confusion_{split}.png'}")
     lines += [f"  {line}" for line in tracker_lines]
-    return "\n".join(lines + [f"  note: {n}" for n in notes])
+    lines += [f"  note: {n}" for n in notes]
+    if data and any("top1" in m for m in results.values()):
+        lines += next_commands(summary["checkpoint"], data, out)
+    return "\n".join(lines)
 
 
 def read_curves(metrics_path: Path) -> dict[str, dict[str, list]]:
