@@ -166,3 +166,13 @@ def test_suggestions_name_the_near_one_and_list_each_choice_once():
     assert message.count("model.name") == 1
     with pytest.raises(ConfigError, match="tags ending in in1k or in21k"):
         vitlab.get_config("vit_tiny_patch16_224.mystery")
+
+
+def test_a_torchvision_resnet_file_is_named_as_what_it_is(tmp_path, capsys):
+    import torchvision
+
+    path = tmp_path / "resnet18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), path)
+    assert main(["info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "a ResNet state dict with BatchNorm" in err and "BiT-R50x1" in err and "pass the format" not in err

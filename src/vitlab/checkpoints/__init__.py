@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from vitlab import suggest
-from vitlab.checkpoints import hf, hub, io, labels, npz, pretrained, timm, torchvision, verify
+from vitlab.checkpoints import hf, hub, io, labels, npz, pretrained, tables, timm, torchvision, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
 from vitlab.models import Model, build
@@ -73,6 +73,11 @@ def detect_format(path: str | os.PathLike) -> str:
             found = False
         if found:
             return name
+    what = tables.what_it_is(tables.peek_keys(p)) if p.is_file() else None
+    if what:
+        raise CheckpointError(f"{p}: {what}. vitlab reads Vision Transformers (the official .npz, timm, Hugging Face, "
+                              "torchvision's vit_*) and BiT ResNets (the official .npz, timm's resnetv2_*_bit); "
+                              "its ResNet baseline is BiT-R50x1 (`vitlab models`)")
     raise CheckpointError(
         f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
         "pass the format explicitly (--format on the command line, format=... in Python) if the file has an unusual name"

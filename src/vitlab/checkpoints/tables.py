@@ -248,6 +248,26 @@ def peek_keys(path: Path) -> Optional[set[str]]:
         return None
 
 
+# Networks vitlab does not hold, told by their state dicts' names: (keys that must all be there,
+# what to call it). A file of one is named as what it is, not as "unrecognised".
+OTHER_NETWORKS = (
+    (("conv1.weight", "bn1.weight", "layer1.0.conv1.weight", "fc.weight"),
+     "a ResNet state dict with BatchNorm (torchvision's resnet*/wide_resnet* layout: conv1, bn1, layer1-4, fc), "
+     "not a ViT or a BiT ResNet (GroupNorm and weight standardisation)"),
+    (("dist_token", "pos_embed", "head_dist.weight"), "a distilled DeiT (with a distillation token), which vitlab has no form of"),
+    (("layers.0.blocks.0.attn.relative_position_bias_table",), "a Swin Transformer, not a ViT"),
+    (("stem.0.weight", "stages.0.blocks.0.conv_dw.weight"), "a ConvNeXt, not a ViT"),
+)
+
+
+def what_it_is(keys: Optional[set[str]]) -> Optional[str]:
+    """What network a state dict vitlab cannot read holds, where its names say (OTHER_NETWORKS)."""
+    for needed, words in OTHER_NETWORKS:
+        if keys and all(k in keys for k in needed):
+            return words
+    return None
+
+
 def _is_torch_zip(path: Path) -> bool:
     """torch.save's zip layout (a `data.pkl` member), for files without a telling suffix."""
     import zipfile
