@@ -286,7 +286,7 @@ class Trainer:
         cfg, t, ctx = self.cfg, self.cfg.train, run.ctx
         if ctx.is_main:
             run.log = MetricsLog(self.out, open_trackers(list(self.trackers), self.out, cfg.to_dict()))
-            run.progress = None if self.quiet else Progress(run.plan.total, run.start)
+            run.progress = Progress(run.plan.total, run.start, quiet=self.quiet, lr=cfg.optim.lr)
         self._say("\n  ".join((self._plan_line(run), *self.notes, *probe_head.lines(run.head_probe, run.start))))
         if cfg.optim.warmup_steps >= run.plan.total:
             self._warn(

@@ -20,10 +20,13 @@ from vitlab.analysis import plots
 from vitlab.config import ConfigError
 from vitlab.files import atomic_write_text
 from vitlab.files.documents import read_json_lines
+from vitlab.log import get_logger
 from vitlab.progress import format_seconds
 from vitlab.run_layout import METRICS
 from vitlab.train.compute import format_compute
 from vitlab.train.tracking import Tracker
+
+LOG = get_logger("train")
 
 
 # What "accuracy" means in a run's metrics, per objective (the learning curve's axis label).
@@ -81,12 +84,14 @@ class Progress:
 
     EVERY_S = progress.Progress.EVERY_S
 
-    def __init__(self, total: int, start: int = 0, stream: Optional[TextIO] = None, tty: Optional[bool] = None):
-        self.total, self.start = total, start
+    def __init__(self, total: int, start: int = 0, stream: Optional[TextIO] = None, tty: Optional[bool] = None,
+                 quiet: bool = False, lr: float = 0.0):
+        self.total, self.start, self.quiet = total, start, quiet
         self.t0 = time.perf_counter()
         self.first = True
+        self.divergence = Divergence(lr)  # watched with --quiet too: its warning goes to stderr
         self.shown = progress.Progress(total, "train", "step", initial=start, stream=stream, tty=tty, leave=True,
-                                       heartbeat=self._heartbeat)
+                                       heartbeat=self._heartbeat, quiet=quiet)
         self.shown.EVERY_S = self.EVERY_S
         self.tty = self.shown.tty
 
@@ -95,6 +100,11 @@ class Progress:
 
     def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool,
                last_loss: Optional[float] = None) -> None:
+        warning = self.divergence.check(step, loss if last_loss is None else last_loss, lr)
+        if warning:
+            LOG.warning(f"warning: {warning}")
+        if self.quiet:
+            return
         last = f"  last loss {last_loss:.4f}" if last_loss is not None else ""
         numbers = f"mean loss {loss:.4f}{last}  lr {lr:.2e}  {images_per_s:,.0f} img/s"
         if self.tty:
@@ -108,10 +118,39 @@ class Progress:
 
     def message(self, text: str) -> None:
         """A line of its own (an evaluation result, a note) that leaves the bar intact."""
-        self.shown.write(text)
+        if not self.quiet:
+            self.shown.write(text)
 
     def close(self) -> None:
         self.shown.close()
+
+
+class Divergence:
+    """A run that diverges says so: the first time a step's training loss is not a number, or
+    is far above the first step's (RATIO times it, and at least MARGIN above), a warning names
+    the likely cause (the learning rate: too high for this model, batch and warm-up) and the flag
+    that changes it. Once per run."""
+
+    RATIO, MARGIN = 3.0, 2.0
+
+    def __init__(self, peak_lr: float):
+        self.peak_lr, self.start, self.said = peak_lr, None, False
+
+    def check(self, step: int, loss: float, lr: float) -> Optional[str]:
+        if self.said:
+            return None
+        if self.start is None and math.isfinite(loss):
+            self.start = (step, loss)
+            return None
+        if math.isfinite(loss) and (self.start is None or loss <= max(self.RATIO * self.start[1],
+                                                                      self.start[1] + self.MARGIN)):
+            return None
+        self.said = True
+        went = f"is {loss} at step {step}" if not math.isfinite(loss) else (
+            f"went from {self.start[1]:.4g} at step {self.start[0]} to {loss:.4g} at step {step}")
+        return (f"the training loss {went}: the run is diverging, most likely from a learning rate too high for "
+                f"this model and batch (optim.lr={self.peak_lr:g}, {lr:.2e} at this step); lower it with --lr "
+                f"(e.g. --lr {self.peak_lr / 10:g}) or warm up longer (--warmup-steps)")
 
 
 def dataset_size(dataset: Any) -> Optional[int]:
