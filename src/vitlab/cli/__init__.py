@@ -57,6 +57,7 @@ OUTPUTS = (
 # Single-file outputs that may name a user's file: written only when new, or with --force
 # (docs/reliability.md, "What each command writes"). export and convert check their own.
 NEW_FILES = (("predict", "csv"), ("fewshot", "out"), ("linear-probe", "out"), ("eval", "predictions"))
+TRAINING = ("train", "finetune", "vtab", "sweep")  # commands whose runs continue where they stopped
 DATA_COMMANDS = ("train", "finetune", "eval", "fewshot", "linear-probe", "inspect", "sweep", "vtab")
 ALLOW_PIPE_HELP = ("(commands that read data) run the shell command of a wds:pipe:COMMAND data spec that comes from a file (a recipe, a run's "
                    "config.yaml, a sweep spec); one typed on this command line always runs. Or VITLAB_ALLOW_PIPE=1")
@@ -205,8 +206,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # /dev/null so that flushing it at exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except KeyboardInterrupt:
-        print(f"vitlab {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # a training run's first Ctrl-C stops with a checkpoint (train/preemption.py)
+        again = "; run the same command again to continue from its last checkpoint" if args.command in TRAINING else ""
+        print(f"vitlab {args.command}: interrupted{again}", file=sys.stderr)
         return 130
     except Exception as e:
         preemption = sys.modules.get("vitlab.train.preemption")  # loaded by any command that trains

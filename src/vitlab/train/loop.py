@@ -364,8 +364,8 @@ class Trainer:
             where = f"the last good checkpoint is {run.last_good}" if run.last_good else "no checkpoint was written yet"
             raise TrainingDiverged(
                 f"step {step + 1}: the loss is {loss_value} (gradient norm {grad_norm}); stopped before "
-                f"updating the weights, {where}. Lower optim.lr, lengthen optim.warmup_steps or keep "
-                "optim.clip_grad_norm=1"
+                f"updating the weights, {where}. Lower the learning rate (--lr), lengthen the warm-up "
+                "(--warmup-steps) or keep optim.clip_grad_norm=1"
             )
         if run.scaler is not None:
             run.scaler.step(run.optimizer)
@@ -496,5 +496,5 @@ class Trainer:
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
         title = f"{run.model.config.name} on {figure_label(self.cfg.data.name)} ({self.out.name})"
         notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
-        LOG.info(final_report(self.folder, summary, results, notes, where, self.cfg.data.name))  # --quiet too
+        LOG.info(final_report(self.folder, summary, results, notes, where, self.cfg))  # --quiet too
         return summary

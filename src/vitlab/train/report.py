@@ -126,10 +126,10 @@ class Progress:
 
 
 class Divergence:
-    """A run that diverges says so: the first time a step's training loss is not a number, or
-    is far above the first step's (RATIO times it, and at least MARGIN above), a warning names
-    the likely cause (the learning rate: too high for this model, batch and warm-up) and the flag
-    that changes it. Once per run."""
+    """A run that diverges says so: the first time a step's training loss is far above the first
+    step's (RATIO times it, and at least MARGIN above), a warning names the likely cause (the
+    learning rate: too high for this model, batch and warm-up) and the flag that changes it.
+    Once per run. A loss that is not a number stops the run instead (loop.TrainingDiverged)."""
 
     RATIO, MARGIN = 3.0, 2.0
 
@@ -137,18 +137,16 @@ class Divergence:
         self.peak_lr, self.start, self.said = peak_lr, None, False
 
     def check(self, step: int, loss: float, lr: float) -> Optional[str]:
-        if self.said:
+        if self.said or not math.isfinite(loss):
             return None
-        if self.start is None and math.isfinite(loss):
+        if self.start is None:
             self.start = (step, loss)
             return None
-        if math.isfinite(loss) and (self.start is None or loss <= max(self.RATIO * self.start[1],
-                                                                      self.start[1] + self.MARGIN)):
+        if loss <= max(self.RATIO * self.start[1], self.start[1] + self.MARGIN):
             return None
         self.said = True
-        went = f"is {loss} at step {step}" if not math.isfinite(loss) else (
-            f"went from {self.start[1]:.4g} at step {self.start[0]} to {loss:.4g} at step {step}")
-        return (f"the training loss {went}: the run is diverging, most likely from a learning rate too high for "
+        return (f"the training loss went from {self.start[1]:.4g} at step {self.start[0]} to {loss:.4g} at step "
+                f"{step}: the run is diverging, most likely from a learning rate too high for "
                 f"this model and batch (optim.lr={self.peak_lr:g}, {lr:.2e} at this step); lower it with --lr "
                 f"(e.g. --lr {self.peak_lr / 10:g}) or warm up longer (--warmup-steps)")
 
@@ -208,9 +206,11 @@ def next_commands(checkpoint: str, data: str, out: Path) -> list[str]:
 
 
 def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, Any]], notes: list[str],
-                 tracker_lines: Sequence[str] = (), data: str = "") -> str:
-    """What `vitlab train` prints at the end: the results, where every output is, and (given
-    the run's data spec) the commands that use the checkpoint next."""
+                 tracker_lines: Sequence[str] = (), cfg: Any = None) -> str:
+    """What `vitlab train` prints at the end: the results, where every output is, and for a
+    run trained from scratch (its RunConfig `cfg`; not a fine-tune's, which says its own) the
+    commands that use the checkpoint next."""
+    data = "" if cfg is None or cfg.model.checkpoint else cfg.data.name
     lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
     for split, m in results.items():
         if "top1" in m:
