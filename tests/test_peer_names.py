@@ -176,3 +176,17 @@ def test_a_torchvision_resnet_file_is_named_as_what_it_is(tmp_path, capsys):
     assert main(["info", str(path)]) == 2
     err = capsys.readouterr().err
     assert "a ResNet state dict with BatchNorm" in err and "BiT-R50x1" in err and "pass the format" not in err
+
+
+def test_a_peer_name_where_a_checkpoint_is_expected_names_its_weights(hub_cache):
+    """`vitlab.load("vit_tiny_patch16_224.augreg_in21k_ft_in1k")`: the tag selects timm's
+    weights, as timm.create_model(NAME, pretrained=True) does; a Hugging Face name its repo."""
+    from hub_standin import TIMM, timm_repo_files
+    from vitlab.checkpoints import hub
+
+    assert hub.peer_weights(TIMM) == f"timm:{TIMM.split('.')[0]}.{TIMM.split('.')[1]}"
+    assert hub.peer_weights("google/vit-base-patch16-224") == "hf-hub:google/vit-base-patch16-224"
+    assert hub.is_pretrained_name(TIMM) and not hub.is_pretrained_name("ViT-B/16")
+    files, _ = timm_repo_files()
+    hub_cache.add("timm/" + TIMM, files)
+    assert vitlab.load(TIMM).config.num_classes == vitlab.load("timm:" + TIMM).config.num_classes
