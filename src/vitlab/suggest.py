@@ -108,6 +108,12 @@ def peer_flag(flag: str) -> Optional[str]:
     return TIMM_FLAGS.get(flag.split("=", 1)[0])
 
 
+# Choices that belong to another command: where a user finds them.
+ELSEWHERE = {"onnx": "ONNX is written by `vitlab export --format onnx`",
+             "torch-export": "a torch.export program is written by `vitlab export --format torch-export`",
+             "int8": "an int8 serving copy is made by `vitlab.deploy.save_int8` or served with --precision int8"}
+
+
 def argument_hint(message: str, options: Iterable[str]) -> str:
     """What to add to argparse's error `message`: for "invalid choice: 'trian' (choose from
     ...)" the near choice; for "unrecognized arguments: --img-size 224" vitlab's flag for a
@@ -115,7 +121,7 @@ def argument_hint(message: str, options: Iterable[str]) -> str:
     if "invalid choice: " in message:
         word = message.split("invalid choice: ", 1)[1].split(" (choose from", 1)[0].strip("'\"")
         choices = [c.strip(" '\")") for c in message.split("(choose from", 1)[-1].split(",")]
-        return hint(word, choices)
+        return hint(word, choices) or (f"; {ELSEWHERE[word]}" if word in ELSEWHERE and word not in choices else "")
     if "unrecognized arguments: " not in message:
         return ""
     notes = []

@@ -89,9 +89,10 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
     if name not in NAMED:
-        near = suggest.hint(name, NAMED)
+        near = suggest.hint(name, NAMED).lstrip("; ")
         raise DataError(
-            f"unknown dataset {spec!r}{near}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
+            f"unknown dataset {spec!r}; {near + ' The specs: ' if near else 'use one of '}digits, fashion-mnist[:FOLDER], "
+            "cifar10[:FOLDER], "
             "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face "
             "dataset), synthetic:TASK"
         )
