@@ -81,7 +81,7 @@ def create_model(name: str | ModelConfig, pretrained: bool = False, **overrides:
         elif not hub.is_pretrained_name(name):
             name = default_weights(get_config(name).name)
         return load(name, **overrides)
-    if isinstance(name, str) and hub.is_pretrained_name(name):
+    if isinstance(name, str) and hub.is_pretrained_name(name) and read_peer_name(name) is None:  # a peer's: its architecture
         raise ConfigError(f"{name!r} names weights; pass pretrained=True to load them, or a variant name for a fresh model")
     cfg = name.replace(**overrides) if isinstance(name, (ViTConfig, BiTConfig)) else get_config(name, **overrides)
     return build(cfg)
