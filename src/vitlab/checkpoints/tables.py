@@ -326,7 +326,9 @@ def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[Mod
     names = parse_class_names(meta.get("vitlab.class_names"), cfg.num_classes, str(path), "vitlab.class_names")
     imported = Imported(cfg, ours, names, source_format=fmt, metadata=meta)
     if stored is None:  # the tensors give the shapes; the rest is the source library's default
-        imported.guessed = guessed_preprocessing(f"{DEFAULTS_OF.get(fmt, fmt)} for {cfg.name}")
+        source = f"{DEFAULTS_OF.get(fmt, fmt)} for {cfg.name}" if isinstance(cfg, ViTConfig) else \
+            "vitlab's default (this library's differs by weights: pass theirs to vitlab.load)"
+        imported.guessed = guessed_preprocessing(source)
         if getattr(cfg, "num_heads", None):
             imported.guessed["num_heads"] = f"not in a state dict: the published count for width {cfg.hidden_size}"
     return imported
