@@ -115,15 +115,17 @@ def test_bare_timm_file_gets_timms_preprocessing(tmp_path, name, capsys):
     assert vitlab.load(named).class_names[0] == "tench"  # the head and the name say ImageNet
 
 
-def test_train_by_timm_name(tmp_path):
+def test_train_by_timm_name(tmp_path, capsys):
     """Must show: `vitlab train --model vit_tiny_patch16_224 --data digits` trains a ViT-Ti/16
-    with timm's numerics at timm's resolution."""
+    with timm's numerics at timm's resolution; it ends with the commands that come next."""
     out = tmp_path / "run"
     assert main(["train", "--model", "vit_tiny_patch16_224", "--data", "digits", "--steps", "1", "--batch-size", "4",
                  "--warmup-steps", "0", "--out", str(out), "--quiet", "data.eval_splits=[]"]) == 0
     cfg = vitlab.load(out / "checkpoints" / "last.safetensors").config
     assert (cfg.name, cfg.image_size, cfg.gelu, cfg.layer_norm_eps) == ("ViT-Ti/16", (224, 224), "exact", 1e-6)
     assert (cfg.crop_fraction, cfg.interpolation, cfg.num_classes) == (0.9, "bicubic", 10)
+    printed = capsys.readouterr()
+    assert f"next:\n  vitlab eval {out}/checkpoints/last.safetensors --data digits" in printed.out + printed.err
 
 
 @pytest.mark.parametrize("argv,near", [

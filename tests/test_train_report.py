@@ -145,3 +145,13 @@ def test_a_diverging_run_says_so_and_names_the_learning_rate(tmp_path, capsys):
     watch = Divergence(0.1)
     watch.check(1, 2.15, 0.1)
     assert "from 2.15 at step 1 to 35.5 at step 3" in watch.check(3, 35.5, 0.1) and watch.check(4, 99.0, 0.1) is None
+
+
+def test_the_next_commands_are_quoted_for_a_shell():
+    from pathlib import Path
+
+    from vitlab.train.report import next_commands
+
+    lines = next_commands("runs/x/checkpoints/last.safetensors", "wds:data/train-{000000..000004}.tar", Path("runs/x"))
+    assert lines[0] == "next:" and "--data 'wds:data/train-{000000..000004}.tar'" in lines[1]
+    assert lines[3].endswith("--out runs/x/inspect") and lines[4].startswith("  vitlab fewshot runs/x/checkpoints/")

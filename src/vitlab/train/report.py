@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, TextIO
@@ -199,9 +200,11 @@ def figure_label(spec: str) -> str:
 
 
 def next_commands(checkpoint: str, data: str, out: Path) -> list[str]:
-    """What to run on a finished run's checkpoint: evaluate, predict, look inside, few-shot."""
+    """What to run on a finished run's checkpoint: evaluate, predict, look inside, few-shot
+    (quoted for a shell where they need it: a wds pattern's braces would expand)."""
+    checkpoint, data, out = shlex.quote(str(checkpoint)), shlex.quote(data), Path(out)
     return ["next:", f"  vitlab eval {checkpoint} --data {data}", f"  vitlab predict {checkpoint} IMAGE...",
-            f"  vitlab inspect {checkpoint} --images {data} --out {out / 'inspect'}",
+            f"  vitlab inspect {checkpoint} --images {data} --out {shlex.quote(str(out / 'inspect'))}",
             f"  vitlab fewshot {checkpoint} --data {data}"]
 
 
@@ -210,7 +213,7 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
     """What `vitlab train` prints at the end: the results, where every output is, and for a
     run trained from scratch (its RunConfig `cfg`; not a fine-tune's, which says its own) the
     commands that use the checkpoint next."""
-    data = "" if cfg is None or cfg.model.checkpoint else cfg.data.name
+    data = "" if cfg is None or cfg.model.checkpoint or cfg.train.objective != "supervised" else cfg.data.name
     lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
     for split, m in results.items():
         if "top1" in m:
@@ -236,7 +239,7 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
             lines.append(f"  confusion       {out / f'confusion_{split}.png'}")
     lines += [f"  {line}" for line in tracker_lines]
     lines += [f"  note: {n}" for n in notes]
-    if data and any("top1" in m for m in results.values()):
+    if data:  # a classifier trained from scratch (a fine-tune's plan says its own)
         lines += next_commands(summary["checkpoint"], data, out)
     return "\n".join(lines)
 
