@@ -192,3 +192,8 @@ def test_a_peer_name_where_a_checkpoint_is_expected_names_its_weights(hub_cache)
     files, _ = timm_repo_files()
     hub_cache.add("timm/" + TIMM, files)
     assert vitlab.load(TIMM).config.num_classes == vitlab.load("timm:" + TIMM).config.num_classes
+
+
+def test_list_models_reads_a_peer_name():
+    assert vitlab.list_models("vit_tiny_patch16_224") == ["ViT-Ti/16"]
+    assert vitlab.list_models("google/vit-large-patch16-224") == ["ViT-L/16"]

@@ -39,6 +39,12 @@ def list_models(pattern: Optional[str] = None, pretrained: bool = False) -> list
     filters them, shell-style and ignoring case: `list_models("ViT-B*", pretrained=True)`."""
     _check_type("list_models", "pattern", pattern, (str, type(None)), "a shell-style pattern such as 'ViT-B*'")
     names = registry.list_pretrained() if pretrained else list(MODELS)
+    try:
+        peer = read_peer_name(pattern) if pattern else None
+    except ValueError:
+        peer = None
+    if peer is not None and not pretrained:  # timm's or HF's name of a variant: that variant
+        pattern = peer.variant
     if pattern is None:
         return names
     return [n for n in names if fnmatch.fnmatch(n.lower(), pattern.lower())]
