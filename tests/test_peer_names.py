@@ -138,6 +138,9 @@ def test_train_by_timm_name(tmp_path, capsys):
     (["predict", "x.safetensors", "y.png", "--precision", "int9"], "did you mean int8?"),
     (["convert", "a.npz", "b", "--to", "timn"], "did you mean timm?"),
     (["trian"], "did you mean train?"),
+    (["train", "--config", "digits", "train.precision=bf61"], "did you mean bf16?"),
+    (["train", "--config", "digits", "optim.decay=cosin"], "did you mean cosine?"),
+    (["vtab", "runs/x.safetensors", "--root", "r", "--out", "o", "--tasks", "dtdd"], "did you mean dtd?"),
     (["train", "--img-size", "224"], "timm's --img-size is --image-size here"),
     (["train", "--stpes", "3"], "did you mean --steps"),
 ])

@@ -133,7 +133,8 @@ def _apply_rule(value: Any, rule: Rule, label: str) -> None:
         return
     hint = f" ({rule.hint})" if rule.hint else ""
     if rule.one_of is not None and value not in rule.one_of:
-        raise ConfigError(f"{label}={value!r} is not one of {', '.join(repr(c) for c in rule.one_of)}{hint}")
+        near = suggest.hint(str(value), [str(c) for c in rule.one_of]) if isinstance(value, str) else ""
+        raise ConfigError(f"{label}={value!r} is not one of {', '.join(repr(c) for c in rule.one_of)}{hint}{near}")
     for bound, ok, words in (
         (rule.above, lambda v, b: v > b, "must be > {}"),
         (rule.at_least, lambda v, b: v >= b, "must be >= {}"),
