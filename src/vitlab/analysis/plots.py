@@ -186,7 +186,7 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Se
             drawn = _draw_map(ax, img, maps[i], heatmap, smooth)
             ax.set_title("rollout heat map" if heatmap else "image x rollout", fontsize=8, pad=2)
     _rollout_colour_bar(fig, heatmap, drawn)
-    fig.suptitle("Attention rollout", fontsize=9)
+    fig.suptitle("Attention rollout", fontsize=9, y=1.0 + 0.12 / rows)  # above two-line image titles
     return save_figure(fig, path)
 
 
