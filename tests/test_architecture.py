@@ -31,7 +31,7 @@ ROWS: tuple[tuple[str, ...], ...] = (
     ("checkpoints", "data"),
     ("models",),
     ("config",),
-    ("files", "progress", "run_layout", "extras", "pixels", "tables"),
+    ("files", "progress", "run_layout", "extras", "pixels", "tables", "suggest"),
     ("log",),
 )
 # package -> exactly the vitlab packages it imports: every pair used is listed, and every pair
@@ -45,22 +45,23 @@ LAYERS: dict[str, set[str]] = {
     "extras": set(),
     "pixels": set(),
     "tables": set(),
-    "config": {"files"},
-    "models": {"config", "pixels"},
-    "checkpoints": {"config", "extras", "files", "log", "models", "progress", "run_layout", "tables"},
-    "data": {"config", "extras", "files", "pixels"},
+    "suggest": set(),
+    "config": {"files", "suggest"},
+    "models": {"config", "pixels", "suggest"},
+    "checkpoints": {"config", "extras", "files", "log", "models", "progress", "run_layout", "suggest", "tables"},
+    "data": {"config", "extras", "files", "pixels", "suggest"},
     "eval": {"data", "files"},
     "analysis": {"checkpoints", "config", "eval", "extras", "files", "models"},
     "deploy": {"checkpoints", "config", "extras", "files", "models"},
     "train": {"analysis", "checkpoints", "config", "data", "deploy", "eval", "extras", "files", "log", "models",
               "progress", "run_layout", "tables"},
     "bench": {"checkpoints", "config", "deploy", "extras", "files", "models", "tables"},
-    "predictor": {"analysis", "checkpoints", "config", "data", "deploy", "files"},
+    "predictor": {"analysis", "checkpoints", "config", "data", "deploy", "files", "suggest"},
     "api": {"checkpoints", "config", "data", "models", "predictor"},
     "serve": {"analysis", "config", "data", "log", "predictor"},
     "sweep": {"analysis", "config", "data", "extras", "files", "run_layout", "train"},
     "cli": {"analysis", "api", "bench", "checkpoints", "config", "data", "deploy", "eval", "extras", "files",
-            "predictor", "progress", "run_layout", "serve", "sweep", "train"},
+            "predictor", "progress", "run_layout", "serve", "suggest", "sweep", "train"},
 }
 ROOT = SRC.parents[1]
 

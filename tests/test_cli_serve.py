@@ -108,7 +108,7 @@ def test_a_headless_checkpoint_and_bad_options_are_one_line_errors(tmp_path, cap
         (["--port", "70000"], "port must be <= 65535"),
         (["--host", "localhost.example"], "is not an IP address"),
         (["--max-upload-mb", "0"], "max_upload_mb must be > 0"),
-        (["--precision", "fp8"], "--precision 'fp8' is not one of fp32, fp32-packed, bf16, fp16, int8"),
+        (["--precision", "fp8"], "unknown precision 'fp8'; known: fp32, fp32-packed, bf16, fp16, int8"),
     ):
         assert main(["serve", str(path), *options]) == 2
         err = capsys.readouterr().err

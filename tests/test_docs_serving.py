@@ -76,3 +76,15 @@ def test_the_curl_and_python_examples_run(tmp_path):
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 3 and done.stdout.strip().endswith("%")
     assert Image.open(tmp_path / "cat_attention.png").format == "PNG"
+
+
+def test_the_options_table_names_every_serve_flag():
+    """serving.md's options table lists every flag `vitlab serve` takes (--device was missing)."""
+    import argparse
+
+    from vitlab.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    flags = {o for a in sub._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+    table = {line.split("`")[1] for line in DOC.read_text().splitlines() if line.startswith("| `--")}
+    assert flags <= table, f"serving.md's options table lacks {sorted(flags - table)}"

@@ -60,8 +60,10 @@ def test_parameter_count_is_pinned(name):
 
 def test_names_in_paper_notation_resolve():
     assert vitlab.create_model("vit-c/4").config.name == "ViT-C/4"
-    with pytest.raises(ConfigError, match="known models"):
+    with pytest.raises(ConfigError, match="unknown model 'ViT-Q/16'; did you mean ViT-S/16"):
         vitlab.create_model("ViT-Q/16")
+    with pytest.raises(ConfigError, match="`vitlab models` lists them"):
+        vitlab.create_model("resnet50")
 
 
 def small(**overrides):
@@ -201,7 +203,7 @@ def test_bad_inputs_are_named():
         vitlab.create_model("ViT-C/4", num_heads=5)
     with pytest.raises(ConfigError, match="pos_embed='learnt'"):
         vitlab.create_model("ViT-C/4", pos_embed="learnt")
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) model.widht; valid model keys: .*hidden_size"):
+    with pytest.raises(ConfigError, match=r"unknown key 'model.widht'.*valid model keys: .*hidden_size"):
         vitlab.create_model("ViT-C/4", widht=3)
 
 

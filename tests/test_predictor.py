@@ -67,7 +67,7 @@ def test_precisions_are_the_serving_copies(files):
 
 
 def test_refusals_name_the_problem(files, tmp_path):
-    with pytest.raises(ConfigError, match="precision 'fp8' is not one of"):
+    with pytest.raises(ConfigError, match="unknown precision 'fp8'; known: fp32"):
         vitlab.Predictor(small_classifier(), "fp8")
     with pytest.raises(ConfigError, match="no classification head"):
         vitlab.Predictor(small_classifier(num_classes=0))

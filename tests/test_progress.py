@@ -58,3 +58,21 @@ def test_quiet_says_nothing_but_results_still_reach_their_file():
     bar.write("cat 0.9", file=results)
     bar.close()
     assert log.getvalue() == "" and results.getvalue() == "cat 0.9\n"
+
+
+def test_heartbeats_thin_out_over_a_quiet_stretch_and_name_the_stage():
+    """A long quiet stretch is a few lines (each heartbeat doubles the wait for the next),
+    not one every EVERY_S; work counted in stages says which stage it is in, not "0/2 stage"."""
+    import io
+    import time
+
+    from vitlab.progress import Progress
+
+    stream = io.StringIO()
+    bar = Progress(total=2, desc="read", unit="stage", stream=stream, tty=False)
+    bar.EVERY_S = 1.0
+    time.sleep(7.6)  # heartbeats at about 1, 3 and 7 s: three lines, where a fixed 1 s made seven
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert 2 <= len(lines) <= 4, lines
+    assert lines[0].startswith("read: stage 1 of 2, 0:01") and "0/2" not in stream.getvalue()

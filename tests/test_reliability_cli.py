@@ -103,7 +103,7 @@ def test_a_device_this_machine_lacks(tmp_path, ckpt, image, capsys, device):
     ("train.threads=-3", "train.threads must be >= 0"), ("data.classes=null", "data.classes cannot be null"),
     ("train.batch_size=0", "train.batch_size must be >= 1"), ("model.image_size=[8]", "model.image_size"),
     ("optim.lr=-1", "optim.lr must be > 0"), ("train.ema=nan", "train.ema"), ("model.resnet=5", "model.resnet"),
-    ("bogus.key=1", "bad override key"), ("train.bogus=1", "unknown key(s) train.bogus"), ("=3", "bad override"),
+    ("bogus.key=1", "bad override key"), ("train.bogus=1", "unknown key 'train.bogus'"), ("=3", "bad override"),
     ("model", "bad override"), ("model.name=ViT-Q/99", "unknown model"), ("train.objective=magic", "not an objective"),
     ("model.hidden_size=30", "not divisible"), ("data.name=nowhere:x", "unknown dataset"),
     ("train.steps=1e30", "too large to be an exact whole number"), ("data.classes=[a]", "two or more distinct"),

@@ -155,3 +155,11 @@ def test_the_overlay_colours_the_map_over_the_image():
     assert out[2, 2].sum() > out[45, 60].sum() + 200  # hot corner bright, cold corner dark
     png = Image.open(io.BytesIO(base64.b64decode(overlay_png_base64(image, grid))))
     assert png.format == "PNG" and png.size == (64, 48)
+
+
+def test_answers_name_a_reshaped_model_briefly(engine):
+    import vitlab
+
+    custom = Engine(vitlab.create_model("ViT-Ti/4", hidden_size=32, depth=2, num_heads=2, mlp_dim=64), "fp32")
+    assert custom.config.name.startswith("ViT-Ti/4 (custom: width 32")
+    assert custom.short_name == "ViT-Ti/4 (custom)" and engine.short_name == "ViT-test/8"

@@ -43,6 +43,8 @@ def test_resolution_notes_and_the_papers_step_up():
     assert finetune.paper_step_up((32, 32), 4) == 56 and finetune.paper_step_up((16, 16), 4) == 28
     assert "the checkpoint's own" in finetune.resolution_note((32, 32), explicit=False)
     assert finetune.resolution_note((48, 48), explicit=True) == "resolution 48x48 (--image-size)"
+    stepped = finetune.resolution_note((384, 384), explicit=True, stepped_from=(224, 224))
+    assert stepped.startswith("resolution 384x384: the paper's step up from the checkpoint's 224x224 (--paper-resolution")
 
 
 def test_the_edge_of_the_grid_is_named():

@@ -122,3 +122,27 @@ def test_data_loader_workers_leave_the_stop_signals_to_their_parent():
     finally:
         for n, handler in before.items():
             signal.signal(n, handler)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_fine_tunes_final_run_with_a_checkpoint_and_says_how_to_continue(tmp_path, digits_run):
+    """Ctrl-C (SIGINT to the terminal's process group, the data-loader worker included) is a
+    stop signal whatever train.stop_signals says: the fine-tune's final run keeps the
+    checkpoint of the step it stopped at, the command exits 130 saying how to continue, and
+    the same command finishes the run."""
+    tune = ["--from", str(digits_run / "checkpoints" / "last.safetensors"), "--data", "digits", "--lr", "0.01",
+            "--steps", "30", "--ckpt-every", "5", "--batch-size", "32", "--quiet", "train.threads=1",
+            "data.num_workers=1", "train.stop_signals=[USR2]"]
+    p = start("finetune", tmp_path / "ft", *tune)
+    signal_after_first_checkpoint(p, tmp_path / "ft", signal.SIGINT)
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("vitlab finetune: stopped: SIGINT at step ") and "run the same command again" in line, err
+    step = int(line.split("at step ")[1].split()[0])
+    assert list((tmp_path / "ft").glob(f"**/checkpoints/step-{step:08d}.safetensors"))
+    again = start("finetune", tmp_path / "ft", *tune)
+    _, err = again.communicate(timeout=240)
+    assert again.returncode == 0, err[-3000:]
+    (summary,) = (tmp_path / "ft").glob("**/summary.json")
+    assert json.loads(summary.read_text())["steps"] == 30

@@ -124,3 +124,34 @@ def test_progress_by_time_and_within_a_long_step(monkeypatch):
     assert lines[0].startswith("step 1/100  mean loss 2.0000")
     assert any(line.startswith("step 3/100 running") for line in lines[1:-1])
     assert lines[-1].startswith("step 3/100  mean loss 1.9000") and not any(x.startswith("step 2/100") for x in lines)
+
+
+def test_a_diverging_run_says_so_and_names_the_learning_rate(tmp_path, capsys):
+    """The issue's fine-tune went from loss 2.15 to 35.5 in three steps without a word: a run
+    whose loss leaves its start far behind warns once, naming the learning rate and the flag;
+    a run that learns does not."""
+    from vitlab.cli import main
+    from vitlab.train.report import Divergence
+
+    assert main(["train", "--steps", "6", "--lr", "30", "--warmup-steps", "0", "--out", str(tmp_path / "run"),
+                 "--quiet", "model.depth=2", "model.hidden_size=32", "model.num_heads=2", "model.mlp_dim=64",
+                 "data.num_workers=0", "optim.clip_grad_norm=0"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("diverging") == 1 and "optim.lr=30" in err and "--lr 3" in err
+    learning = Divergence(1e-3)
+    assert not any(learning.check(s, loss, 1e-3) for s, loss in enumerate([2.3, 2.1, 2.6, 1.5, 0.9, 0.7], 1))
+    not_a_number = Divergence(0.1)  # stops the run instead (TrainingDiverged, exit status 3)
+    assert not_a_number.check(1, 2.3, 0.1) is None and not_a_number.check(2, float("nan"), 0.1) is None
+    watch = Divergence(0.1)
+    watch.check(1, 2.15, 0.1)
+    assert "from 2.15 at step 1 to 35.5 at step 3" in watch.check(3, 35.5, 0.1) and watch.check(4, 99.0, 0.1) is None
+
+
+def test_the_next_commands_are_quoted_for_a_shell():
+    from pathlib import Path
+
+    from vitlab.train.report import next_commands
+
+    lines = next_commands("runs/x/checkpoints/last.safetensors", "wds:data/train-{000000..000004}.tar", Path("runs/x"))
+    assert lines[0] == "next:" and "--data 'wds:data/train-{000000..000004}.tar'" in lines[1]
+    assert lines[3].endswith("--out runs/x/inspect") and lines[4].startswith("  vitlab fewshot runs/x/checkpoints/")

@@ -12,6 +12,7 @@ import tarfile
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 from vitlab.cli import main
@@ -263,3 +264,23 @@ def test_settings_copy_to_themselves_and_through_a_task_jobs_command_line(given,
     argv = child_argv("ck.safetensors", tmp_path, tmp_path / "suite", s, TASKS["dtd"])
     assert settings(parse(build_parser(), list(argv))) == s
     assert vtab.task_config("ck", TASKS["dtd"], tmp_path, s).optim.lr == given.get("lr", vtab.VTAB_LR)
+
+
+def test_tasks_train_with_the_source_runs_threads_and_workers(tmp_path):
+    """As `vitlab finetune`: a vitlab run's checkpoint fine-tunes with the threads and data
+    workers that run trained with (not the recipe's 0 and 0), and the plan line says so; an
+    override given on the command line wins."""
+    from vitlab.config import RunConfig
+
+    run = tmp_path / "source"
+    (run / "checkpoints").mkdir(parents=True)
+    source = RunConfig().with_overrides({"train.threads": 1, "data.num_workers": 1})
+    (run / "config.yaml").write_text(yaml.safe_dump(source.to_dict()))
+    checkpoint = str(run / "checkpoints" / "last.safetensors")
+    cfg = vtab.task_config(checkpoint, TASKS["dtd"], tmp_path / "data", vtab.Settings())
+    assert (cfg.train.threads, cfg.data.num_workers) == (1, 1)
+    line = vtab.threads_line(checkpoint, vtab.Settings())
+    assert "1 compute thread and 1 data worker, as the source run trained" in line
+    mine = vtab.Settings(overrides=("data.num_workers=0",))
+    assert vtab.task_config(checkpoint, TASKS["dtd"], tmp_path / "data", mine).data.num_workers == 0
+    assert "the recipe's" in vtab.threads_line("elsewhere.safetensors", vtab.Settings())

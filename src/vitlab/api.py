@@ -18,6 +18,7 @@ from vitlab.checkpoints import hub, pretrained as registry, share
 from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig, model_flops
 from vitlab.data.transforms import model_transform
 from vitlab.models import Model, build
+from vitlab.models.peers import read_peer_name
 from vitlab.models.variants import MODELS, variant_config
 
 
@@ -38,6 +39,12 @@ def list_models(pattern: Optional[str] = None, pretrained: bool = False) -> list
     filters them, shell-style and ignoring case: `list_models("ViT-B*", pretrained=True)`."""
     _check_type("list_models", "pattern", pattern, (str, type(None)), "a shell-style pattern such as 'ViT-B*'")
     names = registry.list_pretrained() if pretrained else list(MODELS)
+    try:
+        peer = read_peer_name(pattern) if pattern else None
+    except ValueError:
+        peer = None
+    if peer is not None and not pretrained:  # timm's or HF's name of a variant: that variant
+        pattern = peer.variant
     if pattern is None:
         return names
     return [n for n in names if fnmatch.fnmatch(n.lower(), pattern.lower())]
@@ -61,7 +68,8 @@ def default_weights(name: str) -> str:
 
 def create_model(name: str | ModelConfig, pretrained: bool = False, **overrides: Any) -> Model:
     """A freshly initialised model: `create_model("ViT-B/16", num_classes=10, image_size=384)`,
-    `create_model("BiT-R50x1", num_classes=10)`.
+    `create_model("BiT-R50x1", num_classes=10)`, or by timm's or Hugging Face's name
+    (`create_model("vit_tiny_patch16_224")`: ViT-Ti/16 with timm's numerics and preprocessing).
 
     `pretrained=True` loads published weights instead: a variant's default ones
     (`default_weights`), or a checkpoint name ("ViT-B/16:augreg-in21k", "timm:...",
@@ -73,10 +81,13 @@ def create_model(name: str | ModelConfig, pretrained: bool = False, **overrides:
     if pretrained:
         if isinstance(name, (ViTConfig, BiTConfig)):
             raise ConfigError("pretrained=True needs a model or checkpoint name, not a config")
-        if not hub.is_pretrained_name(name):
+        peer = read_peer_name(name)
+        if peer is not None:  # timm's tag (or its default one) and a Hugging Face name select the weights
+            name = peer.weights
+        elif not hub.is_pretrained_name(name):
             name = default_weights(get_config(name).name)
         return load(name, **overrides)
-    if isinstance(name, str) and hub.is_pretrained_name(name):
+    if isinstance(name, str) and hub.is_pretrained_name(name) and read_peer_name(name) is None:  # a peer's: its architecture
         raise ConfigError(f"{name!r} names weights; pass pretrained=True to load them, or a variant name for a fresh model")
     cfg = name.replace(**overrides) if isinstance(name, (ViTConfig, BiTConfig)) else get_config(name, **overrides)
     return build(cfg)

@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vitlab import checkpoints
+from vitlab import checkpoints, suggest
 from vitlab.analysis import attention_rollout
 from vitlab.analysis.overlay import captioned, overlay
 from vitlab.config import ConfigError
@@ -53,6 +53,12 @@ def overlay_name(number: int, stem: str) -> str:
     return to_name(f"{number:04d}_{stem}_rollout", 100) + ".png"
 
 
+def check_precision(precision: str) -> None:
+    """A precision of PRECISIONS, else one line with the near one (checked before any reading)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(suggest.unknown("precision", precision, PRECISIONS))
+
+
 class Predictor:
     """A classifier ready for images: preprocessing, precision, batching, top-k, attention."""
 
@@ -62,8 +68,7 @@ class Predictor:
         if not cfg.num_classes:
             raise ConfigError(f"{checkpoint or cfg.name}: the model has no classification head (num_classes=0); "
                               "fine-tune it (`vitlab finetune`) or evaluate its features with `vitlab linear-probe`")
-        if precision not in PRECISIONS:
-            raise ConfigError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+        check_precision(precision)
         self.device = torch.device(device or "cpu")
         if self.device.type != "cpu" and precision not in ("fp32", "bf16", "fp16"):
             raise ConfigError(f"precision {precision!r} is a CPU serving copy; on {self.device} use fp32, bf16 or fp16")

@@ -9,7 +9,10 @@ feature extraction, inspect, predict, convert, export, downloads):
   no bar, only lines. `start`, when given, is printed at once ("evaluating test: 360
   images"); `write(text)` prints the caller's lines; and whenever EVERY_S seconds pass
   without a line, a watcher thread prints a heartbeat ("eval test: 120/360 img, 0:10 since
-  the last line"), so that slow work shows life within seconds on any machine.
+  the last line"), so that slow work shows life within seconds on any machine. Each
+  heartbeat doubles the wait for the next (10 s, 20 s, 40 s, ... up to LONGEST_S) until the
+  work prints a line of its own, so that a long quiet stretch is a few lines, not one every
+  10 s. Work counted in stages (convert, export) says which stage it is in.
 - `quiet=True`: nothing, in either.
 
     with Progress(total=len(dataset), desc="eval test", unit="img") as bar:
@@ -50,6 +53,7 @@ class Progress:
     heartbeat for work that counts in its own terms (training's "step 17/20 running")."""
 
     EVERY_S = 10.0
+    LONGEST_S = 300.0  # the longest wait between heartbeats
 
     def __init__(self, total: Optional[int] = None, desc: str = "", unit: str = "img", *, initial: int = 0,
                  start: Optional[str] = None, stream: Optional[TextIO] = None, tty: Optional[bool] = None,
@@ -62,7 +66,8 @@ class Progress:
         self.bar_options = dict(total=self.total, initial=initial, desc=desc, unit=unit, leave=leave,
                                 unit_scale=unit_scale, unit_divisor=1000 if unit_scale else 1024, dynamic_ncols=True)
         self.bar: Optional[tqdm] = None
-        self.t0 = self.last_line = time.perf_counter()
+        self.t0 = self.last_line = self.work_line = time.perf_counter()
+        self.beats = 0  # heartbeats since the work's last line: each doubles the wait for the next
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.watcher: Optional[threading.Thread] = None
@@ -75,12 +80,15 @@ class Progress:
             self.watcher.start()
 
     # the log's lines -------------------------------------------------------------------
-    def _line(self, text: str) -> None:
+    def _line(self, text: str, heartbeat: bool = False) -> None:
         if self.stream is sys.stderr:  # the default: through the "vitlab.progress" logger (vitlab/log.py)
             notice(LOG, text)
         else:
             print(text, file=self.stream, flush=True)
         self.last_line = time.perf_counter()
+        if not heartbeat:
+            self.work_line = self.last_line
+        self.beats = self.beats + 1 if heartbeat else 0
 
     def quiet_for(self) -> float:
         """Seconds since the last line in the log."""
@@ -90,15 +98,21 @@ class Progress:
         while not self.stop.wait(1.0):
             with self.lock:
                 quiet_for = self.quiet_for()
-                if quiet_for >= self.EVERY_S:
+                if quiet_for >= min(self.EVERY_S * 2 ** self.beats, self.LONGEST_S):
                     try:
-                        self._line(self._heartbeat(quiet_for))
+                        self._line(self._heartbeat(self.time_since_work()), heartbeat=True)
                     except (ValueError, OSError):  # the stream was closed under us: nothing left to tell
                         return
+
+    def time_since_work(self) -> float:
+        """Seconds since the work's own last line (heartbeats do not count)."""
+        return time.perf_counter() - self.work_line
 
     def _heartbeat(self, quiet_for: float) -> str:
         if self.heartbeat is not None:
             return self.heartbeat(self.n, quiet_for)
+        if self.unit == "stage" and self.total:
+            return f"{self.desc}: stage {min(self.n + 1, self.total)} of {self.total}, {format_seconds(quiet_for)} so far"
         of = f"/{self.total:,}" if self.total else ""
         return f"{self.desc}: {self.n:,}{of} {self.unit}, {format_seconds(quiet_for)} since the last line"
 

@@ -148,11 +148,13 @@ def _distance_figure(result: Analysis, cfg, out: Path) -> Figure:
     d = result.distance_summary
     return Figure(
         "attention_distance", "Mean attention distance (Fig. 7, right)",
-        plots.plot_attention_distance(result.distances, out / "attention_distance.png", cfg.total_stride),
+        plots.plot_attention_distance(result.distances, out / "attention_distance.png", cfg.total_stride,
+                                      result.uniform_distance),
         f"Per head and layer, the attention-weighted distance in pixels between a query patch and the "
         f"patches it attends to, averaged over {result.num_images} images. The class token is left out "
         f"as query and key (rows renormalised over patches). Spearman correlation of depth and per-layer "
-        f"mean distance: {d['spearman_depth_distance']:.3f}.",
+        f"mean distance: {d['spearman_depth_distance']:.3f}. Dashed: uniform attention over the patches "
+        f"({result.uniform_distance:.1f} px), where a randomly initialised model's heads sit.",
     )
 
 

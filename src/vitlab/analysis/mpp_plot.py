@@ -55,7 +55,7 @@ def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = ""
             ax.set_xticks([])
             ax.set_yticks([])
             if i == 0:
-                ax.set_title(titles[j], fontsize=7)
+                ax.set_title(titles[j], fontsize=8)
             if j >= 1:  # outline each corrupted patch by what was done to it
                 for (r, c), code in np.ndenumerate(result.kind[i]):
                     if code:
@@ -63,7 +63,7 @@ def plot_mpp(result: MPPPredictions, path, max_images: int = 4, source: str = ""
                             Rectangle((c * p - 0.5, r * p - 0.5), p, p, fill=False, lw=0.6, ec=KIND_COLORS[code][0])
                         )
     handles = [Patch(facecolor="none", edgecolor=col, label=label) for col, label in KIND_COLORS.values()]
-    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=6, frameon=False)
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     acc = "" if result.target == "pixels" else f", colour accuracy {100 * result.accuracy:.1f}%"
     fig.suptitle(f"Masked patch prediction ({result.target}){acc}\n{source}", fontsize=8)
     return save_figure(fig, path)

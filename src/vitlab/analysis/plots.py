@@ -4,11 +4,15 @@ modules of vitlab that import matplotlib (inside the functions that draw).
 
 Each function takes the numbers the analysis functions return and writes one PNG. Figures
 are built with matplotlib's object API (no pyplot), so nothing global changes and no
-display is needed.
+display is needed. `save_figure` makes every figure ready for a paper in one place: no text
+smaller than MIN_FONT_PT, no machine's absolute path in any text (its last part is kept), and
+titles wrapped to the figure's width.
 """
 
 from __future__ import annotations
 
+import re
+import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -27,9 +31,35 @@ def new_figure(width: float, height: float):
     return fig
 
 
+MIN_FONT_PT = 8  # the smallest text a printed figure stays readable at
+ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s/:,()]+/)+([^\s/:,()]+)")
+
+
+def for_print(fig) -> None:
+    """Every text of `fig` at least MIN_FONT_PT, without absolute paths, and each title
+    wrapped to the width of what it heads (the figure, or its axes)."""
+    from matplotlib.text import Text
+
+    width_in = fig.get_size_inches()[0]
+    titles = {id(t): width_in for t in [fig._suptitle] if t is not None}
+    for ax in fig.axes:
+        share = ax.get_position().width * width_in
+        titles.update({id(ax.title): share, id(ax._left_title): share, id(ax._right_title): share})
+    for text in fig.findobj(Text):
+        if text.get_fontsize() < MIN_FONT_PT:
+            text.set_fontsize(MIN_FONT_PT)
+        words = ABSOLUTE_PATH.sub(r"\1", text.get_text())
+        if id(text) in titles and words:
+            chars = max(int(titles[id(text)] * 72 / (0.55 * text.get_fontsize())), 16)
+            words = "\n".join(textwrap.fill(line, chars) for line in words.split("\n"))
+        if words != text.get_text():
+            text.set_text(words)
+
+
 def save_figure(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for_print(fig)
     fig.savefig(path, dpi=fig.dpi, bbox_inches="tight")
     return path
 
@@ -58,7 +88,7 @@ def plot_filters(
         ax.set_xticks([])
         ax.set_yticks([])
         if explained is not None:
-            ax.set_title(f"{100 * explained[i]:.1f}%", fontsize=6, pad=1)
+            ax.set_title(f"{100 * explained[i]:.1f}%", fontsize=8, pad=1)
     channels = components.shape[-1] if k else 0
     kind = {1: "Greyscale", 3: "RGB"}.get(channels, f"{channels}-channel")
     shown = "" if channels in (1, 3) else ", channel mean shown"
@@ -79,8 +109,8 @@ def plot_position_similarity(sim: np.ndarray, path, title: str = "Position embed
     fig = new_figure(size + 1.0, size)
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(big, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
-    ax.set_xticks([(j * (gw + pad)) + gw / 2 - 0.5 for j in range(gw)], [str(j + 1) for j in range(gw)], fontsize=6)
-    ax.set_yticks([(i * (gh + pad)) + gh / 2 - 0.5 for i in range(gh)], [str(i + 1) for i in range(gh)], fontsize=6)
+    ax.set_xticks([(j * (gw + pad)) + gw / 2 - 0.5 for j in range(gw)], [str(j + 1) for j in range(gw)], fontsize=8)
+    ax.set_yticks([(i * (gh + pad)) + gh / 2 - 0.5 for i in range(gh)], [str(i + 1) for i in range(gh)], fontsize=8)
     ax.set_xlabel("Input patch column")
     ax.set_ylabel("Input patch row")
     ax.set_title(title, fontsize=9)
@@ -88,11 +118,14 @@ def plot_position_similarity(sim: np.ndarray, path, title: str = "Position embed
     return save_figure(fig, path)
 
 
-def plot_attention_distance(distances: np.ndarray, path, pixels: Optional[int] = None) -> Path:
+def plot_attention_distance(distances: np.ndarray, path, pixels: Optional[int] = None,
+                            uniform: Optional[float] = None) -> Path:
     """Fig. 7 (right): mean attention distance per head against network depth.
 
     One colour per head (with up to 16 heads, a legend beside the axes names them); the black
-    line is the mean over heads."""
+    line is the mean over heads; the dashed grey line, `uniform`, is the distance of uniform
+    attention over the patches (what a randomly initialised model's heads sit near), the
+    reference every head is read against."""
     layers, heads = distances.shape
     legend = heads <= 16
     fig = new_figure(5.8 if legend else 4.5, 3.6)
@@ -102,13 +135,17 @@ def plot_attention_distance(distances: np.ndarray, path, pixels: Optional[int] =
     for h in range(heads):
         ax.scatter(x, distances[:, h], s=14, color=colours[h], label=f"head {h + 1}")
     ax.plot(x, distances.mean(1), color="black", linewidth=1.2, alpha=0.8, label="mean over heads")
+    if uniform is not None and np.isfinite(uniform):
+        ax.axhline(uniform, color="0.45", ls="--", lw=1.2, label=f"uniform attention ({uniform:.1f} px)")
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
     ax.set_xticks(x)
     ax.grid(alpha=0.3)
     if legend:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, frameon=False,
-                  ncol=1 if heads <= 8 else 2, title="per head", title_fontsize=7)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, frameon=False,
+                  ncol=1 if heads <= 8 else 2, title="per head", title_fontsize=8)
+    elif uniform is not None and np.isfinite(uniform):
+        ax.legend(handles=ax.get_lines(), fontsize=8, loc="lower right")
     ax.set_title("Mean attention distance" + (f" ({pixels} px patches)" if pixels else ""), fontsize=9)
     return save_figure(fig, path)
 
@@ -132,7 +169,8 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Se
     r = len(images)
     cols = min(r, 4)
     rows = -(-r // cols)
-    fig = new_figure(cols * 2.4, rows * 1.35 + 0.3)
+    fig = new_figure(cols * 2.4 + 0.8, rows * 1.35 + 0.3)
+    drawn = None
     for i in range(r):
         img = _rgb(images[i])
         smooth = "nearest" if img.shape[0] < 64 else "bilinear"
@@ -143,12 +181,24 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Se
             if k == 0:
                 ax.imshow(img, interpolation=smooth)
                 if titles:
-                    ax.set_title(titles[i], fontsize=7, pad=2)
+                    ax.set_title(titles[i], fontsize=8, pad=2)
                 continue
-            _draw_map(ax, img, maps[i], heatmap, smooth)
-            ax.set_title("rollout heat map" if heatmap else "image x rollout", fontsize=7, pad=2)
-    fig.suptitle("Attention rollout", fontsize=9)
+            drawn = _draw_map(ax, img, maps[i], heatmap, smooth)
+            ax.set_title("rollout heat map" if heatmap else "image x rollout", fontsize=8, pad=2)
+    _rollout_colour_bar(fig, heatmap, drawn)
+    fig.suptitle("Attention rollout", fontsize=9, y=1.0 + 0.12 / rows)  # above two-line image titles
     return save_figure(fig, path)
+
+
+def _rollout_colour_bar(fig, heatmap: bool, drawn) -> None:
+    """One colour bar for every map of the figure: the heat map's colours, or for the image
+    weighted by the map, the brightness a weight leaves (1: the pixel as it is, 0: black)."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    scale = drawn if heatmap and drawn is not None else ScalarMappable(Normalize(0, 1), "gray")
+    label = "rollout (1: most attended)" if heatmap else "rollout weight"
+    fig.colorbar(scale, ax=fig.axes, fraction=0.03, pad=0.02, label=label)
 
 
 def _rgb(image: np.ndarray) -> np.ndarray:
@@ -173,12 +223,12 @@ def plot_overlay(image: np.ndarray, amap: np.ndarray, path, title: str = "", pre
         ax.set_xticks([])
         ax.set_yticks([])
     axes[0].imshow(image)
-    axes[0].set_title(title, fontsize=7)
+    axes[0].set_title(title, fontsize=8)
     heat = _draw_map(axes[1], image, amap, heatmap=True)
-    axes[1].set_title("rollout heat map", fontsize=7)
-    fig.colorbar(heat, ax=axes[1], fraction=0.046, pad=0.04).ax.tick_params(labelsize=6)
+    axes[1].set_title("rollout heat map", fontsize=8)
+    fig.colorbar(heat, ax=axes[1], fraction=0.046, pad=0.04).ax.tick_params(labelsize=8)
     _draw_map(axes[2], image, amap, heatmap=False)
-    axes[2].set_title("image x rollout", fontsize=7)
+    axes[2].set_title("image x rollout", fontsize=8)
     if prediction:
         fig.suptitle(f"predicted: {prediction}", fontsize=9)
     return save_figure(fig, path)
@@ -201,7 +251,7 @@ def plot_learning_curve(series: dict[str, dict[str, list]], path, title: str = "
             acc_ax.plot(s["step"], s["accuracy"], "o--", ms=6, label=f"{split} (evaluation)")
             for x, y in zip(s["step"], s["accuracy"]):
                 if np.isfinite(y):
-                    acc_ax.annotate(f"{100 * y:.1f}%", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                    acc_ax.annotate(f"{100 * y:.1f}%", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     train = series.get("train")
     if train and any(np.isfinite(train["lr"])):
         lr_ax = loss_ax.twinx()
@@ -211,12 +261,16 @@ def plot_learning_curve(series: dict[str, dict[str, list]], path, title: str = "
         lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
         lines = loss_ax.get_legend_handles_labels()
         extra = lr_ax.get_legend_handles_labels()
-        loss_ax.legend(lines[0] + extra[0], lines[1] + extra[1], fontsize=7)
+        loss_ax.legend(lines[0] + extra[0], lines[1] + extra[1], fontsize=8)
     else:
-        loss_ax.legend(fontsize=7)
-    loss_ax.set(xlabel="step", ylabel="loss", yscale="log", title="loss")
+        loss_ax.legend(fontsize=8)
+    # A log axis only where the loss spans a decade: over 1.7-2.3 it labels 2.3x10^0 and little else.
+    losses = np.array([v for s in series.values() for v in s["loss"] if np.isfinite(v) and v > 0])
+    wide = losses.size > 1 and losses.max() / losses.min() >= 10
+    loss_ax.set(xlabel="step", ylabel="loss" + (" (log scale)" if wide else ""), yscale="log" if wide else "linear",
+                title="loss")
     acc_ax.set(xlabel="step", ylabel=accuracy_label, title=accuracy_label)
-    acc_ax.legend(fontsize=7)
+    acc_ax.legend(fontsize=8)
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
     fig.suptitle(title or "learning curve", fontsize=10)
@@ -242,7 +296,7 @@ def plot_confusion(counts: Sequence[Sequence[int]], class_names: Sequence[str], 
                 for j in range(k):
                     if matrix[i, j] >= 0.01:
                         color = "white" if matrix[i, j] > 0.5 else "black"
-                        ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color=color)
+                        ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=8, color=color)
     heading = f"confusion matrix{f' ({title})' if title else ''}: {int(m.sum()):,} images, rows sum to 1"
     ax.set(xlabel="predicted class", ylabel="true class", title=heading)
     return save_figure(fig, path)

@@ -1,11 +1,14 @@
 """Drawing a sweep's figures: lines with their spread, Pareto fronts, bars, per-layer curves.
 
 The numbers come in as plain lists (vitlab.sweep.results prepares them); each function
-writes one figure with plots.py's object-API helpers.
+writes one figure with plots.py's object-API helpers. An accuracy (a column named top1, top5,
+acc... with every value in [0, 1]) is drawn in %, as report.md writes it; a figure without a
+title is named by its axes; each figure says what its spread shows.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -29,6 +32,24 @@ def _numeric(xs: Sequence[Any]) -> bool:
     return True
 
 
+ACCURACY_WORDS = ("top1", "top-1", "top5", "top-5", "acc", "accuracy")
+
+
+def as_percent(groups: dict[str, Points], ylabel: str) -> tuple[dict[str, Points], str]:
+    """An accuracy's points in % (its label says so), as report.md writes them; others as they are."""
+    ys = [y for pts in groups.values() for _, cell in pts for y in cell]
+    if not ys or not any(w in ylabel.lower() for w in ACCURACY_WORDS) or not all(0 <= y <= 1 for y in ys):
+        return groups, ylabel
+    scaled = {k: [(x, [100 * y for y in cell]) for x, cell in pts] for k, pts in groups.items()}
+    return scaled, f"{ylabel} (%)"
+
+
+def _caption(fig, text: str) -> None:
+    """What the figure's marks are, beneath it, wrapped to its width."""
+    fig.text(0.01, -0.1, textwrap.fill(text, int(fig.get_size_inches()[0] * 72 / 4.6)), fontsize=8, ha="left",
+             va="top", color="0.3")
+
+
 def _finish(ax, fig, path, title: str, xlabel: str, ylabel: str, logx: bool, logy: bool, legend: bool) -> Path:
     from matplotlib.ticker import NullFormatter
 
@@ -40,15 +61,16 @@ def _finish(ax, fig, path, title: str, xlabel: str, ylabel: str, logx: bool, log
             axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title or (f"{ylabel} by {xlabel}" if xlabel else ylabel), fontsize=9)
     ax.grid(True, alpha=0.3)
     if legend:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
     return save_figure(fig, path)
 
 
 def plot_lines(groups: dict[str, Points], path, *, title="", xlabel="", ylabel="", logx=False, logy=False) -> Path:
     """Mean of y against x per series, with a band of +- one standard deviation over cells."""
+    groups, ylabel = as_percent(groups, ylabel)
     fig = new_figure(5.0, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     categories: list[Any] = []
@@ -62,7 +84,8 @@ def plot_lines(groups: dict[str, Points], path, *, title="", xlabel="", ylabel="
         if (std > 0).any():
             ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
     if not numeric:
-        ax.set_xticks(range(len(categories)), [str(c) for c in categories], rotation=20, fontsize=7)
+        ax.set_xticks(range(len(categories)), [str(c) for c in categories], rotation=20, fontsize=8)
+    _caption(fig, "Lines: mean over the cells at each x (seeds, other axes); band: +- 1 standard deviation.")
     return _finish(ax, fig, path, title, xlabel, ylabel, logx and numeric, logy, len(groups) > 1)
 
 
@@ -71,6 +94,9 @@ def plot_pareto(groups: dict[str, Points], fronts: dict[str, list[tuple[float, f
     """Every cell as a faint point, the mean over the cells at each x (the seeds of one model
     and budget) with a +- one standard deviation error bar, and each series' Pareto front of
     those means as a step line (Fig. 5)."""
+    groups, ylabel = as_percent(groups, ylabel)
+    if ylabel.endswith("(%)"):
+        fronts = {k: [(x, 100 * y) for x, y in f] for k, f in fronts.items()}
     fig = new_figure(5.0, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     for i, (label, pts) in enumerate(groups.items()):
@@ -85,12 +111,15 @@ def plot_pareto(groups: dict[str, Points], fronts: dict[str, list[tuple[float, f
         if front:
             fx, fy = zip(*front)
             ax.step(fx, fy, where="post", color=color, lw=1.2)
+    _caption(fig, "Points: each cell; markers: mean over the cells at an x, error bars +- 1 standard deviation; "
+                  "steps: the Pareto front of the means.")
     return _finish(ax, fig, path, title, xlabel, ylabel, logx, logy, len(groups) > 1)
 
 
 def plot_bars(groups: dict[str, Points], path, *, title="", xlabel="", ylabel="", logy=False) -> Path:
     """Mean of y per category (side by side per series), the standard deviation as an error
     bar, and every cell as a dot."""
+    groups, ylabel = as_percent(groups, ylabel)
     fig = new_figure(5.4, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     categories: list[Any] = []
@@ -104,7 +133,10 @@ def plot_bars(groups: dict[str, Points], path, *, title="", xlabel="", ylabel=""
             ax.bar(pos, mean, width * 0.9, yerr=std, capsize=3, color=f"C{i}", alpha=0.75,
                    label=label if x == pts[0][0] else None)
             ax.scatter([pos] * len(ys), ys, s=8, color="k", zorder=3)
-    ax.set_xticks(range(len(categories)), [str(c) for c in categories], rotation=20, fontsize=7)
+    ax.set_xticks(range(len(categories)), [str(c) for c in categories], rotation=20, fontsize=8)
+    cells = max((len(ys) for pts in groups.values() for _, ys in pts), default=0)
+    _caption(fig, f"Bars: mean over the cells of a category (up to {cells}); error bars: +- 1 standard deviation "
+                  "(n-1); dots: each cell.")
     return _finish(ax, fig, path, title, xlabel, ylabel, False, logy, len(groups) > 1)
 
 

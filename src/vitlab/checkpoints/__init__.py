@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 import torch
 
-from vitlab.checkpoints import hf, hub, io, labels, npz, timm, torchvision, verify
+from vitlab import suggest
+from vitlab.checkpoints import hf, hub, io, labels, npz, pretrained, tables, timm, torchvision, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
 from vitlab.models import Model, build
@@ -37,7 +38,7 @@ KIND_WORDS = {"vit": "ViT", "bit": "BiT ResNet"}
 
 def format_module(name: str) -> ModuleType:
     if name not in FORMATS:
-        raise CheckpointError(f"unknown checkpoint format {name!r}; known formats: {', '.join(FORMATS)}")
+        raise CheckpointError(suggest.unknown("checkpoint format", name, FORMATS))
     return FORMATS[name]
 
 
@@ -52,7 +53,10 @@ def check_path(path: str | os.PathLike) -> Path:
     before a reader opens it and blocks."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"{p}: no such file or folder")
+        names = [e.name for e in pretrained.PRETRAINED.values() if Path(e.path).name == p.name]
+        where = (f"; {p.name} is the paper's published file: the name {' or '.join(names[:2])} downloads it "
+                 "(vitlab.load(NAME), or put the file here)") if names else ""
+        raise FileNotFoundError(f"{p}: no such file or folder{where}")
     if not p.is_dir():
         io.regular_file(p)
     return p
@@ -69,6 +73,11 @@ def detect_format(path: str | os.PathLike) -> str:
             found = False
         if found:
             return name
+    what = tables.what_it_is(tables.peek_keys(p)) if p.is_file() else None
+    if what:
+        raise CheckpointError(f"{p}: {what}. vitlab reads Vision Transformers (the official .npz, timm, Hugging Face, "
+                              "torchvision's vit_*) and BiT ResNets (the official .npz, timm's resnetv2_*_bit); "
+                              "its ResNet baseline is BiT-R50x1 (`vitlab models`)")
     raise CheckpointError(
         f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
         "pass the format explicitly (--format on the command line, format=... in Python) if the file has an unusual name"
@@ -80,8 +89,8 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
     `timm:NAME`, `MODEL:WEIGHTS`; see hub.py), fetched through the Hub cache first.
 
     ImageNet class names are attached to a 1000- or 21,843-class checkpoint that stores
-    none, when it comes by name or in a format whose published files are all ImageNet
-    classifiers (labels.IMAGENET_FORMATS)."""
+    none, when it comes by name, is an official .npz, or is a state dict whose file name says
+    ImageNet (labels.says_imagenet); `Imported.guessed` names every field the file lacked."""
     by_name = is_pretrained_name(path_or_name)
     changes: dict = {}
     if by_name:
@@ -106,8 +115,12 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
     imported.source_format = name
     if changes:
         imported.config = imported.config.replace(**changes)
-    if imported.class_names is None and (by_name or name in labels.IMAGENET_FORMATS):
+        imported.guessed = {k: v for k, v in imported.guessed.items() if k not in changes}  # the name's table says
+    if imported.class_names is None and (by_name or labels.says_imagenet(name, path)):
         imported.class_names = labels.imagenet_names(imported.config.num_classes)
+        if imported.class_names and not by_name:
+            imported.guessed["class_names"] = (f"not in the file: ImageNet's, from the head's "
+                                               f"{imported.config.num_classes} classes and the file's name")
     return imported
 
 

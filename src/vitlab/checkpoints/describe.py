@@ -43,6 +43,7 @@ def describe(path_or_name: str | os.PathLike, format: Optional[str] = None) -> d
         "gflops": model_flops(cfg) / 1e9,
         "config": cfg.to_dict(),
         "class_names": imported.class_names,
+        "guessed": imported.guessed,  # field -> where its value came from (the file lacks it)
     }
     if kind:
         info["int8_tensors"] = sum(1 for t in imported.state.values() if t.dtype.is_signed and not t.is_floating_point()

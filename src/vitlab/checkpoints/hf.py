@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from vitlab.checkpoints.io import CheckpointError, Imported, head_names
+from vitlab.checkpoints.io import CheckpointError, Imported, guessed_preprocessing, head_names
 from vitlab.checkpoints.tables import (
     Rule,
     check_carried,
@@ -33,6 +33,7 @@ from vitlab.checkpoints.tables import (
     refuse,
 )
 from vitlab.config import ViTConfig
+from vitlab.models.peers import HF_PREPROCESSING
 from vitlab.models.variants import describe
 from vitlab.files import replace_folder
 from vitlab.files.documents import read_json
@@ -194,7 +195,7 @@ def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig
         std=(0.5,) * channels,
         # transformers 5.x's image processors (AutoImageProcessor, pipeline) resize a uint8
         # tensor with torchvision's antialiased kernels, whatever the folder's processor type.
-        resize_backend="tensor",
+        resize_backend=HF_PREPROCESSING["resize_backend"],
     )
     return cfg.replace(name=describe(cfg)), names
 
@@ -273,12 +274,15 @@ def read(path: str | os.PathLike) -> Imported:
         raise CheckpointError(f"{folder}: not a Hugging Face ViT folder (config.json with model_type 'vit')")
     state = _classic_names(_weights(folder))
     cfg, names = infer_config(c, state, str(folder))
+    guessed = {} if (folder / "preprocessor_config.json").is_file() else guessed_preprocessing(
+        "no preprocessor_config.json, ViTImageProcessor's defaults")
     cfg = _preprocessing(folder, cfg)
     prefix = "vit." if any(k.startswith("vit.") for k in state) else ""
     if prefix == "" and cfg.representation_size is None and "pooler.dense.weight" in state:
         state = {k: v for k, v in state.items() if not k.startswith("pooler.")}
     ours = import_state(rules(cfg, prefix), state, expected_shapes(cfg), str(folder))
-    return Imported(cfg, ours, names, source_format=FORMAT_NAME, metadata={"architectures": json.dumps(c.get("architectures"))})
+    return Imported(cfg, ours, names, source_format=FORMAT_NAME, metadata={"architectures": json.dumps(c.get("architectures"))},
+                    guessed=guessed)
 
 
 # Writing --------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from vitlab.checkpoints import pretrained
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.extras import MissingExtraError, hub_client_errors, require
 from vitlab.files.documents import read_json
+from vitlab.models.peers import read_peer_name
 
 HF_PREFIX, TIMM_PREFIX = "hf-hub:", "timm:"
 REACH_TIMEOUT_S = 5.0
@@ -48,18 +49,30 @@ REACH_TIMEOUT_S = 5.0
 
 # Names ------------------------------------------------------------------------------------
 def is_pretrained_name(value: Any) -> bool:
-    """True for a checkpoint name (hf-hub:..., timm:..., MODEL:WEIGHTS) rather than a path.
+    """True for a checkpoint name (hf-hub:..., timm:..., MODEL:WEIGHTS, or a timm or Hugging
+    Face model name: peer_weights) rather than a path.
 
     An existing file or folder is always a path, whatever its name holds. Every place in
     vitlab that takes "a checkpoint path or a pretrained name" asks this function.
     """
     if not isinstance(value, str) or Path(value).exists():
         return False
-    if value.startswith((HF_PREFIX, TIMM_PREFIX)):
+    if value.startswith((HF_PREFIX, TIMM_PREFIX)) or peer_weights(value):
         return True
     model, sep, weights = value.partition(":")
     # MODEL:WEIGHTS; a Windows drive ("C:\\...") or a URL ("s3://") is not a name.
     return bool(sep and weights and len(model) > 1 and not weights.startswith(("/", "\\")))
+
+
+def peer_weights(name: str) -> str:
+    """The Hub name of the weights a timm or Hugging Face model name stands for where a
+    checkpoint is expected: `vit_tiny_patch16_224.augreg_in21k_ft_in1k` (its tag; without one,
+    timm's default tag) -> `timm:...`, `google/vit-base-patch16-224` -> `hf-hub:...`; else ""."""
+    try:
+        peer = read_peer_name(name)
+    except ValueError:  # a timm name with a tag vitlab cannot place: not a name of weights
+        return ""
+    return peer.weights if peer is not None else ""
 
 
 # What the Hub allows in an org or repo name, and in a branch, tag or commit: checked before
@@ -130,6 +143,7 @@ class Located:
 
 def locate(name: str, revision: Optional[str] = None) -> Located:
     """The local checkpoint a name stands for, fetched first where it is not cached."""
+    name = peer_weights(name) or name
     repo = parse_hub_name(name, revision)
     if repo is not None:
         folder, layout = download_repo(repo)

@@ -45,6 +45,18 @@ class Imported:
     source_format: str = FORMAT_NAME
     extras: dict[str, Tensor] = field(default_factory=dict)  # objective tensors, prefix removed
     metadata: dict[str, str] = field(default_factory=dict)
+    # Fields the file does not hold, with where their value came from instead ("timm's
+    # pretrained_cfg default for vit_tiny_patch16_224"): `vitlab info` marks them.
+    guessed: dict[str, str] = field(default_factory=dict)
+
+
+# A model's preprocessing fields: what a state dict never stores.
+PREPROCESSING_FIELDS = ("mean", "std", "crop_fraction", "crop_mode", "interpolation", "resize_backend")
+
+
+def guessed_preprocessing(source: str) -> dict[str, str]:
+    """Every preprocessing field marked as taken from `source` (the file names none)."""
+    return {k: f"not in the file: {source}" for k in PREPROCESSING_FIELDS}
 
 
 # Writing ---------------------------------------------------------------------------------

@@ -11,12 +11,27 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import os
+import re
+from pathlib import Path
 from typing import Optional
 
 # class count -> file in vitlab/checkpoints/class_names/
 IMAGENET_FILES = {1000: "imagenet-1k.tsv", 21843: "imagenet-21k.tsv"}
-# Formats whose published checkpoints are all ImageNet classifiers and that store no names.
-IMAGENET_FORMATS = ("npz", "timm", "torchvision")
+# Formats whose published checkpoints are all ImageNet classifiers and that store no names:
+# the official .npz files (every one of a head of 1000 or 21,843 classes is ImageNet's). A timm
+# or torchvision state dict is anyone's: its head's size is not enough, its name must say so.
+IMAGENET_FORMATS = ("npz",)
+IMAGENET_WORDS = re.compile(r"imagenet|ilsvrc|in1k|in21k|in22k|in-1k|in-21k", re.IGNORECASE)
+
+
+def says_imagenet(fmt: str, path: str | os.PathLike) -> bool:
+    """A file whose class names may be ImageNet's (the head's size decides whether they are):
+    an official .npz, or a timm or torchvision state dict whose name or folder says ImageNet."""
+    if fmt in IMAGENET_FORMATS:
+        return True
+    p = Path(path)
+    return fmt in ("timm", "torchvision") and bool(IMAGENET_WORDS.search(f"{p.parent.name}/{p.name}"))
 
 
 @functools.lru_cache(maxsize=None)

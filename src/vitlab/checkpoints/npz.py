@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from vitlab.checkpoints import bit
-from vitlab.checkpoints.io import CheckpointError, Imported, regular_file
+from vitlab.checkpoints.io import CheckpointError, Imported, guessed_preprocessing, regular_file
 from vitlab.checkpoints.labels import is_imagenet
 from vitlab.checkpoints.tables import (
     Rule,
@@ -271,7 +271,8 @@ def read(path: str | os.PathLike) -> Imported:
             metadata["big_vision"] = layout
     state = import_state(table, arrays, expected_shapes(cfg), str(path))
     names = read_class_names(path, cfg.num_classes)
-    return Imported(cfg, state, names, source_format=FORMAT_NAME, metadata=metadata)
+    return Imported(cfg, state, names, source_format=FORMAT_NAME, metadata=metadata,
+                    guessed=guessed_preprocessing("the official code's (a whole-image resize)"))
 
 
 # Class names travel in the zip archive's comment, which every .npy reader ignores.

@@ -18,7 +18,6 @@ the official storage (a mirror).
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import sys
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from vitlab import suggest
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import atomic_write, atomic_write_text, cache_dir, sha256_file
 from vitlab.files.documents import read_json
@@ -173,8 +173,7 @@ def lookup(name: str) -> Pretrained:
     key = name.strip().lower().replace("_", "/")
     if key in folded:
         return PRETRAINED[folded[key]]
-    close = difflib.get_close_matches(name, list(PRETRAINED), n=4, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    hint = suggest.hint(name, PRETRAINED)
     raise CheckpointError(
         f"unknown pretrained name {name!r}{hint} Names are MODEL:WEIGHTS, e.g. ViT-B/16:imagenet21k; "
         "vitlab.checkpoints.pretrained.list_pretrained() lists them all (see docs/converting.md). "

@@ -21,7 +21,8 @@ from typing import Callable, Collection, Optional, Sequence
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, head_names, parse_class_names, regular_file
+from vitlab.checkpoints.io import (CheckpointError, Imported, expected_shapes, guessed_preprocessing, head_names,
+                                  parse_class_names, regular_file)
 from vitlab.checkpoints.labels import is_imagenet
 from vitlab.config import ModelConfig, ViTConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write, atomic_write_bytes
@@ -247,6 +248,26 @@ def peek_keys(path: Path) -> Optional[set[str]]:
         return None
 
 
+# Networks vitlab does not hold, told by their state dicts' names: (keys that must all be there,
+# what to call it). A file of one is named as what it is, not as "unrecognised".
+OTHER_NETWORKS = (
+    (("conv1.weight", "bn1.weight", "layer1.0.conv1.weight", "fc.weight"),
+     "a ResNet state dict with BatchNorm (torchvision's resnet*/wide_resnet* layout: conv1, bn1, layer1-4, fc), "
+     "not a ViT or a BiT ResNet (GroupNorm and weight standardisation)"),
+    (("dist_token", "pos_embed", "head_dist.weight"), "a distilled DeiT (with a distillation token), which vitlab has no form of"),
+    (("layers.0.blocks.0.attn.relative_position_bias_table",), "a Swin Transformer, not a ViT"),
+    (("stem.0.weight", "stages.0.blocks.0.conv_dw.weight"), "a ConvNeXt, not a ViT"),
+)
+
+
+def what_it_is(keys: Optional[set[str]]) -> Optional[str]:
+    """What network a state dict vitlab cannot read holds, where its names say (OTHER_NETWORKS)."""
+    for needed, words in OTHER_NETWORKS:
+        if keys and all(k in keys for k in needed):
+            return words
+    return None
+
+
 def _is_torch_zip(path: Path) -> bool:
     """torch.save's zip layout (a `data.pkl` member), for files without a telling suffix."""
     import zipfile
@@ -299,10 +320,22 @@ def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[Mod
     (else inferred from the tensors), the table applied with every key and shape checked."""
     state, meta = read_tensors(path)
     state = rename(state)
-    cfg = stored_config(meta, str(path)) or infer(state, str(path))
+    stored = stored_config(meta, str(path))
+    cfg = stored or infer(state, str(path))
     ours = import_state(rules(cfg), state, expected_shapes(cfg), str(path))
     names = parse_class_names(meta.get("vitlab.class_names"), cfg.num_classes, str(path), "vitlab.class_names")
-    return Imported(cfg, ours, names, source_format=fmt, metadata=meta)
+    imported = Imported(cfg, ours, names, source_format=fmt, metadata=meta)
+    if stored is None:  # the tensors give the shapes; the rest is the source library's default
+        source = f"{DEFAULTS_OF.get(fmt, fmt)} for {cfg.name}" if isinstance(cfg, ViTConfig) else \
+            "vitlab's default (this library's differs by weights: pass theirs to vitlab.load)"
+        imported.guessed = guessed_preprocessing(source)
+        if getattr(cfg, "num_heads", None):
+            imported.guessed["num_heads"] = f"not in a state dict: the published count for width {cfg.hidden_size}"
+    return imported
+
+
+# Whose preprocessing a state dict without metadata gets (the readers' infer functions set it).
+DEFAULTS_OF = {"timm": "timm's pretrained_cfg default", "torchvision": "torchvision's weights preset"}
 
 
 def writer_metadata(model, fmt: str) -> dict[str, str]:

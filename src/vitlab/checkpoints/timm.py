@@ -50,17 +50,11 @@ from vitlab.checkpoints.labels import imagenet_names, imagenet_synsets
 from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.extras import require
 from vitlab.files.documents import read_json
+from vitlab.models.peers import timm_numerics, timm_preprocessing
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "timm"
 BACKBONE = "patch_embed.backbone."
-
-
-def timm_numerics(cfg: ViTConfig) -> ViTConfig:
-    resnet = cfg.resnet
-    if resnet is not None:
-        resnet = ResNetConfig(layers=resnet.layers, width_factor=resnet.width_factor, ws_eps=1e-8, ws_mode="var", gn_eps=1e-5)
-    return cfg.replace(gelu="exact", layer_norm_eps=1e-6, resize_mode="bicubic", resnet=resnet)
 
 
 # The table ------------------------------------------------------------------------------
@@ -212,11 +206,18 @@ def infer_config(s: dict, source: str) -> ViTConfig:
         classifier="token" if token else "gap",
         qkv_bias="blocks.0.attn.qkv.bias" in s,
         resnet=resnet,
-        mean=(0.5,) * cin,
-        std=(0.5,) * cin,
     )
-    cfg = timm_numerics(cfg)
+    # A state dict names no preprocessing: timm's default for the architecture (its
+    # pretrained_cfg), what timm's own resolve_data_config gives the same model.
+    cfg = timm_numerics(cfg).replace(**default_preprocessing(cfg))
     return cfg.replace(name=describe(cfg))
+
+
+def default_preprocessing(cfg: ViTConfig) -> dict[str, Any]:
+    """timm's pretrained_cfg preprocessing for a ViT of this resolution and channel count."""
+    changes = timm_preprocessing(cfg.image_size[0])
+    changes["mean"], changes["std"] = (changes["mean"][0],) * cfg.in_channels, (changes["std"][0],) * cfg.in_channels
+    return changes
 
 
 def read(path: str | os.PathLike) -> Imported:

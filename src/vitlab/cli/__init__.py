@@ -57,6 +57,7 @@ OUTPUTS = (
 # Single-file outputs that may name a user's file: written only when new, or with --force
 # (docs/reliability.md, "What each command writes"). export and convert check their own.
 NEW_FILES = (("predict", "csv"), ("fewshot", "out"), ("linear-probe", "out"), ("eval", "predictions"))
+TRAINING = ("train", "finetune", "vtab", "sweep")  # commands whose runs continue where they stopped
 DATA_COMMANDS = ("train", "finetune", "eval", "fewshot", "linear-probe", "inspect", "sweep", "vtab")
 ALLOW_PIPE_HELP = ("(commands that read data) run the shell command of a wds:pipe:COMMAND data spec that comes from a file (a recipe, a run's "
                    "config.yaml, a sweep spec); one typed on this command line always runs. Or VITLAB_ALLOW_PIPE=1")
@@ -66,8 +67,17 @@ class UsageError(ValueError):
     """A bad command-line input; printed without a traceback."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with the near command, choice or flag (vitlab.suggest) added to its errors."""
+
+    def error(self, message: str):
+        from vitlab.suggest import argument_hint
+
+        super().error(message + argument_hint(message, self._option_string_actions))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vitlab",
         description="The Vision Transformer paper, end to end: models, weights from every "
         "ecosystem, training, evaluation and the paper's analyses.",
@@ -119,10 +129,11 @@ def check_arguments(args: argparse.Namespace) -> None:
 
         pick_device(device)  # a device this machine lacks is refused before any work
     if args.command in ("predict", "serve"):  # the inference copy, before the checkpoint is read
+        from vitlab import suggest
         from vitlab.deploy import PRECISIONS
 
         if args.precision not in PRECISIONS:
-            raise UsageError(f"--precision {args.precision!r} is not one of {', '.join(PRECISIONS)}")
+            raise UsageError(suggest.unknown("--precision", args.precision, PRECISIONS))
     from vitlab.files import check_writable
 
     for command, name, folder in OUTPUTS:
@@ -201,8 +212,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # /dev/null so that flushing it at exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except KeyboardInterrupt:
-        print(f"vitlab {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # a training run's first Ctrl-C stops with a checkpoint (train/preemption.py)
+        again = "; run the same command again to continue from its last checkpoint" if args.command in TRAINING else ""
+        print(f"vitlab {args.command}: interrupted{again}", file=sys.stderr)
         return 130
     except Exception as e:
         preemption = sys.modules.get("vitlab.train.preemption")  # loaded by any command that trains

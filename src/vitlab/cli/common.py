@@ -146,7 +146,7 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
     add_checkpoint_arguments(p)
     add_device_argument(p)
     add_plain_argument(p)
-    p.add_argument("--data", required=True,
+    p.add_argument("--data", required=True, metavar="SPEC",
                    help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN, hf:NAME")
     p.add_argument("--train-split", default="train", help=f"{train_help} (default train)")
     p.add_argument("--test-split", default="test", help=f"{test_help} (default test)")

@@ -90,7 +90,7 @@ def _print_table(args, name: str, result: dict) -> None:
     what = "random init" if args.random_init is not None else args.checkpoint
     print(f"few-shot linear accuracy  {name} ({what})  on {args.data}")
     print(f"{result['num_classes']} classes, {result['feature_dim']}-d features, "
-          f"test {result['num_test']} images, {args.seeds} seed(s), L2: {result['l2']}")
+          f"test {result['num_test']:,} images, {args.seeds} seed(s), L2: {result['l2']}")
     print(result["protocol"]["summary"])
     print(f"{'shots':>5}  {'accuracy':>16}  {'per seed':<24}  L2 per seed")
     for s, r in result["shots"].items():

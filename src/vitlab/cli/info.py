@@ -35,13 +35,14 @@ def run(args) -> int:
     if serving_line(info):
         print(f"serving      {serving_line(info)}")
     print(f"model        {cfg['name']}  ({params:,} parameters, {info['gflops']:.2f} GFLOPs at {cfg['image_size'][0]}x{cfg['image_size'][1]})")
-    print("config")
+    guessed = info["guessed"]
+    print("config" + ("       (* a field the file lacks: the value is a default, not the file's)" if guessed else ""))
     for k, v in cfg.items():
-        print(f"  {k:<20} {v}")
+        print(f"  {k:<20} {v}" + (f"  * {guessed[k]}" if k in guessed else ""))
     names = info["class_names"]
     if names:
         shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
-        print(f"classes      {shown}")
+        print(f"classes      {shown}" + (f"  * {guessed['class_names']}" if "class_names" in guessed else ""))
     else:
         print(f"classes      {cfg['num_classes']} (no names stored)")
     return 0

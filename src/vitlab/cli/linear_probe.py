@@ -53,7 +53,7 @@ def _print_table(args, name: str, result: dict) -> None:
     probe, knn = result["logistic"], result["knn"]["test_accuracy"]
     what = "random init" if args.random_init is not None else args.checkpoint
     print(f"linear probe  {name} ({what})  on {args.data}")
-    print(f"train {result['num_train']} images, test {result['num_test']}, {result['feature_dim']}-d features")
+    print(f"train {result['num_train']:,} images, test {result['num_test']:,}, {result['feature_dim']}-d features")
     print(
         f"logistic regression (C={args.C})  test {100 * probe['test_accuracy']:.2f}%  "
         f"(train {100 * probe['train_accuracy']:.2f}%)"

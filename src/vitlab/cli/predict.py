@@ -27,9 +27,11 @@ the error for a file that could not be read). `--attention DIR` also writes, per
 the attention rollout (Fig. 6) as a heat map over the image, captioned with the predicted
 class: the overlay `vitlab serve` returns, drawn by the same code. The work is
 vitlab.Predictor's, as in `vitlab serve` and Python (`--precision` picks the same inference
-copies as serve's).
+copies as serve's). No image at hand? The first example writes a digit of the set
+`vitlab train` trains on as digit.png.
 
 examples:
+  python -c "from sklearn.datasets import load_digits; from PIL import Image; Image.fromarray((load_digits().images[-1] * 15).astype('uint8')).resize((64, 64)).save('digit.png')"
   vitlab predict runs/digits/checkpoints/last.safetensors digit.png
   vitlab predict model.safetensors photos/ --top-k 3 --csv predictions.csv
   vitlab predict model.safetensors 'shots/*.png' --attention overlays/ --device cuda

@@ -14,9 +14,15 @@ full test split. The row, per-task top-1, the Natural / Specialized / Structured
 the mean over the 19 tasks, goes to OUT/vtab.md, vtab.json and vtab.csv. --lr-grid chooses the rate per task on the 200 val examples first
 (train on the 800), then reruns the best on all 1,000.
 
-Task data is read from ROOT (see data/vtab_sources.py): tfds's prepared data (ROOT may be
-~/tensorflow_datasets), a Hugging Face save_to_disk folder, or image folders ROOT/TASK/SPLIT/
-LABEL/. Of tfds data, the config and version VTAB pins are read (retinopathy's btgraham-300,
+Task data is read from ROOT, for each task TASK (caltech101, cifar100, dtd, ...: VTAB-1k's
+19) the first of these that exists:
+  ROOT/TASK/{train,validation,test}/LABEL/FILE   image folders, one per split and label,
+                                                  files named in the source's record order
+  ROOT/TASK/ with dataset_dict.json               a Hugging Face DatasetDict (save_to_disk)
+  ROOT/SOURCE/[CONFIG/]VERSION/*.tfrecord-*       tfds's prepared data (ROOT may be
+                                                  ~/tensorflow_datasets; read without TensorFlow)
+docs/reproducing.md (VTAB-1k) says where to get each task's data. Of tfds data, the config
+and version VTAB pins are read (retinopathy's btgraham-300,
 pets 3.*.*, kitti 3.1.0, ...); --tfds-version TASK=[CONFIG/]VERSION accepts another, and the
 task's result.json records which was read. A task without data is listed with where to put
 it, and every mean says over how many of the 19 tasks it is taken. Finished tasks are kept
@@ -39,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from vitlab.cli.common import add_device_argument
 
     p.add_argument("checkpoint", help="pretrained weights: any file vitlab.load reads, or a published name")
-    p.add_argument("--root", required=True, metavar="DIR", help="where the tasks' data lies (data/vtab_sources.py)")
+    p.add_argument("--root", required=True, metavar="DIR", help="where the tasks' data lies (the layouts above)")
     p.add_argument("--tasks", metavar="T,T,...", help="run only these tasks (default: all 19; the row shows all)")
     p.add_argument("--out", metavar="DIR", help="the suite folder (default runs/vtab-CHECKPOINT)")
     p.add_argument("--steps", type=int, default=2500, help="fine-tuning steps per task (default 2,500, Table 4)")

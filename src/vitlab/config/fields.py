@@ -21,6 +21,8 @@ from dataclasses import MISSING, field, fields
 from functools import lru_cache
 from typing import Any, Callable, Optional, Union
 
+from vitlab import suggest
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the field and the fix."""
@@ -131,7 +133,8 @@ def _apply_rule(value: Any, rule: Rule, label: str) -> None:
         return
     hint = f" ({rule.hint})" if rule.hint else ""
     if rule.one_of is not None and value not in rule.one_of:
-        raise ConfigError(f"{label}={value!r} is not one of {', '.join(repr(c) for c in rule.one_of)}{hint}")
+        near = suggest.hint(str(value), [str(c) for c in rule.one_of]) if isinstance(value, str) else ""
+        raise ConfigError(f"{label}={value!r} is not one of {', '.join(repr(c) for c in rule.one_of)}{hint}{near}")
     for bound, ok, words in (
         (rule.above, lambda v, b: v > b, "must be > {}"),
         (rule.at_least, lambda v, b: v >= b, "must be >= {}"),
@@ -162,12 +165,18 @@ def check_keys(cls: type, d: dict[str, Any], section: str, extra: tuple[str, ...
     """The one unknown-key check: fail on a key that is not a field of `cls` (or in `extra`)."""
     if not isinstance(d, dict):
         raise ConfigError(f"the {section or 'config'} section must be a mapping of keys to values, got {d!r}")
-    known = [f.name for f in fields(cls)] + list(extra)
+    known = list(dict.fromkeys([f.name for f in fields(cls)] + list(extra)))
     unknown = [k for k in d if k not in known]
     if unknown:
         where = f"{section}." if section else ""
+        if not known:
+            raise ConfigError(f"unknown key {where}{unknown[0]}: the {section or 'config'} section takes no keys here")
+        if len(unknown) == 1:
+            raise ConfigError(suggest.unknown("key", where + str(unknown[0]), [where + k for k in known],
+                                              f"valid {section + ' ' if section else ''}keys: {', '.join(known)}",
+                                              keys=True))
         raise ConfigError(
-            f"unknown key(s) {', '.join(where + str(k) for k in unknown)}; "
+            f"unknown keys {', '.join(where + str(k) for k in unknown)}; "
             f"valid {section + ' ' if section else ''}keys: {', '.join(known)}"
         )
     return dict(d)

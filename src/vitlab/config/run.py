@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
+from vitlab import suggest
 from vitlab.config.device import form_problem
 from vitlab.config.fields import (
     ConfigError,
@@ -355,7 +356,7 @@ class RunConfig:
         valid = ("model", *SECTIONS, "objective")
         unknown = [k for k in d if k not in valid]
         if unknown:
-            raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(valid)}")
+            raise ConfigError(suggest.unknown("section", unknown[0], valid))
         sections = {k: section_from_text(c, d.get(k), k) for k, c in SECTIONS.items()}
         options = section_from_text(OBJECTIVE_OPTIONS[sections["train"].objective], d.get("objective"), "objective")
         cfg = cls(model=ModelSection.from_dict(d.get("model")), objective=options, **sections)
@@ -370,10 +371,11 @@ class RunConfig:
             d["objective"] = {}  # the old objective's options belong to it
         for key, value in overrides.items():
             section, _, name = key.partition(".")
+            _check_override_key(key, d)
             if section not in d or not name:
                 raise ConfigError(
                     f"bad override key {key!r}: write SECTION.KEY=VALUE with SECTION one of "
-                    f"{', '.join(d)} (e.g. optim.lr=0.001)"
+                    f"{', '.join(d)} (e.g. optim.lr=0.001){suggest.hint(key, keys_of(d))}"
                 )
             head, _, rest = name.partition(".")
             if rest and isinstance(d[section].get(head), dict):  # a nested section: train.early_stop.patience
@@ -382,6 +384,18 @@ class RunConfig:
                 d[section][name] = value
         kept = {k: v for k, v in self.origins.items() if not (objective_changed and k.startswith("objective."))}
         return RunConfig.from_dict(d).set_by({**kept, **{key: origin or CHANGED_ORIGIN for key in overrides}})
+
+
+def _check_override_key(key: str, d: dict[str, Any]) -> None:
+    """An override's key among every section's keys: a near one, of its section or another
+    (`train.lrr` -> `optim.lr`), is named; the section's own check lists the rest."""
+    section, _, name = key.partition(".")
+    known = [k for k in keys_of(d)] + [f"model.{k}" for k in (*_VIT_FIELDS, *_MODEL_EXTRA, "head_start")]
+    if key in known or (section in d and isinstance(d[section].get(name.partition(".")[0]), dict)):
+        return
+    near = suggest.close_key(key, known)
+    if near:
+        raise ConfigError(suggest.unknown("key", key, known, "a run's config.yaml shows every key", keys=True))
 
 
 DEFAULT_ORIGIN = "default"
@@ -415,7 +429,8 @@ def read_yaml(path_or_name: str, shipped: Path, what: str, names: list[str]) -> 
     if not path.is_file():
         path = shipped / f"{path_or_name}.yaml"
         if not path.is_file():
-            raise ConfigError(f"no {what} file {path_or_name!r}; shipped {what}s: {', '.join(names)}")
+            listed = "`vitlab recipes` lists them" if what == "recipe" else f"shipped {what}s: {', '.join(names)}"
+            raise ConfigError(suggest.unknown(what, path_or_name, names, f"{listed}; or pass a YAML file's path"))
     return read_yaml_file(path, dict, what, f"fix the {what}, or name a shipped one", ConfigError), path
 
 

@@ -84,8 +84,9 @@ def leave_signals_to_parent(worker_id: int) -> None:
     """A worker's start: the signals that stop a training run (train.stop_signals) are the main
     process's to act on. Slurm sends them to every process of a job; a worker ended by one
     would end the run before the checkpoint the main process writes at its next step. The
-    main process ends its workers itself, and a worker leaves when its parent is gone."""
-    for name in STOP_SIGNALS:
+    main process ends its workers itself, and a worker leaves when its parent is gone. Ctrl-C
+    (SIGINT, sent to the terminal's whole process group) is the main process's too."""
+    for name in (*STOP_SIGNALS, "INT"):
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from vitlab import suggest
 from vitlab.config.run import SHUFFLE_BUFFER, DataConfig
 from vitlab.data import datasets as ds, synthetic
 from vitlab.data.datasets import DataError
@@ -88,8 +89,10 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
     if name not in NAMED:
+        near = suggest.hint(name, NAMED).lstrip("; ")
         raise DataError(
-            f"unknown dataset {spec!r}; use one of digits, fashion-mnist[:FOLDER], cifar10[:FOLDER], "
+            f"unknown dataset {spec!r}; {near + ' The specs: ' if near else 'use one of '}digits, fashion-mnist[:FOLDER], "
+            "cifar10[:FOLDER], "
             "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face "
             "dataset), synthetic:TASK"
         )

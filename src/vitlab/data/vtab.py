@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vitlab import suggest
 from vitlab.data.datasets import DataError
 
 GROUPS = ("Natural", "Specialized", "Structured")
@@ -168,7 +169,7 @@ def task_label(task: Task, features: dict[str, Any]) -> int:
 def get_task(name: str) -> Task:
     key = name.strip().lower().replace("-", "_")
     if key not in TASKS:
-        raise DataError(f"unknown VTAB task {name!r}; the 19 VTAB-1k tasks: {', '.join(TASKS)}")
+        raise DataError(suggest.unknown("VTAB task", name, TASKS, f"the 19 VTAB-1k tasks: {', '.join(TASKS)}"))
     return TASKS[key]
 
 

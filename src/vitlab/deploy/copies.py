@@ -274,7 +274,7 @@ class Agreement:
     count: int
 
     def __str__(self) -> str:
-        return f"top-1 agreement {self.top1:.2%} on {self.count} images, max |logit diff| {self.max_abs_diff:.3g}"
+        return f"top-1 agreement {self.top1:.2%} on {self.count:,} images, max |logit diff| {self.max_abs_diff:.3g}"
 
 
 @torch.inference_mode()

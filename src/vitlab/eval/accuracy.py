@@ -187,7 +187,7 @@ def report(metrics: dict[str, Any], class_names: list[str]) -> str:
     measured, then each class's accuracy (= its recall) and, when measured, precision and F1."""
     lines = [
         f"top-1 {metrics['top1']:.2%}   top-5 {metrics['top5']:.2%}   loss {metrics['loss']:.4f}   "
-        f"({metrics['count']} images)",
+        f"({metrics['count']:,} images)",
     ]
     detailed = "per_class_precision" in metrics
     if detailed:

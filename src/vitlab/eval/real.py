@@ -44,5 +44,5 @@ def real_line(metrics: dict[str, Any]) -> str:
     """One line for the report: ReaL beside ordinary top-1."""
     real = metrics["real_top1"]
     value = "-" if real is None else f"{real:.2%}"
-    return (f"ReaL top-1 {value}   (ordinary top-1 {metrics['top1']:.2%}; {metrics['real_count']} images with a ReaL "
+    return (f"ReaL top-1 {value}   (ordinary top-1 {metrics['top1']:.2%}; {metrics['real_count']:,} images with a ReaL "
             f"label, {metrics['real_left_out']} left out)")

@@ -353,7 +353,7 @@ def _add_predict(app, engine: Engine, config: ServeConfig, state: ServerState) -
         else:
             results = [make() for make in entries]
         took = round(1000 * (time.perf_counter() - started), 2)
-        return {"model": engine.config.name, "precision": engine.precision, "time_ms": took, "results": results}
+        return {"model": engine.short_name, "precision": engine.precision, "time_ms": took, "results": results}
 
 
 def _add_error_handlers(app) -> None:

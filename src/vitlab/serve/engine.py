@@ -90,6 +90,13 @@ class Engine(Predictor):
         if self.has_attention:
             self.look([x])
 
+    @property
+    def short_name(self) -> str:
+        """The model's name in every answer: a reshaped variant as "ViT-Ti/4 (custom)", its
+        sizes left to /info (they repeated in every answer, longer than the answer itself)."""
+        name = self.config.name
+        return name.split(" (custom:")[0] + " (custom)" if " (custom:" in name else name
+
     def describe(self) -> dict:
         cfg = self.config
         h, w = cfg.image_size

@@ -24,12 +24,12 @@ VERDICTS = ("Reproduced", "In direction", "Not shown", "Opposite")
 EXPECT = ("higher", "lower", "equal")
 RULE = (
     "Verdict rule (vitlab.sweep.stats.verdict), from the 95% paired-t interval of the difference "
-    "d = a - b over seeds, where the paper says a is higher (lower: the signs flip): "
-    "**Reproduced** if the interval lies wholly on the paper's side of 0; "
+    "d = a - b over seeds, where the claim (the paper's, or your own) says a is higher (lower: the signs flip): "
+    "**Reproduced** if the interval lies wholly on the claim's side of 0; "
     "**Opposite** if it lies wholly on the other side; "
-    "**In direction** if it contains 0 and the mean difference has the paper's sign; "
+    "**In direction** if it contains 0 and the mean difference has the claim's sign; "
     "**Not shown** if it contains 0 and the mean difference is 0 or of the other sign. "
-    "Where the paper says a and b are equal within a stated margin m (equivalence, as two one-sided tests): "
+    "Where the claim says a and b are equal within a stated margin m (equivalence, as two one-sided tests): "
     "**Reproduced** if the interval lies inside [-m, +m]; **Opposite** if it lies wholly outside it; "
     "**Not shown** otherwise (an interval that excludes 0 but lies inside the margin is equal within m). "
     "A declared claim's verdict uses its Holm-adjusted p-value across the page's primary claims (`p_holm`): "

@@ -125,8 +125,11 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
     return Defaults(cfg.with_overrides(changes, PLAN) if changes else cfg, notes, quick)
 
 
-def resolution_note(image_size: tuple[int, int], explicit: bool) -> str:
+def resolution_note(image_size: tuple[int, int], explicit: bool, stepped_from: Optional[tuple[int, int]] = None) -> str:
     h, w = image_size
+    if stepped_from:
+        return (f"resolution {h}x{w}: the paper's step up from the checkpoint's {stepped_from[0]}x{stepped_from[1]} "
+                "(--paper-resolution: x384/224 on the patch grid, position embeddings resized)")
     if explicit:
         return f"resolution {h}x{w} (--image-size)"
     return (f"resolution {h}x{w}: the checkpoint's own; --image-size N fine-tunes at another (the paper steps "
@@ -273,8 +276,8 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
         extra["train.steps"] = DEFAULT_STEPS
     if table4:  # a declared Table 4 row declares the dataset, and so the paper's dev split
         extra["data.dev_fraction"] = DEV_FRACTIONS.get(table4, identity.DEFAULT_DEV_FRACTION)
-    if paper_resolution:
-        own = inputs.checkpoint(checkpoint).config
+    own = inputs.checkpoint(checkpoint).config if paper_resolution else None
+    if own is not None:
         extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride)
     cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra, layers)
     explicit = explicit_keys(options, overrides, paper_resolution)
@@ -290,7 +293,8 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     elif unset:
         notes.append(f"{DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)")
     out = Path(out) if out else Path("runs") / f"{name}-{Path(checkpoint).stem}"
-    head = [resolution_note(architecture(cfg.model, inputs).image_size, "model.image_size" in explicit), threads_note]
+    head = [resolution_note(architecture(cfg.model, inputs).image_size, "model.image_size" in explicit,
+                            own.image_size if own is not None else None), threads_note]
     chosen = choice.resolved(choose, explicit, cfg)
     if chosen.name == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
         fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep, TABLE4_STEPS.get(row or ""))

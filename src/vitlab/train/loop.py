@@ -41,7 +41,7 @@ from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective, evaluation_target
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, final_report, plot_run, truncate_after
+from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, figure_label, final_report, plot_run, truncate_after
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 from vitlab.log import get_logger
@@ -285,7 +285,7 @@ class Trainer:
         cfg, t, ctx = self.cfg, self.cfg.train, run.ctx
         if ctx.is_main:
             run.log = MetricsLog(self.out, open_trackers(list(self.trackers), self.out, cfg.to_dict()))
-            run.progress = None if self.quiet else Progress(run.plan.total, run.start)
+            run.progress = Progress(run.plan.total, run.start, quiet=self.quiet, lr=cfg.optim.lr)
         self._say("\n  ".join((self._plan_line(run), *self.notes, *probe_head.lines(run.head_probe, run.start))))
         if cfg.optim.warmup_steps >= run.plan.total:
             self._warn(
@@ -363,8 +363,8 @@ class Trainer:
             where = f"the last good checkpoint is {run.last_good}" if run.last_good else "no checkpoint was written yet"
             raise TrainingDiverged(
                 f"step {step + 1}: the loss is {loss_value} (gradient norm {grad_norm}); stopped before "
-                f"updating the weights, {where}. Lower optim.lr, lengthen optim.warmup_steps or keep "
-                "optim.clip_grad_norm=1"
+                f"updating the weights, {where}. Lower the learning rate (--lr), lengthen the warm-up "
+                "(--warmup-steps) or keep optim.clip_grad_norm=1"
             )
         if run.scaler is not None:
             run.scaler.step(run.optimizer)
@@ -492,7 +492,7 @@ class Trainer:
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
-        title = f"{run.model.config.name} on {self.cfg.data.name} ({self.out.name})"
+        title = f"{run.model.config.name} on {figure_label(self.cfg.data.name)} ({self.out.name})"
         notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
-        LOG.info(final_report(self.folder, summary, results, notes, where))  # --quiet too
+        LOG.info(final_report(self.folder, summary, results, notes, where, self.cfg))  # --quiet too
         return summary

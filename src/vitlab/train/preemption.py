@@ -14,6 +14,11 @@ command resumes. A job submitted with --no-requeue is not requeued, and says so.
 Outside Slurm the same holds: `kill -TERM` a run, start it again, and it continues. (A
 sweep cell's training is not a task of its job: the job requeues, vitlab.sweep.slurm.)
 
+Ctrl-C (SIGINT) is watched the same way, whatever train.stop_signals says: the run stops at
+the next step with its checkpoint (a fine-tune's final run and a VTAB task's included), says
+how to continue, and the command exits with 130, the status of an interrupted command; a
+second Ctrl-C stops at once, from the last checkpoint written.
+
 Data-loader workers ignore these signals (vitlab.data.loader.leave_signals_to_parent), since
 Slurm signals every process of a job. A second signal changes nothing: the run is already
 stopping, and Slurm's own SIGKILL follows its KillWait (30 s by default) after the first.
@@ -33,6 +38,7 @@ from typing import Any, Optional
 from vitlab.train import distributed
 
 EXIT_STATUS = 75  # sysexits.h EX_TEMPFAIL: stopped with a checkpoint; the same command continues
+INTERRUPTED = 130  # the shell's status of a command stopped by Ctrl-C (128 + SIGINT)
 
 
 class Preempted(Exception):
@@ -55,11 +61,13 @@ class Watch:
         self.previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return
-        for name in names:
+        for name in (*names, "INT"):  # Ctrl-C: a checkpoint too, whatever stop_signals says
             number = getattr(signal, f"SIG{name}")
             self.previous[number] = signal.signal(number, self._note)
 
     def _note(self, number: int, frame: Any) -> None:
+        if number == signal.SIGINT and self.received == "SIGINT":
+            raise KeyboardInterrupt  # a second Ctrl-C: now, not at the step boundary
         self.received = self.received or signal.Signals(number).name
 
     def stop_now(self) -> str:
@@ -112,7 +120,8 @@ def requeue(signal_name: str, env: Optional[dict[str, str]] = None) -> str:
 def finish(stopped: Preempted, command: str) -> int:
     """How a command ends on a stopped run: the process that speaks for the run requeues its
     Slurm job (or says how to continue) in one line on stderr; EXIT_STATUS on every process."""
+    status = INTERRUPTED if stopped.signal_name == "SIGINT" else EXIT_STATUS
     if stopped.report:
-        print(f"vitlab {command}: stopped: {stopped}; {requeue(stopped.signal_name)} (exit status {EXIT_STATUS})",
-              file=sys.stderr)
-    return EXIT_STATUS
+        how = "run the same command again to continue from there" if status == INTERRUPTED else requeue(stopped.signal_name)
+        print(f"vitlab {command}: stopped: {stopped}; {how} (exit status {status})", file=sys.stderr)
+    return status

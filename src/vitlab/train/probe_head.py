@@ -127,4 +127,5 @@ def lines(result: Optional[dict[str, Any]], start_step: int = 0) -> tuple[str, .
         else f"{result['seconds']:.1f} s"
     return (f"head: started as a linear probe of the frozen features (model.head_start=probe): {result['images']:,} "
             f"training images, top-1 {result['train_top1']:.1%} on them, {cost} "
-            "(model.head_start=zeros for the paper's zero head)",)
+            "(model.head_start=zeros for the paper's zero head). It is fitted on the images as evaluation sees them; "
+            "training sees random crops of them, so the first steps' loss sits above what this top-1 suggests",)

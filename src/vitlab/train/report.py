@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, TextIO
@@ -20,10 +21,13 @@ from vitlab.analysis import plots
 from vitlab.config import ConfigError
 from vitlab.files import atomic_write_text
 from vitlab.files.documents import read_json_lines
+from vitlab.log import get_logger
 from vitlab.progress import format_seconds
 from vitlab.run_layout import METRICS
 from vitlab.train.compute import format_compute
 from vitlab.train.tracking import Tracker
+
+LOG = get_logger("train")
 
 
 # What "accuracy" means in a run's metrics, per objective (the learning curve's axis label).
@@ -81,12 +85,14 @@ class Progress:
 
     EVERY_S = progress.Progress.EVERY_S
 
-    def __init__(self, total: int, start: int = 0, stream: Optional[TextIO] = None, tty: Optional[bool] = None):
-        self.total, self.start = total, start
+    def __init__(self, total: int, start: int = 0, stream: Optional[TextIO] = None, tty: Optional[bool] = None,
+                 quiet: bool = False, lr: float = 0.0):
+        self.total, self.start, self.quiet = total, start, quiet
         self.t0 = time.perf_counter()
         self.first = True
+        self.divergence = Divergence(lr)  # watched with --quiet too: its warning goes to stderr
         self.shown = progress.Progress(total, "train", "step", initial=start, stream=stream, tty=tty, leave=True,
-                                       heartbeat=self._heartbeat)
+                                       heartbeat=self._heartbeat, quiet=quiet)
         self.shown.EVERY_S = self.EVERY_S
         self.tty = self.shown.tty
 
@@ -95,6 +101,11 @@ class Progress:
 
     def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool,
                last_loss: Optional[float] = None) -> None:
+        warning = self.divergence.check(step, loss if last_loss is None else last_loss, lr)
+        if warning:
+            LOG.warning(f"warning: {warning}")
+        if self.quiet:
+            return
         last = f"  last loss {last_loss:.4f}" if last_loss is not None else ""
         numbers = f"mean loss {loss:.4f}{last}  lr {lr:.2e}  {images_per_s:,.0f} img/s"
         if self.tty:
@@ -108,10 +119,37 @@ class Progress:
 
     def message(self, text: str) -> None:
         """A line of its own (an evaluation result, a note) that leaves the bar intact."""
-        self.shown.write(text)
+        if not self.quiet:
+            self.shown.write(text)
 
     def close(self) -> None:
         self.shown.close()
+
+
+class Divergence:
+    """A run that diverges says so: the first time a step's training loss is far above the first
+    step's (RATIO times it, and at least MARGIN above), a warning names the likely cause (the
+    learning rate: too high for this model, batch and warm-up) and the flag that changes it.
+    Once per run. A loss that is not a number stops the run instead (loop.TrainingDiverged)."""
+
+    RATIO, MARGIN = 3.0, 2.0
+
+    def __init__(self, peak_lr: float):
+        self.peak_lr, self.start, self.said = peak_lr, None, False
+
+    def check(self, step: int, loss: float, lr: float) -> Optional[str]:
+        if self.said or not math.isfinite(loss):
+            return None
+        if self.start is None:
+            self.start = (step, loss)
+            return None
+        if loss <= max(self.RATIO * self.start[1], self.start[1] + self.MARGIN):
+            return None
+        self.said = True
+        return (f"the training loss went from {self.start[1]:.4g} at step {self.start[0]} to {loss:.4g} at step "
+                f"{step}: the run is diverging, most likely from a learning rate too high for "
+                f"this model and batch (optim.lr={self.peak_lr:g}, {lr:.2e} at this step); lower it with --lr "
+                f"(e.g. --lr {self.peak_lr / 10:g}) or warm up longer (--warmup-steps)")
 
 
 def dataset_size(dataset: Any) -> Optional[int]:
@@ -148,9 +186,34 @@ def plot_run(folder, results: dict[str, dict[str, Any]], class_names: list[str],
     return []
 
 
+def figure_label(spec: str) -> str:
+    """A data spec as a figure's title names it: its kind and the last part of its path
+    (`wds:/data/cifar10/train-{0..3}.tar` -> `wds:cifar10`), never a machine's absolute path."""
+    kind, sep, rest = str(spec).partition(":")
+    if not sep or not rest:
+        return Path(kind).name or kind
+    if ":" in rest and not rest.startswith("/"):  # vtab:TASK:ROOT names its task
+        return f"{kind}:{rest.split(':')[0]}"
+    parts = [p for p in Path(rest.split("{")[0]).parts if p not in ("/", "..", ".")]
+    name = parts[-1] if parts else rest
+    return f"{kind}:{name if not name.startswith(('train-', 'test-')) or len(parts) < 2 else parts[-2]}"
+
+
+def next_commands(checkpoint: str, data: str, out: Path) -> list[str]:
+    """What to run on a finished run's checkpoint: evaluate, predict, look inside, few-shot
+    (quoted for a shell where they need it: a wds pattern's braces would expand)."""
+    checkpoint, data, out = shlex.quote(str(checkpoint)), shlex.quote(data), Path(out)
+    return ["next:", f"  vitlab eval {checkpoint} --data {data}", f"  vitlab predict {checkpoint} IMAGE...",
+            f"  vitlab inspect {checkpoint} --images {data} --out {shlex.quote(str(out / 'inspect'))}",
+            f"  vitlab fewshot {checkpoint} --data {data}"]
+
+
 def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, Any]], notes: list[str],
-                 tracker_lines: Sequence[str] = ()) -> str:
-    """What `vitlab train` prints at the end: the results, then where every output is."""
+                 tracker_lines: Sequence[str] = (), cfg: Any = None) -> str:
+    """What `vitlab train` prints at the end: the results, where every output is, and for a
+    run trained from scratch (its RunConfig `cfg`; not a fine-tune's, which says its own) the
+    commands that use the checkpoint next."""
+    data = "" if cfg is None or cfg.model.checkpoint or cfg.train.objective != "supervised" else cfg.data.name
     lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
     for split, m in results.items():
         if "top1" in m:
@@ -175,7 +238,10 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
         if (out / f"confusion_{split}.png").exists():
             lines.append(f"  confusion       {out / f'confusion_{split}.png'}")
     lines += [f"  {line}" for line in tracker_lines]
-    return "\n".join(lines + [f"  note: {n}" for n in notes])
+    lines += [f"  note: {n}" for n in notes]
+    if data:  # a classifier trained from scratch (a fine-tune's plan says its own)
+        lines += next_commands(summary["checkpoint"], data, out)
+    return "\n".join(lines)
 
 
 def read_curves(metrics_path: Path) -> dict[str, dict[str, list]]:

@@ -122,7 +122,15 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConf
     if s.image_size:
         changes["model.image_size"] = s.image_size
     cfg = load_recipe("finetune").with_overrides(changes, "vtab")
-    return cfg.with_overrides(dict(parse_override(o) for o in s.overrides), COMMAND_LINE)
+    user = dict(parse_override(o) for o in s.overrides)
+    threads, _ = choice.thread_policy(cfg, checkpoint, set(user))  # the source run's, as vitlab finetune
+    return cfg.with_overrides(threads, "vtab").with_overrides(user, COMMAND_LINE)
+
+
+def threads_line(checkpoint: str, s: Settings) -> str:
+    """The plan line that says which threads and data workers the tasks train with, and why."""
+    user = dict(parse_override(o) for o in s.overrides)
+    return choice.thread_policy(load_recipe("finetune"), checkpoint, set(user))[1]
 
 
 def identity(checkpoint: str, task: Task, root: Path, s: Settings) -> dict[str, Any]:
@@ -287,6 +295,7 @@ def run_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: 
     """Fine-tune every task of `tasks` that has data and is not done, then write the row of
     all results under OUT (Markdown, JSON, CSV) and return it."""
     check_suite(checkpoint, root, out, tasks, s, force)
+    log(f"vtab plan: {threads_line(checkpoint, s)}")
     missing = absent(root)
     for task in tasks:
         if task.name in missing:
