@@ -8,6 +8,7 @@ Nothing of vitlab is imported here, so that every layer may use it.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 from typing import Iterable, Optional
 
@@ -135,3 +136,10 @@ def argument_hint(message: str, options: Iterable[str]) -> str:
         elif near:
             notes.append(f"did you mean {near[0]} for {flag.split('=', 1)[0]}?")
     return "; " + "; ".join(notes) if notes else ""
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """argparse, with the near command, choice or flag (argument_hint) added to its errors."""
+
+    def error(self, message: str):
+        super().error(message + argument_hint(message, self._option_string_actions))

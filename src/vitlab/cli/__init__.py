@@ -67,17 +67,10 @@ class UsageError(ValueError):
     """A bad command-line input; printed without a traceback."""
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, with the near command, choice or flag (vitlab.suggest) added to its errors."""
-
-    def error(self, message: str):
-        from vitlab.suggest import argument_hint
-
-        super().error(message + argument_hint(message, self._option_string_actions))
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
+    from vitlab.suggest import SuggestingParser
+
+    parser = SuggestingParser(
         prog="vitlab",
         description="The Vision Transformer paper, end to end: models, weights from every "
         "ecosystem, training, evaluation and the paper's analyses.",
@@ -129,11 +122,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 
         pick_device(device)  # a device this machine lacks is refused before any work
     if args.command in ("predict", "serve"):  # the inference copy, before the checkpoint is read
-        from vitlab import suggest
-        from vitlab.deploy import PRECISIONS
+        from vitlab.predictor import check_precision
 
-        if args.precision not in PRECISIONS:
-            raise UsageError(suggest.unknown("--precision", args.precision, PRECISIONS))
+        check_precision(args.precision)
     from vitlab.files import check_writable
 
     for command, name, folder in OUTPUTS:

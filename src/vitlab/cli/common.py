@@ -6,6 +6,7 @@ vitlab.eval.features, vitlab.train.recipe, ...)."""
 from __future__ import annotations
 
 import json
+import sys
 
 
 def add_checkpoint_arguments(p, random_init: bool = True) -> None:
@@ -176,10 +177,7 @@ def print_result(args, result: dict) -> bool:
 
 
 def feature_model(args):
-    """(the model features are extracted with, the checkpoint's sha256 fingerprint): the
-    checkpoint on --device, then vitlab.deploy's inference copy (on a CPU, unless --plain)."""
-    import sys
-
+    """(model, its fingerprint): the checkpoint on --device as deploy's inference copy (unless --plain)."""
     from vitlab.checkpoints import open_checkpoint
     from vitlab.config import pick_device
     from vitlab.deploy import inference_copy

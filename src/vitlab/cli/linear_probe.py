@@ -32,8 +32,6 @@ def run(args) -> int:
 
     if args.C <= 0:
         raise UsageError(f"--C must be positive, got {args.C}")
-    if args.k < 1:
-        raise UsageError(f"--k must be at least 1, got {args.k}")
     model, fp = feature_model(args)
     (tr_x, tr_y), _ = frozen_features(args, model, args.train_split, args.max_per_class, 0, fp)
     (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)

@@ -65,9 +65,8 @@ def run(args) -> int:
         raise UsageError(f"--attention: {predictor.config.name} is a BiT ResNet and has no attention to draw; drop --attention")
     paths = find_images(args.images)
     width = max(len(str(p)) for p in paths)
-    overlays = None
-    if args.attention:  # the user may keep files there: only new ones, or predict's own, are written
-        overlays = OutputFolder(args.attention, "predict", args.force)
+    overlays = OutputFolder(args.attention, "predict", args.force) if args.attention else None
+    if overlays is not None:  # the user may keep files there: only new ones, or predict's own, are written
         overlays.claim(overlay_name(i, Path(p).stem) for i, p in enumerate(paths))  # and each again as it is written
     results, failed = [], []
     with progress(total=len(paths), desc="predict") as bar:
@@ -106,8 +105,7 @@ def _line(r: dict, width: int) -> str:
 
 
 def _write_csv(path: str, paths: list[Path], results: list[dict], failed: list, k: int) -> None:
-    """One row per image, in the order given: the top-k classes with probabilities, the
-    overlay, and the error of a file that could not be read."""
+    """One row per image, in the order given: top-k classes and probabilities, overlay, error."""
     from vitlab.files import atomic_write_text
 
     columns = ["image"] + [f"{what}_{i}" for i in range(1, k + 1) for what in ("class", "probability")]
