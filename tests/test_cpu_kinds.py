@@ -80,7 +80,7 @@ def run_kind(tmp_path, name: str) -> dict:
     r = subprocess.run([sys.executable, "-c", CHILD, str(folder / "out.pt"), str(folder / "m.pt2")],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
-    return torch.load(folder / "out.pt", weights_only=False)
+    return torch.load(folder / "out.pt", weights_only=True)
 
 
 @pytest.fixture(scope="module")
