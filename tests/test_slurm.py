@@ -35,6 +35,8 @@ STEPS = 40
 TRAIN = ["--steps", str(STEPS), "--batch-size", "32", "--ckpt-every", "5", "--seed", "3", "--quiet",
          "model.hidden_size=32", "model.depth=2", "model.num_heads=2", "model.mlp_dim=64", "model.image_size=8",
          "model.patch_size=4", "data.num_workers=0", "train.threads=1", "optim.warmup_steps=2"]
+LONG_STEPS = 400  # the preempted job: signalled after its first checkpoint, it must still be training
+LONG = [*TRAIN, "--steps", str(LONG_STEPS)]  # the last --steps wins
 
 
 # Without a cluster: what a process reads of Slurm's environment and of squeue -----------------
@@ -121,16 +123,18 @@ def test_a_preempted_two_task_srun_job_requeues_and_ends_as_an_uninterrupted_run
     """srun -n 2: one process group from Slurm's variables (world size 2, one run folder, rank 0
     alone writes); SIGUSR1 (what --signal=USR1@SECONDS sends before a time limit) stops both
     tasks at one step with its checkpoint, the job requeues itself, starts again and resumes;
-    the final weights are those of the same training run straight through by torchrun."""
+    the final weights are those of the same training run straight through by torchrun. The run is
+    long enough (about 15 ms a step here) that the signal, sent once the first checkpoint is
+    written, finds it training; the job must end on its own for the comparison."""
     run = tmp_path / "run"
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH --ntasks=2\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
                       f"#SBATCH --output={tmp_path}/job-%j.out\n"
-                      f"srun {sys.executable} -m vitlab train --out {run} {' '.join(TRAIN)} --steps 100000\n")  # runs until cancelled
+                      f"srun {sys.executable} -m vitlab train --out {run} {' '.join(LONG)}\n")
     job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=env(),
                          cwd=ROOT).stdout.strip()
     straight = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                                 "-m", "vitlab", "train", "--out", str(tmp_path / "straight"), *TRAIN],
+                                 "-m", "vitlab", "train", "--out", str(tmp_path / "straight"), *LONG],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     try:
         # a step's checkpoint, whichever (a fast machine has replaced step 5's by the time we look)
@@ -149,7 +153,7 @@ def test_a_preempted_two_task_srun_job_requeues_and_ends_as_an_uninterrupted_run
     shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     assert "Restarts=1" in shown, shown
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["steps"] == STEPS
+    assert summary["world_size"] == 2 and summary["steps"] == LONG_STEPS
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and len(steps) == len(set(steps)) + 1  # once each (train and test at the end)
     _, err = straight.communicate(timeout=300)
