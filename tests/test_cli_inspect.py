@@ -131,6 +131,42 @@ def test_bad_out(tmp_path, capsys):
     assert (tmp_path / "file").read_text() == "keep me"
 
 
+def _inspect_random(tmp_path, seeds, out):
+    args = ["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(tmp_path / out),
+            "--num-images", "16", "--batch-size", "8", "--random-init", seeds]
+    assert main(args) == 0
+    return json.loads((tmp_path / out / "analysis.json").read_text())["attention_distance"]
+
+
+def test_random_init_range_is_the_null_over_draws(tmp_path, capsys):
+    """--random-init FIRST-LAST: each draw's summary kept, each summary statistic the mean of the
+    draws' (the null of the most local head is the mean of each draw's most local head, not the
+    most local head of averaged distances), and a draw equals inspecting that seed alone."""
+    save_model(tmp_path / "m.safetensors")
+    null = _inspect_random(tmp_path, "0-3", "null")
+    draws = null["draws"]
+    assert [d["seed"] for d in draws] == [0, 1, 2, 3]
+    for seed in (0, 2):
+        alone = _inspect_random(tmp_path, str(seed), f"seed{seed}")
+        assert "draws" not in alone
+        np.testing.assert_allclose(draws[seed]["summary"]["min_per_layer"], alone["summary"]["min_per_layer"], rtol=1e-6)
+    per_draw = np.array([d["summary"]["min_per_layer"] for d in draws])  # (draws, layers)
+    assert len({tuple(row) for row in per_draw.tolist()}) == 4, "each draw is its own random init"
+    np.testing.assert_allclose(null["summary"]["min_per_layer"], per_draw.mean(0), rtol=1e-9)
+    assert not np.allclose(null["summary"]["min_per_layer"], np.array(null["distance_px"]).min(1), atol=1e-4)
+
+
+@pytest.mark.parametrize("bad", ["x", "3-1", "0-", "-2", "1-y"])
+def test_a_bad_random_init_range_is_one_line(tmp_path, capsys, bad):
+    save_model(tmp_path / "m.safetensors")
+    rc = main(["inspect", str(tmp_path / "m.safetensors"), "--images", "digits", "--out", str(tmp_path / "o"),
+               "--random-init", bad])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "FIRST-LAST" in err and repr(bad) in err
+    assert not (tmp_path / "o" / "analysis.json").exists()
+
+
 def test_inspect_a_bit_resnet_shows_what_applies(tmp_path, capsys):
     from conftest import tiny_bit
 

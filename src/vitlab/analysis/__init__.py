@@ -26,7 +26,7 @@ from vitlab.analysis.pos_similarity import (
     similarity_vs_distance,
 )
 from vitlab.analysis.rollout import attention_rollout, rollout_matrix, upsample_map
-from vitlab.analysis.summary import Analysis, analyse_model, display_images
+from vitlab.analysis.summary import Analysis, analyse_model, display_images, pooled_draws
 
 __all__ = [
     "Analysis",
@@ -44,6 +44,7 @@ __all__ = [
     "objective_figures",
     "mean_attention_distance",
     "patch_distance_matrix",
+    "pooled_draws",
     "position_table",
     "rollout_matrix",
     "similarity_vs_distance",

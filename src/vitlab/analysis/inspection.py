@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -21,8 +21,10 @@ from vitlab.analysis.figure import Figure
 from vitlab.analysis.objective_figures import objective_figures
 from vitlab.analysis.page import ReportFolder, write_html
 from vitlab.analysis.rollout import upsample_map
-from vitlab.analysis.summary import Analysis, analyse_model, display_images
+from vitlab.analysis.summary import Analysis, analyse_model, display_images, pooled_draws
+from vitlab.checkpoints import random_model
 from vitlab.checkpoints.io import Imported
+from vitlab.config import ConfigError
 from vitlab.eval.features import iterate
 from vitlab.files import atomic_write_text
 
@@ -52,20 +54,48 @@ def first_batches(dataset, limit: int, batch_size: int) -> Iterator[tuple[torch.
         yield torch.stack(xs), torch.tensor(ys)
 
 
+def random_draws(text: Optional[str], flag: str = "--random-init") -> Optional[list[int]]:
+    """The seeds of a random-init baseline as written: one SEED, or FIRST-LAST (inclusive), the
+    draws of a null; None for none. Anything else is refused (ConfigError)."""
+    if text is None:
+        return None
+    first, dash, last = str(text).partition("-")
+    if not first.isdigit() or (dash and not last.isdigit()) or (dash and int(last) < int(first)):
+        raise ConfigError(f"{flag} {text!r}: give a seed (0) or a range of seeds FIRST-LAST (0-19) for a null over draws")
+    return list(range(int(first), int(last if dash else first) + 1))
+
+
+def analyse_draws(model, imported: Imported, batches: Iterable, seeds: Sequence[int], **options) -> Analysis:
+    """analyse_model of `model`, or with two or more `seeds` (model being the first seed's random
+    init) of every draw on the same images, pooled into the null (summary.pooled_draws)."""
+    if len(seeds) < 2:
+        return analyse_model(model, batches, **options)
+    batches = list(batches)
+    device = next(model.parameters()).device
+    results = [analyse_model(model, batches, **options)]
+    for seed in seeds[1:]:
+        draw = random_model(imported, seed).to(device).eval()
+        results.append(analyse_model(draw, batches, **{**options, "rollout_images": 0}))
+    return pooled_draws(results, seeds)
+
+
 def inspect_model(model, imported: Imported, batches: Iterable, out: str | Path, *, labels: Optional[Sequence[str]] = None,
-                  source: str = "", checkpoint: str = "", random_init: Optional[int] = None, max_images: int = 128,
+                  source: str = "", checkpoint: str = "", random_init: Union[int, Sequence[int], None] = None,
+                  max_images: int = 128,
                   rollout_images: int = 8, components: int = 28, heatmap: bool = False,
                   distance_mode: str = "centres", force: bool = False) -> Inspection:
     """Analyse `model` on `batches` (tensors, or (tensors, labels)) and write the PNGs,
     analysis.json and index.html into the folder `out`. `labels` names the rollout's images
     (class names of a data set, or file names); `source`, `checkpoint` and `random_init` are
     recorded in the JSON and on the page; `distance_mode` is the attention distance's
-    (between patch centres, or over pixel pairs: attention_distance.py). A user's file of a
-    report's name in `out` is refused before any work unless `force` (page.ReportFolder);
-    other files there stay."""
+    (between patch centres, or over pixel pairs: attention_distance.py). `random_init` with
+    several seeds (model being the first's draw) makes the attention distance the null over those
+    draws (analyse_draws). A user's file of a report's name in `out` is refused before any work
+    unless `force` (page.ReportFolder); other files there stay."""
     out = Path(out)
     folder = ReportFolder(out, force)
-    result = analyse_model(model, batches, max_images=max_images, rollout_images=rollout_images,
+    seeds = [random_init] if isinstance(random_init, int) else list(random_init or [])
+    result = analyse_draws(model, imported, batches, seeds, max_images=max_images, rollout_images=rollout_images,
                            num_components=components, distance_mode=distance_mode)
     figures = paper_figures(result, model, out, labels, heatmap)
     extra = objective_figures(model, imported.metadata, imported.extras, result.rollout_images, out)
@@ -73,11 +103,14 @@ def inspect_model(model, imported: Imported, batches: Iterable, out: str | Path,
     cfg = model.config
     numbers = result.numbers()
     numbers["checkpoint"] = {"path": checkpoint, "format": imported.source_format, "model": cfg.name,
-                             "random_init": random_init, "images": source}
+                             "random_init": seeds[0] if len(seeds) == 1 else (seeds or None), "images": source}
     for fig in extra:
         numbers[fig.name] = fig.numbers
     atomic_write_text(out / "analysis.json", json.dumps(numbers, indent=2) + "\n")
-    replaced = f" (weights replaced: random init, seed {random_init})" if random_init is not None else ""
+    replaced = f" (weights replaced: random init, seed {seeds[0]})" if len(seeds) == 1 else ""
+    if len(seeds) > 1:
+        replaced = (f" (weights replaced: random init, seeds {seeds[0]}-{seeds[-1]}; attention distance: "
+                    f"the mean over the {len(seeds)} draws, the other figures: seed {seeds[0]})")
     facts = {"checkpoint": checkpoint + replaced, "format": imported.source_format, "model": describe(cfg),
              "images": source, "position embedding": result.pos_note}
     write_html(out / "index.html", f"vitlab inspect: {cfg.name}", facts, figures)
@@ -102,7 +135,8 @@ def summary(report: Inspection, cfg, source_format: str, source: str, out: Path)
     else:
         per_layer = " ".join(f"{v:.1f}" for v in d["mean_per_layer"])
         lines.append(f"  attention distance   per layer (px, mean over heads): {per_layer}; "
-                     f"Spearman(depth, distance) {d['spearman_depth_distance']:.3f}")
+                     f"Spearman(depth, distance) {d['spearman_depth_distance']:.3f}"
+                     + (f" (each the mean over {len(result.draws)} random-init draws)" if result.draws else ""))
     lines.append(f"  rollout              {len(result.rollout_maps)} image(s)")
     lines += [f"  {fig.name:<20} {fig.png.name}" for fig in report.extra]
     lines.append(f"wrote {out}/index.html, analysis.json and {len(report.figures)} PNG(s)")

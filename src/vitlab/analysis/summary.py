@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -45,6 +45,7 @@ class Analysis:
     distance_mode: str = "centres"
     uniform_distance: float = float("nan")  # uniform attention's value, the reference line
     attention_note: str = ""  # why there is no attention distance or rollout, when there is none
+    draws: list = field(default_factory=list)  # a random-init null: each draw's seed and distance summary
 
     def numbers(self) -> dict:
         """Everything as JSON-ready numbers."""
@@ -68,6 +69,7 @@ class Analysis:
                 "distance_px": _rounded(self.distances, 3),
                 "attention_to_class_token": _rounded(self.prefix_fraction, 4),
                 "summary": self.distance_summary,
+                **({"draws": self.draws} if self.draws else {}),
             },
             "rollout": {
                 "labels": self.rollout_labels,
@@ -150,6 +152,22 @@ def analyse_model(
         distance_mode=distance_mode,
         uniform_distance=acc.uniform,
     )
+
+
+def pooled_draws(analyses: Sequence[Analysis], seeds: Sequence[int]) -> Analysis:
+    """The random-init null of one architecture, from one Analysis per seed: the first draw's
+    filters, position similarity and rollout; the attention distances and attention to the class
+    token averaged over the draws; each summary statistic (the most local head per layer, ...) the
+    mean of that statistic over the draws, computed per draw first, so it is the null's mean of
+    the statistic and not the statistic of averaged heads. Every draw's summary is kept."""
+    first = analyses[0]
+    if first.attention_note or len(analyses) == 1:
+        return first
+    summaries = [a.distance_summary for a in analyses]
+    mean = {k: np.mean([s[k] for s in summaries], axis=0).tolist() for k in summaries[0]}
+    return replace(first, distances=np.mean([a.distances for a in analyses], axis=0),
+                   prefix_fraction=np.mean([a.prefix_fraction for a in analyses], axis=0), distance_summary=mean,
+                   draws=[{"seed": int(seed), "summary": s} for seed, s in zip(seeds, summaries)])
 
 
 def convolutional_analysis(filters: FilterPCs) -> Analysis:

@@ -155,12 +155,19 @@ def open_checkpoint(path: str | os.PathLike, format: Optional[str] = None, rando
     baseline, the same for the same seed."""
     imported = read_checkpoint(path, format)
     if random_init is not None:
-        torch.manual_seed(random_init)
-        model = build(imported.config.replace(**overrides) if overrides else imported.config)
-        model.class_names = imported.class_names
+        model = random_model(imported, random_init, **overrides)
     else:
         model = build_model(imported, str(path), **overrides)
     return (model.to(device) if device is not None else model).eval(), imported
+
+
+def random_model(imported: Imported, seed: int, **overrides: Any) -> Model:
+    """A randomly initialised model of `imported`'s shape and class names, the same for the same
+    seed: the baseline of `random_init=SEED`, and one draw of a random-init null."""
+    torch.manual_seed(seed)
+    model = build(imported.config.replace(**overrides) if overrides else imported.config)
+    model.class_names = imported.class_names
+    return model
 
 
 def resolve(path_or_name: str | os.PathLike, revision: Optional[str] = None) -> Path:

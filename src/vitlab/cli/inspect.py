@@ -21,6 +21,10 @@ Write the four analyses of §4.5 for any checkpoint vitlab can read:
 fashion-mnist[:DIR], imagefolder:PATH, wds:PATTERN), from which the first --num-images
 images of --split are used (the paper averages attention distance over 128 images).
 
+--random-init SEED inspects the checkpoint's shape with random weights (a baseline);
+--random-init FIRST-LAST (0-19) inspects that many random draws and writes, as the attention
+distance's summary, the mean of each statistic over the draws (a null), each draw's kept.
+
 --heatmap draws the rollout as a colour heat map over each image instead of the image
 weighted by the map.
 
@@ -34,8 +38,10 @@ examples:
 def add_arguments(p) -> None:
     from vitlab.cli.common import add_checkpoint_arguments, add_device_argument
 
-    add_checkpoint_arguments(p)
+    add_checkpoint_arguments(p, random_init=False)
     add_device_argument(p)
+    p.add_argument("--random-init", metavar="SEED[-LAST]", help="ignore the weights: a random init of the checkpoint's "
+                   "shape; a range (0-19) makes the attention distance the mean over those draws (a null)")
     p.add_argument("--images", required=True, metavar="PATH_OR_DATA", help="image files/folders/globs, or a data spec")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs, analysis.json and index.html")
     p.add_argument("--split", default="test", help="split of a data spec (default test)")
@@ -50,14 +56,10 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true", help="replace files in --out of a report's names that inspect did not write")
 
 
-def _is_paths(text: str) -> bool:
-    import glob
-
-    return Path(text).exists() or glob.has_magic(text)
-
-
 def _batches(args, model):
     """(batches, labels for the rollout titles, a note on the source)."""
+    import glob
+
     import torch
 
     from vitlab.analysis.inspection import first_batches
@@ -65,7 +67,7 @@ def _batches(args, model):
     from vitlab.data.image_files import find_images, read_images
     from vitlab.eval.features import open_for_model
 
-    if not _is_paths(args.images):
+    if not (Path(args.images).exists() or glob.has_magic(args.images)):
         dataset = open_for_model(args.images, args.split, model.config, model.class_names)
         return (first_batches(dataset, args.num_images, args.batch_size), getattr(dataset, "class_names", None),
                 f"{args.images} ({args.split} split)")
@@ -89,17 +91,18 @@ def _counted(batches, bar):
 
 
 def run(args) -> int:
-    from vitlab.analysis.inspection import inspect_model, summary
+    from vitlab.analysis.inspection import inspect_model, random_draws, summary
     from vitlab.checkpoints import open_checkpoint
     from vitlab.cli.common import progress
     from vitlab.config import pick_device
 
-    model, imported = open_checkpoint(args.checkpoint, args.format, args.random_init, pick_device(args.device))
+    seeds = random_draws(args.random_init)
+    model, imported = open_checkpoint(args.checkpoint, args.format, seeds and seeds[0], pick_device(args.device))
     out = Path(args.out)
     batches, labels, source = _batches(args, model)
     with progress(total=args.num_images, desc="inspect") as bar:
         report = inspect_model(model, imported, _counted(batches, bar), out, labels=labels, source=source,
-                               checkpoint=args.checkpoint, random_init=args.random_init, max_images=args.num_images,
+                               checkpoint=args.checkpoint, random_init=seeds, max_images=args.num_images,
                                rollout_images=args.rollout_images, components=args.components, heatmap=args.heatmap,
                                distance_mode=args.distance, force=args.force)
     print(summary(report, model.config, imported.source_format, source, out))
