@@ -48,9 +48,10 @@ def apply_corruption(x: Tensor, sources: Tensor, mask_token: Tensor) -> Tensor:
     """Corrupt patch embeddings x (B, N, D): each is replaced by row `sources` (B, N) of x's
     B*N rows followed by `mask_token` (D,) as row B*N (vitlab.data.masking draws them).
 
-    Computed as two selects rather than one gather from [x; mask_token]: the values are the
-    same, and the gradients keep the summation order runs were trained with (a gather's
-    backward adds them in another order, 1e-8 apart after a few steps)."""
+    Computed as a gather of the other patches' rows and two selects, not as one gather from
+    [x; mask_token]: the values are the same either way, but this keeps the order in which the
+    backward pass sums gradients that runs were trained with (one gather sums them in another
+    order: weights 1e-8 apart after a few steps, so a resumed run would not be bit-exact)."""
     b, n, d = x.shape
     total = b * n
     src = sources.to(x.device)
