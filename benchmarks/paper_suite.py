@@ -7,7 +7,7 @@ evidence kept and docs/paper-in-miniature.md regenerated from it.
 
 Each spec is `vitlab sweep paper/SPEC --jobs J --threads T --scale S --out OUT/SPEC` (skipping
 finished cells, resuming an interrupted one). `--keep DIR` replaces DIR/SPEC with the sweep's
-evidence (vitlab.sweep.evidence.keep: cell JSON, step times, reports; no checkpoints): a DIR/SPEC
+evidence (paper_evidence.keep: cell JSON, step times, reports; no checkpoints): a DIR/SPEC
 that holds anything but such evidence, or that is the sweep's own folder, is refused and kept; and
 `--page` rewrites the page's generated blocks from DIR. Each cell's steps record their wall
 time, so the page's time table is this run's, on this machine.
@@ -24,7 +24,8 @@ from pathlib import Path
 
 from vitlab.cli import main as vitlab
 from vitlab.config import ConfigError
-from vitlab.sweep import evidence
+
+import paper_evidence as evidence  # benchmarks/paper_evidence.py, beside this script
 
 # Cheapest first: a broken setup shows in minutes, not after the longest spec.
 SPECS = ("pos-embed-at", "pos-embed", "compute", "data-size", "cls-gap", "attention-distance")

@@ -51,7 +51,7 @@ LAYERS: dict[str, set[str]] = {
     "checkpoints": {"config", "extras", "files", "log", "models", "progress", "run_layout", "suggest", "tables"},
     "data": {"config", "extras", "files", "pixels", "suggest"},
     "eval": {"data", "files"},
-    "analysis": {"checkpoints", "config", "eval", "extras", "files", "models"},
+    "analysis": {"checkpoints", "config", "data", "eval", "extras", "files", "models"},
     "deploy": {"checkpoints", "config", "extras", "files", "models"},
     "train": {"analysis", "checkpoints", "config", "data", "deploy", "eval", "extras", "files", "log", "models",
               "progress", "run_layout", "tables"},

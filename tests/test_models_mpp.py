@@ -15,19 +15,9 @@ from vitlab.config import ConfigError, ResNetConfig, ViTConfig
 from vitlab.train.objectives import MaskedPatchPrediction
 from vitlab.analysis.mpp import head_from_extras
 from vitlab.config import MPPConfig
-from vitlab.models.mpp import (
-    MASKED,
-    RANDOM,
-    UNCHANGED,
-    UNTOUCHED,
-    apply_corruption,
-    dequantise_colors,
-    draw_corruption,
-    draw_sources,
-    patch_targets,
-    quantise_colors,
-    unnormalise,
-)
+from vitlab.data import masking
+from vitlab.data.masking import MASKED, RANDOM, UNCHANGED, UNTOUCHED, draw_corruption, draw_others
+from vitlab.models.mpp import apply_corruption, dequantise_colors, patch_targets, quantise_colors, unnormalise
 
 
 def tiny(**kw) -> ViTConfig:
@@ -59,27 +49,32 @@ def test_corruption_rates_match_within_sampling_error(rate, fm, fr):
 def test_random_source_is_another_patch_of_the_batch():
     gen = torch.Generator().manual_seed(0)
     kind = draw_corruption(8, 16, generator=gen)
-    src = draw_sources(kind, generator=gen).reshape(-1)
+    src = draw_others(kind, generator=gen).reshape(-1)
     assert (src != torch.arange(src.numel())).all()
     assert src.min() >= 0 and src.max() < src.numel()
     # Other images of the batch are reachable, not just the same image.
     assert ((src // 16) != (torch.arange(src.numel()) // 16)).any()
 
 
-def test_apply_corruption_replaces_exactly_what_kind_says():
-    gen = torch.Generator().manual_seed(3)
+def test_the_drawn_corruption_replaces_exactly_what_kind_says():
+    """The data draws (kind, sources); the model's gather puts the [mask] embedding, another
+    patch's embedding or the patch's own where `kind` says, and the gradient reaches each."""
     b, n, d = 6, 20, 5
-    x = torch.randn(b, n, d)
-    token = torch.randn(d)
-    kind = draw_corruption(b, n, generator=gen)
-    src = draw_sources(kind, generator=gen)
-    out = apply_corruption(x, kind, src, token)
+    x = torch.randn(b, n, d, requires_grad=True)
+    token = torch.randn(d, requires_grad=True)
+    kind, src = masking.draw(MPPConfig(), torch.zeros(b, 3, 4 * 4, 4 * 5), 4, torch.Generator().manual_seed(3))
+    again = torch.Generator().manual_seed(3)  # the same stream, step by step: draw's RANDOM rows
+    assert torch.equal(draw_corruption(b, n, generator=again), kind) and src.shape == (b, n)
+    other = draw_others(kind, generator=again)
+    out = apply_corruption(x, src, token)
     flat = x.reshape(b * n, d)
     for i in range(b):
         for j in range(n):
-            want = {MASKED: token, RANDOM: flat[src[i, j]]}.get(int(kind[i, j]), x[i, j])
+            want = {MASKED: token, RANDOM: flat[other[i, j]]}.get(int(kind[i, j]), x[i, j])
             assert torch.equal(out[i, j], want)
-    assert (kind == RANDOM).any() and (kind == UNCHANGED).any()
+    assert (kind == RANDOM).any() and (kind == UNCHANGED).any() and (kind == MASKED).any()
+    out.sum().backward()
+    assert float(token.grad.sum()) == pytest.approx(float((kind == MASKED).sum()) * d)
 
 
 # Targets -------------------------------------------------------------------------------------
@@ -138,7 +133,7 @@ def test_loss_counts_only_corrupted_patches_including_unchanged_ones():
     torch.nn.init.normal_(obj.mpp.head.weight, std=0.1)
     images = torch.randn(16, 3, 16, 16)
     loss, metrics, pred = captured_head_output(obj, images, seed=5)
-    kind = obj.mpp.corrupt(16, 16, torch.Generator().manual_seed(5))[0]
+    kind = masking.draw(obj.cfg, images, 4, torch.Generator().manual_seed(5))[0]
     touched = pred.grad.abs().sum(-1) > 0  # (B, N): patches whose prediction enters the loss
     assert torch.equal(touched, kind != UNTOUCHED)
     assert touched[kind == UNCHANGED].all() and (kind == UNCHANGED).any()

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from vitlab.config import ConfigError
-from vitlab.sweep import evidence, stats
+from vitlab.sweep import stats
+
+import paper_evidence as evidence  # noqa: E402  (benchmarks/paper_evidence.py: on sys.path by conftest)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "paper-in-miniature.md"
@@ -22,7 +24,7 @@ def test_the_page_is_generated_from_the_committed_results():
     text = PAGE.read_text()
     assert evidence.render(text, RESULTS) == text, (
         "docs/paper-in-miniature.md differs from results/paper: run "
-        "python -m vitlab.sweep.evidence docs/paper-in-miniature.md results/paper")
+        "python benchmarks/paper_evidence.py docs/paper-in-miniature.md results/paper")
     assert stats.RULE in text and text.count("<!-- findings:") == text.count("<!-- /findings -->")
     # each declared claim once, in the page's claims table, and a generated sentence per claim
     claims = [c["claim"] for r in evidence.page_reports(RESULTS).values() for c in r["claims"]]

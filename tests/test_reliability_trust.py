@@ -32,9 +32,11 @@ from vitlab.data.vtab import TASKS
 from vitlab.eval.real import read_real_labels
 from vitlab.files import documents
 from vitlab.sweep import cells as sweep_cells
-from vitlab.sweep import evidence, load_folder
+from vitlab.sweep import load_folder
 from vitlab.train import vtab
 from vitlab.train.run_folder import RunFolder, read_summary
+
+import paper_evidence as evidence  # noqa: E402  (benchmarks/paper_evidence.py: on sys.path by conftest)
 
 FUZZ = settings(max_examples=int(os.environ.get("VITLAB_FUZZ_EXAMPLES", "30")), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -18,7 +18,8 @@ from torch import Tensor
 
 from vitlab.checkpoints import CheckpointError
 from vitlab.config import MPPConfig
-from vitlab.models.mpp import KIND_NAMES, UNTOUCHED, MPPHead, dequantise_colors, unnormalise
+from vitlab.data.masking import KIND_NAMES, UNTOUCHED, draw
+from vitlab.models.mpp import MPPHead, dequantise_colors, unnormalise
 
 
 @dataclass
@@ -28,7 +29,7 @@ class MPPPredictions:
 
     target: str
     images: np.ndarray  # (B, H, W, C) the input pixels in [0, 1]
-    kind: np.ndarray  # (B, gh, gw) codes of vitlab.models.mpp: 0 untouched, 1 mask, 2 random, 3 unchanged
+    kind: np.ndarray  # (B, gh, gw) codes of vitlab.data.masking: 0 untouched, 1 mask, 2 random, 3 unchanged
     true: np.ndarray  # target colours (quantised to bin centres for the colour targets)
     predicted: np.ndarray  # predicted colours (the argmax class's bin centre)
     accuracy: float  # share of corrupted patches (cells) whose colour class is right; nan for pixels
@@ -50,8 +51,9 @@ def mpp_predictions(model, head: MPPHead, images: Tensor, seed: int = 0) -> MPPP
     cfg, mc = head.cfg, model.config
     p, c = mc.patch_size, mc.in_channels
     b, gh, gw = images.shape[0], images.shape[2] // p, images.shape[3] // p
-    kind, pred, target = head.predict(model, images, torch.Generator().manual_seed(seed))
-    kind, pred, target = kind.cpu(), pred.cpu(), target.cpu()
+    kind, sources = draw(cfg, images, p, torch.Generator().manual_seed(seed))  # as pretraining draws them
+    pred, target = head.predict(model, images, sources)
+    pred, target = pred.cpu(), target.cpu()
     pixels = unnormalise(images.float(), mc.mean, mc.std).cpu()
     levels = 2**cfg.bits
 

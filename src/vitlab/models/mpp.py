@@ -24,18 +24,16 @@ Targets (the three the paper tried, Appendix B.1.2):
 Pixels in [0, 1] are recovered from the model's input by undoing the config's normalisation
 (x * std + mean), so the targets do not depend on which mean/std a model was built with.
 
-The VisionTransformer stays plain (its `forward_features(x, patch_fn=...)` hook is where the
-corruption happens); `MPPHead` holds the [mask] embedding and the prediction head, which
-travel in the checkpoint as extras and are left behind when fine-tuning. The training
-objective (vitlab.train.objectives) adds the loss; `vitlab inspect` (vitlab.analysis.mpp)
-runs the same predictor to show what a checkpoint predicts. Masks are drawn on the CPU from
-torch's global generator (or a given one), which the trainer checkpoints: a resumed run
-draws the same masks.
+Step 2's draw is the data's (vitlab.data.masking, like an augmentation): it says which row
+replaces each patch embedding, and this module only gathers those rows. The VisionTransformer
+stays plain (its `forward_features(x, patch_fn=...)` hook is where the corruption happens);
+`MPPHead` holds the [mask] embedding and the prediction head, which travel in the checkpoint
+as extras and are left behind when fine-tuning. The training objective
+(vitlab.train.objectives) draws the masks and adds the loss; `vitlab inspect`
+(vitlab.analysis.mpp) runs the same predictor to show what a checkpoint predicts.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -44,59 +42,23 @@ from torch import Tensor, nn
 from vitlab.config import ConfigError, MPPConfig
 from vitlab.models.vit import VisionTransformer
 
-# What happened to each patch, one code per patch in a (B, N) tensor.
-UNTOUCHED, MASKED, RANDOM, UNCHANGED = 0, 1, 2, 3  # UNCHANGED: selected but kept as it was
-KIND_NAMES = {MASKED: "mask", RANDOM: "random", UNCHANGED: "unchanged"}
-
 
 # Corruption ------------------------------------------------------------------------------
-def draw_corruption(
-    batch: int,
-    num_patches: int,
-    mask_rate: float = 0.5,
-    mask_token_frac: float = 0.8,
-    random_patch_frac: float = 0.1,
-    generator: Optional[torch.Generator] = None,
-) -> Tensor:
-    """Which patches to corrupt and how: (B, N) int64 codes UNTOUCHED/MASKED/RANDOM/UNCHANGED.
+def apply_corruption(x: Tensor, sources: Tensor, mask_token: Tensor) -> Tensor:
+    """Corrupt patch embeddings x (B, N, D): each is replaced by row `sources` (B, N) of x's
+    B*N rows followed by `mask_token` (D,) as row B*N (vitlab.data.masking draws them).
 
-    Exactly round(mask_rate * N) patches per image are selected (at least one, so the loss
-    always has a term); each selected patch then independently becomes [mask], a random
-    other patch, or stays, with probabilities mask_token_frac, random_patch_frac and the rest.
-    Drawn on the CPU so the stream of random numbers is the same on every device.
-    """
-    k = min(num_patches, max(1, int(mask_rate * num_patches + 0.5)))
-    scores = torch.rand(batch, num_patches, generator=generator)
-    chosen = scores.argsort(dim=1)[:, :k]  # k random positions per image
-    selected = torch.zeros(batch, num_patches, dtype=torch.bool).scatter_(1, chosen, True)
-    u = torch.rand(batch, num_patches, generator=generator)
-    fate = torch.full((batch, num_patches), UNCHANGED, dtype=torch.long)
-    fate[u < mask_token_frac + random_patch_frac] = RANDOM
-    fate[u < mask_token_frac] = MASKED
-    return torch.where(selected, fate, torch.full_like(fate, UNTOUCHED))
-
-
-def draw_sources(kind: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
-    """For each patch, the flat index (into the batch's B*N patches) of a random *other* patch.
-
-    Drawn for every patch (only RANDOM ones use it) so the number of random draws per step is
-    fixed. Index i is skipped by drawing from B*N - 1 values and shifting those >= i up by one.
-    """
-    total = kind.numel()
-    own = torch.arange(total)
-    if total < 2:
-        return own.view_as(kind)
-    src = torch.randint(0, total - 1, (total,), generator=generator)
-    return (src + (src >= own).long()).view_as(kind)
-
-
-def apply_corruption(x: Tensor, kind: Tensor, sources: Tensor, mask_token: Tensor) -> Tensor:
-    """Corrupt patch embeddings x (B, N, D) as `kind` says; `mask_token` is (D,)."""
+    Computed as a gather of the other patches' rows and two selects, not as one gather from
+    [x; mask_token]: the values are the same either way, but this keeps the order in which the
+    backward pass sums gradients that runs were trained with (one gather sums them in another
+    order: weights 1e-8 apart after a few steps, so a resumed run would not be bit-exact)."""
     b, n, d = x.shape
-    kind = kind.to(x.device)[..., None]  # (B, N, 1)
-    other = x.reshape(b * n, d)[sources.to(x.device).reshape(-1)].view(b, n, d)
-    x = torch.where(kind == MASKED, mask_token.to(x.dtype).expand(b, n, d), x)
-    return torch.where(kind == RANDOM, other, x)
+    total = b * n
+    src = sources.to(x.device)
+    own = torch.arange(total, device=x.device).view(b, n)
+    other = x.reshape(total, d)[src.clamp(max=total - 1).reshape(-1)].view(b, n, d)
+    x = torch.where((src == total)[..., None], mask_token.to(x.dtype).expand(b, n, d), x)
+    return torch.where(((src != own) & (src != total))[..., None], other, x)
 
 
 # Targets ---------------------------------------------------------------------------------
@@ -205,25 +167,15 @@ class MPPHead(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def corrupt(self, batch: int, num_patches: int, generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
-        """Draw which patches to corrupt and the random-patch sources: (kind, sources), (B, N)."""
-        c = self.cfg
-        kind = draw_corruption(batch, num_patches, c.mask_rate, c.mask_token_frac, c.random_patch_frac, generator)
-        return kind, draw_sources(kind, generator)
-
-    def predict(
-        self, model: VisionTransformer, images: Tensor, generator: Optional[torch.Generator] = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Corrupt, encode, predict: kind (B, N), predictions (B, N, out), targets (B, N, ...)."""
+    def predict(self, model: VisionTransformer, images: Tensor, sources: Tensor) -> tuple[Tensor, Tensor]:
+        """Corrupt as `sources` says (vitlab.data.masking.draw), encode, predict: predictions
+        (B, N, out) and targets (B, N, ...) for every patch."""
         mc = model.config
-        p = mc.patch_size
-        b, n = images.shape[0], (images.shape[2] // p) * (images.shape[3] // p)
-        kind, sources = self.corrupt(b, n, generator)
-        feats = model.forward_features(images, patch_fn=lambda x: apply_corruption(x, kind, sources, self.mask_token))
+        feats = model.forward_features(images, patch_fn=lambda x: apply_corruption(x, sources, self.mask_token))
         tokens = feats[:, model.num_prefix_tokens :]  # (B, N, D), the patch positions
         with torch.no_grad():
-            targets = patch_targets(unnormalise(images.float(), mc.mean, mc.std), p, self.cfg)
-        return kind.to(images.device), self.head(tokens).float(), targets
+            targets = patch_targets(unnormalise(images.float(), mc.mean, mc.std), mc.patch_size, self.cfg)
+        return self.head(tokens).float(), targets
 
     def extra_tensors(self) -> dict[str, Tensor]:
         return {"mask_token": self.mask_token.detach(), "head.weight": self.head.weight.detach(), "head.bias": self.head.bias.detach()}

@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.config import ConfigError, MPPConfig, RunConfig
+from vitlab.data import masking
 from vitlab.deploy import inference_copy
 from vitlab.eval.accuracy import batch_counts, metrics_from_counts
-from vitlab.models.mpp import UNTOUCHED, MPPHead, mpp_loss
+from vitlab.models.mpp import MPPHead, mpp_loss
 from vitlab.models.vit import VisionTransformer
 
 
@@ -162,8 +163,9 @@ class MaskedPatchPrediction(Objective):
     def forward(
         self, images: Tensor, labels: Optional[Tensor] = None, generator: Optional[torch.Generator] = None
     ) -> tuple[Tensor, dict[str, Any]]:
-        kind, pred, targets = self.mpp.predict(self.model, images, generator)
-        selected = kind != UNTOUCHED  # (B, N); the unchanged-but-selected count too
+        kind, sources = masking.draw(self.cfg, images, self.model.config.patch_size, generator)
+        pred, targets = self.mpp.predict(self.model, images, sources)
+        selected = (kind != masking.UNTOUCHED).to(images.device)  # (B, N); the unchanged-but-selected count too
         loss, metrics = mpp_loss(pred[selected], targets[selected], self.cfg)
         # "accuracy" (what the trainer logs): the colour-class accuracy on corrupted patches.
         return loss, {("accuracy" if k == "color_acc" else k): v.detach() for k, v in metrics.items()}
@@ -172,8 +174,9 @@ class MaskedPatchPrediction(Objective):
     # global generator -- hence resume -- is left alone.
     @torch.no_grad()
     def eval_step(self, images: Tensor, labels: Optional[Tensor] = None, seed: int = 0) -> dict[str, Tensor]:
-        kind, pred, targets = self.mpp.predict(self.model, images, torch.Generator().manual_seed(seed))
-        selected = kind != UNTOUCHED
+        kind, sources = masking.draw(self.cfg, images, self.model.config.patch_size, torch.Generator().manual_seed(seed))
+        pred, targets = self.mpp.predict(self.model, images, sources)
+        selected = (kind != masking.UNTOUCHED).to(images.device)
         loss, metrics = mpp_loss(pred[selected], targets[selected], self.cfg)
         m = selected.sum()
         sums = {"count": torch.tensor(images.shape[0], device=images.device), "patches": m, "loss_sum": loss * m}

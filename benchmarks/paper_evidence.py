@@ -1,4 +1,9 @@
-"""A sweep's evidence, kept in a repository, and the page tables generated from it.
+"""A sweep's evidence, kept in this repository, and the page tables generated from it.
+
+This repository's tooling, not the library's: it writes docs/paper-in-miniature.md and the
+committed results/paper/ folders (benchmarks/paper_suite.py and the page's test use it). What a
+user runs on their own sweep, results.csv and report.md/json, is `vitlab sweep --report`
+(vitlab.sweep.findings).
 
     keep(Path("runs/sweeps/pos-embed"), Path("results/paper/pos-embed"))
         copies what the numbers rest on (kilobytes): sweep.json, results.csv, report.md and
@@ -173,7 +178,7 @@ def render(text: str, root: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """python -m vitlab.sweep.evidence PAGE ROOT [--check]: rewrite (or check) a page's blocks,
+    """python benchmarks/paper_evidence.py PAGE ROOT [--check]: rewrite (or check) a page's blocks,
     and rewrite ROOT/*/report.json and report.md with the page's adjusted p-values."""
     page, root = Path(argv[0]), Path(argv[1])
     new = render(page.read_text(), root)
