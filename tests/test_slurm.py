@@ -229,7 +229,9 @@ def test_sweep_on_slurm_runs_its_cells_says_a_failed_cell_in_one_line_and_no_sac
 def test_vtab_on_slurm_runs_a_task_as_a_job_that_is_preempted_and_requeued(cluster, digits_run, tmp_path):
     """A task's job gets the signal submitit asks for (SIGUSR2: the time limit's notice, or a
     preemption): its fine-tune stops at a step with a checkpoint, submitit requeues the job,
-    and the job's second start continues the task to its result."""
+    and the job's second start continues the task to its result. The task is long enough (300
+    steps) that the signal, sent once its first checkpoint is written, finds it training: a
+    30-step task could end between that checkpoint and scancel."""
     root = tmp_path / "vtab"
     d = digits_arrays()  # digits dressed as DTD: image folders train / validation / test
     images, labels = np.concatenate([d["train"][0], d["test"][0]]), np.concatenate([d["train"][1], d["test"][1]])
@@ -241,12 +243,12 @@ def test_vtab_on_slurm_runs_a_task_as_a_job_that_is_preempted_and_requeued(clust
     out = tmp_path / "suite"
     ckpt = digits_run / "checkpoints" / "last.safetensors"
     p = subprocess.Popen([sys.executable, "-m", "vitlab", "vtab", str(ckpt), "--root", str(root), "--out", str(out),
-                          "--tasks", "dtd", "--steps", "30", "--batch-size", "32", "--image-size", "checkpoint",
+                          "--tasks", "dtd", "--steps", "300", "--batch-size", "32", "--image-size", "checkpoint",
                           "--quiet", "--launcher", "slurm", "train.ckpt_every=5", "train.threads=1"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     run = out / "dtd" / "run"
     try:
-        wait_for(lambda: (run / "checkpoints" / "step-00000005.safetensors").exists() or p.poll() is not None,
+        wait_for(lambda: any((run / "checkpoints").glob("step-*.safetensors")) or p.poll() is not None,
                  "the task's first checkpoint")
         (job,) = [x.name.split("_")[0] for x in (out / "submitit").glob("*_submitted.pkl")]
         subprocess.run(["scancel", "--signal=USR2", job], check=True)
@@ -260,6 +262,6 @@ def test_vtab_on_slurm_runs_a_task_as_a_job_that_is_preempted_and_requeued(clust
     assert "vitlab vtab: stopped: SIGTERM at step" in log and "Traceback" not in log, log[-3000:]
     assert "Restarts=1" in subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     result = json.loads((out / "dtd" / "result.json").read_text())
-    assert result["test_images"] == 200 and result["steps"] == 30
+    assert result["test_images"] == 200 and result["steps"] == 300
     assert json.loads((out / "vtab.json").read_text())["tasks"]["dtd"] == result["top1"]
     assert (out / "submitit" / f"{job}_0_log.out").is_file()  # the job's own log, where submitit keeps it
