@@ -12,7 +12,8 @@ user runs on their own sweep, results.csv and report.md/json, is `vitlab sweep -
         analysis); never checkpoints.
         An after-step's JSON keeps the part its results row is built from (results.columns_only:
         not an analysis's position-similarity grid of grids or rollout maps, 100 kB a cell that
-        no table reads; the run folder keeps the whole file). `vitlab sweep --report DEST`
+        no table reads; the run folder keeps the whole file), and the records a column's
+        mean was taken over (a random-init null's draws). `vitlab sweep --report DEST`
         rebuilds the same report from the copy.
 
     render(page_text, Path("results/paper")) -> page_text
@@ -46,7 +47,7 @@ from typing import Any, Optional
 
 from vitlab.config import ConfigError
 from vitlab.files import atomic_write_text
-from vitlab.sweep import findings, load_folder, results as res, stats, timing
+from vitlab.sweep import claims_declared, findings, load_folder, results as res, stats, timing
 from vitlab.sweep.cells import TRAIN_RESULT, expand
 
 TOP = ("sweep.json", "results.csv", "report.md", "report.json")
@@ -125,7 +126,7 @@ def page_reports(root: Path) -> dict[str, dict[str, Any]]:
     reports = {}
     for folder in sorted(p.parent for p in root.glob("*/sweep.json")):
         spec, rows, _ = load(folder)
-        reports[folder.name] = findings.build(spec, rows)
+        reports[folder.name] = findings.build(spec, rows, claims_declared(folder))
     findings.adjust(list(reports.values()), f"the page ({root.name}: {', '.join(reports)})")
     return reports
 

@@ -97,10 +97,15 @@ def test_kept_after_step_json_holds_what_the_results_rows_read(tmp_path):
     d = json.loads(fewshot.read_text())
     d["similarity"] = [[[0.5, 0.25], [0.125, 1.0]]]  # three deep: a map per position
     d["per_layer"] = [[1.0, 2.0], [3.0, 4.0]]  # a table: its row means are a column
+    # records (a null's draws): no column, kept as what a column's mean was taken over, trimmed alike
+    d["draws"] = [{"seed": 0, "summary": {"min_per_layer": [1.5, 2.5], "maps": [[[0.5]]]}},
+                  {"seed": 1, "summary": {"min_per_layer": [1.0, 2.0], "maps": [[[0.25]]]}}]
     fewshot.write_text(json.dumps(d))
     evidence.keep(src, tmp_path / "kept")
     kept = json.loads((tmp_path / "kept" / fewshot.relative_to(src)).read_text())
     assert "similarity" not in kept and kept["per_layer"] == d["per_layer"] and kept["shots"] == d["shots"]
+    assert kept["draws"] == [{"seed": 0, "summary": {"min_per_layer": [1.5, 2.5]}},
+                             {"seed": 1, "summary": {"min_per_layer": [1.0, 2.0]}}]
     src_rows, kept_rows = evidence.load(src)[1], evidence.load(tmp_path / "kept")[1]
     assert kept_rows == src_rows and any("fewshot.per_layer" in r for r in kept_rows)
     assert all("fewshot.similarity" not in r for r in src_rows)

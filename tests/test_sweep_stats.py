@@ -391,6 +391,15 @@ def test_claims_cannot_change_after_results_exist(tmp_path):
     record = json.loads((tmp_path / "sweep.json").read_text())["claims"]
     assert record["digest"] == claims_digest(spec) and record["text"] == ["an embedding helps"]
     assert record["declared"] == "before the first cell ran"
+    # the report says when, and the page's claims table shows it per claim
+    from vitlab.sweep import claims_declared
+    assert claims_declared(tmp_path) == record["declared"]
+    report = findings.build(spec, rows(), claims_declared(tmp_path))
+    assert report["claims_declared"] == record["declared"]
+    assert "| an embedding helps | before the run |" in findings.claims_table([report])
+    late = {**report, "claims_declared": "after its results (post hoc): declared on 5 December 2026"}
+    assert "| an embedding helps | after the run (post hoc) |" in findings.claims_table([late])
+    assert claims_declared(tmp_path / "elsewhere") is None
     changed = SweepSpec.from_dict({**declared, "report": {**declared["report"], "compare": [
         {**declared["report"]["compare"][0], "expect": "equal", "margin": 0.01}]}}, "t")
     check_claims(changed, tmp_path, expand(changed, tmp_path))  # no results yet: the spec may change

@@ -26,7 +26,7 @@ from vitlab.sweep import findings, results as res
 from vitlab.sweep.cells import MAX_CELLS, Cell, check_record, count, expand, too_many
 from vitlab.sweep.runner import LAUNCHERS, Say, check_launcher, run
 
-__all__ = ["LAUNCHERS", "Cell", "draw", "dry_run", "expand", "load_folder", "run_sweep"]
+__all__ = ["LAUNCHERS", "Cell", "claims_declared", "draw", "dry_run", "expand", "load_folder", "run_sweep"]
 
 SPEC_FILE = "sweep.json"  # in a sweep's folder: the spec and --scale it was run with
 
@@ -60,14 +60,20 @@ def save_spec(spec: SweepSpec, out: Path, scale: float) -> Path:
     rebuild the report from the cells alone, with its declared claims' text and digest and
     when they were declared (before the first cell ran, or as an earlier sweep.json says)."""
     out.mkdir(parents=True, exist_ok=True)
-    when = "before the first cell ran"
-    if (out / SPEC_FILE).is_file():
-        old = read_json(out / SPEC_FILE, {"spec": dict, "scale?": Number(0, integer=False), "claims?": dict},
-                        "sweep's spec", f"delete {out / SPEC_FILE}", ConfigError)
-        when = (old.get("claims") or {}).get("declared", when)
+    when = claims_declared(out) or "before the first cell ran"
     claims = {"digest": claims_digest(spec), "declared": when, "text": [c["claim"] for c in declared_claims(spec)]}
     atomic_write_text(out / SPEC_FILE, json.dumps({"spec": spec.to_dict(), "scale": scale, "claims": claims}, indent=2))
     return out / SPEC_FILE
+
+
+def claims_declared(out: Path) -> Optional[str]:
+    """When a sweep folder's claims were declared, as its sweep.json records it (None: not
+    recorded, or no sweep.json)."""
+    if not (out / SPEC_FILE).is_file():
+        return None
+    d = read_json(out / SPEC_FILE, {"spec": dict, "scale?": Number(0, integer=False), "claims?": dict}, "sweep's spec",
+                  f"delete {out / SPEC_FILE}", ConfigError)
+    return (d.get("claims") or {}).get("declared")
 
 
 def load_folder(out: Path) -> tuple[SweepSpec, float]:
@@ -110,7 +116,7 @@ def report(spec: SweepSpec, cells: list[Cell], out: Path, say: Say = print) -> d
     report.json, and draw the spec's figures."""
     rows = res.collect(cells, out)
     csv = res.write_csv(rows, list(spec.grid), out / "results.csv")
-    js, md = findings.write(spec, rows, out)
+    js, md = findings.write(spec, rows, out, findings.build(spec, rows, claims_declared(out)))
     drawn = [p for p in (draw(f, rows, out) for f in spec.figures) if p is not None]
     done = sum(r["status"] == "done" for r in rows)
     say(f"results: {csv} ({done} of {len(rows)} cells finished)")

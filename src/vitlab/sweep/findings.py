@@ -281,14 +281,16 @@ def adjust(reports: list[dict[str, Any]], family: str) -> None:
                      verdict=stats.verdict(c, c["expect"], c["margin"], ph))
 
 
-def build(spec: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[str] = None) -> dict[str, Any]:
+    """The statistics of a sweep's rows; `declared` says when its claims were set (its
+    sweep.json's `claims.declared`: before the first cell ran, or after, post hoc)."""
     comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)] + slope_comparisons(spec, rows)
     report = {
         "sweep": spec.name, "level": stats.LEVEL, "interval": "Student t over seeds (pair_by), two-sided",
         "pair_by": spec.report.pair_by, "rule": stats.RULE,
         "cells": len(rows), "finished": len(_done(rows)),
         "arms": arms(spec, rows), "comparisons": comparisons, "slopes": slopes(spec, rows),
-        "claims": claims(spec, comparisons), "claims_digest": claims_digest(spec),
+        "claims": claims(spec, comparisons), "claims_digest": claims_digest(spec), "claims_declared": declared,
     }
     adjust([report], f"sweep {spec.name}")
     return report
@@ -362,14 +364,22 @@ def _mde_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
                    if c.get("mde") is not None and bar and c["mde"] > bar else "")
 
 
+def when_declared(report: dict[str, Any]) -> str:
+    """"before the run", "after the run (post hoc)" or "-" (not recorded), from a report's
+    `claims_declared`: a claim set after its results were seen is not a test of them."""
+    declared = report.get("claims_declared") or ""
+    return "before the run" if declared.startswith("before") else "after the run (post hoc)" if declared else "-"
+
+
 def claims_table(reports: list[dict[str, Any]]) -> str:
-    """One row per declared claim of every report: its one row's statistics, p, Holm and BH
-    p-values across the page, the minimum detectable effect (80% power) and the verdict."""
-    lines = ["| spec | claim | where, metric | a - b | n | mean diff | 95% interval | p | p_holm | p_bh | "
-             "MDE (80%) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """One row per declared claim of every report: when it was declared, its one row's
+    statistics, p, Holm and BH p-values across the page, the minimum detectable effect (80%
+    power) and the verdict."""
+    lines = ["| spec | claim | declared | where, metric | a - b | n | mean diff | 95% interval | p | p_holm | p_bh | "
+             "MDE (80%) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in reports:
         for claim in r.get("claims", []):
-            head = f"| {r['sweep']} | {claim['claim']} | "
+            head = f"| {r['sweep']} | {claim['claim']} | {when_declared(r)} | "
             if claim["row"] is None:
                 lines.append(head + f"{claim['metric']} | {claim['a']} - {claim['b']} | - | - | - | - | - | - | - | "
                              "not run since declared |")

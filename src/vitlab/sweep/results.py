@@ -58,13 +58,21 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _records(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
 def columns_only(d: Any) -> Any:
     """`d` without what flatten() leaves out (the per-class tables, and lists deeper than a
     table: a position-similarity grid of grids, rollout maps per image): the part of a cell's
-    JSON that its results row is built from, so a copy of it rebuilds the same row."""
+    JSON that its results row is built from, so a copy of it rebuilds the same row. A list of
+    records (a random-init null's draws, each with its own summary) is kept, each record
+    trimmed the same way: no column reads it, but it is what a column's mean was taken over."""
     if isinstance(d, dict):
         return {k: columns_only(v) for k, v in d.items()
-                if k not in SKIP and (not isinstance(v, list) or _numbers(v) or _table(v))}
+                if k not in SKIP and (not isinstance(v, list) or _numbers(v) or _table(v) or _records(v))}
+    if _records(d):
+        return [columns_only(x) for x in d]
     return d
 
 
