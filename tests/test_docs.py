@@ -298,7 +298,7 @@ def shapes(text: str) -> list[str]:
     for line in text.splitlines():
         if re.fullmatch(r"exit status \d+", line.strip()):  # the docs' way of showing the exit code
             continue
-        if "since the last line" in line:  # vitlab.progress's heartbeat: only when 10 s pass without a line
+        if "since the last line" in line:  # vitlab.progress's heartbeat, any kind: only when 10 s pass without a line
             continue
         s = shape(line.split("  # ")[0]) if line.strip() != "..." else "..."
         if len(out) >= 2 and out[-1] == "..." and out[-2] == s:  # `...` between lines of one shape: more of them

@@ -63,6 +63,22 @@ def test_the_committed_reports_are_adjusted_across_the_page():
         assert declared["digest"] == report["claims_digest"] and declared["text"] == [c["claim"] for c in report["claims"]]
 
 
+def test_each_shipped_paper_spec_is_the_one_its_evidence_ran():
+    """`vitlab sweep paper/NAME` runs what the page reports: a spec changed (its seeds, steps or
+    claims) without a new run of its cells would make the page describe another experiment."""
+    from vitlab.config.sweep import load_sweep
+    from vitlab.sweep import load_folder
+
+    folders = sorted(p.parent for p in RESULTS.glob("*/sweep.json"))
+    assert folders
+    for folder in folders:
+        shipped, path = load_sweep(f"paper/{folder.name}")
+        ran, _ = load_folder(folder)
+        assert shipped.to_dict() == ran.to_dict(), (
+            f"{path.name} differs from the spec results/paper/{folder.name} was run with: rerun it "
+            f"(python benchmarks/paper_suite.py --only {folder.name} --keep results/paper --page docs/paper-in-miniature.md)")
+
+
 def test_a_changed_result_changes_the_page(tmp_path):
     shutil.copytree(RESULTS, tmp_path / "paper")
     summary = next((tmp_path / "paper" / "pos-embed").glob("pos-embed-learned_seed-0/train/summary.json"))

@@ -76,3 +76,5 @@ def test_heartbeats_thin_out_over_a_quiet_stretch_and_name_the_stage():
     lines = stream.getvalue().splitlines()
     assert 2 <= len(lines) <= 4, lines
     assert lines[0].startswith("read: stage 1 of 2, 0:01") and "0/2" not in stream.getvalue()
+    # every heartbeat says it is one the same way, so a reader (the docs test too) can tell it apart
+    assert all("since the last line" in line for line in lines), lines

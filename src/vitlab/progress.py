@@ -12,7 +12,9 @@ feature extraction, inspect, predict, convert, export, downloads):
   the last line"), so that slow work shows life within seconds on any machine. Each
   heartbeat doubles the wait for the next (10 s, 20 s, 40 s, ... up to LONGEST_S) until the
   work prints a line of its own, so that a long quiet stretch is a few lines, not one every
-  10 s. Work counted in stages (convert, export) says which stage it is in.
+  10 s. Work counted in stages (convert, export) says which stage it is in. Every heartbeat
+  says "since the last line" after its count, so a reader (or a filter) can tell it from the
+  work's own lines.
 - `quiet=True`: nothing, in either.
 
     with Progress(total=len(dataset), desc="eval test", unit="img") as bar:
@@ -112,7 +114,7 @@ class Progress:
         if self.heartbeat is not None:
             return self.heartbeat(self.n, quiet_for)
         if self.unit == "stage" and self.total:
-            return f"{self.desc}: stage {min(self.n + 1, self.total)} of {self.total}, {format_seconds(quiet_for)} so far"
+            return f"{self.desc}: stage {min(self.n + 1, self.total)} of {self.total}, {format_seconds(quiet_for)} since the last line"
         of = f"/{self.total:,}" if self.total else ""
         return f"{self.desc}: {self.n:,}{of} {self.unit}, {format_seconds(quiet_for)} since the last line"
 
