@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 import vitlab
 from vitlab.bench import machine
 from vitlab.data import decode as D
 from vitlab.data.datasets import Encoded, read_image
-from vitlab.data.transforms import eval_transform
 from vitlab.data.tar_shards import iter_shard
-import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
+from vitlab.data.transforms import eval_transform
 
 SHARDS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "cifar10"
 

@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 from endtoend import ROOT, end_to_end  # this folder's module; the script's folder is on sys.path
-
 from vitlab.bench import machine
 
 CONFIGS = ((2, 0, 150, "data.decode=pil"), (2, 0, 150, "data.decode=fast"),

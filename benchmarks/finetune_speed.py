@@ -38,8 +38,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vitlab.bench import machine
 import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
+from vitlab.bench import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["round", "measurement", "threads", "data_workers", "steps", "images_per_s", "of_train", "others_cores"]
@@ -115,7 +115,7 @@ def first_steps(args: argparse.Namespace, info: dict) -> None:
                             "others_cores": f"{others:.2f}"})
             print(records[-1], flush=True)
     train, ft = (seconds[name] for name, _ in systems)
-    ratios = sorted(f / t for f, t in zip(ft, train))
+    ratios = sorted(f / t for f, t in zip(ft, train, strict=True))
     notes = (f"Median time to the first step: vitlab train {statistics.median(train):.2f} s, vitlab finetune "
              f"{statistics.median(ft):.2f} s; fine-tune over train, paired by round: median "
              f"{statistics.median(ratios):.2f} (rounds {ratios[0]:.2f}-{ratios[-1]:.2f}); the goal is at most 1.2.\n\n"

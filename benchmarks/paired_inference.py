@@ -61,9 +61,9 @@ def table(pairs: int, old: str, task: str = "infer", clock: str = "wall") -> str
         was = [rows(f"{prefix}old-{i}")[(batch, "vitlab", prec)] for i in range(1, pairs + 1)]
         timm_new = [rows(f"{prefix}head-{i}")[(batch, "timm", prec)] for i in range(1, pairs + 1)]
         timm_old = [rows(f"{prefix}old-{i}")[(batch, "timm", prec)] for i in range(1, pairs + 1)]
-        ratio = [float(a["images_per_s"]) / float(b["images_per_s"]) for a, b in zip(new, was)]
+        ratio = [float(a["images_per_s"]) / float(b["images_per_s"]) for a, b in zip(new, was, strict=True)]
         vs = lambda xs, ts: " / ".join(f"{float(x['images_per_s']) / float(t['images_per_s']):.2f}"  # noqa: E731
-                                       for x, t in zip(xs, ts))
+                                       for x, t in zip(xs, ts, strict=True))
         col = lambda xs, k: " / ".join(x[k] for x in xs)  # noqa: E731
         out.append(f"| b{batch} | {prec} | {col(new, 'images_per_s')} | {col(was, 'images_per_s')} | "
                    f"{' / '.join(f'{r:.2f}' for r in ratio)} ({statistics.median(ratio):.2f}) | "

@@ -22,10 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import paper_evidence as evidence  # benchmarks/paper_evidence.py, beside this script
 from vitlab.cli import main as vitlab
 from vitlab.config import ConfigError
-
-import paper_evidence as evidence  # benchmarks/paper_evidence.py, beside this script
 
 # Cheapest first: a broken setup shows in minutes, not after the longest spec.
 SPECS = ("pos-embed-at", "pos-embed", "compute", "data-size", "cls-gap", "attention-distance")

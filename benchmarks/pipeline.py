@@ -39,13 +39,12 @@ from typing import Callable
 import torch
 from PIL import Image
 
+import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 import vitlab
 from vitlab.bench import machine
-from vitlab.data import decode as D, images
-from vitlab.data import DataOptions, make_loader, open_dataset
+from vitlab.data import DataOptions, decode as D, images, make_loader, open_dataset
 from vitlab.data.transforms import eval_transform, fast_eval_transform, train_transform
 from vitlab.files import atomic_write_text
-import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 
 MATE = Path("/usr/share/backgrounds/mate")
 PHOTOS = ("Elephants_5640x3172", "Aqua", "Blinds", "Dune", "FreshFlower", "Garden", "GreenMeadow", "LadyBird",
@@ -159,7 +158,7 @@ def limits(files: list[Path]) -> dict[str, Callable[[], int]]:
         return len(datas)
 
     def at_crop_scale() -> int:
-        for d, (h, w) in zip(datas, shown):
+        for d, (h, w) in zip(datas, shown, strict=True):
             box = D.draw_box(h, w, (0.08, 1.0), (3 / 4, 4 / 3), True)
             im = Image.open(io.BytesIO(d))
             s = D.dct_scale((box.height, box.width), (224, 224))
@@ -207,7 +206,6 @@ def stage_profile(files: list[Path], reps: int = 3) -> list[dict]:
     time, summed over the images (the loader's batching shown apart)."""
     from torch.nn import functional as NF
 
-    from vitlab.data.datasets import Encoded
 
     spent: dict[str, float] = {}
 
@@ -263,7 +261,7 @@ def run(args: argparse.Namespace, profiles: dict[str, list[dict]]) -> list[dict]
             for task in ("train", "eval"):
                 chosen = {**systems(root, files, task == "train"), **(limits(files) if task == "train" else {})}
                 samples: dict[str, list[dict]] = {name: [] for name in chosen}
-                for name, fn in chosen.items():
+                for fn in chosen.values():
                     fn()  # warm-up: file cache, imports, first allocations
                 for r in range(args.rounds):
                     order = list(chosen)
@@ -280,7 +278,7 @@ def summarise(label: str, what: str, task: str, samples: dict[str, list[dict]], 
     base = samples["torchvision ImageFolder"]
     out = []
     for name, s in samples.items():
-        ratios = [a["per_core"] / b["per_core"] for a, b in zip(s, base)]
+        ratios = [a["per_core"] / b["per_core"] for a, b in zip(s, base, strict=True)]
         rates = [x["per_core"] for x in s]
         out.append({
             "photos": label, "transform": task, "system": name,

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
+import op_profile as profile  # noqa: E402  (this folder's module: the script's folder is on sys.path)
+import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 from vitlab.bench.suites import setting
 from vitlab.bench.systems import System, prepare
 from vitlab.files import atomic_write_text
-import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
-import op_profile as profile  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 
 INFERENCE = [("ViT-B/16", 1, "bf16"), ("ViT-B/16", 8, "bf16"), ("ViT-B/16", 8, "fp32"), ("ViT-B/16", 1, "int8"),
              ("ViT-B/16", 8, "int8"), ("ViT-C/4", 128, "bf16"), ("ViT-C/4", 128, "int8"), ("ViT-Ti/16", 1, "fp32")]
@@ -48,17 +48,18 @@ def profiles(out: Path, info: dict, log) -> dict[int, dict[str, float]]:
     inference = {}
     for model, batch, precision in INFERENCE:
         inference[f"{model} b{batch} {precision}"] = one_thread(
-            lambda: profile_of(model, batch, "infer", System("vitlab", precision)))
+            lambda model=model, batch=batch, precision=precision: profile_of(model, batch, "infer", System("vitlab", precision)))
         log(f"profiled {model} b{batch} {precision}")
     training = {}
     for impl, model, batch in TRAINING:
         training[f"{impl} {model} b{batch}"] = one_thread(
-            lambda: profile_of(model, batch, "train", System(impl, "bf16-autocast")))
+            lambda impl=impl, model=model, batch=batch: profile_of(model, batch, "train", System(impl, "bf16-autocast")))
         log(f"profiled the {impl} {model} b{batch} training step")
     shares: dict[int, dict[str, float]] = {}
     for size in RESOLUTIONS:
         for precision in ("fp32", "bf16"):
-            p = one_thread(lambda: profile_of("ViT-B/16", 1, "infer", System("vitlab", precision), image_size=size))
+            p = one_thread(lambda precision=precision, size=size: profile_of("ViT-B/16", 1, "infer", System("vitlab", precision),
+                                                                          image_size=size))
             shares.setdefault(size, {})[precision] = attention_share(p)
         log(f"attention's share at {size} px: {shares[size]}")
     text = (f"# Where the time goes\n\n{tables.header(info)}\n\n{__doc__.split(chr(10) + chr(10))[1]}\n\n"

@@ -30,20 +30,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from safetensors.torch import load_file
 
+import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 import vitlab
+from endtoend import end_to_end  # noqa: E402 (this folder's modules; the script's folder is on sys.path)
+from profiles import profiles
+from scaling import scaling
 from vitlab.bench import machine, runner, suites
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.data import make_loader, open_dataset
 from vitlab.data.transforms import model_transform
 from vitlab.deploy import copies
-
-from endtoend import end_to_end  # noqa: E402 (this folder's modules; the script's folder is on sys.path)
-from profiles import profiles
-from scaling import scaling
-import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
@@ -191,7 +189,7 @@ def training(out: Path, info: dict, steps: int, batch: int = 128) -> None:
             "steps": steps,
             "first_loss": f"{losses[name][0]:.4f}",
             "last_quarter_mean_loss": f"{statistics.fmean(tail):.4f}",
-            "max_abs_loss_diff_vs_vitlab_fp32": f"{max(abs(a - b) for a, b in zip(losses[name], ref)):.4f}",
+            "max_abs_loss_diff_vs_vitlab_fp32": f"{max(abs(a - b) for a, b in zip(losses[name], ref, strict=True)):.4f}",
             "images_per_s_median_step": f"{rate:.1f}",
             "x_timm_fp32": f"{rate / timm_rate:.2f}",
         })

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 from vitlab.bench import runner, suites
 from vitlab.files import atomic_write_text
-import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 
 SUMMARY = ["setting", "tokens", "system", "images_per_s", "pct_of_ceiling", "x_timm_fp32", "attention_share",
            "work_mib_per_image"]
@@ -65,7 +65,7 @@ def plot(rows, shares, path: Path) -> None:
     b.set(xlabel="batch size", ylabel="images/s", title="ViT-B/16 at 224 px with batch", xscale="log")
     for impl in ("vitlab", "timm"):
         for model in ("ViT-S/16", "ViT-C/4"):
-            pts = [find(rows, impl, "bf16-autocast", lambda st: st.config.name == model and st.task == "train", ck) for ck in (False, True)]
+            pts = [find(rows, impl, "bf16-autocast", lambda st, model=model: st.config.name == model and st.task == "train", ck) for ck in (False, True)]
             if all(pts):
                 c.plot([p.work_mib / p.setting.batch for p in pts], [p.median for p in pts], "o-",
                        label=f"{impl} {model} (right: checkpointed)")

@@ -37,9 +37,9 @@ from pathlib import Path
 from PIL import Image
 
 import vitlab
-from vitlab.data.tar_shards import iter_shard
-from vitlab.bench.machine import busy_jiffies, machine_info, wait_quiet
 from loadgen import LoadResult, run_load  # noqa: E402  (this folder's module: the script's folder is on sys.path)
+from vitlab.bench.machine import busy_jiffies, machine_info, wait_quiet
+from vitlab.data.tar_shards import iter_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 HZ = os.sysconf("SC_CLK_TCK")  # the unit of /proc's CPU times
@@ -260,7 +260,7 @@ def screenshot(path: Path, checkpoint: Path, images: list[tuple[str, bytes]]) ->
     server = Served(checkpoint)
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         files = [Path(tmp) / name for name, _ in images]
-        for f, (_, data) in zip(files, images):
+        for f, (_, data) in zip(files, images, strict=True):
             f.write_bytes(data)
         context = p.chromium.launch_persistent_context(
             str(Path(tmp) / "profile"),

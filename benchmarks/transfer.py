@@ -202,7 +202,7 @@ def seeds_table(results: dict) -> str:
             continue
         p = paired(runs)
         chosen = picked(runs, "recipe")
-        each = lambda k: " / ".join(f"{100 * runs[s][k]:.1f}" for s in sorted(runs, key=int))  # noqa: E731
+        each = lambda k, runs=runs: " / ".join(f"{100 * runs[s][k]:.1f}" for s in sorted(runs, key=int))  # noqa: E731
         steps = runs[min(runs, key=int)]
         rows.append(
             f"| {name} | {t['train_images']:,} | {100 * p['finetune']:.1f}% ({each('finetune_top1')}; {chosen}; "
@@ -228,9 +228,9 @@ def single_seed_table(results: dict) -> str:
         r = t.get("single_seed")
         if not r:
             continue
-        few = lambda k: " / ".join(f"{100 * v:.1f}" for v in r[k].values())  # noqa: E731
+        few = lambda k, r=r: " / ".join(f"{100 * v:.1f}" for v in r[k].values())  # noqa: E731
         best = max(r[k] for k in ("finetune_top1", "scratch_top1", "control_top1"))  # in bold
-        pct = lambda k: (f"**{100 * r[k]:.1f}%**" if r[k] == best else f"{100 * r[k]:.1f}%")  # noqa: E731
+        pct = lambda k, r=r, best=best: (f"**{100 * r[k]:.1f}%**" if r[k] == best else f"{100 * r[k]:.1f}%")  # noqa: E731
         rows.append(
             f"| {name} | {t['train_images']:,} | {pct('finetune_top1')} ({r['finetune_steps']} steps"
             + (f", lr {r['finetune_lr']:g}" if r["finetune_lr"] else "") + f") | {pct('scratch_top1')} "

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from conftest import perturb
 
 import vitlab
+from conftest import perturb
 
 GOOGLE = "google/vit-base-patch16-224"
 TIMM = "vit_base_patch16_224.augreg2_in21k_ft_in1k"

@@ -8,7 +8,9 @@ src/vitlab, function-local ones included, parsed with `ast` (docs/architecture.m
 - outside cli/ and the package root, vitlab's own modules are imported at the top of the file
   (package __init__ files included), where a reader sees every dependency;
 - no function longer than MAX_FUNCTION_LINES, no file longer than MAX_FILE_LINES;
-- every import in benchmarks/ and tools/ resolves, and benchmarks/serving.py starts.
+- every import in benchmarks/ and tools/ resolves, and benchmarks/serving.py starts;
+- no function-local import binds a name the module binds at its top (`import torch._dynamo`
+  inside a function makes `torch` local to the whole function: every CUDA run once failed so).
 """
 
 from __future__ import annotations
@@ -397,3 +399,37 @@ def test_the_cli_stays_small():
 
     total = sum(code_lines(f) for f in CLI.glob("*.py"))
     assert total <= MAX_CLI_CODE_LINES, f"cli/ holds {total} lines of code; move the work into the library"
+
+
+def shadowing_imports(path: Path) -> list[str]:
+    """`file:line` of each import inside a function that binds a name its module binds at the
+    top level (an import, a def, a class or an assignment): Python then treats the name as local
+    to the whole function, and a use above the import raises UnboundLocalError."""
+    tree = ast.parse(path.read_text())
+    top: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            top |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            top.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            top |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return [f"{path}:{inner.lineno}: `{ast.unparse(inner)}` in {fn.name}"
+            for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for inner in ast.walk(fn) if isinstance(inner, (ast.Import, ast.ImportFrom))
+            and any((a.asname or a.name).split(".")[0] in top for a in inner.names)]
+
+
+@pytest.mark.parametrize("folder", ["src", "benchmarks", "tools"])
+def test_no_function_local_import_shadows_a_module_name(folder):
+    root = SRC.parents[1] / folder
+    found = [line for f in sorted(root.rglob("*.py")) for line in shadowing_imports(f)]
+    assert not found, ("a function-local import rebinds a module-level name (use the module's own import, or "
+                       "importlib.import_module for a side effect):\n" + "\n".join(found))
+
+
+def test_the_shadowing_rule_can_fail(tmp_path):
+    bad = tmp_path / "setup.py"
+    bad.write_text("import torch\n\ndef setup():\n    d = torch.device('cuda')\n    import torch._dynamo\n    return d\n")
+    assert shadowing_imports(bad) == [f"{bad}:5: `import torch._dynamo` in setup"]

@@ -35,7 +35,7 @@ def test_every_kernel_computes_the_same_products(precision):
         pytest.skip("only one kernel library here")
     reference, _ = ceiling_call(cfg, 2, precision, kernel="F.linear")
     packed, _ = ceiling_call(cfg, 2, precision, kernel="oneDNN")
-    for a, b in zip(reference(), packed()):
+    for a, b in zip(reference(), packed(), strict=True):
         torch.testing.assert_close(b.float(), a.float(), rtol=1e-2 if precision == "bf16" else 1e-5, atol=1e-3)
 
 

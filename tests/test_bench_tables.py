@@ -6,9 +6,9 @@ import csv
 
 from vitlab.api import get_config
 from vitlab.bench.machine import machine_info
-from vitlab.bench.tables import COLUMNS, markdown, row_dict, write_results
 from vitlab.bench.runner import BenchConfig, Row, Sample
 from vitlab.bench.systems import Setting, System
+from vitlab.bench.tables import COLUMNS, markdown, row_dict, write_results
 
 INFO = {"date": "2026-12-01 10:00", "cpu": "Test CPU", "cores": "2", "threads": "2", "isa": "avx512f",
         "device": "cpu", "python": "3.11", "torch": "2.14.1", "timm": "1", "transformers": "4",

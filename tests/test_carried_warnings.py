@@ -8,7 +8,6 @@ import warnings
 import pytest
 
 import vitlab
-
 from conftest import perturb, tiny_model
 
 

@@ -12,12 +12,11 @@ import pytest
 import torch
 
 import vitlab
+from conftest import logits, perturb, tiny_bit
 from vitlab.checkpoints import detect_format
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.cli import main
 from vitlab.models.bit import BiTResNet
-
-from conftest import logits, perturb, tiny_bit
 
 
 # Weights: vitlab's own format ---------------------------------------------------------------

@@ -11,13 +11,14 @@ import sys
 
 import pytest
 import torch
-from conftest import logits
-from hub_standin import GOOGLE, TIMM, hf_repo_files, timm_repo_files
 
 import vitlab
+from conftest import logits
+from hub_standin import GOOGLE, TIMM, hf_repo_files, timm_repo_files
 from vitlab.checkpoints import hub
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.labels import imagenet_names, imagenet_synsets
+
 
 def test_is_pretrained_name(tmp_path):
     assert hub.is_pretrained_name("hf-hub:google/vit-base-patch16-224")

@@ -7,10 +7,10 @@ import importlib.util
 import json
 
 import torch
-from hub_standin import timm_repo_files, TIMM
 from PIL import Image
 
 import vitlab
+from hub_standin import TIMM, timm_repo_files
 from vitlab.checkpoints import labels
 from vitlab.cli import main
 

@@ -278,7 +278,7 @@ def test_import_reproduces_the_official_forward(tmp_path, case):
     assert np.abs(got - want).max() < 1e-5, np.abs(got - want).max()
 
 
-LINEN = dict(zip(SPELLINGS["original"], SPELLINGS["linen"]))
+LINEN = dict(zip(SPELLINGS["original"], SPELLINGS["linen"], strict=True))
 
 
 def big_vision_layout(a: dict[str, np.ndarray], layout: str) -> dict[str, np.ndarray]:

@@ -66,7 +66,7 @@ def test_download_once_then_cache(storage, server, cache, monkeypatch, capsys):
     monkeypatch.setenv("VITLAB_BASE_URL", url)
     model = vitlab.load(NAME)
     _, original = storage
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), original.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), original.state_dict().values(), strict=True))
     path = cache / pretrained.PRETRAINED[NAME].path
     assert path.is_file() and len(hits) == 1
     err = capsys.readouterr().err

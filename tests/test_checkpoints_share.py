@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 import yaml
-from conftest import logits, perturb
 
 import vitlab
+from conftest import logits, perturb
 from vitlab.checkpoints import share
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.cli import main

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.checkpoints.io import CheckpointError
-
 from conftest import logits, perturb
+from vitlab.checkpoints.io import CheckpointError
 
 timm = pytest.importorskip("timm")
 

@@ -12,9 +12,8 @@ import torch
 from PIL import Image
 
 import vitlab
-from vitlab.cli import main
-
 from conftest import perturb, tiny_model
+from vitlab.cli import main
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import time
 
 import pytest
 import torch
-from conftest import perturb
 
 import vitlab
+from conftest import perturb
 
 EVERY = dict(hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5, head_init="xavier")
 

@@ -223,5 +223,5 @@ def test_rollout_titles_name_the_prediction_and_heatmap_draws_a_heat_map(tmp_pat
     with torch.no_grad():
         predicted = model(x).argmax(-1).tolist()
     truth = [int(data[i][1]) for i in range(2)]
-    assert seen["titles"] == [f"{t}\npredicted: {p}" for t, p in zip(truth, predicted)]
+    assert seen["titles"] == [f"{t}\npredicted: {p}" for t, p in zip(truth, predicted, strict=True)]
     assert "heat map" in (out / "index.html").read_text()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,7 +105,7 @@ def test_other_format_gives_the_same_predictions(ckpts, images, capsys):
     _, a, _ = run_json(capsys, root / "model.safetensors", images / "rgb.png", images / "sub")
     _, b, _ = run_json(capsys, root / "timm.safetensors", images / "rgb.png", images / "sub")
     assert len(a["results"]) == 3
-    for ra, rb in zip(a["results"], b["results"]):
+    for ra, rb in zip(a["results"], b["results"], strict=True):
         assert [p["index"] for p in ra["predictions"]] == [p["index"] for p in rb["predictions"]]
         np.testing.assert_allclose(
             [p["probability"] for p in ra["predictions"]], [p["probability"] for p in rb["predictions"]], rtol=1e-5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import itertools
 import json
 import re
 import signal
@@ -25,8 +26,8 @@ pytest.importorskip("fastapi_offline")
 
 import vitlab  # noqa: E402
 from conftest import small_classifier  # noqa: E402
-from vitlab.cli import main  # noqa: E402
 from loadgen import run_load  # noqa: E402  (benchmarks/loadgen.py: on sys.path by conftest)
+from vitlab.cli import main  # noqa: E402
 
 VITLAB = [sys.executable, "-m", "vitlab"]
 
@@ -147,7 +148,7 @@ def test_on_this_machine_only_a_load_test_loses_no_request_and_leaks_no_memory(s
         rss.append(server.metric("process_resident_memory_bytes"))
         if len(rss) >= 3 and max(rss[-1] - rss[-2], rss[-2] - rss[-3]) < 8 * 2**20:
             break
-    growth = [round((b - a) / 2**20, 1) for a, b in zip(rss, rss[1:])]
+    growth = [round((b - a) / 2**20, 1) for a, b in itertools.pairwise(rss)]
     assert max(growth[-2:]) < 8, f"resident memory keeps growing (MiB per 1,000 requests: {growth})"
     assert server.metric('vitlab_requests_total{endpoint="/predict",status="200"}') == answered
     assert server.stop() == 0

@@ -10,12 +10,11 @@ import pytest
 import torch
 import yaml
 
+from test_train_loop import assert_identical, tiny
 from vitlab.cli import build_parser, main
-from vitlab.train.recipe import option_overrides, resolve
 from vitlab.train import loop, state
 from vitlab.train.loop import Trainer
-
-from test_train_loop import assert_identical, tiny
+from vitlab.train.recipe import option_overrides, resolve
 
 SMALL = ["--batch-size", "32", "model.depth=1", "model.hidden_size=16", "model.num_heads=2", "model.mlp_dim=32", "model.image_size=8",
          "model.patch_size=4", "train.threads=1", "train.log_every=5", "optim.warmup_steps=2"]

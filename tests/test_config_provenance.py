@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
-from conftest import assert_one_line_error, vitlab_cli
 
 import vitlab
+from conftest import assert_one_line_error, vitlab_cli
 from vitlab.cli import main
 from vitlab.config import RunConfig, load_recipe
 from vitlab.config.provenance import annotated_yaml, origins_in

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def test_schedule_warmup_then_cosine_or_linear():
     const = OptimConfig(lr=0.3, decay="constant", warmup_steps=2)
     assert [lr_at(s, 10, const) for s in (0, 1, 5)] == pytest.approx([0.15, 0.3, 0.3])
     values = [lr_at(s, 100, cos) for s in range(10, 100)]
-    assert all(a >= b for a, b in zip(values, values[1:])) and not any(math.isnan(v) for v in values)
+    assert all(a >= b for a, b in itertools.pairwise(values)) and not any(math.isnan(v) for v in values)
 
 
 def test_bad_key_names_the_near_one_or_the_valid_ones(tmp_path):

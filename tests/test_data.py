@@ -13,8 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitlab.data import BadImageError, DataError, DataOptions, make_loader, open_dataset, read_image
-from vitlab.data import transforms as T
+from vitlab.data import BadImageError, DataError, DataOptions, make_loader, open_dataset, read_image, transforms as T
 from vitlab.data.tar_shards import expand_braces
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -169,7 +168,7 @@ def test_webdataset_real_shards_streamed():
         items.append(item)
         if len(items) == 3:
             break
-    for (x, y), (_, data, label) in zip(items, first):
+    for (x, y), (_, data, label) in zip(items, first, strict=True):
         assert y == label
         assert torch.allclose(x, torch.from_numpy(decoded(data)).permute(2, 0, 1).float() / 127.5 - 1, atol=1e-6)
 
@@ -191,14 +190,14 @@ def test_webdataset_built_shards_split_across_workers_and_processes(tmp_path, gz
     (single,) = labels_of(1, 0)
     assert len(single) == 5 and all(len(b) == 8 for b in single)
     pair = labels_of(2, 2)
-    assert [a + b for a, b in zip(*pair)] == single
+    assert [a + b for a, b in zip(*pair, strict=True)] == single
     # Shuffled, but every sample once per epoch (5 batches of 8 = 40 of the 45).
     ids = open_dataset(spec, "train", T.eval_transform(32), options=DataOptions(shuffle_buffer=8))
     assert sorted(y for _, y in ids) == sorted(y for *_, y in samples)
     # Resuming at batch 3 gives batches 3 and 4 of the uninterrupted order, images and all.
     full = [b[0] for b in make_loader(ds, 8, num_steps=5, seed=3)]
     later = [b[0] for b in make_loader(ds, 8, start_step=3, num_steps=2, seed=3)]
-    assert all(torch.equal(a, b) for a, b in zip(full[3:], later))
+    assert all(torch.equal(a, b) for a, b in zip(full[3:], later, strict=True))
 
 
 def test_brace_expansion():
@@ -258,7 +257,7 @@ def test_loader_batches_are_a_function_of_seed_and_step():
     ds = open_dataset("digits", "train", T.train_transform(8, crop_scale=(0.5, 1.0), **GREY), train=True)
     full = list(make_loader(ds, 32, seed=5, num_steps=50))  # crosses an epoch (44 per epoch)
     resumed = list(make_loader(ds, 32, seed=5, start_step=40, num_steps=10, num_workers=2))
-    for a, b in zip(full[40:], resumed):
+    for a, b in zip(full[40:], resumed, strict=True):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     halves = [list(make_loader(ds, 16, seed=5, rank=r, world=2, num_steps=3)) for r in range(2)]
     for j in range(3):

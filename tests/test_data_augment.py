@@ -10,10 +10,9 @@ import yaml
 from torchvision import transforms as T
 
 import vitlab
+from conftest import DIGITS_RUN
 from vitlab.cli import main
 from vitlab.config import ConfigError, RunConfig
-
-from conftest import DIGITS_RUN
 
 OPTIONS = {  # option -> (value, the torchvision class it adds)
     "autoaugment": ("cifar10", T.AutoAugment),

@@ -15,11 +15,11 @@ from vitlab.cli import main
 from vitlab.data import DataError, open_dataset
 from vitlab.data.datasets import ArrayDataset
 from vitlab.data.foreign import wrap
+from vitlab.data.transforms import eval_transform
 from vitlab.eval.accuracy import evaluate
 from vitlab.eval.features import extract_features
 from vitlab.eval.fewshot import fewshot_from_data
 from vitlab.eval.linear_probe import linear_probe_from_data
-from vitlab.data.transforms import eval_transform
 
 NAMES = ["red", "green", "blue"]
 datasets = pytest.importorskip("datasets")
@@ -55,7 +55,7 @@ def test_every_kind_of_source_gives_the_same_numbers(tmp_path):
     import torchvision
 
     m, (images, labels) = model(), pixels()
-    for i, (a, y) in enumerate(zip(images, labels)):
+    for i, (a, y) in enumerate(zip(images, labels, strict=True)):
         (tmp_path / NAMES[y]).mkdir(exist_ok=True)
         Image.fromarray(a).save(tmp_path / NAMES[y] / f"{i:03d}.png")
     folder = torchvision.datasets.ImageFolder(str(tmp_path))  # sorted classes: blue, green, red

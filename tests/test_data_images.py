@@ -16,8 +16,8 @@ import torch
 from PIL import Image, JpegImagePlugin
 
 import vitlab
-from conftest import SHARED_DATA, assert_one_line_error, cifar_test_images, vitlab_cli, zero_png
-from vitlab.data import BadImageError, decode as D, images, open_dataset, read_image
+from conftest import SHARED_DATA, cifar_test_images, vitlab_cli, zero_png
+from vitlab.data import BadImageError, decode as D, images, read_image
 from vitlab.data.datasets import Encoded
 from vitlab.data.transforms import eval_transform, train_transform
 

@@ -11,11 +11,10 @@ import threading
 import pytest
 import torch
 
+from conftest import SHARED_DATA
 from vitlab.cli import main
 from vitlab.data import DataError, open_dataset
 from vitlab.data.transforms import eval_transform
-
-from conftest import SHARED_DATA
 
 CIFAR = SHARED_DATA / "cifar10"
 
@@ -52,7 +51,7 @@ def first(spec: str, n: int = 40):
 
 
 def same(a, b) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, u) and y == v for (x, y), (u, v) in zip(a, b))
+    return len(a) == len(b) and all(torch.equal(x, u) and y == v for (x, y), (u, v) in zip(a, b, strict=True))
 
 
 def test_an_http_shard_streams_the_same_samples_as_the_file(served, tmp_path, monkeypatch):

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from test_data import cifar_samples, write_shards
 from vitlab.cli import main
 from vitlab.config import ConfigError, DataConfig
 from vitlab.data import DataError, make_loader, open_dataset, training_subset
 from vitlab.data.subset import balanced_indices, class_quotas
 from vitlab.data.transforms import eval_transform
-
-from test_data import cifar_samples, write_shards
 
 
 def test_quotas_are_balanced_and_respect_small_classes():
@@ -52,7 +51,7 @@ def test_map_style_and_streamed_sets_give_the_same_subset(tmp_path):
     # Every process sees its share of the same subset.
     one = [b[1].tolist() for b in make_loader(part, 10, num_steps=2, seed=3)]
     two = [[b[1].tolist() for b in make_loader(part, 5, rank=r, world=2, num_steps=2, seed=3)] for r in (0, 1)]
-    assert [a + b for a, b in zip(*two)] == one
+    assert [a + b for a, b in zip(*two, strict=True)] == one
 
 
 def test_digits_subset_by_fraction_and_size():
@@ -109,7 +108,7 @@ def test_a_subset_reads_its_shards_once_and_streams_the_same_batches(tmp_path, m
 
 
 def _equal(a, b) -> bool:
-    return len(a) == len(b) and all(la == lb and torch.equal(xa, xb) for (xa, la), (xb, lb) in zip(a, b))
+    return len(a) == len(b) and all(la == lb and torch.equal(xa, xb) for (xa, la), (xb, lb) in zip(a, b, strict=True))
 
 
 def test_the_dev_split_is_read_once_across_evaluations(cifar_dir, monkeypatch):

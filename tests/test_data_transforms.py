@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hub_standin import GOOGLE, TIMM, hf_repo_files, timm_repo_files
 from PIL import Image
 
 import vitlab
+from hub_standin import GOOGLE, TIMM, hf_repo_files, timm_repo_files
 from vitlab.checkpoints import hub, pretrained
 from vitlab.checkpoints.timm import create_timm_model
 

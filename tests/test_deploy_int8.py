@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 import vitlab
 from vitlab import deploy
+from vitlab.data.transforms import eval_transform
 from vitlab.deploy import int8
 from vitlab.models.layers import Dense
-from vitlab.data.transforms import eval_transform
 
 CIFAR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10"
 pytestmark = pytest.mark.skipif(not int8.available(), reason="this PyTorch build has no oneDNN int8 kernels")

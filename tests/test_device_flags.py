@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import vitlab
+from conftest import perturb, small_classifier, tiny_model
 from vitlab.cli import main
 from vitlab.serve.engine import Engine
-
-from conftest import perturb, small_classifier, tiny_model
 
 GPU = "cuda" if torch.cuda.is_available() else None
 

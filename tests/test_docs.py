@@ -49,10 +49,9 @@ import torch
 from PIL import Image
 
 import vitlab
+from conftest import ROOT, perturb, tiny_model
 from vitlab.cli import COMMANDS, build_parser, main
 from vitlab.data.transforms import eval_transform
-
-from conftest import ROOT, perturb, tiny_model
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUNNABLE = ("bash", "console", "python", "sbatch")
@@ -330,7 +329,7 @@ def output_mismatch(shown: str, actual: str) -> str:
         anchored = n == 0  # the first segment starts the output, unless the doc opens with `...`
         starts = [k] if anchored else range(k, len(got) - len(segment) + 1)
         at = next((i for i in starts if i + len(segment) <= len(got)
-                   and all(same_line(w, g) for w, g in zip(segment, got[i:]))), None)
+                   and all(same_line(w, g) for w, g in zip(segment, got[i:], strict=False))), None)
         if at is None:
             near = got[k : k + len(segment) + 2]
             return f"the doc shows {segment!r}; the program printed {near!r}"

@@ -20,7 +20,6 @@ from vitlab.eval.calibration import calibration_counts, calibration_metrics, cla
 @pytest.fixture(scope="module")
 def digits_eval(digits_run):
     model = vitlab.load(digits_run / "checkpoints" / "last.safetensors")
-    cfg = model.config
     ds = open_dataset("digits", "test", vitlab.transform(model))
     batches = [(x, y) for x, y, _ in make_loader(ds, 64, train=False)]
     with torch.no_grad():

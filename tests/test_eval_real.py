@@ -11,12 +11,11 @@ import torch
 from PIL import Image
 
 import vitlab
+from conftest import perturb, tiny_model
 from vitlab.cli import main
 from vitlab.data import DataError, open_dataset
-from vitlab.eval.real import read_real_labels, real_accuracy
 from vitlab.data.transforms import eval_transform
-
-from conftest import perturb, tiny_model
+from vitlab.eval.real import read_real_labels, real_accuracy
 
 WNIDS = ["n01440764", "n01443537", "n01484850", "n01491361", "n01494475"]
 
@@ -81,7 +80,7 @@ def test_eval_real_on_a_constructed_set(val_dir, tmp_path, capsys):
                  "--out", str(tmp_path / "out")]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["real_top1"] == pytest.approx(5 / 9) and result["real_count"] == 9 and result["real_left_out"] == 3
-    top1 = np.mean([p == y for p, y in zip(preds, ds.labels.tolist())])
+    top1 = np.mean([p == y for p, y in zip(preds, ds.labels.tolist(), strict=True)])
     assert result["top1"] == pytest.approx(top1)  # ordinary top-1 beside it, from the folder labels
     assert main(["eval", str(ckpt), "--data", f"imagenet-val:{val_dir}", "--real", str(labels),
                  "--out", str(tmp_path / "out")]) == 0

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 import vitlab
+from conftest import SHARED_DATA, perturb, tiny_model
 from vitlab.cli import main
 from vitlab.data import open_dataset
 from vitlab.eval.features import extract_features
-
-from conftest import SHARED_DATA, perturb, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
 from conftest import DIGITS_RUN
 
 pytestmark = pytest.mark.slow
@@ -136,7 +137,7 @@ def test_predict(tmp_path, ckpt, pngs):
         rows[flag] = json.loads(r.stdout)["results"]
     copy, plain = rows[()], rows[("--plain",)]
     assert len(copy) == 3 and [len(r["predictions"]) for r in copy] == [3, 3, 3]
-    for a, b in zip(copy, plain):
+    for a, b in zip(copy, plain, strict=True):
         assert [p["index"] for p in a["predictions"]] == [p["index"] for p in b["predictions"]]
         assert a["predictions"][0]["probability"] == pytest.approx(b["predictions"][0]["probability"], abs=1e-4)
     vitlab(tmp_path, "predict", ckpt, pngs[0], "--csv", tmp_path / "p.csv", "--attention", tmp_path / "maps")

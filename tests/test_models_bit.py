@@ -4,16 +4,14 @@ format are tested in test_checkpoints_bit.py."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn
 
 import vitlab
+from conftest import perturb, tiny_bit
 from vitlab.config import BiTConfig, ConfigError, model_flops
 from vitlab.models.resnet import StdConv2d
-
-from conftest import perturb, tiny_bit
 
 TIMM_NAMES = {
     "BiT-R50x1": "resnetv2_50x1_bit",

@@ -10,14 +10,13 @@ import torch
 
 import vitlab
 from conftest import tiny_config
-from vitlab.checkpoints import io
-from vitlab.config import ConfigError, ResNetConfig, ViTConfig
-from vitlab.train.objectives import MaskedPatchPrediction
 from vitlab.analysis.mpp import head_from_extras
-from vitlab.config import MPPConfig
+from vitlab.checkpoints import io
+from vitlab.config import ConfigError, MPPConfig, ResNetConfig, ViTConfig
 from vitlab.data import masking
 from vitlab.data.masking import MASKED, RANDOM, UNCHANGED, UNTOUCHED, draw_corruption, draw_others
 from vitlab.models.mpp import apply_corruption, dequantise_colors, patch_targets, quantise_colors, unnormalise
+from vitlab.train.objectives import MaskedPatchPrediction
 
 
 def tiny(**kw) -> ViTConfig:

@@ -37,7 +37,7 @@ def reference_1d(values: np.ndarray, new: int, mode: str) -> np.ndarray:
             base = math.floor(src)
             t = src - base
 
-            def w(d):
+            def w(d, a=a):
                 d = abs(d)
                 if d <= 1:
                     return (a + 2) * d**3 - (a + 3) * d**2 + 1

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import paper_evidence as evidence  # noqa: E402  (benchmarks/paper_evidence.py: on sys.path by conftest)
 from vitlab.config import ConfigError
 from vitlab.sweep import stats
-
-import paper_evidence as evidence  # noqa: E402  (benchmarks/paper_evidence.py: on sys.path by conftest)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "paper-in-miniature.md"

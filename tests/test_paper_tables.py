@@ -8,14 +8,12 @@ import importlib.util
 import json
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 
 import vitlab
-from vitlab.data import open_dataset
-
 from conftest import ROOT, perturb, tiny_model
+from vitlab.data import open_dataset
 
 spec = importlib.util.spec_from_file_location("paper_tables", ROOT / "benchmarks" / "paper_tables.py")
 paper_tables = importlib.util.module_from_spec(spec)
@@ -59,7 +57,7 @@ def test_table5_on_official_format_fixtures(tmp_path, capsys):
             "--real", str(tmp_path / "real.json"), "--image-size", "16", "--batch-size", "8"]
     assert paper_tables.main(argv) == 0
     out = capsys.readouterr().out
-    top1 = 100 * np.mean([p == y for p, y in zip(preds, data.labels.tolist())])
+    top1 = 100 * np.mean([p == y for p, y in zip(preds, data.labels.tolist(), strict=True)])
     assert f"| ViT-B/16 | {round(top1, 2)} | 83.97 | {round(100 * 10 / 15, 2)} | 88.35 | 20 |" in out
     assert "| ViT-L/16 | absent | 85.15 | absent | 88.4 |" in out  # no file: listed, not measured
     assert (tmp_path / "res" / "paper-tables-table5.csv").read_text().startswith("model,imagenet,paper_imagenet")

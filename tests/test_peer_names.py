@@ -14,11 +14,10 @@ import torch
 from PIL import Image
 
 import vitlab
+from conftest import SHARED_DATA
+from test_data_transforms import photos
 from vitlab.cli import main
 from vitlab.config import ConfigError
-from test_data_transforms import photos
-
-from conftest import SHARED_DATA
 
 # (timm name, the registered variant it is)
 TIMM_NAMES = [

@@ -31,7 +31,7 @@ def test_batching_does_not_change_the_answers_and_top_k_is_ordered(files):
     one = list(predictor.predict(files, top_k=10, batch_size=1))
     many = list(predictor.predict(files, top_k=3, batch_size=4))
     assert [r["image"] for r in one] == [str(f) for f in files] == [r["image"] for r in many]
-    for a, b in zip(one, many):
+    for a, b in zip(one, many, strict=True):
         np.testing.assert_allclose(a["probabilities"], b["probabilities"], atol=1e-6)
         probs = [p["probability"] for p in a["predictions"]]
         assert probs == sorted(probs, reverse=True) and sum(probs) == pytest.approx(1.0, abs=1e-5)

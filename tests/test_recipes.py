@@ -9,13 +9,12 @@ import pytest
 import torch
 
 import vitlab
+from conftest import ROOT
 from vitlab.cli import main
 from vitlab.config import load_recipe
 from vitlab.config.recipes import list_recipes, weight_decay_reading
 from vitlab.train import finetune
 from vitlab.train.optim import build_optimizer
-
-from conftest import ROOT
 
 DOC = ROOT / "docs" / "reproducing.md"
 
@@ -25,7 +24,7 @@ def doc_table(heading: str) -> list[dict[str, str]]:
     lines = DOC.read_text().split(f"\n## {heading}", 1)[1].split("\n## ", 1)[0].splitlines()
     rows = [line for line in lines if line.startswith("|")]
     head = [c.strip() for c in rows[0].strip("|").split("|")]
-    return [dict(zip(head, (c.strip() for c in r.strip("|").split("|")))) for r in rows[2:]]
+    return [dict(zip(head, (c.strip() for c in r.strip("|").split("|")), strict=True)) for r in rows[2:]]
 
 
 TABLE3 = doc_table("Table 3")

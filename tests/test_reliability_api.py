@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import vitlab
 from conftest import ROOT, assert_one_line_error, small_classifier, tiny_model, unchanged

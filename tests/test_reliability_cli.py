@@ -11,8 +11,7 @@ import sys
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import vitlab
 from conftest import assert_one_line_error, obey_permissions, tiny_model, tree_state, unchanged, vitlab_cli
@@ -239,7 +238,7 @@ def test_a_read_only_folder_is_refused_before_the_work(tmp_path, ckpt, image, re
         ["convert", str(ckpt), str(read_only / "hf"), "--to", "hf"],
     ]
     before = tree_state(tmp_path)
-    for argv, (rc, err) in zip(cases, in_one_child(cases, preexec_fn=obey_permissions)):
+    for argv, (rc, err) in zip(cases, in_one_child(cases, preexec_fn=obey_permissions), strict=True):
         assert_one_line_error(rc, err, argv[0], mentions=("read-only", "Permission denied"))
     assert tree_state(tmp_path) == before and not list(read_only.iterdir())
 

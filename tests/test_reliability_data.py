@@ -20,8 +20,8 @@ from PIL import Image
 from conftest import assert_one_line_error, tree_state, unchanged, vitlab_cli
 from vitlab.cli import main
 from vitlab.data import BadImageError, DataError, DataOptions, make_loader, open_dataset, read_image
-from vitlab.train.run_folder import LOCK_FILE
 from vitlab.data.transforms import eval_transform
+from vitlab.train.run_folder import LOCK_FILE
 
 GREY16 = eval_transform(16)
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import vitlab
 from conftest import assert_one_line_error, perturb, tiny_model, tree_state, unchanged
@@ -22,8 +21,7 @@ from vitlab.cli import build_parser, main
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
 from vitlab.files import MANIFEST, OutputFolder, UnsafeNameError, check_name, child, to_name
-from vitlab.sweep import cells as sweep_cells
-from vitlab.sweep import runner
+from vitlab.sweep import cells as sweep_cells, runner
 
 FUZZ = settings(max_examples=int(os.environ.get("VITLAB_FUZZ_EXAMPLES", "60")), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])

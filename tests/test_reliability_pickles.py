@@ -11,8 +11,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import vitlab
 from conftest import assert_one_line_error, tree_state, unchanged

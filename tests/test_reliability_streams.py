@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from PIL import Image
 
 import vitlab

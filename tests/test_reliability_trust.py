@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import os
+import re
 import shutil
 import threading
 import time
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+import paper_evidence as evidence  # noqa: E402  (benchmarks/paper_evidence.py: on sys.path by conftest)
 import vitlab
 from conftest import ROOT, assert_one_line_error, perturb, tiny_model, tree_state, unchanged, vitlab_cli
 from vitlab.checkpoints import hub
@@ -31,12 +31,9 @@ from vitlab.data import DataError
 from vitlab.data.vtab import TASKS
 from vitlab.eval.real import read_real_labels
 from vitlab.files import documents
-from vitlab.sweep import cells as sweep_cells
-from vitlab.sweep import load_folder
+from vitlab.sweep import cells as sweep_cells, load_folder
 from vitlab.train import vtab
 from vitlab.train.run_folder import RunFolder, read_summary
-
-import paper_evidence as evidence  # noqa: E402  (benchmarks/paper_evidence.py: on sys.path by conftest)
 
 FUZZ = settings(max_examples=int(os.environ.get("VITLAB_FUZZ_EXAMPLES", "30")), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -104,7 +101,7 @@ def test_any_bytes_read_back_load_or_are_the_readers_own_error(tmp_path, name, d
     ("real.json", "[" * 200_000 + "]" * 200_000, "nested deeper than"),
     ("recipe.yaml", "a: " + "[" * 100_000 + "]" * 100_000, "not valid YAML"),
     ("recipe.yaml", "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")), "too large"),
+        f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)), "too large"),
     ("result.json", '{"task": "dtd", "top1": "abc", "test_images": 200}', "top1 is text, not a number"),
     ("result.json", '{"task": "dtd", "top1": NaN, "test_images": 200}', "not a finite number"),
     ("result.json", '{"task": "dtd", "top1": 0.5', "not JSON"),

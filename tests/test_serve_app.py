@@ -79,7 +79,7 @@ def test_multipart_files_and_a_raw_body_get_the_models_top_k(client, model):
     assert body["model"] == "ViT-test/8" and body["precision"] == "fp32" and body["time_ms"] > 0
     assert [x["file"] for x in body["results"]] == ["a.png", "b.png"]
     assert (body["results"][1]["width"], body["results"][1]["height"]) == (50, 17)
-    for result, data in zip(body["results"], (a, b)):
+    for result, data in zip(body["results"], (a, b), strict=True):
         check_top_k(result, expected_probs(model, data), 3)
         assert "attention" not in result
     raw = client.post("/predict", content=b, headers={"content-type": "image/png"})
@@ -93,7 +93,7 @@ def test_real_cifar_images(client, model, cifar_dir):
     images = cifar_test_images(cifar_dir, 4)
     r = client.post("/predict?top_k=2", files=[("file", (n, d, "image/jpeg")) for n, d, _ in images])
     assert r.status_code == 200
-    for result, (name, data, _) in zip(r.json()["results"], images):
+    for result, (name, data, _) in zip(r.json()["results"], images, strict=True):
         assert result["file"] == name and result["width"] == 32
         check_top_k(result, expected_probs(model, data), 2)
 

@@ -25,9 +25,9 @@ pytest.importorskip("fastapi_offline")
 sync_api = pytest.importorskip("playwright.sync_api")
 
 from conftest import live_server, small_classifier  # noqa: E402
+from vitlab.analysis.overlay import COLOR_STOPS  # noqa: E402
 from vitlab.config import ServeConfig  # noqa: E402
 from vitlab.serve import Engine, create_app  # noqa: E402
-from vitlab.analysis.overlay import COLOR_STOPS  # noqa: E402
 
 CHROMIUM = os.environ.get("VITLAB_CHROMIUM", "/usr/bin/chromium")
 # Quiet, offline, sandbox-free (tests run as root in CI): no first-run page, no updates, no sync.

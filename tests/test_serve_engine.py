@@ -12,9 +12,9 @@ from PIL import Image
 
 from conftest import png_claiming, small_classifier, zero_png
 from vitlab.analysis import attention_rollout
+from vitlab.analysis.overlay import COLOR_STOPS, color_table, overlay, overlay_png_base64
 from vitlab.data.transforms import eval_transform
 from vitlab.serve.engine import DISPLAY_SIDE, Engine, UploadError, decode
-from vitlab.analysis.overlay import COLOR_STOPS, color_table, overlay, overlay_png_base64
 
 
 def encoded(array: np.ndarray, fmt: str = "PNG", mode=None) -> bytes:

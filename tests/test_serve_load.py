@@ -14,9 +14,9 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi_offline")
 
 from conftest import live_server, small_classifier  # noqa: E402
+from loadgen import run_load  # noqa: E402  (benchmarks/loadgen.py: on sys.path by conftest)
 from vitlab.config import ServeConfig  # noqa: E402
 from vitlab.serve import Engine, create_app  # noqa: E402
-from loadgen import run_load  # noqa: E402  (benchmarks/loadgen.py: on sys.path by conftest)
 
 
 def png(seed: int = 0) -> bytes:

@@ -24,7 +24,6 @@ def pushed(digits_run, tmp_path_factory):
 @pytest.fixture(scope="module")
 def digits_batch(digits_run):
     model = vitlab.load(digits_run / "checkpoints" / "last.safetensors")
-    cfg = model.config
     ds = open_dataset("digits", "test", vitlab.transform(model))
     images, labels, _ = next(iter(make_loader(ds, 32, train=False)))
     with torch.no_grad():

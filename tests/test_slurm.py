@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,12 +23,11 @@ import yaml
 from PIL import Image
 from safetensors.torch import load_file
 
+from conftest import ROOT, assert_one_line_error
 from vitlab.data.datasets import digits_arrays
 from vitlab.sweep.slurm import GONE, failure, minutes, queue_job_class
 from vitlab.train.distributed import first_host, launch
 from vitlab.train.preemption import EXIT_STATUS
-
-from conftest import ROOT, assert_one_line_error
 
 STEPS = 40
 TRAIN = ["--steps", str(STEPS), "--batch-size", "32", "--ckpt-every", "5", "--seed", "3", "--quiet",

@@ -284,7 +284,7 @@ def test_a_comparison_at_equal_compute_interpolates_b_in_log_compute():
     first = at[0]
     assert first["n"] == 3 and first["diffs"] == pytest.approx([0.01, 0.01, 0.01]) and first["verdict"] == "Reproduced"
     # later budgets: the hybrid's flatter line falls below the ViT's, by (g/2) log10(2) per doubling
-    for c, k in zip(at[1:], (1, 2)):
+    for c, k in zip(at[1:], (1, 2), strict=True):
         want = [0.01 - (0.05 + 0.01 * s) / 2 * k * math.log10(2) for s in range(3)]
         assert c["diffs"] == pytest.approx(want)
     assert "steps of hybrid=50, ViT at equal=compute.train_flops" in findings.comparisons_table({"comparisons": at})

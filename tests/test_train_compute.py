@@ -10,8 +10,8 @@ import pytest
 
 import vitlab
 from vitlab.api import model_table as rows
-from vitlab.train.compute import FIELDS, ComputeMeter, describe_device, format_compute, training_flops
 from vitlab.config import model_flops
+from vitlab.train.compute import FIELDS, ComputeMeter, describe_device, format_compute, training_flops
 
 
 @pytest.mark.parametrize("name", ["ViT-C/4", "BiT-R26-C", "R8+ViT-C/4"])

@@ -191,7 +191,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     x = torch.randn(4, 3, 32, 32)
     for m in (a, b):
         m(x).square().sum().backward()
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+    for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), n
     assert list(a.state_dict()) == list(b.state_dict())
 
@@ -364,7 +364,6 @@ def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_mod
     """A supervised run's last evaluation on one CPU process (vtab's and finetune's test
     score) runs vitlab.deploy's inference copy; the objective that trains keeps its model."""
     from conftest import perturb, tiny_model
-
     from vitlab import deploy
     from vitlab.train.objectives import Supervised, evaluation_target
 

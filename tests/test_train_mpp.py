@@ -10,10 +10,10 @@ import torch
 
 import vitlab
 from vitlab import checkpoints
+from vitlab.analysis.mpp import head_from_extras
 from vitlab.config import ConfigError, load_recipe
 from vitlab.train import state
 from vitlab.train.loop import Trainer
-from vitlab.analysis.mpp import head_from_extras
 
 
 def mpp_recipe(**overrides):

@@ -11,12 +11,10 @@ import sys
 
 import pytest
 
-from vitlab.config import ConfigError
-from vitlab import extras
-from vitlab.train import tracking
-from vitlab.train.loop import Trainer
-
 from test_train_loop import tiny
+from vitlab import extras
+from vitlab.config import ConfigError
+from vitlab.train.loop import Trainer
 
 
 def metrics(run) -> list[dict]:
@@ -79,7 +77,7 @@ def test_wandb_offline_logs_every_record_and_a_resumed_run_continues_it(tmp_path
     assert json.loads((run / "trackers.json").read_text())["wandb"] == first
     jsonl = [r for r in metrics(run)]
     assert [step for step, _ in logged] == [r["step"] for r in jsonl]
-    for (_, data), r in zip(logged, jsonl):
+    for (_, data), r in zip(logged, jsonl, strict=True):
         assert data[f"{r['split']}/loss"] == pytest.approx(r["loss"])
     # Offline, each session is a folder of its own under the same run id (`wandb sync` joins them).
     sessions = sorted((run / "wandb").glob(f"offline-run-*-{first}/run-{first}.wandb"))

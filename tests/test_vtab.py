@@ -15,15 +15,14 @@ import pytest
 import yaml
 from PIL import Image
 
+from conftest import SHARED_DATA
 from vitlab.cli import main
 from vitlab.data import DataError, open_dataset
 from vitlab.data.datasets import digits_arrays, fashion_mnist_arrays
 from vitlab.data.tfrecord import Records, masked_crc, parse_example, write_example, write_records
+from vitlab.data.transforms import eval_transform
 from vitlab.data.vtab import GROUPS, TASKS, group_sizes, resolve_slice, task_splits
 from vitlab.train import vtab
-from vitlab.data.transforms import eval_transform
-
-from conftest import SHARED_DATA
 
 STANDINS = ("dtd", "eurosat", "dsprites_location")
 # The dSprites stand-in is the source of both dSprites tasks: orientation runs too (its label
@@ -84,7 +83,7 @@ def standins(tmp_path_factory):
     (version / "dataset_info.json").write_text("{}")
     # Its pixels 0/1, as dSprites stores them (VTAB multiplies by 255).
     records = [write_example({"image": [png((x >= 128).astype(np.uint8))], "label_x_position": [2 * y + i % 2], "label_orientation": [i % 40]})
-               for i, (x, y) in enumerate(zip(cifar_images, cifar_labels))]
+               for i, (x, y) in enumerate(zip(cifar_images, cifar_labels, strict=True))]
     for k in range(2):
         write_records(version / f"dsprites-train.tfrecord-{k:05d}-of-00002", records[k * 1000 : (k + 1) * 1000])
     return root, labels, fashion[1][:1500], np.array(cifar_labels)

@@ -36,7 +36,7 @@ def imagenet_1k() -> list[tuple[str, str]]:
     synsets = timm_info("imagenet_synsets.txt").split()
     names = ViT_B_16_Weights.IMAGENET1K_V1.meta["categories"]
     assert len(synsets) == len(names) == 1000 and len(set(names)) == 1000
-    return list(zip(synsets, names))
+    return list(zip(synsets, names, strict=True))
 
 
 def imagenet_21k() -> list[tuple[str, str]]:
@@ -44,9 +44,9 @@ def imagenet_21k() -> list[tuple[str, str]]:
     lemmas = dict(csv.reader(timm_info("imagenet_synset_to_lemma.txt").splitlines(), delimiter="\t"))
     first = [lemmas[s].split(",")[0].strip() for s in synsets]
     shared = {n for n, c in collections.Counter(first).items() if c > 1}
-    names = [f"{n} ({s})" if n in shared else n for s, n in zip(synsets, first)]
+    names = [f"{n} ({s})" if n in shared else n for s, n in zip(synsets, first, strict=True)]
     assert len(synsets) == 21843 and len(set(names)) == len(names)
-    return list(zip(synsets, names))
+    return list(zip(synsets, names, strict=True))
 
 
 def write(name: str, rows: list[tuple[str, str]]) -> None:

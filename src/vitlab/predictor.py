@@ -143,7 +143,7 @@ class Predictor:
         probs = out["logits"].float().softmax(-1).cpu().numpy()
         rollout = attention_rollout(attentions, out["grid"], self.num_prefix)  # (B, gh, gw)
         heads = self._head_maps(attentions, out["grid"])
-        return [Looked(p, r, h) for p, r, h in zip(probs, rollout, heads)]
+        return [Looked(p, r, h) for p, r, h in zip(probs, rollout, heads, strict=True)]
 
     def _head_maps(self, attentions: list[Tensor], grid: tuple[int, int]) -> np.ndarray:
         """(B, layers, heads, gh, gw): the class token's attention to each patch; without a
@@ -188,7 +188,7 @@ class Predictor:
         x = torch.stack([t for _, t, _ in chunk])
         looked = self.look(x) if attention else [Looked(p) for p in self.classify(x)]
         rows = []
-        for i, ((item, _, picture), seen) in enumerate(zip(chunk, looked)):
+        for i, ((item, _, picture), seen) in enumerate(zip(chunk, looked, strict=True)):
             row: dict[str, Any] = {"image": str(item) if isinstance(item, (str, os.PathLike)) else offset + i,
                                    "predictions": self.top_k(seen.probs, top_k), "probabilities": seen.probs}
             if seen.rollout is not None:

@@ -30,7 +30,7 @@ def close(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     found = difflib.get_close_matches(key(str(word)), list(by_key), n=n, cutoff=0.6)
     score = [difflib.SequenceMatcher(None, key(str(word)), k).ratio() for k in found]
     # Only the near ones: a choice well behind the best is not what was meant.
-    return [by_key[k] for k, r in zip(found, score) if r >= score[0] - 0.08]
+    return [by_key[k] for k, r in zip(found, score, strict=True) if r >= score[0] - 0.08]
 
 
 def close_key(key: str, keys: Iterable[str]) -> list[str]:

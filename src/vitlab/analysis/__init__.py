@@ -10,21 +10,11 @@ always comes from the model's own exact path (`model(x, return_intermediates=Tru
     dist = analysis.mean_attention_distance(out["attentions"], out["grid"], 16, 1)
 """
 
-from vitlab.analysis.attention_distance import (
-    AttentionDistance,
-    distance_depth_trend,
-    mean_attention_distance,
-    patch_distance_matrix,
-)
+from vitlab.analysis.attention_distance import AttentionDistance, distance_depth_trend, mean_attention_distance, patch_distance_matrix
 from vitlab.analysis.figure import Figure
-from vitlab.analysis.objective_figures import objective_figures
 from vitlab.analysis.filters import FilterPCs, embedding_filters, filter_principal_components
-from vitlab.analysis.pos_similarity import (
-    NoPositionTable,
-    cosine_similarity_grid,
-    position_table,
-    similarity_vs_distance,
-)
+from vitlab.analysis.objective_figures import objective_figures
+from vitlab.analysis.pos_similarity import NoPositionTable, cosine_similarity_grid, position_table, similarity_vs_distance
 from vitlab.analysis.rollout import attention_rollout, rollout_matrix, upsample_map
 from vitlab.analysis.summary import Analysis, analyse_model, display_images, pooled_draws
 

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-
 MODES = ("centres", "pixels")
 
 

@@ -224,7 +224,7 @@ def with_predictions(titles, model, images):
     with torch.no_grad():
         predicted = model(images.to(next(model.parameters()).device)).argmax(-1).tolist()
     titles = titles or [""] * len(predicted)
-    return [f"{t}\npredicted: {names[i]}" if t else f"predicted: {names[i]}" for t, i in zip(titles, predicted)]
+    return [f"{t}\npredicted: {names[i]}" if t else f"predicted: {names[i]}" for t, i in zip(titles, predicted, strict=True)]
 
 
 def rollout_titles(labels, rollout_labels, n):

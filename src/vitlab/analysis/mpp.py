@@ -7,10 +7,9 @@ true and predicted colours, as arrays ready to draw (`mpp_plot.py`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
-
-import json
 
 import numpy as np
 import torch

@@ -249,7 +249,7 @@ def plot_learning_curve(series: dict[str, dict[str, list]], path, title: str = "
         else:
             loss_ax.plot(s["step"], s["loss"], "o--", ms=6, label=f"{split} (evaluation)")
             acc_ax.plot(s["step"], s["accuracy"], "o--", ms=6, label=f"{split} (evaluation)")
-            for x, y in zip(s["step"], s["accuracy"]):
+            for x, y in zip(s["step"], s["accuracy"], strict=True):
                 if np.isfinite(y):
                     acc_ax.annotate(f"{100 * y:.1f}%", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     train = series.get("train")

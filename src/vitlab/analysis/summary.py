@@ -11,12 +11,7 @@ from torch import Tensor
 
 from vitlab.analysis.attention_distance import AttentionDistance, distance_depth_trend
 from vitlab.analysis.filters import FilterPCs, embedding_filters
-from vitlab.analysis.pos_similarity import (
-    NoPositionTable,
-    cosine_similarity_grid,
-    position_table,
-    similarity_vs_distance,
-)
+from vitlab.analysis.pos_similarity import NoPositionTable, cosine_similarity_grid, position_table, similarity_vs_distance
 from vitlab.analysis.rollout import attention_rollout
 
 NO_ATTENTION = "a BiT ResNet has no attention: its receptive field grows with depth by construction"
@@ -167,7 +162,7 @@ def pooled_draws(analyses: Sequence[Analysis], seeds: Sequence[int]) -> Analysis
     mean = {k: np.mean([s[k] for s in summaries], axis=0).tolist() for k in summaries[0]}
     return replace(first, distances=np.mean([a.distances for a in analyses], axis=0),
                    prefix_fraction=np.mean([a.prefix_fraction for a in analyses], axis=0), distance_summary=mean,
-                   draws=[{"seed": int(seed), "summary": s} for seed, s in zip(seeds, summaries)])
+                   draws=[{"seed": int(seed), "summary": s} for seed, s in zip(seeds, summaries, strict=True)])
 
 
 def convolutional_analysis(filters: FilterPCs) -> Analysis:

@@ -79,7 +79,7 @@ def plot_lines(groups: dict[str, Points], path, *, title="", xlabel="", ylabel="
     numeric = _numeric(categories)
     for label, pts in groups.items():
         xs = [float(x) if numeric else categories.index(x) for x, _ in pts]
-        mean, std = map(np.asarray, zip(*(_stats(ys) for _, ys in pts)))
+        mean, std = map(np.asarray, zip(*(_stats(ys) for _, ys in pts), strict=True))
         line = ax.plot(xs, mean, marker="o", ms=4, label=label)[0]
         if (std > 0).any():
             ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
@@ -105,11 +105,11 @@ def plot_pareto(groups: dict[str, Points], fronts: dict[str, list[tuple[float, f
         ys = [y for _, ys_ in pts for y in ys_]
         ax.scatter(xs, ys, s=8, alpha=0.35, color=color)
         means = [(float(x), *_stats(ys_)) for x, ys_ in pts]
-        mx, my, sd = zip(*means)
+        mx, my, sd = zip(*means, strict=True)
         ax.errorbar(mx, my, yerr=sd, fmt="o", ms=4, capsize=2, color=color, label=label)
         front = fronts.get(label) or []
         if front:
-            fx, fy = zip(*front)
+            fx, fy = zip(*front, strict=True)
             ax.step(fx, fy, where="post", color=color, lw=1.2)
     _caption(fig, "Points: each cell; markers: mean over the cells at an x, error bars +- 1 standard deviation; "
                   "steps: the Pareto front of the means.")

@@ -73,7 +73,7 @@ def ceiling_call(cfg: ModelConfig, batch: int, precision: str, device: str = "cp
         ws = [torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g).to(device) for k, n in shapes]
 
         def products() -> list[torch.Tensor]:
-            return [torch._int_mm(x, w.t()) for x, w in zip(xs, ws)]
+            return [torch._int_mm(x, w.t()) for x, w in zip(xs, ws, strict=True)]
 
         return products, flops
     dtype = DTYPES[precision]
@@ -83,13 +83,13 @@ def ceiling_call(cfg: ModelConfig, batch: int, precision: str, device: str = "cp
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, m) for w in ws]
 
         def products() -> list[torch.Tensor]:
-            return [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for x, w in zip(xs, packed)]
+            return [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for x, w in zip(xs, packed, strict=True)]
 
         return products, flops
     if kernel != "F.linear":
         raise ValueError(f"unknown kernel {kernel!r}; choose from {', '.join(kernels(precision, device))}")
 
     def products() -> list[torch.Tensor]:
-        return [F.linear(x, w) for x, w in zip(xs, ws)]
+        return [F.linear(x, w) for x, w in zip(xs, ws, strict=True)]
 
     return products, flops

@@ -53,8 +53,7 @@ class _Logits(nn.Module):
 def hf_vit(cfg: ViTConfig) -> nn.Module:
     # transformers is an optional peer and slow to import: only when this peer is built.
     require("peers", "the transformers peer", modules=("transformers",))
-    from transformers import ViTConfig as HFConfig
-    from transformers import ViTForImageClassification
+    from transformers import ViTConfig as HFConfig, ViTForImageClassification
 
     _check_plain(cfg)
     if cfg.classifier != "token" or cfg.image_size[0] != cfg.image_size[1]:

@@ -219,9 +219,10 @@ def median_ratio(row: Row, refs: list[Row]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
-def run(plan: Sequence[tuple[Setting, Sequence[System]]], bench: BenchConfig = BenchConfig(),
+def run(plan: Sequence[tuple[Setting, Sequence[System]]], bench: Optional[BenchConfig] = None,
         log: Log = lambda s: None, progress: Optional[Callable[[list[Row]], None]] = None) -> list[Row]:
     """Run a plan setting by setting; `progress(rows_so_far)` after each (to save partial results)."""
+    bench = bench if bench is not None else BenchConfig()
     if bench.clock not in ("wall", "cpu"):
         raise ValueError(f"clock {bench.clock!r} is not 'wall' or 'cpu'")
     rows: list[Row] = []

@@ -21,8 +21,8 @@ from vitlab.bench import TASKS
 from vitlab.bench.machine import device_sync, peak_memory_added_mib, reset_peak_memory
 from vitlab.bench.peers import build_peer
 from vitlab.config import ModelConfig
-from vitlab.deploy.int8 import available as int8_available
 from vitlab.deploy.copies import for_precision
+from vitlab.deploy.int8 import available as int8_available
 from vitlab.models import build
 
 VITLAB_ONLY = ("fp32-packed", "int8")  # serving copies that only vitlab has

@@ -190,7 +190,7 @@ def save(model: Model, path: str | os.PathLike, format: str = "vitlab", **kwargs
                               f"({KIND_WORDS[kind]}); write it as {able}")
     note = verify.suffix_warning(path, format)
     if note:
-        warnings.warn(note)
+        warnings.warn(note, stacklevel=2)
     module.write(model, path, **kwargs)
 
 

@@ -303,7 +303,7 @@ def _names_comment(model) -> bytes:
         return b""
     comment = NAMES_TAG + json.dumps(list(names), ensure_ascii=False).encode("utf-8")
     if len(comment) > ZIP_COMMENT_MAX:
-        warnings.warn(f"{len(names)} class names do not fit in an .npz archive's comment (64 kB); they are not written")
+        warnings.warn(f"{len(names)} class names do not fit in an .npz archive's comment (64 kB); they are not written", stacklevel=2)
         return b""
     return comment
 

@@ -21,8 +21,7 @@ from typing import Callable, Collection, Optional, Sequence
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import (CheckpointError, Imported, expected_shapes, guessed_preprocessing, head_names,
-                                  parse_class_names, regular_file)
+from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, guessed_preprocessing, head_names, parse_class_names, regular_file
 from vitlab.checkpoints.labels import is_imagenet
 from vitlab.config import ModelConfig, ViTConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write, atomic_write_bytes
@@ -103,7 +102,7 @@ def import_state(
         except RuntimeError:  # a reshape or concatenation that the shapes do not allow
             t = None
         if t is None or want is None or _shape(t) != want:
-            got = ", ".join(f"{k} {_shape(p)}" for k, p in zip(r.theirs, parts))
+            got = ", ".join(f"{k} {_shape(p)}" for k, p in zip(r.theirs, parts, strict=True))
             wrong.append(f"{got} -> {r.ours} needs {want}")
             continue
         out[r.ours] = t.contiguous()
@@ -125,7 +124,7 @@ def export_state(rules: Sequence[Rule], ours: dict[str, Tensor], target: str) ->
         )
     out: dict[str, Tensor] = {}
     for r in rules:
-        for k, t in zip(r.theirs, r.to_theirs(ours[r.ours].detach().cpu())):
+        for k, t in zip(r.theirs, r.to_theirs(ours[r.ours].detach().cpu()), strict=True):
             out[k] = t.contiguous()
     return out
 
@@ -293,7 +292,7 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
             warnings.warn(
                 f"{path}: a torch.save state dict has no place for the {len(names)} class names; "
                 "write a .safetensors file to keep them"
-            )
+            , stacklevel=2)
         # Into memory first: torch.save reports a full disk as "unexpected pos", a plain write
         # as the OS's own error.
         buffer = io.BytesIO()
@@ -393,8 +392,6 @@ def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_
     own numerics changes (`numerics`, from its check_writable) and the settings the file
     cannot carry (`back` is the config a reader infers from what is written). Allowed, each
     is said in a warning; settings around the network are said where they change results."""
-    import warnings
-
     compute, _ = lost_settings(ours, back, numerics)
     if (numerics or compute) and not allow_numerics_change:
         parts = ([f"computes differently: {'; '.join(numerics)}"] if numerics else []) + \
@@ -405,9 +402,9 @@ def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_
             "(CLI: --allow-numerics-change) to write the weights anyway"
         )
     if numerics or compute:
-        warnings.warn(f"{target}: the reloaded model will differ: {'; '.join([*numerics, *compute])}")
+        warnings.warn(f"{target}: the reloaded model will differ: {'; '.join([*numerics, *compute])}", stacklevel=2)
     for line in around_the_network(target, ours, back):
-        warnings.warn(line)
+        warnings.warn(line, stacklevel=2)
 
 
 def around_the_network(target: str, ours: ViTConfig, back: ViTConfig) -> list[str]:

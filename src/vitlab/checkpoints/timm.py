@@ -23,13 +23,14 @@ its pretrained_cfg sets the config's mean, std, crop and interpolation, and its 
 
 from __future__ import annotations
 
-import os
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
 from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported
+from vitlab.checkpoints.labels import imagenet_names, imagenet_synsets
 from vitlab.checkpoints.tables import (
     Rule,
     check_carried,
@@ -46,7 +47,6 @@ from vitlab.checkpoints.tables import (
     write_tensors,
     writer_metadata,
 )
-from vitlab.checkpoints.labels import imagenet_names, imagenet_synsets
 from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.extras import require
 from vitlab.files.documents import read_json

@@ -16,8 +16,18 @@ from pathlib import Path
 
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.tables import (
-    Rule, check_carried, copy, count_indexed, export_state, guess_num_heads, peek_keys,
-    read_state_dict_file, refuse, square_grid, write_tensors, writer_metadata,
+    Rule,
+    check_carried,
+    copy,
+    count_indexed,
+    export_state,
+    guess_num_heads,
+    peek_keys,
+    read_state_dict_file,
+    refuse,
+    square_grid,
+    write_tensors,
+    writer_metadata,
 )
 from vitlab.config import ViTConfig
 from vitlab.models.variants import describe

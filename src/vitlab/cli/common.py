@@ -116,7 +116,6 @@ def _add_precision_and_output(p) -> None:
 def command_line() -> str:
     """The command as typed, for the run folder's record."""
     import shlex
-    import sys
 
     return "vitlab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
@@ -125,8 +124,6 @@ def training_exit(train, command: str = "train") -> int:
     """Run `train()` and turn how a training ends into the exit status: 0 done, 3 stopped by a
     diverging loss, 2 an unreadable image (named); the checkpoints written so far are kept.
     (A run stopped by a signal ends every command the same way: vitlab.cli.main, status 75.)"""
-    import sys
-
     from vitlab.data import BadImageError
     from vitlab.train.loop import TrainingDiverged
 
@@ -191,8 +188,6 @@ def feature_model(args):
 def frozen_features(args, model, split: str, max_per_class, limit, model_hash: str):
     """((features, labels), class names) of one split, cached, with a progress bar: the
     library's dataset_features, for fewshot and linear-probe (with --preprocess: fewshot's)."""
-    import sys
-
     from vitlab.eval.features import dataset_features
     from vitlab.eval.fewshot import fewshot_config
 

@@ -59,8 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from vitlab.cli import UsageError
     from vitlab.checkpoints import open_checkpoint
+    from vitlab.cli import UsageError
     from vitlab.cli.common import bad_image_message, progress
     from vitlab.config import pick_device
     from vitlab.data import BadImageError

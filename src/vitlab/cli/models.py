@@ -61,8 +61,8 @@ def run(args) -> int:
 
 def _pretrained(args) -> int:
     from vitlab.api import list_models
-    from vitlab.cli import UsageError
     from vitlab.checkpoints.pretrained import pretrained_rows
+    from vitlab.cli import UsageError
 
     table = pretrained_rows(list_models(args.pattern, pretrained=True))
     if not table:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
 HELP = "serve a classifier over HTTP: batched /predict, attention maps, a page to try it"
 DESCRIPTION = """\
 Serve a classification checkpoint over HTTP. Concurrent requests are batched (up to
@@ -68,8 +67,8 @@ def run(args) -> int:
     from vitlab.checkpoints import open_checkpoint
     from vitlab.config import pick_device
     from vitlab.config.serve import ServeConfig
-    from vitlab.serve import Engine, server
     from vitlab.extras import require
+    from vitlab.serve import Engine, server
 
     require("serve", "vitlab serve", modules=())  # every module of the extra, checked before any work
     config = ServeConfig(**{k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None})

@@ -114,7 +114,7 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
             return tuple(check_type(v, args[0], f"{label}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):
             raise ConfigError(f"{label}={list(value)!r} needs {len(args)} values, got {len(value)}")
-        return tuple(check_type(v, a, f"{label}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        return tuple(check_type(v, a, f"{label}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
     if origin in (dict, typing.Mapping, collections.abc.Mapping) or hint is dict:
         if not isinstance(value, dict):
             raise bad

@@ -368,7 +368,7 @@ def bit_flops(cfg: BiTConfig) -> float:
     else:
         flops = 2 * h * w * 9 * cfg.in_channels * width
     cin = width
-    for s, (units, mid) in enumerate(zip(cfg.layers, cfg.stage_widths)):
+    for s, (units, mid) in enumerate(zip(cfg.layers, cfg.stage_widths, strict=True)):
         out = 4 * mid
         for u in range(units):
             stride = 2 if (s > 0 and u == 0) else 1

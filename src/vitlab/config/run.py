@@ -20,16 +20,7 @@ import yaml
 
 from vitlab import suggest
 from vitlab.config.device import form_problem
-from vitlab.config.fields import (
-    ConfigError,
-    check_fields,
-    check_keys,
-    check_type,
-    field_hint,
-    from_text,
-    section_from_text,
-    setting,
-)
+from vitlab.config.fields import ConfigError, check_fields, check_keys, check_type, field_hint, from_text, section_from_text, setting
 from vitlab.config.model import BiTConfig, ViTConfig, as_pair
 from vitlab.config.mpp import MPPConfig
 from vitlab.files.documents import read_yaml as read_yaml_file

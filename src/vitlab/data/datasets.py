@@ -18,7 +18,7 @@ import struct
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -316,7 +316,7 @@ def scan_image_folder(root: Path, class_names: Optional[list[str]] = None) -> tu
         )
     if empty:
         warnings.warn(f"{root}: no images of the class(es) {', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''} "
-                      "in this split; their accuracy cannot be measured here")
+                      "in this split; their accuracy cannot be measured here", stacklevel=2)
     return files, np.asarray(labels, dtype=np.int64), class_names
 
 

@@ -37,8 +37,7 @@ import torch
 from PIL import Image
 
 from vitlab.data.datasets import Encoded
-from vitlab.data.images import (BadImageError, bad_image, check_size, decoded, image_bytes, jpeg_pixels, open_image,
-                                read_image, to_mode)
+from vitlab.data.images import BadImageError, bad_image, check_size, decoded, image_bytes, jpeg_pixels, open_image, read_image, to_mode
 from vitlab.pixels import normalise
 
 
@@ -352,7 +351,7 @@ def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any,
     done = iter(jpegs)
     decoded_images = [next(done) if p.encoded else p.data.to(device, non_blocking=True) for p in items]
     out = []
-    for x, p in zip(decoded_images, items):
+    for x, p in zip(decoded_images, items, strict=True):
         left, top, right, bottom = scaled(p.box, p.shown, tuple(x.shape[-2:]))
         y = F.resize(x[:, top:bottom, left:right], list(size), interpolation or InterpolationMode.BILINEAR,
                      antialias=True)

@@ -156,7 +156,7 @@ class ForeignStream(torch.utils.data.IterableDataset):
                 yield prepare(image, self.transform, None), label
                 continue
             images, labels = split_batch(item)
-            for x, y in zip(images, labels):
+            for x, y in zip(images, labels, strict=True):
                 yield prepare(x, self.transform, None), int(y)
 
 

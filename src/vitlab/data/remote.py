@@ -16,9 +16,9 @@ or Last-Modified with Content-Length); a pipe, whose output may change, is index
 
 from __future__ import annotations
 
-import gzip
 import bz2
 import contextlib
+import gzip
 import hashlib
 import io
 import lzma

@@ -45,7 +45,7 @@ def balanced_indices(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
     classes, counts = np.unique(labels, return_counts=True)
     quotas = class_quotas(counts, size, seed)
     chosen = []
-    for c, q in zip(classes, quotas):
+    for c, q in zip(classes, quotas, strict=True):
         members = np.flatnonzero(labels == c)
         order = np.random.default_rng([seed, 0, int(c)]).permutation(len(members))
         chosen.append(members[order[:q]])

@@ -43,18 +43,11 @@ from vitlab.data.images import to_mode
 from vitlab.pixels import Normalise
 
 
-
-
-
-
-
 def image_input(image):
     """One image as the transforms take it (see the module docstring): a PIL image or a
     (C, H, W) tensor as it is, a numpy array (H, W[, C]) a PIL image (uint8 pixels as they are,
     float pixels in [0, 1] times 255, rounded). A TypeError or ValueError names
     anything else: another type, a (C, H, W) array, integers that are not uint8, NaN or inf."""
-    import torch
-
     if isinstance(image, Image.Image):
         return image
     if isinstance(image, np.ndarray):

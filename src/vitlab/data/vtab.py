@@ -74,7 +74,7 @@ def _clevr_distance(f: dict[str, Any]) -> int:
 
 def _kitti_distance(f: dict[str, Any]) -> int:
     z = f["objects/location"][2::3]  # (x, y, z) in metres from the camera, per object
-    vehicles = [d for d, kind in zip(z, f["objects/type"]) if kind < 3]  # Car, Van, Truck
+    vehicles = [d for d, kind in zip(z, f["objects/type"], strict=True) if kind < 3]  # Car, Van, Truck
     return _bin(min(vehicles + [1000.0]), (-100.0, 8.0, 20.0, 999.0))  # 3 distances + "no vehicle"
 
 

@@ -112,7 +112,8 @@ def _tfds_sources(shards: dict[str, list[Path]]) -> dict[str, Source]:
 
 
 def _matches(version: str, pin: str) -> bool:
-    return all(p in ("*", v) for p, v in zip(pin.split("."), version.split(".")))
+    wanted, parts = pin.split("."), version.split(".")  # 3.0.0.9 is not 3.0.0: every part is compared
+    return len(wanted) == len(parts) and all(p in ("*", v) for p, v in zip(wanted, parts, strict=True))
 
 
 def pinned(task: Task, builder_dir: Path, accept: str = "") -> Path:

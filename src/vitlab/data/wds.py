@@ -25,13 +25,12 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
-from vitlab.data import remote
 from vitlab.config.run import SHUFFLE_BUFFER
+from vitlab.data import remote
 from vitlab.data.datasets import BadImageError, DataError, Encoded, Skipped, apply_seeded, data_cache, item_seed
-from vitlab.data.images import read_image
 from vitlab.data.decode import stack_images
-from vitlab.data.identity import dev_fraction as identity_dev_fraction
-from vitlab.data.identity import recognise, summed
+from vitlab.data.identity import dev_fraction as identity_dev_fraction, recognise, summed
+from vitlab.data.images import read_image
 from vitlab.data.tar_shards import iter_shard, resolve_shards
 from vitlab.files import atomic_write_text
 from vitlab.files.documents import read_json
@@ -193,7 +192,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         self.dev_cut = round(identity_dev_fraction(self.identity, dev_fraction) * DEV_BUCKETS)
         self.num_samples = sum(sum(self._counted(ix["buckets"])) for ix in indexes)
         self.class_names = read_class_names(self.shards, classes, max(ix["max_label"] for ix in indexes))
-        for shard, ix in zip(self.shards, indexes):
+        for shard, ix in zip(self.shards, indexes, strict=True):
             check_labels(shard, ix, len(self.class_names))
 
     def _counted(self, buckets: list[int]) -> list[int]:
@@ -214,7 +213,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         """Key and label of every sample of this split (a scan of the labels, no decoding)."""
         keys, labels = [], []
         for shard in self.shards:
-            for key, label in zip(*shard_labels(shard)):
+            for key, label in zip(*shard_labels(shard), strict=True):
                 if self._keep(key):
                     keys.append(key)
                     labels.append(label)

@@ -10,9 +10,6 @@
 Throughput against timm, Hugging Face and torchvision is measured by `vitlab.bench`.
 """
 
-from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program, onnx_metadata, read_onnx_metadata
-from vitlab.deploy.int8 import CalibratedInt8Linear
-from vitlab.deploy.onednn import onednn_dtypes
 from vitlab.deploy.copies import (
     PRECISIONS,
     Agreement,
@@ -28,6 +25,9 @@ from vitlab.deploy.copies import (
     to_bfloat16,
     to_packed_fp32,
 )
+from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program, onnx_metadata, read_onnx_metadata
+from vitlab.deploy.int8 import CalibratedInt8Linear
+from vitlab.deploy.onednn import onednn_dtypes
 
 __all__ = [
     "PRECISIONS",

@@ -32,8 +32,8 @@ from torch import Tensor, nn
 
 from vitlab.checkpoints import io
 from vitlab.config import ConfigError
-from vitlab.deploy.int8 import calibrated_skeleton, quantize_calibrated, rest_dtype, restore_calibrated
 from vitlab.deploy import onednn
+from vitlab.deploy.int8 import calibrated_skeleton, quantize_calibrated, rest_dtype, restore_calibrated
 from vitlab.deploy.onednn import onednn_dtypes
 from vitlab.models.vit import VisionTransformer
 

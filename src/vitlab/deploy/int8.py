@@ -198,7 +198,7 @@ def quantize_calibrated(model: VisionTransformer, images: Tensor, batch_size: in
             "fc2": CalibratedInt8Linear(dense["fc2"], hidden),
         })
     m.to(rest_dtype())  # the rest in bf16 (fp32 without it); the int8 layers keep fp32 scales and biases
-    for block, layers in zip(m.blocks, int8):
+    for block, layers in zip(m.blocks, int8, strict=True):
         block.attn.qkv, block.attn.proj = layers["qkv"], layers["proj"]
         block.mlp.fc1, block.mlp.fc2 = layers["fc1"], layers["fc2"]
     return m

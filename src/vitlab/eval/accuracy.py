@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitlab.data import DataError, DataOptions, foreign, make_loader, open_dataset
+from vitlab.data.transforms import model_transform
 from vitlab.eval.calibration import calibration_counts, calibration_metrics, class_metrics
 from vitlab.eval.classes import class_names_for, only_numbers
 from vitlab.eval.real import read_real_labels, real_accuracy
-from vitlab.data.transforms import model_transform
 from vitlab.files import atomic_write_text
 
 
@@ -61,7 +61,7 @@ def metrics_from_counts(sums: dict[str, Tensor]) -> dict[str, Any]:
         "top1": float(sums["correct1"]) / count,
         "top5": float(sums["correct5"]) / count,
         "count": int(count),
-        "per_class": [a if n > 0 else None for a, n in zip(per_class, per_class_total.tolist())],
+        "per_class": [a if n > 0 else None for a, n in zip(per_class, per_class_total.tolist(), strict=True)],
         "confusion": confusion.long().tolist(),
     }
 
@@ -199,7 +199,7 @@ def report(metrics: dict[str, Any], class_names: list[str]) -> str:
     def pct(v: Optional[float], width: int) -> str:
         return f"{'-' if v is None else f'{v:.2%}':>{width}}"
 
-    for k, (name, acc, n) in enumerate(zip(class_names, metrics["per_class"], totals)):
+    for k, (name, acc, n) in enumerate(zip(class_names, metrics["per_class"], totals, strict=True)):
         extra = f" {pct(metrics['per_class_precision'][k], 9)} {pct(metrics['per_class_f1'][k], 7)}" if detailed else ""
         lines.append(f"{name[:24]:<24} {pct(acc, 9)}{extra} {n:>7}")
     return "\n".join(lines)
@@ -209,7 +209,7 @@ def to_json(metrics: dict[str, Any], class_names: list[str]) -> str:
     out = dict(metrics)
     for key in ("per_class", "per_class_precision", "per_class_recall", "per_class_f1"):
         if key in metrics:
-            out[key] = dict(zip(class_names, metrics[key]))
+            out[key] = dict(zip(class_names, metrics[key], strict=True))
     out["class_names"] = class_names
     return json.dumps(out, indent=2)
 
@@ -220,6 +220,6 @@ def write_predictions(path: str, images: list, probabilities: list, names: list[
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["image", "predicted", *names])
-    for image, probs in zip(images, probabilities):
+    for image, probs in zip(images, probabilities, strict=True):
         writer.writerow([image, names[max(range(len(probs)), key=probs.__getitem__)], *(f"{p:.8g}" for p in probs)])
     atomic_write_text(path, buffer.getvalue())

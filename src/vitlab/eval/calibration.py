@@ -75,7 +75,7 @@ def calibration_metrics(sums: dict[str, Tensor]) -> dict[str, Any]:
         "reliability": {
             "bin_edges": [b / bins for b in range(bins + 1)],
             "count": n.long().tolist(),
-            "accuracy": [float(a) if f else None for a, f in zip(acc, filled)],
-            "confidence": [float(c) if f else None for c, f in zip(mean_conf, filled)],
+            "accuracy": [float(a) if f else None for a, f in zip(acc, filled, strict=True)],
+            "confidence": [float(c) if f else None for c, f in zip(mean_conf, filled, strict=True)],
         },
     }

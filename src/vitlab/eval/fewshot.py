@@ -126,7 +126,7 @@ def choose_l2(problem: RidgeProblem, grid: Sequence[float] = L2_GRID) -> float:
     """The grid's λ with the smallest leave-one-out error (ties: the larger λ)."""
     errors = [problem.loo_error(l2) for l2 in grid]
     best = min(errors)
-    return max(l2 for l2, e in zip(grid, errors) if e <= best * (1 + 1e-9))
+    return max(l2 for l2, e in zip(grid, errors, strict=True) if e <= best * (1 + 1e-9))
 
 
 def fewshot_config(config, preprocess: str = "big_vision"):

@@ -34,7 +34,7 @@ def real_accuracy(predictions: Sequence[int], labels: Sequence[Sequence[int]]) -
     """ReaL top-1 of `predictions` (one class id per image, in file-name order)."""
     if len(predictions) != len(labels):
         raise ValueError(f"{len(predictions)} predictions for {len(labels)} ReaL label lists")
-    scored = [(p, set(x)) for p, x in zip(predictions, labels) if x]
+    scored = [(p, set(x)) for p, x in zip(predictions, labels, strict=True) if x]
     hits = sum(p in x for p, x in scored)
     return {"real_top1": hits / len(scored) if scored else None, "real_count": len(scored),
             "real_left_out": len(labels) - len(scored)}

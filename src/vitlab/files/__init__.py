@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterator
 from vitlab.files.documents import NotRegularFileError, PathLike, read_json, require_regular_file  # noqa: F401
 
 
-
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -93,7 +93,7 @@ class BiTResNet(Classifier, nn.Module):
         cfg = config
         self.root = Root(cfg)
         stages, cin = [], cfg.root_width
-        for s, (units, mid) in enumerate(zip(cfg.layers, cfg.stage_widths)):
+        for s, (units, mid) in enumerate(zip(cfg.layers, cfg.stage_widths, strict=True)):
             first_stride = 1 if s == 0 else 2  # stage 1 keeps the root's /4
             stage = []
             for u in range(units):

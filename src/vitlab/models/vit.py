@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitlab.config import ViTConfig
 from vitlab.models.inputs import as_image_batch
-from vitlab.models.layers import Block, PatchEmbed, Classifier
+from vitlab.models.layers import Block, Classifier, PatchEmbed
 from vitlab.models.pos_embed import PositionEmbedding
 from vitlab.models.resnet import ResNetStem
 

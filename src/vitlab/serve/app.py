@@ -31,11 +31,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from vitlab.analysis.overlay import COLOR_STOPS, overlay_png_base64
 from vitlab.config.serve import ServeConfig
 from vitlab.serve.batcher import Batcher
 from vitlab.serve.engine import Engine, Looked, Prepared, UploadError
 from vitlab.serve.metrics import Metrics
-from vitlab.analysis.overlay import COLOR_STOPS, overlay_png_base64
 
 log = logging.getLogger("vitlab.serve")
 
@@ -347,7 +347,7 @@ def _add_predict(app, engine: Engine, config: ServeConfig, state: ServerState) -
         batcher = state.batchers["attention" if attention else "classify"]
         outputs = await asyncio.gather(*(batcher.submit(p.tensor) for p in prepared))
         k = min(top_k, engine.config.num_classes)
-        entries = [partial(result_entry, engine, n, p, o, k, heads) for (n, _), p, o in zip(uploads, prepared, outputs)]
+        entries = [partial(result_entry, engine, n, p, o, k, heads) for (n, _), p, o in zip(uploads, prepared, outputs, strict=True)]
         if attention:  # drawing and encoding the overlays is CPU work: off the event loop
             results = await state.in_worker(lambda: [make() for make in entries])
         else:

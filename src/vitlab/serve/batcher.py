@@ -110,6 +110,6 @@ class Batcher:
                 continue
             if self.on_batch is not None:
                 self.on_batch(len(batch), time.perf_counter() - started)
-            for (_, future), result in zip(batch, results):
+            for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result((result, len(batch)))

@@ -23,6 +23,7 @@ from vitlab.data import BadImageError, read_image
 from vitlab.data.images import FORMATS, open_image
 from vitlab.predictor import DISPLAY_SIDE, Looked, Predictor  # noqa: F401  (Looked: what look returns)
 
+
 class UploadError(ValueError):
     """An upload the server refuses; `status` is the HTTP status that says why (4xx)."""
 

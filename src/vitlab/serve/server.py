@@ -13,14 +13,13 @@ from __future__ import annotations
 import ipaddress
 import signal
 import socket
-import sys
 from typing import Callable
 
 from vitlab.config import ConfigError
 from vitlab.config.serve import ServeConfig
+from vitlab.log import get_logger, notice
 from vitlab.serve.app import create_app
 from vitlab.serve.engine import Engine
-from vitlab.log import get_logger, notice
 
 LOG = get_logger("serve")
 

@@ -17,6 +17,7 @@ comparison without an axis pairs two results columns of the same cells, per arm.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -104,7 +105,7 @@ def interpolate(points: list[tuple[float, float]], x: float) -> Optional[float]:
     pts = sorted(points)
     if not pts or x < pts[0][0] or x > pts[-1][0]:
         return None
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
         if x0 <= x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return pts[0][1]  # a single point, at exactly x
@@ -275,7 +276,7 @@ def adjust(reports: list[dict[str, Any]], family: str) -> None:
     for primary in (True, False):
         rows = [c for r in reports for c in r["comparisons"] if c["primary"] == primary]
         ps = [c["p_claim"] for c in rows]
-        for c, ph, pb in zip(rows, stats.holm(ps), stats.bh(ps)):
+        for c, ph, pb in zip(rows, stats.holm(ps), stats.bh(ps), strict=True):
             c.update(p_holm=ph, p_bh=pb, family=f"{'primary claims' if primary else 'secondary rows'} of {family}",
                      verdict_unadjusted=stats.verdict(c, c["expect"], c["margin"]),
                      verdict=stats.verdict(c, c["expect"], c["margin"], ph))

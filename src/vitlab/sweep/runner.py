@@ -151,10 +151,10 @@ def run_submitit(todo, launcher: str, folder: Path, params: dict[str, Any], thre
                         f"--launcher {launcher}")
     say(f"submitted {len(jobs)} job(s) through submitit ({launcher}); logs in {folder}")
     if not wait:
-        for (cell, *_), job in zip(todo, jobs):
+        for (cell, *_), job in zip(todo, jobs, strict=True):
             say(f"  job {job.job_id}: {cell.describe()}")
         return None
-    cells = {id(job): cell for (cell, *_), job in zip(todo, jobs)}
+    cells = {id(job): cell for (cell, *_), job in zip(todo, jobs, strict=True)}
     results = []
     for n, job in enumerate(_submitit(launcher).helpers.as_completed(jobs, poll_frequency=2), 1):
         try:

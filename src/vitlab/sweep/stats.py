@@ -235,9 +235,9 @@ def slope(xs: Sequence[float], ys: Sequence[float], level: float = LEVEL) -> dic
     sxx = sum((v - mx) ** 2 for v in x)
     if sxx == 0:
         return out
-    b = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx
+    b = sum((u - mx) * (v - my) for u, v in zip(x, y, strict=True)) / sxx
     a = my - b * mx
-    resid = sum((v - a - b * u) ** 2 for u, v in zip(x, y))
+    resid = sum((v - a - b * u) ** 2 for u, v in zip(x, y, strict=True))
     se = math.sqrt(resid / (n - 2) / sxx)
     half = t_ppf(0.5 + level / 2.0, n - 2) * se
     p = (0.0 if b else 1.0) if se == 0 else t_sf2(b / se, n - 2)

@@ -10,12 +10,10 @@ import torch
 from vitlab import checkpoints
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
 from vitlab.data import DataOptions, foreign, make_loader, training_subset
-from vitlab.data.decode import model_input
 from vitlab.data.transforms import AUGMENT_OPTIONS, fast_model_transform, model_transform
 from vitlab.models import Model, build
 from vitlab.models.variants import variant_config
 from vitlab.train.inputs import Inputs
-
 
 # A checkpoint's evaluation crop belongs to its pre-training data (ImageNet's 0.875); a
 # fine-tuned model is evaluated on whole images, as the paper does, unless the section says.

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import os
 import pickle
 import re
@@ -121,7 +122,9 @@ def setup(device: str = "auto", parallel: str = "ddp") -> Context:
         dev = torch.device("cuda", me.local_rank % torch.cuda.device_count() if dev.index is None else dev.index)
         torch.cuda.set_device(dev)
     if me.world > 1 and not dist.is_initialized():
-        import torch._dynamo  # noqa: F401  before the group: see "Leaving cleanly" above
+        # Before the group: see "Leaving cleanly" above. import_module, not `import torch._dynamo`,
+        # which would make `torch` a local name of this whole function (ruff F823).
+        importlib.import_module("torch._dynamo")
 
         where = dict(init_method=me.init, rank=me.rank, world_size=me.world) if me.init else {}
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
@@ -183,7 +186,7 @@ def _collective(run: Callable[[], Any], tensors: list[torch.Tensor], ctx: Contex
     if ctx.device.type != "cpu":
         return
     deadline = time.monotonic() + 5.0
-    while any(t._use_count() > n for t, n in zip(tensors, before)) and time.monotonic() < deadline:
+    while any(t._use_count() > n for t, n in zip(tensors, before, strict=True)) and time.monotonic() < deadline:
         time.sleep(1e-4)
 
 
@@ -191,7 +194,7 @@ def sum_tensors(values: dict[str, torch.Tensor], ctx: Context) -> dict[str, torc
     """Add each tensor across processes (in place, returned for convenience)."""
     if ctx.active:
         for v in values.values():
-            _collective(lambda: dist.all_reduce(v, op=dist.ReduceOp.SUM), [v], ctx)
+            _collective(lambda v=v: dist.all_reduce(v, op=dist.ReduceOp.SUM), [v], ctx)
     return values
 
 
@@ -218,7 +221,7 @@ def gather_objects(obj: Any, ctx: Context) -> list[Any]:
     padded[: mine.numel()] = mine
     out = [torch.empty_like(padded) for _ in range(ctx.world)]
     _collective(lambda: dist.all_gather(out, padded), [padded, *out], ctx)
-    return [pickle.loads(t[: int(n)].cpu().numpy().tobytes()) for t, n in zip(out, sizes)]
+    return [pickle.loads(t[: int(n)].cpu().numpy().tobytes()) for t, n in zip(out, sizes, strict=True)]
 
 
 def broadcast_object(obj: Any, ctx: Context) -> Any:

@@ -28,8 +28,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from vitlab.checkpoints import is_pretrained_name, open_checkpoint, save
@@ -37,11 +37,11 @@ from vitlab.config import ConfigError, RunConfig, load_recipe
 from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
 from vitlab.data import DEV_FRACTIONS, identity
 from vitlab.data.transforms import model_transform
+from vitlab.log import get_logger
 from vitlab.train import build, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
 from vitlab.train.compute import format_compute
 from vitlab.train.inputs import Inputs
-from vitlab.log import get_logger
 
 LOG = get_logger("train")
 

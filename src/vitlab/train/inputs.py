@@ -25,6 +25,7 @@ from vitlab import checkpoints
 from vitlab.checkpoints.io import Imported
 from vitlab.data import DataOptions, open_dataset, training_subset
 
+
 def _raw(image: Any) -> Any:
     """The transform a split is opened with: runs read it through views with their own."""
     return image

@@ -29,14 +29,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitlab import run_layout
 from vitlab.config import ConfigError, RunConfig
 from vitlab.data import make_loader
+from vitlab.data.decode import model_input
 from vitlab.data.loader import batches_per_epoch
 from vitlab.eval.accuracy import add_counts
-from vitlab import run_layout
 from vitlab.files import atomic_write_text
+from vitlab.log import get_logger
 from vitlab.train import callbacks as cb, distributed, preemption, probe_head, state
-from vitlab.train.build import architecture, build_model, describe_source, model_input, open_datasets, train_loader
+from vitlab.train.build import architecture, build_model, describe_source, open_datasets, train_loader
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective, evaluation_target
@@ -44,7 +46,6 @@ from vitlab.train.optim import EMA, build_optimizer, lr_at
 from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, figure_label, final_report, plot_run, truncate_after
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
-from vitlab.log import get_logger
 
 LOG = get_logger("train")  # vitlab/log.py: what a run prints, silenced or redirected with logging
 # Devices where train.precision=fp16 runs. fp16 autocast needs a loss scaler because fp16's
@@ -339,7 +340,7 @@ class Trainer:
             g["lr"] = lr
         run.objective.train()
         n = labels.shape[0]
-        chunks = list(zip(images.split(run.plan.micro), labels.split(run.plan.micro))) if n else []
+        chunks = list(zip(images.split(run.plan.micro), labels.split(run.plan.micro), strict=True)) if n else []
         loss_value, acc_value = 0.0, 0.0
         for i, (x, y) in enumerate(chunks):
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
@@ -476,7 +477,7 @@ class Trainer:
         for split, m in results.items():
             entry = {k: v for k, v in m.items() if k != "confusion"}
             if isinstance(entry.get("per_class"), list):
-                entry["per_class"] = dict(zip(names, entry["per_class"]))
+                entry["per_class"] = dict(zip(names, entry["per_class"], strict=True))
             splits[split] = entry
         summary = {
             "model": run.model.config.name,

@@ -57,7 +57,7 @@ def settings(options: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
         value = options.get(a.option)
         if value is not None:
             values = value if len(a.keys) > 1 else [value]
-            given += [(f"--{a.option.replace('_', '-')}", f"data.{key}", v) for key, v in zip(a.keys, values)]
+            given += [(f"--{a.option.replace('_', '-')}", f"data.{key}", v) for key, v in zip(a.keys, values, strict=True)]
     for flag in ("bf16", "fp16"):
         if options.get(flag):
             given.append((f"--{flag}", "train.precision", flag))

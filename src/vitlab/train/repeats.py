@@ -19,8 +19,7 @@ from typing import Any, Callable
 from vitlab.config import ConfigError
 from vitlab.config.provenance import SWEEP
 from vitlab.files import atomic_write_text
-from vitlab.train import distributed
-from vitlab.train import finetune_choice as choice
+from vitlab.train import distributed, finetune_choice as choice
 from vitlab.train.finetune import Plan
 
 

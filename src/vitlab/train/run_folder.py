@@ -137,7 +137,7 @@ class RunFolder(RunLayout):
             if p.exists():
                 os.replace(p, self.path / f"{stem}.{n}{suffix}")
                 kept.append(f"{stem}.{n}{suffix}")
-        warnings.warn(f"{self.path}: a new run starts here: {why}; its files are kept as {', '.join(kept)}")
+        warnings.warn(f"{self.path}: a new run starts here: {why}; its files are kept as {', '.join(kept)}", stacklevel=2)
         return "new"
 
     def claim(self) -> None:

@@ -186,7 +186,7 @@ def latest(folder: Path) -> Optional[int]:
             return step
         if distributed.is_main_process():
             warnings.warn(f"{folder}: the checkpoint of step {step} is damaged ({'; '.join(problems)}); "
-                          "falling back to the newest intact checkpoint before it")
+                          "falling back to the newest intact checkpoint before it", stacklevel=2)
     return None
 
 

@@ -38,8 +38,7 @@ from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.files.documents import Number, read_json
 from vitlab.files.identity import differences, work_identity
 from vitlab.tables import csv_table, markdown_table
-from vitlab.train import distributed
-from vitlab.train import finetune_choice as choice
+from vitlab.train import distributed, finetune_choice as choice
 from vitlab.train.finetune import TABLE4_STEPS
 from vitlab.train.run_folder import RESUMABLE_CHANGES
 
@@ -78,7 +77,7 @@ class Settings:
         if self.grid is not None and self.lr is not None:
             raise ConfigError("--lr and --lr-grid both set the learning rate (--lr-grid chooses it per task): give one")
         keys = [parse_override(o)[0] for o in self.overrides]
-        flagged = [f"{o} (vitlab vtab sets it with {FLAGS[k]})" for o, k in zip(self.overrides, keys) if k in FLAGS]
+        flagged = [f"{o} (vitlab vtab sets it with {FLAGS[k]})" for o, k in zip(self.overrides, keys, strict=True) if k in FLAGS]
         if flagged:  # the override would win over the flag without a word
             raise ConfigError(f"{'; '.join(flagged)}: give it with the flag")
         if self.grid is not None:
