@@ -139,6 +139,108 @@ def test_fused_and_exact_attention_agree(overrides):
     assert out["tokens"][0].shape == (2, T, model.config.hidden_size)
 
 
+# One encoder loop ------------------------------------------------------------------------
+def written_out(model, x, patch_fn=None, queries=None, attention=False):
+    """The encoder as the model's three loops wrote it before they became one (`encode`): Eq. 1,
+    dropout, each block on its position-added input (the last one at `queries` tokens), the
+    final LayerNorm. Returns (features, tokens, attentions)."""
+    z, grid = model.embed(x, patch_fn)
+    z = model.pos_drop(z)
+    tokens, attentions = [], []
+    for i, block in enumerate(model.blocks):
+        last = i == len(model.blocks) - 1
+        z, attn = block(model.add_position(i, z, grid), return_attention=attention, queries=queries if last else None)
+        tokens.append(z)
+        attentions.append(attn)
+    return model.norm(z), tokens, attentions
+
+
+RATES = dict(dropout=0.1, attention_dropout=0.1, drop_path=0.2, depth=3)
+# Variants whose loops differ: the class token (the head reads one query), GAP, relative
+# attention, per-block position embeddings with pre-logits on a non-square grid, a hybrid.
+LOOP_MODELS = {
+    "token": lambda: small(**RATES),
+    "gap": lambda: small(classifier="gap", **RATES),
+    "relative": lambda: small(pos_embed="relative", **RATES),
+    "every_block": lambda: small(pos_embed_at="every_block", representation_size=24, image_size=(16, 24), **RATES),
+    "hybrid": lambda: vitlab.create_model("R8+ViT-C/4", image_size=32, num_classes=5, head_init="xavier", depth=2,
+                                          dropout=0.1, drop_path=0.1),
+}
+
+
+@pytest.mark.parametrize("name", LOOP_MODELS)
+def test_every_path_is_the_written_out_encoder_to_the_bit(name):
+    """forward, forward_features and the intermediates run one loop, and give exactly what
+    the loops written out give: the same logits, tokens and attention probabilities."""
+    torch.manual_seed(0)
+    model = LOOP_MODELS[name]()
+    model.eval()
+    x = torch.randn(2, 3, *model.config.image_size)
+    with torch.no_grad():
+        queries = 1 if name in ("token", "every_block", "hybrid") else None  # the head reads z_L^0 alone
+        assert model.head_queries == queries
+        pooled = written_out(model, x, queries=queries)[0]
+        assert torch.equal(model(x), model.forward_head(pooled))
+        feats = written_out(model, x)[0]
+        assert torch.equal(model.forward_features(x), feats)
+        full, tokens, attentions = written_out(model, x, attention=True)
+        out = model(x, return_intermediates=True)
+    assert torch.equal(out["features"], full) and torch.equal(out["logits"], model.forward_head(full))
+    assert all(torch.equal(a, b) for a, b in zip(out["tokens"], tokens, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(out["attentions"], attentions, strict=True))
+    assert list(out) == ["logits", "embeddings", "tokens", "attentions", "features", "pre_logits", "grid"]
+
+
+def block_calls(model):
+    """How many times each block's forward ran: a recomputed (checkpointed) block runs twice."""
+    calls = []
+    for block in model.blocks:
+        block.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("path", ["forward", "forward_features", "intermediates", "mpp"])
+def test_gradient_checkpointing_in_every_path_gives_the_same_gradients_to_the_bit(path):
+    """With dropout, attention dropout and drop-path on, a training step with each block
+    recomputed in the backward pass gives the gradients of one that keeps the activations,
+    bit for bit, in every path, and each path does recompute (the blocks run twice)."""
+    from vitlab.config import MPPConfig
+    from vitlab.models.mpp import MPPHead
+
+    torch.manual_seed(0)
+    model = small(depth=2, dropout=0.1, attention_dropout=0.1, drop_path=0.2).train()
+    head = MPPHead(MPPConfig(), model.config)
+    x = torch.randn(4, 3, 16, 16)
+    sources = torch.randint(0, 4 * 16 + 1, (4, 16), generator=torch.Generator().manual_seed(1))
+
+    def step():
+        torch.manual_seed(2)  # the same dropout draws either way
+        if path == "forward":
+            y = model(x)
+        elif path == "forward_features":
+            y = model.forward_features(x)
+        elif path == "intermediates":
+            out = model(x, return_intermediates=True)
+            y = out["logits"].sum() + sum(a.sum() for a in out["attentions"]) + sum(t.sum() for t in out["tokens"])
+        else:
+            y = head.predict(model, x, sources)[0]
+        y.square().sum().backward()
+        grads = {n: p.grad for n, p in [*model.named_parameters(), *head.named_parameters()] if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        head.zero_grad(set_to_none=True)
+        return grads
+
+    calls = block_calls(model)
+    kept = step()
+    assert len(calls) == 2
+    model.set_grad_checkpointing()
+    recomputed = step()
+    assert len(calls) == 2 + 4  # each block forward, then again in the backward pass
+    assert kept.keys() == recomputed.keys() and "blocks.0.attn.qkv.weight" in kept
+    for name, grad in kept.items():
+        assert torch.equal(grad, recomputed[name]), name
+
+
 def test_relative_attention_adds_query_dot_offset_embedding():
     """App. D.4: the extra logits are q_i . r_{p_i - p_k}, added before the softmax."""
     torch.manual_seed(0)

@@ -132,11 +132,6 @@ class VisionTransformer(Classifier, nn.Module):
         memory for compute. Dropout masks are replayed, so the numbers do not change."""
         self.grad_checkpointing = enabled
 
-    def _block(self, block: Block, z: Tensor, **kwargs: Any) -> tuple[Tensor, Optional[Tensor]]:
-        if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(block, z, use_reentrant=False, **kwargs)
-        return block(z, **kwargs)
-
     def add_position(self, i: int, z: Tensor, grid: tuple[int, int]) -> Tensor:
         """The input of block i: z, plus the position embedding again where pos_embed_at says
         (block 0's is added in `embed`)."""
@@ -145,31 +140,46 @@ class VisionTransformer(Classifier, nn.Module):
             return z
         return (self.pos_embed if at == "every_block_shared" else self.block_pos_embeds[f"encoderblock_{i}"])(z, grid)
 
+    def encode(self, x: Tensor, patch_fn: Optional[PatchFn] = None, *, queries: Optional[int] = None,
+               record: Optional[dict[str, Any]] = None) -> Tensor:
+        """The encoder, Eq. 1-3 and Eq. 4's LayerNorm: every caller's one loop. Returns the
+        tokens after the final LayerNorm, (B, T, D).
+
+        `queries=n`: the last block computes its output at the first n tokens only, (B, n, D)
+        (see `Attention`). `record`: a dict that receives z0 ("embeddings"), each block's
+        tokens and attention probabilities (the exact attention path computes them) and the
+        patch grid. Each block is checkpointed when `set_grad_checkpointing` says so."""
+        z, grid = self.embed(x, patch_fn)  # Eq. 1: z0, (B, T, D)
+        if record is not None:
+            record.update(embeddings=z, tokens=[], attentions=[], grid=grid)
+        z = self.pos_drop(z)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            kwargs = {"return_attention": record is not None, "queries": queries if i == last else None}
+            z_in = self.add_position(i, z, grid)
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                z, attn = checkpoint(block, z_in, use_reentrant=False, **kwargs)
+            else:
+                z, attn = block(z_in, **kwargs)  # Eq. 2-3: z_l, (B, T, D)
+            if record is not None:
+                record["tokens"].append(z)
+                record["attentions"].append(attn)  # (B, heads, T, T)
+        return self.norm(z)  # the LN of Eq. 4, on every token
+
     def forward_features(self, x: Tensor, patch_fn: Optional[PatchFn] = None) -> Tensor:
         """All tokens after the final LayerNorm, (B, T, D)."""
-        z, grid = self.embed(x, patch_fn)
-        z = self.pos_drop(z)
-        for i, block in enumerate(self.blocks):
-            z, _ = self._block(block, self.add_position(i, z, grid))
-        return self.norm(z)
+        return self.encode(x, patch_fn)
 
-    def _forward_pooled_tokens(self, x: Tensor) -> Tensor:
-        """`forward_features` trimmed to what the head reads: the same logits, less work.
+    @property
+    def head_queries(self) -> Optional[int]:
+        """What the head reads of the last block: 1 when it reads the class token alone.
 
         Eq. 4 reads only the class token of the last block, z_L^0. In that block every token
         is still a key and value of attention, but the query, attention output, MLP and final
         LayerNorm are needed at the class token alone: for ViT-B/16 at 224 this skips about
-        6% of the model's FLOPs (7% for the 9-block ViT-C/4). Returns (B, 1, D) in that case.
-        """
-        if self.config.classifier != "token" or self.config.pos_embed == "relative":
-            return self.forward_features(x)
-        z, grid = self.embed(x)
-        z = self.pos_drop(z)
-        last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks[:-1]):
-            z, _ = self._block(block, self.add_position(i, z, grid))
-        z, _ = self._block(self.blocks[-1], self.add_position(last, z, grid), queries=1)  # (B, 1, D): z_L^0
-        return self.norm(z)
+        6% of the model's FLOPs (7% for the 9-block ViT-C/4). Relative attention's offsets
+        assume every query, and GAP reads every token: None (all tokens) for them."""
+        return 1 if self.config.classifier == "token" and self.config.pos_embed != "relative" else None
 
     def pool(self, feats: Tensor) -> Tensor:
         """The image representation: the class token (Eq. 4) or the mean of the tokens (GAP)."""
@@ -186,25 +196,18 @@ class VisionTransformer(Classifier, nn.Module):
 
     def forward(self, x: Tensor, return_intermediates: bool = False) -> Any:
         if not return_intermediates:
-            return self.forward_head(self._forward_pooled_tokens(x))
-        z, grid = self.embed(x)
-        embeddings = z
-        z = self.pos_drop(z)
-        tokens, attentions = [], []
-        for i, block in enumerate(self.blocks):
-            z, attn = block(self.add_position(i, z, grid), return_attention=True)
-            tokens.append(z)
-            attentions.append(attn)
-        feats = self.norm(z)
+            return self.forward_head(self.encode(x, queries=self.head_queries))
+        record: dict[str, Any] = {}
+        feats = self.encode(x, record=record)
         representation = self.forward_head(feats, pre_logits=True)
         return {
             "logits": self.head(representation),
-            "embeddings": embeddings,  # z0, (B, T, D)
-            "tokens": tokens,  # per block, (B, T, D)
-            "attentions": attentions,  # per block, (B, heads, T, T)
+            "embeddings": record["embeddings"],  # z0, (B, T, D)
+            "tokens": record["tokens"],  # per block, (B, T, D)
+            "attentions": record["attentions"],  # per block, (B, heads, T, T)
             "features": feats,  # after the final norm, (B, T, D)
             "pre_logits": representation,  # what the head reads, (B, feature_dim)
-            "grid": grid,
+            "grid": record["grid"],
         }
 
     @property
