@@ -24,8 +24,8 @@ import torch
 import report_tables as tables  # noqa: E402  (this folder's module: the script's folder is on sys.path)
 from vitlab.bench import machine
 from vitlab.bench.systems import System, build_model, training_call
+from vitlab.checkpoints.peers import variant_config
 from vitlab.config import load_recipe
-from vitlab.models.variants import variant_config
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "benchmarks" / "train-c4-bf16.yaml"

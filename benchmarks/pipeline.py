@@ -295,8 +295,8 @@ def cores_needed(records: list[dict], mfu: float = 0.5) -> list[dict]:
     """For each device of vitlab.bench.machine.GPU_PEAKS: ViT-B/16's training rate at `mfu`, and
     the cores of each pipeline it takes to feed it."""
     from vitlab.bench.machine import GPU_PEAKS
+    from vitlab.checkpoints.peers import variant_config
     from vitlab.config import model_flops
-    from vitlab.models.variants import variant_config
 
     per_image = 3 * model_flops(variant_config("ViT-B/16"))
     rates = {r["system"]: float(r["img/s per core"]) for r in records if r["photos"] == "500x375" and r["transform"] == "train"}

@@ -49,7 +49,7 @@ LAYERS: dict[str, set[str]] = {
     "tables": set(),
     "suggest": set(),
     "config": {"files", "suggest"},
-    "models": {"config", "pixels", "suggest"},
+    "models": {"config", "pixels"},
     "checkpoints": {"config", "extras", "files", "log", "models", "progress", "run_layout", "suggest", "tables"},
     "data": {"config", "extras", "files", "pixels", "suggest"},
     "eval": {"data", "files"},

@@ -9,7 +9,7 @@ import pytest
 from vitlab.bench import SUITES
 from vitlab.bench.suites import suite
 from vitlab.bench.systems import prepare
-from vitlab.models.variants import variant_config
+from vitlab.checkpoints.peers import variant_config
 
 
 @pytest.mark.parametrize("name", SUITES)

@@ -1,4 +1,4 @@
-"""What a timm or Hugging Face user types on day one: their model names (models/peers.py), a
+"""What a timm or Hugging Face user types on day one: their model names (checkpoints/peers.py), a
 state dict saved without metadata (timm's own preprocessing for its architecture, each guessed
 field marked), and "did you mean" for every closed set (vitlab/suggest.py). Checked against
 timm and transformers themselves, on real photos."""

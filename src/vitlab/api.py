@@ -15,11 +15,11 @@ import torch
 
 from vitlab import checkpoints
 from vitlab.checkpoints import hub, pretrained as registry, share
+from vitlab.checkpoints.peers import read_peer_name, variant_config
 from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig, model_flops
 from vitlab.data.transforms import model_transform
 from vitlab.models import Model, build
-from vitlab.models.peers import read_peer_name
-from vitlab.models.variants import MODELS, variant_config
+from vitlab.models.variants import MODELS
 
 
 def _check_type(function: str, argument: str, value: Any, types: Any, what: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vitlab.bench import SUITES
 from vitlab.bench.systems import Setting, System, standard_systems
-from vitlab.models.variants import variant_config
+from vitlab.checkpoints.peers import variant_config
 
 FAST = ["fp32", "fp32-packed", "bf16", "int8"]  # the inference precisions of the quick suite
 

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from vitlab.checkpoints.io import CheckpointError, Imported, guessed_preprocessing, head_names
+from vitlab.checkpoints.peers import HF_PREPROCESSING
 from vitlab.checkpoints.tables import Rule, check_carried, copy, expected_shapes, export_state, fused, import_state, read_tensors, refuse
 from vitlab.config import ViTConfig
 from vitlab.files import replace_folder
 from vitlab.files.documents import read_json
-from vitlab.models.peers import HF_PREPROCESSING
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "hf"

@@ -39,9 +39,9 @@ from typing import Any, Optional
 
 from vitlab.checkpoints import pretrained
 from vitlab.checkpoints.io import CheckpointError
+from vitlab.checkpoints.peers import read_peer_name
 from vitlab.extras import MissingExtraError, hub_client_errors, require
 from vitlab.files.documents import read_json
-from vitlab.models.peers import read_peer_name
 
 HF_PREFIX, TIMM_PREFIX = "hf-hub:", "timm:"
 REACH_TIMEOUT_S = 5.0

@@ -31,6 +31,7 @@ from typing import Any, Optional
 from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.labels import imagenet_names, imagenet_synsets
+from vitlab.checkpoints.peers import timm_numerics, timm_preprocessing
 from vitlab.checkpoints.tables import (
     Rule,
     check_carried,
@@ -50,7 +51,6 @@ from vitlab.checkpoints.tables import (
 from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.extras import require
 from vitlab.files.documents import read_json
-from vitlab.models.peers import timm_numerics, timm_preprocessing
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "timm"

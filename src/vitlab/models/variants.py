@@ -16,9 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
-from vitlab import suggest
-from vitlab.config import BiTConfig, ConfigError, ModelConfig, ResNetConfig, ViTConfig
-from vitlab.models.peers import read_peer_name
+from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 
 #                  width, depth, heads, mlp
 SIZES = {
@@ -109,37 +107,16 @@ SHAPE = {"hidden_size": "width", "depth": "depth", "num_heads": "heads", "mlp_di
 BIT_SHAPE = {"layers": "layers", "width_factor": "width factor", "base_width": "base width", "stem": "stem"}
 
 
-def variant_config(name: str, **changes: Any) -> ModelConfig:
-    """A registered variant with some fields changed. A change to its shape (width, depth,
-    heads, MLP size, patch; a BiT ResNet's layers and widths) makes another model, and the
-    name says so: "ViT-Ti/4 (custom: width 64, depth 4)" -- in logs, summaries, checkpoints
-    and `vitlab info` alike.
-
-    timm's and Hugging Face's names ("vit_tiny_patch16_224", "google/vit-base-patch16-224")
-    are the registered variant with that library's numerics and preprocessing (models/peers.py)."""
-    try:
-        base = MODELS[resolve_name(name)]
-    except KeyError:
-        base = peer_config(name)
+def with_changes(base: ModelConfig, **changes: Any) -> ModelConfig:
+    """A variant with some fields changed. A change to its shape (width, depth, heads, MLP
+    size, patch; a BiT ResNet's layers and widths) makes another model, and the name says so:
+    "ViT-Ti/4 (custom: width 64, depth 4)" -- in logs, summaries, checkpoints and `vitlab info`
+    alike. A name becomes its variant in checkpoints/peers.py (`variant_config`), which also
+    reads timm's and Hugging Face's names for them."""
     cfg = base.replace(**changes)
     if "name" not in changes:
         cfg = cfg.replace(name=describe(cfg, base))
     return cfg
-
-
-KNOWN_MODELS_HINT = "`vitlab models` lists them; timm's and Hugging Face's names work too (vit_tiny_patch16_224)"
-
-
-def peer_config(name: str) -> ModelConfig:
-    """The config a timm or Hugging Face name stands for; an unknown name is refused with the
-    near ones."""
-    try:
-        peer = read_peer_name(name)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if peer is None or peer.variant not in MODELS:
-        raise ConfigError(suggest.unknown("model", name, MODELS, KNOWN_MODELS_HINT))
-    return peer.config(MODELS[peer.variant])
 
 
 def _shape_fields(cfg: ModelConfig) -> dict[str, str]:

@@ -8,11 +8,11 @@ from typing import Any, Iterator, Optional
 import torch
 
 from vitlab import checkpoints
+from vitlab.checkpoints.peers import variant_config
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
 from vitlab.data import DataOptions, foreign, make_loader, training_subset
 from vitlab.data.transforms import AUGMENT_OPTIONS, fast_model_transform, model_transform
 from vitlab.models import Model, build
-from vitlab.models.variants import variant_config
 from vitlab.train.inputs import Inputs
 
 # A checkpoint's evaluation crop belongs to its pre-training data (ImageNet's 0.875); a

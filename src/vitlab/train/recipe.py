@@ -16,11 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from vitlab.checkpoints.peers import variant_config
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
 from vitlab.config.provenance import COMMAND_LINE
 from vitlab.config.run import AUGMENTATIONS, CHANGED_ORIGIN
 from vitlab.files import check_writable
-from vitlab.models.variants import variant_config
 from vitlab.run_layout import RunLayout
 from vitlab.train.inputs import Inputs
 from vitlab.train.loop import EXTENDABLE, Trainer

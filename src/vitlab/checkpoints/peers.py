@@ -1,5 +1,7 @@
-"""The names timm and Hugging Face give the paper's models, read as vitlab's, with the numerics
-and default preprocessing of the library the name comes from.
+"""Model names as a user types them: vitlab's variants (models/variants.py) and the names timm
+and Hugging Face give the paper's models, read as vitlab's, with the numerics and default
+preprocessing of the library the name comes from. `variant_config` is the one reader of a
+model name, in whichever spelling.
 
 - timm: `vit_tiny_patch16_224` (a size, a patch, a resolution), optionally with the tag that
   selects weights (`vit_tiny_patch16_224.augreg_in21k_ft_in1k`), and the hybrids
@@ -11,9 +13,10 @@ and default preprocessing of the library the name comes from.
   LayerNorm eps 1e-12, and ViTImageProcessor's defaults (the whole image resized bilinearly to
   the model's size with torchvision's kernels, mean = std = 0.5).
 
-`PeerName` says which registered variant a name stands for and what differs from it; models/
-variants.py builds the config. The checkpoint readers use the same numerics and preprocessing
-for a file that names no preprocessing (checkpoints/timm.py, checkpoints/hf.py).
+`PeerName` says which registered variant a name stands for and what differs from it. The
+checkpoint readers use the same numerics and preprocessing for a file that names no
+preprocessing (timm.py, hf.py). These names live here, beside the readers of those libraries'
+files, and not in models/, which knows only the paper's notation.
 """
 
 from __future__ import annotations
@@ -22,11 +25,30 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from vitlab.config import ResNetConfig, ViTConfig
+from vitlab import suggest
+from vitlab.config import ConfigError, ModelConfig, ResNetConfig, ViTConfig
+from vitlab.models.variants import MODELS, resolve_name, with_changes
 
 TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
 HF_SIZES = {"base": "B", "large": "L", "huge": "H"}
+KNOWN_MODELS_HINT = "`vitlab models` lists them; timm's and Hugging Face's names work too (vit_tiny_patch16_224)"
 
+
+def variant_config(name: str, **changes: Any) -> ModelConfig:
+    """The model a name stands for, with some fields changed (a changed shape is named as such:
+    models/variants.with_changes): a registered variant in the paper's notation, in any spelling
+    `resolve_name` reads ("ViT-B/16", "vit-b-16"), or timm's or Hugging Face's name for one
+    ("vit_tiny_patch16_224", "google/vit-base-patch16-224"), with that library's numerics and
+    preprocessing. An unknown name is refused with the near ones."""
+    try:
+        peer = read_peer_name(name)  # None for the paper's notation: the patterns cannot match it
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        base = peer.config(MODELS[peer.variant]) if peer else MODELS[resolve_name(name)]
+    except KeyError:
+        raise ConfigError(suggest.unknown("model", name, MODELS, KNOWN_MODELS_HINT)) from None
+    return with_changes(base, **changes)
 
 
 def timm_numerics(cfg: ViTConfig) -> ViTConfig:
@@ -114,13 +136,3 @@ def read_peer_name(name: str) -> Optional[PeerName]:
         return PeerName("Hugging Face", f"ViT-{HF_SIZES[size]}/{patch}", changes, f"hf-hub:{name.strip()}")
     return None
 
-
-def timm_name(variant: str, image_size: int) -> Optional[str]:
-    """timm's name of a registered variant at a resolution ("ViT-Ti/16", 224 ->
-    "vit_tiny_patch16_224"), or None where timm has none of that form."""
-    m = re.match(r"^(?:R(26|50)\+)?ViT-(Ti|S|B|L|H)/(\d+)$", variant)
-    if not m:
-        return None
-    depth, letter, step = m.groups()
-    size = {v: k for k, v in TIMM_SIZES.items()}[letter]
-    return f"vit_{size}_r{depth}_s{step}_{image_size}" if depth else f"vit_{size}_patch{step}_{image_size}"
