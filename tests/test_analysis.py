@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
+from test_models_pos_embed import ABSOLUTE, KINDS
 from vitlab import analysis
-from vitlab.config import ResNetConfig
+from vitlab.config import POS_EMBEDS, ResNetConfig
 from vitlab.models.pos_embed import sincos_2d
 from vitlab.models.vit import VisionTransformer
 
@@ -161,23 +162,21 @@ def test_random_table_shows_no_distance_structure():
     assert abs(analysis.similarity_vs_distance(sim)["pearson_distance_similarity"]) < 0.1
 
 
-@pytest.mark.parametrize("kind", ["learned", "learned_2d", "sincos_2d"])
-def test_position_table_for_each_absolute_kind(kind):
+@pytest.mark.parametrize("kind", POS_EMBEDS)
+def test_position_table_for_each_kind(kind):
+    """The table of an absolute kind is the one its definition adds to the patch tokens (the
+    class token's row left out); a kind with none says why."""
     model = tiny(pos_embed=kind)
+    if kind not in ABSOLUTE:
+        with pytest.raises(analysis.NoPositionTable, match=f"pos_embed='{kind}'"):
+            analysis.position_table(model)
+        return
     table = analysis.position_table(model)
     assert table.shape == (model.config.num_patches, 32)
-    if kind == "learned":  # the class token's row is left out
-        torch.testing.assert_close(table, model.pos_embed.pos_embedding[0, 1:].detach())
-    if kind == "learned_2d":  # cells of one row share their first half
-        torch.testing.assert_close(table[0, :16], table[5, :16])
+    want = KINDS[kind].table(model.pos_embed, model.config.grid_size, 32)[1:]
+    np.testing.assert_allclose(table.double().numpy(), want, atol=1e-6)
     sim = analysis.cosine_similarity_grid(table, model.config.grid_size)
     assert sim.shape == (4, 6, 4, 6)
-
-
-@pytest.mark.parametrize("kind", ["none", "relative"])
-def test_no_table_says_why(kind):
-    with pytest.raises(analysis.NoPositionTable, match=f"pos_embed='{kind}'"):
-        analysis.position_table(tiny(pos_embed=kind))
 
 
 # Embedding filters ---------------------------------------------------------------------------

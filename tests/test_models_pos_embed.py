@@ -1,16 +1,81 @@
-"""Position-embedding resizing (§3.2): each mode checked against an independent definition."""
+"""Position embeddings (Eq. 1, App. D.4) and their resizing (§3.2): each registered kind and
+each resize mode checked against an independent definition, and every kind tested."""
 
 from __future__ import annotations
 
 import math
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import pytest
 import torch
 
 import vitlab
-from vitlab.config import RESIZE_MODES
-from vitlab.models.pos_embed import resize_grid, resize_token_embedding, sincos_2d
+from vitlab.config import POS_EMBEDS, RESIZE_MODES
+from vitlab.models.pos_embed import PositionEmbedding, resize_grid, resize_token_embedding, sincos_2d
+
+
+class Kind(NamedTuple):
+    """A kind written from its definition: the (T, D) table Eq. 1 adds to the tokens of a
+    (gh, gw) grid of width D (the class token's row first), None for a kind that adds nothing
+    to them, and how many parameters the embedding learns."""
+
+    table: Optional[Callable[[PositionEmbedding, tuple[int, int], int], np.ndarray]]
+    parameters: Callable[[tuple[int, int], int], int]
+
+
+def _cells(grid: tuple[int, int], d: int, cell: Callable[[int, int], np.ndarray]) -> np.ndarray:
+    """The class token's row (zero: its own embedding tells it apart) and one row per cell in
+    raster order."""
+    return np.concatenate([np.zeros((1, d)), np.stack([cell(y, x) for y in range(grid[0]) for x in range(grid[1])])])
+
+
+def _sincos(y: int, x: int, d: int) -> np.ndarray:
+    """sin(y w), cos(y w), sin(x w), cos(x w), each over d/4 frequencies w_i = 10000^(-i/(d/4))."""
+    w = 1.0 / 10000 ** (np.arange(d // 4) / (d // 4))
+    return np.concatenate([np.sin(y * w), np.cos(y * w), np.sin(x * w), np.cos(x * w)])
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().double().numpy()
+
+
+# Every kind of POS_EMBEDS must be here (test_every_kind_is_tested, as vit_jax's
+# test_all_tested): a new kind cannot land without its definition.
+KINDS: dict[str, Kind] = {
+    "learned": Kind(lambda pe, grid, d: _np(pe.pos_embedding[0]), lambda grid, d: (1 + grid[0] * grid[1]) * d),
+    "learned_2d": Kind(lambda pe, grid, d: _cells(grid, d, lambda y, x: np.concatenate(
+        [_np(pe.row_embedding[y]), _np(pe.col_embedding[x])])), lambda grid, d: (grid[0] + grid[1]) * d // 2),
+    "sincos_2d": Kind(lambda pe, grid, d: _cells(grid, d, lambda y, x: _sincos(y, x, d)), lambda grid, d: 0),
+    # Relative attention adds q . r_{i-j} to the attention logits, not to the tokens
+    # (test_models_vit.py: test_relative_attention_adds_query_dot_offset_embedding).
+    "relative": Kind(None, lambda grid, d: 0),
+    "none": Kind(None, lambda grid, d: 0),
+}
+# The kinds with a table of absolute positions (what pos_embed_at may repeat at every block).
+ABSOLUTE = [k for k in POS_EMBEDS if k in KINDS and KINDS[k].table is not None]
+
+
+def test_every_kind_is_tested():
+    untested = sorted(set(POS_EMBEDS) - set(KINDS))
+    assert not untested, f"position-embedding kinds without a definition in KINDS: {untested}"
+    assert sorted(KINDS) == sorted(POS_EMBEDS), "KINDS lists a kind POS_EMBEDS no longer has"
+
+
+@pytest.mark.parametrize("kind", POS_EMBEDS)
+def test_each_kind_adds_what_its_definition_says(kind):
+    torch.manual_seed(0)
+    grid, d = (3, 5), 16
+    model = vitlab.create_model("ViT-C/4", image_size=(12, 20), hidden_size=d, num_heads=2, mlp_dim=32, depth=1,
+                                pos_embed=kind)
+    pe = model.pos_embed
+    x = torch.randn(2, 1 + grid[0] * grid[1], d)
+    with torch.no_grad():
+        added = _np(pe(x, grid) - x)
+    table = KINDS[kind].table
+    want = np.zeros(added.shape[1:]) if table is None else table(pe, grid, d)
+    np.testing.assert_allclose(added, np.broadcast_to(want, added.shape), atol=1e-6)
+    assert sum(p.numel() for p in pe.parameters()) == KINDS[kind].parameters(grid, d)
 
 
 def reference_1d(values: np.ndarray, new: int, mode: str) -> np.ndarray:
@@ -101,7 +166,7 @@ def test_token_embedding_keeps_class_row_and_raster_order():
     assert grid[0, 0] == 1 and grid[0, -1] == 3 and grid[-1, 0] == 4 and grid[-1, -1] == 6
 
 
-@pytest.mark.parametrize("pos_embed", ["learned", "learned_2d", "relative", "sincos_2d"])
+@pytest.mark.parametrize("pos_embed", POS_EMBEDS)
 def test_creating_at_a_new_size_through_load_resizes(tmp_path, pos_embed):
     torch.manual_seed(0)
     model = vitlab.create_model("ViT-C/4", image_size=16, depth=1, pos_embed=pos_embed, head_init="xavier")

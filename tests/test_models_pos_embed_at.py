@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitlab.config import ConfigError, ViTConfig
+from test_models_pos_embed import ABSOLUTE, KINDS
+from vitlab.config import POS_EMBEDS, ConfigError, ViTConfig
 from vitlab.models import build
 from vitlab.models.pos_embed import resize_position_state
 
@@ -32,20 +33,6 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def table(s, prefix, kind, grid, d):
-    """The (T, D) embedding added to the tokens (zero for the class token in the 2D kinds)."""
-    if kind == "learned":
-        return s[prefix + "pos_embedding"][0]
-    if kind == "learned_2d":
-        rows, cols = s[prefix + "row_embedding"], s[prefix + "col_embedding"]
-        cells = [np.concatenate([rows[y], cols[x]]) for y in range(grid) for x in range(grid)]
-    else:  # sincos_2d, from its definition: sin y, cos y, sin x, cos x at 10000^(-i/(d/4))
-        omega = 1.0 / 10000 ** (np.arange(d // 4) / (d // 4))
-        cells = [np.concatenate([np.sin(y * omega), np.cos(y * omega), np.sin(x * omega), np.cos(x * omega)])
-                 for y in range(grid) for x in range(grid)]
-    return np.concatenate([np.zeros((1, d)), np.stack(cells)])
-
-
 def reference(model, x: np.ndarray, kind: str, at: str) -> np.ndarray:
     s = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
     s.update({k: v.double().numpy() for k, v in model.named_buffers()})
@@ -55,11 +42,11 @@ def reference(model, x: np.ndarray, kind: str, at: str) -> np.ndarray:
     w = s["patch_embed.proj.weight"].reshape(d, -1)
     z = patches @ w.T + s["patch_embed.proj.bias"]
     z = np.concatenate([np.broadcast_to(s["cls_token"], (b, 1, d)), z], axis=1)
-    for i in range(DEPTH):
+    for i in range(DEPTH):  # E_pos as each kind's definition writes it (test_models_pos_embed.py)
         if i == 0 or at == "every_block_shared":
-            z = z + table(s, "pos_embed.", kind, g, d)
+            z = z + KINDS[kind].table(model.pos_embed, (g, g), d)
         elif at == "every_block":
-            z = z + table(s, f"block_pos_embeds.encoderblock_{i}.", kind, g, d)
+            z = z + KINDS[kind].table(model.block_pos_embeds[f"encoderblock_{i}"], (g, g), d)
         q = f"blocks.{i}."
         h = layer_norm(z, s[q + "norm1.weight"], s[q + "norm1.bias"])
         qkv = h @ s[q + "attn.qkv.weight"].T + s[q + "attn.qkv.bias"]
@@ -77,7 +64,7 @@ def reference(model, x: np.ndarray, kind: str, at: str) -> np.ndarray:
     return z[:, 0] @ s["head.weight"].T + s["head.bias"]
 
 
-@pytest.mark.parametrize("kind", ["learned", "learned_2d", "sincos_2d"])
+@pytest.mark.parametrize("kind", ABSOLUTE)
 @pytest.mark.parametrize("at", ["stem", "every_block", "every_block_shared"])
 def test_placement_matches_the_reference_forward(kind, at):
     torch.manual_seed(0)
@@ -93,7 +80,7 @@ def test_placement_matches_the_reference_forward(kind, at):
     np.testing.assert_allclose(got, want, atol=2e-5)
     np.testing.assert_allclose(again, want, atol=2e-5)
     names = [k for k, _ in model.named_parameters() if "block_pos_embeds" in k]
-    if at == "every_block" and kind != "sincos_2d":
+    if at == "every_block" and KINDS[kind].parameters((4, 4), 16):
         assert len({n.split(".")[1] for n in names}) == DEPTH - 1
         assert names[0].startswith("block_pos_embeds.encoderblock_1.")
     else:
@@ -124,9 +111,9 @@ def test_per_block_tables_are_resized_with_the_grid():
     build(new).load_state_dict(out)
 
 
-def test_placement_needs_an_absolute_embedding():
-    for kind in ("relative", "none"):
-        with pytest.raises(ConfigError, match="needs an absolute embedding"):
-            config(kind, "every_block")
+@pytest.mark.parametrize("kind", [k for k in POS_EMBEDS if k not in ABSOLUTE])
+def test_placement_needs_an_absolute_embedding(kind):
+    with pytest.raises(ConfigError, match="needs an absolute embedding"):
+        config(kind, "every_block")
     with pytest.raises(ConfigError, match="pos_embed_at"):
         config("learned", "everywhere")

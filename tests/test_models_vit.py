@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.config import ConfigError, ResNetConfig
+from test_models_pos_embed import KINDS
+from vitlab.config import POS_EMBEDS, ConfigError, ResNetConfig
 from vitlab.models.resnet import StdConv2d, same_padding
 
 # Exact parameter counts with 1000 classes at 224x224. The ones the paper and the official
@@ -58,6 +59,11 @@ def test_parameter_count_is_pinned(name):
     assert sum(p.numel() for p in model.parameters()) == PINNED_PARAMS[name]
 
 
+def test_every_pinned_count_is_a_registered_variant():
+    """The other half of the guard above: a count for a variant no longer registered goes too."""
+    assert sorted(set(PINNED_PARAMS) - set(vitlab.list_models())) == []
+
+
 def test_names_in_paper_notation_resolve():
     assert vitlab.create_model("vit-c/4").config.name == "ViT-C/4"
     with pytest.raises(ConfigError, match="unknown model 'ViT-Q/16'; did you mean ViT-S/16"):
@@ -75,10 +81,7 @@ def small(**overrides):
 OPTIONS = [
     {},
     {"classifier": "gap"},
-    {"pos_embed": "learned_2d"},
-    {"pos_embed": "sincos_2d"},
-    {"pos_embed": "relative"},
-    {"pos_embed": "none"},
+    *({"pos_embed": kind} for kind in POS_EMBEDS if kind != "learned"),  # every registered kind
     {"representation_size": 24},
     {"gelu": "exact", "layer_norm_eps": 1e-5, "qkv_bias": False},
     {"image_size": (16, 24)},
@@ -100,7 +103,7 @@ def test_every_option_forward_backward_and_gradients(overrides):
     # Every parameter takes part in the function, so every one must receive a gradient.
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {name}"
-    if cfg.pos_embed in ("sincos_2d", "none"):
+    if not KINDS[cfg.pos_embed].parameters(cfg.grid_size, cfg.hidden_size):
         assert not any("pos_embed" in n for n, _ in model.named_parameters())
 
 
