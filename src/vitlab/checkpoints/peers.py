@@ -45,9 +45,11 @@ def variant_config(name: str, **changes: Any) -> ModelConfig:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     try:
-        base = peer.config(MODELS[peer.variant]) if peer else MODELS[resolve_name(name)]
+        base = MODELS[peer.variant if peer else resolve_name(name)]
     except KeyError:
         raise ConfigError(suggest.unknown("model", name, MODELS, KNOWN_MODELS_HINT)) from None
+    if peer is not None and isinstance(base, ViTConfig):  # (every name of theirs is a ViT's)
+        base = peer.config(base)
     return with_changes(base, **changes)
 
 

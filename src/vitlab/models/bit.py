@@ -108,18 +108,6 @@ class BiTResNet(Classifier, nn.Module):
         self.head: nn.Module = nn.Identity()
         self.reset_classifier(cfg.num_classes)
 
-    def _check_input(self, x: Tensor) -> Tensor:
-        # A convolutional network reads any image size; only the layout and channels must fit.
-        x = as_image_batch(x, next(self.parameters()), self.config.mean, self.config.std, self.config.name)
-        if x.dim() != 4:
-            raise ValueError(f"expected an NCHW image batch, got a tensor of shape {tuple(x.shape)}")
-        if x.shape[1] != self.config.in_channels:
-            raise ValueError(
-                f"{self.config.name} expects {self.config.in_channels} input channels, got {x.shape[1]} "
-                f"(shape {tuple(x.shape)}); convert the images (e.g. greyscale to RGB) first"
-            )
-        return x
-
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each residual unit in the backward pass instead of keeping its
         activations: memory for compute, the same numbers."""
@@ -132,12 +120,17 @@ class BiTResNet(Classifier, nn.Module):
             x = checkpoint(unit, x, use_reentrant=False)
         return x
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """The last stage's map after the pre-head GroupNorm and ReLU, (B, C, H/32, W/32)."""
-        x = self._check_input(x)
-        x = self.root(x)
+    def forward_features(self, x: Tensor, record: Optional[dict[str, Any]] = None) -> Tensor:
+        """The last stage's map after the pre-head GroupNorm and ReLU, (B, C, H/32, W/32): the
+        one loop of every path. `record`: a dict that receives the root's and each stage's maps.
+        A convolutional network reads any image size; models/inputs.py checks the rest."""
+        x = self.root(as_image_batch(x, next(self.parameters()), self.config))  # (B, C0, H/4, W/4)
+        if record is not None:
+            record.update(stem=x, stages=[])
         for stage in self.stages:
-            x = self._stage(stage, x)
+            x = self._stage(stage, x)  # (B, C_s, H/stride_s, W/stride_s)
+            if record is not None:
+                record["stages"].append(x)
         return F.relu(self.norm(x))
 
     def forward_head(self, feats: Tensor, pre_logits: bool = False) -> Tensor:
@@ -148,18 +141,13 @@ class BiTResNet(Classifier, nn.Module):
     def forward(self, x: Tensor, return_intermediates: bool = False) -> Any:
         if not return_intermediates:
             return self.forward_head(self.forward_features(x))
-        x = self._check_input(x)
-        stem = self.root(x)
-        z, stages = stem, []
-        for stage in self.stages:
-            z = self._stage(stage, z)
-            stages.append(z)
-        feats = F.relu(self.norm(z))
+        record: dict[str, Any] = {}
+        feats = self.forward_features(x, record)
         representation = self.forward_head(feats, pre_logits=True)
         return {
             "logits": self.head(representation),
-            "stem": stem,  # after the root, (B, C0, H/4, W/4)
-            "stages": stages,  # per stage, (B, C_s, H/stride_s, W/stride_s)
+            "stem": record["stem"],  # after the root, (B, C0, H/4, W/4)
+            "stages": record["stages"],  # per stage, (B, C_s, H/stride_s, W/stride_s)
             "features": feats,  # after the pre-head GN and ReLU, (B, C, h, w)
             "pre_logits": representation,  # what the head reads, (B, feature_dim)
         }

@@ -102,17 +102,10 @@ class VisionTransformer(Classifier, nn.Module):
         return self.pos_embed(x, grid), grid
 
     def _check_input(self, x: Tensor) -> Tensor:
-        """`x` as this model's input (models/inputs.py: dtypes, uint8 pixels, numpy), its
-        layout, channels and size checked."""
+        """`x` as this model's input (models/inputs.py: dtypes, uint8 pixels, numpy, layout and
+        channels), its size checked against the grid."""
         cfg = self.config
-        x = as_image_batch(x, self.patch_embed.proj.weight, cfg.mean, cfg.std, cfg.name)
-        if x.dim() != 4:
-            raise ValueError(f"expected an NCHW image batch, got a tensor of shape {tuple(x.shape)}")
-        if x.shape[1] != cfg.in_channels:
-            raise ValueError(
-                f"{cfg.name} expects {cfg.in_channels} input channels, got {x.shape[1]} "
-                f"(shape {tuple(x.shape)}); convert the images (e.g. greyscale to RGB) first"
-            )
+        x = as_image_batch(x, self.patch_embed.proj.weight, cfg)
         size = tuple(x.shape[2:])
         if cfg.dynamic_image_size:
             s = cfg.total_stride
@@ -138,7 +131,9 @@ class VisionTransformer(Classifier, nn.Module):
         at = self.config.pos_embed_at
         if i == 0 or at == "stem":
             return z
-        return (self.pos_embed if at == "every_block_shared" else self.block_pos_embeds[f"encoderblock_{i}"])(z, grid)
+        if self.block_pos_embeds is None:  # every_block_shared: the stem's table again
+            return self.pos_embed(z, grid)
+        return self.block_pos_embeds[f"encoderblock_{i}"](z, grid)
 
     def encode(self, x: Tensor, patch_fn: Optional[PatchFn] = None, *, queries: Optional[int] = None,
                record: Optional[dict[str, Any]] = None) -> Tensor:
@@ -155,12 +150,11 @@ class VisionTransformer(Classifier, nn.Module):
         z = self.pos_drop(z)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            kwargs = {"return_attention": record is not None, "queries": queries if i == last else None}
-            z_in = self.add_position(i, z, grid)
+            z_in, n = self.add_position(i, z, grid), queries if i == last else None
             if self.grad_checkpointing and torch.is_grad_enabled():
-                z, attn = checkpoint(block, z_in, use_reentrant=False, **kwargs)
+                z, attn = checkpoint(block, z_in, record is not None, n, use_reentrant=False)
             else:
-                z, attn = block(z_in, **kwargs)  # Eq. 2-3: z_l, (B, T, D)
+                z, attn = block(z_in, record is not None, n)  # Eq. 2-3: z_l, (B, T, D)
             if record is not None:
                 record["tokens"].append(z)
                 record["attentions"].append(attn)  # (B, heads, T, T)
