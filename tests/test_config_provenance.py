@@ -1,9 +1,16 @@
-"""Each value of a run's config records the layer that set it, and config.yaml shows it
-(config/provenance.py); two settings of one key that disagree are refused by name, never
-resolved silently (a flag and a SECTION.KEY= override, --lr with --lr-sweep or --lr-grid, an
-empty --lr-grid)."""
+"""Each value of a run's config records the layer that set it (a typed Origin), config.yaml
+holds the layers as data and shows them as comments, and a run folder reads them back in one
+read of the file (config/provenance.py); two settings of one key that disagree are refused by
+name, never resolved silently (a flag and a SECTION.KEY= override, --lr with --lr-sweep or
+--lr-grid, an empty --lr-grid)."""
 
 from __future__ import annotations
+
+import builtins
+import io
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,10 +19,25 @@ import yaml
 import vitlab
 from conftest import assert_one_line_error, vitlab_cli
 from vitlab.cli import main
-from vitlab.config import RunConfig, load_recipe
-from vitlab.config.provenance import annotated_yaml, origins_in
+from vitlab.config import ConfigError, RunConfig, load_recipe
+from vitlab.config.provenance import (
+    CHECKPOINT,
+    COMMAND_LINE,
+    DEFAULT,
+    PLAN,
+    SECTION,
+    SWEEP,
+    Layer,
+    Origin,
+    annotated_yaml,
+    config_file,
+    from_document,
+    recipe,
+)
 from vitlab.train.recipe import resolve
 from vitlab.train.run_folder import RunFolder
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ["--batch-size", "32", "model.depth=1", "model.hidden_size=16", "model.num_heads=2", "model.mlp_dim=32",
         "model.image_size=8", "model.patch_size=4", "train.threads=1"]
@@ -36,19 +58,51 @@ def source(tmp_path_factory):
 
 def test_each_value_records_its_layer_and_config_yaml_shows_it():
     cfg, _ = resolve("digits", {"lr": 0.01, "data": "digits"}, ["train.log_every=7"], {"train.steps": 9},
-                     {"train.steps": "fine-tune plan"})
-    assert cfg.origin("optim.lr") == "command line" and cfg.origin("train.log_every") == "command line"
-    assert cfg.origin("optim.warmup_steps") == "recipe digits" and cfg.origin("optim.betas") == "default"
-    assert cfg.origin("train.steps") == "fine-tune plan" and cfg.origin("data.name") == "command line"
-    text = annotated_yaml(cfg)
+                     {"train.steps": PLAN})
+    assert cfg.origin("optim.lr") == COMMAND_LINE and cfg.origin("train.log_every") == COMMAND_LINE
+    assert cfg.origin("optim.warmup_steps") == recipe("digits") and cfg.origin("optim.betas") == DEFAULT
+    assert cfg.origin("train.steps") == PLAN and cfg.origin("data.name") == COMMAND_LINE
+    text = annotated_yaml(cfg.to_dict(), cfg.origins)
     assert "  lr: 0.01  # command line\n" in text and "  warmup_steps: 50  # recipe digits\n" in text
     assert "  steps: 9  # fine-tune plan\n" in text and "  eps: 1.0e-08  # default\n" in text
-    assert RunConfig.from_dict(yaml.safe_load(text)) == cfg  # plain YAML: the comments change nothing
-    assert origins_in(text) == {**{k: "default" for k in origins_in(text)}, **cfg.origins}
+    document = yaml.safe_load(text)
+    assert RunConfig.from_dict(document) == cfg  # plain YAML: the comments change nothing
+    # The data: one entry per layer, with its keys; a key in none is the default.
+    assert {"layer": "fine-tune plan", "keys": ["train.steps"]} in document[SECTION]
+    assert {"layer": "recipe", "source": "digits", "keys": sorted(k for k, o in cfg.origins.items()
+                                                                    if o == recipe("digits"))} in document[SECTION]
+    assert from_document(document) == {k: o for k, o in cfg.origins.items() if o != DEFAULT}
     # A config file the user names is its own layer; a later change keeps the others' layers.
     other = resolve(None, {}, [], None)[0]
-    assert other.origin("optim.lr") == "recipe digits"
-    assert cfg.with_overrides({"optim.lr": 0.5}, "sweep").origin("train.steps") == "fine-tune plan"
+    assert other.origin("optim.lr") == recipe("digits")
+    assert cfg.with_overrides({"optim.lr": 0.5}, SWEEP).origin("train.steps") == PLAN
+
+
+def test_origins_are_typed_and_a_change_makes_a_new_config():
+    cfg = load_recipe("digits")
+    swept = cfg.with_overrides({"optim.lr": 0.5}, SWEEP)
+    assert cfg.origin("optim.lr") == recipe("digits") and swept.origin("optim.lr") == SWEEP  # the first is unchanged
+    marked = cfg.with_origins({"optim.lr": CHECKPOINT})
+    assert marked is not cfg and marked == cfg and cfg.origin("optim.lr") == recipe("digits")
+    assert str(config_file("a/b.yaml")) == "config file a/b.yaml" and str(PLAN) == "fine-tune plan"
+    with pytest.raises(TypeError, match="Origin"):
+        cfg.with_overrides({"optim.lr": 0.5}, "sweep")  # a free string is no layer
+    with pytest.raises(ValueError, match="names its source"):
+        Origin(Layer.RECIPE)
+    assert RunConfig().with_overrides({"optim.lr": 0.5}).origin("optim.lr") == Origin(Layer.LIBRARY)
+
+
+@pytest.mark.parametrize("section,problem", [
+    ("nope", "must be a list"),
+    ([{"layer": "recipes", "source": "x", "keys": ["optim.lr"]}], "not a layer"),
+    ([{"layer": "recipe", "keys": ["optim.lr"]}], "needs source"),
+    ([{"layer": "sweep", "source": "x", "keys": ["optim.lr"]}], "takes no source"),
+    ([{"layer": "sweep", "keys": "optim.lr"}], "list of SECTION.KEY"),
+    ([{"layer": ["sweep"], "keys": ["optim.lr"]}], "not a layer"),
+])
+def test_a_damaged_provenance_section_is_named(section, problem):
+    with pytest.raises(ConfigError, match=problem):
+        from_document({"optim": {}, SECTION: section})
 
 
 def test_a_fine_tunes_config_yaml_says_who_set_what_and_a_resume_keeps_it(source, tmp_path):
@@ -62,7 +116,7 @@ def test_a_fine_tunes_config_yaml_says_who_set_what_and_a_resume_keeps_it(source
         assert line + "\n" in text, line
     assert f"  checkpoint: {source}  # command line\n" in text
     before = RunFolder(out).read_config()
-    assert before.origins == {**before.origins, **origins_in(text)} and before.origin("optim.momentum") == "recipe finetune"
+    assert before.origins == from_document(yaml.safe_load(text)) and before.origin("optim.momentum") == recipe("finetune")
     assert main(["train", "--resume", str(out), "--steps", "6", "--quiet"]) == 0  # extended: the layers stay
     after = (out / "config.yaml").read_text()
     assert "  momentum: 0.9  # recipe finetune\n" in after and "  steps: 6  # command line\n" in after
@@ -79,6 +133,74 @@ def test_a_config_yaml_written_before_the_layers_resumes(tmp_path):
     assert RunFolder(run).read_config() == cfg.with_overrides({"data.num_workers": 1})
     assert main(["train", "--resume", str(run), "--steps", "3", "--quiet"]) == 0
     assert f"  lr: 0.003  # config file {run / 'config.yaml'}\n" in (run / "config.yaml").read_text()
+
+
+def opens_of(path: Path, monkeypatch) -> list[str]:
+    """Every open of `path` from here on (builtins.open and io.open, which pathlib uses)."""
+    seen: list[str] = []
+    real = builtins.open
+
+    def counting(file, *args, **kwargs):
+        if Path(str(file)) == path if isinstance(file, (str, Path)) else False:
+            seen.append(str(file))
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting)
+    monkeypatch.setattr(io, "open", counting)
+    return seen
+
+
+def test_a_run_folder_reads_its_config_yaml_once_and_never_its_comments(source, tmp_path, monkeypatch):
+    out = tmp_path / "ft"
+    assert main(["finetune", str(source), "--data", "digits", "--steps", "2", "--lr", "0.01", "--out", str(out),
+                 "--quiet"]) == 0
+    path = out / "config.yaml"
+    opens = opens_of(path, monkeypatch)
+    cfg = RunFolder(out).read_config()
+    assert len(opens) == 1
+    assert cfg.origin("optim.lr") == COMMAND_LINE and cfg.origin("train.threads") == CHECKPOINT
+    # The comments are a view: a wrong one changes nothing; the section is what is read.
+    text = path.read_text().replace("  lr: 0.01  # command line", "  lr: 0.01  # sweep")
+    path.write_text(text)
+    assert RunFolder(out).read_config().origin("optim.lr") == COMMAND_LINE
+
+
+def previous_release_form(text: str) -> str:
+    """config.yaml as the release before the provenance section wrote it: the same lines, each
+    value's layer in a comment, and no section."""
+    head, _, _ = text.partition("# Which layer set each value, as data")
+    assert SECTION + ":" not in head
+    return head
+
+
+def test_a_run_folder_of_the_previous_release_resumes(source, tmp_path):
+    """Its config.yaml has the layers in comments only: it reads as the same config, each value
+    as set by that file (the comments are not read), resumes, and its next config.yaml has the
+    section."""
+    out = tmp_path / "old"
+    assert main(["finetune", str(source), "--data", "digits", "--steps", "2", "--lr", "0.01", "--out", str(out),
+                 "--quiet", "train.ckpt_every=2"]) == 0
+    now = RunFolder(out).read_config()
+    path = out / "config.yaml"
+    path.write_text(previous_release_form(path.read_text()))
+    old = RunFolder(out).read_config()
+    assert old == now and set(old.origins.values()) == {config_file(path)}
+    assert main(["train", "--resume", str(out), "--steps", "4", "--quiet"]) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+    again = from_document(yaml.safe_load(path.read_text()))
+    assert again["train.steps"] == COMMAND_LINE and again["optim.lr"] == config_file(path)
+
+
+@pytest.mark.parametrize("run", sorted(str(p.parent.relative_to(ROOT)) for p in
+                                        (ROOT / "results" / "paper").glob("*/*/train/config.yaml"))[:2])
+def test_a_committed_config_yaml_of_the_previous_release_reads(run, tmp_path):
+    """A run folder the previous release wrote (committed evidence: layers in comments only)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copy(ROOT / run / "config.yaml", folder / "config.yaml")
+    cfg = RunFolder(folder).read_config()
+    assert cfg == RunConfig.from_dict(yaml.safe_load((folder / "config.yaml").read_text()))
+    assert set(cfg.origins.values()) == {config_file(folder / "config.yaml")}
 
 
 @pytest.mark.parametrize("argv,named", [

@@ -1,41 +1,147 @@
-"""Which layer set each value of a run's config, written beside it in config.yaml.
+"""Which layer set each value of a run's config: the layers as a closed set of types, and their
+form in a run's config.yaml.
 
-A value comes from one of these layers, the later over the earlier:
+A value comes from one of these layers (`Layer`), roughly in the order they apply, a later one
+over an earlier one:
 
-    default          the dataclass's (config/run.py)
-    recipe NAME      a shipped recipe (vitlab/configs/NAME.yaml)
-    config file P    a recipe or config.yaml the user named (--config P, --resume RUN)
-    checkpoint       read from the start checkpoint or the run that wrote it (vitlab finetune:
-                     --paper-resolution's step up, the source run's threads and workers)
-    fine-tune plan   fitted to the checkpoint and the data by vitlab finetune (the batch, the
-                     warm-up, Table 4's length)
-    sweep            chosen on the dev split (a recipe's changes, the rate), or a sweep arm's
-    vtab             vitlab vtab's setting for every task
-    command line     a flag or a SECTION.KEY=VALUE override
+    default                the dataclass's (config/run.py)
+    recipe NAME            a shipped recipe (vitlab/configs/NAME.yaml)
+    config file PATH       a recipe or config.yaml the user named (--config P, --resume RUN)
+    checkpoint             read from the start checkpoint or the run that wrote it (vitlab
+                           finetune: --paper-resolution's step up, the source run's threads)
+    fine-tune plan         fitted to the checkpoint and the data by vitlab finetune (the batch,
+                           the warm-up, Table 4's length)
+    sweep                  chosen on the dev split (a recipe's changes, the rate), or a sweep arm's
+    repeats                a repeat's own seed (vitlab finetune --repeats)
+    vtab                   vitlab vtab's setting for every task
+    data given as objects  the data section of a run given its datasets as objects (Trainer(data=...))
+    vitlab                 a change whose caller named no layer (RunConfig.with_overrides(changes))
+    command line           a flag or a SECTION.KEY=VALUE override
 
-`annotated_yaml` writes the config as YAML with the layer as a comment on each line
-(`lr: 0.0003  # sweep`); the file stays plain YAML, read as before (comments are ignored),
-and `origins_in` reads the layers back, so that a resumed run keeps them.
+A run's config.yaml holds the layers twice. As data, in its `provenance` section: one entry
+per origin, with the keys it set (a key in none is the default); that section is what
+`from_document` reads back, with the values, in the one read of the file. As a view, a
+comment after each value (`lr: 0.0003  # sweep`), for a reader: nothing reads the comments.
+A config.yaml without the section (written before this one existed) reads as set by itself.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 import yaml
 
-from vitlab.config.run import DEFAULT_ORIGIN, RunConfig
+from vitlab.config.fields import ConfigError
 
-LAYERS = ("default", "recipe NAME", "config file PATH", "checkpoint", "fine-tune plan", "sweep", "vtab",
-          "command line")
-COMMAND_LINE = "command line"
-CHECKPOINT = "checkpoint"
-PLAN = "fine-tune plan"
-SWEEP = "sweep"
-MARK = "  # "  # what separates a value from its layer on a line of config.yaml
-_STARTS = ("default", "recipe ", "config file ", "checkpoint", "fine-tune plan", "sweep", "vtab", "command line",
-           "data given", "vitlab", "repeats")
+SECTION = "provenance"  # the key of the layers' data in a run's config.yaml
+
+
+class Layer(enum.Enum):
+    """The layers a value can come from, in the order above; the value is how files name it."""
+
+    DEFAULT = "default"
+    RECIPE = "recipe"
+    CONFIG_FILE = "config file"
+    CHECKPOINT = "checkpoint"
+    PLAN = "fine-tune plan"
+    SWEEP = "sweep"
+    REPEATS = "repeats"
+    VTAB = "vtab"
+    DATA_OBJECTS = "data given as objects"
+    LIBRARY = "vitlab"
+    COMMAND_LINE = "command line"
+
+
+NAMED = (Layer.RECIPE, Layer.CONFIG_FILE)  # the layers that say which: a recipe's name, a file's path
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from: its layer and, for a recipe or a config file, which one."""
+
+    layer: Layer
+    source: str = ""  # the recipe's name or the file's path; empty for the other layers
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layer, Layer) or (self.layer in NAMED) != bool(self.source):
+            raise ValueError(f"Origin({self.layer!r}, {self.source!r}): a recipe or config file names its source, "
+                             "no other layer does")
+
+    def __str__(self) -> str:
+        return f"{self.layer.value} {self.source}" if self.source else self.layer.value
+
+
+DEFAULT = Origin(Layer.DEFAULT)
+CHECKPOINT = Origin(Layer.CHECKPOINT)
+PLAN = Origin(Layer.PLAN)
+SWEEP = Origin(Layer.SWEEP)
+REPEATS = Origin(Layer.REPEATS)
+VTAB = Origin(Layer.VTAB)
+DATA_OBJECTS = Origin(Layer.DATA_OBJECTS)
+LIBRARY = Origin(Layer.LIBRARY)
+COMMAND_LINE = Origin(Layer.COMMAND_LINE)
+
+
+def recipe(name: str) -> Origin:
+    return Origin(Layer.RECIPE, name)
+
+
+def config_file(path: Any) -> Origin:
+    return Origin(Layer.CONFIG_FILE, str(path))
+
+
+def origin_of(origins: Mapping[str, Origin], key: str) -> Origin:
+    """The layer of `key`; for a mapping (train.early_stop) the latest of its own or its keys'."""
+    own = [v for k, v in origins.items() if k == key or k.startswith(key + ".")]
+    return own[-1] if own else DEFAULT
+
+
+# config.yaml -----------------------------------------------------------------------------
+def to_data(origins: Mapping[str, Origin]) -> list[dict[str, Any]]:
+    """The `provenance` section: one entry per origin other than the default, in `Layer`'s
+    order, with the keys it set, sorted (the same origins always write the same text)."""
+    keys: dict[Origin, list[str]] = {}
+    for key, origin in origins.items():
+        if origin != DEFAULT:
+            keys.setdefault(origin, []).append(key)
+    order = list(Layer)
+    entries = []
+    for origin in sorted(keys, key=lambda o: (order.index(o.layer), o.source)):
+        source = {"source": origin.source} if origin.source else {}
+        entries.append({"layer": origin.layer.value, **source, "keys": sorted(keys[origin])})
+    return entries
+
+
+def from_document(d: Any) -> Optional[dict[str, Origin]]:
+    """The layers a config.yaml's `provenance` section records ("section.key" -> Origin; a key
+    in no entry is the default), or None for a file without one. A damaged section is a
+    ConfigError naming what is wrong."""
+    if not isinstance(d, dict) or SECTION not in d:
+        return None
+    entries = d[SECTION]
+    fix = f"restore it, or delete the {SECTION} section (every value then counts as set by this file)"
+    if not isinstance(entries, list):
+        raise ConfigError(f"the {SECTION} section must be a list of {{layer, source, keys}} entries; {fix}")
+    names = {layer.value: layer for layer in Layer}
+    out: dict[str, Origin] = {}
+    for i, entry in enumerate(entries):
+        where = f"{SECTION}[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"layer", "source", "keys"}:
+            raise ConfigError(f"{where} must be a mapping of layer, source (a recipe's or file's) and keys; {fix}")
+        name, source, keys = entry.get("layer"), entry.get("source", ""), entry.get("keys")
+        layer = names.get(name) if isinstance(name, str) else None
+        if layer is None:
+            raise ConfigError(f"{where}.layer={name!r} is not a layer ({', '.join(names)}); {fix}")
+        if not isinstance(source, str) or (layer in NAMED) != bool(source):
+            raise ConfigError(f"{where}: a {layer.value} entry {'needs' if layer in NAMED else 'takes no'} "
+                              f"source; {fix}")
+        if not isinstance(keys, list) or not all(isinstance(k, str) and "." in k for k in keys):
+            raise ConfigError(f"{where}.keys must be a list of SECTION.KEY names; {fix}")
+        out.update(dict.fromkeys(keys, Origin(layer, source)))
+    return out
 
 
 def _line(key: str, value: Any) -> str:
@@ -43,40 +149,23 @@ def _line(key: str, value: Any) -> str:
     return yaml.safe_dump({key: value}, default_flow_style=True, sort_keys=False, width=math.inf).strip()[1:-1]
 
 
-def origin_of(cfg: RunConfig, key: str) -> str:
-    """The layer of `key`; for a mapping (train.early_stop) the latest of its own or its keys'."""
-    own = [v for k, v in cfg.origins.items() if k == key or k.startswith(key + ".")]
-    return own[-1] if own else DEFAULT_ORIGIN
-
-
-def annotated_yaml(cfg: RunConfig) -> str:
-    """The config as YAML, each value's line ending in `# LAYER`."""
+def annotated_yaml(d: Mapping[str, Any], origins: Mapping[str, Origin]) -> str:
+    """A config (RunConfig.to_dict) as YAML, each value's line ending in `# LAYER` (the view),
+    then the `provenance` section (the data)."""
     lines = []
-    for section, values in cfg.to_dict().items():
+    for section, values in d.items():
         if not values:
             lines.append(f"{section}: {{}}")
             continue
         lines.append(f"{section}:")
         for key, value in values.items():
-            lines.append(f"  {_line(key, value)}{MARK}{origin_of(cfg, f'{section}.{key}')}")
+            lines.append(f"  {_line(key, value)}  # {origin_of(origins, f'{section}.{key}')}")
         if section == "model":
-            where = "the checkpoint's (model.checkpoint)" if cfg.model.checkpoint else f"the variant's ({cfg.model.name})"
+            checkpoint = values.get("checkpoint")
+            where = "the checkpoint's (model.checkpoint)" if checkpoint else f"the variant's ({values.get('name')})"
             lines.append(f"  # the network's other settings: {where}")
+    lines.append("# Which layer set each value, as data (the comments above show the same); a key in no entry "
+                 "is the default")
+    lines.append(yaml.safe_dump({SECTION: to_data(origins)}, sort_keys=False, width=math.inf,
+                                default_flow_style=None).rstrip())
     return "\n".join(lines) + "\n"
-
-
-def origins_in(text: str) -> dict[str, str]:
-    """The layers an annotated config.yaml records ("section.key" -> layer); {} for one
-    written before vitlab recorded them."""
-    out, section = {}, ""
-    for line in text.splitlines():
-        if line and not line[0].isspace() and not line.startswith("#"):
-            section = line.split(":", 1)[0].strip()
-            continue
-        body, mark, layer = line.rpartition(MARK)
-        if not mark or not body.startswith("  ") or body.lstrip().startswith("#") or ":" not in body:
-            continue
-        layer = layer.strip()
-        if section and layer.startswith(_STARTS):
-            out[f"{section}.{body.strip().split(':', 1)[0]}"] = layer
-    return out

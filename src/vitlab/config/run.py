@@ -3,10 +3,10 @@
 A run is read from a YAML recipe, changed by "section.key=value" overrides, and written back
 as the resolved `config.yaml` of the run folder. Defaults live in these dataclasses only.
 
-Each value remembers the layer that set it (`RunConfig.origins`, "section.key" -> layer; a
-key it lacks is the default): the recipe or config file it was read from, the command line,
-the checkpoint, the fine-tune's plan or sweep. config.yaml shows the layer beside each value
-(config/provenance.py).
+Each value remembers the layer that set it (`RunConfig.origins`, "section.key" -> a typed
+`Origin`; a key it lacks is the default): the recipe or config file it was read from, the
+command line, the checkpoint, the fine-tune's plan or sweep (config/provenance.py, which also
+writes them into config.yaml as data and reads them back).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from vitlab.config.device import form_problem
 from vitlab.config.fields import ConfigError, check_fields, check_keys, check_type, field_hint, from_text, section_from_text, setting
 from vitlab.config.model import BiTConfig, ViTConfig, as_pair
 from vitlab.config.mpp import MPPConfig
+from vitlab.config.provenance import DEFAULT, LIBRARY, SECTION as PROVENANCE, Origin, config_file, recipe
 from vitlab.files.documents import read_yaml as read_yaml_file
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -299,6 +300,9 @@ class RunConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     objective: Any = dataclasses.field(default_factory=NoOptions)  # OBJECTIVE_OPTIONS[train.objective]
+    # "section.key" -> the layer that set it (config/provenance.py); a key not here is the
+    # default. Not a setting: two configs of the same values are equal whoever set them.
+    origins: Mapping[str, Origin] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_fields(self)  # each section is its dataclass (a dict is built into one), whoever builds the run
@@ -309,18 +313,15 @@ class RunConfig:
                 f"got {type(self.objective).__name__}"
             )
 
-    @property
-    def origins(self) -> dict[str, str]:
-        """"section.key" -> the layer that set it (config/provenance.py); a key not here is the default."""
-        return self.__dict__.get("_origins", {})
+    def origin(self, key: str) -> Origin:
+        return self.origins.get(key, DEFAULT)
 
-    def origin(self, key: str) -> str:
-        return self.origins.get(key, DEFAULT_ORIGIN)
-
-    def set_by(self, origins: Mapping[str, str]) -> "RunConfig":
-        """This config, recording `origins` (merged over those it has); returns it."""
-        object.__setattr__(self, "_origins", {**self.origins, **origins})
-        return self
+    def with_origins(self, origins: Mapping[str, Origin]) -> "RunConfig":
+        """A new config of the same values, recording `origins` over those this one has."""
+        wrong = [o for o in origins.values() if not isinstance(o, Origin)]
+        if wrong:
+            raise TypeError(f"origins are vitlab.config.provenance.Origin values, got {wrong[0]!r}")
+        return dataclasses.replace(self, origins={**self.origins, **origins})
 
     def to_dict(self) -> dict[str, Any]:
         def plain(v: Any) -> Any:
@@ -339,21 +340,23 @@ class RunConfig:
         return out
 
     @classmethod
-    def from_dict(cls, d: Any, origin: Optional[str] = None) -> "RunConfig":
+    def from_dict(cls, d: Any, origin: Optional[Origin] = None) -> "RunConfig":
         """A run from plain values (a recipe, a config.yaml, overrides), numbers read from text;
-        `origin`: the layer they come from, recorded for every key `d` holds."""
+        `origin`: the layer they come from, recorded for every key `d` holds. A run's
+        config.yaml also holds the layers its run recorded (its `provenance` section): not a
+        setting, so not read here; `RunFolder.read_config` reads it."""
         if not isinstance(d, dict):
             raise ConfigError(f"a recipe must be a mapping of sections, got {type(d).__name__}")
-        valid = ("model", *SECTIONS, "objective")
+        valid = ("model", *SECTIONS, "objective", PROVENANCE)
         unknown = [k for k in d if k not in valid]
         if unknown:
             raise ConfigError(suggest.unknown("section", unknown[0], valid))
         sections = {k: section_from_text(c, d.get(k), k) for k, c in SECTIONS.items()}
         options = section_from_text(OBJECTIVE_OPTIONS[sections["train"].objective], d.get("objective"), "objective")
         cfg = cls(model=ModelSection.from_dict(d.get("model")), objective=options, **sections)
-        return cfg.set_by({key: origin for key in keys_of(d)}) if origin else cfg
+        return cfg.with_origins(dict.fromkeys(keys_of(d), origin)) if origin else cfg
 
-    def with_overrides(self, overrides: dict[str, Any], origin: Optional[str] = None) -> "RunConfig":
+    def with_overrides(self, overrides: dict[str, Any], origin: Origin = LIBRARY) -> "RunConfig":
         """Apply {"optim.lr": 0.01, "model.dropout": 0.1, ...}; a wrong key names the valid ones.
         `origin`: the layer that sets them (recorded; the other keys keep theirs)."""
         d = self.to_dict()
@@ -374,7 +377,7 @@ class RunConfig:
             else:
                 d[section][name] = value
         kept = {k: v for k, v in self.origins.items() if not (objective_changed and k.startswith("objective."))}
-        return RunConfig.from_dict(d).set_by({**kept, **{key: origin or CHANGED_ORIGIN for key in overrides}})
+        return RunConfig.from_dict(d).with_origins({**kept, **dict.fromkeys(overrides, origin)})
 
 
 def _check_override_key(key: str, d: dict[str, Any]) -> None:
@@ -389,13 +392,10 @@ def _check_override_key(key: str, d: dict[str, Any]) -> None:
         raise ConfigError(suggest.unknown("key", key, known, "a run's config.yaml shows every key", keys=True))
 
 
-DEFAULT_ORIGIN = "default"
-CHANGED_ORIGIN = "vitlab"  # a change whose caller named no layer
-
-
 def keys_of(d: Mapping[str, Any]) -> list[str]:
     """The "section.key" names a plain config mapping (a recipe, a config.yaml) sets."""
-    return [f"{section}.{key}" for section, values in d.items() if isinstance(values, dict) for key in values]
+    return [f"{section}.{key}" for section, values in d.items() if isinstance(values, dict) and section != PROVENANCE
+            for key in values]
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -431,6 +431,6 @@ def load_recipe(path_or_name: str) -> RunConfig:
     d, path = read_yaml(path_or_name, RECIPES, "recipe", shipped_recipes())
     shipped = path.resolve().parent == RECIPES and not Path(path_or_name).is_file()
     try:
-        return RunConfig.from_dict(d, f"recipe {path.stem}" if shipped else f"config file {path}")
+        return RunConfig.from_dict(d, recipe(path.stem) if shipped else config_file(path))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None

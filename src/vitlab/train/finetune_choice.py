@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from vitlab.config import ConfigError, RunConfig
-from vitlab.config.provenance import PLAN, SWEEP
+from vitlab.config.provenance import PLAN, SWEEP, Origin
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed
 from vitlab.train.run_folder import RunFolder, read_summary
@@ -108,7 +108,7 @@ def arms(choice: str, table4_grid: Sequence[float], rates: Optional[Sequence[flo
 
 
 def apply(cfg: RunConfig, recipe: Recipe, explicit: set[str], steps: Optional[int] = None,
-          origin: str = SWEEP) -> RunConfig:
+          origin: Origin = SWEEP) -> RunConfig:
     """The config with a recipe's changes and warm-up share (of `steps`, default the run's),
     leaving the keys the user set; PLANNED keeps the plan's warm-up, at most WARMUP_SHARE of
     a short arm (`steps`), which a longer one would outlast. `origin`: the layer that chose

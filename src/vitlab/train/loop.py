@@ -31,6 +31,7 @@ from torch import nn
 
 from vitlab import run_layout
 from vitlab.config import ConfigError, RunConfig
+from vitlab.config.provenance import DATA_OBJECTS
 from vitlab.data import make_loader
 from vitlab.data.decode import model_input
 from vitlab.data.loader import batches_per_epoch
@@ -126,7 +127,7 @@ class Trainer:
             evals = eval_data if isinstance(eval_data, dict) else ({"test": eval_data} if eval_data is not None else {})
             self.sources = (data, evals)
             config = config.with_overrides({"data.name": describe_source(data), "data.eval_data": "",
-                                            "data.eval_splits": list(evals)}, "data given as objects")
+                                            "data.eval_splits": list(evals)}, DATA_OBJECTS)
         elif eval_data is not None:
             raise ConfigError("eval_data= needs data= too (or put both in the config's data section)")
         self.cfg = config

@@ -18,8 +18,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from vitlab.checkpoints.peers import variant_config
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
-from vitlab.config.provenance import COMMAND_LINE
-from vitlab.config.run import AUGMENTATIONS, CHANGED_ORIGIN
+from vitlab.config.provenance import COMMAND_LINE, LIBRARY, Origin
+from vitlab.config.run import AUGMENTATIONS
 from vitlab.files import check_writable
 from vitlab.run_layout import RunLayout
 from vitlab.train.inputs import Inputs
@@ -91,7 +91,7 @@ def option_overrides(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def resolve(recipe: Optional[str], options: Mapping[str, Any] = {}, overrides: Sequence[str] = (),
-            extra: Optional[Mapping[str, Any]] = None, extra_origins: Mapping[str, str] = {}) -> tuple[RunConfig, str]:
+            extra: Optional[Mapping[str, Any]] = None, extra_origins: Mapping[str, Origin] = {}) -> tuple[RunConfig, str]:
     """Recipe + `extra` + options + overrides -> (RunConfig, recipe name). `options["model"]`
     swaps the variant (keeping the recipe's dropout settings); `options["data"]` drops the
     recipe's evaluation set, which belongs to its own data. Each value records its layer:
@@ -107,12 +107,12 @@ def resolve(recipe: Optional[str], options: Mapping[str, Any] = {}, overrides: S
     if options.get("data"):
         d["data"]["eval_data"] = ""
     swapped = {"model.name": COMMAND_LINE} if options.get("model") else {}  # --model: a section of its own
-    cfg = RunConfig.from_dict(d).set_by({k: v for k, v in base.origins.items() if not swapped or not
-                                         k.startswith("model.") or k[6:] in KEEP_WITH_MODEL})
-    cfg.set_by({**swapped, **({"data.eval_data": COMMAND_LINE} if options.get("data") else {})})
+    cfg = RunConfig.from_dict(d).with_origins({
+        **{k: v for k, v in base.origins.items() if not swapped or not k.startswith("model.") or k[6:] in KEEP_WITH_MODEL},
+        **swapped, **({"data.eval_data": COMMAND_LINE} if options.get("data") else {})})
     extra = extra or {}
-    for layer in dict.fromkeys(extra_origins.get(k, CHANGED_ORIGIN) for k in extra):
-        cfg = cfg.with_overrides({k: v for k, v in extra.items() if extra_origins.get(k, CHANGED_ORIGIN) == layer}, layer)
+    for layer in dict.fromkeys(extra_origins.get(k, LIBRARY) for k in extra):
+        cfg = cfg.with_overrides({k: v for k, v in extra.items() if extra_origins.get(k, LIBRARY) == layer}, layer)
     cfg = cfg.with_overrides({key: value for _, key, value in given}, COMMAND_LINE)
     if cfg.train.steps == 0 and cfg.train.epochs == 0:
         raise ConfigError("the recipe sets no length: pass --steps N or --epochs N")

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from vitlab.config import ConfigError
-from vitlab.config.provenance import SWEEP
+from vitlab.config.provenance import REPEATS, SWEEP
 from vitlab.files import atomic_write_text
 from vitlab.train import distributed, finetune_choice as choice
 from vitlab.train.finetune import Plan
@@ -44,7 +44,7 @@ def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
         raise ConfigError(f"--repeats must be at least 1, got {repeats}")
     seed, runs, best_lr, best_recipe = plan.config.train.seed, [], None, None
     for k in range(repeats):
-        cfg = plan.config.with_overrides({"train.seed": seed + k}, "repeats")
+        cfg = plan.config.with_overrides({"train.seed": seed + k}, REPEATS)
         cfg = cfg.with_overrides({"optim.lr": best_lr}, SWEEP) if best_lr else cfg
         if best_recipe:  # the recipe the sweep chose (its optimiser and augmentation), at its rate
             # (the plan's own recipe, the paper's protocol, chooses the rate only: best_recipe "")

@@ -24,8 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from vitlab.config import ConfigError, RunConfig
-from vitlab.config.provenance import annotated_yaml, origins_in
+from vitlab.config import ConfigError, RunConfig, provenance
 from vitlab.files import atomic_write_text, is_temporary
 from vitlab.files.documents import read_json, read_yaml
 from vitlab.run_layout import SUMMARY_SHAPE, RunLayout
@@ -183,11 +182,15 @@ class RunFolder(RunLayout):
                         p.unlink()
 
     def read_config(self) -> RunConfig:
-        """The run's config, each value's layer as config.yaml records it (else this file)."""
+        """The run's config, read once: its values, each with the layer its provenance section
+        records (config/provenance.py); in a config.yaml written without that section (before
+        it existed), each value as set by this file."""
         d = read_yaml(self.config, dict, "run's config", "restore it, or use another --out", ConfigError)
         try:
-            cfg = RunConfig.from_dict(with_earlier_defaults(d), f"config file {self.config}")
-            return cfg.set_by(origins_in(self.config.read_text()))
+            recorded = provenance.from_document(d)
+            if recorded is None:
+                return RunConfig.from_dict(with_earlier_defaults(d), provenance.config_file(self.config))
+            return RunConfig.from_dict(with_earlier_defaults(d)).with_origins(recorded)
         except ConfigError as e:
             raise ConfigError(f"{self.config}: {e}") from None
 
@@ -201,7 +204,7 @@ class RunFolder(RunLayout):
                   "# fine-tune plan, sweep, vtab or command line (later layers over earlier ones)\n")
         if command:
             header += f"# command: {command}\n"
-        atomic_write_text(self.config, header + annotated_yaml(cfg))
+        atomic_write_text(self.config, header + provenance.annotated_yaml(cfg.to_dict(), cfg.origins))
 
 
 def read_summary(path: Path) -> dict:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
-from vitlab.config.provenance import COMMAND_LINE
+from vitlab.config.provenance import COMMAND_LINE, VTAB
 from vitlab.data import DataError
 from vitlab.data.vtab import GROUPS, TASKS, Task, get_task, group_sizes, mean
 from vitlab.data.vtab_sources import describe, locate, where_to_put
@@ -120,10 +120,10 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConf
     }
     if s.image_size:
         changes["model.image_size"] = s.image_size
-    cfg = load_recipe("finetune").with_overrides(changes, "vtab")
+    cfg = load_recipe("finetune").with_overrides(changes, VTAB)
     user = dict(parse_override(o) for o in s.overrides)
     threads, _ = choice.thread_policy(cfg, checkpoint, set(user))  # the source run's, as vitlab finetune
-    return cfg.with_overrides(threads, "vtab").with_overrides(user, COMMAND_LINE)
+    return cfg.with_overrides(threads, VTAB).with_overrides(user, COMMAND_LINE)
 
 
 def threads_line(checkpoint: str, s: Settings) -> str:
