@@ -433,3 +433,18 @@ def test_the_shadowing_rule_can_fail(tmp_path):
     bad = tmp_path / "setup.py"
     bad.write_text("import torch\n\ndef setup():\n    d = torch.device('cuda')\n    import torch._dynamo\n    return d\n")
     assert shadowing_imports(bad) == [f"{bad}:5: `import torch._dynamo` in setup"]
+
+
+def test_the_code_line_count_reads_tokens():
+    """tools/count_code_lines.py, issue 55's size measure: a line holding a token other than a
+    comment, a line break, indentation or a docstring (a string standing alone as a statement)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("count_code_lines", ROOT / "tools" / "count_code_lines.py")
+    counter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(counter)
+    source = ('"""Module."""\nimport os  # a comment\n\n# a comment line\ndef f(x):\n    """Doc,\n    two lines."""\n'
+              '    s = """a value\nof two lines"""\n    "bare" "joined"\n    return (x +\n            1)\n')
+    # import, def, the two lines of s, the two of return: six
+    assert counter.code_lines(source) == 6
+    assert counter.code_lines("") == 0 and counter.code_lines('"""Only a docstring."""\n') == 0

@@ -93,12 +93,12 @@ def test_origins_are_typed_and_a_change_makes_a_new_config():
 
 
 @pytest.mark.parametrize("section,problem", [
-    ("nope", "must be a list"),
+    ("nope", "provenance is text, not a list"),
     ([{"layer": "recipes", "source": "x", "keys": ["optim.lr"]}], "not a layer"),
     ([{"layer": "recipe", "keys": ["optim.lr"]}], "needs source"),
     ([{"layer": "sweep", "source": "x", "keys": ["optim.lr"]}], "takes no source"),
-    ([{"layer": "sweep", "keys": "optim.lr"}], "list of SECTION.KEY"),
-    ([{"layer": ["sweep"], "keys": ["optim.lr"]}], "not a layer"),
+    ([{"layer": "sweep", "keys": "optim.lr"}], r"provenance\[0\].keys is text, not a list"),
+    ([{"layer": ["sweep"], "keys": ["optim.lr"]}], r"provenance\[0\].layer is a list, not text"),
 ])
 def test_a_damaged_provenance_section_is_named(section, problem):
     with pytest.raises(ConfigError, match=problem):

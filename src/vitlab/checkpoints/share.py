@@ -46,12 +46,6 @@ DEFAULT_LICENSE = "apache-2.0"  # vitlab's own, and the paper's released weights
 
 
 # The run a model came from ------------------------------------------------------------------
-def find_run(checkpoint: str | os.PathLike) -> Optional[Path]:
-    """The run folder of a checkpoint: the folder itself, or RUN for RUN/checkpoints/X."""
-    run = run_of(checkpoint)
-    return run.path if run is not None else None
-
-
 def source(path: str | os.PathLike) -> tuple[str, Optional[Path]]:
     """(checkpoint, run folder or None) for a run folder or a checkpoint: a completed run's
     folder means the checkpoint its summary names, else its checkpoints/last.safetensors."""

@@ -30,11 +30,12 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 import yaml
 
 from vitlab.config.fields import ConfigError
+from vitlab.files.documents import DocumentError, check_shape
 
 SECTION = "provenance"  # the key of the layers' data in a run's config.yaml
 
@@ -121,26 +122,21 @@ def from_document(d: Any) -> Optional[dict[str, Origin]]:
     ConfigError naming what is wrong."""
     if not isinstance(d, dict) or SECTION not in d:
         return None
-    entries = d[SECTION]
     fix = f"restore it, or delete the {SECTION} section (every value then counts as set by this file)"
-    if not isinstance(entries, list):
-        raise ConfigError(f"the {SECTION} section must be a list of {{layer, source, keys}} entries; {fix}")
+    try:
+        entries = cast(list, check_shape(d[SECTION], [{"layer": str, "source?": str, "keys": [str]}], SECTION))
+    except DocumentError as e:
+        raise ConfigError(f"{e}; {fix}") from None
     names = {layer.value: layer for layer in Layer}
     out: dict[str, Origin] = {}
     for i, entry in enumerate(entries):
-        where = f"{SECTION}[{i}]"
-        if not isinstance(entry, dict) or set(entry) - {"layer", "source", "keys"}:
-            raise ConfigError(f"{where} must be a mapping of layer, source (a recipe's or file's) and keys; {fix}")
-        name, source, keys = entry.get("layer"), entry.get("source", ""), entry.get("keys")
-        layer = names.get(name) if isinstance(name, str) else None
+        layer, source = names.get(entry["layer"]), entry.get("source", "")
         if layer is None:
-            raise ConfigError(f"{where}.layer={name!r} is not a layer ({', '.join(names)}); {fix}")
-        if not isinstance(source, str) or (layer in NAMED) != bool(source):
-            raise ConfigError(f"{where}: a {layer.value} entry {'needs' if layer in NAMED else 'takes no'} "
+            raise ConfigError(f"{SECTION}[{i}].layer={entry['layer']!r} is not a layer ({', '.join(names)}); {fix}")
+        if (layer in NAMED) != bool(source):
+            raise ConfigError(f"{SECTION}[{i}]: a {layer.value} entry {'needs' if layer in NAMED else 'takes no'} "
                               f"source; {fix}")
-        if not isinstance(keys, list) or not all(isinstance(k, str) and "." in k for k in keys):
-            raise ConfigError(f"{where}.keys must be a list of SECTION.KEY names; {fix}")
-        out.update(dict.fromkeys(keys, Origin(layer, source)))
+        out.update(dict.fromkeys(entry["keys"], Origin(layer, source)))
     return out
 
 

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from vitlab.config import BiTConfig
 from vitlab.models.inputs import as_image_batch
@@ -89,7 +87,6 @@ class BiTResNet(Classifier, nn.Module):
         super().__init__()
         self.config = config
         self.class_names: Optional[list[str]] = None  # carried into checkpoints
-        self.grad_checkpointing = False
         cfg = config
         self.root = Root(cfg)
         stages, cin = [], cfg.root_width
@@ -108,18 +105,6 @@ class BiTResNet(Classifier, nn.Module):
         self.head: nn.Module = nn.Identity()
         self.reset_classifier(cfg.num_classes)
 
-    def set_grad_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute each residual unit in the backward pass instead of keeping its
-        activations: memory for compute, the same numbers."""
-        self.grad_checkpointing = enabled
-
-    def _stage(self, stage: nn.Sequential, x: Tensor) -> Tensor:
-        if not (self.grad_checkpointing and torch.is_grad_enabled()):
-            return stage(x)
-        for unit in stage:
-            x = checkpoint(unit, x, use_reentrant=False)
-        return x
-
     def forward_features(self, x: Tensor, record: Optional[dict[str, Any]] = None) -> Tensor:
         """The last stage's map after the pre-head GroupNorm and ReLU, (B, C, H/32, W/32): the
         one loop of every path. `record`: a dict that receives the root's and each stage's maps.
@@ -128,7 +113,8 @@ class BiTResNet(Classifier, nn.Module):
         if record is not None:
             record.update(stem=x, stages=[])
         for stage in self.stages:
-            x = self._stage(stage, x)  # (B, C_s, H/stride_s, W/stride_s)
+            for unit in stage.children():
+                x = self.run_block(unit, x)  # (B, C_s, H/stride_s, W/stride_s)
             if record is not None:
                 record["stages"].append(x)
         return F.relu(self.norm(x))
@@ -151,6 +137,3 @@ class BiTResNet(Classifier, nn.Module):
             "features": feats,  # after the pre-head GN and ReLU, (B, C, h, w)
             "pre_logits": representation,  # what the head reads, (B, feature_dim)
         }
-
-    def extra_repr(self) -> str:
-        return f"name={self.config.name!r}, image_size={self.config.image_size}"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vitlab.models.pos_embed import resize_line
 
@@ -222,10 +223,27 @@ class Block(nn.Module):
         return x, attn
 
 
-
 class Classifier:
-    """The head both model kinds share (`VisionTransformer`, `BiTResNet`): a linear layer on
-    the `config.feature_dim` representation, made on the device and dtype of `self.norm`."""
+    """What both model kinds share (`VisionTransformer`, `BiTResNet`): the head, a linear layer
+    on the `config.feature_dim` representation made on the device and dtype of `self.norm`;
+    gradient checkpointing of their blocks; how they print."""
+
+    grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each block (a ViT's encoder block, a ResNet's residual unit) in the backward
+        pass instead of keeping its activations: memory for compute. Dropout masks are
+        replayed, so the numbers do not change."""
+        self.grad_checkpointing = enabled
+
+    def run_block(self, block: nn.Module, *args: Any) -> Any:
+        """`block(*args)`, recomputed in the backward pass when checkpointing is on."""
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(block, *args, use_reentrant=False)
+        return block(*args)
+
+    def extra_repr(self) -> str:
+        return f"name={self.config.name!r}, image_size={self.config.image_size}"
 
     def reset_classifier(self, num_classes: int, init: Optional[str] = None) -> None:
         """Replace the head with a fresh one: zero-initialised by default (the paper's

@@ -14,7 +14,6 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from vitlab.config import ViTConfig
 from vitlab.models.inputs import as_image_batch
@@ -39,7 +38,6 @@ class VisionTransformer(Classifier, nn.Module):
         super().__init__()
         self.config = config
         self.class_names: Optional[list[str]] = None  # carried into checkpoints
-        self.grad_checkpointing = False
         cfg = config
         d = cfg.hidden_size
 
@@ -120,11 +118,6 @@ class VisionTransformer(Classifier, nn.Module):
         return x
 
     # Eq. 2-4 -----------------------------------------------------------------------------
-    def set_grad_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute each encoder block in the backward pass instead of keeping its activations:
-        memory for compute. Dropout masks are replayed, so the numbers do not change."""
-        self.grad_checkpointing = enabled
-
     def add_position(self, i: int, z: Tensor, grid: tuple[int, int]) -> Tensor:
         """The input of block i: z, plus the position embedding again where pos_embed_at says
         (block 0's is added in `embed`)."""
@@ -150,13 +143,10 @@ class VisionTransformer(Classifier, nn.Module):
         z = self.pos_drop(z)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            z_in, n = self.add_position(i, z, grid), queries if i == last else None
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                z, attn = checkpoint(block, z_in, record is not None, n, use_reentrant=False)
-            else:
-                z, attn = block(z_in, record is not None, n)  # Eq. 2-3: z_l, (B, T, D)
+            z_in = self.add_position(i, z, grid)
+            z, attn = self.run_block(block, z_in, record is not None, queries if i == last else None)  # Eq. 2-3
             if record is not None:
-                record["tokens"].append(z)
+                record["tokens"].append(z)  # z_l, (B, T, D)
                 record["attentions"].append(attn)  # (B, heads, T, T)
         return self.norm(z)  # the LN of Eq. 4, on every token
 
@@ -207,6 +197,3 @@ class VisionTransformer(Classifier, nn.Module):
     @property
     def num_prefix_tokens(self) -> int:
         return int(self.cls_token is not None)
-
-    def extra_repr(self) -> str:
-        return f"name={self.config.name!r}, image_size={self.config.image_size}"
