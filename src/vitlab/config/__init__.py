@@ -4,6 +4,8 @@
   baseline) and their FLOP count;
 - `run.py`: a training run (`RunConfig`: model, data, optim, train and objective sections),
   recipes and `key=value` overrides;
+- `provenance.py`: which layer set each value of a run (a typed `Origin`), and the layers' form
+  in a run's config.yaml;
 - `mpp.py`: masked patch prediction's options;
 - `sweep.py`: a sweep's spec (`SweepSpec`: the grid, the after-steps, the figures);
 - `serve.py`: how `vitlab serve` listens, batches and bounds its uploads;
