@@ -159,6 +159,7 @@ def test_the_benchmark_reads_the_gpu_it_times():
         machine.device_sync("cuda:1")()
         assert machine.peak_memory_added_mib("cuda:1", machine.reset_peak_memory("cuda:1")) == 0  # the fake keeps no figure
         assert machine.device_peak_flops("cuda:1", "bf16") == 989.4e12
+        assert machine.device_peak_flops("cuda:1", "bf16", name="NVIDIA GeForce GTX 1080") is None  # no peak known: no MFU
         info = machine.machine_info("cuda:1")
     assert gpu.seen["synchronize"] == {"cuda:1"}  # the device timed, not the current one (cuda:0)
     assert info["device"] == fake_gpu.NAME and info["isa"].startswith("CUDA ")

@@ -19,7 +19,8 @@ kernels on x86). A training step is fp32 or an autocast precision, AdamW, cross-
 
 --suite quick or --suite full run the standard settings (on 2 quiet cores: about 10 and 15
 minutes), --suite scaling the resolution, batch and memory table of docs/performance.md,
---suite gpu (with --device cuda) a few minutes on a GPU with MFU against its peak; otherwise
+--suite gpu (with --device cuda) a few minutes on a GPU with MFU against its peak (ViT-B/16 at
+batch 1 and 256; --model and --batch-size change them, as benchmarks/gpu.sh --smoke does); otherwise
 --model/--batch-size/--task/--precision pick a subset. On a busy machine, --clock cpu times
 one thread by its own CPU time: single-core figures, but other processes cannot distort the
 comparisons.
