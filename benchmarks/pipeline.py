@@ -171,17 +171,17 @@ def limits(files: list[Path]) -> dict[str, Callable[[], int]]:
             "limit: decode only, at the Inception crop's scale (PIL draft)": at_crop_scale}
 
 
-def gpu_rows(files: list[Path], rounds: int, device: str = "cuda") -> list[dict]:
+def gpu_rows(files: list[Path], rounds: int, device: str = "cuda", batch: int = 128) -> list[dict]:
     """data.decode=cuda: the CPU's share (reading the header, drawing the box) per core, and
-    the device's (nvjpeg decode, crop, resize, flip, normalise of a batch of 128) per second."""
+    the device's (nvjpeg decode, crop, resize, flip, normalise of a batch) per second."""
     from vitlab.data.datasets import Encoded
 
     plan = train_transform(224, MEAN, STD, decode="cuda")
     normalise = (MEAN, STD)
     encoded = [Encoded(f, str(f)) for f in files]
-    planned = [plan(e) for e in (encoded * (128 // len(encoded) + 1))[:128]]
+    planned = [plan(e) for e in (encoded * (batch // len(encoded) + 1))[:batch]]
     D.decode_planned(planned, (224, 224), device, normalise)  # warm-up: nvjpeg handles, kernels
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = machine.device_sync(device)
     rows = []
     for _ in range(rounds):
         t0 = time.thread_time()
@@ -197,7 +197,7 @@ def gpu_rows(files: list[Path], rounds: int, device: str = "cuda") -> list[dict]
     return [{"photos": "500x375", "transform": "train", "system": "data.decode=cuda: planning on the CPU (per core)",
              "img/s per core": f"{statistics.median(r[0] for r in rows):.0f}", "samples": str(rounds)},
             {"photos": "500x375", "transform": "train", "system": f"data.decode=cuda: decode and augment on {device}, "
-             "batch 128 (img/s of the device)", "wall img/s": f"{statistics.median(r[1] for r in rows):.0f}",
+             f"batch {batch} (img/s of the device)", "wall img/s": f"{statistics.median(r[1] for r in rows):.0f}",
              "samples": str(rounds)}]
 
 
@@ -321,12 +321,13 @@ def main() -> None:
     ap.add_argument("--max-wait", type=float, default=5.0)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--gpu", action="store_true", help="also data.decode=cuda on the GPU; writes pipeline-gpu.md")
+    ap.add_argument("--batch", type=int, default=128, help="--gpu: images decoded on the device at a time (default 128)")
     args = ap.parse_args()
     if args.gpu:
         torch.set_num_threads(1)
         with tempfile.TemporaryDirectory() as tmp:
             what = make_photos(Path(tmp), (500, 375), 3)
-            records = gpu_rows(sorted(Path(tmp).rglob("*.jpg")), args.rounds)
+            records = gpu_rows(sorted(Path(tmp).rglob("*.jpg")), args.rounds, batch=args.batch)
         columns = ["photos", "transform", "system", "img/s per core", "wall img/s", "samples"]
         tables.write_table(args.out, "pipeline-gpu", "The GPU data path (data.decode=cuda)", machine.machine_info("cuda"),
                            records, columns, f"Photographs: {what}.\n")

@@ -149,8 +149,8 @@ def check_device(device: str) -> str:
 
 def device_sync(device: str) -> Callable[[], None]:
     """A call that waits for the device's queued work (nothing to wait for on the CPU)."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.synchronize
+    if torch.device(device).type == "cuda":  # that device's queue: a bare synchronize() waits for the current one
+        return lambda: torch.cuda.synchronize(device)
     return lambda: None
 
 

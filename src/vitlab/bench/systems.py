@@ -87,21 +87,23 @@ def _autocast(precision: str, device: str):
     return torch.autocast(torch.device(device).type, dtype=dtype) if dtype else nullcontext()
 
 
-def inference_call(model: nn.Module, system: System, x: Tensor) -> Callable[[], Tensor]:
+def inference_call(model: nn.Module, system: System, x: Tensor, device: str = "") -> Callable[[], Tensor]:
     """A forward pass under `inference_mode`: vitlab's serving copy for the precision, a peer
-    cast to the reduced dtype (the peers have no packed copy) or as it is."""
+    cast to the reduced dtype (the peers have no packed copy) or as it is. `device`: where the
+    bench put the model and `x` (default: x's device), which picks the layout and autocast."""
     model.eval()
-    if x.device.type == "cuda":  # the layout GPU convolutions want: the peers' patch embedding, hybrid stems
+    kind = torch.device(device or x.device).type
+    if kind == "cuda":  # the layout GPU convolutions want: the peers' patch embedding, hybrid stems
         model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
     if system.impl == "vitlab" and system.precision in SERVING_COPIES:
         # int8 on the CPU: oneDNN's kernels, calibrated on the timed batch (speed needs no real scales)
-        calibrate = system.precision == "int8" and int8_available() and x.device.type == "cpu"
+        calibrate = system.precision == "int8" and int8_available() and kind == "cpu"
         model = for_precision(model, system.precision, calibration=x if calibrate else None)
     elif system.precision in REDUCED:
         model, x = model.to(REDUCED[system.precision]), x.to(REDUCED[system.precision])
     if system.compiled:
         model = torch.compile(model, mode=system.compile_mode)
-    autocast = _autocast(system.precision, x.device.type)
+    autocast = _autocast(system.precision, kind)
 
     def forward() -> Tensor:
         with torch.inference_mode(), autocast:
@@ -110,8 +112,9 @@ def inference_call(model: nn.Module, system: System, x: Tensor) -> Callable[[], 
     return forward
 
 
-def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor) -> Callable[[], Tensor]:
-    """One AdamW step on cross-entropy, in fp32 or under bf16 (fp16, with loss scaling) autocast."""
+def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor, device: str = "") -> Callable[[], Tensor]:
+    """One AdamW step on cross-entropy, in fp32 or under bf16 (fp16, with loss scaling) autocast,
+    on `device` (default: x's device)."""
     if system.precision not in TRAIN_PRECISIONS:
         raise ValueError(f"a training step runs in {' or '.join(TRAIN_PRECISIONS)}, not {system.precision}")
     model.train()
@@ -119,8 +122,9 @@ def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor) -> Cal
         model.set_grad_checkpointing(True)
     step_model = torch.compile(model, mode=system.compile_mode) if system.compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    autocast = _autocast(system.precision, x.device.type)
-    scaler = torch.amp.GradScaler(x.device.type, enabled=system.precision == "fp16-autocast")
+    kind = torch.device(device or x.device).type
+    autocast = _autocast(system.precision, kind)
+    scaler = torch.amp.GradScaler(kind, enabled=system.precision == "fp16-autocast")
 
     def step() -> Tensor:
         with autocast:
@@ -146,10 +150,10 @@ def prepare(setting: Setting, system: System, warmup: int = 2, device: str = "cp
     model = build_model(system.impl, cfg).to(device)
     x = torch.randn(b, cfg.in_channels, *cfg.image_size, device=device)
     if setting.task == "infer":
-        fn = inference_call(model, system, x)
+        fn = inference_call(model, system, x, device)
     else:
         y = torch.randint(0, cfg.num_classes, (b,), generator=torch.Generator().manual_seed(0)).to(device)
-        fn = training_call(model, system, x, y)
+        fn = training_call(model, system, x, y, device)
     return warm_up(fn, warmup, system.compiled, device)
 
 

@@ -19,7 +19,8 @@ kernels on x86). A training step is fp32 or an autocast precision, AdamW, cross-
 
 --suite quick or --suite full run the standard settings (on 2 quiet cores: about 10 and 15
 minutes), --suite scaling the resolution, batch and memory table of docs/performance.md,
---suite gpu (with --device cuda) a few minutes on a GPU with MFU against its peak; otherwise
+--suite gpu (with --device cuda) a few minutes on a GPU with MFU against its peak (ViT-B/16 at
+batch 1 and 256; --model and --batch-size change them, as benchmarks/gpu.sh --smoke does); otherwise
 --model/--batch-size/--task/--precision pick a subset. On a busy machine, --clock cpu times
 one thread by its own CPU time: single-core figures, but other processes cannot distort the
 comparisons.
@@ -38,8 +39,8 @@ def add_arguments(p) -> None:
     from vitlab.bench import COMPILE_MODES, PRECISIONS, SUITES, TASKS
 
     p.add_argument("--suite", choices=SUITES, help="run a standard suite instead of a subset")
-    p.add_argument("--model", nargs="+", default=["ViT-B/16"], help="variant name(s) (default ViT-B/16)")
-    p.add_argument("--batch-size", nargs="+", type=int, default=[1], help="batch size(s) (default 1)")
+    p.add_argument("--model", nargs="+", help="variant name(s) (default ViT-B/16; with --suite gpu, the one model it times)")
+    p.add_argument("--batch-size", nargs="+", type=int, help="batch size(s) (default 1; --suite gpu: 1 256, training at the largest)")
     p.add_argument("--task", nargs="+", choices=TASKS, default=["infer"], help="infer and/or train")
     p.add_argument("--precision", nargs="+", choices=PRECISIONS, help="precisions to time (default: fp32 fp32-packed bf16 int8 for inference, "
                    "fp32 bf16-autocast for a training step)")
@@ -72,7 +73,7 @@ def _plan(args) -> list:
     from vitlab.bench import suites, systems
 
     plan = []
-    for name in args.model:
+    for name in args.model or ["ViT-B/16"]:
         cfg = get_config(name, **({"gelu": args.gelu} if args.gelu else {}))  # ConfigError names the known models
         for task in args.task:
             default = suites.FAST if task == "infer" else ["fp32", "bf16-autocast"]
@@ -80,7 +81,7 @@ def _plan(args) -> list:
                 default = ["fp32", "bf16-autocast"]
             chosen = systems.standard_systems(task, args.peers, args.compile, args.precision or default,
                                               compile_mode=args.compile_mode)
-            plan += [(systems.Setting(cfg, b, task), chosen) for b in args.batch_size]
+            plan += [(systems.Setting(cfg, b, task), chosen) for b in args.batch_size or [1]]
     return plan
 
 
@@ -94,7 +95,7 @@ def run(args) -> int:
     unknown = sorted(set(args.peers) - set(PEERS))
     if unknown:
         raise UsageError(f"unknown peer(s) {unknown}; choose from {', '.join(PEERS)}")
-    if args.rounds < 1 or args.min_time < 0 or any(b < 1 for b in args.batch_size):
+    if args.rounds < 1 or args.min_time < 0 or any(b < 1 for b in args.batch_size or []):
         raise UsageError("--rounds and --batch-size must be at least 1 and --min-time at least 0")
     try:
         device = machine.check_device(args.device)
@@ -102,7 +103,7 @@ def run(args) -> int:
         raise UsageError(str(e)) from None
     if args.suite == "gpu" and not device.startswith("cuda"):
         raise UsageError("--suite gpu times GPU kernels (fp16, CUDA graphs): add --device cuda")
-    plan = suites.suite(args.suite) if args.suite else _plan(args)
+    plan = suites.suite(args.suite, args.model, args.batch_size) if args.suite else _plan(args)
     config = runner.BenchConfig(rounds=args.rounds, min_time=args.min_time, max_wait=args.max_wait,
                                 wait_budget=args.wait_budget, contended_cores=args.contended,
                                 clock=args.clock, device=device)

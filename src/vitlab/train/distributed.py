@@ -114,12 +114,25 @@ def launch(env: Mapping[str, str] = os.environ) -> Launch:
     return Launch(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", "0")), f"tcp://{host or 'localhost'}:{port}")
 
 
+def gpu_of(local_rank: int, visible: int) -> int:
+    """The GPU a process takes: the one of its local rank among the node's `visible`, or the
+    only one it sees (srun --gpus-per-task gives each task its own). More processes than GPUs
+    on a node would put two on one GPU, which NCCL refuses only after the rendezvous
+    ("Duplicate GPU detected"): refused here, naming the fix."""
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise ConfigError(f"process {local_rank} of this node has no GPU of its own: the node shows {visible} GPUs; "
+                          f"start at most {visible} processes per node (torchrun --nproc_per_node {visible})")
+    return local_rank
+
+
 def setup(device: str = "auto", parallel: str = "ddp") -> Context:
     """Join the process group when started by torchrun or srun; pick the device."""
     me = launch()
     dev = pick_device(device, "train.device=")
-    if dev.type == "cuda":  # srun --gpus-per-task gives each task one visible GPU
-        dev = torch.device("cuda", me.local_rank % torch.cuda.device_count() if dev.index is None else dev.index)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", gpu_of(me.local_rank, torch.cuda.device_count()) if dev.index is None else dev.index)
         torch.cuda.set_device(dev)
     if me.world > 1 and not dist.is_initialized():
         # Before the group: see "Leaving cleanly" above. import_module, not `import torch._dynamo`,
@@ -183,7 +196,7 @@ def _collective(run: Callable[[], Any], tensors: list[torch.Tensor], ctx: Contex
     go of them (see "Leaving cleanly" above); a moment, bounded at 5 s."""
     before = [t._use_count() for t in tensors]
     run()
-    if ctx.device.type != "cpu":
+    if dist.get_backend() != "gloo":  # NCCL's collectives run on the device's streams, not on threads
         return
     deadline = time.monotonic() + 5.0
     while any(t._use_count() > n for t, n in zip(tensors, before, strict=True)) and time.monotonic() < deadline:

@@ -40,12 +40,15 @@ STEP_FILE = re.compile(r"^step-(\d+)\.safetensors$")
 
 
 # Random states ---------------------------------------------------------------------------
-def capture_rng() -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Python, NumPy, torch CPU (and CUDA) generator states as (tensors, JSON-able)."""
+def capture_rng(device: torch.device) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Python, NumPy, torch CPU generator states, and the generator of the process's own GPU
+    when it trains on one, as (tensors, JSON-able). Only its own: a process draws on no other
+    GPU, and restoring the states of every GPU it could see fails where fewer are visible (a
+    run saved by torchrun, where each process sees the node's 8, resumed by srun
+    --gpus-per-task, where each sees one: "invalid device ordinal")."""
     tensors = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"cuda.{i}"] = s
+    if device.type == "cuda":
+        tensors["cuda"] = torch.cuda.get_rng_state(device)
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     tensors["numpy"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
@@ -56,11 +59,12 @@ def capture_rng() -> tuple[dict[str, Tensor], dict[str, Any]]:
     return tensors, meta
 
 
-def restore_rng(tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+def restore_rng(tensors: dict[str, Tensor], meta: dict[str, Any], device: torch.device) -> None:
+    """The states `capture_rng` took; the GPU generator's into this process's own GPU (a run
+    saved on the CPU, or resumed on it, has none to restore)."""
     torch.set_rng_state(tensors["torch"])
-    cuda = sorted((k for k in tensors if k.startswith("cuda.")), key=lambda k: int(k.split(".")[1]))
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
+    if "cuda" in tensors and device.type == "cuda":
+        torch.cuda.set_rng_state(tensors["cuda"], device)
     version, internal, gauss = meta["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, pos, has_gauss, cached = meta["numpy"]
@@ -211,7 +215,7 @@ def save_checkpoint(folder: Path, step: int, run: Any, info: dict[str, Any], ext
     model_state = distributed.full_tensors(run.model.state_dict())
     extras = distributed.full_tensors(run.objective.extra_tensors())
     optimizer = distributed.full_optimizer_state(run.objective, run.optimizer, ctx)
-    rng = distributed.gather_objects(capture_rng(), ctx)
+    rng = distributed.gather_objects(capture_rng(ctx.device), ctx)
     ema_state = distributed.full_tensors(ema.state_dict()) if ema is not None else {}
     model_file, state_file = step_paths(folder, step)
     if ctx.is_main:
@@ -262,5 +266,5 @@ def restore_training(saved: Saved, run: Any, seed: int) -> Optional[str]:
         torch.manual_seed(seed + saved.step)
         return f"resuming on {ctx.world} processes a run saved on {meta.get('world')}: random states reseeded"
     prefix = f"rng.rank{ctx.rank}."
-    restore_rng({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}, meta["rng"][ctx.rank])
+    restore_rng({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}, meta["rng"][ctx.rank], ctx.device)
     return None
