@@ -95,7 +95,7 @@ def test_data_decode_cuda_refuses_what_it_cannot_do_in_one_line():
             DataConfig(decode="cuda", randaugment=2)
         with pytest.raises(ValueError, match="randaugment run on the CPU: use decode=fast"):
             train_transform(32, decode="cuda", randaugment=2)
-        cfg = RunConfig().with_overrides({"data.decode": "cuda"}, "test")
+        cfg = RunConfig().with_overrides({"data.decode": "cuda"})
         with pytest.raises(ConfigError, match="data.decode=cuda decodes on a CUDA device, and this run is on cpu"):
             train_loader(cfg, [], 1, 0, 1, distributed.Context())
 
