@@ -77,7 +77,7 @@ def test_the_wheel_installs_and_runs_outside_the_source_tree(dist, tmp_path):
     assert "done: 20 steps" in trained and "test: top-1" in trained, trained
     checkpoint = work / "runs" / "digits" / "checkpoints" / "last.safetensors"
     assert checkpoint.exists() and (work / "runs" / "digits" / "learning_curve.png").exists()
-    exported = run(f"vitlab export {checkpoint} --out model.onnx", work, env)
+    exported = run(f"vitlab export {checkpoint} --format onnx --out model.onnx", work, env)
     assert (work / "model.onnx").stat().st_size > 0, exported
     server = subprocess.Popen(["vitlab", "serve", str(checkpoint), "--port", "0"], cwd=work, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -169,6 +169,35 @@ class EvalTransform:
     def __call__(self, image) -> Tensor:
         return self.steps(image)
 
+    def recipe(self) -> dict[str, Any]:
+        """This preprocessing as numbers and names, for a runtime without vitlab (the ONNX
+        file's metadata, one key each): the resize (`resize`: squash, shorter_side or cover;
+        its box, interpolation and backend), the centre crop ([h, w], or None), the channels,
+        mean and std."""
+        (rh, rw) = self.resize_size
+        return {"image_size": list(self.size), "in_channels": self.in_channels,
+                "resize": "squash" if self.crop_mode == "squash" else "shorter_side" if rh == rw else "cover",
+                "resize_size": [rh, rw], "interpolation": self.interpolation, "resize_backend": self.backend,
+                "crop_fraction": self.crop_fraction, "crop_mode": self.crop_mode,
+                "crop": list(self.size) if self.crops else None, "mean": list(self.mean), "std": list(self.std)}
+
+    def sentence(self) -> str:
+        """`recipe()` in words, exact enough to implement it: every size and rounding rule."""
+        r = self.recipe()
+        (h, w), (rh, rw) = r["image_size"], r["resize_size"]
+        by = ("PIL's Image.resize on the 8-bit image" if self.backend == "pil" else
+              "torchvision.transforms.v2.functional.resize on the uint8 (C, H, W) tensor, antialias=True")
+        resize = {"squash": f"resize it to {rh}x{rw} (height x width; the aspect ratio is not kept)",
+                  "shorter_side": f"resize its shorter side to {rh} px and the longer one to floor({rh} x longer / shorter) px",
+                  "cover": f"resize it by r = min(H / {rh}, W / {rw}) to round(H / r) x round(W / r) px"}[r["resize"]]
+        crop = (f"; then crop its centre {h}x{w} (top = round((resized height - {h}) / 2), left = round((resized "
+                f"width - {w}) / 2), halves rounded to even)" if r["crop"] else "")
+        numbers = lambda v: "(" + ", ".join(f"{x:g}" for x in v) + ")"  # noqa: E731
+        return (f"Take the image as {'RGB' if self.in_channels == 3 else 'greyscale (L)'} (H x W pixels); {resize} "
+                f"({self.interpolation}, by {by}){crop}; scale the pixels to [0, 1] (x / 255), then (x - mean) / std per "
+                f"channel, mean {numbers(self.mean)}, std {numbers(self.std)}; input NCHW float32 (batch, "
+                f"{self.in_channels}, {h}, {w})")
+
     def __repr__(self) -> str:
         (h, w), (rh, rw) = self.size, self.resize_size
         side = ("both sides to" if self.crop_mode == "squash" else
