@@ -494,7 +494,8 @@ class Trainer:
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
-        title = f"{run.model.config.name} on {figure_label(self.cfg.data.name)} ({self.out.name})"
+        data = figure_label(self.cfg.data.name)
+        title = f"{run.model.config.name} on {data}" + ("" if data.endswith(self.out.name) else f" ({self.out.name})")
         notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
         LOG.info(final_report(self.folder, summary, results, notes, where, self.cfg))  # --quiet too
         return summary
