@@ -49,11 +49,12 @@ def onnx_metadata(model: VisionTransformer) -> dict[str, str]:
     the class names, and the preprocessing the model expects (vitlab.transform's) both as one
     key per number (`EvalTransform.recipe`) and as `vitlab.preprocessing`, the sentence made
     from those keys."""
-    from vitlab.data.transforms import model_transform
+    from vitlab.data.transforms import EvalTransform, model_transform
 
     cfg = model.config
     names = getattr(model, "class_names", None) or [str(i) for i in range(cfg.num_classes)]
     transform = model_transform(cfg)
+    assert isinstance(transform, EvalTransform)
     recipe = {f"vitlab.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in transform.recipe().items()}
     return {
         "vitlab.model": cfg.name,
