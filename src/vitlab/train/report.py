@@ -92,7 +92,7 @@ class Progress:
         self.first = True
         self.divergence = Divergence(lr)  # watched with --quiet too: its warning goes to stderr
         self.shown = progress.Progress(total, "train", "step", initial=start, stream=stream, tty=tty, leave=True,
-                                       heartbeat=self._heartbeat, quiet=quiet)
+                                       heartbeat=self._heartbeat, quiet=quiet, own_lines=True)
         self.shown.EVERY_S = self.EVERY_S
         self.tty = self.shown.tty
 
