@@ -141,7 +141,8 @@ def test_train_by_timm_name(tmp_path, capsys):
     (["train", "--config", "digits", "optim.decay=cosin"], "did you mean cosine?"),
     (["vtab", "runs/x.safetensors", "--root", "r", "--out", "o", "--tasks", "dtdd"], "did you mean dtd?"),
     (["train", "--img-size", "224"], "timm's --img-size is --image-size here"),
-    (["train", "--stpes", "3"], "did you mean --steps"),
+    (["train", "--stpes", "3"], "unrecognized arguments: --stpes; did you mean --steps? ("),
+    (["train", "--batch_size", "8", "--stpes=3"], "--batch_size: did you mean --batch-size?; --stpes: did you mean --steps?"),
 ])
 def test_did_you_mean(argv, near, capsys):
     try:
