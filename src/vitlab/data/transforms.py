@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -36,6 +35,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vitlab.config.preprocessing import eval_recipe
 from vitlab.config.run import AUGMENTATIONS, CROP_SCALE, CROPS
 from vitlab.data import decode as decoding
 from vitlab.data.decode import STEPS, FastEvalTransform, Planned, interpolation_mode
@@ -149,7 +149,8 @@ class EvalTransform:
         if backend not in ("pil", "tensor"):
             raise ValueError(f"resize backend {backend!r}: use pil or tensor")
         self.size = _size(image_size)
-        self.resize_size = (math.floor(self.size[0] / crop_fraction), math.floor(self.size[1] / crop_fraction))
+        self.recipe = eval_recipe(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend)
+        self.resize_size = tuple(self.recipe["resize_size"])
         self.mean, self.std, self.in_channels = tuple(mean), tuple(std), in_channels
         self.crop_fraction, self.crop_mode, self.interpolation, self.backend = crop_fraction, crop_mode, interpolation, backend
         mode = interpolation_mode(interpolation)
@@ -160,7 +161,7 @@ class EvalTransform:
         else:
             resize = _ResizeKeepRatio(self.resize_size, mode)
         steps = [_Input(in_channels, backend), resize]
-        self.crops = self.resize_size != self.size or crop_mode == "center"
+        self.crops = self.recipe["crop"] is not None
         if self.crops:
             steps.append(v2.CenterCrop(list(self.size)))
         steps += [v2.PILToTensor(), Normalise(mean, std)]  # vitlab.pixels: the one normaliser
@@ -168,35 +169,6 @@ class EvalTransform:
 
     def __call__(self, image) -> Tensor:
         return self.steps(image)
-
-    def recipe(self) -> dict[str, Any]:
-        """This preprocessing as numbers and names, for a runtime without vitlab (the ONNX
-        file's metadata, one key each): the resize (`resize`: squash, shorter_side or cover;
-        its box, interpolation and backend), the centre crop ([h, w], or None), the channels,
-        mean and std."""
-        (rh, rw) = self.resize_size
-        return {"image_size": list(self.size), "in_channels": self.in_channels,
-                "resize": "squash" if self.crop_mode == "squash" else "shorter_side" if rh == rw else "cover",
-                "resize_size": [rh, rw], "interpolation": self.interpolation, "resize_backend": self.backend,
-                "crop_fraction": self.crop_fraction, "crop_mode": self.crop_mode,
-                "crop": list(self.size) if self.crops else None, "mean": list(self.mean), "std": list(self.std)}
-
-    def sentence(self) -> str:
-        """`recipe()` in words, exact enough to implement it: every size and rounding rule."""
-        r = self.recipe()
-        (h, w), (rh, rw) = r["image_size"], r["resize_size"]
-        by = ("PIL's Image.resize on the 8-bit image" if self.backend == "pil" else
-              "torchvision.transforms.v2.functional.resize on the uint8 (C, H, W) tensor, antialias=True")
-        resize = {"squash": f"resize it to {rh}x{rw} (height x width; the aspect ratio is not kept)",
-                  "shorter_side": f"resize its shorter side to {rh} px and the longer one to floor({rh} x longer / shorter) px",
-                  "cover": f"resize it by r = min(H / {rh}, W / {rw}) to round(H / r) x round(W / r) px"}[r["resize"]]
-        crop = (f"; then crop its centre {h}x{w} (top = round((resized height - {h}) / 2), left = round((resized "
-                f"width - {w}) / 2), halves rounded to even)" if r["crop"] else "")
-        numbers = lambda v: "(" + ", ".join(f"{x:g}" for x in v) + ")"  # noqa: E731
-        return (f"Take the image as {'RGB' if self.in_channels == 3 else 'greyscale (L)'} (H x W pixels); {resize} "
-                f"({self.interpolation}, by {by}){crop}; scale the pixels to [0, 1] (x / 255), then (x - mean) / std per "
-                f"channel, mean {numbers(self.mean)}, std {numbers(self.std)}; input NCHW float32 (batch, "
-                f"{self.in_channels}, {h}, {w})")
 
     def __repr__(self) -> str:
         (h, w), (rh, rw) = self.size, self.resize_size
@@ -374,6 +346,4 @@ def fast_eval_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5)
     the size its resize makes (2: within 0.1 point of top-1 of the full decode, where 1 was not;
     benchmarks/results/decode-accuracy.md)."""
     inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend)
-    size = _size(image_size)
-    resize_to = (math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction))
-    return FastEvalTransform(inner, resize_to, keep_ratio=crop_mode == "center", margin=margin)
+    return FastEvalTransform(inner, inner.resize_size, keep_ratio=crop_mode == "center", margin=margin)

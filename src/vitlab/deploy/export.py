@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from vitlab.config.preprocessing import config_recipe, recipe_sentence
 from vitlab.extras import require
 from vitlab.files import atomic_write
 from vitlab.models.vit import VisionTransformer
@@ -47,20 +48,17 @@ def export_program(model: VisionTransformer, path: Optional[str | os.PathLike] =
 def onnx_metadata(model: VisionTransformer) -> dict[str, str]:
     """What a runtime needs beside the graph, as ONNX metadata_props (strings; lists as JSON):
     the class names, and the preprocessing the model expects (vitlab.transform's) both as one
-    key per number (`EvalTransform.recipe`) and as `vitlab.preprocessing`, the sentence made
+    key per number (config.preprocessing's `eval_recipe`) and as `vitlab.preprocessing`, the sentence made
     from those keys."""
-    from vitlab.data.transforms import EvalTransform, model_transform
-
     cfg = model.config
     names = getattr(model, "class_names", None) or [str(i) for i in range(cfg.num_classes)]
-    transform = model_transform(cfg)
-    assert isinstance(transform, EvalTransform)
-    recipe = {f"vitlab.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in transform.recipe().items()}
+    steps = config_recipe(cfg)  # what vitlab.transform(model) runs (data/transforms.py's EvalTransform)
+    recipe = {f"vitlab.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in steps.items()}
     return {
         "vitlab.model": cfg.name,
         "vitlab.class_names": json.dumps(list(names)),
         **recipe,
-        "vitlab.preprocessing": transform.sentence(),
+        "vitlab.preprocessing": recipe_sentence(steps),
         "vitlab.output": "logits (batch, classes); softmax gives the class probabilities",
         "vitlab.config": cfg.to_json(),
     }

@@ -44,7 +44,7 @@ from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective, evaluation_target
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, figure_label, final_report, plot_run, truncate_after
+from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, final_report, plot_run, run_title, truncate_after
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 
@@ -494,8 +494,7 @@ class Trainer:
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
-        data = figure_label(self.cfg.data.name)
-        title = f"{run.model.config.name} on {data}" + ("" if data.endswith(self.out.name) else f" ({self.out.name})")
+        title = run_title(run.model.config.name, self.cfg.data.name, self.out.name)
         notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
         LOG.info(final_report(self.folder, summary, results, notes, where, self.cfg))  # --quiet too
         return summary

@@ -186,6 +186,13 @@ def plot_run(folder, results: dict[str, dict[str, Any]], class_names: list[str],
     return []
 
 
+def run_title(model: str, data_spec: str, run_name: str) -> str:
+    """A run's figures' title: "ViT-Ti/4 on digits", with the run folder's name where it is
+    not the data's own ("on digits (ft-small)", never "on digits (digits)")."""
+    data = figure_label(data_spec)
+    return f"{model} on {data}" + ("" if data.split(":")[-1] == run_name else f" ({run_name})")
+
+
 def figure_label(spec: str) -> str:
     """A data spec as a figure's title names it: its kind and the last part of its path
     (`wds:/data/cifar10/train-{0..3}.tar` -> `wds:cifar10`), never a machine's absolute path."""
