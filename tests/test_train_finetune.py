@@ -179,3 +179,31 @@ def test_random_start_is_the_checkpoints_network_with_untrained_weights(tiny_che
     with pytest.raises(ConfigError, match="no such checkpoint"):
         finetune.random_start(str(tmp_path / "absent.safetensors"), 0, tmp_path / "x")
 
+
+
+def test_the_docs_and_help_say_the_batch_rule_the_program_follows():
+    """docs/training.md's fine-tune transcript is quoted from a real run (test_docs.py does not
+    compare its lines), so its batch plan line and training line are held here to what
+    fit_defaults plans for the same 1,437 digits, and `finetune --help`'s batch rule to the
+    recipe's batch and the micro-batches the program runs."""
+    import re
+    from pathlib import Path
+
+    from vitlab.cli import finetune as cli
+
+    cfg = load_recipe("finetune").with_overrides({"train.steps": 100})
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    start = doc.index("$ vitlab finetune runs/digits/checkpoints/last.safetensors --data digits")
+    transcript = doc[start:doc.index("```", start)]
+    images = [int(n.replace(",", "")) for n in re.findall(r"on digits: ([\d,]+) images", transcript)]
+    assert images[-1] == 1_437, images  # the plan is fitted to the whole training set, and the final run trains on it
+    fitted = finetune.fit_defaults(cfg, 1_437, explicit=set())
+    batch_note = next(note for note in fitted.notes if note.startswith("batch "))
+    assert f"  {batch_note}\n" in transcript, f"the doc's batch line is not the program's: {batch_note}"
+    t = fitted.config.train
+    for n in images:  # the sweep's runs (training set minus dev) and the final run: the same batch
+        line = re.search(rf"on digits: {n:,} images, 10 classes, (\d+) steps of (\d+) \((\d+) per epoch\)", transcript)
+        assert line and (int(line.group(2)), int(line.group(3))) == (t.batch_size, n // t.batch_size), line.group(0)
+    micro = t.micro_batch_size
+    assert f"the recipe's {cfg.train.batch_size}" in cli.DESCRIPTION
+    assert f"{cfg.train.batch_size} as {cfg.train.batch_size // micro} x {micro} on {1_437:,}" in cli.DESCRIPTION
