@@ -13,7 +13,9 @@ fine-tune's sweep, repeats and final run share one open per split (train/inputs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -88,6 +90,9 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
     transform's."""
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
+    if name not in NAMED and os.path.isdir(os.path.expanduser(spec)):  # a bare folder: it names no kind
+        raise DataError(f"unknown dataset {spec!r}: it is a folder; did you mean imagefolder:{spec} (one sub-folder of "
+                        f"images per class), or wds:{spec.rstrip('/')}/*.tar for WebDataset shards?")
     if name not in NAMED:
         near = suggest.hint(name, NAMED).lstrip("; ")
         raise DataError(
@@ -159,9 +164,13 @@ def check_classes(spec: str, class_names: Sequence[str]) -> None:
     """Classification needs two classes at least: with one, every prediction is right and
     the loss is zero from the first step, a run that looks perfect and learns nothing."""
     if len(class_names) < 2:
+        kind, _, root = str(spec).partition(":")
+        inner = Path(os.path.expanduser(root), *class_names[:1])
+        deeper = (f"; {inner} holds folders itself: did you mean {kind}:{inner}?" if kind == "imagefolder" and class_names
+                  and inner.is_dir() and any(p.is_dir() for p in inner.iterdir()) else "")
         raise DataError(
             f"{spec}: {len(class_names)} class{'' if len(class_names) == 1 else 'es'} ({', '.join(class_names)}); "
-            "classification needs at least two: check the data's class folders or labels"
+            f"classification needs at least two: check the data's class folders or labels{deeper}"
         )
     if len(set(class_names)) != len(class_names):
         twice = sorted({c for c in class_names if list(class_names).count(c) > 1})

@@ -179,7 +179,7 @@ def plot_run(folder, results: dict[str, dict[str, Any]], class_names: list[str],
         plot_learning_curve(folder.metrics, folder.path / "learning_curve.png", title, objective)
         for split, m in results.items():
             if "confusion" in m:
-                plots.plot_confusion(m["confusion"], class_names, folder.path / f"confusion_{split}.png",
+                plots.plot_confusion(m["confusion"], class_names, folder.path / f"confusion-{split}.png",
                                      title=f"{title}: {split}" if title else split)
     except ImportError:
         return ["matplotlib is not installed: no learning curve or confusion matrix (pip install 'vitlab[plots]')"]
@@ -242,8 +242,8 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
     if (out / "learning_curve.png").exists():
         lines.append(f"  learning curve  {out / 'learning_curve.png'}")
     for split in results:
-        if (out / f"confusion_{split}.png").exists():
-            lines.append(f"  confusion       {out / f'confusion_{split}.png'}")
+        if (out / f"confusion-{split}.png").exists():
+            lines.append(f"  confusion       {out / f'confusion-{split}.png'}")
     lines += [f"  {line}" for line in tracker_lines]
     lines += [f"  note: {n}" for n in notes]
     if data:  # a classifier trained from scratch (a fine-tune's plan says its own)
