@@ -120,6 +120,20 @@ class ModelSection:
 AUTOAUGMENT_POLICIES = ("", "imagenet", "cifar10", "svhn")  # torchvision.transforms.AutoAugmentPolicy
 
 
+def every_unknown(d: Mapping[str, Any]) -> None:
+    """Unknown keys in more than one place of a recipe are refused together, each with its near
+    key (one alone gets the section's check and its list of valid keys)."""
+    known = {"model": {*(f.name for f in fields(ViTConfig)), *_MODEL_EXTRA, "head_start"},
+             **{k: {f.name for f in fields(c)} for k, c in SECTIONS.items()}}
+    every = [f"{k}.{key}" for k in known for key in (d.get(k) if isinstance(d.get(k), dict) else {})]
+    unknown = [key for key in every if key.split(".", 1)[1] not in known[key.split(".", 1)[0]]]
+    if len(unknown) > 1:
+        names = [f"{k}.{key}" for k, keys in known.items() for key in keys]
+        said = [f"{key} ({'did you mean ' + near[0] + '?' if near else 'no near key'})"
+                for key in unknown for near in [suggest.close_key(key, names)]]
+        raise ConfigError(f"unknown keys {', '.join(said)}")
+
+
 @dataclass(frozen=True)
 class Augmentation:
     """One augmentation after the Inception crop and flip: the data section's keys it reads
@@ -357,6 +371,7 @@ class RunConfig:
         unknown = [k for k in d if k not in valid]
         if unknown:
             raise ConfigError(suggest.unknown("section", unknown[0], valid))
+        every_unknown(d)
         sections = {k: section_from_text(c, d.get(k), k) for k, c in SECTIONS.items()}
         options = section_from_text(OBJECTIVE_OPTIONS[sections["train"].objective], d.get("objective"), "objective")
         cfg = cls(model=ModelSection.from_dict(d.get("model")), objective=options, **sections)
