@@ -171,6 +171,11 @@ AUGMENTATIONS = (
 )
 
 
+# Every data spec a command takes (`--data`), as its help and the unknown-spec error list them.
+DATA_SPECS = ("digits | fashion-mnist[:DIR] | cifar10[:DIR] | cifar100[:DIR] | imagefolder:PATH | imagenet-val:DIR | "
+              "vtab:TASK:ROOT | wds:PATTERN | hf:NAME (a Hugging Face dataset) | synthetic:TASK")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the images come from and how they are augmented (§4.1, Appendix B.1)."""

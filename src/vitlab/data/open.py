@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from vitlab import suggest
-from vitlab.config.run import SHUFFLE_BUFFER, DataConfig
+from vitlab.config.run import DATA_SPECS, SHUFFLE_BUFFER, DataConfig
 from vitlab.data import datasets as ds, synthetic
 from vitlab.data.datasets import DataError
 from vitlab.data.foreign import ForeignDataset, hf_split
@@ -96,11 +96,7 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
     if name not in NAMED:
         near = suggest.hint(name, NAMED).lstrip("; ")
         raise DataError(
-            f"unknown dataset {spec!r}; {near + ' The specs: ' if near else 'use one of '}digits, fashion-mnist[:FOLDER], "
-            "cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face "
-            "dataset), synthetic:TASK"
-        )
+            f"unknown dataset {spec!r}; {near + ' The specs: ' if near else 'use one of '}{DATA_SPECS.replace(' | ', ', ')}")
     if name in WITH_PATH and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     base = _base_split(split)
