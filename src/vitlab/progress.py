@@ -70,7 +70,7 @@ class Progress:
         self.bar_options = dict(total=self.total, initial=initial, desc=desc, unit=unit, leave=leave,
                                 unit_scale=unit_scale, unit_divisor=1000 if unit_scale else 1024, dynamic_ncols=True)
         self.bar: Optional[tqdm] = None
-        self.t0 = self.last_line = self.work_line = time.perf_counter()
+        self.t0 = self.last_line = self.work_line = self.moved = time.perf_counter()  # moved: the count's last change
         self.beats = 0  # heartbeats since the work's last line: each doubles the wait for the next
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -99,14 +99,11 @@ class Progress:
         return time.perf_counter() - self.last_line
 
     def _watch(self) -> None:
-        seen, moved = self.n, time.perf_counter()
         while not self.stop.wait(1.0):
             with self.lock:
-                if self.n != seen:
-                    seen, moved = self.n, time.perf_counter()
                 quiet_for = self.quiet_for()
                 if self.own_lines:  # the work prints its own line every EVERY_S while it moves: a beat only when it stalls
-                    quiet_for = min(quiet_for, time.perf_counter() - moved)
+                    quiet_for = min(quiet_for, time.perf_counter() - self.moved)
                 if quiet_for >= min(self.EVERY_S * 2 ** self.beats, self.LONGEST_S):
                     try:
                         self._line(self._heartbeat(self.time_since_work()), heartbeat=True)
@@ -138,7 +135,7 @@ class Progress:
     def moveto(self, n: int, postfix: Optional[str] = None) -> None:
         """`n` done in all."""
         with self.lock:
-            self.n = n
+            self.n, self.moved = n, time.perf_counter()
             bar = self._draw()
             if bar is not None:
                 if postfix is not None:

@@ -111,7 +111,7 @@ class Progress:
         if self.tty:
             self.shown.moveto(step, numbers)
         else:
-            self.shown.n = step
+            self.shown.n, self.shown.moved = step, time.perf_counter()
             if log_line or self.first or self.shown.quiet_for() >= self.EVERY_S:
                 eta = (time.perf_counter() - self.t0) / max(step - self.start, 1) * (self.total - step)
                 self.shown.write(f"step {step}/{self.total}  {numbers}  ETA {format_seconds(eta)}")
