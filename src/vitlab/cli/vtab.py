@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from vitlab.cli.common import COUNT, FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+RESUMABLE = True  # stopped, the same command continues from the last checkpoint
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "fine-tune a checkpoint on the 19 VTAB-1k tasks and report them as one Table 9 row"
 DESCRIPTION = """\
 VTAB-1k (the paper's Table 2 VTAB column, Fig. 2 and Table 9): every task fine-tuned on its
@@ -48,16 +53,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", required=True, metavar="DIR", help="where the tasks' data lies (the layouts above)")
     p.add_argument("--tasks", metavar="T,T,...", help="run only these tasks (default: all 19; the row shows all)")
     p.add_argument("--out", metavar="DIR", help="the suite folder (default runs/vtab-CHECKPOINT)")
-    p.add_argument("--steps", type=int, default=2500, help="fine-tuning steps per task (default 2,500, Table 4)")
+    p.add_argument("--steps", type=COUNT, default=2500, help="fine-tuning steps per task (default 2,500, Table 4)")
     p.add_argument("--lr", type=float, help="learning rate (default 0.01, Table 4)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="choose each task's rate from these on its 200 val examples")
-    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--batch-size", type=COUNT, default=512)
     p.add_argument("--image-size", default="384", metavar="N", help="fine-tuning resolution (default 384; checkpoint)")
     p.add_argument("--tfds-version", action="append", default=[], metavar="TASK=[CONFIG/]VERSION", help="accept it")
     p.add_argument("--seed", type=int, default=0)
     add_device_argument(p)
     p.add_argument("--launcher", help="run each task as a job: local (with --jobs), slurm or submitit-local")
-    p.add_argument("--jobs", type=int, default=1, help="tasks side by side with --launcher local")
+    p.add_argument("--jobs", type=COUNT, default=1, help="tasks side by side with --launcher local")
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="a submitit executor parameter")
     p.add_argument("--no-wait", action="store_true", help="submit the jobs and return (then --report)")
     p.add_argument("--report", action="store_true", help="run nothing: write the row of the finished tasks")
