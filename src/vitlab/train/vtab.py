@@ -7,8 +7,9 @@ resolution of 384 (Appendix B.1.1; `Settings.image_size`), trained on each task'
 examples and evaluated on its full test split. The paper chose that setting by a small sweep
 on the 200-example val sets; `Settings.grid` runs such a sweep per task (train on the 800,
 score on the 200, then rerun the best rate on all 1,000). VTAB-1k's fine-tuning uses no
-augmentation: the images are resized whole (no random crop, no flip; a flip changes the
-label of dSprites orientation, a crop that of dSprites location).
+augmentation: as task_adaptation's data_loader, every image is resized whole to the square
+(data.crop=whole: no crop, no flip), the geometry of evaluation; a flip changes the label of
+dSprites orientation, a crop that of dSprites location, of KITTI's distance and CLEVR's count.
 
 Each task writes OUT/TASK/ (its run folder, or sweep/ and final/) and, when done,
 OUT/TASK/result.json with the identity of its work (files.identity: the checkpoint's sha256
@@ -113,8 +114,8 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConf
     changes: dict[str, Any] = {
         "model.checkpoint": checkpoint, "data.eval_data": "",
         "data.name": f"vtab:{task.name}{'@' + s.accepted(task) if s.accepted(task) else ''}:{root}",
-        "data.train_split": "train", "data.eval_splits": ["test"], "data.crop_scale": [1.0, 1.0],
-        "data.crop_ratio": [1.0, 1.0], "data.hflip": False, "train.steps": s.steps, "train.epochs": 0.0,
+        "data.train_split": "train", "data.eval_splits": ["test"], "data.crop": "whole",
+        "data.hflip": False, "train.steps": s.steps, "train.epochs": 0.0,
         "train.batch_size": s.batch_size, "train.seed": s.seed, "train.device": s.device, "optim.lr": s.rate,
         "optim.warmup_steps": min(VTAB_WARMUP, max(1, s.steps // 5)), "train.ckpt_every": max(1, min(500, s.steps)),
     }
