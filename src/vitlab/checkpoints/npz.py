@@ -19,7 +19,7 @@ import os
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -43,7 +43,8 @@ from vitlab.checkpoints.tables import (
     square_grid,
     transposed,
 )
-from vitlab.config import BiTConfig, ResNetConfig, ViTConfig
+from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
+from vitlab.config.model import as_pair
 from vitlab.files import atomic_write
 from vitlab.models.variants import describe
 
@@ -239,7 +240,7 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
     stride = ph * (resnet.stride if resnet else 1)
     cfg = ViTConfig(
         name="npz",
-        image_size=side * stride,
+        image_size=as_pair(side * stride),
         patch_size=ph,
         in_channels=in_channels,
         hidden_size=d,
@@ -260,6 +261,8 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
 
 def read(path: str | os.PathLike) -> Imported:
     arrays = load_arrays(path)
+    cfg: ModelConfig
+    metadata: dict[str, Any]
     if bit.is_npz(arrays):
         cfg, metadata = bit.config_from_npz(arrays, str(path)), {}
         table = bit.npz_rules(cfg)
@@ -361,7 +364,7 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
 
     def save(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # the arrays' names, which numpy's stub mistakes for its flags
         if comment:
             with zipfile.ZipFile(tmp, "a") as z:
                 z.comment = comment
