@@ -120,11 +120,12 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
         if not isinstance(value, dict):
             raise bad
         return value
-    if dataclasses.is_dataclass(hint):
-        if isinstance(value, hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        cls: Any = hint  # a config section's dataclass
+        if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            return hint.from_dict(value) if hasattr(hint, "from_dict") else hint(**check_keys(hint, value, label))
+            return cls.from_dict(value) if hasattr(cls, "from_dict") else cls(**check_keys(cls, value, label))
         raise bad
     return value
 
@@ -152,7 +153,7 @@ def _apply_rule(value: Any, rule: Rule, label: str) -> None:
 
 def check_fields(obj: Any, section: str = "") -> None:
     """Check (and normalise) every field of a frozen dataclass instance in place."""
-    hints = _hints(type(obj))
+    hints = _hints(type(obj))  # type: ignore[arg-type]  # a class is hashable; mypy's lru_cache check misses it
     for f in fields(obj):
         label = _label(section, f.name)
         value = check_type(getattr(obj, f.name), hints[f.name], label)
