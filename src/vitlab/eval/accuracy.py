@@ -85,8 +85,9 @@ def evaluate(
     "predictions": each image's top-1 class, in the data's order (for ImageNet ReaL);
     `keep_probabilities` adds "probabilities": each image's softmax over the classes."""
     device = torch.device(device)
-    config: Any = model.config  # a vitlab model's, or its inference copy's
-    num_classes = num_classes or config.num_classes
+    if not num_classes:  # (read only then: any classifier evaluates with num_classes given)
+        config: Any = model.config  # a vitlab model's, or its inference copy's
+        num_classes = int(config.num_classes)
     was_training = model.training
     model.eval()
     total, predictions, probabilities = None, [], []
