@@ -199,10 +199,10 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
 def collect(checkpoint: str, root: Path, out: Path, s: Settings) -> dict[str, dict[str, Any]]:
     """Every finished task's result under OUT (whichever job ran it), each checked to be this
     checkpoint's with these settings (`finished`)."""
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for task in TASKS.values():
-        if (out / task.name / "result.json").exists():
-            results[task.name] = finished(task, out, identity(checkpoint, task, root, s))
+        if (out / task.name / "result.json").exists() and (result := finished(task, out, identity(checkpoint, task, root, s))):
+            results[task.name] = result
     return results
 
 
