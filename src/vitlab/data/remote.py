@@ -43,17 +43,13 @@ MIN_RATE = 16 * 1024
 
 def limits() -> tuple[float, float]:
     """(TIMEOUT_S, MIN_RATE), or what the environment sets instead."""
-    def number(name: str, default: float) -> float:
-        text = os.environ.get(name, "")
-        try:
-            value = float(text) if text else default
-        except ValueError:
-            value = -1.0
-        if not value > 0 or value == float("inf"):
-            raise DataError(f"{name}={text!r}: give a positive number (the default is {default:g})")
-        return value
+    from vitlab.config.fields import number
 
-    return number("VITLAB_HTTP_TIMEOUT", TIMEOUT_S), number("VITLAB_HTTP_MIN_RATE", MIN_RATE)
+    def setting(name: str, default: float) -> float:
+        text = os.environ.get(name, "")
+        return float(number(text, name, above=0, hint=f"the default is {default:g}")) if text.strip() else default
+
+    return setting("VITLAB_HTTP_TIMEOUT", TIMEOUT_S), setting("VITLAB_HTTP_MIN_RATE", MIN_RATE)
 
 # Who may run a shell command. None: no command line set the rule (a Python caller, whose
 # strings run as WebDataset runs them); else the commands typed on this process's command line.
