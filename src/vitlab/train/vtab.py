@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
+from vitlab.config.fields import number
 from vitlab.config.provenance import COMMAND_LINE, VTAB
 from vitlab.data import DataError
 from vitlab.data.vtab import GROUPS, TASKS, Task, get_task, group_sizes, mean
@@ -100,9 +101,10 @@ def image_size(text: str) -> Optional[int]:
     """--image-size: pixels, or "checkpoint" (None: the checkpoint's own resolution)."""
     if text == "checkpoint":
         return None
-    if not text.isdigit() or int(text) < 1:
-        raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint")
-    return int(text)
+    try:
+        return int(number(text, "--image-size", whole=True, at_least=1))
+    except ConfigError:
+        raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint") from None
 
 
 def checkpoint_name(checkpoint: str) -> str:
@@ -201,10 +203,10 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
 def collect(checkpoint: str, root: Path, out: Path, s: Settings, inputs: Inputs) -> dict[str, dict[str, Any]]:
     """Every finished task's result under OUT (whichever job ran it), each checked to be this
     checkpoint's with these settings (`finished`)."""
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for task in TASKS.values():
-        if (out / task.name / "result.json").exists():
-            results[task.name] = finished(task, out, identity(checkpoint, task, root, s, inputs))
+        if (out / task.name / "result.json").exists() and (result := finished(task, out, identity(checkpoint, task, root, s, inputs))):
+            results[task.name] = result
     return results
 
 
