@@ -94,6 +94,7 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
     ImageNet (labels.says_imagenet); `Imported.guessed` names every field the file lacked."""
     by_name = is_pretrained_name(path_or_name)
     changes: dict = {}
+    path: str | os.PathLike
     if by_name:
         located = hub.locate(str(path_or_name), revision)
         path, format, changes = located.path, format or located.format, located.config_changes

@@ -285,7 +285,7 @@ def _cached_revision(repo: HubRepo) -> Optional[str]:
     return commit if (folder / "snapshots" / commit).is_dir() else None
 
 
-def _offline_message(repo: HubRepo, filename: str, error: Exception, hint: str) -> str:
+def _offline_message(repo: HubRepo, filename: str, error: BaseException, hint: str) -> str:
     from huggingface_hub import constants
 
     if offline():

@@ -22,9 +22,11 @@ def flag_number(whole: bool = False, **bounds: float) -> Callable[[str], Any]:
     finite, in digits, within `bounds`. Every int and float flag gets one (cli.build_parser)."""
     from vitlab.config.fields import ConfigError, number
 
+    limits: dict[str, Any] = bounds  # (typed Any: spread among number()'s other keywords)
+
     def parse(text: str) -> Any:
         try:
-            return number(text, "", whole=whole, **bounds)
+            return number(text, "", whole=whole, **limits)
         except ConfigError as e:  # argparse names the flag: "argument --lr: 'inf' is not a finite number"
             raise argparse.ArgumentTypeError(str(e).lstrip("=").strip()) from None
 

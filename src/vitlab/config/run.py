@@ -335,7 +335,7 @@ class RunConfig:
                 return [plain(x) for x in v]
             if isinstance(v, dict):
                 return {k: plain(x) for k, x in v.items()}
-            if dataclasses.is_dataclass(v):  # a hybrid's `model.resnet` change, checked into a ResNetConfig
+            if dataclasses.is_dataclass(v) and not isinstance(v, type):  # a hybrid's `model.resnet` change, checked into a ResNetConfig
                 return plain(dataclasses.asdict(v))
             return v
 

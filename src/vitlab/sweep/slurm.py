@@ -135,7 +135,8 @@ class Stoppable:
     job's SLURM_ variables: it is the job's child, not a task of it, and the job requeues."""
 
     def __init__(self, run: Callable[..., Any]):
-        self.run, self.child = run, None
+        self.run = run
+        self.child: Optional[subprocess.Popen] = None
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args, job=self)
@@ -145,8 +146,9 @@ class Stoppable:
 
         number = getattr(signal, f"SIG{SlurmJobEnvironment.USR_SIG}")
         env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
-        self.child = subprocess.Popen(argv, env=env, preexec_fn=lambda: signal.signal(number, signal.SIG_IGN), **kwargs)
-        return self.child
+        child = subprocess.Popen(argv, env=env, preexec_fn=lambda: signal.signal(number, signal.SIG_IGN), **kwargs)
+        self.child = child
+        return child
 
     def checkpoint(self, *args: Any) -> Any:
         from submitit.helpers import DelayedSubmission
