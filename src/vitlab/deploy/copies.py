@@ -257,20 +257,23 @@ def load_int8(path) -> nn.Module:
     kind = io.read_metadata(path).get(io.SERVING_KEY, "int8")
     imported = io.read(path, serving=kind)
     rest = getattr(torch, imported.metadata.get(REST_KEY, "float32"), torch.float32)
-    with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
-        if not isinstance(imported.config, ViTConfig):
-            raise io.CheckpointError(f"{path}: an int8 copy stores a ViT, not a {imported.config.kind} model")
-        fresh = VisionTransformer(imported.config)
-        model: Any = calibrated_skeleton(fresh, rest) if kind == CALIBRATED else quantize_int8(fresh)
-    try:
-        model.load_state_dict(imported.state, strict=True)
-    except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
-        raise io.CheckpointError(f"{path}: the stored config does not fit the int8 tensors: "
-                                 f"{' '.join(str(e).split())[:400]}") from None
-    model.class_names = imported.class_names
-    if kind == CALIBRATED:
-        return Serving(choose_attention(restore_calibrated(model, rest), rest), rest, kind=CALIBRATED)
-    return model.eval()
+    try:  # a copy this CPU cannot run (calibrated_skeleton, restore_calibrated) is refused naming the file
+        with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
+            if not isinstance(imported.config, ViTConfig):
+                raise io.CheckpointError(f"an int8 copy stores a ViT, not a {imported.config.kind} model")
+            fresh = VisionTransformer(imported.config)
+            model: Any = calibrated_skeleton(fresh, rest) if kind == CALIBRATED else quantize_int8(fresh)
+        try:
+            model.load_state_dict(imported.state, strict=True)
+        except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
+            raise io.CheckpointError(f"the stored config does not fit the int8 tensors: "
+                                     f"{' '.join(str(e).split())[:400]}") from None
+        model.class_names = imported.class_names
+        if kind == CALIBRATED:
+            return Serving(choose_attention(restore_calibrated(model, rest), rest), rest, kind=CALIBRATED)
+        return model.eval()
+    except io.CheckpointError as e:
+        raise io.CheckpointError(f"{path}: {e}") from None
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 # The regular-file check lives with the reader of files (files/documents.py); writers use it too.
-from vitlab.files.documents import NotRegularFileError, PathLike, read_json, require_regular_file  # noqa: F401
+from vitlab.files.documents import NotRegularFileError, PathLike, on_disk, read_json, require_regular_file  # noqa: F401
 
 
 def _umask() -> int:
