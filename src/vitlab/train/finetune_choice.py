@@ -40,8 +40,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from vitlab.config import ConfigError, RunConfig
 from vitlab.config.provenance import PLAN, SWEEP, Origin
 from vitlab.files import atomic_write_text
+from vitlab.run_layout import holding_run
 from vitlab.train import distributed
-from vitlab.train.run_folder import RunFolder, read_summary
+from vitlab.train.inputs import Inputs
+from vitlab.train.run_folder import read_summary
 
 CHOICES = ("auto", "paper", "adamw")  # --recipe: auto = choose on the dev split
 WARMUP_SHARE = 0.05  # the paper's 500 warm-up steps of 10,000 (Appendix B.1.1)
@@ -323,10 +325,11 @@ def count_sweep_in(summary_file: Path, result: Mapping[str, Any]) -> None:
     atomic_write_text(summary_file, json.dumps(summary, indent=2))
 
 
-def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str]) -> tuple[dict[str, Any], str]:
+def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str], inputs: Inputs) -> tuple[dict[str, Any], str]:
     """Threads and data workers as `vitlab train` runs them: the source run's own (its
-    config.yaml beside checkpoints/), else the recipe's; with the plan line that says so."""
-    source = source_run_config(checkpoint)
+    config.yaml beside checkpoints/, read once in `inputs`), else the recipe's; with the plan
+    line that says so."""
+    source = inputs.source_config(checkpoint)
     threads, workers = (source.train.threads, source.data.num_workers) if source else (cfg.train.threads,
                                                                                      cfg.data.num_workers)
     changes = {k: v for k, v in (("train.threads", threads), ("data.num_workers", workers)) if k not in explicit}
@@ -334,24 +337,10 @@ def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str]) -> tuple[
     t, w = final.train.threads, final.data.num_workers
     said = (f"{t} compute thread{'s' if t > 1 else ''}" if t else "one compute thread per core") + \
         f" and {w} data worker{'s' if w != 1 else ''}"
+    run = holding_run(checkpoint)
     where = "as set" if {"train.threads", "data.num_workers"} <= explicit else (
-        f"as the source run trained ({source_run_folder(checkpoint) / 'config.yaml'})" if source
+        f"as the source run trained ({run.config})" if source and run
         else "the recipe's (the source is not a vitlab run)")
     return changes, f"threads: {said}, {where} (train.threads, --workers to change)"
 
 
-def source_run_folder(checkpoint: str) -> Path:
-    """The vitlab run folder a checkpoint file sits in (RUN/checkpoints/FILE)."""
-    return Path(checkpoint).parent.parent
-
-
-def source_run_config(checkpoint: str) -> Optional[RunConfig]:
-    """The config of the vitlab run that wrote `checkpoint`, or None (another format, a
-    name, a file outside a run folder, an unreadable config)."""
-    path = Path(checkpoint)
-    if path.parent.name != "checkpoints" or not (source_run_folder(checkpoint) / "config.yaml").is_file():
-        return None
-    try:
-        return RunFolder(source_run_folder(checkpoint)).read_config()
-    except ConfigError:
-        return None
