@@ -125,7 +125,8 @@ def every_unknown(d: Mapping[str, Any]) -> None:
     key (one alone gets the section's check and its list of valid keys)."""
     known = {"model": {*(f.name for f in fields(ViTConfig)), *_MODEL_EXTRA, "head_start"},
              **{k: {f.name for f in fields(c)} for k, c in SECTIONS.items()}}
-    every = [f"{k}.{key}" for k in known for key in (d.get(k) if isinstance(d.get(k), dict) else {})]
+    given = {k: v for k in known if isinstance(v := d.get(k), dict)}
+    every = [f"{k}.{key}" for k, v in given.items() for key in v]
     unknown = [key for key in every if key.split(".", 1)[1] not in known[key.split(".", 1)[0]]]
     if len(unknown) > 1:
         names = [f"{k}.{key}" for k, keys in known.items() for key in keys]
