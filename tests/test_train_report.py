@@ -183,3 +183,20 @@ def test_the_next_commands_are_quoted_for_a_shell():
     lines = next_commands("runs/x/checkpoints/last.safetensors", "wds:data/train-{000000..000004}.tar", Path("runs/x"))
     assert lines[0] == "next:" and "--data 'wds:data/train-{000000..000004}.tar'" in lines[1]
     assert lines[3].endswith("--out runs/x/inspect") and lines[4].startswith("  vitlab fewshot runs/x/checkpoints/")
+
+
+def test_a_fine_tune_ends_with_the_next_commands_and_a_sweep_arm_does_not(tmp_path):
+    from types import SimpleNamespace
+
+    from vitlab.config import load_recipe
+    from vitlab.train.report import final_report
+
+    folder = SimpleNamespace(path=tmp_path, summary=tmp_path / "summary.json", metrics=tmp_path / "metrics.jsonl",
+                             config=tmp_path / "config.yaml")
+    summary = {"steps": 20, "train_seconds": 1.0, "bad_images_skipped": 0, "checkpoint": "runs/ft/checkpoints/last.safetensors"}
+    cfg = load_recipe("finetune").with_overrides({"model.checkpoint": "runs/cifar10/checkpoints/last.safetensors",
+                                                  "data.name": "imagefolder:photos"})
+    text = final_report(folder, summary, {}, [], cfg=cfg)
+    assert "next:\n  vitlab eval runs/ft/checkpoints/last.safetensors --data imagefolder:photos" in text
+    arm = cfg.with_overrides({"data.train_split": "train-minus-dev"})
+    assert "next:" not in final_report(folder, summary, {}, [], cfg=arm)

@@ -218,10 +218,12 @@ def next_commands(checkpoint: str, data: str, out: Path) -> list[str]:
 
 def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, Any]], notes: list[str],
                  tracker_lines: Sequence[str] = (), cfg: Any = None) -> str:
-    """What `vitlab train` prints at the end: the results, where every output is, and for a
-    run trained from scratch (its RunConfig `cfg`; not a fine-tune's, which says its own) the
-    commands that use the checkpoint next."""
-    data = "" if cfg is None or cfg.model.checkpoint or cfg.train.objective != "supervised" else cfg.data.name
+    """What `vitlab train` and `finetune` print at the end: the results, where every output is,
+    and for a classifier (its RunConfig `cfg`), trained or fine-tuned, the commands that use the
+    checkpoint next; not for a fine-tune sweep's arm (trained on train-minus-dev), whose final
+    run says them."""
+    arm = cfg is not None and cfg.data.train_split == "train-minus-dev"
+    data = "" if cfg is None or arm or cfg.train.objective != "supervised" else cfg.data.name
     lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
     for split, m in results.items():
         if "top1" in m:
@@ -247,7 +249,7 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
             lines.append(f"  confusion       {out / f'confusion-{split}.png'}")
     lines += [f"  {line}" for line in tracker_lines]
     lines += [f"  note: {n}" for n in notes]
-    if data:  # a classifier trained from scratch (a fine-tune's plan says its own)
+    if data:
         lines += next_commands(summary["checkpoint"], data, out)
     return "\n".join(lines)
 
