@@ -139,6 +139,7 @@ def plot_attention_distance(distances: np.ndarray, path, pixels: Optional[int] =
         ax.axhline(uniform, color="0.45", ls="--", lw=1.2, label=f"uniform attention ({uniform:.1f} px)")
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
+    ax.set_ylim(bottom=0)  # from 0, as the paper's Fig. 7: a 0.5 px spread is not drawn as the axis's whole height
     ax.set_xticks(x)
     ax.grid(alpha=0.3)
     if legend:
@@ -169,7 +170,10 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Se
     r = len(images)
     cols = min(r, 4)
     rows = -(-r // cols)
-    fig = new_figure(cols * 2.4 + 0.8, rows * 1.35 + 0.3)
+    lines = max((str(t).count("\n") + 1 for t in titles or ()), default=1)  # each row leaves its titles room
+    title_in = 0.16 * lines + 0.1
+    fig = new_figure(cols * 2.4 + 0.8, rows * (1.2 + title_in) + 0.3)
+    fig.subplots_adjust(hspace=title_in / 1.2 + 0.05, top=1 - 0.3 / (rows * (1.2 + title_in) + 0.3))
     drawn = None
     for i in range(r):
         img = _rgb(images[i])

@@ -107,7 +107,8 @@ class Progress:
         if self.quiet:
             return
         last = f"  last loss {last_loss:.4f}" if last_loss is not None else ""
-        numbers = f"mean loss {loss:.4f}{last}  lr {lr:.2e}  {images_per_s:,.0f} img/s"
+        rate = f"{images_per_s:,.0f}" if images_per_s >= 10 else f"{images_per_s:.2g}"  # a slow step: 0.38, not 0
+        numbers = f"mean loss {loss:.4f}{last}  lr {lr:.2e}  {rate} img/s"
         if self.tty:
             self.shown.moveto(step, numbers)
         else:
