@@ -150,7 +150,8 @@ def test_quiet_prints_the_summary_only_and_from_is_an_alias(tmp_path, digits_run
                        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
-    assert lines[0].startswith("done: 20 steps") and lines[-2].startswith("sweep done: ") and len(lines) <= 14, lines
+    assert lines[0].startswith("done: 20 steps") and lines[-2].startswith("sweep done: ") and len(lines) <= 19, lines
+    assert lines[lines.index("next:") + 1].startswith("  vitlab eval ") and "/final/checkpoints/" in lines[lines.index("next:") + 1]
     assert not any(line.startswith(("sweep: ", "  sweep run:", "fine-tuning defaults")) or "/sweep/" in line for line in lines)
     assert json.loads((out / "final" / "summary.json").read_text())["steps_with_sweep"] == 80
     assert "  log_every: 5  # command line" in (out / "final" / "config.yaml").read_text()  # the override, put back
