@@ -123,9 +123,10 @@ def is_temporary(name: str) -> bool:
 
 
 def cache_dir(*parts: str) -> Path:
-    """vitlab's cache: $VITLAB_CACHE, else ~/.cache/vitlab; `parts` name a folder inside it."""
-    root = os.environ.get("VITLAB_CACHE")
-    return Path(root or Path.home() / ".cache" / "vitlab").joinpath(*parts)
+    """vitlab's cache: $VITLAB_CACHE, else $XDG_CACHE_HOME/vitlab, else ~/.cache/vitlab; `parts`
+    name a folder inside it."""
+    root = os.environ.get("VITLAB_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitlab"
+    return Path(root).joinpath(*parts)
 
 
 # User text as a file or folder name ------------------------------------------------------
