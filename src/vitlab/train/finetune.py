@@ -265,7 +265,8 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     see finetune_choice.py); None: auto with the shipped `finetune` recipe, the recipe's own
     ("paper") with any other, such as Table 2's. The checkpoint and the training split are read
     here, once, into the plan's `inputs` (a given one is shared), where its runs find them."""
-    choose = choose or ("auto" if recipe == RECIPE else "paper")
+    # A declared Table 4 row, or another recipe (Table 2's), is the paper's protocol: no recipe choice unless asked.
+    choose = choose or ("auto" if recipe == RECIPE and table4 is None else "paper")
     _check(checkpoint, data, choose, options, overrides, paper_resolution, lr_sweep, rates, table4)
     inputs = inputs or Inputs()
     extra: dict[str, Any] = {"model.checkpoint": checkpoint}
