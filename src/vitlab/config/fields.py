@@ -16,6 +16,8 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import os
+import re
 import typing
 from dataclasses import MISSING, field, fields
 from functools import lru_cache
@@ -67,7 +69,7 @@ def _describe(hint: Any) -> str:
             plural = {bool: "flags", int: "whole numbers", float: "numbers", str: "strings"}.get(args[0], "values")
             return f"a list of {plural}"
         return f"a list of {len(args)} values"
-    return {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}.get(
+    return {bool: f"a switch ({SWITCH_WORDS})", int: "a whole number", float: "a number", str: "a string"}.get(
         hint, getattr(hint, "__name__", str(hint))
     )
 
@@ -100,9 +102,7 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
-        if not math.isfinite(value):
-            raise ConfigError(f"{label}={value!r} is not a finite number")
-        return float(value)
+        return float(number(value, label))
     if hint is str:
         if not isinstance(value, str):
             raise bad
@@ -135,6 +135,15 @@ def _apply_rule(value: Any, rule: Rule, label: str) -> None:
     if rule.one_of is not None and value not in rule.one_of:
         near = suggest.hint(str(value), [str(c) for c in rule.one_of]) if isinstance(value, str) else ""
         raise ConfigError(f"{label}={value!r} is not one of {', '.join(repr(c) for c in rule.one_of)}{hint}{near}")
+    _check_range(value, rule, label)
+    if rule.check is not None:
+        problem = rule.check(value)
+        if problem:
+            raise ConfigError(f"{label}={value!r}: {problem}{hint}")
+
+
+def _check_range(value: Any, rule: Rule, label: str) -> None:
+    hint = f" ({rule.hint})" if rule.hint else ""
     for bound, ok, words in (
         (rule.above, lambda v, b: v > b, "must be > {}"),
         (rule.at_least, lambda v, b: v >= b, "must be >= {}"),
@@ -142,11 +151,49 @@ def _apply_rule(value: Any, rule: Rule, label: str) -> None:
         (rule.at_most, lambda v, b: v <= b, "must be <= {}"),
     ):
         if bound is not None and not ok(value, bound):
-            raise ConfigError(f"{label} {words.format(f'{bound:g}')}, got {value!r}{hint}")
-    if rule.check is not None:
-        problem = rule.check(value)
-        if problem:
-            raise ConfigError(f"{label}={value!r}: {problem}{hint}")
+            raise ConfigError(f"{label} {words.format(bound if isinstance(bound, int) else f'{bound:g}')}, got {value!r}{hint}")
+
+
+# A seed is what every generator it seeds takes (numpy's legacy one stops below 2**32).
+SEED_RANGE = {"at_least": 0, "at_most": 2**32 - 1}
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def number(value: Any, label: str, *, whole: bool = False, hint: str = "", **bounds: float) -> Any:
+    """The one check of a number a user gives (a flag, a setting, a spec, an environment
+    variable, a file read back): `value` as text of ASCII digits (no `inf`, `nan`, `²` or `1_0`)
+    or as a number (not a bool), finite, whole where `whole`, and within `bounds` (Rule's
+    above/at_least/below/at_most); else one ConfigError naming `label`, what it got and what it takes."""
+    rule = Rule(**bounds, hint=hint)
+    kind = "a whole number" if whole else "a number"
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and _WHOLE.fullmatch(text):
+        n: Any = int(text)
+    elif text is not None and not whole and _DECIMAL.fullmatch(text):
+        n = float(text)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        n = value
+    elif text is not None and text.lower().lstrip("+-") in ("inf", "infinity", "nan"):
+        n = float(text)
+    else:
+        raise ConfigError(f"{label}={value!r} is not {kind}: give one in digits{f' ({hint})' if hint else ''}")
+    if isinstance(n, float) and not math.isfinite(n):
+        raise ConfigError(f"{label}={value!r} is not a finite number{f' ({hint})' if hint else ''}")
+    if whole and isinstance(n, float):
+        if not n.is_integer():
+            raise ConfigError(f"{label}={value!r} is not {kind}{f' ({hint})' if hint else ''}")
+        n = int(n)
+    _check_range(n, rule, label)
+    return n
+
+
+def bounded(count: int, bound: int, label: str, what: str, fix: str) -> int:
+    """The one check of an expansion (a range of seeds, a brace pattern's shards): its `count`
+    of `what`, known before anything is built, at most `bound`; else one ConfigError."""
+    if count > bound:
+        raise ConfigError(f"{label} makes {count:,} {what}, more than the {bound:,} vitlab expands: {fix}")
+    return count
 
 
 def check_fields(obj: Any, section: str = "") -> None:
@@ -182,7 +229,33 @@ def check_keys(cls: type, d: dict[str, Any], section: str, extra: tuple[str, ...
     return dict(d)
 
 
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+# A switch (a boolean setting or environment flag) is one of these words, in any case, and nothing else:
+# "maybe", "2" or "flase" is refused, never read as on or off.
+SWITCHES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+SWITCH_WORDS = "1/0, true/false, yes/no or on/off"
+
+
+def _switch_word(value: Any) -> Optional[bool]:
+    """True or False for a switch word (or 0/1 as a number), else None."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return SWITCHES.get(value.strip().lower()) if isinstance(value, str) else None
+
+
+def switch(value: Any, label: str) -> bool:
+    """A switch's value, or a ConfigError naming `label` and the words it takes."""
+    on = _switch_word(value)
+    if on is None:
+        raise ConfigError(f"{label}={value!r} is not a switch: give {SWITCH_WORDS}")
+    return on
+
+
+def env_switch(name: str, default: bool = False) -> bool:
+    """The switch in environment variable `name`; unset or empty is `default`."""
+    text = os.environ.get(name, "")
+    return default if not text.strip() else switch(text, name)
 
 
 def from_text(value: Any, hint: Any) -> Any:
@@ -194,6 +267,8 @@ def from_text(value: Any, hint: Any) -> Any:
         return from_text(value, [a for a in args if a is not type(None)][0])
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis and value is not None and not isinstance(value, (list, tuple)):
         value = [value]  # one value where a list is meant: data.eval_splits=test
+    if hint is bool and not isinstance(value, bool) and _switch_word(value) is not None:
+        return _switch_word(value)  # a switch word, or YAML's 1 and 0
     if not isinstance(value, str):
         if origin is tuple and isinstance(value, (list, tuple)):
             inner = args[0] if len(args) == 2 and args[1] is Ellipsis else None
@@ -211,8 +286,6 @@ def from_text(value: Any, hint: Any) -> Any:
             return int(number) if number.is_integer() and abs(number) <= 2**53 else number
     except ValueError:
         return value
-    if hint is bool and text.lower() in _TRUE + _FALSE:
-        return text.lower() in _TRUE
     return value
 
 

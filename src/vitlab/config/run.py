@@ -20,7 +20,7 @@ import yaml
 
 from vitlab import suggest
 from vitlab.config.device import form_problem
-from vitlab.config.fields import ConfigError, check_fields, check_keys, check_type, field_hint, from_text, section_from_text, setting
+from vitlab.config.fields import SEED_RANGE, ConfigError, check_fields, check_keys, check_type, field_hint, from_text, section_from_text, setting
 from vitlab.config.model import BiTConfig, ViTConfig, as_pair
 from vitlab.config.mpp import MPPConfig
 from vitlab.config.provenance import DEFAULT, LIBRARY, SECTION as PROVENANCE, Origin, config_file, recipe
@@ -193,7 +193,7 @@ class DataConfig:
     # alone, not on train.seed or the process count; a smaller part is inside a larger one.
     train_fraction: float = setting(1.0, above=0, at_most=1)
     train_size: int = setting(0, at_least=0, hint="images; 0 = the whole split (or train_fraction of it)")
-    subset_seed: int = 0
+    subset_seed: int = setting(0, **SEED_RANGE)
 
     def __post_init__(self) -> None:
         check_fields(self, "data")
@@ -255,7 +255,7 @@ class TrainConfig:
     epochs: float = setting(0.0, at_least=0)  # used when steps is 0
     batch_size: int = setting(128, at_least=1)  # global: across processes and accumulation steps
     micro_batch_size: int = setting(0, at_least=0)  # per process and forward pass; 0 = the whole per-process batch
-    seed: int = 0
+    seed: int = setting(0, **SEED_RANGE)
     eval_every: int = setting(0, at_least=0)  # steps; 0 = only at the end
     log_every: int = setting(10, at_least=1)
     ckpt_every: int = setting(500, at_least=1)  # steps; a checkpoint is always written at the end

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Optional
 
-from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
+from vitlab.config.fields import ConfigError, check_fields, check_keys, number, setting
 from vitlab.config.run import RECIPES, read_yaml
 from vitlab.files import UnsafeNameError, check_name
 
@@ -154,8 +154,8 @@ def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
     if not isinstance(primary.get("where", {}), Mapping):
         raise ConfigError(f"{where}.primary.where: give a mapping of axis: value")
     effect = primary.get("effect")
-    if effect is not None and (isinstance(effect, bool) or not isinstance(effect, (int, float)) or effect <= 0):
-        raise ConfigError(f"{where}.primary.effect: give a positive number in the metric's units")
+    if effect is not None:
+        number(effect, f"{where}.primary.effect", above=0, hint="the smallest difference that matters, in the metric's units")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ A `pipe:` command is the one place vitlab runs a shell, so it runs only what the
 (`check_command`): in a `vitlab` process, a command typed on its command line (`--data
 wds:pipe:...`, `data.name=wds:pipe:...`), never one that came from a file (a recipe, a run's
 config.yaml, a sweep spec) unless the command line says --allow-pipe or the environment
-VITLAB_ALLOW_PIPE=1; in Python, the strings its caller passes.
+switch VITLAB_ALLOW_PIPE is on (1, true, yes or on; any other word is refused, never read as
+on); in Python, the strings its caller passes.
 
 Nothing is stored: a shard is streamed each time it is read. The per-shard index (sample
 counts, labels) is cached as for files when the server names the version it sends (an ETag,
@@ -41,17 +42,13 @@ MIN_RATE = 16 * 1024
 
 def limits() -> tuple[float, float]:
     """(TIMEOUT_S, MIN_RATE), or what the environment sets instead."""
-    def number(name: str, default: float) -> float:
-        text = os.environ.get(name, "")
-        try:
-            value = float(text) if text else default
-        except ValueError:
-            value = -1.0
-        if not value > 0 or value == float("inf"):
-            raise DataError(f"{name}={text!r}: give a positive number (the default is {default:g})")
-        return value
+    from vitlab.config.fields import number
 
-    return number("VITLAB_HTTP_TIMEOUT", TIMEOUT_S), number("VITLAB_HTTP_MIN_RATE", MIN_RATE)
+    def setting(name: str, default: float) -> float:
+        text = os.environ.get(name, "")
+        return float(number(text, name, above=0, hint=f"the default is {default:g}")) if text.strip() else default
+
+    return setting("VITLAB_HTTP_TIMEOUT", TIMEOUT_S), setting("VITLAB_HTTP_MIN_RATE", MIN_RATE)
 
 # Who may run a shell command. None: no command line set the rule (a Python caller, whose
 # strings run as WebDataset runs them); else the commands typed on this process's command line.
@@ -67,8 +64,11 @@ def typed_commands(words: Iterable[str]) -> frozenset[str]:
 @contextlib.contextmanager
 def command_line_rule(argv: Iterable[str], allow: bool = False) -> Iterator[None]:
     """While a command runs: only the pipe: commands typed in `argv` run (all of them with
-    `allow`, the command's --allow-pipe)."""
+    `allow`, the command's --allow-pipe, or with the switch VITLAB_ALLOW_PIPE on)."""
     global _typed
+    from vitlab.config.fields import env_switch
+
+    allow = allow or env_switch(ALLOW_ENV)  # read once, in the process whose command line it is
     before, _typed = _typed, None if allow else typed_commands(argv)
     try:
         yield
@@ -78,7 +78,7 @@ def command_line_rule(argv: Iterable[str], allow: bool = False) -> Iterator[None
 
 def check_command(command: str, where: str = "wds") -> None:
     """Refuse, before it runs, a pipe: command nobody allowed (see the module docstring)."""
-    if _typed is None or command in _typed or os.environ.get(ALLOW_ENV, "") not in ("", "0"):
+    if _typed is None or command in _typed:
         return
     raise DataError(f"{where}: pipe:{command} would run a shell command that is not on this command line (it comes "
                     "from a file: a recipe, a run's config.yaml or a sweep spec); if you trust that file, allow it "

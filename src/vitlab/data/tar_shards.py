@@ -16,8 +16,9 @@ import re
 import tarfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
+from vitlab.config.fields import bounded
 from vitlab.data import remote
 from vitlab.data.datasets import DataError
 from vitlab.files import NotRegularFileError, require_regular_file
@@ -27,27 +28,58 @@ from vitlab.files import NotRegularFileError, require_regular_file
 MAX_MEMBER_BYTES = 512 * 2**20
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """`a{000..002}b` -> a000b a001b a002b (zero padding kept); `{x,y}` -> alternatives."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
+# A pattern naming more shards than this is refused before one name is made (a typo such as
+# {0..999999999} would otherwise build a billion names).
+MAX_SHARDS = 100_000
+_GROUP = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"([0-9]+)\.\.([0-9]+)")
+
+
+def _options(body: str) -> tuple[int, Iterable[str]]:
+    """A brace group's count of options, and the options made lazily: `000..002` -> padded
+    numbers; `x,y` -> x, y."""
+    r = _RANGE.fullmatch(body)
+    if not r:
+        parts = body.split(",")
+        return len(parts), parts
+    lo, hi = r.group(1), r.group(2)
+    width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+    numbers = range(int(lo), int(hi) + 1)
+    return len(numbers), (str(i).zfill(width) for i in numbers)
+
+
+def brace_count(pattern: str) -> int:
+    """How many names `pattern` expands to, counted without making one (nested groups count
+    each group's options, an upper bound)."""
+    count = 1
+    while (m := _GROUP.search(pattern)) is not None:
+        count *= _options(m.group(1))[0]
+        pattern = pattern[: m.start()] + "x" + pattern[m.end():]
+    return count
+
+
+def expand_braces(pattern: str, bound: int = MAX_SHARDS) -> Iterator[str]:
+    """`a{000..002}b` -> a000b a001b a002b (zero padding kept); `{x,y}` -> alternatives. The
+    count is checked against `bound` first (config.fields.bounded), then names are made one at a time."""
+    bounded(brace_count(pattern), bound, f"the pattern {pattern}", "names", "name fewer shards, or split the pattern")
+    return _expand(pattern)
+
+
+def _expand(pattern: str) -> Iterator[str]:
+    m = _GROUP.search(pattern)
     if not m:
-        return [pattern]
-    head, tail, body = pattern[: m.start()], pattern[m.end() :], m.group(1)
-    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if r:
-        lo, hi = r.group(1), r.group(2)
-        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
-        options = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
-    else:
-        options = body.split(",")
-    return [p for o in options for p in expand_braces(head + o + tail)]
+        yield pattern
+        return
+    head, tail = pattern[: m.start()], pattern[m.end():]
+    for option in _options(m.group(1))[1]:
+        yield from _expand(head + option + tail)
 
 
 def resolve_shards(pattern: str, split: str) -> list[Path]:
     if remote.is_remote(pattern):  # http(s):// or pipe: (remote.py); braces expand, globs do not
         if pattern.startswith("pipe:"):
             remote.check_command(pattern[len("pipe:"):])  # a shell runs only what the user wrote
-        return [remote.RemoteShard(p) for p in expand_braces(pattern)]
+        return [remote.RemoteShard(p) for p in expand_braces(pattern)]  # (at most MAX_SHARDS)
     path = Path(pattern)
     if path.is_dir():
         prefixes = ("train",) if split in ("train", "dev", "train-minus-dev") else ("test", "val")

@@ -50,6 +50,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from vitlab.config.fields import ConfigError, number
 from vitlab.data import DataError
 from vitlab.data.transforms import model_transform
 from vitlab.eval.features import extract_features
@@ -142,12 +143,9 @@ def parse_l2(text: str, flag: str = "l2") -> Union[float, str]:
     if text == "loo":
         return "loo"
     try:
-        l2 = float(text)
-    except ValueError:
-        l2 = float("nan")
-    if not l2 > 0:
-        raise DataError(f"{flag} {text!r}: give a positive L2 strength (default 1024, big_vision's) or loo")
-    return l2
+        return float(number(text, flag, above=0))
+    except ConfigError:
+        raise DataError(f"{flag} {text!r}: give a positive finite L2 strength (default 1024, big_vision's) or loo") from None
 
 
 def protocol(pool: int, l2: Union[float, str], config, preprocess: str = "big_vision") -> dict:
