@@ -244,8 +244,13 @@ def fewshot_from_data(model: torch.nn.Module, train, test, *, batch_size: int = 
         raise ValueError(f"preprocess={preprocess!r}: use one of {', '.join(PREPROCESS)}")
     config = getattr(model, "config", None)
     transform = model_transform(fewshot_config(config, preprocess)) if config is not None else None
-    tr_x, tr_y = extract_features(model, train, batch_size=batch_size, max_per_class=max_per_class, transform=transform)
-    te_x, te_y = extract_features(model, test, batch_size=batch_size, transform=transform)
+
+    def through(data):  # a vitlab dataset is read through the protocol's transform, not the one it was opened with
+        return data.view(transform) if transform is not None and hasattr(data, "view") else data
+
+    tr_x, tr_y = extract_features(model, through(train), batch_size=batch_size, max_per_class=max_per_class,
+                                  transform=transform)
+    te_x, te_y = extract_features(model, through(test), batch_size=batch_size, transform=transform)
     result = fewshot_eval(tr_x, tr_y, te_x, te_y, **options)
     result["pool_per_class"] = max_per_class or "all"
     if config is not None:
