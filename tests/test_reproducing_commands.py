@@ -124,14 +124,16 @@ def test_the_vtab_command_runs_the_vtab_protocol(checkpoint, tmp_path):
     from vitlab.cli.vtab import settings
     from vitlab.data.vtab import TASKS
     from vitlab.train import vtab
+    from vitlab.train.inputs import Inputs
 
     args = parse(build_parser(), argv(COMMANDS["Table 2's VTAB column, Table 9"], checkpoint, DIR=str(tmp_path)))
     s = settings(args)
     steps, rate, batch, warmup = numbers(PROTOCOL["VTAB steps, rate, batch, warm-up"])
     resolution = numbers(PROTOCOL["VTAB resolution"])[0]
     geometry = PROTOCOL["VTAB training geometry"]
+    inputs = Inputs()
     for task in TASKS.values():
-        cfg = vtab.task_config(checkpoint, task, tmp_path, s)
+        cfg = vtab.task_config(checkpoint, task, tmp_path, s, inputs)
         o, t, d = cfg.optim, cfg.train, cfg.data
         assert (t.steps, o.lr, t.batch_size, o.warmup_steps) == (steps, rate, batch, warmup)
         assert (t.steps, (o.lr,)) == PAPER_TABLE4["vtab"]

@@ -182,6 +182,7 @@ def _filters_figure(result: Analysis, out: Path) -> Figure:
 
 def _position_figure(result: Analysis, cfg, out: Path) -> Figure:
     s = result.pos_summary
+    assert result.pos_similarity is not None  # (drawn only when the model has the embeddings)
     return Figure(
         "position_similarity", "Position embedding similarity (Fig. 7, centre)",
         plots.plot_position_similarity(result.pos_similarity, out / "position_similarity.png",
@@ -209,7 +210,7 @@ def _distance_figure(result: Analysis, cfg, out: Path) -> Figure:
 
 def _rollout_figure(result: Analysis, model, out: Path, labels, heatmap: bool) -> Figure:
     cfg = model.config
-    maps = upsample_map(result.rollout_maps, tuple(result.rollout_images.shape[2:]))
+    maps = upsample_map(result.rollout_maps, (result.rollout_images.shape[2], result.rollout_images.shape[3]))
     imgs = display_images(result.rollout_images, cfg.mean, cfg.std)
     titles = with_predictions(rollout_titles(labels, result.rollout_labels, len(imgs)), model, result.rollout_images)
     how = "class token's row" if model.num_prefix_tokens else "mean of the patch rows (GAP model)"

@@ -119,11 +119,12 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
         if not isinstance(value, dict):
             raise bad
         return value
-    if dataclasses.is_dataclass(hint):
-        if isinstance(value, hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        cls: Any = hint  # a config section's dataclass
+        if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            return hint.from_dict(value) if hasattr(hint, "from_dict") else hint(**check_keys(hint, value, label))
+            return cls.from_dict(value) if hasattr(cls, "from_dict") else cls(**check_keys(cls, value, label))
         raise bad
     return value
 
@@ -155,8 +156,14 @@ def _check_range(value: Any, rule: Rule, label: str) -> None:
 
 
 # A seed is what every generator it seeds takes (numpy's legacy one stops below 2**32).
-SEED_RANGE = {"at_least": 0, "at_most": 2**32 - 1}
+SEED_RANGE: dict[str, Any] = {"at_least": 0, "at_most": 2**32 - 1}  # number()'s bounds (Any: spread into its keywords)
 _WHOLE = re.compile(r"[+-]?[0-9]+")
+
+
+def is_digits(text: str) -> bool:
+    """True for text of ASCII digits only: what int() reads as written. (str.isdigit is also
+    true for "²" and other digits int() refuses.)"""
+    return bool(re.fullmatch(r"[0-9]+", text))
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
@@ -165,7 +172,8 @@ def number(value: Any, label: str, *, whole: bool = False, hint: str = "", **bou
     variable, a file read back): `value` as text of ASCII digits (no `inf`, `nan`, `²` or `1_0`)
     or as a number (not a bool), finite, whole where `whole`, and within `bounds` (Rule's
     above/at_least/below/at_most); else one ConfigError naming `label`, what it got and what it takes."""
-    rule = Rule(**bounds, hint=hint)
+    limits: dict[str, Any] = bounds  # Rule's bounds (typed Any: spread among its other keywords)
+    rule = Rule(**limits, hint=hint)
     kind = "a whole number" if whole else "a number"
     text = value.strip() if isinstance(value, str) else None
     if text is not None and _WHOLE.fullmatch(text):
@@ -198,7 +206,7 @@ def bounded(count: int, bound: int, label: str, what: str, fix: str) -> int:
 
 def check_fields(obj: Any, section: str = "") -> None:
     """Check (and normalise) every field of a frozen dataclass instance in place."""
-    hints = _hints(type(obj))
+    hints = _hints(type(obj))  # type: ignore[arg-type]  # a class is hashable; mypy's lru_cache check misses it
     for f in fields(obj):
         label = _label(section, f.name)
         value = check_type(getattr(obj, f.name), hints[f.name], label)

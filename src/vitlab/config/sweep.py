@@ -339,7 +339,8 @@ class SweepSpec:
             if c.along and c.along not in self.grid:
                 raise ConfigError(f"report.compare[{c.claim or c.axis}].along: {c.along} is not a grid axis "
                                   f"(the axes: {', '.join(self.grid)})")
-        texts = [c.claim for c in (*self.report.compare, *self.report.slopes) if c.primary]
+        specs: tuple[CompareSpec | SlopeSpec, ...] = (*self.report.compare, *self.report.slopes)
+        texts = [c.claim for c in specs if c.primary]
         if len(set(texts)) != len(texts):
             raise ConfigError("report: two declared claims (`primary`) share a claim text; give each its own")
         missing = [k for k in self.scale if k not in known]
@@ -389,7 +390,8 @@ def declared_claims(spec: SweepSpec) -> list[dict[str, Any]]:
     """The claims a spec declares (its pairs and slopes with `primary`): text, direction or
     margin, metric, context, selection rule and effect, in the spec's order."""
     out = []
-    for c in (*spec.report.compare, *spec.report.slopes):
+    specs: tuple[CompareSpec | SlopeSpec, ...] = (*spec.report.compare, *spec.report.slopes)
+    for c in specs:
         if c.primary:
             margin = getattr(c, "margin", 0.0)
             out.append({"claim": c.claim, "a": c.a, "b": c.b, "expect": c.expect, "margin": margin,

@@ -28,7 +28,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterable, Iterator, Optional
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional, Union
 
 from vitlab.data.datasets import DataError
 
@@ -97,6 +98,9 @@ class RemoteShard(str):
         return self.startswith("pipe:")
 
 
+Shard = Union[Path, RemoteShard]  # a shard file, or a URL or pipe: command (open_shard reads both)
+
+
 class _Pipe(io.RawIOBase):
     """A command's standard output as a stream; closing it waits for the command, and a
     command that failed is an error naming it (a truncated stream is not a short shard)."""
@@ -110,6 +114,7 @@ class _Pipe(io.RawIOBase):
         return True
 
     def readinto(self, b: Any) -> int:
+        assert self.proc.stdout is not None  # (stdout=PIPE)
         data = self.proc.stdout.read(len(b))
         b[: len(data)] = data
         if not data:
@@ -119,6 +124,7 @@ class _Pipe(io.RawIOBase):
     def _check(self) -> None:
         code = self.proc.wait()
         if code != 0:
+            assert self.proc.stderr is not None  # (stderr=PIPE)
             err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
             raise DataError(f"wds: pipe:{self.command} exited with status {code}"
                             + (f" ({err[-1][:200]})" if err else ""))

@@ -75,7 +75,7 @@ def _expand(pattern: str) -> Iterator[str]:
         yield from _expand(head + option + tail)
 
 
-def resolve_shards(pattern: str, split: str) -> list[Path]:
+def resolve_shards(pattern: str, split: str) -> list[remote.Shard]:
     if remote.is_remote(pattern):  # http(s):// or pipe: (remote.py); braces expand, globs do not
         if pattern.startswith("pipe:"):
             remote.check_command(pattern[len("pipe:"):])  # a shell runs only what the user wrote
@@ -84,11 +84,11 @@ def resolve_shards(pattern: str, split: str) -> list[Path]:
     if path.is_dir():
         prefixes = ("train",) if split in ("train", "dev", "train-minus-dev") else ("test", "val")
         for prefix in prefixes:
-            shards = sorted(p for p in path.glob(f"{prefix}*.tar*") if p.is_file())  # is_file: no FIFOs
-            if shards:
-                return shards
+            found_here: list[remote.Shard] = sorted(p for p in path.glob(f"{prefix}*.tar*") if p.is_file())  # is_file: no FIFOs
+            if found_here:
+                return found_here
         raise DataError(f"wds: {path} holds no {' or '.join(p + '*.tar[.gz]' for p in prefixes)} shards for split {split!r}")
-    shards = []
+    shards: list[remote.Shard] = []
     for p in expand_braces(pattern):
         found = sorted(glob.glob(p)) if any(c in p for c in "*?[") else ([p] if os.path.exists(p) else [])
         if not found:
@@ -129,7 +129,7 @@ class _Tail(io.RawIOBase):
         return len(data)
 
 
-def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+def iter_shard(path: remote.Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
     """The samples of one shard, in tar order: (key, {extension: bytes}).
 
     tarfile ends a stream quietly at a truncated or garbled header, which would make a damaged
@@ -139,7 +139,8 @@ def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
         with remote.open_shard(path) as stream:
             raw = _Tail(stream)
             with tarfile.open(fileobj=raw, mode="r|") as tf:
-                key, parts = None, {}
+                key: Optional[str] = None
+                parts: dict[str, bytes] = {}
                 for member in tf:
                     if not member.isfile():  # links and folders carry no sample (and are never followed)
                         continue
@@ -148,6 +149,7 @@ def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
                                         f"any sample ({MAX_MEMBER_BYTES:,}); not read")
                     k, ext = split_key(member.name)
                     if k != key and parts:
+                        assert key is not None  # (parts were read under it)
                         yield key, parts
                         parts = {}
                     key = k
@@ -157,6 +159,7 @@ def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
                         raise DataError(f"wds: {path}: member {member.name} is cut short; the shard is truncated")
                 _check_end(path, raw, tf.offset, key)
                 if parts:
+                    assert key is not None  # (as above)
                     yield key, parts
     except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as e:
         if isinstance(e, DataError):
@@ -164,7 +167,7 @@ def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
         raise DataError(f"wds: cannot read the shard {path} ({type(e).__name__}: {e})") from None
 
 
-def _check_end(path: Path, raw: _Tail, end: int, last: Optional[str]) -> None:
+def _check_end(path: remote.Shard, raw: _Tail, end: int, last: Optional[str]) -> None:
     start = raw.total - len(raw.tail)
     block = raw.tail[end - start : end - start + tarfile.BLOCKSIZE] if end >= start else None
     after = f" after sample {last}" if last else ""
