@@ -17,9 +17,10 @@ from conftest import assert_one_line_error, tiny_model, vitlab_cli
 from vitlab.analysis.inspection import MAX_DRAWS, random_draws
 from vitlab.cli import main
 from vitlab.config import ConfigError, RunConfig
-from vitlab.config.fields import SEED_RANGE, SWITCHES, env_switch, number, switch
+from vitlab.config.fields import SEED_RANGE, SWITCHES, env_switch, is_digits, number, switch
 from vitlab.data import DataError, remote
 from vitlab.data.tar_shards import MAX_SHARDS, brace_count, expand_braces
+from vitlab.files import on_disk
 
 FUZZ = settings(max_examples=int(os.environ.get("VITLAB_FUZZ_EXAMPLES", "60")), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -240,3 +241,74 @@ def test_huge_ranges_in_a_fresh_process(ckpt, tmp_path, argv, command, names):
 
     r = vitlab_cli(*[a.replace("{ckpt}", str(ckpt)) for a in argv], cwd=tmp_path, preexec_fn=cap, timeout=120)
     assert_one_line_error(r.returncode, r.stderr, command, mentions=names)
+
+
+# 2. Every refusal one line ---------------------------------------------------------------------
+@pytest.mark.parametrize("text,digits", [("12", True), ("0", True), ("²", False), ("١٢", False), ("½", False),
+                                         ("", False), ("-1", False), ("1.0", False), (" 1", False), ("𝟙", False)])
+def test_digits_are_what_int_reads(text, digits):
+    """str.isdigit() is true for "²", which int() refuses: every such test is is_digits."""
+    assert is_digits(text) is digits
+    if digits:
+        int(text)
+
+
+LONG = "x" * 400  # longer than a file name may be (255 bytes): a name, never "File name too long"
+NOT_PATHS = [LONG, "ViT-B/16" + LONG, f"{LONG}:weights", "hf-hub:" + "a" * 300 + "/b", "a\0b"]
+
+
+@pytest.mark.parametrize("name", NOT_PATHS, ids=["400", "model+400", "400:weights", "hf-hub:300", "nul"])
+def test_a_name_too_long_for_a_path_is_a_name(name):
+    from vitlab.checkpoints.io import CheckpointError
+
+    assert not on_disk(name) and not on_disk(name, "file") and not on_disk(name, "dir")
+    with pytest.raises((ConfigError, CheckpointError)):
+        vitlab.create_model(name)
+    with pytest.raises((ConfigError, CheckpointError, FileNotFoundError)) as e:
+        vitlab.load(name)
+    assert "too long" not in str(e.value)
+
+
+@pytest.mark.parametrize("argv,command,names", [
+    (["train", "--config", LONG, "--steps", "1"], "train", ("unknown recipe",)),
+    (["finetune", LONG, "--data", "digits"], "finetune", ("no such checkpoint file",)),
+    (["eval", LONG, "--data", "digits"], "eval", ("no such file",)),
+])
+def test_a_name_too_long_for_a_path_is_one_line(capsys, argv, command, names):
+    line = refused(capsys, argv, command, *names)
+    assert "File name too long" not in line
+
+
+def _calibrated_file(tmp_path, rest):
+    """A calibrated int8 copy made on this CPU, its other layers in `rest`."""
+    import torch
+
+    from vitlab import deploy
+    from vitlab.deploy import copies, int8
+
+    if int8.activation_top() < 255 or torch.bfloat16 not in deploy.onednn_dtypes():
+        pytest.skip("needs a CPU with VNNI and oneDNN bf16 to make the file another CPU refuses")
+    m = vitlab.create_model("ViT-C/4", depth=1, hidden_size=16, num_heads=2, mlp_dim=32, num_classes=10).eval()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(copies, "rest_dtype", lambda: rest)
+    try:
+        q = deploy.quantize_int8(m, calibration=torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+    finally:
+        mp.undo()
+    path = tmp_path / f"calibrated-{str(rest).removeprefix('torch.')}.safetensors"
+    deploy.save_int8(q, path)
+    return path
+
+
+@pytest.mark.parametrize("rest,names", [("bfloat16", ("bfloat16", "calibrate it again")),
+                                        ("float32", ("8-bit activations", "no VNNI", "calibrate it again"))])
+def test_a_calibrated_int8_file_on_a_cpu_without_its_kernels_is_one_line(tmp_path, rest, names):
+    """The issue's case: made on a VNNI/bf16 CPU, exported on an AVX2 one (oneDNN capped at
+    AVX2 in a fresh process), it died with a 20-line RuntimeError."""
+    import torch
+
+    path = _calibrated_file(tmp_path, getattr(torch, rest))
+    r = vitlab_cli("export", str(path), "--format", "torch-export", "--out", str(tmp_path / "m.pt2"),
+                   env={"ONEDNN_MAX_CPU_ISA": "AVX2"}, timeout=300)
+    assert_one_line_error(r.returncode, r.stderr, "export", mentions=(str(path), *names))
+    assert not (tmp_path / "m.pt2").exists()

@@ -6,7 +6,7 @@
         print(row["image"], row["predictions"][0])     # {"class", "index", "probability"}
 
 A Predictor holds one inference copy of a classifier in the chosen precision (on a CPU
-`vitlab.deploy.inference_copy`: fp32 packed for oneDNN by default, or bf16, fp16, int8, or with
+`vitlab.deploy.inference_copy`: fp32 on the kernels timed fastest on this machine by default, or bf16, fp16, int8, or with
 `plain=True` the model as it is; on a GPU fp32, or bf16/fp16 as autocast), its
 preprocessing (`model_transform`: the checkpoint's crop, resize and backend, the same function
 every command uses) and its class names. It batches, returns softmax probabilities, the top k,

@@ -23,7 +23,7 @@ from vitlab.config import BiTConfig, ModelConfig
 from vitlab.deploy.onednn import onednn_dtypes
 
 # The product dtype each system precision runs its Dense layers in.
-CEILING_OF = {"fp32": "fp32", "fp32-packed": "fp32", "bf16-autocast": "bf16", "bf16": "bf16",
+CEILING_OF = {"fp32": "fp32", "fp32-packed": "fp32", "fp32-auto": "fp32", "bf16-autocast": "bf16", "bf16": "bf16",
               "fp16-autocast": "fp16", "fp16": "fp16", "int8": "int8"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -25,11 +25,11 @@ from vitlab.deploy.copies import for_precision
 from vitlab.deploy.int8 import available as int8_available
 from vitlab.models import Model, build
 
-VITLAB_ONLY = ("fp32-packed", "int8")  # serving copies that only vitlab has
-SERVING_COPIES = ("fp32-packed", "bf16", "fp16", "int8")  # vitlab.deploy.copies.for_precision
+VITLAB_ONLY = ("fp32-packed", "fp32-auto", "int8")  # serving copies that only vitlab has
+SERVING_COPIES = ("fp32-packed", "fp32-auto", "bf16", "fp16", "int8")  # vitlab.deploy.copies.for_precision
 REDUCED = {"bf16": torch.bfloat16, "fp16": torch.float16}  # weights and activations in this dtype
 TRAIN_PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast")
-CPU_PRECISIONS = ("fp32", "fp32-packed", "bf16-autocast", "bf16", "int8")
+CPU_PRECISIONS = ("fp32", "fp32-packed", "fp32-auto", "bf16-autocast", "bf16", "int8")
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,12 @@ def _check_range(value: Any, rule: Rule, label: str) -> None:
 # A seed is what every generator it seeds takes (numpy's legacy one stops below 2**32).
 SEED_RANGE: dict[str, Any] = {"at_least": 0, "at_most": 2**32 - 1}  # number()'s bounds (Any: spread into its keywords)
 _WHOLE = re.compile(r"[+-]?[0-9]+")
+
+
+def is_digits(text: str) -> bool:
+    """True for text of ASCII digits only: what int() reads as written. (str.isdigit is also
+    true for "²" and other digits int() refuses.)"""
+    return bool(re.fullmatch(r"[0-9]+", text))
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 

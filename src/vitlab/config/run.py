@@ -24,7 +24,7 @@ from vitlab.config.fields import SEED_RANGE, ConfigError, check_fields, check_ke
 from vitlab.config.model import BiTConfig, ViTConfig, as_pair
 from vitlab.config.mpp import MPPConfig
 from vitlab.config.provenance import DEFAULT, LIBRARY, SECTION as PROVENANCE, Origin, config_file, recipe
-from vitlab.files.documents import read_yaml as read_yaml_file
+from vitlab.files.documents import on_disk, read_yaml as read_yaml_file
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
@@ -423,9 +423,9 @@ def shipped_recipes() -> list[str]:
 def read_yaml(path_or_name: str, shipped: Path, what: str, names: list[str]) -> tuple[Any, Path]:
     """A YAML file by path, or by the name of one shipped under `shipped`; (its data, path)."""
     path = Path(path_or_name)
-    if not path.is_file():
+    if not on_disk(path, "file"):
         path = shipped / f"{path_or_name}.yaml"
-        if not path.is_file():
+        if not on_disk(path, "file"):
             listed = "`vitlab recipes` lists them" if what == "recipe" else f"shipped {what}s: {', '.join(names)}"
             raise ConfigError(suggest.unknown(what, path_or_name, names, f"{listed}; or pass a YAML file's path"))
     return read_yaml_file(path, dict, what, f"fix the {what}, or name a shipped one", ConfigError), path
@@ -435,7 +435,7 @@ def load_recipe(path_or_name: str) -> RunConfig:
     """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...);
     its values recorded as set by "recipe NAME" (shipped) or "config file PATH" (any other)."""
     d, path = read_yaml(path_or_name, RECIPES, "recipe", shipped_recipes())
-    shipped = path.resolve().parent == RECIPES and not Path(path_or_name).is_file()
+    shipped = path.resolve().parent == RECIPES and not on_disk(path_or_name, "file")
     try:
         return RunConfig.from_dict(d, recipe(path.stem) if shipped else config_file(path))
     except ConfigError as e:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from PIL import Image
 
+from vitlab.config.fields import is_digits
 from vitlab.data.datasets import IMAGE_EXTENSIONS, DataError, ImageDataset
 from vitlab.data.foreign import load_saved
 from vitlab.data.images import check_size, decoded, read_image
@@ -59,8 +60,8 @@ def _folder_sources(task_dir: Path) -> tuple[dict[str, Source], list[str]]:
     order (the same names in every split)."""
     splits = [s for s in ("train", "validation", "test") if (task_dir / s).is_dir()]
     classes = sorted({p.name for s in splits for p in (task_dir / s).iterdir() if p.is_dir()},
-                     key=lambda c: (0, int(c), c) if c.isdigit() else (1, 0, c))
-    numeric = all(c.isdigit() for c in classes)
+                     key=lambda c: (0, int(c), c) if is_digits(c) else (1, 0, c))
+    numeric = all(is_digits(c) for c in classes)
     label = {c: int(c) if numeric else k for k, c in enumerate(classes)}
     out = {}
     for s in splits:

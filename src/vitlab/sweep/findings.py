@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from vitlab.config.fields import is_digits
 from vitlab.config.sweep import CompareSpec, SweepSpec, claims_digest, declared_claims
 from vitlab.files import atomic_write_text
 from vitlab.sweep import stats, timing
@@ -306,7 +307,7 @@ def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[str] =
 def percent(metric: str) -> bool:
     """Accuracies (0-1): printed in %, their intervals clipped to [0, 1]; anything else as it is."""
     last = metric.split(".")[-2 if metric.endswith(".mean") else -1]
-    return any(w in metric for w in ("top1", "top5", "accuracy", "fewshot", "shots")) or last.isdigit()
+    return any(w in metric for w in ("top1", "top5", "accuracy", "fewshot", "shots")) or is_digits(last)
 
 
 def fmt(value: Optional[float], metric: str, digits: int = 1, signed: bool = False) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from vitlab.config import ConfigError
+from vitlab.config.fields import is_digits
 
 Say = Callable[[str], None]
 ACCOUNTING_OFF = "accounting_storage/none"
@@ -65,7 +66,7 @@ def minutes(limit: str) -> Optional[int]:
     "30:00" minutes:seconds, "4:00:00", "2-00:00:00", "2-12" days-hours); None for none
     ("UNLIMITED", "infinite", "NONE")."""
     days, _, clock = limit.strip().rpartition("-")
-    if not re.fullmatch(r"\d+(:\d+){0,2}", clock) or days and not days.isdigit():
+    if not re.fullmatch(r"[0-9]+(:[0-9]+){0,2}", clock) or days and not is_digits(days):
         return None
     parts = [int(x) for x in clock.split(":")]
     if days or len(parts) == 3:
