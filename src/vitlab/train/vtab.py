@@ -73,11 +73,14 @@ class Settings:
     accept: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        accepted: dict[str, str] = {}
         for a in self.accept:
             name, sep, version = a.partition("=")
             if not sep or not version:
                 raise DataError(f"--tfds-version {a!r}: write TASK=[CONFIG/]VERSION, e.g. pets=4.0.0")
             get_task(name)  # (an unknown task is refused with the list of them)
+            if accepted.setdefault(name, version) != version:  # one version per task: the last would win silently
+                raise DataError(f"--tfds-version gives {name} two versions ({name}={accepted[name]} and {a}): give one")
         if self.grid is not None and (not self.grid or min(self.grid) <= 0):
             raise ConfigError(f"--lr-grid {','.join(f'{r:g}' for r in self.grid)!r}: give positive rates separated by commas")
         if self.grid is not None and self.lr is not None:
