@@ -250,31 +250,32 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
     temporary file renamed only when complete, its tqdm bar on a terminal), then vitlab's
     own checks: the published sha256 (torch checks it too, as a prefix) or the first
     download's, recorded in the cache's sha256.json and enforced on later reads."""
-    import socket
     import urllib.error
 
     import torch.hub
+
+    from vitlab.files import net
 
     tty = sys.stderr.isatty() if progress is None else progress
     start = time.time()
 
     def download(tmp: str) -> None:  # a failure here leaves no file in the cache
-        # torch.hub opens the URL without a timeout: the process default bounds the wait for
-        # the first bytes, so that an offline machine fails at once instead of hanging.
-        previous = socket.getdefaulttimeout()
-        socket.setdefaulttimeout(TIMEOUT_S)
+        # torch.hub opens the URL with urllib's urlopen: under vitlab.files.net's whole deadline
+        # (connection, headers, body), so that an offline machine fails at once and a
+        # trickling server is cut off instead of hanging.
         try:
-            torch.hub.download_url_to_file(entry.url, tmp, hash_prefix=entry.sha256, progress=tty)
+            with net.deadlines(TIMEOUT_S, net.MIN_RATE):
+                torch.hub.download_url_to_file(entry.url, tmp, hash_prefix=entry.sha256, progress=tty)
         except RuntimeError as e:  # torch's "invalid hash value": the file was removed
             raise CheckpointError(f"{entry.url}: sha256 does not match the published {entry.sha256[:16]}... ({e}); "
                                   "nothing was written to the cache") from None
+        except net.DeadlinePassed as e:
+            raise CheckpointError(f"cannot download {entry.name}: {e}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", None) or e
             raise CheckpointError(_offline_message(entry, path, str(reason))) from None
         except Exception as e:  # http.client's IncompleteRead and kin: the connection broke
             raise CheckpointError(_offline_message(entry, path, f"connection lost: {e}")) from None
-        finally:
-            socket.setdefaulttimeout(previous)
 
     # torch.hub draws its own byte counter on a terminal; in a log, vitlab.progress's start
     # line and heartbeat say that the download is under way.

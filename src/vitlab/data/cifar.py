@@ -138,10 +138,10 @@ def read_cifar(kind: str, folder: Path, error: type[Exception]) -> tuple[dict[st
 def download(kind: str, root: Path, timeout: float = 30.0) -> None:
     """Fetch and unpack the official archive into `root`, checked against its published MD5;
     members are extracted with tarfile's "data" filter (no links out, no absolute paths)."""
-    import urllib.request
+    from vitlab.files import net
 
     spec = LAYOUT[kind]
-    with urllib.request.urlopen(spec["url"], timeout=timeout) as r:
+    with net.open_url(spec["url"], timeout, net.MIN_RATE) as r:
         blob = r.read()
     digest = hashlib.md5(blob).hexdigest()
     if digest != spec["md5"]:

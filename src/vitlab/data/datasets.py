@@ -224,7 +224,7 @@ def _find_idx(folder: Path, stem: str) -> Optional[Path]:
 
 def download_fashion_mnist(folder: Path, mirror: str = FASHION_MNIST_URL, timeout: float = 20.0) -> None:
     """Fetch the four IDX files into `folder` (used only when no local copy exists)."""
-    import urllib.request
+    from vitlab.files import net
 
     folder.mkdir(parents=True, exist_ok=True)
     for stems in FASHION_MNIST_FILES.values():
@@ -232,7 +232,7 @@ def download_fashion_mnist(folder: Path, mirror: str = FASHION_MNIST_URL, timeou
             target = folder / f"{stem}.gz"
             if target.exists():
                 continue
-            with urllib.request.urlopen(mirror + f"{stem}.gz", timeout=timeout) as r:
+            with net.open_url(mirror + f"{stem}.gz", timeout, net.MIN_RATE) as r:
                 atomic_write_bytes(target, r.read())
 
 
