@@ -142,7 +142,7 @@ class Trainer:
         self.trackers = tuple(trackers)
         self.extend = extend
         self.callbacks = tuple(callbacks)
-        self.inputs = inputs or Inputs()
+        self.inputs = Inputs() if inputs is None else inputs  # a plan's (finetune, vtab), or this run's own
 
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
