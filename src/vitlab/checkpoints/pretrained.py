@@ -29,7 +29,7 @@ from typing import Any, Optional
 from vitlab import suggest
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.config.fields import env_switch
-from vitlab.files import atomic_write, atomic_write_text, cache_dir, sha256_file
+from vitlab.files import atomic_write, atomic_write_text, cache_dir, net, sha256_file
 from vitlab.files.documents import read_json
 from vitlab.log import get_logger, notice
 from vitlab.progress import Progress
@@ -253,8 +253,6 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
     import urllib.error
 
     import torch.hub
-
-    from vitlab.files import net
 
     tty = sys.stderr.isatty() if progress is None else progress
     start = time.time()

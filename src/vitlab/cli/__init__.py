@@ -56,38 +56,45 @@ def _stopped(number: int, frame) -> None:
 
 
 @contextlib.contextmanager
-def ways_out(args: argparse.Namespace) -> Iterator[None]:
-    """What every way out of a command does. Past a file-size limit a write fails with EFBIG,
-    reported as an error, instead of SIGXFSZ killing the process without a word. A command
-    that reads data turns the stop signals into `Stopped` (outside a run's steps); on every
-    way out its data-loader workers end, within seconds (data/loader.py); a `Stopped` command
-    says so in one line, then ends by its signal."""
-    if hasattr(signal, "SIGXFSZ"):
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    previous = {}
-    if getattr(args._command, "READS_DATA", False) and threading.current_thread() is threading.main_thread():
-        from vitlab.config import STOP_SIGNALS  # a training run's steps watch them itself (train/preemption.py)
+def ways_out(args: argparse.Namespace, ending: bool) -> Iterator[None]:
+    """Every way out of a command: SIGXFSZ ignored (a write past a size limit is an error, not a
+    silent death); for a command that reads data the stop signals raise `Stopped` (outside a
+    run's steps: it says so, then ends by its signal); its data-loader workers end, within
+    seconds; a late Ctrl-C is `interrupted`, 130, and in a process that ends with the command
+    (`ending`) later ones are ignored, so that none prints a traceback from the exit's code."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    from vitlab.config import STOP_SIGNALS  # a training run's steps watch them itself (train/preemption.py)
 
-        numbers = [getattr(signal, f"SIG{name}") for name in STOP_SIGNALS]
-        previous = {n: signal.signal(n, _stopped) for n in numbers if signal.getsignal(n) == signal.SIG_DFL}
-    stopped = 0
+    main_thread = threading.current_thread() is threading.main_thread()
+    numbers = [getattr(signal, f"SIG{name}") for name in (*STOP_SIGNALS, "INT")] if main_thread else []
+    previous = {n: signal.getsignal(n) for n in numbers}
+    for n in numbers[:-1] if getattr(args._command, "READS_DATA", False) else ():
+        if previous[n] == signal.SIG_DFL:
+            signal.signal(n, _stopped)
+    status = 0
     try:
         yield
     except Stopped as e:
         print(f"vitlab {args.command}: stopped by {e}", file=sys.stderr)
-        stopped = e.number
+        status = -e.number
+    except KeyboardInterrupt:
+        print(f"vitlab {args.command}: interrupted", file=sys.stderr)
+        status = 130
     finally:
+        for n in previous if ending else ():
+            signal.signal(n, signal.SIG_IGN)
         loader = sys.modules.get("vitlab.data.loader")  # imported by any command that starts workers
         if loader is not None:
             loader.end_workers()
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-    if stopped:  # the signal's own meaning, now that nothing is left behind
+        for n, handler in previous.items() if not ending else ():
+            signal.signal(n, handler)
+    if status < 0:  # the signal's own meaning, now that nothing is left behind
         sys.stdout.flush()
         sys.stderr.flush()
-        signal.signal(stopped, signal.SIG_DFL)
-        signal.raise_signal(stopped)
-        raise SystemExit(128 + stopped)
+        signal.signal(-status, signal.SIG_DFL)
+        signal.raise_signal(-status)
+    if status:
+        raise SystemExit(128 - status if status < 0 else status)
 
 
 def commands() -> dict[str, ModuleType]:
@@ -219,6 +226,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from_command_line = argv is None  # the process ends with the command
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parse(parser, argv)
@@ -226,7 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 0
     warnings.showwarning = _show_warning
-    with ways_out(args):
+    with ways_out(args, ending=from_command_line):
         return _run(args, argv)
 
 
