@@ -138,7 +138,12 @@ class AfterStep:
 PRIMARY = {"metric": "the one metric the claim is judged on (a results column or `A - B`)",
            "where": "the one context of the pair it is judged in (a mapping of axis: value; {} for none)",
            "selection": "how any choice in it is made, on dev, never on test, in words",
-           "effect": "the smallest difference that matters (the paper's effect), in the metric's units"}
+           "effect": "the smallest difference that matters (the paper's effect), in the metric's units",
+           "sd": "the s.d. of the per-seed difference a - b the power analysis assumes (a pilot's, earlier seeds')",
+           "sd_from": "where that s.d. comes from, in words (the pilot or the earlier seeds and their evidence)",
+           "family": "the confirmatory claims on the page (Holm's m): the power analysis plans for alpha/m",
+           "exploratory": "true: the claim is in the exploratory family, run without a power requirement"}
+POWER_KEYS = ("sd", "sd_from", "family")
 
 
 def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
@@ -153,9 +158,14 @@ def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
                           f"{'missing ' + ', '.join(missing) if missing else ''}{'no claim' if not claim else ''}")
     if not isinstance(primary.get("where", {}), Mapping):
         raise ConfigError(f"{where}.primary.where: give a mapping of axis: value")
-    effect = primary.get("effect")
-    if effect is not None and (isinstance(effect, bool) or not isinstance(effect, (int, float)) or effect <= 0):
-        raise ConfigError(f"{where}.primary.effect: give a positive number in the metric's units")
+    for key, what in (("effect", "a positive number in the metric's units"), ("sd", "a positive number in the metric's units"),
+                      ("family", "a whole number of claims, at least 1")):
+        v = primary.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
+                              or (key == "family" and v != int(v))):
+            raise ConfigError(f"{where}.primary.{key}: give {what}, not {v!r}")
+    if not isinstance(primary.get("exploratory", False), bool):
+        raise ConfigError(f"{where}.primary.exploratory: give true or false")
 
 
 @dataclass(frozen=True)
@@ -393,7 +403,8 @@ def declared_claims(spec: SweepSpec) -> list[dict[str, Any]]:
         if c.primary:
             margin = getattr(c, "margin", 0.0)
             out.append({"claim": c.claim, "a": c.a, "b": c.b, "expect": c.expect, "margin": margin,
-                        **{k: c.primary.get(k, {} if k == "where" else None) for k in PRIMARY}})
+                        **{k: c.primary.get(k, {} if k == "where" else None) for k in PRIMARY
+                           if k in c.primary or k in ("metric", "where", "selection", "effect")}})
     return out
 
 

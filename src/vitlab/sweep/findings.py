@@ -282,9 +282,9 @@ def adjust(reports: list[dict[str, Any]], family: str) -> None:
                      verdict=stats.verdict(c, c["expect"], c["margin"], ph))
 
 
-def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[str] = None) -> dict[str, Any]:
-    """The statistics of a sweep's rows; `declared` says when its claims were set (its
-    sweep.json's `claims.declared`: before the first cell ran, or after, post hoc)."""
+def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The statistics of a sweep's rows; `declared` says when its claims were declared, as the
+    evidence proves it (declare.verify; None: unknown)."""
     comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)] + slope_comparisons(spec, rows)
     report = {
         "sweep": spec.name, "level": stats.LEVEL, "interval": "Student t over seeds (pair_by), two-sided",
@@ -366,10 +366,13 @@ def _mde_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
 
 
 def when_declared(report: dict[str, Any]) -> str:
-    """"before the run", "after the run (post hoc)" or "-" (not recorded), from a report's
-    `claims_declared`: a claim set after its results were seen is not a test of them."""
-    declared = report.get("claims_declared") or ""
-    return "before the run" if declared.startswith("before") else "after the run (post hoc)" if declared else "-"
+    """When a report's claims were declared, as the evidence proves it (declare.verify): "before
+    the run (TIME, COMMIT)", "after the run (post hoc)" or "unknown (why)"."""
+    d = report.get("claims_declared") or {}
+    status = d.get("status") or "unknown"
+    if status.startswith("before"):
+        return f"before the run ({d.get('at')}, {str(d.get('commit'))[:10]})"
+    return status if status.startswith("after") else f"unknown ({d.get('why') or 'no record'})"
 
 
 def claims_table(reports: list[dict[str, Any]]) -> str:
