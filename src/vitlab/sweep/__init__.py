@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from vitlab.analysis import sweep_plots
 from vitlab.config import ConfigError
-from vitlab.config.sweep import FigureSpec, SweepSpec, claims_digest, declared_claims
+from vitlab.config.sweep import FigureSpec, SweepSpec, claims_digest
 from vitlab.data import remote
 from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.files.documents import Number, read_json
