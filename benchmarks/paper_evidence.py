@@ -83,6 +83,12 @@ def load(folder: Path) -> tuple[Any, list[dict[str, Any]], float]:
     return spec, res.collect(cells, folder), scale
 
 
+def declared(folder: Path) -> dict[str, Any]:
+    """When the folder's claims were declared, as its evidence proves it (declare.verify)."""
+    spec, scale = load_folder(folder)
+    return claims_declared(spec, folder, expand(spec, folder, scale))
+
+
 def _seconds(rows: list[dict[str, Any]]) -> float:
     return sum(float(r.get("train_seconds") or 0) for r in rows if r.get("status") == "done")
 
@@ -121,12 +127,13 @@ def suite_table(root: Path) -> str:
 
 
 def page_reports(root: Path) -> dict[str, dict[str, Any]]:
-    """Every committed spec's report, with p_holm and p_bh adjusted across the page: the
-    declared claims of all specs in one family, their secondary rows in another."""
+    """Every committed spec's report, with p_holm and p_bh adjusted across the page within
+    each family (findings.FAMILIES): the confirmatory claims, the exploratory ones, the
+    secondary rows."""
     reports = {}
     for folder in sorted(p.parent for p in root.glob("*/sweep.json")):
         spec, rows, _ = load(folder)
-        reports[folder.name] = findings.build(spec, rows, claims_declared(folder))
+        reports[folder.name] = findings.build(spec, rows, declared(folder))
     findings.adjust(list(reports.values()), f"the page ({root.name}: {', '.join(reports)})")
     return reports
 

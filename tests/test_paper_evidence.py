@@ -12,7 +12,7 @@ import pytest
 
 import paper_evidence as evidence  # noqa: E402  (benchmarks/paper_evidence.py: on sys.path by conftest)
 from vitlab.config import ConfigError
-from vitlab.sweep import stats
+from vitlab.sweep import findings, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "paper-in-miniature.md"
@@ -42,17 +42,23 @@ def test_every_committed_sweep_is_evidence_only():
         report = json.loads((folder / "report.json").read_text())
         assert report["rule"] == stats.RULE
         for c in report["comparisons"]:  # each verdict follows the rule from its interval and its p_holm
-            assert "p_holm" in c and "p_bh" in c and c["family"].startswith(("primary claims", "secondary rows"))
+            assert "p_holm" in c and "p_bh" in c and c["family"].startswith(findings.FAMILIES)
             assert c["verdict"] == stats.verdict(c, c["expect"], c["margin"], c["p_holm"])
             assert c["verdict_unadjusted"] == stats.verdict(c, c["expect"], c["margin"])
 
 
 def test_the_committed_reports_are_adjusted_across_the_page():
-    """report.json holds the page's Holm and BH p-values: the primary claims of every spec in
-    one family; rebuilt from the committed cells, they are the same."""
+    """report.json holds the page's Holm and BH p-values, within each family across the page
+    (the confirmatory claims, the exploratory ones, the secondary rows); rebuilt from the
+    committed cells, they are the same. A claim is confirmatory only with a plan of at least
+    80% power and a declaration its evidence proves."""
     built = evidence.page_reports(RESULTS)
-    primary = [c for r in built.values() for c in r["comparisons"] if c["primary"]]
-    assert 10 <= len(primary) <= 20 and all(c["family"] == primary[0]["family"] for c in primary)
+    for kind in findings.FAMILIES:
+        rows = [c for r in built.values() for c in r["comparisons"] if c["family"].startswith(kind)]
+        assert len({c["family"] for c in rows}) <= 1
+    for claim in (cl for r in built.values() for cl in r["claims"]):
+        if claim["family"] == findings.FAMILIES[0]:
+            assert claim["plan"]["power"] >= stats.POWER and claim["plan"]["confirmatory"]
     for name, report in built.items():
         kept = json.loads((RESULTS / name / "report.json").read_text())
         assert kept["claims_digest"] == report["claims_digest"]
