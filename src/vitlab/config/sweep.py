@@ -317,6 +317,8 @@ class SweepSpec:
     scale: tuple[str, ...] = ()
     figures: tuple[FigureSpec, ...] = ()
     report: ReportSpec = field(default_factory=ReportSpec)
+    # A diverging loss (vitlab.train.report.Divergence) stops a cell's step unless this is true.
+    allow_divergence: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self, "sweep")
@@ -377,6 +379,7 @@ class SweepSpec:
             scale=tuple(scale),
             figures=tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in figures),
             report=ReportSpec.from_dict(d.get("report")),
+            allow_divergence=d.get("allow_divergence", False),
         )
 
     def to_dict(self) -> dict[str, Any]:
