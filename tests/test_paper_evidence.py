@@ -216,7 +216,7 @@ def test_no_hand_written_sentence_contradicts_the_evidence():
     for planted, why in (("Table 8 is reproduced here: every embedding beats none.", "is reproduced"),
                          ("Fig. 7 shows local heads, confirmed on fresh seeds.", "is reproduced"),
                          ("So Fig. 5 reads **Opposite** at this scale.", "reads Opposite"),
-                         ("Net of random init the ResNet gains 2.5 points [-5.5, +10.5] less.", "no row"),
+                         ("Net of random init the ResNet gains 2.5 points [-10.5, +6.5] more.", "no row"),
                          ("The local head is 1.65 px nearer [0.77, 2.54] than its null.", "no row")):
         errors = evidence.prose_errors(text + "\n\n" + planted + "\n", RESULTS, reports)
         assert len(errors) == 1 and why in errors[0], (planted, errors)

@@ -524,10 +524,14 @@ def test_a_confirmatory_claim_under_80_percent_power_is_refused(tmp_path):
         {**SPEC["report"]["compare"][0], "primary": {**POWERED, "sd": 0.05}}]}}, "t")
     with pytest.raises(ConfigError, match=r"planned power \d+% < 80%.*needs \d+ seeds"):
         declare.check_power(weak)
+    partial = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
+        {**SPEC["report"]["compare"][0], "primary": {"metric": "test.top1", "selection": "none", "sd": 0.01}}]}}, "t")
+    with pytest.raises(ConfigError, match="no power analysis.*complete its power analysis"):
+        declare.check_power(partial)
     bare = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
         {**SPEC["report"]["compare"][0], "primary": {"metric": "test.top1", "selection": "none"}}]}}, "t")
-    with pytest.raises(ConfigError, match="no power analysis"):
-        declare.check_power(bare)
+    declare.check_power(bare)  # no plan stated: it runs, and can only be exploratory
+    assert findings.build(bare, rows(), {"status": "before the run"})["claims"][0]["family"] == "exploratory claims"
     for ok in ({**POWERED, "sd": 0.05, "exploratory": True}, POWERED):
         declare.check_power(SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
             {**SPEC["report"]["compare"][0], "primary": ok}]}}, "t"))

@@ -155,13 +155,16 @@ def plan(spec: SweepSpec, claim: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_power(spec: SweepSpec) -> None:
-    """Refuse a run whose declared claim is neither confirmatory by its plan nor marked exploratory."""
+    """Refuse a run whose declared claim states a power analysis (any of sd, sd_from, family)
+    that is incomplete or plans below 80% power, unless it is marked exploratory. A claim that
+    states none runs, and is reported in the exploratory family ("no power analysis"): only a
+    plan of 80% or more makes a claim confirmatory."""
     for claim in declared_claims(spec):
         p = plan(spec, claim)
-        if p["confirmatory"] or claim.get("exploratory"):
+        if p["confirmatory"] or claim.get("exploratory") or not any(claim.get(k) for k in ("sd", "sd_from", "family")):
             continue
         if p["power"] is None:
-            fix = "state its power analysis (primary: sd, sd_from, family and effect) or mark it exploratory: true"
+            fix = "complete its power analysis (primary: sd, sd_from, family and effect) or mark it exploratory: true"
         else:
             fix = (f"at alpha {p['alpha']:.4g} it needs {p['needs'] or 'more than 200'} seeds; add seeds, "
                    "or mark it exploratory: true")
