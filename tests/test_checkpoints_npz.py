@@ -9,8 +9,11 @@ initial values so that a dropped or misplaced parameter shows in the logits.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -345,6 +348,85 @@ def test_a_big_vision_map_head_is_refused(tmp_path):
     a["MAPHead_0/probe"] = np.zeros((1, 1, 64), np.float32)
     with pytest.raises(CheckpointError, match="MAP head"):
         vitlab.load(save_npz(tmp_path / "map.npz", a))
+
+
+# big_vision's own archives -----------------------------------------------------------------
+# Written by big_vision's code (tests/fixtures/big_vision/make_fixtures.py says how), with the
+# logits big_vision's `vit.load` + `model.apply` computes from each archive as read back.
+BV_DIR = Path(__file__).parent / "fixtures" / "big_vision"
+BV = json.loads((BV_DIR / "manifest.json").read_text())["archives"]
+
+
+@pytest.mark.parametrize("name", sorted(BV))
+def test_big_vision_written_archives_give_big_vision_logits(name):
+    """Each layout big_vision writes (a release's params, an optax or Flax training state with
+    int32 counts, bfloat16 '|V2' arrays, posemb='sincos2d' without a position array) loads
+    to the model big_vision's own code computes: logits within 5e-6 of its."""
+    info, ref = BV[name], np.load(BV_DIR / "logits.npz")
+    spec = info["model"]
+    with np.load(BV_DIR / f"{name}.npz") as f:  # the archive is what the name says
+        assert sorted({str(f[k].dtype) for k in f.files}) == info["dtypes"]
+    model = vitlab.load(BV_DIR / f"{name}.npz", image_size=info["image_size"])
+    cfg = model.config
+    assert cfg.pos_embed == {"learn": "learned", "sincos2d": "sincos_2d_big_vision"}[spec["posemb"]]
+    assert cfg.classifier == {"tok": "token", "gap": "gap"}[spec["pool_type"]]
+    assert (cfg.patch_size, cfg.hidden_size, cfg.depth, cfg.num_heads, cfg.mlp_dim, cfg.num_classes) == (
+        spec["patch_size"][0], spec["width"], spec["depth"], spec["num_heads"], spec["mlp_dim"], spec["num_classes"])
+    assert cfg.representation_size == (spec.get("rep_size") or None)
+    with torch.no_grad():
+        got = model(torch.from_numpy(ref["input"]).permute(0, 3, 1, 2)).double().numpy()
+    want = ref[name].astype(np.float64)
+    assert np.abs(want).max() > 1.0  # logits of a size where a dropped parameter would show
+    assert np.abs(got - want).max() < 5e-6, np.abs(got - want).max()
+
+
+def test_big_vision_archives_record_what_was_read():
+    """What the original layout lacks is named in the import's metadata: the state's parts
+    that were ignored, bfloat16, the fixed embedding and the image size assumed for it."""
+    notes = {name: npz.read(BV_DIR / f"{name}.npz").metadata["big_vision"] for name in BV}
+    assert notes["trainstate_optax"] == "params (chrono, opt ignored); scanned encoder (2 blocks); pos_embedding"
+    assert notes["trainstate_flax"] == "opt/target (opt/state ignored); pos_embedding"
+    assert notes["bf16_sincos2d_tok"].startswith("bfloat16 arrays; posemb sincos2d (no position array;")
+    assert notes["sincos2d_gap"].endswith("image size not recorded, 224 assumed)")
+    assert vitlab.load(BV_DIR / "sincos2d_gap.npz").config.image_size == (224, 224)
+
+
+def test_big_vision_sincos_differs_from_vitlabs_own():
+    """The comparison can fail: vitlab's sincos_2d (y first, frequencies over d/4) in place of
+    big_vision's moves the logits far past the tolerance."""
+    ref = np.load(BV_DIR / "logits.npz")
+    model = vitlab.load(BV_DIR / "sincos2d_gap.npz", image_size=32, pos_embed="sincos_2d")
+    with torch.no_grad():
+        got = model(torch.from_numpy(ref["input"]).permute(0, 3, 1, 2)).numpy()
+    assert np.abs(got - ref["sincos2d_gap"]).max() > 0.1
+
+
+def _bv_arrays(name: str) -> dict[str, np.ndarray]:
+    with np.load(BV_DIR / f"{name}.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+INCONSISTENT = {
+    "opt/ without target": (lambda a: {k.replace("opt/target/", "opt/model/"): v for k, v in a.items()},
+                            "trainstate_flax", "without params/... or opt/target/"),
+    "two models": (lambda a: {**a, "embedding/kernel": a["params/embedding/kernel"]}, "trainstate_optax",
+                   "'embedding/kernel' is both at the top level and under params/"),
+    "4-byte void": (lambda a: {**a, "head/bias": np.zeros(10, "V4")}, "bf16_sincos2d_tok", "dtype |V4"),
+    "int parameter": (lambda a: {**a, "params/head/bias": a["params/head/bias"].astype(np.int32)},
+                      "trainstate_optax", "'head/bias' has dtype <i4"),
+    "original names, no position": (lambda a: {k.replace("MultiHeadDotProductAttention_0", "MultiHeadDotProductAttention_1")
+                                               .replace("MlpBlock_0", "MlpBlock_3").replace("LayerNorm_1", "LayerNorm_2"): v
+                                               for k, v in a.items()}, "sincos2d_gap", "no Transformer/posembed_input"),
+}
+
+
+@pytest.mark.parametrize("case", INCONSISTENT)
+def test_inconsistent_big_vision_archives_are_refused_saying_what_disagrees(tmp_path, case):
+    change, name, message = INCONSISTENT[case]
+    path = save_npz(tmp_path / "bad.npz", change(_bv_arrays(name)))
+    with pytest.raises(CheckpointError, match=re.escape(message)) as e:
+        vitlab.load(path, image_size=32)
+    assert "\n" not in str(e.value)
 
 
 def test_a_perturbed_parameter_changes_the_logits(tmp_path):

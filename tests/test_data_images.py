@@ -7,6 +7,7 @@ reads; and the decompression-bomb limit is checked in one place, before any pixe
 from __future__ import annotations
 
 import io
+import pickle
 import shutil
 import subprocess
 
@@ -160,3 +161,33 @@ def test_predict_and_eval_read_arithmetic_jpegs_in_a_fresh_process(variants, tmp
     assert r.returncode == 0 and "(2 images)" in r.stdout, r.stderr
     r = vitlab_cli("predict", str(tmp_path / "ck.safetensors"), str(variants["arithmetic cut short"]))
     assert r.returncode != 0 and "cannot read this image" in r.stderr and "Traceback" not in r.stderr
+
+
+def _png(size: int) -> bytes:
+    pixels = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+# Each reason an image is refused for, made as a user meets it: what the server turns into a status.
+WHY_REFUSED = {
+    "unknown-format": lambda tmp: images.read_image(b"a text file, not an image", "x.png"),
+    "no-pixels": lambda tmp: images.check_size(0, 5, "x.png"),
+    "too-big": lambda tmp: images.read_image(_png(16), "x.png", max_pixels=100),
+    "not-a-file": lambda tmp: images.read_image(str(tmp), "x.png"),
+    "damaged": lambda tmp: images.read_image(_png(64)[:2000], "x.png"),
+}
+
+
+def test_every_reason_an_image_is_refused_is_tested():
+    assert set(WHY_REFUSED) == set(images.REASONS)
+
+
+@pytest.mark.parametrize("reason", sorted(WHY_REFUSED))
+def test_a_refused_image_says_why_as_data(tmp_path, reason):
+    with pytest.raises(images.BadImageError) as e:
+        WHY_REFUSED[reason](tmp_path)
+    assert e.value.reason == reason and "x.png" in str(e.value)
+    assert "--skip-bad-images" in str(e.value) and "--skip-bad-images" not in e.value.detail
+    assert pickle.loads(pickle.dumps(e.value)).reason == reason  # crosses from a data-loader worker whole

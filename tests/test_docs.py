@@ -50,7 +50,7 @@ from PIL import Image
 
 import vitlab
 from conftest import ROOT, perturb, tiny_model
-from vitlab.cli import COMMANDS, build_parser, main
+from vitlab.cli import build_parser, commands as cli_commands, main
 from vitlab.data.transforms import eval_transform
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -438,8 +438,7 @@ def test_skips_say_why():
 
 def help_examples() -> list[tuple[str, str]]:
     found = []
-    for name, module_name in COMMANDS.items():
-        module = __import__(f"vitlab.cli.{module_name}", fromlist=["DESCRIPTION"])
+    for name, module in cli_commands().items():
         text = module.DESCRIPTION.split("examples:", 1)[1]
         found += [(name, c.strip()) for _, c in joined(text.splitlines()) if c.strip().startswith(("vitlab", "torchrun"))]
     return found
@@ -449,7 +448,7 @@ def test_help_examples_parse_and_name_data_that_opens(sandbox):
     from vitlab.data import open_dataset
 
     examples = help_examples()
-    assert {name for name, _ in examples} == set(COMMANDS)
+    assert {name for name, _ in examples} == set(cli_commands())
     for name, command in examples:
         _, words = argv_of(command)
         argv = words[1:] if words[0] == "vitlab" else words[words.index("vitlab") + 1 :]

@@ -36,6 +36,13 @@ def _sincos(y: int, x: int, d: int) -> np.ndarray:
     return np.concatenate([np.sin(y * w), np.cos(y * w), np.sin(x * w), np.cos(x * w)])
 
 
+def _sincos_big_vision(y: int, x: int, d: int) -> np.ndarray:
+    """big_vision's posemb_sincos_2d (models/vit.py, MoCo v3's): x before y, and
+    omega = arange(d/4) / (d/4 - 1), so the frequencies run from 1 down to exactly 1/10000."""
+    w = 1.0 / 10000 ** (np.arange(d // 4) / (d // 4 - 1))
+    return np.concatenate([np.sin(x * w), np.cos(x * w), np.sin(y * w), np.cos(y * w)])
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().double().numpy()
 
@@ -47,6 +54,8 @@ KINDS: dict[str, Kind] = {
     "learned_2d": Kind(lambda pe, grid, d: _cells(grid, d, lambda y, x: np.concatenate(
         [_np(pe.row_embedding[y]), _np(pe.col_embedding[x])])), lambda grid, d: (grid[0] + grid[1]) * d // 2),
     "sincos_2d": Kind(lambda pe, grid, d: _cells(grid, d, lambda y, x: _sincos(y, x, d)), lambda grid, d: 0),
+    "sincos_2d_big_vision": Kind(lambda pe, grid, d: _cells(grid, d, lambda y, x: _sincos_big_vision(y, x, d)),
+                                 lambda grid, d: 0),
     # Relative attention adds q . r_{i-j} to the attention logits, not to the tokens
     # (test_models_vit.py: test_relative_attention_adds_query_dot_offset_embedding).
     "relative": Kind(None, lambda grid, d: 0),

@@ -29,7 +29,11 @@ USER = b"the user's own file, not vitlab's\n"
 
 
 def refused(capsys, argv, command, *mentions) -> str:
-    return assert_one_line_error(main([str(a) for a in argv]), capsys.readouterr().err, command, mentions=mentions)
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own refusals (a count's bound is its type)
+        rc = e.code
+    return assert_one_line_error(rc, capsys.readouterr().err, command, mentions=mentions)
 
 
 # One rule for a name ----------------------------------------------------------------------
@@ -159,7 +163,7 @@ def test_a_million_cells_dry_run_answers_at_once_and_a_run_is_refused(tmp_path, 
 
 def test_max_cells_raises_the_limit(tmp_path, capsys):
     path = spec_file(tmp_path, {"train": {"config": "digits"}, "grid": {"a": list(range(6)), "b": [0, 1]}})
-    refused(capsys, ["sweep", path, "--dry-run", "--max-cells", "0"], "sweep", "--max-cells must be at least 1")
+    refused(capsys, ["sweep", path, "--dry-run", "--max-cells", "0"], "sweep", "--max-cells", "at least 1")
     with pytest.raises(ConfigError, match="12 cells, more than the limit of 11"):
         sweep_cells.expand(SweepSpec.from_dict(yaml.safe_load(path.read_text()), "s"), tmp_path, max_cells=11)
     assert main(["sweep", str(path), "--dry-run", "--max-cells", "12", "--out", str(tmp_path / "o")]) == 0

@@ -23,6 +23,7 @@ from conftest import SHARED_DATA, assert_one_line_error, tiny_model, vitlab_cli
 from vitlab.checkpoints import share
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.cli import main
+from vitlab.config.fields import env_switch
 from vitlab.data import DataError, open_dataset, remote
 from vitlab.data.transforms import eval_transform
 from vitlab.extras import hub_client_errors
@@ -91,11 +92,13 @@ def test_a_pipe_command_from_a_file_runs_nothing(tmp_path, capsys, monkeypatch, 
 def test_a_pipe_command_runs_when_typed_or_allowed(tmp_path, monkeypatch, shard):
     monkeypatch.delenv(remote.ALLOW_ENV, raising=False)
     spec, marker = _marker_spec(tmp_path, shard)
-    with remote.command_line_rule(["eval", "m.safetensors", "--data", "wds:pipe:cat x"]):
+    argv = ["eval", "m.safetensors", "--data", "wds:pipe:cat x"]
+    with remote.command_line_rule(argv):
         with pytest.raises(DataError, match="not on this command line"):
             open_dataset(spec, "test", eval_transform(32))
         assert not marker.exists()
-        monkeypatch.setenv(remote.ALLOW_ENV, "1")  # the environment switch
+    monkeypatch.setenv(remote.ALLOW_ENV, "1")  # the environment switch, read when the command starts
+    with remote.command_line_rule(argv):
         assert len(open_dataset(spec, "test", eval_transform(32))) > 0 and marker.exists()
     monkeypatch.delenv(remote.ALLOW_ENV)
     marker.unlink()
@@ -116,7 +119,7 @@ def test_the_rule_runs_exactly_the_typed_commands(typed, command, allow):
             remote.check_command(command)
         except DataError:
             runs = False
-    assert runs == (allow or command in typed or os.environ.get(remote.ALLOW_ENV, "") not in ("", "0"))
+    assert runs == (allow or command in typed or env_switch(remote.ALLOW_ENV))
 
 
 def _small_shard(shard: Path, folder: Path, samples: int = 48) -> Path:

@@ -193,7 +193,7 @@ def test_aggregation_of_a_complete_row():
 def test_bad_specs_are_one_line(tmp_path):
     with pytest.raises(DataError, match="vtab:TASK:ROOT"):
         open_dataset("vtab:cifar100", "train", eval_transform(16))
-    with pytest.raises(DataError, match="19 VTAB-1k tasks"):
+    with pytest.raises(DataError, match=f"{len(TASKS)} VTAB-1k tasks"):
         open_dataset(f"vtab:imagenet:{tmp_path}", "train", eval_transform(16))
     with pytest.raises(DataError, match="put it in"):
         open_dataset(f"vtab:cifar100:{tmp_path}", "train", eval_transform(16))
@@ -237,7 +237,7 @@ def test_lr_grid_chooses_on_the_200_and_reruns_on_the_1000(tmp_path):
     cfg = vtab.task_config("ckpt.safetensors", task, tmp_path / "data", s)
     assert (cfg.train.steps, cfg.train.seed, cfg.optim.name, cfg.optim.momentum, cfg.optim.weight_decay) == \
         (10, 2, "sgd", 0.9, 0.0)
-    assert cfg.data.hflip is False and cfg.data.crop_scale == (1.0, 1.0)  # VTAB-1k: no augmentation
+    assert cfg.data.hflip is False and cfg.data.crop == "whole"  # VTAB-1k: no augmentation, the whole image
     default = vtab.task_config("ckpt.safetensors", task, tmp_path / "data", vtab.Settings())
     assert (default.train.steps, default.optim.lr, default.train.batch_size, default.optim.warmup_steps) == \
         (2500, 0.01, 512, 500)  # Table 4's VTAB row, the fine-tuning recipe's batch and warm-up

@@ -42,7 +42,7 @@ def _root() -> logging.Logger:
         root.addHandler(ConsoleHandler())
         root.setLevel(logging.INFO)
         root.propagate = False  # printed once, by vitlab's handler; set True to use the app's own
-        root._vitlab_configured = True  # a user who removes the handler keeps it removed
+        root._vitlab_configured = True  # type: ignore[attr-defined]  # vitlab's mark on the stdlib logger; a user who removes the handler keeps it removed
     return root
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, Iterable, Iterator, Optional, TextIO
+from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 
 from tqdm import tqdm
 
@@ -65,7 +65,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.tty = is_terminal(self.stream) if tty is None else tty
         self.quiet, self.heartbeat = quiet, heartbeat
-        self.bar_options = dict(total=self.total, initial=initial, desc=desc, unit=unit, leave=leave,
+        self.bar_options: dict[str, Any] = dict(total=self.total, initial=initial, desc=desc, unit=unit, leave=leave,
                                 unit_scale=unit_scale, unit_divisor=1000 if unit_scale else 1024, dynamic_ncols=True)
         self.bar: Optional[tqdm] = None
         self.t0 = self.last_line = self.work_line = time.perf_counter()
@@ -161,7 +161,7 @@ class Progress:
             elif not self.quiet:
                 self._line(text)
 
-    def wrap(self, items: Iterable, count: Callable[[object], int] = lambda item: 1) -> Iterator:
+    def wrap(self, items: Iterable, count: Callable[[Any], int] = lambda item: 1) -> Iterator:
         """The items, each counted (by `count(item)`) once the caller has taken it; closes at the end."""
         with self:
             for item in items:

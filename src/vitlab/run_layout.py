@@ -55,18 +55,24 @@ class RunLayout:
         return self.summary.is_file()
 
 
+def holding_run(checkpoint: str | os.PathLike) -> Optional[RunLayout]:
+    """The run folder a checkpoint file sits in, RUN for RUN/checkpoints/FILE, finished or
+    not; None for a file anywhere else."""
+    p = Path(checkpoint)
+    return RunLayout(p.parent.parent) if p.parent.name == CHECKPOINTS else None
+
+
 def run_of(path: str | os.PathLike) -> Optional[RunLayout]:
     """The completed run a path belongs to: the run folder itself, or RUN for
     RUN/checkpoints/FILE; None for anything else."""
-    p = Path(path)
-    for folder in (p, p.parent.parent if p.parent.name == CHECKPOINTS else None):
-        if folder is not None and RunLayout(folder).is_complete():
-            return RunLayout(folder)
+    for run in (RunLayout(path), holding_run(path)):
+        if run is not None and run.is_complete():
+            return run
     return None
 
 
 def results_folder(checkpoint: str | os.PathLike) -> Optional[Path]:
     """Where `vitlab eval` of a checkpoint in RUN/checkpoints/ writes: RUN/eval; None for a
     checkpoint outside a run folder (nothing is written into the current directory unasked)."""
-    p = Path(checkpoint)
-    return p.parent.parent / EVAL if p.parent.name == CHECKPOINTS else None
+    run = holding_run(checkpoint)
+    return run.path / EVAL if run is not None else None

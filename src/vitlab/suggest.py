@@ -139,7 +139,10 @@ def argument_hint(message: str, options: Iterable[str]) -> str:
 
 
 class SuggestingParser(argparse.ArgumentParser):
-    """argparse, with the near command, choice or flag (argument_hint) added to its errors."""
+    """argparse, with the near command, choice or flag (argument_hint) added to its errors, and
+    each error one line, as every other refusal is: the usage block argparse prints first
+    would bury it; `--help` is named instead."""
 
     def error(self, message: str):
-        super().error(message + argument_hint(message, self._option_string_actions))
+        hint = argument_hint(message, self._option_string_actions)
+        self.exit(2, f"{self.prog}: error: {message}{hint} ({self.prog} --help lists the options)\n")

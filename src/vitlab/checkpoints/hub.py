@@ -161,15 +161,13 @@ def locate(name: str, revision: Optional[str] = None) -> Located:
 
 
 # Downloading ------------------------------------------------------------------------------
-def _true(value: Optional[str]) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def offline() -> bool:
     """$HF_HUB_OFFLINE or $VITLAB_OFFLINE, read now (huggingface_hub reads its own at import)."""
     from huggingface_hub import constants
 
-    return _true(os.environ.get("HF_HUB_OFFLINE")) or _true(os.environ.get("VITLAB_OFFLINE")) or constants.HF_HUB_OFFLINE
+    from vitlab.config.fields import env_switch
+
+    return env_switch("HF_HUB_OFFLINE") or env_switch("VITLAB_OFFLINE") or constants.HF_HUB_OFFLINE
 
 
 def hub_cache() -> str:

@@ -1,7 +1,10 @@
 """The official JAX/Flax checkpoints (`.npz`) of the paper and of AugReg, both ways; the
 official BiT ResNet archives go through the same reader and writer with bit.py's table.
-big_vision's layouts of the same model (linen block names, a scanned encoder, a `params/`
-prefix, the position embedding of the patches alone) are read too (`from_big_vision`).
+big_vision's layouts of the same model are read as big_vision's `load` reads them: linen
+block names, a scanned encoder, the position embedding of the patches alone
+(`from_big_vision`), a training state's `params/` or `opt/target/` (`parameter_arrays`),
+bfloat16 arrays, and posemb='sincos2d' models, which store no position embedding
+(`sincos_2d_big_vision`).
 
 This is the only file that knows the official ViT parameter names (see
 ../shared/docs/official-checkpoints.md for the layout). The architecture is inferred from
@@ -43,7 +46,7 @@ from vitlab.checkpoints.tables import (
     square_grid,
     transposed,
 )
-from vitlab.config import BiTConfig, ResNetConfig, ViTConfig
+from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.files import atomic_write
 from vitlab.models.variants import describe
 
@@ -82,8 +85,9 @@ def rules(cfg: ViTConfig, spelling: str = "original") -> list[Rule]:
     table = [
         permuted("patch_embed.proj.weight", "embedding/kernel", HWIO_TO_OIHW),
         copy("patch_embed.proj.bias", "embedding/bias"),
-        copy("pos_embed.pos_embedding", POS),
     ]
+    if cfg.pos_embed == "learned":
+        table.append(copy("pos_embed.pos_embedding", POS))
     if cfg.has_class_token:
         table.append(copy("cls_token", "cls"))
     for i in range(cfg.depth):
@@ -139,9 +143,11 @@ def detect(path: Path) -> bool:
     return bool(names) and all(n.endswith(".npy") for n in names)
 
 
-def load_arrays(path: str | os.PathLike) -> dict[str, Tensor]:
-    """Every array of the archive as a tensor. `allow_pickle=False`: an object array (which
-    would need unpickling, i.e. running code from the file) is refused."""
+def load_arrays(path: str | os.PathLike) -> tuple[dict[str, Tensor], list[str]]:
+    """The model's arrays as tensors (a big_vision training state's parameters alone, as
+    `parameter_arrays` picks them), and what was read that the original layout lacks.
+    `allow_pickle=False`: an object array (which would need unpickling, i.e. running code
+    from the file) is refused."""
     import numpy as np
 
     regular_file(path)
@@ -154,31 +160,53 @@ def load_arrays(path: str | os.PathLike) -> dict[str, Tensor]:
         raise CheckpointError(f"{path}: not a readable .npz archive ({e})") from None
     except Exception as e:  # a damaged archive: zipfile, zlib and numpy's header parser raise many types
         raise CheckpointError(f"{path}: not a readable .npz archive ({type(e).__name__}: {e})") from None
+    arrays, notes = parameter_arrays(arrays, str(path))
     out = {}
     for k, a in arrays.items():
-        if a.dtype.kind != "f":
-            raise CheckpointError(f"{path}: array {k!r} has dtype {a.dtype}; an official checkpoint holds floats only")
-        if a.ndim == 4 and a.shape[:3] == (1, 1, 1):  # old hybrid releases: GroupNorm as (1, 1, 1, C)
-            a = a.reshape(-1)
-        out[k] = torch.from_numpy(np.ascontiguousarray(a))
-    return out
+        if a.dtype.kind == "V" and a.dtype.itemsize == 2:  # bfloat16: numpy writes it as the void type '|V2'
+            t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+        elif a.dtype.kind != "f":
+            raise CheckpointError(f"{path}: array {k!r} has dtype {a.dtype.str}; a model's parameters are floats "
+                                  "(bfloat16 is read from the 2-byte void type numpy writes for it)")
+        else:
+            t = torch.from_numpy(np.ascontiguousarray(a))
+        out[k] = t.reshape(-1) if t.ndim == 4 and t.shape[:3] == (1, 1, 1) else t  # old hybrids: GroupNorm (1, 1, 1, C)
+    if any(t.dtype == torch.bfloat16 for t in out.values()):
+        notes.append("bfloat16 arrays")
+    return out, notes
 
 
 # big_vision's layouts (big_vision/models/vit.py: `load`, `fix_old_checkpoints`,
-# `scan_to_pyloop`; utils.py: `load_params`), each read as big_vision reads it.
-BIG_VISION_PREFIXES = ("params/", "opt/target/")  # an optax train state; a Flax optimizer's
+# `scan_to_pyloop`; utils.py: `load_params`, `recover_dtype`), each read as big_vision reads it.
 SCANNED = "Transformer/encoderblock/"  # nn.scan: one block's arrays stacked over depth
 
 
+def parameter_arrays(a: dict, source: str) -> tuple[dict, list[str]]:
+    """What big_vision's `load_params` takes as the model from an archive: an optax training
+    state's `params/`, else a Flax optimizer's `opt/target/`, the rest of the state (optimizer
+    moments, int32 step counts, the chronometer) ignored; else the whole archive."""
+    tops = {k.split("/", 1)[0] for k in a}
+    prefix = "params/" if "params" in tops else "opt/target/" if "opt" in tops else None
+    if prefix is None:
+        return a, []
+    picked = {k[len(prefix):]: v for k, v in a.items() if k.startswith(prefix)}
+    if not picked:
+        raise CheckpointError(f"{source}: a training state ({', '.join(sorted(a)[:3])}, ...) without params/... or "
+                              "opt/target/... arrays, so no model parameters; big_vision's load_params reads only those")
+    both = sorted(k for k in picked if k in a)
+    if both:
+        raise CheckpointError(f"{source}: {both[0]!r} is both at the top level and under {prefix}: the archive holds two "
+                              f"models; keep one (big_vision would read the {prefix} one)")
+    ignored = sorted(tops - {prefix.split("/")[0]}) + (["opt/state"] if prefix == "opt/target/" else [])
+    return picked, [prefix.rstrip("/") + (f" ({', '.join(ignored)} ignored)" if ignored else "")]
+
+
 def from_big_vision(a: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor], list[str]]:
-    """big_vision's layouts rewritten into the original one, and what was rewritten: the
-    prefix of a train state, a scanned encoder, the position embedding at the top level
-    (or at `Transformer/pos_embedding`, before 2022) where it covers only the patches, the
-    class token then having none (a zero row here is the same sum)."""
+    """big_vision's layouts rewritten into the original one, and what was rewritten: a
+    scanned encoder, the position embedding at the top level (or at
+    `Transformer/pos_embedding`, before 2022) where it covers only the patches, the class
+    token then having none (a zero row here is the same sum)."""
     notes = []
-    prefix = next((p for p in BIG_VISION_PREFIXES if any(k.startswith(p) for k in a)), None)
-    if prefix is not None:
-        a, notes = {k[len(prefix):]: v for k, v in a.items() if k.startswith(prefix)}, [prefix.rstrip("/")]
     if any(k.startswith("MAPHead_0/") for k in a):
         raise CheckpointError(f"{source}: a big_vision model with a MAP head (pool_type='map'); vitlab's ViT pools "
                               "with the class token or the mean (the paper's), so it cannot compute this one")
@@ -201,12 +229,8 @@ def from_big_vision(a: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor
 def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
     """The architecture, from the arrays' names and shapes alone."""
     if "embedding/kernel" not in a:
-        hint = ""
-        if any(k.startswith(("params/", "opt/target/")) for k in a):
-            hint = " (a training-state archive without a ViT's parameters)"
         raise CheckpointError(
-            f"{source}: no 'embedding/kernel' array, so not an official ViT checkpoint{hint}; "
-            f"found {', '.join(sorted(a)[:6])}"
+            f"{source}: no 'embedding/kernel' array, so not an official ViT checkpoint; found {', '.join(sorted(a)[:6])}"
         )
     ph, pw, cin, d = a["embedding/kernel"].shape
     if ph != pw:
@@ -232,14 +256,17 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
         resnet = ResNetConfig(layers=layers, width_factor=width // 64)
 
     token = "cls" in a
-    if POS not in a:
-        raise CheckpointError(f"{source}: no {POS} array; official models always have one")
-    tokens = a[POS].shape[1]
-    side = square_grid(tokens - int(token), source)
     stride = ph * (resnet.stride if resnet else 1)
+    if POS in a:
+        pos_embed, side = "learned", square_grid(a[POS].shape[1] - int(token), source)
+    elif spelling == "linen":  # big_vision's posemb='sincos2d': computed for the input's grid, so any size
+        pos_embed, side = "sincos_2d_big_vision", max(1, round(224 / stride))
+    else:
+        raise CheckpointError(f"{source}: no {POS} array; the original layout's models always have one "
+                              "(only big_vision's linen layout has fixed sin-cos models without it)")
     cfg = ViTConfig(
         name="npz",
-        image_size=side * stride,
+        image_size=(side * stride, side * stride),
         patch_size=ph,
         in_channels=in_channels,
         hidden_size=d,
@@ -248,6 +275,7 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
         mlp_dim=mlp_dim,
         num_classes=a["head/kernel"].shape[1] if "head/kernel" in a else 0,
         classifier="token" if token else "gap",
+        pos_embed=pos_embed,
         representation_size=a["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in a else None,
         qkv_bias=f"Transformer/encoderblock_0/{mha}/query/bias" in a,
         resnet=resnet,
@@ -259,16 +287,20 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
 
 
 def read(path: str | os.PathLike) -> Imported:
-    arrays = load_arrays(path)
+    arrays, layout = load_arrays(path)
+    metadata: dict[str, str] = {}
     if bit.is_npz(arrays):
-        cfg, metadata = bit.config_from_npz(arrays, str(path)), {}
-        table = bit.npz_rules(cfg)
+        bit_cfg = bit.config_from_npz(arrays, str(path))
+        cfg: ModelConfig = bit_cfg
+        table = bit.npz_rules(bit_cfg)
     else:
-        arrays, layout = from_big_vision(arrays, str(path))
-        cfg, spelling = infer_config(arrays, str(path))
-        table, metadata = rules(cfg, spelling), {"spelling": spelling}
+        arrays, rewritten = from_big_vision(arrays, str(path))
+        vit_cfg, spelling = infer_config(arrays, str(path))
+        cfg, table, metadata["spelling"] = vit_cfg, rules(vit_cfg, spelling), spelling
+        layout += rewritten + (["posemb sincos2d (no position array; image size not recorded, "
+                                f"{vit_cfg.image_size[0]} assumed)"] if vit_cfg.pos_embed != "learned" else [])
         if layout:
-            metadata["big_vision"] = layout
+            metadata["big_vision"] = "; ".join(layout)
     state = import_state(table, arrays, expected_shapes(cfg), str(path))
     names = read_class_names(path, cfg.num_classes)
     return Imported(cfg, state, names, source_format=FORMAT_NAME, metadata=metadata,

@@ -28,6 +28,7 @@ from typing import Optional
 
 from vitlab import suggest
 from vitlab.checkpoints.io import CheckpointError
+from vitlab.config.fields import env_switch
 from vitlab.files import atomic_write, atomic_write_text, cache_dir, sha256_file
 from vitlab.files.documents import read_json
 from vitlab.log import get_logger, notice
@@ -230,7 +231,7 @@ def fetch(name: str, progress: Optional[bool] = None) -> Path:
     if path.is_file():
         _verify_cached(entry, path)
         return path
-    if os.environ.get("VITLAB_OFFLINE"):
+    if env_switch("VITLAB_OFFLINE"):
         raise CheckpointError(_offline_message(entry, path, "VITLAB_OFFLINE is set"))
     _download(entry, path, progress)
     return path

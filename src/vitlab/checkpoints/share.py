@@ -274,7 +274,8 @@ HYPERPARAMETERS = [
     ("train", "objective", "objective"), ("train", "precision", "precision"), ("train", "seed", "seed"),
     ("train", "label_smoothing", "label smoothing"), ("train", "mixup", "Mixup alpha"),
     ("train", "cutmix", "CutMix alpha"), ("train", "ema", "EMA decay"), ("model", "dropout", "dropout"),
-    ("model", "drop_path", "stochastic depth"), ("data", "crop_scale", "inception crop scale"),
+    ("model", "drop_path", "stochastic depth"), ("data", "crop", "training crop"),
+    ("data", "crop_scale", "inception crop scale"),
     ("data", "hflip", "horizontal flip"), *(("data", a.option, a.words) for a in AUGMENTATIONS),
 ]
 

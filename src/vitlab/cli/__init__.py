@@ -1,13 +1,18 @@
 """The `vitlab` command line. Each subcommand lives in its own module of this package with
-`HELP` (one line), `DESCRIPTION`, `add_arguments(parser)` and `run(args) -> int`.
+`HELP` (one line), `DESCRIPTION`, `add_arguments(parser)` and `run(args) -> int`, and says
+what the dispatcher must know of it as data: `WRITES` (argument -> FOLDER, FILE or NEW_FILE,
+checked writable before any work), `RESUMABLE` (an interrupted run continues when the same
+command is run again), `READS_DATA` (its data specs obey the pipe rule) and `check(args)`
+(its own checks before any work). Counts and sizes are bounded by their argparse `type=`
+(vitlab.cli.common.COUNT). The dispatcher names no command.
 
 Nothing imports this package; it imports everything else lazily, per command, so
 `vitlab --help` starts fast.
 
 Every expected failure ends as one line on stderr, `vitlab COMMAND: error: ...`, and an exit
 status of 2 (see docs/reliability.md): bad arguments, configs and checkpoints, unreadable
-data, files that cannot be written. Arguments every command shares are checked here, before
-any work: batch sizes and counts, the device, and that each output can be written.
+data, files that cannot be written. What every command shares is checked here, before any
+work: the device, and that each output can be written.
 """
 
 from __future__ import annotations
@@ -15,56 +20,49 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pkgutil
 import re
 import signal
 import sys
+import threading
 import warnings
+from types import ModuleType
 from typing import Optional, Sequence
 
-# Command name -> module in this package, in the order `vitlab --help` lists them.
-COMMANDS: dict[str, str] = {
-    "models": "models",
-    "info": "info",
-    "train": "train",
-    "finetune": "finetune",
-    "recipes": "recipes",
-    "eval": "evaluate",
-    "fewshot": "fewshot",
-    "linear-probe": "linear_probe",
-    "inspect": "inspect",
-    "predict": "predict",
-    "serve": "serve",
-    "convert": "convert",
-    "export": "export",
-    "push": "push",
-    "bench": "bench",
-    "sweep": "sweep",
-    "vtab": "vtab",
-}
-
-# Arguments that must be at least 1 wherever a command has them (a batch of 0 divides by
-# zero deep inside; a batch of -1 silently does nothing).
-POSITIVE = ("batch_size", "micro_batch_size", "eval_batch_size", "top_k", "steps", "image_size", "num_images",
-            "rollout_images", "components", "seeds", "k", "max_iter", "rounds", "ckpt_every", "opset", "repeats")
-AT_LEAST_ZERO = ("workers", "test_limit", "pool", "max_per_class", "eval_every", "warmup_steps", "threads")
-# Outputs, checked writable before the work: (command or "*", argument, is a folder).
-OUTPUTS = (
-    ("train", "out", True), ("finetune", "out", True), ("eval", "out", True), ("inspect", "out", True),
-    ("predict", "attention", True), ("fewshot", "out", False), ("linear-probe", "out", False),
-    ("export", "out", False), ("predict", "csv", False), ("bench", "out", True), ("vtab", "out", True),
-    ("eval", "predictions", False),
-)
-# Single-file outputs that may name a user's file: written only when new, or with --force
-# (docs/reliability.md, "What each command writes"). export and convert check their own.
-NEW_FILES = (("predict", "csv"), ("fewshot", "out"), ("linear-probe", "out"), ("eval", "predictions"))
-TRAINING = ("train", "finetune", "vtab", "sweep")  # commands whose runs continue where they stopped
-DATA_COMMANDS = ("train", "finetune", "eval", "fewshot", "linear-probe", "inspect", "sweep", "vtab")
 ALLOW_PIPE_HELP = ("(commands that read data) run the shell command of a wds:pipe:COMMAND data spec that comes from a file (a recipe, a run's "
                    "config.yaml, a sweep spec); one typed on this command line always runs. Or VITLAB_ALLOW_PIPE=1")
 
 
 class UsageError(ValueError):
     """A bad command-line input; printed without a traceback."""
+
+
+class Stopped(BaseException):
+    """A signal whose default is to end the process (train.stop_signals' choices: TERM, USR1,
+    USR2, HUP), received by a command that may have data-loader workers outside a training
+    run's steps (which watch their own: train/preemption.py). The command ends through its
+    `finally` blocks, its workers with it, says so in one line, and then ends by that signal
+    as before (status 128 + its number in a shell). A BaseException, so that no
+    `except Exception` takes it for an error."""
+
+    def __init__(self, number: int):
+        self.number = number
+        super().__init__(signal.Signals(number).name)
+
+
+def _stopped(number: int, frame) -> None:
+    raise Stopped(number)
+
+
+def commands() -> dict[str, ModuleType]:
+    """Every command module of this package (those with a `run`), by the name the user types:
+    its `NAME`, or the module's own name with - for _; in alphabetical order."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "run"):
+            found[getattr(module, "NAME", info.name.replace("_", "-"))] = module
+    return dict(sorted(found.items()))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,8 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name in COMMANDS.items():
-        module = importlib.import_module(f"vitlab.cli.{module_name}")
+    for name, module in commands().items():
         p = sub.add_parser(
             name,
             help=module.HELP,
@@ -89,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(p)
-        if name in DATA_COMMANDS:
+        if getattr(module, "READS_DATA", False):
             p.add_argument("--allow-pipe", action="store_true", help=ALLOW_PIPE_HELP)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_command=module)
     return parser
 
 
@@ -99,46 +96,35 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     """Parse with SECTION.KEY=VALUE overrides allowed anywhere among the flags
     (`vitlab train --steps 5 model.depth=2 --out runs/x`): a command's own arguments are read
     intermixed, which argparse supports for one parser but not across subparsers."""
-    if not argv or argv[0] not in COMMANDS:
-        return parser.parse_args(argv)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if not argv or argv[0] not in sub.choices:
+        return parser.parse_args(argv)
     args = sub.choices[argv[0]].parse_intermixed_args(argv[1:])
     args.command = argv[0]
     return args
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """What any command's shared arguments must satisfy, checked before it starts."""
-    for name in POSITIVE + AT_LEAST_ZERO:
-        value = getattr(args, name, None)
-        least = 1 if name in POSITIVE else 0
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < least:
-                flag = "--" + name.replace("_", "-")
-                raise UsageError(f"{flag} must be at least {least}, got {v:g}")
+    """What any command's arguments must satisfy, checked before it starts: the device, the
+    command's own checks, and that what it writes can be written."""
+    from vitlab.cli.common import FOLDER, NEW_FILE
+    from vitlab.files import check_new_file, check_writable
+
     device = getattr(args, "device", None)
     if isinstance(device, str):
         from vitlab.config import pick_device
 
         pick_device(device)  # a device this machine lacks is refused before any work
-    if args.command in ("predict", "serve"):  # the inference copy, before the checkpoint is read
-        from vitlab.predictor import check_precision
-
-        check_precision(args.precision)
-    from vitlab.files import check_writable
-
-    for command, name, folder in OUTPUTS:
+    command = args._command
+    if hasattr(command, "check"):
+        command.check(args)
+    for name, kind in getattr(command, "WRITES", {}).items():
         value = getattr(args, name, None)
-        if command == args.command and isinstance(value, str) and value:
-            check_writable(os.path.expanduser(value), folder=folder)
-    if args.command == "convert":
-        check_writable(args.dst, folder=args.to == "hf")
-    from vitlab.files import check_new_file
-
-    for command, name in NEW_FILES:
-        value = getattr(args, name, None)
-        if command == args.command and isinstance(value, str) and value:
-            check_new_file(os.path.expanduser(value), command, force=bool(getattr(args, "force", False)))
+        if isinstance(value, str) and value:
+            path = os.path.expanduser(value)
+            check_writable(path, folder=kind == FOLDER)
+            if kind == NEW_FILE:
+                check_new_file(path, args.command, force=bool(getattr(args, "force", False)))
 
 
 def one_line(e: BaseException) -> str:
@@ -192,21 +178,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # signal killing the process without a word.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     warnings.showwarning = _show_warning
+    stopped, previous = 0, {}
+    if getattr(args._command, "READS_DATA", False) and threading.current_thread() is threading.main_thread():
+        from vitlab.config import STOP_SIGNALS  # a training run's steps watch them itself (train/preemption.py)
+
+        numbers = [getattr(signal, f"SIG{name}") for name in STOP_SIGNALS]
+        previous = {n: signal.signal(n, _stopped) for n in numbers if signal.getsignal(n) == signal.SIG_DFL}
     try:
         check_arguments(args)
-        if args.command in DATA_COMMANDS:  # a pipe: data spec runs its shell command only as typed (data/remote.py)
+        run = args._command.run
+        if getattr(args._command, "READS_DATA", False):  # a pipe: data spec runs its shell command only as typed (data/remote.py)
             with importlib.import_module("vitlab.data.remote").command_line_rule(argv, args.allow_pipe):
-                return int(args._run(args) or 0)
-        return int(args._run(args) or 0)
+                return int(run(args) or 0)
+        return int(run(args) or 0)
     except BrokenPipeError:
         # The reader went away (`vitlab info ... | head -1`): stop quietly; point stdout at
         # /dev/null so that flushing it at exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except KeyboardInterrupt:  # a training run's first Ctrl-C stops with a checkpoint (train/preemption.py)
-        again = "; run the same command again to continue from its last checkpoint" if args.command in TRAINING else ""
+        resumable = getattr(args._command, "RESUMABLE", False)
+        again = "; run the same command again to continue from its last checkpoint" if resumable else ""
         print(f"vitlab {args.command}: interrupted{again}", file=sys.stderr)
         return 130
+    except Stopped as e:
+        print(f"vitlab {args.command}: stopped by {e}", file=sys.stderr)
+        stopped = e.number
+        return 128 + e.number
     except Exception as e:
         preemption = sys.modules.get("vitlab.train.preemption")  # loaded by any command that trains
         if preemption is not None and isinstance(e, preemption.Preempted):  # train, finetune, vtab
@@ -218,6 +216,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         hint = " (out of memory: a smaller model, batch or image size would fit)" if out_of_memory else ""
         print(f"vitlab {args.command}: error: {one_line(e)}{hint}", file=sys.stderr)
         return 2
+    finally:
+        loader = sys.modules.get("vitlab.data.loader")  # imported by any command that starts workers
+        if loader is not None:  # every way out: its data-loader workers end here, within seconds
+            loader.end_workers()
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if stopped:  # the signal's own meaning, now that nothing is left behind
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(stopped, signal.SIG_DFL)
+            signal.raise_signal(stopped)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from vitlab.cli.common import COUNT, FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
 HELP = "measure inference and training throughput against timm, Hugging Face and torchvision"
 DESCRIPTION = """\
 Time vitlab beside the peer libraries (the same model sizes, built by each library) in one
@@ -40,7 +43,7 @@ def add_arguments(p) -> None:
 
     p.add_argument("--suite", choices=SUITES, help="run a standard suite instead of a subset")
     p.add_argument("--model", nargs="+", help="variant name(s) (default ViT-B/16; with --suite gpu, the one model it times)")
-    p.add_argument("--batch-size", nargs="+", type=int, help="batch size(s) (default 1; --suite gpu: 1 256, training at the largest)")
+    p.add_argument("--batch-size", nargs="+", type=COUNT, help="batch size(s) (default 1; --suite gpu: 1 256, training at the largest)")
     p.add_argument("--task", nargs="+", choices=TASKS, default=["infer"], help="infer and/or train")
     p.add_argument("--precision", nargs="+", choices=PRECISIONS, help="precisions to time (default: fp32 fp32-packed bf16 int8 for inference, "
                    "fp32 bf16-autocast for a training step)")
@@ -53,7 +56,7 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: where the models and ceilings run")
     p.add_argument("--gelu", choices=("tanh", "exact"),
                    help="override the variant's GELU for every library (torchvision's is always exact)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--rounds", type=COUNT, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds per sample (default 1)")
     p.add_argument("--max-wait", type=float, default=3.0, help="seconds to wait for a quiet machine per sample")
     p.add_argument("--wait-budget", type=float, default=120.0,
@@ -95,8 +98,8 @@ def run(args) -> int:
     unknown = sorted(set(args.peers) - set(PEERS))
     if unknown:
         raise UsageError(f"unknown peer(s) {unknown}; choose from {', '.join(PEERS)}")
-    if args.rounds < 1 or args.min_time < 0 or any(b < 1 for b in args.batch_size or []):
-        raise UsageError("--rounds and --batch-size must be at least 1 and --min-time at least 0")
+    if not args.min_time >= 0:  # (--rounds and --batch-size are counts: their type bounds them)
+        raise UsageError(f"--min-time must be at least 0, got {args.min_time}")
     try:
         device = machine.check_device(args.device)
     except ValueError as e:

@@ -5,8 +5,37 @@ vitlab.eval.features, vitlab.train.recipe, ...)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import Callable
+
+# What a command writes, declared by the command module as WRITES = {argument: kind}; the
+# dispatcher checks each before any work (vitlab.files.check_writable / check_new_file).
+FOLDER = "folder"
+FILE = "file"  # a file the command replaces only as it says (export, convert check their own)
+NEW_FILE = "new file"  # may name a user's file: written only when new, or with --force
+
+
+def at_least(least: int) -> Callable[[str], int]:
+    """An argparse `type=`: a whole number no smaller than `least`. Counts and sizes are
+    checked where they are parsed: a batch of 0 divides by zero deep inside, a batch of -1
+    silently does nothing."""
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return count
+
+
+COUNT = at_least(1)
+COUNT_OR_ZERO = at_least(0)
 
 
 def add_checkpoint_arguments(p, random_init: bool = True) -> None:
@@ -53,24 +82,24 @@ def add_training_arguments(p, default_recipe: str) -> None:
                    help=f"a recipe YAML file or a shipped recipe's name (default: {default_recipe})")
     p.add_argument("--data", metavar="SPEC", help="digits | fashion-mnist[:DIR] | cifar10[:DIR] | cifar100[:DIR] | "
                    "imagefolder:PATH | wds:PATTERN | hf:NAME (a Hugging Face dataset)")
-    p.add_argument("--image-size", type=int, metavar="N", help="training resolution (model.image_size)")
+    p.add_argument("--image-size", type=COUNT, metavar="N", help="training resolution (model.image_size)")
     subset = p.add_mutually_exclusive_group()
     subset.add_argument("--train-fraction", type=float, metavar="F", help="train on a fixed, class-balanced share "
                         "F of the training split, the same in every run (data.train_fraction)")
-    subset.add_argument("--train-size", type=int, metavar="N", help="... or on N images of it (data.train_size)")
-    p.add_argument("--batch-size", type=int, metavar="N", help="global batch size (train.batch_size)")
-    p.add_argument("--micro-batch-size", type=int, metavar="N", help="per process and forward pass; the rest is "
+    subset.add_argument("--train-size", type=COUNT, metavar="N", help="... or on N images of it (data.train_size)")
+    p.add_argument("--batch-size", type=COUNT, metavar="N", help="global batch size (train.batch_size)")
+    p.add_argument("--micro-batch-size", type=COUNT, metavar="N", help="per process and forward pass; the rest is "
                    "gradient accumulation")
     p.add_argument("--lr", type=float, help="peak learning rate (optim.lr)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=float, help="train for this many epochs")
-    length.add_argument("--steps", type=int, help="train for this many optimiser steps")
-    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (optim.warmup_steps)")
+    length.add_argument("--steps", type=COUNT, help="train for this many optimiser steps")
+    p.add_argument("--warmup-steps", type=COUNT_OR_ZERO, help="linear warm-up steps (optim.warmup_steps)")
     p.add_argument("--seed", type=int, help="random seed (train.seed)")
     p.add_argument("--out", metavar="DIR", help="the run folder (default: runs/RECIPE)")
-    p.add_argument("--ckpt-every", type=int, metavar="STEPS", help="write a checkpoint every STEPS steps")
-    p.add_argument("--eval-every", type=int, metavar="STEPS", help="evaluate every STEPS steps (0: at the end)")
-    p.add_argument("--workers", type=int, metavar="N", help="data-loader worker processes (data.num_workers)")
+    p.add_argument("--ckpt-every", type=COUNT, metavar="STEPS", help="write a checkpoint every STEPS steps")
+    p.add_argument("--eval-every", type=COUNT_OR_ZERO, metavar="STEPS", help="evaluate every STEPS steps (0: at the end)")
+    p.add_argument("--workers", type=COUNT_OR_ZERO, metavar="N", help="data-loader worker processes (data.num_workers)")
     p.add_argument("--skip-bad-images", action="store_true", default=None,
                    help="skip and count unreadable images instead of stopping with the file's name")
     _add_regularisation(p)
@@ -148,9 +177,9 @@ def add_feature_arguments(p, train_help: str, test_help: str) -> None:
                    help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN, hf:NAME")
     p.add_argument("--train-split", default="train", help=f"{train_help} (default train)")
     p.add_argument("--test-split", default="test", help=f"{test_help} (default test)")
-    p.add_argument("--test-limit", type=int, default=0, help="use at most this many test images (default 0: all)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--workers", type=int, default=0, help="data-loader processes decoding images (default 0)")
+    p.add_argument("--test-limit", type=COUNT_OR_ZERO, default=0, help="use at most this many test images (default 0: all)")
+    p.add_argument("--batch-size", type=COUNT, default=128)
+    p.add_argument("--workers", type=COUNT_OR_ZERO, default=0, help="data-loader processes decoding images (default 0)")
     p.add_argument("--no-cache", action="store_true", help="recompute features, do not read or write the cache")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--out", help="also write the JSON result to this file (a new one, or --force)")

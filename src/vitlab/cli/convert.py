@@ -66,6 +66,13 @@ def _target(args) -> str:
     raise UsageError(f"cannot tell the format to write from {args.dst!r}; pass --to ({', '.join(TARGETS)})")
 
 
+def check(args) -> None:
+    """The destination, a folder for --to hf, checked writable before the source is read."""
+    from vitlab.files import check_writable
+
+    check_writable(args.dst, folder=args.to == "hf")
+
+
 def run(args) -> int:
     from pathlib import Path
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO, FOLDER, NEW_FILE
+
+NAME = "eval"  # the command as typed (the module is named for what it does)
+WRITES = {"out": FOLDER, "predictions": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "evaluate a checkpoint: top-1/top-5, precision/recall/F1, calibration (ECE), confusion matrix"
 DESCRIPTION = """\
 Classify a dataset split with any checkpoint vitlab.load reads and report top-1 and top-5
@@ -43,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plain_argument(p)
     p.add_argument("--data", required=True, metavar="SPEC", help="dataset spec, as for vitlab train")
     p.add_argument("--split", default="test", help="test (default), val, train, dev")
-    p.add_argument("--image-size", type=int, metavar="N", help="evaluate at this resolution (position embeddings resized)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--workers", type=int, default=0, help="data-loader worker processes")
+    p.add_argument("--image-size", type=COUNT, metavar="N", help="evaluate at this resolution (position embeddings resized)")
+    p.add_argument("--batch-size", type=COUNT, default=256)
+    p.add_argument("--workers", type=COUNT_OR_ZERO, default=0, help="data-loader worker processes")
     p.add_argument("--skip-bad-images", action="store_true", help="skip and count unreadable images")
     add_device_argument(p)
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vitlab.cli.common import COUNT, FILE
+
+WRITES = {"out": FILE}  # checked writable before any work (vitlab.cli.check_arguments)
 HELP = "export a checkpoint to ONNX (dynamic batch) or torch.export (.pt2), and check it"
 DESCRIPTION = """\
 Export the plain inference forward (images -> logits) of a checkpoint, with the batch axis
@@ -32,8 +35,8 @@ def add_arguments(p) -> None:
     p.add_argument("checkpoint", help="a checkpoint in any format vitlab reads")
     p.add_argument("--format", required=True, choices=FORMATS, help="onnx or torch-export (.pt2)")
     p.add_argument("--out", required=True, help="the file to write")
-    p.add_argument("--image-size", type=int, help="export at this resolution (position embeddings resized)")
-    p.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
+    p.add_argument("--image-size", type=COUNT, help="export at this resolution (position embeddings resized)")
+    p.add_argument("--opset", type=COUNT, default=18, help="ONNX opset (default 18)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest accepted |logit| difference")
     p.add_argument("--no-check", action="store_true", help="skip running the exported file")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")

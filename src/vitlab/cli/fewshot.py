@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import math
 
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE
+
+WRITES = {"out": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "few-shot linear accuracy of frozen features (closed-form least squares, §4.1)"
 DESCRIPTION = """\
 The paper's few-shot evaluation, as big_vision runs it (evaluators/fewshot_lsr.py): for
@@ -34,9 +38,9 @@ def add_arguments(p) -> None:
 
     add_feature_arguments(p, "where the few-shot examples come from", "what accuracy is measured on")
     p.add_argument("--shots", default="1,5,10,25", help="comma-separated shots per class (default 1,5,10,25)")
-    p.add_argument("--seeds", type=int, default=3, help="draws per shot count (default 3)")
+    p.add_argument("--seeds", type=COUNT, default=3, help="draws per shot count (default 3)")
     p.add_argument("--l2", default="1024", help="L2 strength (default 1024, big_vision's), or loo: leave-one-out")
-    p.add_argument("--pool", type=int, default=0, help="draw from the first N images per class (default 0: all)")
+    p.add_argument("--pool", type=COUNT_OR_ZERO, default=0, help="draw from the first N images per class (default 0: all)")
     p.add_argument("--preprocess", choices=("big_vision", "model"), default="big_vision", help="resize and crop (default big_vision)")
 
 
@@ -79,8 +83,6 @@ def _check(args) -> list[int]:
     from vitlab.cli import UsageError
 
     shots = parse_shots(args.shots)
-    if args.seeds < 1:
-        raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
     if args.pool and args.pool < max(shots):
         raise UsageError(f"--pool {args.pool} is smaller than the largest shot count {max(shots)}; raise --pool")
     return shots

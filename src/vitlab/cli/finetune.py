@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from vitlab.cli.common import COUNT, FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+RESUMABLE = True  # stopped, the same command continues from the last checkpoint
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "fine-tune a checkpoint on a new dataset (the recipe chosen on a dev split, fitted to the checkpoint and the data)"
 DESCRIPTION = """\
 Fine-tune any checkpoint vitlab.load reads (a vitlab run, an official .npz, timm or Hugging
@@ -74,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "it is (the default with any other --config); adamw: vitlab's from-scratch recipe")
     p.add_argument("--random-init", type=int, metavar="SEED", help="the control arm: start from the checkpoint's "
                    "network at random init (written beside --out), the same fine-tuning from untrained weights")
-    p.add_argument("--repeats", type=int, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
+    p.add_argument("--repeats", type=COUNT, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
                    "(OUT/seed-K) and report top-1 as mean ± std, as Table 2 does (a sweep runs once, with seed 0)")
     p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "
                    "imagenet, pets, flowers, vtab (default: guessed from --data)")

@@ -5,6 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from vitlab.cli.common import COUNT, FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "the paper's look inside a ViT: filters, position similarity, attention distance, rollout"
 DESCRIPTION = """\
 Write the four analyses of §4.5 for any checkpoint vitlab can read:
@@ -45,10 +49,10 @@ def add_arguments(p) -> None:
     p.add_argument("--images", required=True, metavar="PATH_OR_DATA", help="image files/folders/globs, or a data spec")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs, analysis.json and index.html")
     p.add_argument("--split", default="test", help="split of a data spec (default test)")
-    p.add_argument("--num-images", type=int, default=128, help="images for the attention distance (default 128)")
-    p.add_argument("--rollout-images", type=int, default=8, help="images shown in the rollout figure (default 8)")
-    p.add_argument("--components", type=int, default=28, help="principal components of the filters shown (default 28)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--num-images", type=COUNT, default=128, help="images for the attention distance (default 128)")
+    p.add_argument("--rollout-images", type=COUNT, default=8, help="images shown in the rollout figure (default 8)")
+    p.add_argument("--components", type=COUNT, default=28, help="principal components of the filters shown (default 28)")
+    p.add_argument("--batch-size", type=COUNT, default=16)
     p.add_argument("--heatmap", action="store_true", help="draw the rollout as a heat map over each image")
     p.add_argument("--distance", choices=("centres", "pixels"), default="centres",
                    help="attention distance between patch centres (default) or averaged over pixel pairs "

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE
+
+WRITES = {"out": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "logistic-regression and k-NN accuracy of frozen features (full training set)"
 DESCRIPTION = """\
 Fit a multinomial logistic regression (L2-penalised, standardised features, full-batch
@@ -20,9 +24,9 @@ def add_arguments(p) -> None:
 
     add_feature_arguments(p, "the images the probes are fitted on", "what accuracy is measured on")
     p.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the logistic regression (default 1.0)")
-    p.add_argument("--k", type=int, default=20, help="neighbours of the k-NN vote (default 20)")
-    p.add_argument("--max-per-class", type=int, default=0, help="training images per class (default 0: all)")
-    p.add_argument("--max-iter", type=int, default=500, help="L-BFGS iterations (default 500)")
+    p.add_argument("--k", type=COUNT, default=20, help="neighbours of the k-NN vote (default 20)")
+    p.add_argument("--max-per-class", type=COUNT_OR_ZERO, default=0, help="training images per class (default 0: all)")
+    p.add_argument("--max-iter", type=COUNT, default=500, help="L-BFGS iterations (default 500)")
 
 
 def run(args) -> int:

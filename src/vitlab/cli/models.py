@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from vitlab.cli.common import COUNT
+
 HELP = "list the model variants with parameters and GFLOPs"
 DESCRIPTION = """\
 List every registered model variant in the paper's notation, with its width, depth, heads,
@@ -27,8 +29,8 @@ examples:
 def add_arguments(p) -> None:
     p.add_argument("pattern", nargs="?", help="only names matching this shell-style pattern ('ViT-B*')")
     p.add_argument("--pretrained", action="store_true", help="list the published checkpoints instead of the variants")
-    p.add_argument("--image-size", type=int, help="count at this resolution instead of each model's default")
-    p.add_argument("--num-classes", type=int, help="count with this many classes instead of each default")
+    p.add_argument("--image-size", type=COUNT, help="count at this resolution instead of each model's default")
+    p.add_argument("--num-classes", type=COUNT, help="count with this many classes instead of each default")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

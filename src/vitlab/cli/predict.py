@@ -8,10 +8,11 @@ import json
 import sys
 from pathlib import Path
 
-from vitlab.cli.common import add_checkpoint_arguments, add_device_argument, add_plain_argument
+from vitlab.cli.common import COUNT, FOLDER, NEW_FILE, add_checkpoint_arguments, add_device_argument, add_plain_argument
 from vitlab.config import pick_device
 from vitlab.files import OutputFolder
 
+WRITES = {"attention": FOLDER, "csv": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
 HELP = "classify images with a checkpoint: top-k classes, probabilities, rollout overlays"
 DESCRIPTION = """\
 Classify image files with any checkpoint vitlab can read. Preprocessing comes from the
@@ -41,15 +42,22 @@ examples:
 def add_arguments(p) -> None:
     add_checkpoint_arguments(p, random_init=False)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files, folders or glob patterns")
-    p.add_argument("--top-k", type=int, default=5, help="classes to show per image (default 5)")
+    p.add_argument("--top-k", type=COUNT, default=5, help="classes to show per image (default 5)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table (at the end)")
     p.add_argument("--csv", metavar="FILE", help="also write one CSV row per image to FILE")
     p.add_argument("--attention", metavar="DIR", help="write an attention-rollout overlay PNG per image here")
     p.add_argument("--force", action="store_true", help="replace --csv and overlays that exist and are not predict's")
-    p.add_argument("--batch-size", type=int, default=16, help="images decoded and classified at a time (default 16)")
+    p.add_argument("--batch-size", type=COUNT, default=16, help="images decoded and classified at a time (default 16)")
     p.add_argument("--precision", default="fp32", help="fp32 (default), bf16, fp16, int8 or fp32-packed (as serve)")
     add_device_argument(p)
     add_plain_argument(p)
+
+
+def check(args) -> None:
+    """The inference copy's precision, before the checkpoint is read."""
+    from vitlab.predictor import check_precision
+
+    check_precision(args.precision)
 
 
 def run(args) -> int:

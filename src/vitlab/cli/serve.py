@@ -63,6 +63,13 @@ def add_arguments(p) -> None:
     add_plain_argument(p)
 
 
+def check(args) -> None:
+    """The inference copy's precision, before the checkpoint is read."""
+    from vitlab.predictor import check_precision
+
+    check_precision(args.precision)
+
+
 def run(args) -> int:
     from vitlab.checkpoints import open_checkpoint
     from vitlab.config import pick_device

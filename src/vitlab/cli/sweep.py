@@ -6,6 +6,10 @@ import argparse
 import math
 import os
 
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO
+
+RESUMABLE = True  # stopped, the same command continues from the last checkpoint
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "run a grid of trainings (models x data sizes x seeds x any key=value), then tabulate and plot"
 DESCRIPTION = """\
 Run every cell of a sweep spec (see vitlab/config/sweep.py, or the shipped configs/paper/*.yaml):
@@ -37,8 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", nargs="?", help="a sweep spec YAML file, or a shipped one's name (paper/pos-embed, ...)")
     p.add_argument("--out", metavar="DIR", help="the sweep folder (default: runs/sweeps/NAME, -xS for --scale S)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply the spec's `scale` keys by this (default 1)")
-    p.add_argument("--jobs", type=int, default=1, help="cells run side by side by the local launcher (default 1)")
-    p.add_argument("--threads", type=int, help="CPU threads per cell (default: the cores divided by --jobs)")
+    p.add_argument("--jobs", type=COUNT, default=1, help="cells run side by side by the local launcher (default 1)")
+    p.add_argument("--threads", type=COUNT_OR_ZERO, help="CPU threads per cell (default: the cores divided by --jobs)")
     p.add_argument("--launcher", default="local", help="local (default), slurm, or submitit-local")
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                    help="a submitit executor parameter, e.g. timeout_min=60 or slurm_partition=gpu")
@@ -47,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run nothing: write results.csv, report.md/.json (the statistics) and the figures so far; "
                         "`--report DIR` alone rebuilds them from a sweep folder's cells and its sweep.json")
     p.add_argument("--dry-run", action="store_true", help="print the number of cells and each cell's commands; run nothing")
-    p.add_argument("--max-cells", type=int, default=None, metavar="N",
+    p.add_argument("--max-cells", type=COUNT, default=None, metavar="N",
                    help="run a grid of up to N cells (default 10000: a bigger grid is refused as a likely mistake)")
 
 
@@ -58,12 +62,7 @@ def _check(args: argparse.Namespace) -> int:
 
     if not math.isfinite(args.scale) or args.scale <= 0:
         raise UsageError(f"--scale must be a positive finite number, got {args.scale}")
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    max_cells = MAX_CELLS if args.max_cells is None else args.max_cells
-    if max_cells < 1:
-        raise UsageError(f"--max-cells must be at least 1, got {max_cells}")
-    return max_cells
+    return MAX_CELLS if args.max_cells is None else args.max_cells
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vitlab.cli.common import FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+RESUMABLE = True  # stopped, the same command continues from the last checkpoint
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "train a ViT or a BiT ResNet from a recipe (default: a small ViT on the built-in digits, on CPU)"
 DESCRIPTION = """\
 Train a Vision Transformer (or the paper's BiT ResNet baseline, --model BiT-R50x1) as the

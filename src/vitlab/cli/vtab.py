@@ -1,21 +1,26 @@
-"""`vitlab vtab CKPT --root DIR`: VTAB-1k's 19 tasks fine-tuned and tested, as one Table 9 row."""
+"""`vitlab vtab CKPT --root DIR`: VTAB-1k's tasks fine-tuned and tested, as one Table 9 row."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "fine-tune a checkpoint on the 19 VTAB-1k tasks and report them as one Table 9 row"
+from vitlab.cli.common import COUNT, FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+RESUMABLE = True  # stopped, the same command continues from the last checkpoint
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
+HELP = "fine-tune a checkpoint on every VTAB-1k task and report them as one Table 9 row"
 DESCRIPTION = """\
 VTAB-1k (the paper's Table 2 VTAB column, Fig. 2 and Table 9): every task fine-tuned on its
 1,000 training examples (800 train + 200 val, taken as VTAB defines them: fixed slices of the
 source order) with the paper's setting (2,500 steps at lr 0.01, SGD, batch 512, no
 augmentation, 384 px; --image-size checkpoint keeps the checkpoint's own) and tested on its
 full test split. The row, per-task top-1, the Natural / Specialized / Structured means and
-the mean over the 19 tasks, goes to OUT/vtab.md, vtab.json and vtab.csv. --lr-grid chooses the rate per task on the 200 val examples first
+the mean over the tasks, goes to OUT/vtab.md, vtab.json and vtab.csv. --lr-grid chooses the rate per task on the 200 val examples first
 (train on the 800), then reruns the best on all 1,000.
 
 Task data is read from ROOT, for each task TASK (caltech101, cifar100, dtd, ...: VTAB-1k's
-19) the first of these that exists:
+tasks) the first of these that exists:
   ROOT/TASK/{train,validation,test}/LABEL/FILE   image folders, one per split and label,
                                                   files named in the source's record order
   ROOT/TASK/ with dataset_dict.json               a Hugging Face DatasetDict (save_to_disk)
@@ -25,7 +30,7 @@ docs/reproducing.md (VTAB-1k) says where to get each task's data. Of tfds data, 
 and version VTAB pins are read (retinopathy's btgraham-300,
 pets 3.*.*, kitti 3.1.0, ...); --tfds-version TASK=[CONFIG/]VERSION accepts another, and the
 task's result.json records which was read. A task without data is listed with where to put
-it, and every mean says over how many of the 19 tasks it is taken. Finished tasks are kept
+it, and every mean says over how many of the tasks it is taken. Finished tasks are kept
 (OUT/TASK/result.json, with the checkpoint's sha256 and the task's settings), an interrupted
 one resumes: rerunning the command is always safe. A result of another checkpoint or other
 settings is refused by name, never reported under this one: give another --out. A vtab.md,
@@ -46,18 +51,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("checkpoint", help="pretrained weights: any file vitlab.load reads, or a published name")
     p.add_argument("--root", required=True, metavar="DIR", help="where the tasks' data lies (the layouts above)")
-    p.add_argument("--tasks", metavar="T,T,...", help="run only these tasks (default: all 19; the row shows all)")
+    p.add_argument("--tasks", metavar="T,T,...", help="run only these tasks (default: all; the row shows all)")
     p.add_argument("--out", metavar="DIR", help="the suite folder (default runs/vtab-CHECKPOINT)")
-    p.add_argument("--steps", type=int, default=2500, help="fine-tuning steps per task (default 2,500, Table 4)")
+    p.add_argument("--steps", type=COUNT, default=2500, help="fine-tuning steps per task (default 2,500, Table 4)")
     p.add_argument("--lr", type=float, help="learning rate (default 0.01, Table 4)")
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="choose each task's rate from these on its 200 val examples")
-    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--batch-size", type=COUNT, default=512)
     p.add_argument("--image-size", default="384", metavar="N", help="fine-tuning resolution (default 384; checkpoint)")
     p.add_argument("--tfds-version", action="append", default=[], metavar="TASK=[CONFIG/]VERSION", help="accept it")
     p.add_argument("--seed", type=int, default=0)
     add_device_argument(p)
     p.add_argument("--launcher", help="run each task as a job: local (with --jobs), slurm or submitit-local")
-    p.add_argument("--jobs", type=int, default=1, help="tasks side by side with --launcher local")
+    p.add_argument("--jobs", type=COUNT, default=1, help="tasks side by side with --launcher local")
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="a submitit executor parameter")
     p.add_argument("--no-wait", action="store_true", help="submit the jobs and return (then --report)")
     p.add_argument("--report", action="store_true", help="run nothing: write the row of the finished tasks")

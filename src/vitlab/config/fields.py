@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import os
 import typing
 from dataclasses import MISSING, field, fields
 from functools import lru_cache
@@ -67,7 +68,7 @@ def _describe(hint: Any) -> str:
             plural = {bool: "flags", int: "whole numbers", float: "numbers", str: "strings"}.get(args[0], "values")
             return f"a list of {plural}"
         return f"a list of {len(args)} values"
-    return {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}.get(
+    return {bool: f"a switch ({SWITCH_WORDS})", int: "a whole number", float: "a number", str: "a string"}.get(
         hint, getattr(hint, "__name__", str(hint))
     )
 
@@ -182,7 +183,33 @@ def check_keys(cls: type, d: dict[str, Any], section: str, extra: tuple[str, ...
     return dict(d)
 
 
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+# A switch (a boolean setting or environment flag) is one of these words, in any case, and nothing else:
+# "maybe", "2" or "flase" is refused, never read as on or off.
+SWITCHES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+SWITCH_WORDS = "1/0, true/false, yes/no or on/off"
+
+
+def _switch_word(value: Any) -> Optional[bool]:
+    """True or False for a switch word (or 0/1 as a number), else None."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return SWITCHES.get(value.strip().lower()) if isinstance(value, str) else None
+
+
+def switch(value: Any, label: str) -> bool:
+    """A switch's value, or a ConfigError naming `label` and the words it takes."""
+    on = _switch_word(value)
+    if on is None:
+        raise ConfigError(f"{label}={value!r} is not a switch: give {SWITCH_WORDS}")
+    return on
+
+
+def env_switch(name: str, default: bool = False) -> bool:
+    """The switch in environment variable `name`; unset or empty is `default`."""
+    text = os.environ.get(name, "")
+    return default if not text.strip() else switch(text, name)
 
 
 def from_text(value: Any, hint: Any) -> Any:
@@ -194,6 +221,8 @@ def from_text(value: Any, hint: Any) -> Any:
         return from_text(value, [a for a in args if a is not type(None)][0])
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis and value is not None and not isinstance(value, (list, tuple)):
         value = [value]  # one value where a list is meant: data.eval_splits=test
+    if hint is bool and not isinstance(value, bool) and _switch_word(value) is not None:
+        return _switch_word(value)  # a switch word, or YAML's 1 and 0
     if not isinstance(value, str):
         if origin is tuple and isinstance(value, (list, tuple)):
             inner = args[0] if len(args) == 2 and args[1] is Ellipsis else None
@@ -211,8 +240,6 @@ def from_text(value: Any, hint: Any) -> Any:
             return int(number) if number.is_integer() and abs(number) <= 2**53 else number
     except ValueError:
         return value
-    if hint is bool and text.lower() in _TRUE + _FALSE:
-        return text.lower() in _TRUE
     return value
 
 

@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
 
 CLASSIFIERS = ("token", "gap")
-POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "relative", "none")
+POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "sincos_2d_big_vision", "relative", "none")
 # Where an absolute position embedding is added (App. D.4): once after the stem (the paper's
 # default), at the input of every block with its own table, or at every block, one shared table.
 POS_EMBED_AT = ("stem", "every_block", "every_block_shared")
@@ -159,9 +159,11 @@ class ViTConfig(_StoredConfig):
             )
         if self.pos_embed_at != "stem" and self.pos_embed in ("relative", "none"):
             raise ConfigError(f"pos_embed_at={self.pos_embed_at!r} needs an absolute embedding (learned, learned_2d, "
-                              f"sincos_2d); pos_embed={self.pos_embed!r} adds nothing to the tokens")
-        if self.pos_embed in ("learned_2d", "sincos_2d") and self.hidden_size % 4:
+                              f"sincos_2d, sincos_2d_big_vision); pos_embed={self.pos_embed!r} adds nothing to the tokens")
+        if self.pos_embed in ("learned_2d", "sincos_2d", "sincos_2d_big_vision") and self.hidden_size % 4:
             raise ConfigError(f"pos_embed={self.pos_embed!r} needs hidden_size divisible by 4")
+        if self.pos_embed == "sincos_2d_big_vision" and self.hidden_size < 8:  # its frequencies divide by quarter - 1
+            raise ConfigError(f"pos_embed='sincos_2d_big_vision' needs hidden_size of at least 8 (got {self.hidden_size})")
         _check_preprocessing(self)
         stride = self.total_stride
         h, w = self.image_size

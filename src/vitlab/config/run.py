@@ -38,6 +38,11 @@ HEAD_STARTS = ("zeros", "probe")  # model.head_start: how a fine-tune's new head
 # The inception crop's area range: vision_transformer's input_pipeline.py (and big_vision's
 # inception_crop) samples 5% to 100% of the image, not torchvision's 8%.
 CROP_SCALE = (0.05, 1.0)
+# The training geometry (data.crop): "inception", the random crop of crop_scale/crop_ratio
+# (the paper's pre-training and fine-tuning), or "whole", the whole image resized to the
+# model's size, as task_adaptation's VTAB pipeline and the evaluation squash take it (no crop:
+# an inception crop of scale [1, 1] is still a crop, the central square of a non-square image).
+CROPS = ("inception", "whole")
 SHUFFLE_BUFFER = 2000  # samples a streamed (wds) training set holds for shuffling: data.shuffle_buffer
 
 
@@ -166,7 +171,8 @@ class DataConfig:
     # transform); "cuda" decodes and augments on the GPU (vitlab.data.decode).
     decode: str = setting("fast", one_of=("fast", "pil", "cuda"))
     eval_decode: str = setting("pil", one_of=("pil", "fast"), hint="fast: reduced-scale JPEG decoding, opt-in")
-    # Inception-style crop (the paper's training preprocessing): area and aspect-ratio ranges.
+    # The training geometry (CROPS); the inception crop's area and aspect-ratio ranges.
+    crop: str = setting("inception", one_of=CROPS, hint="whole: the whole image resized, no crop")
     crop_scale: tuple[float, float] = setting(CROP_SCALE, check=_crop_range)
     crop_ratio: tuple[float, float] = setting((0.75, 1.3333333333333333), check=_ratio_range)
     hflip: bool = True

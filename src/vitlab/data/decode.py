@@ -183,6 +183,12 @@ def draw_box(height: int, width: int, scale: Sequence[float], ratio: Sequence[fl
     return Box(i, j, h, w, flip)
 
 
+def whole_box(height: int, width: int, hflip: bool) -> Box:
+    """The whole image as the box (data.crop=whole: resized to the output, whatever its aspect),
+    then RandomHorizontalFlip's coin when `hflip`: no draw for the box."""
+    return Box(0, 0, height, width, bool(torch.rand(1) < 0.5) if hflip else False)
+
+
 @functools.lru_cache(maxsize=16)
 def _log_ratio(ratio: tuple[float, float]) -> tuple[float, float]:
     """torch.log of the ratio range in float32, as torchvision computes it."""

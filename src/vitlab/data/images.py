@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, Optional, Union
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from vitlab.files import NotRegularFileError, require_regular_file
 
@@ -41,15 +41,32 @@ Source = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
 
 
 class BadImageError(ValueError):
-    """An image file that cannot be decoded; the message names the file."""
+    """An image file that cannot be decoded; the message names the file. `reason` says why as
+    data, one of REASONS (what a server turns into an HTTP status), and `detail` what the
+    decoder found, without the message's advice to a training run."""
+
+    def __init__(self, message: str, reason: str = "damaged", detail: str = ""):
+        super().__init__(message)
+        self.reason = reason
+        self.detail = detail or message
+
+    def __reduce__(self):  # raised in a data-loader worker, it crosses to the parent whole
+        return (type(self), (str(self), self.reason, self.detail))
 
 
-def bad_image(name: Any, e: Exception) -> BadImageError:
+# Why an image is refused: a format no decoder here reads, no pixels, more pixels than the limit,
+# not a regular file, or broken (a damaged header or truncated data).
+REASONS = ("unknown-format", "no-pixels", "too-big", "not-a-file", "damaged")
+
+
+def bad_image(name: Any, e: Exception, reason: Optional[str] = None) -> BadImageError:
     """The one-line refusal of an image that cannot be decoded."""
-    return BadImageError(
-        f"{name}: cannot read this image ({type(e).__name__}: {e}); "
-        "fix or remove the file, or pass --skip-bad-images to skip and count such files"
-    )
+    if reason is None:
+        reason = ("unknown-format" if isinstance(e, UnidentifiedImageError)
+                  else "too-big" if isinstance(e, Image.DecompressionBombError) else "damaged")
+    detail = f"{type(e).__name__}: {e}"
+    return BadImageError(f"{name}: cannot read this image ({detail}); "
+                         "fix or remove the file, or pass --skip-bad-images to skip and count such files", reason, detail)
 
 
 def image_bytes(source: Source, name: Any = None) -> bytes:
@@ -60,7 +77,7 @@ def image_bytes(source: Source, name: Any = None) -> bytes:
         try:
             require_regular_file(source, "image file")
         except NotRegularFileError as e:
-            raise bad_image(name or source, ValueError(f"it is {e.kind}, not a regular file")) from None
+            raise bad_image(name or source, ValueError(f"it is {e.kind}, not a regular file"), "not-a-file") from None
         return Path(source).read_bytes()
     return source.read()
 
@@ -94,10 +111,10 @@ def check_size(width: int, height: int, name: Any, max_pixels: Optional[int] = N
     """Refuse an image of no pixels, or of more than the limit (PIL's decompression-bomb limit)."""
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
     if width < 1 or height < 1:
-        raise bad_image(name, ValueError(f"the image is {width}x{height} pixels"))
+        raise bad_image(name, ValueError(f"the image is {width}x{height} pixels"), "no-pixels")
     if width * height > limit:
         raise bad_image(name, ValueError(f"{width}x{height} pixels, over the limit of {limit:,} pixels "
-                                         "(a decompression bomb, or an image to shrink first)"))
+                                         "(a decompression bomb, or an image to shrink first)"), "too-big")
 
 
 def open_image(data: bytes, name: Any, max_pixels: Optional[int] = None) -> Image.Image:

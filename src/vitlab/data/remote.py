@@ -7,7 +7,8 @@ A `pipe:` command is the one place vitlab runs a shell, so it runs only what the
 (`check_command`): in a `vitlab` process, a command typed on its command line (`--data
 wds:pipe:...`, `data.name=wds:pipe:...`), never one that came from a file (a recipe, a run's
 config.yaml, a sweep spec) unless the command line says --allow-pipe or the environment
-VITLAB_ALLOW_PIPE=1; in Python, the strings its caller passes.
+switch VITLAB_ALLOW_PIPE is on (1, true, yes or on; any other word is refused, never read as
+on); in Python, the strings its caller passes.
 
 Nothing is stored: a shard is streamed each time it is read. The per-shard index (sample
 counts, labels) is cached as for files when the server names the version it sends (an ETag,
@@ -67,8 +68,11 @@ def typed_commands(words: Iterable[str]) -> frozenset[str]:
 @contextlib.contextmanager
 def command_line_rule(argv: Iterable[str], allow: bool = False) -> Iterator[None]:
     """While a command runs: only the pipe: commands typed in `argv` run (all of them with
-    `allow`, the command's --allow-pipe)."""
+    `allow`, the command's --allow-pipe, or with the switch VITLAB_ALLOW_PIPE on)."""
     global _typed
+    from vitlab.config.fields import env_switch
+
+    allow = allow or env_switch(ALLOW_ENV)  # read once, in the process whose command line it is
     before, _typed = _typed, None if allow else typed_commands(argv)
     try:
         yield
@@ -78,7 +82,7 @@ def command_line_rule(argv: Iterable[str], allow: bool = False) -> Iterator[None
 
 def check_command(command: str, where: str = "wds") -> None:
     """Refuse, before it runs, a pipe: command nobody allowed (see the module docstring)."""
-    if _typed is None or command in _typed or os.environ.get(ALLOW_ENV, "") not in ("", "0"):
+    if _typed is None or command in _typed:
         return
     raise DataError(f"{where}: pipe:{command} would run a shell command that is not on this command line (it comes "
                     "from a file: a recipe, a run's config.yaml or a sweep spec); if you trust that file, allow it "

@@ -8,8 +8,8 @@ uint8 tensor kernels for transformers 5.x), recorded in its config when it was i
 
 One training transform, `TrainTransform`, whatever decodes the image:
 
-    decode (a step: pil, fast or cuda; vitlab.data.decode)  ->  the Inception crop's box,
-    drawn on the shown size  ->  the crop at the model's size  ->  the flip  ->  the
+    decode (a step: pil, fast or cuda; vitlab.data.decode)  ->  the Inception crop's box
+    drawn on the shown size (or, crop="whole", the whole image)  ->  the crop at the model's size  ->  the flip  ->  the
     augmentations (config.run.AUGMENTATIONS, built here from that table)  ->  uint8 out, or
     normalised (vitlab.pixels)  ->  the augmentations on the float image (random erasing)
 
@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vitlab.config.run import AUGMENTATIONS, CROP_SCALE
+from vitlab.config.run import AUGMENTATIONS, CROP_SCALE, CROPS
 from vitlab.data import decode as decoding
 from vitlab.data.decode import STEPS, FastEvalTransform, Planned, interpolation_mode
 from vitlab.data.images import to_mode
@@ -223,7 +223,7 @@ def model_transform(config, train: bool = False, **augment) -> Callable[[Image.I
 
 
 # train_transform's augmentation options, as DataConfig names them: the crop and flip, then the table's.
-AUGMENT_OPTIONS = ("crop_scale", "crop_ratio", "hflip", *(key for a in AUGMENTATIONS for key in a.keys))
+AUGMENT_OPTIONS = ("crop", "crop_scale", "crop_ratio", "hflip", *(key for a in AUGMENTATIONS for key in a.keys))
 
 
 def augmentations(options: dict[str, Any]) -> tuple[list[Callable], list[Callable]]:
@@ -261,15 +261,19 @@ class TrainTransform:
                  std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3,
                  crop_scale: Sequence[float] = CROP_SCALE, crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
                  hflip: bool = True, interpolation: str = "bilinear", decode: str = "fast", uint8: bool = False,
-                 **augment: Any):
+                 crop: str = "inception", **augment: Any):
         if decode not in STEPS:
             raise ValueError(f"decode={decode!r}: use one of {', '.join(STEPS)}")
+        if crop not in CROPS:
+            raise ValueError(f"crop={crop!r}: use one of {', '.join(CROPS)}")
         unknown = sorted(set(augment) - set(AUGMENT_OPTIONS))
         if unknown:
             raise TypeError(f"unknown augmentation option(s) {unknown}; known: {', '.join(AUGMENT_OPTIONS)}")
         self.size, self.mean, self.std, self.in_channels = _size(image_size), tuple(mean), tuple(std), in_channels
         self.decode, self.uint8, self.interpolation = decode, uint8, interpolation_mode(interpolation)
-        self.draw = functools.partial(decoding.draw_box, scale=tuple(crop_scale), ratio=tuple(crop_ratio), hflip=hflip)
+        self.crop = crop
+        self.draw = (functools.partial(decoding.whole_box, hflip=hflip) if crop == "whole" else
+                     functools.partial(decoding.draw_box, scale=tuple(crop_scale), ratio=tuple(crop_ratio), hflip=hflip))
         self.ops, self.after = augmentations(augment)
         if decode == "cuda" and (self.ops or self.after):
             raise ValueError(f"{', '.join(sorted(k for k in augment if augment[k]))} run on the CPU: use decode=fast "
@@ -306,8 +310,10 @@ class TrainTransform:
     def __repr__(self) -> str:
         (h, w), (scale, ratio, hflip, interpolation) = self.size, self.described
         ops = ", ".join(type(op).__name__ for op in [*self.ops, *self.after]) or "none"
-        return (f"TrainTransform(\n  decode: {self.decode} (vitlab.data.decode)\n  crop: Inception, area {scale[0]:g}-"
-                f"{scale[1]:g}, aspect {ratio[0]:.3g}-{ratio[1]:.3g}, resized to {h}x{w}, {interpolation}, antialiased\n"
+        crop = ("none, the whole image" if self.crop == "whole" else
+                f"Inception, area {scale[0]:g}-{scale[1]:g}, aspect {ratio[0]:.3g}-{ratio[1]:.3g}")
+        return (f"TrainTransform(\n  decode: {self.decode} (vitlab.data.decode)\n  crop: {crop}, "
+                f"resized to {h}x{w}, {interpolation}, antialiased\n"
                 f"  flip: {'horizontal, half the images' if hflip else 'none'}\n  augmentations: {ops}\n"
                 f"  out: {'uint8 (normalised on the device)' if self.uint8 and not self.after else repr(self.normalise)}\n)")
 
@@ -316,7 +322,8 @@ def train_transform(image_size: int | Sequence[int], mean: Sequence[float] = (0.
                     std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3, decode: str = "fast",
                     uint8: bool = False, **augment: Any) -> TrainTransform:
     """The training transform: the Inception crop (random area `crop_scale` and aspect ratio
-    `crop_ratio`, resized to the model's size) and a horizontal flip (Appendix B.1); then,
+    `crop_ratio`, resized to the model's size), or with crop="whole" the whole image resized
+    to it (VTAB's geometry, the evaluation squash's), and a horizontal flip (Appendix B.1); then,
     each when set, the augmentations of config.run.AUGMENTATIONS (torchvision's RandAugment
     with num_ops=randaugment, AutoAugment with the `autoaugment` policy, TrivialAugmentWide,
     AugMix with severity=augmix, RandomErasing with p=random_erasing on the normalised image).

@@ -169,7 +169,7 @@ def task_label(task: Task, features: dict[str, Any]) -> int:
 def get_task(name: str) -> Task:
     key = name.strip().lower().replace("-", "_")
     if key not in TASKS:
-        raise DataError(suggest.unknown("VTAB task", name, TASKS, f"the 19 VTAB-1k tasks: {', '.join(TASKS)}"))
+        raise DataError(suggest.unknown("VTAB task", name, TASKS, f"the {len(TASKS)} VTAB-1k tasks: {', '.join(TASKS)}"))
     return TASKS[key]
 
 

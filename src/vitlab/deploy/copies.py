@@ -24,17 +24,18 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.checkpoints import io
-from vitlab.config import ConfigError
+from vitlab.config import ConfigError, ViTConfig
 from vitlab.deploy import onednn
 from vitlab.deploy.int8 import calibrated_skeleton, quantize_calibrated, rest_dtype, restore_calibrated
 from vitlab.deploy.onednn import onednn_dtypes
+from vitlab.models import Model
 from vitlab.models.vit import VisionTransformer
 
 CALIBRATED = "int8, calibrated"  # the serving kind of quantize_int8(model, calibration=images)
@@ -94,11 +95,12 @@ def pack_linears(model: VisionTransformer, batch_hint: Optional[int] = None) -> 
     MLP's GELU fused into its first layer. Inference only: packed weights have no gradient."""
     for block in model.blocks:
         mlp = block.mlp
+        assert mlp.fc1.gelu is not None  # the MLP's first Dense layer carries its GELU
         act = {"tanh": "gelu_tanh", "none": "gelu"}[mlp.fc1.gelu]
-        block.attn.qkv = PackedLinear(block.attn.qkv, batch_hint=batch_hint)
-        block.attn.proj = PackedLinear(block.attn.proj, batch_hint=batch_hint)
-        mlp.fc1 = PackedLinear(mlp.fc1, act, batch_hint)
-        mlp.fc2 = PackedLinear(mlp.fc2, batch_hint=batch_hint)
+        block.attn.qkv = PackedLinear(block.attn.qkv, batch_hint=batch_hint)  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
+        block.attn.proj = PackedLinear(block.attn.proj, batch_hint=batch_hint)  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
+        mlp.fc1 = PackedLinear(mlp.fc1, act, batch_hint)  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
+        mlp.fc2 = PackedLinear(mlp.fc2, batch_hint=batch_hint)  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
     return model
 
 
@@ -184,6 +186,10 @@ class Int8Linear(nn.Module):
     The int32 accumulation is exact; the only error is the two roundings to int8.
     """
 
+    weight_int8: Tensor  # buffers (register_buffer), declared for the type checker
+    weight_scale: Tensor
+    bias: Optional[Tensor]
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         w = linear.weight.detach().float()  # (out, in)
@@ -242,7 +248,7 @@ def save_int8(model: nn.Module, path) -> None:
     if kind not in ("int8", CALIBRATED):
         raise ValueError("save_int8 takes an int8 copy: vitlab.deploy.quantize_int8(model) or "
                          "quantize_int8(model, calibration=images)")
-    inner = model.model if kind == CALIBRATED else model
+    inner: Any = model.model if kind == CALIBRATED else model  # the ViT (a calibrated copy wraps it)
     extra = {io.SERVING_KEY: kind, **({REST_KEY: str(model.dtype).removeprefix("torch.")} if kind == CALIBRATED else {})}
     io.write_state(inner.config, io.contiguous_state(inner), inner.class_names, path, extra_metadata=extra)
 
@@ -254,8 +260,10 @@ def load_int8(path) -> nn.Module:
     imported = io.read(path, serving=kind)
     rest = getattr(torch, imported.metadata.get(REST_KEY, "float32"), torch.float32)
     with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
+        if not isinstance(imported.config, ViTConfig):
+            raise io.CheckpointError(f"{path}: an int8 copy stores a ViT, not a {imported.config.kind} model")
         fresh = VisionTransformer(imported.config)
-        model = calibrated_skeleton(fresh, rest) if kind == CALIBRATED else quantize_int8(fresh)
+        model: Any = calibrated_skeleton(fresh, rest) if kind == CALIBRATED else quantize_int8(fresh)
     try:
         model.load_state_dict(imported.state, strict=True)
     except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
@@ -292,12 +300,12 @@ def agreement(reference: nn.Module, candidate: nn.Module, images: Tensor, batch_
 PRECISIONS = ("fp32", "fp32-packed", "bf16", "fp16", "int8")
 
 
-def for_precision(model: VisionTransformer, precision: str, calibration: Optional[Tensor] = None) -> nn.Module:
+def for_precision(model: Model, precision: str, calibration: Optional[Tensor] = None) -> nn.Module:
     """The inference copy of `model` for a precision name ("fp32" returns the model itself);
     `calibration` images are for int8 (see `quantize_int8`)."""
     if precision == "fp32":
         return model.eval()
-    if not hasattr(model, "blocks"):
+    if not isinstance(model, VisionTransformer):
         raise ConfigError(f"{precision} serving copies pack a ViT's encoder blocks; {model.config.name} has none: "
                           "run it in fp32 (vitlab bench also times it under bf16 autocast)")
     if precision == "fp32-packed":
@@ -311,7 +319,7 @@ def for_precision(model: VisionTransformer, precision: str, calibration: Optiona
     raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
 
 
-def inference_copy(model: nn.Module, precision: str = "fp32", *, plain: bool = False,
+def inference_copy(model: Model, precision: str = "fp32", *, plain: bool = False,
                    calibration: Optional[Tensor] = None) -> nn.Module:
     """The model as vitlab runs it for inference, built once, before any forward: the one call
     for a user's own loop. On a CPU, "fp32" is the packed fp32 copy (`to_packed_fp32`: oneDNN's
@@ -325,6 +333,6 @@ def inference_copy(model: nn.Module, precision: str = "fp32", *, plain: bool = F
             raise ConfigError(f"plain runs the model as it is, in fp32; drop plain (--plain) to run {precision}")
         return model
     on_cpu = next(model.parameters()).device.type == "cpu"
-    if precision == "fp32" and on_cpu and hasattr(model, "blocks"):
+    if precision == "fp32" and on_cpu and isinstance(model, VisionTransformer):
         return to_packed_fp32(model)
     return for_precision(model, precision, calibration)

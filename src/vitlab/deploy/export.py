@@ -12,7 +12,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +24,7 @@ from vitlab.models.vit import VisionTransformer
 
 def _example(model: nn.Module, batch: int = 2) -> Tensor:
     # Batch 2, not 1: the exporters would take a size-1 axis for a constant.
-    cfg = model.config
+    cfg: Any = model.config  # a vitlab model's, or an inference copy's (deploy.Serving)
     device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
     return torch.randn(batch, cfg.in_channels, *cfg.image_size).to(device)  # on the model's device (--device)
 
@@ -100,6 +100,7 @@ def export_onnx(model: VisionTransformer, path: str | os.PathLike, opset: int = 
         optimize=True,
         verbose=False,
     )
+    assert onnx_program is not None  # None only when the exporter is given a file name (f=)
     name_batch_axis(onnx_program.model)
     onnx_program.model.metadata_props.update(onnx_metadata(model))
     atomic_write(path, lambda tmp: onnx_program.save(tmp))

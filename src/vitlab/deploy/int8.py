@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -81,6 +81,10 @@ class CalibratedInt8Linear(nn.Module):
     q_w int8 (a scale per output channel), on oneDNN; GELU fused where the Dense layer had
     one. Output in `out_dtype`, or uint8 at `out_range` (the next layer's input)."""
 
+    quantisation: Tensor  # buffers (register_buffer), declared for the type checker
+    weight_int8: Tensor
+    weight_packed: Tensor
+
     def __init__(self, linear: Dense, x_range: tuple[float, float],
                  out_range: Optional[tuple[float, float]] = None, out_dtype: Optional[torch.dtype] = None):
         super().__init__()
@@ -93,7 +97,7 @@ class CalibratedInt8Linear(nn.Module):
         self.out_scale, self.out_zero = affine_u8(*out_range, self.top) if out_range else (1.0, 0)
         self.out_dtype = None if out_range else (out_dtype or rest_dtype())  # None: oneDNN writes uint8
         gelu = getattr(linear, "gelu", None)
-        self.post = ("none", [], "") if gelu is None else ("gelu", [], gelu)
+        self.post: tuple[str, list[Any], str] = ("none", [], "") if gelu is None else ("gelu", [], gelu)
         # The int8 weight and the activation's quantisation travel in a file (deploy.save_int8);
         # the packed layout is for this process and machine only, made again by `restore`.
         self.register_buffer("weight_int8", q)
@@ -139,10 +143,10 @@ def _dense_layers(block: Block) -> dict[str, Dense]:
 
 
 @torch.no_grad()
-def channel_ranges(model: VisionTransformer, images: Tensor, batch_size: int = 64) -> dict[Dense, Tensor]:
+def channel_ranges(model: VisionTransformer, images: Tensor, batch_size: int = 64) -> dict[nn.Module, Tensor]:
     """Each encoder Dense layer's input: per-channel (min, max) over the images, (2, in).
     Forward pre-hooks, removed before returning; the model is run in eval mode, fp32."""
-    ranges: dict[Dense, Tensor] = {}
+    ranges: dict[nn.Module, Tensor] = {}
 
     def observe(layer: nn.Module, args: tuple) -> None:
         x = args[0].detach().float().reshape(-1, args[0].shape[-1])
@@ -199,8 +203,8 @@ def quantize_calibrated(model: VisionTransformer, images: Tensor, batch_size: in
         })
     m.to(rest_dtype())  # the rest in bf16 (fp32 without it); the int8 layers keep fp32 scales and biases
     for block, layers in zip(m.blocks, int8, strict=True):
-        block.attn.qkv, block.attn.proj = layers["qkv"], layers["proj"]
-        block.mlp.fc1, block.mlp.fc2 = layers["fc1"], layers["fc2"]
+        block.attn.qkv, block.attn.proj = layers["qkv"], layers["proj"]  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
+        block.mlp.fc1, block.mlp.fc2 = layers["fc1"], layers["fc2"]  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
     return m
 
 
@@ -214,9 +218,9 @@ def calibrated_skeleton(model: VisionTransformer, rest: torch.dtype) -> VisionTr
     m = model.eval().to(rest)
     for block in m.blocks:
         dense = _dense_layers(block)
-        block.attn.qkv, block.attn.proj = (CalibratedInt8Linear(dense[k], (0.0, 1.0), out_dtype=rest) for k in ("qkv", "proj"))
-        block.mlp.fc1 = CalibratedInt8Linear(dense["fc1"], (0.0, 1.0), out_range=(0.0, 1.0))
-        block.mlp.fc2 = CalibratedInt8Linear(dense["fc2"], (0.0, 1.0), out_dtype=rest)
+        block.attn.qkv, block.attn.proj = (CalibratedInt8Linear(dense[k], (0.0, 1.0), out_dtype=rest) for k in ("qkv", "proj"))  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
+        block.mlp.fc1 = CalibratedInt8Linear(dense["fc1"], (0.0, 1.0), out_range=(0.0, 1.0))  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
+        block.mlp.fc2 = CalibratedInt8Linear(dense["fc2"], (0.0, 1.0), out_dtype=rest)  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
     return m
 
 

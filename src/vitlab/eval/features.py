@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from vitlab.data import DataOptions, foreign, open_dataset
+from vitlab.data.loader import Loader
 from vitlab.data.transforms import model_transform
 from vitlab.eval.accuracy import preprocessing
 from vitlab.files import atomic_write, cache_dir
@@ -98,10 +99,9 @@ def extract_features(
                 break
         items = (dataset[i] for i in keep)
         if workers:
-            items = iter(torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, keep), batch_size=None,
-                                                     num_workers=workers))
+            items = iter(Loader(torch.utils.data.Subset(dataset, keep), batch_size=None, num_workers=workers))
     elif workers:
-        items = iter(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers))
+        items = iter(Loader(dataset, batch_size=None, num_workers=workers))
     else:
         items = iterate(dataset)
 

@@ -24,7 +24,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -38,6 +38,8 @@ Error = Callable[[str], Exception]
 class NotRegularFileError(OSError):
     """A path that is a FIFO, a device or a socket where a file is meant: opening it could
     block forever (a FIFO with no writer) or read without end (/dev/zero)."""
+
+    kind = "not a regular file"  # what the path is instead ("a FIFO (named pipe)", ...)
 
 
 def require_regular_file(path: PathLike, what: str = "file") -> Path:
@@ -82,7 +84,7 @@ def _kind(v: object) -> str:
     return names.get(v if isinstance(v, type) else type(v), f"a {type(v).__name__}")
 
 
-def check_shape(value: object, shape: object, where: str = "the document") -> object:
+def check_shape(value: Any, shape: object, where: str = "the document") -> Any:
     """`value` if it has `shape`, else DocumentError naming the first place that differs.
 
     A shape is `object` (anything); a type (`str`, `bool`, `dict`, `list`; `int` and `float`
@@ -96,7 +98,7 @@ def check_shape(value: object, shape: object, where: str = "the document") -> ob
     return value
 
 
-def _problem(v: object, shape: object, where: str) -> Optional[str]:
+def _problem(v: object, shape: Any, where: str) -> Optional[str]:
     if shape is object:
         return None
     if shape is None or isinstance(shape, type) and shape not in (int, float):
@@ -170,7 +172,7 @@ def _text(path: Path, what: str, error: Error, fix: str) -> str:
         raise error(f"{path}: not UTF-8 text, so not a {what}; {fix}") from None
 
 
-def _checked(data: object, path: Path, what: str, shape: object, error: Error, fix: str) -> object:
+def _checked(data: Any, path: Path, what: str, shape: object, error: Error, fix: str) -> Any:
     if _too_big(data):
         raise error(f"{path}: nested deeper than {MAX_DEPTH} levels or too large, not a {what}; {fix}")
     problem = _problem(data, shape, path.name)
@@ -180,7 +182,7 @@ def _checked(data: object, path: Path, what: str, shape: object, error: Error, f
 
 
 def parse_json(text: str, path: PathLike, shape: object = object, what: str = "JSON file",
-               fix: str = "restore or remove it", error: Error = DocumentError) -> object:
+               fix: str = "restore or remove it", error: Error = DocumentError) -> Any:
     """`text` (the content of `path`) parsed and checked as read_json does."""
     path = Path(path)
     if _json_too_deep(text):
@@ -193,7 +195,7 @@ def parse_json(text: str, path: PathLike, shape: object = object, what: str = "J
 
 
 def read_json(path: PathLike, shape: object = object, what: str = "JSON file", fix: str = "restore or remove it",
-              error: Error = DocumentError) -> object:
+              error: Error = DocumentError) -> Any:
     """The JSON document in `path`, of `shape` (check_shape). Otherwise `error(message)` (the
     caller's own error class; the message names the file and ends with `fix`), also when
     there is no file."""
@@ -201,7 +203,7 @@ def read_json(path: PathLike, shape: object = object, what: str = "JSON file", f
 
 
 def read_yaml(path: PathLike, shape: object = object, what: str = "YAML file", fix: str = "restore or remove it",
-              error: Error = DocumentError) -> object:
+              error: Error = DocumentError) -> Any:
     """As read_json, for YAML (yaml.safe_load: no object is built from a tag); an empty file
     is an empty mapping."""
     import yaml
@@ -216,7 +218,7 @@ def read_yaml(path: PathLike, shape: object = object, what: str = "YAML file", f
 
 
 def read_json_lines(path: PathLike, shape: object = object, what: str = "JSON-lines log",
-                    fix: str = "restore or remove it", error: Error = DocumentError) -> list:
+                    fix: str = "restore or remove it", error: Error = DocumentError) -> list[Any]:
     """Each line of a JSON-lines file, parsed and checked; a last line cut short by a crash
     (not JSON, no newline after it) is dropped, and any other bad line is `error`."""
     path = Path(path)

@@ -85,7 +85,7 @@ class BiTResNet(Classifier, nn.Module):
 
     def __init__(self, config: BiTConfig):
         super().__init__()
-        self.config = config
+        self.config: BiTConfig = config
         self.class_names: Optional[list[str]] = None  # carried into checkpoints
         cfg = config
         self.root = Root(cfg)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vitlab.config import ModelConfig
 from vitlab.models.pos_embed import resize_line
 
 
@@ -64,7 +65,7 @@ class PatchEmbed(nn.Module):
         # LeCun normal on the flattened patch, as the official embedding initialiser.
         fan_in = in_channels * patch_size * patch_size
         nn.init.trunc_normal_(self.proj.weight, std=(1.0 / fan_in) ** 0.5)
-        nn.init.zeros_(self.proj.bias)
+        nn.init.zeros_(self.proj.bias)  # type: ignore[arg-type]  # Conv2d's default bias=True: never None
 
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         # Eq. 1 as written: flatten each patch to x_p (C*P*P values, in the conv weight's
@@ -125,7 +126,8 @@ class Attention(nn.Module):
     def relative_logits(self, q: Tensor) -> Tensor:
         """(B, h, T, T) logits q_i . r_{i-j}, scaled like the content logits."""
         B, h, T, dh = q.shape
-        table = self.rel_embedding
+        table: Optional[Tensor] = self.rel_embedding
+        assert table is not None, "called only with relative position embeddings"
         if table.shape[0] != 2 * T - 1:  # another input size: resample the offsets
             table = resize_line(table, 2 * T - 1, "bilinear_aligned")
         r = table.reshape(2 * T - 1, h, dh).transpose(0, 1)  # (h, 2T-1, dh)
@@ -229,6 +231,10 @@ class Classifier:
     gradient checkpointing of their blocks; how they print."""
 
     grad_checkpointing = False
+    config: ModelConfig  # each kind narrows it to its own (ViTConfig, BiTConfig)
+    norm: nn.LayerNorm | nn.GroupNorm  # the last norm before the head
+    head: nn.Module
+    serving = ""  # an inference copy's kind (vitlab.deploy), which vitlab.save and export refuse
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each block (a ViT's encoder block, a ResNet's residual unit) in the backward

@@ -4,6 +4,8 @@ Kinds:
 - "learned":    1D learned, one row per token (class token included), the paper's default.
 - "learned_2d": learned X and Y embeddings of D/2 each, concatenated per grid cell.
 - "sincos_2d":  fixed 2D sine-cosine embedding (no parameters).
+- "sincos_2d_big_vision": big_vision's `posemb_sincos_2d` (posemb='sincos2d', MoCo v3's):
+                the same four quarters with x first and frequencies over quarter - 1.
 - "relative":   1D relative attention; lives in the attention layers (see layers.py).
 - "none":       nothing is added.
 
@@ -69,16 +71,23 @@ def resize_token_embedding(
     return torch.cat([prefix, grid.reshape(1, new_grid[0] * new_grid[1], -1)], dim=1)
 
 
-def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
-    """Fixed 2D sin-cos embedding, (gh*gw, dim): a quarter of the channels each for
-    sin(y), cos(y), sin(x), cos(x) at geometrically spaced frequencies."""
+# The fixed kinds: (x first?, the frequency exponent's divisor is quarter minus this).
+SINCOS = {"sincos_2d": (False, 0), "sincos_2d_big_vision": (True, 1)}
+
+
+def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000.0, kind: str = "sincos_2d") -> Tensor:
+    """Fixed 2D sin-cos embedding, (gh*gw, dim): a quarter of the channels each for sin and
+    cos of y and of x (x first for big_vision's), at frequencies 1 / temperature^(i / n),
+    i < quarter, n = quarter (big_vision's: quarter - 1, so the last one is 1 / temperature)."""
+    x_first, less = SINCOS[kind]
     gh, gw = grid
     y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
     quarter = dim // 4
-    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / (quarter - less))
     y = y.flatten()[:, None] * omega[None]
     x = x.flatten()[:, None] * omega[None]
-    return torch.cat([y.sin(), y.cos(), x.sin(), x.cos()], dim=1).float()
+    first, second = (x, y) if x_first else (y, x)
+    return torch.cat([first.sin(), first.cos(), second.sin(), second.cos()], dim=1).float()
 
 
 class PositionEmbedding(nn.Module):
@@ -100,8 +109,8 @@ class PositionEmbedding(nn.Module):
         elif self.kind == "learned_2d":
             self.row_embedding = nn.Parameter(torch.empty(self.grid[0], d // 2))  # Y
             self.col_embedding = nn.Parameter(torch.empty(self.grid[1], d // 2))  # X
-        elif self.kind == "sincos_2d":
-            self.register_buffer("pos_embedding", sincos_2d(self.grid, d)[None], persistent=False)
+        elif self.kind in SINCOS:
+            self.register_buffer("pos_embedding", sincos_2d(self.grid, d, kind=self.kind)[None], persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -123,10 +132,10 @@ class PositionEmbedding(nn.Module):
             gh, gw = grid
             table = torch.cat([rows[:, None].expand(gh, gw, -1), cols[None].expand(gh, gw, -1)], dim=-1)
             return table.reshape(1, gh * gw, -1)
-        if self.kind == "sincos_2d":
+        if self.kind in SINCOS:
             if grid == self.grid:
                 return self.pos_embedding
-            return sincos_2d(grid, self.pos_embedding.shape[-1]).to(self.pos_embedding)[None]
+            return sincos_2d(grid, self.pos_embedding.shape[-1], kind=self.kind).to(self.pos_embedding)[None]
         raise RuntimeError(f"pos_embed={self.kind!r} has no table")
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:

@@ -10,7 +10,7 @@ then an optional pre-logits layer (Dense + tanh) and the classification head.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -36,7 +36,7 @@ class VisionTransformer(Classifier, nn.Module):
 
     def __init__(self, config: ViTConfig):
         super().__init__()
-        self.config = config
+        self.config: ViTConfig = config
         self.class_names: Optional[list[str]] = None  # carried into checkpoints
         cfg = config
         d = cfg.hidden_size
@@ -57,7 +57,8 @@ class VisionTransformer(Classifier, nn.Module):
         relative = cfg.num_tokens if cfg.pos_embed == "relative" else None
         # Stochastic depth grows linearly with depth, from 0 at the first block.
         drop_rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nn.ModuleList(
+        # an nn.ModuleList; typed as the Blocks it holds, which nn.ModuleList's stubs cannot say
+        self.blocks: Sequence[Block] = nn.ModuleList(  # type: ignore[assignment]
             Block(
                 d,
                 cfg.num_heads,

@@ -34,6 +34,7 @@ are gone, which joins its threads.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
 import os
@@ -139,7 +140,7 @@ def setup(device: str = "auto", parallel: str = "ddp") -> Context:
         # which would make `torch` a local name of this whole function (ruff F823).
         importlib.import_module("torch._dynamo")
 
-        where = dict(init_method=me.init, rank=me.rank, world_size=me.world) if me.init else {}
+        where: dict[str, Any] = dict(init_method=me.init, rank=me.rank, world_size=me.world) if me.init else {}
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
                                 device_id=dev if dev.type == "cuda" else None, **where)
     return Context(me.rank, me.world, me.local_rank, dev, parallel if me.world > 1 else "none")
@@ -176,8 +177,9 @@ def wrap(module: nn.Module, ctx: Context, inner: nn.Module | None = None) -> nn.
 
 
 @contextlib.contextmanager
-def no_sync(wrapped: nn.Module, skip: bool) -> Iterator[None]:
+def no_sync(module: nn.Module, skip: bool) -> Iterator[None]:
     """Skip the gradient all-reduce on all but the last micro-batch of an accumulated step."""
+    wrapped: Any = module  # DDP's no_sync or FSDP2's set_requires_gradient_sync, where it has one
     if skip and hasattr(wrapped, "no_sync"):
         with wrapped.no_sync():
             yield
@@ -194,12 +196,12 @@ def no_sync(wrapped: nn.Module, skip: bool) -> Iterator[None]:
 def _collective(run: Callable[[], Any], tensors: list[torch.Tensor], ctx: Context) -> None:
     """Run a collective over `tensors`, then, under gloo, wait until its worker thread has let
     go of them (see "Leaving cleanly" above); a moment, bounded at 5 s."""
-    before = [t._use_count() for t in tensors]
+    before = [t._use_count() for t in tensors]  # type: ignore[attr-defined]  # private, and undeclared in torch's stubs
     run()
     if dist.get_backend() != "gloo":  # NCCL's collectives run on the device's streams, not on threads
         return
     deadline = time.monotonic() + 5.0
-    while any(t._use_count() > n for t, n in zip(tensors, before, strict=True)) and time.monotonic() < deadline:
+    while any(t._use_count() > n for t, n in zip(tensors, before, strict=True)) and time.monotonic() < deadline:  # type: ignore[attr-defined]  # as above
         time.sleep(1e-4)
 
 
@@ -207,7 +209,7 @@ def sum_tensors(values: dict[str, torch.Tensor], ctx: Context) -> dict[str, torc
     """Add each tensor across processes (in place, returned for convenience)."""
     if ctx.active:
         for v in values.values():
-            _collective(lambda v=v: dist.all_reduce(v, op=dist.ReduceOp.SUM), [v], ctx)
+            _collective(functools.partial(dist.all_reduce, v, op=dist.ReduceOp.SUM), [v], ctx)
     return values
 
 

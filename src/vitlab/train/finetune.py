@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from vitlab.checkpoints import is_pretrained_name, open_checkpoint, save
-from vitlab.config import ConfigError, RunConfig, load_recipe
+from vitlab.config import ConfigError, RunConfig, ViTConfig, load_recipe
 from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
 from vitlab.data import DEV_FRACTIONS, identity
 from vitlab.data.transforms import model_transform
@@ -278,7 +278,8 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
         extra["data.dev_fraction"] = DEV_FRACTIONS.get(table4, identity.DEFAULT_DEV_FRACTION)
     own = inputs.checkpoint(checkpoint).config if paper_resolution else None
     if own is not None:
-        extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride)
+        # a ViT's on its patch grid; a ResNet (BiT) takes any size (it had no total_stride: AttributeError)
+        extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride if isinstance(own, ViTConfig) else 1)
     cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra, layers)
     explicit = explicit_keys(options, overrides, paper_resolution)
     threads, threads_note = choice.thread_policy(cfg, checkpoint, explicit)

@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from vitlab.config import ConfigError, RunConfig
 from vitlab.config.provenance import PLAN, SWEEP, Origin
 from vitlab.files import atomic_write_text
+from vitlab.run_layout import holding_run
 from vitlab.train import distributed
 from vitlab.train.run_folder import RunFolder, read_summary
 
@@ -334,24 +335,20 @@ def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str]) -> tuple[
     t, w = final.train.threads, final.data.num_workers
     said = (f"{t} compute thread{'s' if t > 1 else ''}" if t else "one compute thread per core") + \
         f" and {w} data worker{'s' if w != 1 else ''}"
+    run = holding_run(checkpoint)
     where = "as set" if {"train.threads", "data.num_workers"} <= explicit else (
-        f"as the source run trained ({source_run_folder(checkpoint) / 'config.yaml'})" if source
+        f"as the source run trained ({run.config})" if source and run
         else "the recipe's (the source is not a vitlab run)")
     return changes, f"threads: {said}, {where} (train.threads, --workers to change)"
-
-
-def source_run_folder(checkpoint: str) -> Path:
-    """The vitlab run folder a checkpoint file sits in (RUN/checkpoints/FILE)."""
-    return Path(checkpoint).parent.parent
 
 
 def source_run_config(checkpoint: str) -> Optional[RunConfig]:
     """The config of the vitlab run that wrote `checkpoint`, or None (another format, a
     name, a file outside a run folder, an unreadable config)."""
-    path = Path(checkpoint)
-    if path.parent.name != "checkpoints" or not (source_run_folder(checkpoint) / "config.yaml").is_file():
+    run = holding_run(checkpoint)
+    if run is None or not run.config.is_file():
         return None
     try:
-        return RunFolder(source_run_folder(checkpoint)).read_config()
+        return RunFolder(run.path).read_config()
     except ConfigError:
         return None

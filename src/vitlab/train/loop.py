@@ -34,10 +34,11 @@ from vitlab.config import ConfigError, RunConfig
 from vitlab.config.provenance import DATA_OBJECTS
 from vitlab.data import make_loader
 from vitlab.data.decode import model_input
-from vitlab.data.loader import batches_per_epoch
+from vitlab.data.loader import batches_per_epoch, close
 from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
 from vitlab.log import get_logger
+from vitlab.models import Model
 from vitlab.train import callbacks as cb, distributed, preemption, probe_head, state
 from vitlab.train.build import architecture, build_model, describe_source, open_datasets, train_loader
 from vitlab.train.compute import ComputeMeter
@@ -78,14 +79,15 @@ class Run:
 
     ctx: distributed.Context
     cfg: RunConfig
-    model: nn.Module
+    model: Model
     objective: Objective
     train_set: Any
     eval_sets: dict[str, Any]
     plan: Plan
-    wrapped: Optional[nn.Module] = None
+    # wrapped, optimizer, compute: set by Trainer._restore, hooks by Trainer._prepare, before any use
+    wrapped: nn.Module = field(init=False)
     step_fn: Any = None
-    optimizer: Optional[torch.optim.Optimizer] = None
+    optimizer: torch.optim.Optimizer = field(init=False)
     ema: Optional[EMA] = None
     start: int = 0
     prior_seconds: float = 0.0
@@ -94,9 +96,9 @@ class Run:
     progress: Optional[Progress] = None
     window: dict[str, float] = field(default_factory=dict)
     bad_images: set[str] = field(default_factory=set)  # names of the unreadable files skipped
-    compute: Optional[ComputeMeter] = None
+    compute: ComputeMeter = field(init=False)
     scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
-    hooks: Optional[cb.Hooks] = None  # the callbacks (vitlab.train.callbacks)
+    hooks: cb.Hooks = field(init=False)  # the callbacks (vitlab.train.callbacks)
     stop: str = ""  # why a callback ended the run early
     head_probe: Optional[dict[str, Any]] = None  # model.head_start=probe: how the head was fitted
 
@@ -122,7 +124,8 @@ class Trainer:
                  data: Any = None, eval_data: Any = None, notes: tuple[str, ...] = (),
                  trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = (),
                  inputs: Optional[Inputs] = None):
-        self.sources = None
+        self.sources: Optional[tuple[Any, dict[str, Any]]] = None
+        self.run_state: Optional[Run] = None
         if data is not None:
             evals = eval_data if isinstance(eval_data, dict) else ({"test": eval_data} if eval_data is not None else {})
             self.sources = (data, evals)
@@ -168,11 +171,13 @@ class Trainer:
         finally:
             self.watch.close()
             self.folder.release()
-            run = self.run_state = None  # its modules hold the process group, which cleanup ends
+            # this frame's reference goes too: its modules hold the process group, which cleanup ends
+            run = self.run_state = None  # type: ignore[assignment]  # `run` is not read after this line
             distributed.cleanup(ctx)
 
     def request_stop(self, reason: str) -> None:
         """End the run at this step (a callback's call): checkpoint, final evaluation, summary."""
+        assert self.run_state is not None, "request_stop is called by a callback, during a run"
         self.run_state.stop = reason
 
     def _complete(self, resume_from: Optional[int], total: int) -> bool:
@@ -264,7 +269,7 @@ class Trainer:
         if ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self.folder.write_config(self.cfg, self.command)
-            if saved is not None:
+            if resume_from is not None:  # (saved too)
                 truncate_after(self.folder.metrics, resume_from)
         distributed.barrier(ctx)
         run.window = new_window()
@@ -319,6 +324,7 @@ class Trainer:
                     break
         finally:
             run.start = step  # where training ended: the final evaluation's step
+            close(loader)  # its workers end here, on every way out (an error, a signal, the end)
             run.compute.pause()
             if run.progress:
                 run.progress.close()
@@ -402,6 +408,7 @@ class Trainer:
                     "loss": w["loss"] / w["n"], "accuracy": w["acc"] / w["n"], "lr": lr, "images_per_s": round(rate, 2),
                     **{k: compute[k] for k in ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")},
                 }
+                assert run.log is not None  # the main process's
                 run.log.write(record)
                 run.hooks.log(step, record)
         if log_now:
@@ -442,6 +449,7 @@ class Trainer:
         accuracy = scalars.get("top1", scalars.get("color_acc"))  # what this objective calls accuracy
         if accuracy is not None:
             record["accuracy"] = accuracy
+        assert run.log is not None  # called on the main process, which has the log
         run.log.write(record)
         line = f"eval {split} @ step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in scalars.items() if k != "count")
         if run.progress and not final:
@@ -472,6 +480,7 @@ class Trainer:
 
     def _finish(self, run: Run, results: dict[str, dict[str, Any]], seconds: float) -> dict[str, Any]:
         names = run.model.class_names
+        assert names is not None  # build_model names the classes
         bad = set().union(*distributed.gather_objects(sorted(run.bad_images), run.ctx))  # files, not reads
         ckpt = self.folder.checkpoint_file(run_layout.EMA if run.ema is not None else run_layout.LAST)
         splits = {}
@@ -491,6 +500,7 @@ class Trainer:
                            stopped_early={"step": run.start, "reason": run.stop})
         if not run.ctx.is_main:
             return summary
+        assert run.log is not None  # the main process's
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))

@@ -41,6 +41,7 @@ from vitlab.config import ConfigError, MPPConfig, RunConfig
 from vitlab.data import masking
 from vitlab.deploy import inference_copy
 from vitlab.eval.accuracy import batch_counts, metrics_from_counts
+from vitlab.models import Model
 from vitlab.models.mpp import MPPHead, mpp_loss
 from vitlab.models.vit import VisionTransformer
 
@@ -50,12 +51,12 @@ class Objective(nn.Module):
 
     name = ""  # its train.objective value
 
-    def __init__(self, model: VisionTransformer):
+    def __init__(self, model: Model):
         super().__init__()
         self.model = model
 
     @classmethod
-    def from_config(cls, model: VisionTransformer, config: RunConfig) -> "Objective":
+    def from_config(cls, model: Model, config: RunConfig) -> "Objective":
         return cls(model)
 
     def forward(self, images: Tensor, labels: Tensor) -> tuple[Tensor, dict[str, Any]]:
@@ -90,7 +91,7 @@ class Supervised(Objective):
 
     def __init__(
         self,
-        model: VisionTransformer,
+        model: Model,
         label_smoothing: float = 0.0,
         mixup: float = 0.0,
         cutmix: float = 0.0,
@@ -108,7 +109,7 @@ class Supervised(Objective):
             self.mix = mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
 
     @classmethod
-    def from_config(cls, model: VisionTransformer, config: RunConfig) -> "Supervised":
+    def from_config(cls, model: Model, config: RunConfig) -> "Supervised":
         t = config.train
         return cls(model, t.label_smoothing, t.mixup, t.cutmix)
 
@@ -142,6 +143,8 @@ class MaskedPatchPrediction(Objective):
 
     name = "mpp"
 
+    model: VisionTransformer  # the backbone MPP needs (from_config refuses the others)
+
     def __init__(self, model: VisionTransformer, cfg: Optional[MPPConfig] = None):
         cfg = cfg or MPPConfig()
         mpp = MPPHead(cfg, model.config)  # checks the backbone before anything changes
@@ -152,7 +155,7 @@ class MaskedPatchPrediction(Objective):
         self.mpp = mpp
 
     @classmethod
-    def from_config(cls, model: VisionTransformer, config: RunConfig) -> "MaskedPatchPrediction":
+    def from_config(cls, model: Model, config: RunConfig) -> "MaskedPatchPrediction":
         if not isinstance(model, VisionTransformer):
             raise ConfigError(
                 f"train.objective=mpp corrupts a ViT's patch embeddings (§4.6); {model.config.name} is a "
@@ -202,7 +205,7 @@ class MaskedPatchPrediction(Objective):
 OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (Supervised, MaskedPatchPrediction)}
 
 
-def build_objective(model: VisionTransformer, config: RunConfig) -> Objective:
+def build_objective(model: Model, config: RunConfig) -> Objective:
     return OBJECTIVES[config.train.objective].from_config(model, config)
 
 
@@ -218,5 +221,5 @@ def evaluation_target(objective: Objective, ema: Any, fast: bool) -> Objective:
     if ema is not None:
         ema.copy_to(target.model)
     if fast:
-        target.model = inference_copy(target.model)
+        target.model = inference_copy(target.model)  # type: ignore[assignment]  # a drop-in: the model's forward, packed
     return target

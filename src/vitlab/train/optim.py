@@ -27,7 +27,8 @@ def decays(name: str, param: nn.Parameter) -> bool:
 
 def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: with weight decay ("decay") and without ("no_decay"); names kept for tests."""
-    with_wd, without = [], []
+    with_wd: list[tuple[str, nn.Parameter]] = []
+    without: list[tuple[str, nn.Parameter]] = []
     for name, p in module.named_parameters():
         if p.requires_grad:
             (with_wd if decays(name, p) else without).append((name, p))

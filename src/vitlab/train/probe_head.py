@@ -19,7 +19,7 @@ summary (`forward_images`).
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ import torch
 from vitlab.config import RunConfig
 from vitlab.eval.features import extract_features
 from vitlab.eval.linear_probe import fit_logistic, scaling
+from vitlab.models import Model
 from vitlab.train.build import plain_training_set
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
@@ -64,7 +65,7 @@ def fitted(model: torch.nn.Module, images: Any, max_per_class: int = MAX_PER_CLA
     was_training = model.training
     feats, labels = extract_features(model, images, max_per_class=max_per_class)
     model.train(was_training)
-    k = model.head.out_features
+    k = cast(torch.nn.Linear, model.head).out_features  # a classification head, as every run's
     if len(labels) == 0:
         raise ValueError("model.head_start=probe: the training split holds no images to fit the head on")
     weight, bias = head_from_probe(feats, labels, k)
@@ -76,11 +77,12 @@ def fitted(model: torch.nn.Module, images: Any, max_per_class: int = MAX_PER_CLA
 
 def set_head(model: torch.nn.Module, weight: torch.Tensor, bias: torch.Tensor) -> None:
     with torch.no_grad():
-        model.head.weight.copy_(weight.to(model.head.weight))
-        model.head.bias.copy_(bias.to(model.head.bias))
+        head = cast(torch.nn.Linear, model.head)
+        head.weight.copy_(weight.to(head.weight))
+        head.bias.copy_(bias.to(head.bias))
 
 
-def for_run(cfg: RunConfig, model: torch.nn.Module, sources: Optional[tuple[Any, dict[str, Any]]],
+def for_run(cfg: RunConfig, model: Model, sources: Optional[tuple[Any, dict[str, Any]]],
             compute: ComputeMeter, inputs: Optional[Inputs] = None) -> Optional[dict[str, Any]]:
     """With model.head_start=probe, fit the head of a new run's model on the run's training
     images (its split and subset, the evaluation transform; `sources`: data given as objects)
@@ -109,7 +111,7 @@ def for_run(cfg: RunConfig, model: torch.nn.Module, sources: Optional[tuple[Any,
     return {**result, "shared_with_earlier_run": True}
 
 
-def probe_key(cfg: RunConfig, model: torch.nn.Module) -> dict[str, Any]:
+def probe_key(cfg: RunConfig, model: Model) -> dict[str, Any]:
     """What decides a probe head: the start weights and the network, the training images
     (spec, split, subset, data options) and the fit's settings."""
     d = cfg.data

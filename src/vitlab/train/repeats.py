@@ -42,7 +42,8 @@ def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
     seed's top-1 per evaluated split and their mean and std."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {repeats}")
-    seed, runs, best_lr, best_recipe = plan.config.train.seed, [], None, None
+    seed, best_lr, best_recipe = plan.config.train.seed, None, None
+    runs: list[dict[str, Any]] = []
     for k in range(repeats):
         cfg = plan.config.with_overrides({"train.seed": seed + k}, REPEATS)
         cfg = cfg.with_overrides({"optim.lr": best_lr}, SWEEP) if best_lr else cfg

@@ -152,7 +152,8 @@ class Divergence:
     RATIO, MARGIN = 3.0, 2.0
 
     def __init__(self, peak_lr: float):
-        self.peak_lr, self.start, self.said = peak_lr, None, False
+        self.peak_lr, self.said = peak_lr, False
+        self.start: Optional[tuple[int, float]] = None  # (step, loss) of the first finite loss
 
     def check(self, step: int, loss: float, lr: float) -> Optional[str]:
         if self.said or not math.isfinite(loss):

@@ -1,14 +1,15 @@
 """VTAB-1k fine-tuning and its Table 9 row (the paper's Table 2 VTAB column, Fig. 2, Table 9).
 
-The paper's VTAB setting (Appendix B.1.1, Table 4): one setting for all 19 tasks, 2,500 steps
+The paper's VTAB setting (Appendix B.1.1, Table 4): one setting for every task, 2,500 steps
 at learning rate 0.01, with the fine-tuning recipe's SGD (momentum 0.9, cosine decay, no
 weight decay, clipping at 1, batch 512, warm-up 500 steps), at the paper's fine-tuning
 resolution of 384 (Appendix B.1.1; `Settings.image_size`), trained on each task's 1,000
 examples and evaluated on its full test split. The paper chose that setting by a small sweep
 on the 200-example val sets; `Settings.grid` runs such a sweep per task (train on the 800,
 score on the 200, then rerun the best rate on all 1,000). VTAB-1k's fine-tuning uses no
-augmentation: the images are resized whole (no random crop, no flip; a flip changes the
-label of dSprites orientation, a crop that of dSprites location).
+augmentation: as task_adaptation's data_loader, every image is resized whole to the square
+(data.crop=whole: no crop, no flip), the geometry of evaluation; a flip changes the label of
+dSprites orientation, a crop that of dSprites location, of KITTI's distance and CLEVR's count.
 
 Each task writes OUT/TASK/ (its run folder, or sweep/ and final/) and, when done,
 OUT/TASK/result.json with the identity of its work (files.identity: the checkpoint's sha256
@@ -18,7 +19,7 @@ settings), and an interrupted one resumes from its checkpoint. The table is made
 result.json under OUT, checked the same way, so tasks run as separate jobs (sweep/vtab.py)
 add up to one row and a row never names results of other work. A task whose data is absent is listed with
 where to put it and counted as absent, never left out of the mean silently: the mean then
-says over how many of the 19 tasks it is taken.
+says over how many of the tasks it is taken.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from vitlab.data.vtab_sources import describe, locate, where_to_put
 from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.files.documents import Number, read_json
 from vitlab.files.identity import differences, work_identity
+from vitlab.run_layout import holding_run
 from vitlab.tables import csv_table, markdown_table
 from vitlab.train import distributed, finetune_choice as choice
 from vitlab.train.finetune import TABLE4_STEPS
@@ -71,7 +73,7 @@ class Settings:
             name, sep, version = a.partition("=")
             if not sep or not version:
                 raise DataError(f"--tfds-version {a!r}: write TASK=[CONFIG/]VERSION, e.g. pets=4.0.0")
-            get_task(name)  # (an unknown task is refused with the list of the 19)
+            get_task(name)  # (an unknown task is refused with the list of them)
         if self.grid is not None and (not self.grid or min(self.grid) <= 0):
             raise ConfigError(f"--lr-grid {','.join(f'{r:g}' for r in self.grid)!r}: give positive rates separated by commas")
         if self.grid is not None and self.lr is not None:
@@ -104,8 +106,8 @@ def image_size(text: str) -> Optional[int]:
 
 def checkpoint_name(checkpoint: str) -> str:
     """How the row names the model: a run's folder for RUN/checkpoints/*.safetensors, else the file's stem."""
-    path = Path(checkpoint)
-    return path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
+    run = holding_run(checkpoint)
+    return run.path.name if run is not None else Path(checkpoint).stem
 
 
 def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConfig:
@@ -113,8 +115,8 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConf
     changes: dict[str, Any] = {
         "model.checkpoint": checkpoint, "data.eval_data": "",
         "data.name": f"vtab:{task.name}{'@' + s.accepted(task) if s.accepted(task) else ''}:{root}",
-        "data.train_split": "train", "data.eval_splits": ["test"], "data.crop_scale": [1.0, 1.0],
-        "data.crop_ratio": [1.0, 1.0], "data.hflip": False, "train.steps": s.steps, "train.epochs": 0.0,
+        "data.train_split": "train", "data.eval_splits": ["test"], "data.crop": "whole",
+        "data.hflip": False, "train.steps": s.steps, "train.epochs": 0.0,
         "train.batch_size": s.batch_size, "train.seed": s.seed, "train.device": s.device, "optim.lr": s.rate,
         "optim.warmup_steps": min(VTAB_WARMUP, max(1, s.steps // 5)), "train.ckpt_every": max(1, min(500, s.steps)),
     }
@@ -197,16 +199,16 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
 def collect(checkpoint: str, root: Path, out: Path, s: Settings) -> dict[str, dict[str, Any]]:
     """Every finished task's result under OUT (whichever job ran it), each checked to be this
     checkpoint's with these settings (`finished`)."""
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for task in TASKS.values():
-        if (out / task.name / "result.json").exists():
-            results[task.name] = finished(task, out, identity(checkpoint, task, root, s))
+        if (out / task.name / "result.json").exists() and (result := finished(task, out, identity(checkpoint, task, root, s))):
+            results[task.name] = result
     return results
 
 
 def table_row(results: dict[str, dict[str, Any]], name: str, missing: dict[str, str]) -> dict[str, Any]:
     """Table 9's row: per-task top-1, the mean of each group, and the mean over tasks, each
-    saying over how many tasks it is taken (`complete` only with all 19)."""
+    saying over how many tasks it is taken (`complete` only with all of TASKS)."""
     tasks = {t: (results[t]["top1"] if t in results else None) for t in TASKS}
     groups = {}
     for g, n in group_sizes().items():
