@@ -402,7 +402,8 @@ def declared_claims(spec: SweepSpec) -> list[dict[str, Any]]:
     """The claims a spec declares (its pairs and slopes with `primary`): text, direction or
     margin, metric, context, selection rule and effect, in the spec's order."""
     out = []
-    for c in (*spec.report.compare, *spec.report.slopes):
+    pairs: tuple[Any, ...] = (*spec.report.compare, *spec.report.slopes)
+    for c in pairs:
         if c.primary:
             margin = getattr(c, "margin", 0.0)
             out.append({"claim": c.claim, "a": c.a, "b": c.b, "expect": c.expect, "margin": margin,

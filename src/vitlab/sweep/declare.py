@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import calendar
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec, claims_digest, declared_claims
+from vitlab.files.documents import DocumentError, read_yaml
 from vitlab.sweep import stats, timing
 
 BEFORE, AFTER, UNKNOWN = "before the run", "after the run (post hoc)", "unknown"
@@ -48,12 +50,13 @@ def spec_at(commit: str, spec_file: str, where: Path) -> Optional[str]:
     text = _git(Path(root.strip()), "show", f"{commit}:{spec_file}") if root else None
     if text is None:
         return None
-    import yaml
-
-    try:
-        return claims_digest(SweepSpec.from_dict(yaml.safe_load(text), Path(spec_file).stem))
-    except (ConfigError, yaml.YAMLError):
-        return "unreadable"
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "spec.yaml").write_text(text)
+        try:
+            return claims_digest(SweepSpec.from_dict(read_yaml(Path(tmp) / "spec.yaml", dict, "sweep spec"),
+                                                     Path(spec_file).stem))
+        except (ConfigError, DocumentError):
+            return "unreadable"
 
 
 def committed(spec: SweepSpec, source: Optional[Path]) -> dict[str, Optional[str]]:
@@ -144,11 +147,10 @@ def plan(spec: SweepSpec, claim: dict[str, Any]) -> dict[str, Any]:
                                                                               ["margin" if equal else "effect"])
     if lacking:
         return {**out, "why": f"no power analysis ({', '.join(lacking)} not stated)"}
-    alpha = stats.ALPHA / int(claim["family"])
-    sd = float(claim["sd"])
-    power = stats.power(n, sd, 0.0 if equal else effect, claim["expect"], effect or 0.0, alpha) if n >= 2 else 0.0
+    alpha, sd, bound = stats.ALPHA / int(claim["family"]), float(claim["sd"]), float(effect or 0.0)
+    power = stats.power(n, sd, 0.0 if equal else bound, claim["expect"], bound, alpha) if n >= 2 else 0.0
     out.update(alpha=alpha, power=power, mde=stats.mde(sd, n, alpha, expect=claim["expect"]),
-               needs=stats.seeds_for(sd, effect, claim["expect"], effect or 0.0, alpha))
+               needs=stats.seeds_for(sd, bound, claim["expect"], bound, alpha))
     if power < stats.POWER:
         return {**out, "why": f"planned power {power:.0%} < {stats.POWER:.0%}"}
     return {**out, "confirmatory": True}
