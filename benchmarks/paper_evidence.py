@@ -232,12 +232,15 @@ def readme(text: str, reports: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# What the page says of bit-stability, and what tests/test_paper_evidence.py checks by rerunning
-# RERUN's training here: to the last digit on the CPU kind EXACT_ON, within TOLERANCE (test top-1,
-# test loss) on any other. The CPU kinds the issue measured: an AVX2-only Zen 3 EPYC gave 4 of
-# the committed cells otherwise (an early stop at step 64 instead of 72, controls 2.3-3.4 points).
-EXACT_ON = "AMD EPYC, AVX-512"
+# What the page says of stability, and what tests/test_paper_evidence.py checks by rerunning
+# RERUN's training here: on the CPU kind SAME_KIND, the same test top-1 (a count of images) and
+# the loss within SAME_KIND_LOSS (relative); on any other kind, within TOLERANCE. Measured on 7
+# December 2026 (torch 2.14.1, Zen 4): top-1 identical, the loss 2.1029681 against the committed
+# 2.1029683, so not bit-identical. The issue measured an AVX2-only Zen 3 EPYC: 4 committed cells
+# rerun otherwise (an early stop at step 64 instead of 72, controls 2.3-3.4 points).
+SAME_KIND = "AMD EPYC, AVX-512"
 RERUN = ("compute", "model-ViT-64x4_steps-25_seed-0")
+SAME_KIND_LOSS = 1e-6
 TOLERANCE = {"top1": 0.02, "loss": 0.02}
 
 
@@ -258,18 +261,20 @@ def provenance_table(root: Path) -> str:
 
 def stability_text(root: Path) -> str:
     spec, cell = RERUN
-    return (f"**Bit-stable on one CPU kind, not across kinds.** Rerun on the kind a cell was made on ({EXACT_ON}; "
-            "a Zen 4 EPYC here) with the threads it records, a cell gives every number to the last digit: "
-            f"`tests/test_paper_evidence.py` retrains `{spec}`'s cell `{cell}` and compares its test loss and "
-            f"top-1 with the committed ones exactly on that kind, and within {TOLERANCE['top1'] * 100:g} points of "
-            f"top-1 and {TOLERANCE['loss']:g} of loss on any other. Across kinds the last bits of the arithmetic "
-            "differ (AVX2 against AVX-512 or AMX kernels), and a difference in the last bits can grow: on an "
-            "AVX2-only Zen 3 EPYC four committed cells rerun otherwise (a BiT cell's early stopping picked step "
-            "64 instead of 72; random-init controls moved 2.3-3.4 points). Results from another CPU kind are "
-            "the same experiment with other noise, within the intervals above, not the same digits. "
-            "`paper/cls-gap` ran on an Intel Xeon with AMX, the rest on the AMD EPYC with AVX-512; each step "
-            "now records the torch version and the CPU's capabilities beside its time (`timing.json`):\n\n"
-            + provenance_table(root))
+    return (f"**Stable to the printed digits on one CPU kind, not bit for bit, and not across kinds.** Rerun on "
+            f"the kind a cell was made on ({SAME_KIND}, a Zen 4 EPYC here) with the threads it records, a cell "
+            f"gives the same test top-1 and its loss within {SAME_KIND_LOSS:g} (relative): "
+            f"`tests/test_paper_evidence.py` retrains `{spec}`'s cell `{cell}` and checks exactly that, and "
+            f"within {TOLERANCE['top1'] * 100:g} points of top-1 and {TOLERANCE['loss']:g} of loss on any other "
+            "kind. Retrained on 7 December 2026 under torch 2.14.1 that cell's top-1 was identical and its loss "
+            "moved in the seventh digit (the torch version of the committed cells was not recorded then), so no "
+            "number here should be read past the digits it prints. Across kinds the last bits of the arithmetic "
+            "differ (AVX2 against AVX-512 or AMX kernels) and can grow: on an AVX2-only Zen 3 EPYC four committed "
+            "cells rerun otherwise (a BiT cell's early stopping picked step 64 instead of 72; random-init controls "
+            "moved 2.3-3.4 points). A result from another CPU kind is the same experiment with other noise, within "
+            "the intervals above, not the same digits. `paper/cls-gap` ran on an Intel Xeon with AMX, the rest "
+            "on the AMD EPYC with AVX-512; each step now records the torch version and the CPU's capabilities "
+            "beside its time (`timing.json`):\n\n" + provenance_table(root))
 
 
 def block(args: str, root: Path, reports: Optional[dict[str, dict[str, Any]]] = None) -> str:

@@ -228,8 +228,8 @@ def test_no_hand_written_sentence_contradicts_the_evidence():
 @pytest.mark.slow
 def test_a_rerun_cell_is_what_the_page_says_of_its_stability(tmp_path):
     """The page's stability statement, checked: one cheap committed cell retrained here gives its
-    test loss and top-1 to the last digit on the CPU kind the page calls exact, and within the
-    stated tolerance on any other."""
+    test top-1 exactly and its loss within a millionth on the CPU kind it was made on, and both
+    within the stated tolerance on any other."""
     import os
     import subprocess
     import sys
@@ -249,9 +249,10 @@ def test_a_rerun_cell_is_what_the_page_says_of_its_stability(tmp_path):
                    capture_output=True, timeout=1200)
     got = json.loads((tmp_path / key / "train" / "summary.json").read_text())["splits"]["test"]
     kept = json.loads((RESULTS / spec_name / key / "train" / "summary.json").read_text())["splits"]["test"]
-    assert evidence.stability_text(RESULTS).startswith("**Bit-stable") and evidence.EXACT_ON in PAGE.read_text()
-    if timing.machine().startswith(evidence.EXACT_ON):
-        assert (got["loss"], got["top1"]) == (kept["loss"], kept["top1"])
+    assert evidence.stability_text(RESULTS) in PAGE.read_text()
+    if timing.machine().startswith(evidence.SAME_KIND):
+        assert got["top1"] == kept["top1"] and got["count"] == kept["count"]
+        assert got["loss"] == pytest.approx(kept["loss"], rel=evidence.SAME_KIND_LOSS)
     else:
         assert abs(got["top1"] - kept["top1"]) <= evidence.TOLERANCE["top1"]
         assert abs(got["loss"] - kept["loss"]) <= evidence.TOLERANCE["loss"]
