@@ -31,7 +31,11 @@
            primary: {metric: fewshot.shots.5.mean, selection: "the rate, by dev top-1"}}
                                   # primary: the claim, declared before the run: the one row
                                   # (metric, `where` context) its verdict rests on, Holm-adjusted
-                                  # across the page's claims; sweep.json keeps its digest
+                                  # within its family; sweep.json keeps its digest, the time and
+                                  # the spec's git commit (vitlab.sweep.declare). A confirmatory
+                                  # claim adds its power analysis: effect, sd (of the per-seed
+                                  # difference, a pilot's), sd_from and family (Holm's m), and is
+                                  # refused under 80% power unless exploratory: true
 
 A command may use {checkpoint} (the cell's final weights), {best} (its best.safetensors, with
 train.keep_best), {run} (its run folder), {cell} (its folder), {seed} (its training seed:
