@@ -108,6 +108,8 @@ def _time(folder: Path) -> tuple[dict[str, Any], Optional[dict[str, Any]], float
 def time_sentence(folder: Path) -> str:
     report, time, scale, rows = _time(folder)
     head = f"{report['finished']} of {report['cells']} cells finished (scale {scale:g})"
+    if time is None and not report["finished"]:
+        return f"{head}: no step has finished yet, so none is timed."
     if time is None:  # evidence kept before the step times were
         return (f"{head}; {_seconds(rows) / 60:.0f} minutes of training in all, summed over cells (`train_seconds`; "
                 "two cells side by side on 2 CPU cores that other jobs shared).")

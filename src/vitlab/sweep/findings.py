@@ -386,7 +386,7 @@ def planned(claim: dict[str, Any]) -> str:
     p = claim.get("plan") or {}
     if p.get("power") is None:
         return f"{p.get('seeds', '-')}; {p.get('why') or 'no power analysis'}"
-    return f"{p['seeds']}; {p['power']:.0%} at alpha 0.05/{claim.get('family')}"
+    return f"{p['seeds']}; {p['power']:.0%} at alpha 0.05/{round(stats.ALPHA / p['alpha'])}"
 
 
 def when_declared(report: dict[str, Any]) -> str:
