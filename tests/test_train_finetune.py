@@ -47,6 +47,22 @@ def test_resolution_notes_and_the_papers_step_up():
     assert stepped.startswith("resolution 384x384: the paper's step up from the checkpoint's 224x224 (--paper-resolution")
 
 
+def test_paper_resolution_steps_up_a_bit_checkpoint(tmp_path):
+    """A BiT ResNet has no patch grid (its config no total_stride, which planning read and
+    raised AttributeError on): it takes any size, so the paper's step up rounds to the pixel."""
+    import torch
+
+    import vitlab
+
+    torch.manual_seed(0)
+    model = vitlab.create_model("BiT-R50x1", image_size=32, stem="cifar", layers=(1, 1, 1, 1), base_width=16, gn_groups=4,
+                                num_classes=10)
+    vitlab.save(model, tmp_path / "bit.safetensors")
+    planned = finetune.plan(str(tmp_path / "bit.safetensors"), "digits", paper_resolution=True, out=tmp_path / "ft",
+                            choose="paper")
+    assert planned.config.model.changes["image_size"] == (55, 55)  # round(32 * 384 / 224)
+
+
 def test_the_edge_of_the_grid_is_named():
     grid = (0.001, 0.003, 0.01, 0.03)
     assert "largest" in choice.edge_note(grid, 0.03) and "0.09" in choice.edge_note(grid, 0.03)

@@ -346,9 +346,11 @@ def test_trainer_takes_dataset_objects(tmp_path):
         Trainer(cfg, tmp_path / "stream", quiet=True, data=Stream()).run()
 
 
-def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_model_alone():
+def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_model_alone(monkeypatch):
     """A supervised run's last evaluation on one CPU process (vtab's and finetune's test
-    score) runs vitlab.deploy's inference copy; the objective that trains keeps its model."""
+    score) runs vitlab.deploy's inference copy; the objective that trains keeps its model.
+    (oneDNN forced: the copy would otherwise pack only the shapes that timed faster.)"""
+    monkeypatch.setenv("VITLAB_DENSE_KERNEL", "oneDNN")
     from conftest import perturb, tiny_model
     from vitlab import deploy
     from vitlab.train.objectives import Supervised, evaluation_target

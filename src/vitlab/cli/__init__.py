@@ -89,7 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
         if getattr(module, "READS_DATA", False):
             p.add_argument("--allow-pipe", action="store_true", help=ALLOW_PIPE_HELP)
         p.set_defaults(_command=module)
+        _check_numbers(p)
     return parser
+
+
+SEEDS = ("seed", "random_init", "subset_seed")  # flags that seed a generator (config.fields.SEED_RANGE)
+
+
+def _check_numbers(parser: argparse.ArgumentParser) -> None:
+    """Every `type=int` and `type=float` flag read through the one check of numbers (finite, in
+    ASCII digits: no `inf`, `nan` or `²`); seeds within what every generator takes."""
+    from vitlab.cli.common import flag_number
+    from vitlab.config.fields import SEED_RANGE
+
+    for action in parser._actions:
+        if action.type in (int, float):
+            bounds = SEED_RANGE if action.dest in SEEDS else {}
+            action.type = flag_number(whole=action.type is int, **bounds)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Optional
 
-from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
+from vitlab.config.fields import ConfigError, check_fields, check_keys, number, setting
 from vitlab.config.run import RECIPES, read_yaml
 from vitlab.files import UnsafeNameError, check_name
 
@@ -162,12 +162,13 @@ def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
                           f"{'missing ' + ', '.join(missing) if missing else ''}{'no claim' if not claim else ''}")
     if not isinstance(primary.get("where", {}), Mapping):
         raise ConfigError(f"{where}.primary.where: give a mapping of axis: value")
-    for key, what in (("effect", "a positive number in the metric's units"), ("sd", "a positive number in the metric's units"),
-                      ("family", "a whole number of claims, at least 1")):
-        v = primary.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
-                              or (key == "family" and v != int(v))):
-            raise ConfigError(f"{where}.primary.{key}: give {what}, not {v!r}")
+    for key, hint in (("effect", "the smallest difference that matters, in the metric's units"),
+                      ("sd", "the s.d. of the per-seed difference, in the metric's units")):
+        if primary.get(key) is not None:
+            number(primary[key], f"{where}.primary.{key}", above=0, hint=hint)
+    if primary.get("family") is not None:
+        number(primary["family"], f"{where}.primary.family", whole=True, at_least=1,
+               hint="the number of confirmatory claims on the page (Holm's m)")
     if not isinstance(primary.get("exploratory", False), bool):
         raise ConfigError(f"{where}.primary.exploratory: give true or false")
 
@@ -355,7 +356,8 @@ class SweepSpec:
             if c.along and c.along not in self.grid:
                 raise ConfigError(f"report.compare[{c.claim or c.axis}].along: {c.along} is not a grid axis "
                                   f"(the axes: {', '.join(self.grid)})")
-        texts = [c.claim for c in (*self.report.compare, *self.report.slopes) if c.primary]
+        specs: tuple[CompareSpec | SlopeSpec, ...] = (*self.report.compare, *self.report.slopes)
+        texts = [c.claim for c in specs if c.primary]
         if len(set(texts)) != len(texts):
             raise ConfigError("report: two declared claims (`primary`) share a claim text; give each its own")
         missing = [k for k in self.scale if k not in known]
@@ -406,8 +408,8 @@ def declared_claims(spec: SweepSpec) -> list[dict[str, Any]]:
     """The claims a spec declares (its pairs and slopes with `primary`): text, direction or
     margin, metric, context, selection rule and effect, in the spec's order."""
     out = []
-    pairs: tuple[Any, ...] = (*spec.report.compare, *spec.report.slopes)
-    for c in pairs:
+    specs: tuple[CompareSpec | SlopeSpec, ...] = (*spec.report.compare, *spec.report.slopes)
+    for c in specs:
         if c.primary:
             margin = getattr(c, "margin", 0.0)
             out.append({"claim": c.claim, "a": c.a, "b": c.b, "expect": c.expect, "margin": margin,

@@ -219,7 +219,7 @@ def make_loader(
     global generator, which would shift dropout and Mixup after a resume. pin_memory: batches
     in page-locked memory (for a CUDA device: the copy to it can overlap the step).
     """
-    common = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
+    common: dict[str, Any] = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
     if isinstance(dataset, WebDataset):
         batches = dataset.batches(
             batch_size=batch_size, rank=rank, world=world, start_step=start_step, num_steps=num_steps, train=train

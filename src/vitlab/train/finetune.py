@@ -37,6 +37,7 @@ from vitlab.config import ConfigError, RunConfig, ViTConfig, load_recipe
 from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
 from vitlab.data import DEV_FRACTIONS, identity
 from vitlab.data.transforms import model_transform
+from vitlab.files import on_disk
 from vitlab.log import get_logger
 from vitlab.train import build, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
@@ -219,7 +220,7 @@ def random_start(checkpoint: str, seed: int, out: Optional[Path | str]) -> str:
     the checkpoint's network at random initialisation (the seed's draw, its weights unread),
     written beside the run folder, so that the same fine-tuning starts from untrained weights
     and a pretraining gain is measured net of what the architecture alone reaches."""
-    if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
+    if not on_disk(checkpoint) and not is_pretrained_name(checkpoint):
         raise ConfigError(f"{checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
     model, _ = open_checkpoint(checkpoint, random_init=seed)
     run = Path(out) if out else Path("runs") / f"finetune-{Path(checkpoint).stem}-random-init-{seed}"
@@ -234,7 +235,7 @@ def _check(checkpoint: str, data: str, choose: str, options: Mapping[str, Any], 
     """Refuse, before anything is read, what cannot run or would drop a setting silently."""
     if choose not in choice.CHOICES:
         raise ConfigError(f"--recipe {choose!r}: use one of {', '.join(choice.CHOICES)}")
-    if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
+    if not on_disk(checkpoint) and not is_pretrained_name(checkpoint):
         raise ConfigError(f"{checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
     if not data:
         raise ConfigError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")

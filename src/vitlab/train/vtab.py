@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
+from vitlab.config.fields import number
 from vitlab.config.provenance import COMMAND_LINE, VTAB
 from vitlab.data import DataError
 from vitlab.data.vtab import GROUPS, TASKS, Task, get_task, group_sizes, mean
@@ -99,9 +100,10 @@ def image_size(text: str) -> Optional[int]:
     """--image-size: pixels, or "checkpoint" (None: the checkpoint's own resolution)."""
     if text == "checkpoint":
         return None
-    if not text.isdigit() or int(text) < 1:
-        raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint")
-    return int(text)
+    try:
+        return int(number(text, "--image-size", whole=True, at_least=1))
+    except ConfigError:
+        raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint") from None
 
 
 def checkpoint_name(checkpoint: str) -> str:
