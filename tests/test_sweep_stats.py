@@ -551,7 +551,7 @@ def test_a_declared_claim_names_its_row_and_is_one_of_a_kind():
     base = {"axis": "model.pos_embed", "a": "learned", "b": "none", "claim": "an embedding helps"}
     with pytest.raises(ConfigError, match="metric and selection required"):
         SweepSpec.from_dict({**SPEC, "report": {"compare": [{**base, "primary": {"metric": "test.top1"}}]}}, "t")
-    with pytest.raises(ConfigError, match="effect: give a positive number"):
+    with pytest.raises(ConfigError, match=r"primary\.effect must be > 0"):
         SweepSpec.from_dict({**SPEC, "report": {"compare": [
             {**base, "primary": {"metric": "test.top1", "selection": "none", "effect": -1}}]}}, "t")
     twice = {**base, "primary": {"metric": "test.top1", "selection": "none"}}

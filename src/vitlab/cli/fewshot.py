@@ -65,7 +65,7 @@ def run(args) -> int:
     from vitlab.eval.fewshot import fewshot_eval, parse_l2, protocol
 
     shots, l2 = _check(args), parse_l2(args.l2, "--l2")
-    seeds = random_draws(args.random_init) or [None]
+    seeds = list(random_draws(args.random_init) or [None])
     results = []
     for seed in seeds:  # one model, or each random draw of a control in turn
         one = argparse.Namespace(**{**vars(args), "random_init": seed})
