@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 import vitlab
 from vitlab.config import ConfigError, RunConfig
 from vitlab.train import state
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer, TrainingDiverged
 
 # A ViT small enough to train in a second: 8x8 digits, 4x4 patches, 2 blocks of width 32.
@@ -199,7 +200,7 @@ def test_finetune_at_a_higher_resolution_and_eval(tmp_path):
     from vitlab.train.build import build_model
 
     section = RunConfig.from_dict({"model": {"checkpoint": str(src), "image_size": 16, "representation_size": None}}).model
-    start = build_model(section, list("0123456789"))
+    start = build_model(section, list("0123456789"), Inputs())
     old = vitlab.load(src)
     assert start.config.image_size == (16, 16) and start.pos_embed.pos_embedding.shape[1] == 1 + 16
     assert start.pre_logits is None and torch.count_nonzero(start.head.weight) == 0

@@ -21,6 +21,7 @@ from vitlab.config import ViTConfig
 from vitlab.data.tfrecord import write_example, write_records
 from vitlab.data.vtab import TASKS, resolve_slice
 from vitlab.train import build, vtab
+from vitlab.train.inputs import Inputs
 
 # (height, width) of each non-square task's images: the fixed shapes of the structured sources,
 # and a typical photo of each natural source (theirs vary image by image).
@@ -109,12 +110,12 @@ def bands(x: torch.Tensor) -> tuple[float, float]:
 def test_training_and_evaluation_see_the_whole_image(task, form, tmp_path):
     task = TASKS[task]
     write(task, form, tmp_path)
-    base = vtab.task_config("c.safetensors", task, tmp_path, vtab.Settings())
+    base = vtab.task_config("c.safetensors", task, tmp_path, vtab.Settings(), Inputs())
     assert base.data.crop == "whole" and not base.data.hflip
     model = ViTConfig(image_size=base.model.changes["image_size"])  # 384: the paper's VTAB resolution
     for decode in ("pil", "fast"):
         cfg = base.with_overrides({"data.decode": decode})
-        train, evals = build.open_datasets(cfg, model)
+        train, evals = build.open_datasets(cfg, model, None, Inputs())
         assert len(train) == 1000, (task.name, form)
         for i in (0, len(train) - 1):
             x, _ = train[i]
@@ -134,7 +135,7 @@ def test_pil_training_pixels_are_the_evaluation_pixels(tmp_path):
     from vitlab.data.decode import decode_planned
     from vitlab.pixels import normalise
 
-    cfg = vtab.task_config("c.safetensors", TASKS["kitti_distance"], tmp_path, vtab.Settings())
+    cfg = vtab.task_config("c.safetensors", TASKS["kitti_distance"], tmp_path, vtab.Settings(), Inputs())
     model = ViTConfig(image_size=(384, 384))
     image = Image.open(io.BytesIO(marked(375, 1242)))
     train, evaluate = build.data_transforms(cfg.with_overrides({"data.decode": "pil"}), model)
@@ -160,3 +161,29 @@ def test_an_inception_crop_of_scale_one_still_cuts_a_wide_image():
     assert "crop: none, the whole image" in repr(train_transform(64, crop="whole"))
     with pytest.raises(ValueError, match="crop='middle': use one of inception, whole"):
         train_transform(64, crop="middle")
+
+
+def test_a_patch_14_archive_runs_vtab_at_384(tmp_path, capsys):
+    """ViT-H/14's case with a tiny /14 model in the official .npz layout: `vitlab vtab` at its
+    default 384 takes a 27x27 grid (378 px) and ignores the last 6 pixel rows and columns, as
+    the official VALID patch convolution does; the plan line and result.json say so."""
+    from vitlab import checkpoints
+    from vitlab.cli import main
+    from vitlab.models import build
+
+    config = ViTConfig(name="ViT-tiny/14", image_size=(224, 224), patch_size=14, hidden_size=32, depth=1, num_heads=2,
+                       mlp_dim=64, num_classes=5)
+    archive = tmp_path / "ViT-tiny_14.npz"
+    checkpoints.save(build(config), archive, format="npz")
+    write(TASKS["dtd"], "folders", tmp_path / "data")
+    out = tmp_path / "suite"
+    assert main(["vtab", str(archive), "--root", str(tmp_path / "data"), "--tasks", "dtd", "--steps", "2",
+                 "--batch-size", "4", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "at 384x384 px; a 27x27 grid of 14-px patches at 384x384: the last 6 pixel rows and 6 columns are read by " \
+           "no patch and ignored" in printed
+    result = json.loads((out / "dtd" / "result.json").read_text())
+    assert (result["image_size"], result["grid"], result["ignored_pixels"]) == ([384, 384], [27, 27], [6, 6])
+    assert "the last 6 pixel rows and 6 columns ignored" in printed  # the task's line
+    model = checkpoints.load(archive, image_size=384)  # loading: the position embedding resized to the floor grid
+    assert model.pos_embed.grid == (27, 27) and model.pos_embed.pos_embedding.shape[1] == 27 * 27 + 1

@@ -11,7 +11,7 @@ So `vitlab finetune` does not assume either. Its quick sweep trains every (recip
 for a short run on the training set minus the dev split, scores each on the dev split, and
 trains the best arm on the whole training set:
 
-    paper   SGD momentum 0.9, no weight decay, inception crop from 8%, warm-up 5%,
+    paper   SGD momentum 0.9, no weight decay, inception crop from 5%, warm-up 5%,
             Table 4's grid (0.001, 0.003, 0.01, 0.03)
     adamw   AdamW, weight decay 0.05, crop from 35%, label smoothing 0.1, warm-up 25%
             (the CPU recipes' 100 of 390 steps), rates 0.0003 and 0.001 (below the CPU
@@ -42,7 +42,8 @@ from vitlab.config.provenance import PLAN, SWEEP, Origin
 from vitlab.files import atomic_write_text
 from vitlab.run_layout import holding_run
 from vitlab.train import distributed
-from vitlab.train.run_folder import RunFolder, read_summary
+from vitlab.train.inputs import Inputs
+from vitlab.train.run_folder import read_summary
 
 CHOICES = ("auto", "paper", "adamw")  # --recipe: auto = choose on the dev split
 WARMUP_SHARE = 0.05  # the paper's 500 warm-up steps of 10,000 (Appendix B.1.1)
@@ -64,7 +65,7 @@ class Recipe:
 # The plan's config as it is: the paper's protocol (--recipe paper), or a recipe file followed
 # as written; its sweep chooses the rate only (OUT/sweep/lr-RATE).
 PLANNED = Recipe("", "the plan's own recipe", warmup_share=None)
-PAPER = Recipe("paper", "the paper's SGD (momentum 0.9, no weight decay, inception crop from 8%)")
+PAPER = Recipe("paper", "the paper's SGD (momentum 0.9, no weight decay, inception crop from 5%)")
 ADAMW = Recipe(
     "adamw", "AdamW as vitlab trains from scratch (weight decay 0.05, crop from 35%, label smoothing 0.1), "
     "from a head fitted as a linear probe of the frozen features",
@@ -324,10 +325,11 @@ def count_sweep_in(summary_file: Path, result: Mapping[str, Any]) -> None:
     atomic_write_text(summary_file, json.dumps(summary, indent=2))
 
 
-def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str]) -> tuple[dict[str, Any], str]:
+def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str], inputs: Inputs) -> tuple[dict[str, Any], str]:
     """Threads and data workers as `vitlab train` runs them: the source run's own (its
-    config.yaml beside checkpoints/), else the recipe's; with the plan line that says so."""
-    source = source_run_config(checkpoint)
+    config.yaml beside checkpoints/, read once in `inputs`), else the recipe's; with the plan
+    line that says so."""
+    source = inputs.source_config(checkpoint)
     threads, workers = (source.train.threads, source.data.num_workers) if source else (cfg.train.threads,
                                                                                      cfg.data.num_workers)
     changes = {k: v for k, v in (("train.threads", threads), ("data.num_workers", workers)) if k not in explicit}
@@ -342,13 +344,3 @@ def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str]) -> tuple[
     return changes, f"threads: {said}, {where} (train.threads, --workers to change)"
 
 
-def source_run_config(checkpoint: str) -> Optional[RunConfig]:
-    """The config of the vitlab run that wrote `checkpoint`, or None (another format, a
-    name, a file outside a run folder, an unreadable config)."""
-    run = holding_run(checkpoint)
-    if run is None or not run.config.is_file():
-        return None
-    try:
-        return RunFolder(run.path).read_config()
-    except ConfigError:
-        return None
