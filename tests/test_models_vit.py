@@ -337,6 +337,9 @@ def test_every_resolution_takes_the_grid_of_the_official_valid_convolution():
         assert dynamic(torch.randn(1, 3, 100, 45)).shape == (1, 3)  # a 7x3 grid
     with pytest.raises(ValueError, match="smaller than one patch"):
         dynamic(torch.randn(1, 3, 13, 100))
+    hybrid = vitlab.create_model("R8+ViT-C/4", image_size=37).eval()  # a "SAME"-padded stem: ceil(37 / 4) = 10
+    with torch.no_grad():
+        assert hybrid(torch.randn(1, 3, 37, 37), return_intermediates=True)["grid"] == hybrid.config.grid_size == (10, 10)
 
 
 # Hybrids ----------------------------------------------------------------------------------

@@ -27,7 +27,11 @@ FUZZ = settings(max_examples=int(os.environ.get("VITLAB_FUZZ_EXAMPLES", "60")), 
 
 
 def refused(capsys, argv, command, *mentions) -> str:
-    return assert_one_line_error(main([str(a) for a in argv]), capsys.readouterr().err, command, mentions=mentions)
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's refusal, where the parser exits
+        rc = e.code
+    return assert_one_line_error(rc, capsys.readouterr().err, command, mentions=mentions)
 
 
 @pytest.fixture
@@ -161,11 +165,7 @@ NUMBER_FLAGS = [  # (command line, what the one line names)
 
 @pytest.mark.parametrize("argv,names", NUMBER_FLAGS, ids=[" ".join(a) for a, _ in NUMBER_FLAGS])
 def test_a_flag_or_setting_refuses_a_number_that_is_not_finite_or_in_range(capsys, argv, names):
-    try:
-        rc = main(argv)
-    except SystemExit as e:  # argparse's refusal: the flag's type is the one check
-        rc = e.code
-    assert_one_line_error(rc, capsys.readouterr().err, argv[0], mentions=(names,))
+    refused(capsys, argv, argv[0], names)  # (argparse's refusal where a flag's type is the one check)
 
 
 @pytest.mark.parametrize("l2", ["inf", "nan", "-1", "0", "1e999"])
@@ -367,9 +367,7 @@ FLAGS_TWICE = [
 
 @pytest.mark.parametrize("argv,command,names", FLAGS_TWICE, ids=[" ".join(a) for a, _, _ in FLAGS_TWICE])
 def test_a_flag_given_twice_with_different_values_or_empty_is_refused(capsys, argv, command, names):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert_one_line_error(e.value.code, capsys.readouterr().err, command, mentions=names)
+    refused(capsys, argv, command, *names)
 
 
 def test_a_flag_given_twice_with_the_same_value_is_one_fact():
