@@ -187,7 +187,8 @@ def training_set(cfg: RunConfig, inputs: Optional[Inputs] = None) -> Any:
     """The run's training split (its length and `identity`: which paper dataset it is), opened
     in `inputs`, where the runs of the plan find it again."""
     inputs = inputs or Inputs()
-    return build.training_split(cfg, model_transform(architecture(cfg.model, inputs)), False, inputs)
+    return build.training_split(cfg, model_transform(architecture(cfg.model, inputs), antialias=cfg.data.antialias),
+                                False, inputs)
 
 
 def in_steps(cfg: RunConfig, n_train: int) -> RunConfig:
