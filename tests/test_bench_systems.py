@@ -22,7 +22,7 @@ def test_labels_name_the_setting_and_the_system():
 def test_standard_systems():
     infer = standard_systems("infer", ("timm",))  # the CPU's precisions by default
     assert [s.label for s in infer] == [
-        "vitlab fp32", "vitlab fp32-packed", "vitlab bf16-autocast", "vitlab bf16", "vitlab int8",
+        "vitlab fp32", "vitlab fp32-packed", "vitlab fp32-auto", "vitlab bf16-autocast", "vitlab bf16", "vitlab int8",
         "timm fp32", "timm bf16-autocast", "timm bf16"]
     gpu = standard_systems("infer", ("timm",), precisions=("bf16", "fp16-autocast", "fp16"))
     assert [s.label for s in gpu] == ["vitlab bf16", "vitlab fp16-autocast", "vitlab fp16", "timm fp16-autocast",
@@ -32,7 +32,7 @@ def test_standard_systems():
                                         "vitlab bf16-autocast compiled"]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp32-packed", "bf16-autocast", "bf16", "fp16", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "fp32-packed", "fp32-auto", "bf16-autocast", "bf16", "fp16", "int8"])
 def test_an_inference_call_returns_the_logits(precision):
     prepared = prepare(tiny(3), System("vitlab", precision), warmup=1)
     out = prepared.fn()

@@ -52,6 +52,16 @@ def test_files_are_written_with_every_column(tmp_path):
     assert "Single-thread CPU-time clock" in cpu and "taken while others were busy" in cpu
 
 
+def test_the_kernels_the_inference_copies_chose_follow_the_table():
+    """vitlab bench puts deploy.kernels' choices (and their timings) in `info`; the table ends with them."""
+    kernels = ("Dense float32 768x2304, 197 tokens: oneDNN (measured; CPU ms per image: oneDNN 6.6, F.linear 7.9)\n"
+               "attention float32 12 heads x 64, 197 tokens: fused (cached; CPU ms per image: fused 2.1, explicit 2.3)")
+    text = markdown(rows(), {**INFO, "kernels": kernels}, BenchConfig())
+    assert text.endswith("Kernels of vitlab's inference copies on this machine (`vitlab.deploy.kernels`):\n\n"
+                         f"- {kernels.splitlines()[0]}\n- {kernels.splitlines()[1]}\n")
+    assert "Kernels of" not in markdown(rows(), INFO, BenchConfig())
+
+
 def test_an_mfu_column_where_the_peak_is_known():
     ours, gemm, broken = rows()
     ours.peak = 1e13  # 35.15 GFLOPs x 42 img/s / 10 TFLOP/s = 14.8%

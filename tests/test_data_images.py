@@ -145,6 +145,15 @@ def test_the_bomb_limit_is_one_check_before_decoding(tmp_path, monkeypatch):
     assert decoded == []
 
 
+def test_pils_limit_turned_off_is_no_limit(monkeypatch):
+    """PIL documents MAX_IMAGE_PIXELS = None as turning its limit off; the size check compared
+    every image with None (TypeError). The caller's own limit (serve's) still applies."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    images.check_size(10_000, 8_000, "big.png")
+    with pytest.raises(BadImageError, match="over the limit of 1,000 pixels"):
+        images.check_size(10_000, 8_000, "big.png", max_pixels=1_000)
+
+
 def test_predict_and_eval_read_arithmetic_jpegs_in_a_fresh_process(variants, tmp_path):
     torch.manual_seed(0)
     model = vitlab.create_model("ViT-Ti/4", image_size=16, patch_size=4, hidden_size=32, depth=1, num_heads=2,

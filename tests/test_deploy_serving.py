@@ -68,10 +68,12 @@ def test_packed_fp32_is_the_same_function():
         torch.testing.assert_close(deploy.to_packed_fp32(exact)(x), exact(x), atol=1e-4, rtol=1e-4)
 
 
-def test_a_bf16_copy_is_packed_exactly_where_this_cpu_runs_onednn_in_bf16():
+def test_a_bf16_copy_is_packed_exactly_where_this_cpu_runs_onednn_in_bf16(monkeypatch):
     """oneDNN's bf16 kernel needs AVX-512 or AVX-NE-CONVERT; an AVX2-only CPU raises at the
-    call. The copy asks the kernel (`onednn_dtypes`), packs where it runs and stays plain
-    elsewhere, and on both computes the model's function to bf16 rounding."""
+    call. The copy asks the kernel (`onednn_dtypes`), packs where it runs (here forced, where
+    it would otherwise pack only what timed faster) and stays plain elsewhere, and on both
+    computes the model's function to bf16 rounding."""
+    monkeypatch.setenv("VITLAB_DENSE_KERNEL", "oneDNN")
     m = model(depth=2)
     copy = deploy.to_bfloat16(m)
     packed = isinstance(copy.model.blocks[0].mlp.fc1, deploy.PackedLinear)
@@ -123,13 +125,18 @@ def test_agreement_notices_a_different_model(cifar_images):
 PARITY = 1e-4  # the copy against the plain model: float32 rounding of another summation order
 
 
-def test_the_inference_copy_is_the_plain_model_to_float32_rounding_on_real_images(cifar_images):
+@pytest.mark.parametrize("dense", ["oneDNN", "F.linear", "auto"])
+def test_the_inference_copy_is_the_plain_model_to_float32_rounding_on_real_images(cifar_images, monkeypatch, dense):
     """The default of Predictor, predict, serve, eval and the feature commands on a CPU: the
-    packed fp32 copy where oneDNN runs fp32; the same logits as the plain model within PARITY,
-    deterministically (two calls give the same bits)."""
+    fp32 copy whose Dense layers run the kernel timed fastest here (vitlab.deploy.kernels;
+    oneDNN packed, or F.linear, forced here one by one, or measured); the same logits as the
+    plain model within PARITY, deterministically (two calls give the same bits)."""
+    monkeypatch.setenv("VITLAB_DENSE_KERNEL", dense)
     m = model(depth=2)
     fast = deploy.inference_copy(m)
-    packed = torch.float32 in deploy.onednn_dtypes()
+    d = m.config.hidden_size
+    chosen = {c.what: c.kernel for c in deploy.kernels.choices()}[f"Dense float32 {d}x{3 * d}, {m.config.num_tokens} tokens"]
+    packed = chosen == "oneDNN" and torch.float32 in deploy.onednn_dtypes()
     assert isinstance(fast.blocks[0].attn.qkv, deploy.PackedLinear) == packed and fast is not m
     assert deploy.inference_copy(m, plain=True) is m
     x = cifar_images[:16]
@@ -152,24 +159,27 @@ def test_the_inference_copy_refuses_plain_with_another_precision_and_export():
     for export, fix in refusals:
         with pytest.raises(ValueError, match=r"inference copy|serving copy") as e:
             export(fast)
-        assert len(str(e.value).splitlines()) == 1 and fix in str(e.value) and "(fp32-packed)" in str(e.value)
+        assert len(str(e.value).splitlines()) == 1 and fix in str(e.value) and "(fp32-auto)" in str(e.value)
 
 
 def test_a_bf16_copy_takes_the_attention_kernel_this_cpu_runs_faster_and_the_same_function():
-    """The fused kernel or the explicit matmul-softmax path, timed once when the copy is built
-    (fused wins with AMX, loses on AVX-512 without it); both compute the model's attention."""
+    """The fused kernel or the explicit matmul-softmax path, timed when the copy is built
+    (vitlab.deploy.kernels: fused wins with AMX, loses on AVX-512 without it); both compute the
+    model's attention."""
     m = model(depth=2)
     fast = deploy.inference_copy(m, "bf16")
-    attn = [b.attn.fused_cpu_bf16 for b in fast.model.blocks]
-    assert len(set(attn)) == 1 and not any(b.attn.fused_cpu_bf16 for b in m.blocks)  # the model keeps its default
+    attn = [b.attn.cpu_attention for b in fast.model.blocks]
+    assert len(set(attn)) == 1 and attn[0] in deploy.kernels.ATTENTION
+    assert not any(b.attn.cpu_attention for b in m.blocks)  # the model keeps its default
     x = torch.randn(4, 3, 32, 32)
     out = {}
     with torch.inference_mode():
         want = m(x)
-        for fused in (False, True):
+        for kernel in deploy.kernels.ATTENTION:
             for b in fast.model.blocks:
-                b.attn.fused_cpu_bf16 = fused
-            out[fused] = fast(x)
+                b.attn.cpu_attention = kernel
+            out[kernel] = fast(x)
     for got in out.values():
         assert (got - want).abs().max() < 0.05 * want.abs().max()
-    assert isinstance(deploy.copies.fused_attention_is_faster(2, 65, 16), bool)
+
+

@@ -346,7 +346,7 @@ def test_fewshot_command_errors(digit_ckpts, capsys):
     assert main(["fewshot", ck, "--data", "digits", "--shots", "25", "--pool", "10"]) == 2
     assert "raise --pool" in capsys.readouterr().err
     assert main(["fewshot", ck, "--data", "digits", "--l2", "-1"]) == 2
-    assert "--l2 '-1': give a positive L2 strength (default 1024, big_vision's) or loo" in capsys.readouterr().err
+    assert "--l2 '-1': give a positive finite L2 strength (default 1024, big_vision's) or loo" in capsys.readouterr().err
     assert main(["fewshot", ck, "--data", "nosuchdata"]) == 2
     assert "unknown dataset" in capsys.readouterr().err
 

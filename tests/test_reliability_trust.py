@@ -33,6 +33,7 @@ from vitlab.eval.real import read_real_labels
 from vitlab.files import documents
 from vitlab.sweep import cells as sweep_cells, load_folder
 from vitlab.train import vtab
+from vitlab.train.inputs import Inputs
 from vitlab.train.run_folder import RunFolder, read_summary
 
 FUZZ = settings(max_examples=int(os.environ.get("VITLAB_FUZZ_EXAMPLES", "30")), deadline=None,
@@ -153,7 +154,7 @@ def test_a_damaged_dataset_dict_json_is_one_line(tmp_path):
 
 # Finished work is reused only when it is the same work ---------------------------------------
 def _stub_train(calls):
-    def train(cfg, out):
+    def train(cfg, out, inputs):
         calls.append(out)
         return {"splits": {s: {"top1": 0.5, "count": 200} for s in cfg.data.eval_splits}}
 
@@ -177,35 +178,35 @@ def test_a_vtab_result_of_other_work_is_refused_by_name(tmp_path, ckpt, change):
     vitlab.save(perturb(tiny_model(class_names=[f"c{i}" for i in range(10)]), seed=3), tmp_path / "other.safetensors")
     s, calls = vtab.Settings(steps=5, batch_size=8), []
     task, root, out = TASKS["dtd"], tmp_path / "data", tmp_path / "suite"
-    first = vtab.run_task(str(ckpt), task, root, out, s, _stub_train(calls), log=lambda _: None)
+    first = vtab.run_task(str(ckpt), task, root, out, s, _stub_train(calls), Inputs(), log=lambda _: None)
     assert vtab.run_task(str(ckpt), task, root, out, vtab.Settings(**{**vars(s), "device": "cpu"}),
-                         _stub_train(calls), log=lambda _: None) == first  # the same work: reused, nothing trains
+                         _stub_train(calls), Inputs(), log=lambda _: None) == first  # the same work: reused, nothing trains
     assert len(calls) == 1
     other, s2 = CHANGES[change][0](ckpt, s)
     with unchanged(tmp_path):
         with pytest.raises(ConfigError, match=re.escape(CHANGES[change][1])) as e:
-            vtab.run_task(str(other), task, root, out, s2, _stub_train(calls), log=lambda _: None)
+            vtab.run_task(str(other), task, root, out, s2, _stub_train(calls), Inputs(), log=lambda _: None)
     assert "result of other work" in str(e.value) and len(calls) == 1
 
 
 def test_a_checkpoint_replaced_under_the_same_name_is_other_work(tmp_path, ckpt):
     s, calls = vtab.Settings(steps=5), []
-    vtab.run_task(str(ckpt), TASKS["dtd"], tmp_path, tmp_path / "suite", s, _stub_train(calls), log=lambda _: None)
+    vtab.run_task(str(ckpt), TASKS["dtd"], tmp_path, tmp_path / "suite", s, _stub_train(calls), Inputs(), log=lambda _: None)
     vitlab.save(perturb(tiny_model(class_names=[f"c{i}" for i in range(10)]), seed=9), ckpt)
     with pytest.raises(ConfigError, match="another checkpoint"):
-        vtab.collect(str(ckpt), tmp_path, tmp_path / "suite", s)
+        vtab.collect(str(ckpt), tmp_path, tmp_path / "suite", s, Inputs())
     moved = tmp_path / "moved.safetensors"  # the same bytes by another name: the same work
     (tmp_path / "suite" / "dtd" / "result.json").unlink()
-    vtab.run_task(str(ckpt), TASKS["dtd"], tmp_path, tmp_path / "suite", s, _stub_train(calls), log=lambda _: None)
+    vtab.run_task(str(ckpt), TASKS["dtd"], tmp_path, tmp_path / "suite", s, _stub_train(calls), Inputs(), log=lambda _: None)
     shutil.copyfile(ckpt, moved)
-    assert set(vtab.collect(str(moved), tmp_path, tmp_path / "suite", s)) == {"dtd"}
+    assert set(vtab.collect(str(moved), tmp_path, tmp_path / "suite", s, Inputs())) == {"dtd"}
 
 
 def test_a_result_without_an_identity_is_not_trusted(tmp_path, ckpt):
     (tmp_path / "suite" / "dtd").mkdir(parents=True)
     (tmp_path / "suite" / "dtd" / "result.json").write_text(json.dumps({"task": "dtd", "top1": 0.9, "test_images": 9}))
     with pytest.raises(ConfigError, match="older vitlab"):
-        vtab.collect(str(ckpt), tmp_path, tmp_path / "suite", vtab.Settings())
+        vtab.collect(str(ckpt), tmp_path, tmp_path / "suite", vtab.Settings(), Inputs())
 
 
 def _dtd(root: Path) -> Path:
@@ -314,7 +315,7 @@ def test_a_sweep_report_in_a_fresh_process_refuses_a_changed_cell(tmp_path):
 def test_vtab_report_keeps_an_edited_table_unless_forced(tmp_path, capsys, ckpt):
     out, root = tmp_path / "suite", tmp_path / "no-data"
     s, argv = vtab.Settings(steps=5), ["vtab", str(ckpt), "--root", str(root), "--out", str(out), "--steps", "5"]
-    vtab.run_task(str(ckpt), TASKS["dtd"], root, out, s, _stub_train([]), log=lambda _: None)
+    vtab.run_task(str(ckpt), TASKS["dtd"], root, out, s, _stub_train([]), Inputs(), log=lambda _: None)
     assert main([*argv, "--report"]) == 0  # vtab's own tables, rewritten from the task's result
     assert main([*argv, "--report"]) == 0
     capsys.readouterr()
@@ -329,7 +330,7 @@ def test_vtab_report_keeps_an_edited_table_unless_forced(tmp_path, capsys, ckpt)
 
 def test_task_jobs_writing_the_tables_together_each_find_the_others(tmp_path, ckpt):
     out, root, s = tmp_path / "suite", tmp_path / "no-data", vtab.Settings(steps=5)
-    vtab.run_task(str(ckpt), TASKS["dtd"], root, out, s, _stub_train([]), log=lambda _: None)
+    vtab.run_task(str(ckpt), TASKS["dtd"], root, out, s, _stub_train([]), Inputs(), log=lambda _: None)
     errors = []
 
     def writer():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 from vitlab.config import load_recipe
 from vitlab.train import finetune, finetune_choice as choice
@@ -45,6 +47,22 @@ def test_resolution_notes_and_the_papers_step_up():
     assert finetune.resolution_note((48, 48), explicit=True) == "resolution 48x48 (--image-size)"
     stepped = finetune.resolution_note((384, 384), explicit=True, stepped_from=(224, 224))
     assert stepped.startswith("resolution 384x384: the paper's step up from the checkpoint's 224x224 (--paper-resolution")
+
+
+def test_paper_resolution_steps_up_a_bit_checkpoint(tmp_path):
+    """A BiT ResNet has no patch grid (its config no total_stride, which planning read and
+    raised AttributeError on): it takes any size, so the paper's step up rounds to the pixel."""
+    import torch
+
+    import vitlab
+
+    torch.manual_seed(0)
+    model = vitlab.create_model("BiT-R50x1", image_size=32, stem="cifar", layers=(1, 1, 1, 1), base_width=16, gn_groups=4,
+                                num_classes=10)
+    vitlab.save(model, tmp_path / "bit.safetensors")
+    planned = finetune.plan(str(tmp_path / "bit.safetensors"), "digits", paper_resolution=True, out=tmp_path / "ft",
+                            choose="paper")
+    assert planned.config.model.changes["image_size"] == (55, 55)  # round(32 * 384 / 224)
 
 
 def test_the_edge_of_the_grid_is_named():
@@ -106,50 +124,107 @@ def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
     assert finetune.plan(str(ck), "digits", table4="cifar10", options={"steps": 40}).config.data.dev_fraction == 0.02
 
 
-def test_a_default_fine_tune_reads_its_checkpoint_once_and_each_split_once(tmp_path, monkeypatch):
-    """The plan is made once per process: a default fine-tune (the six-arm recipe sweep, the
-    final run) repeated twice reads the checkpoint file once, opens each data split once, and
-    fits the probe head once per split (train-minus-dev for the AdamW arms, train for the final
-    runs). Before: 16 checkpoint reads and 19 dataset opens for one fine-tune."""
+def count_reads(monkeypatch) -> dict[str, Any]:
+    """Counters of what a command reads, patched where every module finds it: checkpoint files
+    (io.read), dataset opens by split, the digits source's file, each run folder's config.yaml
+    (RunFolder.read_config), and the probe head's fits (their image counts)."""
     import sys
     from collections import Counter
 
-    import torch
-
-    import vitlab
     from vitlab.checkpoints import io
     from vitlab.data import datasets, open as data_open
-    from vitlab.train import probe_head, repeats
+    from vitlab.train import probe_head
+    from vitlab.train.run_folder import RunFolder
 
-    torch.manual_seed(0)
-    ck = tmp_path / "ck.safetensors"
-    vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=8, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
-                                    hidden_size=16, depth=1, num_heads=2, mlp_dim=32, num_classes=5), ck)
-    reads, opens, arrays, fits = Counter(), Counter(), Counter(), []
-    read, open_dataset, digits, fitted = io.read, data_open.open_dataset, datasets.digits_arrays, probe_head.fitted
+    seen: dict[str, Any] = {"reads": Counter(), "opens": Counter(), "opened": Counter(), "sources": Counter(),
+                            "configs": Counter(), "fits": []}
+    read, open_dataset, digits, fitted, read_config = (io.read, data_open.open_dataset, datasets.digits_arrays,
+                                                       probe_head.fitted, RunFolder.read_config)
 
     def counted_open(spec, split, *args, **kwargs):
-        opens[split] += 1
+        seen["opens"][split] += 1
+        seen["opened"][spec, split] += 1
         return open_dataset(spec, split, *args, **kwargs)
 
-    monkeypatch.setattr(io, "read", lambda path, *a, **k: reads.update([str(path)]) or read(path, *a, **k))
+    monkeypatch.setattr(io, "read", lambda path, *a, **k: seen["reads"].update([str(path)]) or read(path, *a, **k))
     for module in list(sys.modules.values()):  # every module that holds the name
         if getattr(module, "open_dataset", None) is open_dataset:
             monkeypatch.setattr(module, "open_dataset", counted_open)
-    monkeypatch.setattr(datasets, "digits_arrays", lambda *a: arrays.update(["digits"]) or digits(*a))
-    monkeypatch.setattr(probe_head, "fitted", lambda model, images, *a: fits.append(len(images)) or fitted(model, images, *a))
+    monkeypatch.setattr(datasets, "digits_arrays", lambda *a: seen["sources"].update(["digits"]) or digits(*a))
+    monkeypatch.setattr(probe_head, "fitted", lambda model, images, *a: seen["fits"].append(len(images)) or fitted(model, images, *a))
+    monkeypatch.setattr(RunFolder, "read_config", lambda self: seen["configs"].update([str(self.path)]) or read_config(self))
+    return seen
 
+
+def source_run(tmp_path) -> Path:
+    """A tiny network's checkpoint in a vitlab run folder (RUN/checkpoints/, RUN/config.yaml), as
+    `vitlab train` leaves it: what a fine-tune usually starts from."""
+    import torch
+
+    import vitlab
+    from vitlab.config import load_recipe
+    from vitlab.train.run_folder import RunFolder
+
+    torch.manual_seed(0)
+    run = tmp_path / "source"
+    ck = run / "checkpoints" / "last.safetensors"
+    ck.parent.mkdir(parents=True)
+    vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=8, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
+                                    hidden_size=16, depth=1, num_heads=2, mlp_dim=32, num_classes=5), ck)
+    RunFolder(run).write_config(load_recipe("digits").with_overrides({"train.threads": 1}))
+    return ck
+
+
+def test_a_default_fine_tune_reads_its_checkpoint_once_and_each_split_once(tmp_path, monkeypatch):
+    """The plan is made once per process and carries what it read: a default fine-tune (the
+    six-arm recipe sweep, the final run) repeated twice reads the checkpoint file once, the
+    source run's config.yaml once, the data source's file once (dev and train-minus-dev are
+    selections of the one opened train split), and fits the probe head once per split
+    (train-minus-dev for the AdamW arms, train for the final runs). Before: 16 checkpoint
+    reads and 19 dataset opens; then 4 reads of the data's file and 4 of config.yaml."""
+    from vitlab.train import repeats
+
+    ck = source_run(tmp_path)
+    seen = count_reads(monkeypatch)
     plan = finetune.plan(str(ck), "digits", options={"steps": 20, "batch_size": 32}, overrides=["train.threads=1"],
                          out=tmp_path / "ft")
     assert len(plan.arms) == 6 and plan.sweep_steps == 10  # the default: both recipes, a quick sweep
     result = repeats.repeat(plan, 2, lambda p: finetune.run(p, quiet=True), log=lambda _: None)
     assert result["runs"][1]["lr"] == result["best_lr"]
-    assert reads == {str(ck): 1}
-    assert opens == {"train": 1, "train-minus-dev": 1, "dev": 1, "test": 1} and arrays["digits"] == 4
-    assert sorted(fits) == [1_293, 1_437]  # one fit per split, however many runs start from it
+    assert seen["reads"] == {str(ck): 1}
+    assert seen["configs"] == {str(ck.parent.parent): 1}
+    assert seen["opens"] == {"train": 1, "test": 1} and seen["sources"] == {"digits": 1}
+    assert sorted(seen["fits"]) == [1_293, 1_437]  # one fit per split, however many runs start from it
     second = json.loads((tmp_path / "ft" / "seed-1" / "summary.json").read_text())
     if result["best_recipe"] == "adamw":  # its head is the first final run's, and no forward pass is counted twice
         assert second["head_probe"]["shared_with_earlier_run"] and "forward_images" not in second["compute"]
+
+
+def test_a_vtab_suite_reads_its_checkpoint_and_source_config_once(tmp_path, monkeypatch):
+    """`vitlab vtab`'s tasks share one plan: two tasks with a two-rate grid (six runs) read the
+    checkpoint file once and the source run's config.yaml once, and open each split of each
+    task once (VTAB's own splits: train800, val200, train800val200, test)."""
+    from PIL import Image
+
+    from vitlab.data.vtab import TASKS
+    from vitlab.train import recipe, vtab
+
+    ck = source_run(tmp_path)
+    root = tmp_path / "vtab"
+    tasks = [TASKS["dtd"], TASKS["flowers102"]]  # both train[:800] and validation[:200]
+    for task in tasks:  # VTAB's image-folder form: ROOT/TASK/{train,validation,test}/LABEL/FILE
+        for split, count in (("train", 800), ("validation", 200), ("test", 20)):
+            for i in range(count):
+                folder = root / task.name / split / f"c{i % 2}"
+                folder.mkdir(parents=True, exist_ok=True)
+                Image.new("L", (12, 9), 40 + 100 * (i % 2)).save(folder / f"{i}.png")
+    seen = count_reads(monkeypatch)
+    s = vtab.Settings(steps=2, batch_size=4, grid=(0.001, 0.01), image_size=8, overrides=("train.threads=1",))
+    vtab.run_suite(str(ck), root, tmp_path / "out", tasks, s,
+                   lambda c, o, inputs: recipe.train(c, o, quiet=True, inputs=inputs), log=lambda _: None)
+    assert seen["reads"] == {str(ck): 1}
+    assert seen["configs"] == {str(ck.parent.parent): 1}
+    assert len(seen["opened"]) == 8 and set(seen["opened"].values()) == {1}, seen["opened"]  # 2 tasks x 4 splits
 
 
 def test_random_start_is_the_checkpoints_network_with_untrained_weights(tiny_checkpoint, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 from vitlab.config import load_recipe
 from vitlab.train import finetune_choice as choice
+from vitlab.train.inputs import Inputs
 
 TABLE4 = (0.001, 0.003, 0.01, 0.03)
 
@@ -23,10 +24,10 @@ def test_auto_tries_both_recipes_and_a_named_one_only_itself():
 
 def test_a_recipe_changes_the_config_but_not_what_the_user_set():
     cfg = load_recipe("finetune").with_overrides({"train.steps": 200, "model.checkpoint": "source.safetensors"})
-    adamw = choice.apply(cfg, choice.ADAMW, explicit=set())
+    adamw = choice.apply(cfg, choice.ADAMW, explicit=set(), inputs=Inputs())
     assert (adamw.optim.name, adamw.optim.weight_decay, adamw.train.label_smoothing) == ("adamw", 0.05, 0.1)
     assert adamw.data.crop_scale == (0.35, 1.0) and adamw.optim.warmup_steps == 50  # 25% of 200
-    paper = choice.apply(cfg, choice.PAPER, explicit=set())
+    paper = choice.apply(cfg, choice.PAPER, explicit=set(), inputs=Inputs())
     assert (paper.optim.name, paper.optim.warmup_steps, paper.data.crop_scale) == ("sgd", 10, (0.05, 1.0))
     kept = choice.apply(cfg.with_overrides({"train.label_smoothing": 0.3, "optim.warmup_steps": 7}), choice.ADAMW,
                         explicit={"train.label_smoothing", "optim.warmup_steps"})
@@ -69,16 +70,16 @@ def test_threads_come_from_the_source_run(tmp_path):
     source_cfg = load_recipe("cifar10")  # 1 thread, 1 data worker
     (run / "config.yaml").write_text(json.dumps(source_cfg.to_dict()))  # JSON is YAML
     cfg = load_recipe("finetune")
-    changes, line = choice.thread_policy(cfg, str(run / "checkpoints" / "last.safetensors"), explicit=set())
+    changes, line = choice.thread_policy(cfg, str(run / "checkpoints" / "last.safetensors"), explicit=set(), inputs=Inputs())
     assert changes == {"train.threads": 1, "data.num_workers": 1}
     assert line.startswith("threads: 1 compute thread and 1 data worker, as the source run trained (")
-    kept, line = choice.thread_policy(cfg, str(run / "checkpoints" / "last.safetensors"), explicit={"train.threads"})
+    kept, line = choice.thread_policy(cfg, str(run / "checkpoints" / "last.safetensors"), explicit={"train.threads"}, inputs=Inputs())
     assert kept == {"data.num_workers": 1}
-    elsewhere, line = choice.thread_policy(cfg, str(tmp_path / "model.safetensors"), explicit=set())
+    elsewhere, line = choice.thread_policy(cfg, str(tmp_path / "model.safetensors"), explicit=set(), inputs=Inputs())
     assert elsewhere == {"train.threads": 0, "data.num_workers": 0}
     assert "one compute thread per core and 0 data workers, the recipe's (the source is not a vitlab run)" in line
     (run / "config.yaml").write_text("model: [")  # damaged: treated as no source run
-    assert choice.source_run_config(str(run / "checkpoints" / "last.safetensors")) is None
+    assert Inputs().source_config(str(run / "checkpoints" / "last.safetensors")) is None
 
 
 def test_repeats_reuse_the_chosen_recipe_not_only_its_rate(tmp_path):

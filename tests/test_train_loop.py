@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 import vitlab
 from vitlab.config import ConfigError, RunConfig
 from vitlab.train import state
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer, TrainingDiverged
 
 # A ViT small enough to train in a second: 8x8 digits, 4x4 patches, 2 blocks of width 32.
@@ -199,7 +200,7 @@ def test_finetune_at_a_higher_resolution_and_eval(tmp_path):
     from vitlab.train.build import build_model
 
     section = RunConfig.from_dict({"model": {"checkpoint": str(src), "image_size": 16, "representation_size": None}}).model
-    start = build_model(section, list("0123456789"))
+    start = build_model(section, list("0123456789"), Inputs())
     old = vitlab.load(src)
     assert start.config.image_size == (16, 16) and start.pos_embed.pos_embedding.shape[1] == 1 + 16
     assert start.pre_logits is None and torch.count_nonzero(start.head.weight) == 0
@@ -346,9 +347,11 @@ def test_trainer_takes_dataset_objects(tmp_path):
         Trainer(cfg, tmp_path / "stream", quiet=True, data=Stream()).run()
 
 
-def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_model_alone():
+def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_model_alone(monkeypatch):
     """A supervised run's last evaluation on one CPU process (vtab's and finetune's test
-    score) runs vitlab.deploy's inference copy; the objective that trains keeps its model."""
+    score) runs vitlab.deploy's inference copy; the objective that trains keeps its model.
+    (oneDNN forced: the copy would otherwise pack only the shapes that timed faster.)"""
+    monkeypatch.setenv("VITLAB_DENSE_KERNEL", "oneDNN")
     from conftest import perturb, tiny_model
     from vitlab import deploy
     from vitlab.train.objectives import Supervised, evaluation_target

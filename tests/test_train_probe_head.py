@@ -19,6 +19,7 @@ from vitlab.eval.features import extract_features
 from vitlab.eval.linear_probe import fit_logistic, logistic_probe
 from vitlab.train import finetune, finetune_choice as choice, probe_head
 from vitlab.train.build import architecture, build_model
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer
 
 
@@ -60,8 +61,8 @@ def test_the_head_starts_as_the_linear_probe_and_counts_as_compute(source, tmp_p
     assert probe["images"] == 1437 and probe["C"] == probe_head.C
     # The same probe, fitted by the linear-probe evaluation on the features of the fine-tune's
     # network (the source, zero head, at the fine-tune's evaluation preprocessing).
-    arch = architecture(cfg.model)
-    model = build_model(cfg.model, [str(i) for i in range(10)])
+    arch = architecture(cfg.model, Inputs())
+    model = build_model(cfg.model, [str(i) for i in range(10)], Inputs())
     train = open_dataset("digits", "train", model_transform(arch))
     test = open_dataset("digits", "test", model_transform(arch))
     xtr, ytr = extract_features(model, train)
@@ -102,7 +103,6 @@ def test_a_head_fitted_once_gives_the_runs_that_share_it_the_same_weights(source
     """Runs of one plan share the probe head (train/inputs.py): a run that reuses it ends with
     the same weights as one that fits it (the fit draws nothing from the random streams), and
     counts none of its forward passes."""
-    from vitlab.train.inputs import Inputs
 
     shared = Inputs()
     first = Trainer(probe_config(source), tmp_path / "first", quiet=True, inputs=shared).run()

@@ -23,6 +23,7 @@ from vitlab.data.tfrecord import Records, masked_crc, parse_example, write_examp
 from vitlab.data.transforms import eval_transform
 from vitlab.data.vtab import GROUPS, TASKS, group_sizes, resolve_slice, task_splits
 from vitlab.train import vtab
+from vitlab.train.inputs import Inputs
 
 STANDINS = ("dtd", "eurosat", "dsprites_location")
 # The dSprites stand-in is the source of both dSprites tasks: orientation runs too (its label
@@ -220,7 +221,7 @@ def test_lr_grid_chooses_on_the_200_and_reruns_on_the_1000(tmp_path):
     rate on train800 scored on val200, then the best rate on train800val200, tested on test."""
     calls = []
 
-    def train(cfg, out):
+    def train(cfg, out, inputs):
         calls.append((cfg.optim.lr, cfg.data.train_split, tuple(cfg.data.eval_splits), out.name))
         score = {0.001: 0.4, 0.01: 0.6}.get(cfg.optim.lr, 0.5)
         return {"splits": {s: {"top1": score, "count": 200} for s in cfg.data.eval_splits}}
@@ -229,20 +230,20 @@ def test_lr_grid_chooses_on_the_200_and_reruns_on_the_1000(tmp_path):
     s = vtab.Settings(steps=10, grid=(0.001, 0.01), seed=2)
     (tmp_path / "ckpt.safetensors").write_bytes(b"weights")  # its content is part of the result's identity
     ckpt = str(tmp_path / "ckpt.safetensors")
-    result = vtab.run_task(ckpt, task, tmp_path / "data", tmp_path / "out", s, train, log=lambda _: None)
+    result = vtab.run_task(ckpt, task, tmp_path / "data", tmp_path / "out", s, train, Inputs(), log=lambda _: None)
     assert calls == [(0.001, "train-minus-dev", ("dev",), "lr-0.001"), (0.01, "train-minus-dev", ("dev",), "lr-0.01"),
                      (0.01, "train", ("test",), "final")]
     assert result["lr"] == 0.01 and result["top1"] == 0.6
     assert json.loads((tmp_path / "out" / "dtd" / "result.json").read_text())["lr"] == 0.01
-    cfg = vtab.task_config("ckpt.safetensors", task, tmp_path / "data", s)
+    cfg = vtab.task_config("ckpt.safetensors", task, tmp_path / "data", s, Inputs())
     assert (cfg.train.steps, cfg.train.seed, cfg.optim.name, cfg.optim.momentum, cfg.optim.weight_decay) == \
         (10, 2, "sgd", 0.9, 0.0)
     assert cfg.data.hflip is False and cfg.data.crop == "whole"  # VTAB-1k: no augmentation, the whole image
-    default = vtab.task_config("ckpt.safetensors", task, tmp_path / "data", vtab.Settings())
+    default = vtab.task_config("ckpt.safetensors", task, tmp_path / "data", vtab.Settings(), Inputs())
     assert (default.train.steps, default.optim.lr, default.train.batch_size, default.optim.warmup_steps) == \
         (2500, 0.01, 512, 500)  # Table 4's VTAB row, the fine-tuning recipe's batch and warm-up
     assert default.model.changes["image_size"] == (384, 384)  # the paper fine-tunes VTAB at 384
-    accepted = vtab.task_config("c", TASKS["pets"], tmp_path, vtab.Settings(accept=("pets=4.0.0",)))
+    accepted = vtab.task_config("c", TASKS["pets"], tmp_path, vtab.Settings(accept=("pets=4.0.0",)), Inputs())
     assert accepted.data.name == f"vtab:pets@4.0.0:{tmp_path}"
     with pytest.raises(DataError, match="TASK=\\[CONFIG/\\]VERSION"):
         vtab.Settings(accept=("pets",))
@@ -262,7 +263,7 @@ def test_settings_copy_to_themselves_and_through_a_task_jobs_command_line(given,
     assert vtab.Settings(**vars(s)) == s
     argv = child_argv("ck.safetensors", tmp_path, tmp_path / "suite", s, TASKS["dtd"])
     assert settings(parse(build_parser(), list(argv))) == s
-    assert vtab.task_config("ck", TASKS["dtd"], tmp_path, s).optim.lr == given.get("lr", vtab.VTAB_LR)
+    assert vtab.task_config("ck", TASKS["dtd"], tmp_path, s, Inputs()).optim.lr == given.get("lr", vtab.VTAB_LR)
 
 
 def test_tasks_train_with_the_source_runs_threads_and_workers(tmp_path):
@@ -276,10 +277,10 @@ def test_tasks_train_with_the_source_runs_threads_and_workers(tmp_path):
     source = RunConfig().with_overrides({"train.threads": 1, "data.num_workers": 1})
     (run / "config.yaml").write_text(yaml.safe_dump(source.to_dict()))
     checkpoint = str(run / "checkpoints" / "last.safetensors")
-    cfg = vtab.task_config(checkpoint, TASKS["dtd"], tmp_path / "data", vtab.Settings())
+    cfg = vtab.task_config(checkpoint, TASKS["dtd"], tmp_path / "data", vtab.Settings(), Inputs())
     assert (cfg.train.threads, cfg.data.num_workers) == (1, 1)
     line = vtab.threads_line(checkpoint, vtab.Settings())
     assert "1 compute thread and 1 data worker, as the source run trained" in line
     mine = vtab.Settings(overrides=("data.num_workers=0",))
-    assert vtab.task_config(checkpoint, TASKS["dtd"], tmp_path / "data", mine).data.num_workers == 0
+    assert vtab.task_config(checkpoint, TASKS["dtd"], tmp_path / "data", mine, Inputs()).data.num_workers == 0
     assert "the recipe's" in vtab.threads_line("elsewhere.safetensors", vtab.Settings())

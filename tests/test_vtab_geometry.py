@@ -21,6 +21,7 @@ from vitlab.config import ViTConfig
 from vitlab.data.tfrecord import write_example, write_records
 from vitlab.data.vtab import TASKS, resolve_slice
 from vitlab.train import build, vtab
+from vitlab.train.inputs import Inputs
 
 # (height, width) of each non-square task's images: the fixed shapes of the structured sources,
 # and a typical photo of each natural source (theirs vary image by image).
@@ -109,12 +110,12 @@ def bands(x: torch.Tensor) -> tuple[float, float]:
 def test_training_and_evaluation_see_the_whole_image(task, form, tmp_path):
     task = TASKS[task]
     write(task, form, tmp_path)
-    base = vtab.task_config("c.safetensors", task, tmp_path, vtab.Settings())
+    base = vtab.task_config("c.safetensors", task, tmp_path, vtab.Settings(), Inputs())
     assert base.data.crop == "whole" and not base.data.hflip
     model = ViTConfig(image_size=base.model.changes["image_size"])  # 384: the paper's VTAB resolution
     for decode in ("pil", "fast"):
         cfg = base.with_overrides({"data.decode": decode})
-        train, evals = build.open_datasets(cfg, model)
+        train, evals = build.open_datasets(cfg, model, None, Inputs())
         assert len(train) == 1000, (task.name, form)
         for i in (0, len(train) - 1):
             x, _ = train[i]
@@ -134,7 +135,7 @@ def test_pil_training_pixels_are_the_evaluation_pixels(tmp_path):
     from vitlab.data.decode import decode_planned
     from vitlab.pixels import normalise
 
-    cfg = vtab.task_config("c.safetensors", TASKS["kitti_distance"], tmp_path, vtab.Settings())
+    cfg = vtab.task_config("c.safetensors", TASKS["kitti_distance"], tmp_path, vtab.Settings(), Inputs())
     model = ViTConfig(image_size=(384, 384))
     image = Image.open(io.BytesIO(marked(375, 1242)))
     train, evaluate = build.data_transforms(cfg.with_overrides({"data.decode": "pil"}), model)

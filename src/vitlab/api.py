@@ -155,7 +155,7 @@ def model_table(image_size: Optional[int] = None, num_classes: Optional[int] = N
     match `pattern` (as list_models). Built on the meta device: shapes only, no memory."""
     out = []
     for name in list_models(pattern):
-        overrides = {}
+        overrides: dict[str, Any] = {}
         if image_size:
             overrides["image_size"] = image_size
         if num_classes is not None:
@@ -163,17 +163,16 @@ def model_table(image_size: Optional[int] = None, num_classes: Optional[int] = N
         with torch.device("meta"):  # shapes only: no memory, no initialisation cost
             model = create_model(name, **overrides)
         cfg = model.config
-        vit = cfg.kind == "vit"
         out.append(
             {
                 "name": name,
                 "kind": cfg.kind,
                 "image_size": f"{cfg.image_size[0]}x{cfg.image_size[1]}",
-                "width": cfg.hidden_size if vit else cfg.feature_dim,
+                "width": cfg.hidden_size if isinstance(cfg, ViTConfig) else cfg.feature_dim,
                 "depth": cfg.depth,
-                "heads": cfg.num_heads if vit else None,
-                "mlp": cfg.mlp_dim if vit else None,
-                "tokens": cfg.num_tokens if vit else None,
+                "heads": cfg.num_heads if isinstance(cfg, ViTConfig) else None,
+                "mlp": cfg.mlp_dim if isinstance(cfg, ViTConfig) else None,
+                "tokens": cfg.num_tokens if isinstance(cfg, ViTConfig) else None,
                 "classes": cfg.num_classes,
                 "params": sum(p.numel() for p in model.parameters()),
                 "gflops": model_flops(cfg) / 1e9,

@@ -6,7 +6,7 @@
         print(row["image"], row["predictions"][0])     # {"class", "index", "probability"}
 
 A Predictor holds one inference copy of a classifier in the chosen precision (on a CPU
-`vitlab.deploy.inference_copy`: fp32 packed for oneDNN by default, or bf16, fp16, int8, or with
+`vitlab.deploy.inference_copy`: fp32 on the kernels timed fastest on this machine by default, or bf16, fp16, int8, or with
 `plain=True` the model as it is; on a GPU fp32, or bf16/fp16 as autocast), its
 preprocessing (`model_transform`: the checkpoint's crop, resize and backend, the same function
 every command uses) and its class names. It batches, returns softmax probabilities, the top k,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence, cast
 
 import numpy as np
 import torch
@@ -31,9 +31,10 @@ from vitlab.analysis import attention_rollout
 from vitlab.analysis.overlay import captioned, overlay
 from vitlab.config import ConfigError
 from vitlab.data import read_image
-from vitlab.data.transforms import image_input, model_transform, to_mode
+from vitlab.data.transforms import EvalTransform, image_input, model_transform, to_mode
 from vitlab.deploy import PRECISIONS, Serving, inference_copy
 from vitlab.files import OutputFolder, atomic_write, to_name
+from vitlab.models import Model, VisionTransformer
 
 DISPLAY_SIDE = 384  # the longer side of an overlay image
 
@@ -62,7 +63,7 @@ def check_precision(precision: str) -> None:
 class Predictor:
     """A classifier ready for images: preprocessing, precision, batching, top-k, attention."""
 
-    def __init__(self, model: torch.nn.Module, precision: str = "fp32", device: str | torch.device | None = None,
+    def __init__(self, model: Model, precision: str = "fp32", device: str | torch.device | None = None,
                  checkpoint: str = "", plain: bool = False):
         cfg = model.config
         if not cfg.num_classes:
@@ -75,10 +76,10 @@ class Predictor:
         self.config, self.precision, self.checkpoint = cfg, precision, checkpoint
         self.parameters = sum(p.numel() for p in model.parameters())
         self.has_attention = cfg.has_attention  # a BiT ResNet classifies like a ViT, with nothing to map
-        self.num_prefix = model.num_prefix_tokens if self.has_attention else 0
+        self.num_prefix = model.num_prefix_tokens if isinstance(model, VisionTransformer) else 0  # (has_attention)
         names = list(getattr(model, "class_names", None) or [])
         self.class_names = names if len(names) == cfg.num_classes else [f"class {i}" for i in range(cfg.num_classes)]
-        self.transform = model_transform(cfg)  # the checkpoint's crop, resize and backend, as every command
+        self.transform = cast(EvalTransform, model_transform(cfg))  # (train=False: an EvalTransform) the checkpoint's crop, resize and backend, as every command
         model = model.eval()
         on_cpu = self.device.type == "cpu"
         self.model = inference_copy(model, precision, plain=plain) if on_cpu else model.to(self.device)
@@ -115,7 +116,7 @@ class Predictor:
         """The picture a map is drawn over: RGB, its longer side DISPLAY_SIDE."""
         shown = to_mode(image, 3)
         scale = DISPLAY_SIDE / max(shown.size)
-        return shown.resize((max(1, round(shown.width * scale)), max(1, round(shown.height * scale))), Image.BILINEAR)
+        return shown.resize((max(1, round(shown.width * scale)), max(1, round(shown.height * scale))), Image.Resampling.BILINEAR)
 
     # Batches -> answers --------------------------------------------------------------------
     def _forward(self, x: Tensor, intermediates: bool):
@@ -206,6 +207,7 @@ class Predictor:
     def write_overlay(self, image: Image.Image, seen: Looked, row: dict, folder: Path | OutputFolder, number: int) -> Path:
         """NNNN_STEM_rollout.png in `folder`: the overlay, captioned with the top class. In an
         OutputFolder (predict --attention) a user's file of that name is refused, not replaced."""
+        assert seen.rollout is not None, "write_overlay draws what look() returned"
         top = row["predictions"][0]
         stem = Path(row["image"]).stem if isinstance(row["image"], str) else "image"
         picture = captioned(self.overlay(image, seen.rollout), f"{top['class']} ({100 * top['probability']:.1f}%)")

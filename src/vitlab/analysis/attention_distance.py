@@ -71,7 +71,7 @@ class AttentionDistance:
     """
 
     def __init__(self, grid: tuple[int, int], patch_pixels: float, num_prefix: int, mode: str = "centres"):
-        self.grid = tuple(grid)
+        self.grid = (grid[0], grid[1])
         self.num_prefix = num_prefix
         self.mode = mode
         self.dist = patch_distance_matrix(self.grid, patch_pixels, mode)
@@ -103,12 +103,14 @@ class AttentionDistance:
     def result(self) -> np.ndarray:
         if not self.count:
             raise ValueError("no images were added")
+        assert self.total is not None  # (update set it)
         return (self.total / self.count).numpy()
 
     def prefix_fraction(self) -> np.ndarray:
         """(L, H) mean attention mass patch queries give the class token."""
         if not self.count:
             raise ValueError("no images were added")
+        assert self.prefix_mass is not None  # (update set it)
         return (self.prefix_mass / self.count).numpy()
 
 

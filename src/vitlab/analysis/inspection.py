@@ -25,6 +25,7 @@ from vitlab.analysis.summary import Analysis, analyse_model, display_images, poo
 from vitlab.checkpoints import random_model
 from vitlab.checkpoints.io import Imported
 from vitlab.config import ConfigError
+from vitlab.config.fields import SEED_RANGE, bounded, number
 from vitlab.eval.features import iterate
 from vitlab.files import atomic_write_text
 
@@ -54,15 +55,29 @@ def first_batches(dataset, limit: int, batch_size: int) -> Iterator[tuple[torch.
         yield torch.stack(xs), torch.tensor(ys)
 
 
-def random_draws(text: Optional[str], flag: str = "--random-init") -> Optional[list[int]]:
+# A null over more random draws than this is refused before one draw is made: each draw is a
+# whole model analysed on the same images.
+MAX_DRAWS = 1000
+
+
+def random_draws(text: Optional[str], flag: str = "--random-init") -> Optional[range]:
     """The seeds of a random-init baseline as written: one SEED, or FIRST-LAST (inclusive), the
-    draws of a null; None for none. Anything else is refused (ConfigError)."""
+    draws of a null, as a range (made one seed at a time); None for none. Seeds are whole numbers
+    in ASCII digits within config.fields.SEED_RANGE, at most MAX_DRAWS of them; anything else
+    is refused (ConfigError)."""
     if text is None:
         return None
     first, dash, last = str(text).partition("-")
-    if not first.isdigit() or (dash and not last.isdigit()) or (dash and int(last) < int(first)):
-        raise ConfigError(f"{flag} {text!r}: give a seed (0) or a range of seeds FIRST-LAST (0-19) for a null over draws")
-    return list(range(int(first), int(last if dash else first) + 1))
+    usage = f"give a seed (0) or a range of seeds FIRST-LAST (0-19) for a null over draws, from 0 to {SEED_RANGE['at_most']}"
+    try:
+        lo = number(first, flag, whole=True, **SEED_RANGE)
+        hi = number(last, flag, whole=True, **SEED_RANGE) if dash else lo
+    except ConfigError:
+        raise ConfigError(f"{flag} {text!r}: {usage}") from None
+    if hi < lo:
+        raise ConfigError(f"{flag} {text!r}: {usage}")
+    bounded(hi - lo + 1, MAX_DRAWS, f"{flag} {text}", "random draws", f"give at most {MAX_DRAWS:,} seeds")
+    return range(lo, hi + 1)
 
 
 def analyse_draws(model, imported: Imported, batches: Iterable, seeds: Sequence[int], **options) -> Analysis:
@@ -167,6 +182,7 @@ def _filters_figure(result: Analysis, out: Path) -> Figure:
 
 def _position_figure(result: Analysis, cfg, out: Path) -> Figure:
     s = result.pos_summary
+    assert result.pos_similarity is not None  # (drawn only when the model has the embeddings)
     return Figure(
         "position_similarity", "Position embedding similarity (Fig. 7, centre)",
         plots.plot_position_similarity(result.pos_similarity, out / "position_similarity.png",
@@ -194,7 +210,7 @@ def _distance_figure(result: Analysis, cfg, out: Path) -> Figure:
 
 def _rollout_figure(result: Analysis, model, out: Path, labels, heatmap: bool) -> Figure:
     cfg = model.config
-    maps = upsample_map(result.rollout_maps, tuple(result.rollout_images.shape[2:]))
+    maps = upsample_map(result.rollout_maps, (result.rollout_images.shape[2], result.rollout_images.shape[3]))
     imgs = display_images(result.rollout_images, cfg.mean, cfg.std)
     titles = with_predictions(rollout_titles(labels, result.rollout_labels, len(imgs)), model, result.rollout_images)
     how = "class token's row" if model.num_prefix_tokens else "mean of the patch rows (GAP model)"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -105,7 +105,9 @@ def analyse_model(
         sim, pos_note, pos_summary = None, str(e), {}
 
     acc: Optional[AttentionDistance] = None
-    roll_x, roll_maps, roll_labels = [], [], []
+    roll_x: list[Tensor] = []
+    roll_maps: list[np.ndarray] = []
+    roll_labels: list[Any] = []
     seen = 0
     device = next(model.parameters()).device
     for batch in batches:

@@ -12,10 +12,10 @@
 
 """
 
-# What `vitlab bench` can time: fp32 (the model as it is); fp32 with oneDNN-packed Dense
-# layers (vitlab.deploy); bf16 autocast over fp32 weights; bf16 weights and activations
+# What `vitlab bench` can time: fp32 (the model as it is); fp32 with every Dense layer packed
+# for oneDNN; fp32-auto (the CPU inference copy: each kernel the one timed fastest here); bf16 autocast over fp32 weights; bf16 weights and activations
 # (vitlab's packed copy); the same two in fp16 (for GPUs); int8 Dense layers.
 TASKS = ("infer", "train")
-PRECISIONS = ("fp32", "fp32-packed", "bf16-autocast", "bf16", "fp16-autocast", "fp16", "int8")
+PRECISIONS = ("fp32", "fp32-packed", "fp32-auto", "bf16-autocast", "bf16", "fp16-autocast", "fp16", "int8")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # reduce-overhead: CUDA graphs
 SUITES = ("quick", "full", "scaling", "gpu")

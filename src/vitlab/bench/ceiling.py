@@ -23,7 +23,7 @@ from vitlab.config import BiTConfig, ModelConfig
 from vitlab.deploy.onednn import onednn_dtypes
 
 # The product dtype each system precision runs its Dense layers in.
-CEILING_OF = {"fp32": "fp32", "fp32-packed": "fp32", "bf16-autocast": "bf16", "bf16": "bf16",
+CEILING_OF = {"fp32": "fp32", "fp32-packed": "fp32", "fp32-auto": "fp32", "bf16-autocast": "bf16", "bf16": "bf16",
               "fp16-autocast": "fp16", "fp16": "fp16", "int8": "int8"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -82,14 +82,14 @@ def ceiling_call(cfg: ModelConfig, batch: int, precision: str, device: str = "cp
     if kernel == "oneDNN":
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, m) for w in ws]
 
-        def products() -> list[torch.Tensor]:
+        def packed_products() -> list[torch.Tensor]:
             return [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for x, w in zip(xs, packed, strict=True)]
 
-        return products, flops
+        return packed_products, flops
     if kernel != "F.linear":
         raise ValueError(f"unknown kernel {kernel!r}; choose from {', '.join(kernels(precision, device))}")
 
-    def products() -> list[torch.Tensor]:
+    def linear_products() -> list[torch.Tensor]:
         return [F.linear(x, w) for x, w in zip(xs, ws, strict=True)]
 
-    return products, flops
+    return linear_products, flops

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.checkpoints.torchvision import create_torchvision_model
-from vitlab.config import BiTConfig, ViTConfig
+from vitlab.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.extras import require
 
 PEERS = ("timm", "hf", "torchvision")
@@ -58,7 +58,7 @@ def hf_vit(cfg: ViTConfig) -> nn.Module:
     _check_plain(cfg)
     if cfg.classifier != "token" or cfg.image_size[0] != cfg.image_size[1]:
         raise ValueError(f"{cfg.name}: Hugging Face's ViT needs a class token and square images")
-    hf_cfg = HFConfig(
+    hf_cfg = HFConfig(  # type: ignore[call-arg]  # num_labels, attn_implementation: PretrainedConfig's, unannotated here
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.depth,
         num_attention_heads=cfg.num_heads,
@@ -89,7 +89,9 @@ BUILDERS: dict[str, Callable[[ViTConfig], nn.Module]] = {
 }
 
 
-def build_peer(name: str, cfg: ViTConfig) -> nn.Module:
+def build_peer(name: str, cfg: ModelConfig) -> nn.Module:
     if name not in BUILDERS:
         raise ValueError(f"unknown peer {name!r}; known peers: {', '.join(BUILDERS)}")
+    if not isinstance(cfg, ViTConfig):
+        raise ValueError(f"the peers build ViTs; {cfg.name} is a {cfg.kind} model: bench it as vitlab alone")
     return BUILDERS[name](cfg)

@@ -161,8 +161,8 @@ def run_setting(setting: Setting, systems: Sequence[System], bench: BenchConfig,
         calls[system] = (p.fn, float(setting.batch), bench.min_calls)
     gemms = ceiling_systems(list(prepared), bench.device)
     for g in gemms:
-        fn, flops = ceiling_call(setting.config, setting.batch, g.precision, bench.device, g.kernel)
-        calls[g] = (fn, flops, 3)
+        products, flops = ceiling_call(setting.config, setting.batch, g.precision, bench.device, g.kernel)
+        calls[g] = (products, flops, 3)
     samples: dict[System, list[Sample]] = {key: [] for key in calls}
     sync, rng = device_sync(bench.device), random.Random(bench.seed)
     for r in range(bench.rounds):

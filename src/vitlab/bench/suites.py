@@ -9,7 +9,7 @@ from vitlab.bench.systems import Setting, System, standard_systems
 from vitlab.checkpoints.peers import variant_config
 from vitlab.config import ConfigError
 
-FAST = ["fp32", "fp32-packed", "bf16", "int8"]  # the inference precisions of the quick suite
+FAST = ["fp32", "fp32-packed", "fp32-auto", "bf16", "int8"]  # the inference precisions of the quick suite
 
 Plan = list[tuple[Setting, list[System]]]
 
@@ -38,7 +38,7 @@ def full() -> Plan:
         compiled = ("fp32",) if model == "ViT-C/4" else ()
         plan.append((setting(model, big), standard_systems("infer", compiled=compiled)))
     # torchvision's GELU is always the exact one: the same comparison with every library on it.
-    plan.append((setting("ViT-Ti/16", 1, gelu="exact"), standard_systems("infer", precisions=("fp32", "fp32-packed"))))
+    plan.append((setting("ViT-Ti/16", 1, gelu="exact"), standard_systems("infer", precisions=("fp32", "fp32-packed", "fp32-auto"))))
     plan.append((setting("ViT-C/4", 128, "train"), standard_systems("train", compiled=("bf16-autocast",))))
     return plan
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,13 +23,13 @@ from vitlab.bench.peers import build_peer
 from vitlab.config import ModelConfig
 from vitlab.deploy.copies import for_precision
 from vitlab.deploy.int8 import available as int8_available
-from vitlab.models import build
+from vitlab.models import Model, build
 
-VITLAB_ONLY = ("fp32-packed", "int8")  # serving copies that only vitlab has
-SERVING_COPIES = ("fp32-packed", "bf16", "fp16", "int8")  # vitlab.deploy.copies.for_precision
+VITLAB_ONLY = ("fp32-packed", "fp32-auto", "int8")  # serving copies that only vitlab has
+SERVING_COPIES = ("fp32-packed", "fp32-auto", "bf16", "fp16", "int8")  # vitlab.deploy.copies.for_precision
 REDUCED = {"bf16": torch.bfloat16, "fp16": torch.float16}  # weights and activations in this dtype
 TRAIN_PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast")
-CPU_PRECISIONS = ("fp32", "fp32-packed", "bf16-autocast", "bf16", "int8")
+CPU_PRECISIONS = ("fp32", "fp32-packed", "fp32-auto", "bf16-autocast", "bf16", "int8")
 
 
 @dataclass(frozen=True)
@@ -98,16 +98,15 @@ def inference_call(model: nn.Module, system: System, x: Tensor, device: str = ""
     if system.impl == "vitlab" and system.precision in SERVING_COPIES:
         # int8 on the CPU: oneDNN's kernels, calibrated on the timed batch (speed needs no real scales)
         calibrate = system.precision == "int8" and int8_available() and kind == "cpu"
-        model = for_precision(model, system.precision, calibration=x if calibrate else None)
+        model = for_precision(cast(Model, model), system.precision, calibration=x if calibrate else None)  # (vitlab's)
     elif system.precision in REDUCED:
         model, x = model.to(REDUCED[system.precision]), x.to(REDUCED[system.precision])
-    if system.compiled:
-        model = torch.compile(model, mode=system.compile_mode)
+    run = torch.compile(model, mode=system.compile_mode) if system.compiled else model
     autocast = _autocast(system.precision, kind)
 
     def forward() -> Tensor:
         with torch.inference_mode(), autocast:
-            return model(x)
+            return run(x)
 
     return forward
 
@@ -119,7 +118,7 @@ def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor, device
         raise ValueError(f"a training step runs in {' or '.join(TRAIN_PRECISIONS)}, not {system.precision}")
     model.train()
     if system.checkpointing:  # vitlab and timm both name it so
-        model.set_grad_checkpointing(True)
+        cast(Any, model).set_grad_checkpointing(True)
     step_model = torch.compile(model, mode=system.compile_mode) if system.compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     kind = torch.device(device or x.device).type

@@ -120,7 +120,17 @@ def markdown(rows: Sequence[Row], info: Optional[dict[str, str]] = None, bench: 
     columns = ["setting", "system", "img/s (median)", "spread", "clean/all", "% of ceiling"]
     columns += ["MFU %"] * with_mfu + ["× best fp32 peer", "× timm fp32", "work MiB", "compile s"]
     table = markdown_table(columns, [markdown_cells(row, with_mfu) for row in rows])
-    return "\n".join([*lines, ""]) + table if lines else table
+    foot = kernels_foot(info or {})
+    return ("\n".join([*lines, ""]) + table if lines else table) + foot
+
+
+def kernels_foot(info: dict[str, str]) -> str:
+    """The kernels vitlab's inference copies chose on this machine and why (the timings), one
+    item per Dense shape and attention (`vitlab.deploy.kernels`), or "" when none was built."""
+    if not info.get("kernels"):
+        return ""
+    items = "\n".join(f"- {item}" for item in info["kernels"].splitlines())
+    return f"\n\nKernels of vitlab's inference copies on this machine (`vitlab.deploy.kernels`):\n\n{items}\n"
 
 
 def write_results(rows: Sequence[Row], out_dir: str | os.PathLike, name: str, info: dict[str, str],

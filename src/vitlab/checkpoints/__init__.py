@@ -18,6 +18,7 @@ from vitlab import suggest
 from vitlab.checkpoints import hf, hub, io, labels, npz, pretrained, tables, timm, torchvision, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
+from vitlab.files import on_disk
 from vitlab.models import Model, build
 
 # name -> module; detection tries them in this order.
@@ -52,7 +53,7 @@ def check_path(path: str | os.PathLike) -> Path:
     """A checkpoint is a regular file or a folder; anything else (a FIFO, a device) is refused
     before a reader opens it and blocks."""
     p = Path(path)
-    if not p.exists():
+    if not on_disk(p):  # (text too long to be a path is no file either, not an OSError)
         names = [e.name for e in pretrained.PRETRAINED.values() if Path(e.path).name == p.name]
         where = (f"; {p.name} is the paper's published file: the name {' or '.join(names[:2])} downloads it "
                  "(vitlab.load(NAME), or put the file here)") if names else ""
@@ -93,6 +94,7 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
     ImageNet (labels.says_imagenet); `Imported.guessed` names every field the file lacked."""
     by_name = is_pretrained_name(path_or_name)
     changes: dict = {}
+    path: str | os.PathLike
     if by_name:
         located = hub.locate(str(path_or_name), revision)
         path, format, changes = located.path, format or located.format, located.config_changes

@@ -16,11 +16,12 @@ eps 1e-8, GroupNormAct eps 1e-5, and a 1x1-conv head `head.fc` of shape (classes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.tables import Rule, copy, permuted, refuse, resnet_layers
 from vitlab.config import BiTConfig
+from vitlab.config.model import as_pair
 from vitlab.extras import require
 from vitlab.models.variants import describe
 
@@ -173,14 +174,14 @@ def create_timm_model(cfg: BiTConfig):
 
 
 # Shared -------------------------------------------------------------------------------------
-def _config(source: str, kernel: int, cin: int, width: int, layers: list[int], classes: int, ws_eps: float) -> BiTConfig:
+def _config(source: str, kernel: int, cin: int, width: int, layers: Sequence[int], classes: int, ws_eps: float) -> BiTConfig:
     if kernel not in (7, 3):
         raise CheckpointError(f"{source}: a {kernel}x{kernel} root convolution; BiT has 7x7 (or 3x3 for 32 px)")
     stem = "bit" if kernel == 7 else "cifar"
     base, factor = (64, width // 64) if width % 64 == 0 else (width, 1)
     try:
         return BiTConfig(
-            name="bit", image_size=224 if stem == "bit" else 32, in_channels=cin, layers=tuple(layers),
+            name="bit", image_size=as_pair(224 if stem == "bit" else 32), in_channels=cin, layers=tuple(layers),
             width_factor=factor, base_width=base, stem=stem, num_classes=classes, ws_eps=ws_eps, gn_eps=GN_EPS,
             mean=(0.5,) * cin, std=(0.5,) * cin,
         )

@@ -24,6 +24,7 @@ from vitlab.checkpoints.io import CheckpointError, Imported, guessed_preprocessi
 from vitlab.checkpoints.peers import HF_PREPROCESSING
 from vitlab.checkpoints.tables import Rule, check_carried, copy, expected_shapes, export_state, fused, import_state, read_tensors, refuse
 from vitlab.config import ViTConfig
+from vitlab.config.model import as_pair
 from vitlab.files import replace_folder
 from vitlab.files.documents import read_json
 from vitlab.models.variants import describe
@@ -168,7 +169,7 @@ def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig
     channels = field(c, "num_channels", int, source, 3)
     cfg = ViTConfig(
         name="hf",
-        image_size=tuple(image) if isinstance(image, list) else image,
+        image_size=as_pair(tuple(image) if isinstance(image, list) else image),
         patch_size=field(c, "patch_size", int, source, 16),
         in_channels=channels,
         hidden_size=field(c, "hidden_size", int, source),

@@ -41,7 +41,7 @@ from vitlab.checkpoints import pretrained
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.peers import read_peer_name
 from vitlab.extras import MissingExtraError, hub_client_errors, require
-from vitlab.files.documents import read_json
+from vitlab.files.documents import on_disk, read_json
 
 HF_PREFIX, TIMM_PREFIX = "hf-hub:", "timm:"
 REACH_TIMEOUT_S = 5.0
@@ -55,7 +55,7 @@ def is_pretrained_name(value: Any) -> bool:
     An existing file or folder is always a path, whatever its name holds. Every place in
     vitlab that takes "a checkpoint path or a pretrained name" asks this function.
     """
-    if not isinstance(value, str) or Path(value).exists():
+    if not isinstance(value, str) or on_disk(value):
         return False
     if value.startswith((HF_PREFIX, TIMM_PREFIX)) or peer_weights(value):
         return True
@@ -285,7 +285,7 @@ def _cached_revision(repo: HubRepo) -> Optional[str]:
     return commit if (folder / "snapshots" / commit).is_dir() else None
 
 
-def _offline_message(repo: HubRepo, filename: str, error: Exception, hint: str) -> str:
+def _offline_message(repo: HubRepo, filename: str, error: BaseException, hint: str) -> str:
     from huggingface_hub import constants
 
     if offline():

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from vitlab.config import BiTConfig, ConfigError, ModelConfig, config_from_dict, config_kind
+from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig, config_from_dict, config_kind
 from vitlab.files import NotRegularFileError, atomic_write, require_regular_file
 from vitlab.models import Model, build
 from vitlab.models.pos_embed import resize_position_state
@@ -249,6 +249,7 @@ def adapt_state(state: dict[str, Tensor], old: ModelConfig, new: ModelConfig) ->
     A BiT ResNet reads any image size; only its head can change."""
     if isinstance(new, BiTConfig):
         return state if new.num_classes == old.num_classes else {k: v for k, v in state.items() if not k.startswith("head.")}
+    assert isinstance(old, ViTConfig), "a checkpoint's config keeps its kind (new is a ViT here)"
     state = resize_position_state(state, "", old, new)
     if new.num_classes != old.num_classes:
         state = {k: v for k, v in state.items() if not k.startswith("head.")}

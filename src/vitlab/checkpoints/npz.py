@@ -393,7 +393,7 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
 
     def save(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # the arrays' names, which numpy's stub mistakes for its flags
         if comment:
             with zipfile.ZipFile(tmp, "a") as z:
                 z.comment = comment

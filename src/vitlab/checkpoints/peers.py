@@ -65,7 +65,7 @@ def timm_numerics(cfg: ViTConfig) -> ViTConfig:
 # transformers' ViTConfig defaults and ViTImageProcessor's (resample=2 is PIL's bilinear;
 # transformers 5 resizes a uint8 tensor with torchvision's antialiased kernels).
 HF_NUMERICS = {"gelu": "exact", "layer_norm_eps": 1e-12, "resize_mode": "bicubic"}
-HF_PREPROCESSING = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "interpolation": "bilinear",
+HF_PREPROCESSING: dict[str, Any] = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "interpolation": "bilinear",
                     "crop_mode": "squash", "crop_fraction": 1.0, "resize_backend": "tensor"}
 
 # timm's default tag (the weights `timm.create_model(NAME, pretrained=True)` loads) where it is

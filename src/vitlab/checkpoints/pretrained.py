@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from vitlab import suggest
 from vitlab.checkpoints.io import CheckpointError
@@ -68,7 +68,7 @@ IN21K, IN1K = "ImageNet-21k", "ImageNet-21k, fine-tuned on ImageNet-1k"
 # How timm evaluates these weights (its pretrained_cfg): the 224 px files at crop 0.875
 # (AugReg: 0.9), the shorter side resized bicubically; the 384 px fine-tunes of the paper at
 # the official code's whole-image (squash) resize.
-_TIMM_224 = {"crop_pct": 0.875, "crop_mode": "center", "interpolation": "bicubic"}
+_TIMM_224: dict[str, Any] = {"crop_pct": 0.875, "crop_mode": "center", "interpolation": "bicubic"}
 
 
 def _paper() -> list[Pretrained]:
@@ -126,7 +126,7 @@ _AUGREG_IN1K = {
 }
 
 
-_TIMM_AUGREG = {"crop_mode": "center", "interpolation": "bicubic"}
+_TIMM_AUGREG: dict[str, Any] = {"crop_mode": "center", "interpolation": "bicubic"}
 
 
 def _augreg() -> list[Pretrained]:
@@ -266,7 +266,7 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
         try:
             torch.hub.download_url_to_file(entry.url, tmp, hash_prefix=entry.sha256, progress=tty)
         except RuntimeError as e:  # torch's "invalid hash value": the file was removed
-            raise CheckpointError(f"{entry.url}: sha256 does not match the published {entry.sha256[:16]}... ({e}); "
+            raise CheckpointError(f"{entry.url}: sha256 does not match the published {(entry.sha256 or '')[:16]}... ({e}); "
                                   "nothing was written to the cache") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", None) or e

@@ -91,18 +91,18 @@ def import_state(
         if missing:
             parts.append(f"missing keys {_few(missing)}")
         if unused:
-            parts.append(f"unexpected keys {_few(f'{k} {_shape(theirs[k])}' for k in unused)}")
+            parts.append(f"unexpected keys {_few([f'{k} {_shape(theirs[k])}' for k in unused])}")
         raise CheckpointError(f"{source}: the tensors do not fit the layout vitlab inferred: " + "; ".join(parts))
     out, wrong = {}, []
     for r in rules:
-        parts = [theirs[k] for k in r.theirs]
+        tensors = [theirs[k] for k in r.theirs]
         want = expected.get(r.ours)
         try:
-            t = r.to_ours(*parts)
+            t = r.to_ours(*tensors)
         except RuntimeError:  # a reshape or concatenation that the shapes do not allow
             t = None
         if t is None or want is None or _shape(t) != want:
-            got = ", ".join(f"{k} {_shape(p)}" for k, p in zip(r.theirs, parts, strict=True))
+            got = ", ".join(f"{k} {_shape(p)}" for k, p in zip(r.theirs, tensors, strict=True))
             wrong.append(f"{got} -> {r.ours} needs {want}")
             continue
         out[r.ours] = t.contiguous()
@@ -166,8 +166,10 @@ def count_indexed(keys: Collection[str], key: Callable[[int], str]) -> int:
 
 def resnet_layers(keys: Collection[str], unit_key: Callable[[int, int], str]) -> tuple[int, ...]:
     """Units per stage of a ResNet stem, from `unit_key(stage, unit)` naming one unit's tensor."""
-    return tuple(count_indexed(keys, lambda u, s=s: unit_key(s, u))
-                 for s in range(count_indexed(keys, lambda s: unit_key(s, 0))))
+    def units_of(stage: int) -> Callable[[int], str]:
+        return lambda u: unit_key(stage, u)
+
+    return tuple(count_indexed(keys, units_of(s)) for s in range(count_indexed(keys, lambda s: unit_key(s, 0))))
 
 
 # Naming and guessing ---------------------------------------------------------------------
@@ -312,7 +314,7 @@ def stored_config(meta: dict[str, str], source: str) -> Optional[ModelConfig]:
         raise CheckpointError(f"{source}: the vitlab.config metadata is invalid ({e}); the file is damaged") from None
 
 
-def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[ModelConfig], list[Rule]],
+def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[..., list[Rule]],
                          infer: Callable[[dict[str, Tensor], str], ModelConfig],
                          rename: Callable[[dict[str, Tensor]], dict[str, Tensor]] = dict) -> Imported:
     """A state-dict format (timm, torchvision): the tensors, the config vitlab wrote beside them
@@ -328,7 +330,7 @@ def read_state_dict_file(path: str | os.PathLike, fmt: str, rules: Callable[[Mod
         source = f"{DEFAULTS_OF.get(fmt, fmt)} for {cfg.name}" if isinstance(cfg, ViTConfig) else \
             "vitlab's default (this library's differs by weights: pass theirs to vitlab.load)"
         imported.guessed = guessed_preprocessing(source)
-        if getattr(cfg, "num_heads", None):
+        if isinstance(cfg, ViTConfig) and cfg.num_heads:
             imported.guessed["num_heads"] = f"not in a state dict: the published count for width {cfg.hidden_size}"
     return imported
 

@@ -125,7 +125,7 @@ def _folder_weights(folder: Path) -> Optional[Path]:
     return next((folder / n for n in names if n and (folder / n).is_file()), None)
 
 
-def preprocessing_from(pcfg: dict[str, Any], cfg: ViTConfig) -> dict[str, Any]:
+def preprocessing_from(pcfg: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
     """Config changes from a timm pretrained_cfg: mean, std, crop and resize interpolation.
     timm's "border" crop mode has no vitlab equivalent and reads as "center"."""
     changes: dict[str, Any] = {}
@@ -378,5 +378,5 @@ def create_timm_model(cfg: ModelConfig):
         )
         args["embed_layer"] = partial(HybridEmbed, backbone=backbone)
     model = TimmViT(norm_layer=partial(nn.LayerNorm, eps=eps), **args)
-    model.pretrained_cfg = pretrained_cfg(cfg)  # what timm's resolve_data_config reads
+    model.pretrained_cfg = pretrained_cfg(cfg)  # type: ignore[assignment]  # undeclared by timm's class; what timm's resolve_data_config reads
     return model

@@ -21,7 +21,7 @@ import torch
 
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.files import replace_folder
-from vitlab.models.vit import VisionTransformer
+from vitlab.models import Model
 
 # The suffixes a reader looks for, per format (a folder for hf). Detection goes by them:
 # vitlab's own files are recognised by ".safetensors", state dicts by these four.
@@ -58,7 +58,7 @@ def suffix_warning(path: str | os.PathLike, format: str) -> Optional[str]:
             f"needs the format named (--format {format})")
 
 
-def probe_logits(model: VisionTransformer) -> torch.Tensor:
+def probe_logits(model: Model) -> torch.Tensor:
     """The model's logits and the representation its head reads, side by side, for a fixed
     batch of random images at its resolution (the representation too: a zero-initialised
     head gives zero logits whatever the network below it computes)."""
@@ -70,7 +70,7 @@ def probe_logits(model: VisionTransformer) -> torch.Tensor:
     return torch.cat([out["logits"].flatten(1), out["pre_logits"].flatten(1)], dim=1).float()
 
 
-def write_verified(model: VisionTransformer, dst: str | os.PathLike, format: str, load, save, owned=None,
+def write_verified(model: Model, dst: str | os.PathLike, format: str, load, save, owned=None,
                    tolerance: float = 1e-5, verify: bool = True, **kwargs) -> Verified:
     """Write `model` to `dst` in `format` through `save(model, path, format, **kwargs)`, load
     it back with `load(path, format)` and compare logits on a probe batch; replace `dst` only
@@ -93,7 +93,11 @@ def write_verified(model: VisionTransformer, dst: str | os.PathLike, format: str
         except CheckpointError as e:  # name the destination, not the staging copy
             raise CheckpointError(str(e).replace(str(tmp), str(dst))) from None
         if tmp.is_dir():
-            replace_folder(dst, lambda folder: [os.replace(p, folder / p.name) for p in tmp.iterdir()], owned or (lambda n: False))
+            def move_in(folder: Path) -> None:
+                for p in tmp.iterdir():
+                    os.replace(p, folder / p.name)
+
+            replace_folder(dst, move_in, owned or (lambda n: False))
         else:
             os.replace(tmp, dst)
         return result
@@ -101,7 +105,7 @@ def write_verified(model: VisionTransformer, dst: str | os.PathLike, format: str
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def compare(model: VisionTransformer, back: VisionTransformer, dst: Path, tolerance: float, said: list[str]) -> Verified:
+def compare(model: Model, back: Model, dst: Path, tolerance: float, said: list[str]) -> Verified:
     ours, theirs = probe_logits(model), probe_logits(back)
     if ours.shape != theirs.shape:
         raise CheckpointError(f"{dst}: reloaded, the model gives outputs of shape {tuple(theirs.shape)}, "

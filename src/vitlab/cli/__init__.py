@@ -24,6 +24,7 @@ import pkgutil
 import re
 import signal
 import sys
+import threading
 import warnings
 from types import ModuleType
 from typing import Optional, Sequence
@@ -34,6 +35,23 @@ ALLOW_PIPE_HELP = ("(commands that read data) run the shell command of a wds:pip
 
 class UsageError(ValueError):
     """A bad command-line input; printed without a traceback."""
+
+
+class Stopped(BaseException):
+    """A signal whose default is to end the process (train.stop_signals' choices: TERM, USR1,
+    USR2, HUP), received by a command that may have data-loader workers outside a training
+    run's steps (which watch their own: train/preemption.py). The command ends through its
+    `finally` blocks, its workers with it, says so in one line, and then ends by that signal
+    as before (status 128 + its number in a shell). A BaseException, so that no
+    `except Exception` takes it for an error."""
+
+    def __init__(self, number: int):
+        self.number = number
+        super().__init__(signal.Signals(number).name)
+
+
+def _stopped(number: int, frame) -> None:
+    raise Stopped(number)
 
 
 def commands() -> dict[str, ModuleType]:
@@ -71,7 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
         if getattr(module, "READS_DATA", False):
             p.add_argument("--allow-pipe", action="store_true", help=ALLOW_PIPE_HELP)
         p.set_defaults(_command=module)
+        _check_numbers(p)
     return parser
+
+
+SEEDS = ("seed", "random_init", "subset_seed")  # flags that seed a generator (config.fields.SEED_RANGE)
+
+
+def _check_numbers(parser: argparse.ArgumentParser) -> None:
+    """Every `type=int` and `type=float` flag read through the one check of numbers (finite, in
+    ASCII digits: no `inf`, `nan` or `²`); seeds within what every generator takes."""
+    from vitlab.cli.common import flag_number
+    from vitlab.config.fields import SEED_RANGE
+
+    for action in parser._actions:
+        if action.type in (int, float):
+            bounds = SEED_RANGE if action.dest in SEEDS else {}
+            action.type = flag_number(whole=action.type is int, **bounds)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -160,6 +194,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # signal killing the process without a word.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     warnings.showwarning = _show_warning
+    stopped, previous = 0, {}
+    if getattr(args._command, "READS_DATA", False) and threading.current_thread() is threading.main_thread():
+        from vitlab.config import STOP_SIGNALS  # a training run's steps watch them itself (train/preemption.py)
+
+        numbers = [getattr(signal, f"SIG{name}") for name in STOP_SIGNALS]
+        previous = {n: signal.signal(n, _stopped) for n in numbers if signal.getsignal(n) == signal.SIG_DFL}
     try:
         check_arguments(args)
         run = args._command.run
@@ -177,6 +217,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         again = "; run the same command again to continue from its last checkpoint" if resumable else ""
         print(f"vitlab {args.command}: interrupted{again}", file=sys.stderr)
         return 130
+    except Stopped as e:
+        print(f"vitlab {args.command}: stopped by {e}", file=sys.stderr)
+        stopped = e.number
+        return 128 + e.number
     except Exception as e:
         preemption = sys.modules.get("vitlab.train.preemption")  # loaded by any command that trains
         if preemption is not None and isinstance(e, preemption.Preempted):  # train, finetune, vtab
@@ -188,6 +232,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         hint = " (out of memory: a smaller model, batch or image size would fit)" if out_of_memory else ""
         print(f"vitlab {args.command}: error: {one_line(e)}{hint}", file=sys.stderr)
         return 2
+    finally:
+        loader = sys.modules.get("vitlab.data.loader")  # imported by any command that starts workers
+        if loader is not None:  # every way out: its data-loader workers end here, within seconds
+            loader.end_workers()
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if stopped:  # the signal's own meaning, now that nothing is left behind
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(stopped, signal.SIG_DFL)
+            signal.raise_signal(stopped)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,8 +14,10 @@ it, the ratio to the fastest fp32 peer taken within each round, working memory a
 time. Each sample records other processes' CPU use; contended samples are dropped while clean
 ones exist (see docs/performance.md).
 
-Precisions: fp32 (the model as it is: PyTorch's F.linear); fp32-packed (vitlab's CPU inference
-path, vitlab.deploy.inference_copy: oneDNN-packed Dense layers and fused GELU); bf16-autocast (fp32 weights, bf16 matrix products); bf16
+Precisions: fp32 (the model as it is: PyTorch's F.linear); fp32-packed (every Dense layer
+packed for oneDNN, GELU fused); fp32-auto (vitlab's CPU inference path,
+vitlab.deploy.inference_copy: each Dense shape and the attention on the kernel timed fastest on
+this machine, cached per machine; the table's foot lists the choices and timings); bf16-autocast (fp32 weights, bf16 matrix products); bf16
 (weights and activations in bf16; vitlab's copy is also packed); fp16-autocast and fp16 (the
 same in fp16, for GPUs); int8 (vitlab only: int8 Dense layers, calibrated for oneDNN's
 kernels on x86). A training step is fp32 or an autocast precision, AdamW, cross-entropy.
@@ -45,7 +47,7 @@ def add_arguments(p) -> None:
     p.add_argument("--model", nargs="+", help="variant name(s) (default ViT-B/16; with --suite gpu, the one model it times)")
     p.add_argument("--batch-size", nargs="+", type=COUNT, help="batch size(s) (default 1; --suite gpu: 1 256, training at the largest)")
     p.add_argument("--task", nargs="+", choices=TASKS, default=["infer"], help="infer and/or train")
-    p.add_argument("--precision", nargs="+", choices=PRECISIONS, help="precisions to time (default: fp32 fp32-packed bf16 int8 for inference, "
+    p.add_argument("--precision", nargs="+", choices=PRECISIONS, help="precisions to time (default: fp32 fp32-packed fp32-auto bf16 int8 for inference, "
                    "fp32 bf16-autocast for a training step)")
     p.add_argument("--peers", nargs="*", default=["timm", "hf", "torchvision"],
                    help="peer libraries to time beside vitlab (none: --peers with no names)")
@@ -79,9 +81,8 @@ def _plan(args) -> list:
     for name in args.model or ["ViT-B/16"]:
         cfg = get_config(name, **({"gelu": args.gelu} if args.gelu else {}))  # ConfigError names the known models
         for task in args.task:
-            default = suites.FAST if task == "infer" else ["fp32", "bf16-autocast"]
-            if cfg.kind == "bit":  # the packed and int8 copies are built from a ViT's blocks
-                default = ["fp32", "bf16-autocast"]
+            # the packed and int8 copies are built from a ViT's blocks: a BiT ResNet has fp32 and autocast
+            default = suites.FAST if task == "infer" and cfg.kind != "bit" else ["fp32", "bf16-autocast"]
             chosen = systems.standard_systems(task, args.peers, args.compile, args.precision or default,
                                               compile_mode=args.compile_mode)
             plan += [(systems.Setting(cfg, b, task), chosen) for b in args.batch_size or [1]]
@@ -94,6 +95,8 @@ def run(args) -> int:
     from vitlab.bench import machine, runner, suites, tables
     from vitlab.bench.peers import PEERS
     from vitlab.cli import UsageError
+    from vitlab.deploy import kernels
+    from vitlab.files import check_name
 
     unknown = sorted(set(args.peers) - set(PEERS))
     if unknown:
@@ -112,17 +115,15 @@ def run(args) -> int:
                                 clock=args.clock, device=device)
     info = machine.machine_info(device)
     name = args.name or args.suite or "bench"
-    from vitlab.files import check_name
-
     check_name(name, "--name")  # refused before the benchmark, not after it
 
     def save(rows):  # after every setting, so an interrupted run keeps what it measured
-        if args.out:
-            return tables.write_results(rows, args.out, name, info, config)
+        info["kernels"] = "\n".join(map(str, kernels.choices()))  # what the inference copies chose here, and why
+        return tables.write_results(rows, args.out, name, info, config) if args.out else None
 
     rows = runner.run(plan, config, log=lambda s: print(s, file=sys.stderr, flush=True), progress=save)
+    written = save(rows)
     print(tables.markdown(rows, info, config))
-    if args.out:
-        csv_path, md_path = save(rows)
-        print(f"wrote {csv_path} and {md_path}")
+    if written:
+        print(f"wrote {written[0]} and {written[1]}")
     return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 # What a command writes, declared by the command module as WRITES = {argument: kind}; the
 # dispatcher checks each before any work (vitlab.files.check_writable / check_new_file).
@@ -17,21 +17,28 @@ FILE = "file"  # a file the command replaces only as it says (export, convert ch
 NEW_FILE = "new file"  # may name a user's file: written only when new, or with --force
 
 
+def flag_number(whole: bool = False, **bounds: float) -> Callable[[str], Any]:
+    """An argparse `type=`: a number through the one check of numbers (config.fields.number):
+    finite, in digits, within `bounds`. Every int and float flag gets one (cli.build_parser)."""
+    from vitlab.config.fields import ConfigError, number
+
+    limits: dict[str, Any] = bounds  # (typed Any: spread among number()'s other keywords)
+
+    def parse(text: str) -> Any:
+        try:
+            return number(text, "", whole=whole, **limits)
+        except ConfigError as e:  # argparse names the flag: "argument --lr: 'inf' is not a finite number"
+            raise argparse.ArgumentTypeError(str(e).lstrip("=").strip()) from None
+
+    parse.__name__ = "whole number" if whole else "number"
+    return parse
+
+
 def at_least(least: int) -> Callable[[str], int]:
     """An argparse `type=`: a whole number no smaller than `least`. Counts and sizes are
     checked where they are parsed: a batch of 0 divides by zero deep inside, a batch of -1
     silently does nothing."""
-
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-
-    return count
+    return flag_number(whole=True, at_least=least)
 
 
 COUNT = at_least(1)
@@ -57,7 +64,8 @@ def add_device_argument(p) -> None:
 
 def add_plain_argument(p) -> None:
     p.add_argument("--plain", action="store_true", help="run the model as PyTorch does, not vitlab.deploy's CPU "
-                   "inference copy (the default: oneDNN-packed weights, bias and GELU fused, the same logits to 1e-4)")
+                   "inference copy (the default: each Dense shape and the attention on the kernel timed fastest on this "
+                   "machine, oneDNN-packed with bias and GELU fused or F.linear; the same logits to 1e-4)")
 
 
 def bad_image_message(e: Exception) -> str:

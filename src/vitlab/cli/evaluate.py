@@ -75,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.run_layout import results_folder
 
     device = pick_device(args.device)
-    model, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device,
-                               **({"image_size": args.image_size} if args.image_size else {}))
-    model = inference_copy(model, plain=args.plain or bool(args.bf16))  # bf16 autocast runs the plain model
+    checkpoint, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device,
+                                    **({"image_size": args.image_size} if args.image_size else {}))
+    model = inference_copy(checkpoint, plain=args.plain or bool(args.bf16))  # bf16 autocast runs the plain model
     out = Path(args.out) if args.out else results_folder(args.checkpoint)
     owner = _owner(out, args.split, args.force)  # a user's eval-SPLIT.json there: refused now, not replaced
     try:
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.predictions:
         write_predictions(args.predictions, metrics.pop("images"), metrics.pop("probabilities"), names)
     text = to_json(metrics, names)
-    written = _write(owner, args.split, text, metrics, names, f"{model.config.name} on {args.data}, {args.split}")
+    written = _write(owner, args.split, text, metrics, names, f"{checkpoint.config.name} on {args.data}, {args.split}")
     if args.json:
         print(text)
         return 0

@@ -101,7 +101,7 @@ def run(args) -> int:
     from vitlab.config import pick_device
 
     seeds = random_draws(args.random_init)
-    model, imported = open_checkpoint(args.checkpoint, args.format, seeds and seeds[0], pick_device(args.device))
+    model, imported = open_checkpoint(args.checkpoint, args.format, seeds[0] if seeds else None, pick_device(args.device))
     out = Path(args.out)
     batches, labels, source = _batches(args, model)
     with progress(total=args.num_images, desc="inspect") as bar:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 
-from vitlab.cli.common import COUNT, COUNT_OR_ZERO
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO, flag_number
 
 RESUMABLE = True  # stopped, the same command continues from the last checkpoint
 READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
@@ -40,7 +39,7 @@ examples:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", nargs="?", help="a sweep spec YAML file, or a shipped one's name (paper/pos-embed, ...)")
     p.add_argument("--out", metavar="DIR", help="the sweep folder (default: runs/sweeps/NAME, -xS for --scale S)")
-    p.add_argument("--scale", type=float, default=1.0, help="multiply the spec's `scale` keys by this (default 1)")
+    p.add_argument("--scale", type=flag_number(above=0), default=1.0, help="multiply the spec's `scale` keys by this (default 1)")
     p.add_argument("--jobs", type=COUNT, default=1, help="cells run side by side by the local launcher (default 1)")
     p.add_argument("--threads", type=COUNT_OR_ZERO, help="CPU threads per cell (default: the cores divided by --jobs)")
     p.add_argument("--launcher", default="local", help="local (default), slurm, or submitit-local")
@@ -57,11 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     """The flags' own checks; returns --max-cells (its default where not given)."""
-    from vitlab.cli import UsageError
     from vitlab.sweep.cells import MAX_CELLS
 
-    if not math.isfinite(args.scale) or args.scale <= 0:
-        raise UsageError(f"--scale must be a positive finite number, got {args.scale}")
     return MAX_CELLS if args.max_cells is None else args.max_cells
 
 

@@ -100,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         failed = [r for r in done if r["status"] != "done"]
     elif not args.report:
-        vtab.run_suite(args.checkpoint, root, out, tasks, s, lambda c, o: recipe.train(
-            c, o, command=command_line(), quiet=args.quiet), force=args.force)
+        vtab.run_suite(args.checkpoint, root, out, tasks, s, lambda c, o, inputs: recipe.train(
+            c, o, command=command_line(), quiet=args.quiet, inputs=inputs), force=args.force)
     row, paths = vtab.report(args.checkpoint, root, out, s, args.force)
     print(vtab.markdown(row) + f"\nrow written to {paths['markdown']}, {paths['json'].name}, {paths['csv'].name}")
     if args.launcher and not args.report and failed:

@@ -17,6 +17,7 @@ import collections.abc
 import dataclasses
 import math
 import os
+import re
 import typing
 from dataclasses import MISSING, field, fields
 from functools import lru_cache
@@ -101,9 +102,7 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
-        if not math.isfinite(value):
-            raise ConfigError(f"{label}={value!r} is not a finite number")
-        return float(value)
+        return float(number(value, label))
     if hint is str:
         if not isinstance(value, str):
             raise bad
@@ -120,11 +119,12 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
         if not isinstance(value, dict):
             raise bad
         return value
-    if dataclasses.is_dataclass(hint):
-        if isinstance(value, hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        cls: Any = hint  # a config section's dataclass
+        if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            return hint.from_dict(value) if hasattr(hint, "from_dict") else hint(**check_keys(hint, value, label))
+            return cls.from_dict(value) if hasattr(cls, "from_dict") else cls(**check_keys(cls, value, label))
         raise bad
     return value
 
@@ -136,6 +136,15 @@ def _apply_rule(value: Any, rule: Rule, label: str) -> None:
     if rule.one_of is not None and value not in rule.one_of:
         near = suggest.hint(str(value), [str(c) for c in rule.one_of]) if isinstance(value, str) else ""
         raise ConfigError(f"{label}={value!r} is not one of {', '.join(repr(c) for c in rule.one_of)}{hint}{near}")
+    _check_range(value, rule, label)
+    if rule.check is not None:
+        problem = rule.check(value)
+        if problem:
+            raise ConfigError(f"{label}={value!r}: {problem}{hint}")
+
+
+def _check_range(value: Any, rule: Rule, label: str) -> None:
+    hint = f" ({rule.hint})" if rule.hint else ""
     for bound, ok, words in (
         (rule.above, lambda v, b: v > b, "must be > {}"),
         (rule.at_least, lambda v, b: v >= b, "must be >= {}"),
@@ -143,16 +152,61 @@ def _apply_rule(value: Any, rule: Rule, label: str) -> None:
         (rule.at_most, lambda v, b: v <= b, "must be <= {}"),
     ):
         if bound is not None and not ok(value, bound):
-            raise ConfigError(f"{label} {words.format(f'{bound:g}')}, got {value!r}{hint}")
-    if rule.check is not None:
-        problem = rule.check(value)
-        if problem:
-            raise ConfigError(f"{label}={value!r}: {problem}{hint}")
+            raise ConfigError(f"{label} {words.format(bound if isinstance(bound, int) else f'{bound:g}')}, got {value!r}{hint}")
+
+
+# A seed is what every generator it seeds takes (numpy's legacy one stops below 2**32).
+SEED_RANGE: dict[str, Any] = {"at_least": 0, "at_most": 2**32 - 1}  # number()'s bounds (Any: spread into its keywords)
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+
+
+def is_digits(text: str) -> bool:
+    """True for text of ASCII digits only: what int() reads as written. (str.isdigit is also
+    true for "²" and other digits int() refuses.)"""
+    return bool(re.fullmatch(r"[0-9]+", text))
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def number(value: Any, label: str, *, whole: bool = False, hint: str = "", **bounds: float) -> Any:
+    """The one check of a number a user gives (a flag, a setting, a spec, an environment
+    variable, a file read back): `value` as text of ASCII digits (no `inf`, `nan`, `²` or `1_0`)
+    or as a number (not a bool), finite, whole where `whole`, and within `bounds` (Rule's
+    above/at_least/below/at_most); else one ConfigError naming `label`, what it got and what it takes."""
+    limits: dict[str, Any] = bounds  # Rule's bounds (typed Any: spread among its other keywords)
+    rule = Rule(**limits, hint=hint)
+    kind = "a whole number" if whole else "a number"
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and _WHOLE.fullmatch(text):
+        n: Any = int(text)
+    elif text is not None and not whole and _DECIMAL.fullmatch(text):
+        n = float(text)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        n = value
+    elif text is not None and text.lower().lstrip("+-") in ("inf", "infinity", "nan"):
+        n = float(text)
+    else:
+        raise ConfigError(f"{label}={value!r} is not {kind}: give one in digits{f' ({hint})' if hint else ''}")
+    if isinstance(n, float) and not math.isfinite(n):
+        raise ConfigError(f"{label}={value!r} is not a finite number{f' ({hint})' if hint else ''}")
+    if whole and isinstance(n, float):
+        if not n.is_integer():
+            raise ConfigError(f"{label}={value!r} is not {kind}{f' ({hint})' if hint else ''}")
+        n = int(n)
+    _check_range(n, rule, label)
+    return n
+
+
+def bounded(count: int, bound: int, label: str, what: str, fix: str) -> int:
+    """The one check of an expansion (a range of seeds, a brace pattern's shards): its `count`
+    of `what`, known before anything is built, at most `bound`; else one ConfigError."""
+    if count > bound:
+        raise ConfigError(f"{label} makes {count:,} {what}, more than the {bound:,} vitlab expands: {fix}")
+    return count
 
 
 def check_fields(obj: Any, section: str = "") -> None:
     """Check (and normalise) every field of a frozen dataclass instance in place."""
-    hints = _hints(type(obj))
+    hints = _hints(type(obj))  # type: ignore[arg-type]  # a class is hashable; mypy's lru_cache check misses it
     for f in fields(obj):
         label = _label(section, f.name)
         value = check_type(getattr(obj, f.name), hints[f.name], label)

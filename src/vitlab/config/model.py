@@ -107,7 +107,7 @@ class _StoredConfig:
 
     def replace(self, **overrides: Any) -> Any:
         """`dataclasses.replace` with a clear error for a misspelt field; `resnet` may be a dict."""
-        return replace(self, **check_keys(type(self), overrides, "model"))
+        return replace(self, **check_keys(type(self), overrides, "model"))  # type: ignore[type-var]  # self: a dataclass subclass
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,7 @@ def model_flops(cfg: "ModelConfig") -> float:
     in_dim = cfg.in_channels * cfg.patch_size**2
     if cfg.resnet is not None:
         in_dim = cfg.resnet.out_channels * cfg.patch_size**2
-    flops = cfg.depth * per_block + 2 * n * in_dim * d
+    flops: float = cfg.depth * per_block + 2 * n * in_dim * d
     if cfg.resnet is not None:
         flops += resnet_flops(cfg.resnet, cfg.image_size, cfg.in_channels)
     if cfg.representation_size:
@@ -386,7 +386,7 @@ def bit_flops(cfg: BiTConfig) -> float:
 
 # The model kinds: a checkpoint stores the kind beside the config; "vit" when it is absent.
 ModelConfig = Union[ViTConfig, BiTConfig]
-CONFIG_KINDS: dict[str, type] = {"vit": ViTConfig, "bit": BiTConfig}
+CONFIG_KINDS: dict[str, type[ViTConfig] | type[BiTConfig]] = {"vit": ViTConfig, "bit": BiTConfig}
 
 
 def config_kind(cfg: ModelConfig) -> str:

@@ -20,11 +20,11 @@ import yaml
 
 from vitlab import suggest
 from vitlab.config.device import form_problem
-from vitlab.config.fields import ConfigError, check_fields, check_keys, check_type, field_hint, from_text, section_from_text, setting
+from vitlab.config.fields import SEED_RANGE, ConfigError, check_fields, check_keys, check_type, field_hint, from_text, section_from_text, setting
 from vitlab.config.model import BiTConfig, ViTConfig, as_pair
 from vitlab.config.mpp import MPPConfig
 from vitlab.config.provenance import DEFAULT, LIBRARY, SECTION as PROVENANCE, Origin, config_file, recipe
-from vitlab.files.documents import read_yaml as read_yaml_file
+from vitlab.files.documents import on_disk, read_yaml as read_yaml_file
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
@@ -197,7 +197,7 @@ class DataConfig:
     # alone, not on train.seed or the process count; a smaller part is inside a larger one.
     train_fraction: float = setting(1.0, above=0, at_most=1)
     train_size: int = setting(0, at_least=0, hint="images; 0 = the whole split (or train_fraction of it)")
-    subset_seed: int = 0
+    subset_seed: int = setting(0, **SEED_RANGE)
 
     def __post_init__(self) -> None:
         check_fields(self, "data")
@@ -259,7 +259,7 @@ class TrainConfig:
     epochs: float = setting(0.0, at_least=0)  # used when steps is 0
     batch_size: int = setting(128, at_least=1)  # global: across processes and accumulation steps
     micro_batch_size: int = setting(0, at_least=0)  # per process and forward pass; 0 = the whole per-process batch
-    seed: int = 0
+    seed: int = setting(0, **SEED_RANGE)
     eval_every: int = setting(0, at_least=0)  # steps; 0 = only at the end
     log_every: int = setting(10, at_least=1)
     ckpt_every: int = setting(500, at_least=1)  # steps; a checkpoint is always written at the end
@@ -339,7 +339,7 @@ class RunConfig:
                 return [plain(x) for x in v]
             if isinstance(v, dict):
                 return {k: plain(x) for k, x in v.items()}
-            if dataclasses.is_dataclass(v):  # a hybrid's `model.resnet` change, checked into a ResNetConfig
+            if dataclasses.is_dataclass(v) and not isinstance(v, type):  # a hybrid's `model.resnet` change, checked into a ResNetConfig
                 return plain(dataclasses.asdict(v))
             return v
 
@@ -427,9 +427,9 @@ def shipped_recipes() -> list[str]:
 def read_yaml(path_or_name: str, shipped: Path, what: str, names: list[str]) -> tuple[Any, Path]:
     """A YAML file by path, or by the name of one shipped under `shipped`; (its data, path)."""
     path = Path(path_or_name)
-    if not path.is_file():
+    if not on_disk(path, "file"):
         path = shipped / f"{path_or_name}.yaml"
-        if not path.is_file():
+        if not on_disk(path, "file"):
             listed = "`vitlab recipes` lists them" if what == "recipe" else f"shipped {what}s: {', '.join(names)}"
             raise ConfigError(suggest.unknown(what, path_or_name, names, f"{listed}; or pass a YAML file's path"))
     return read_yaml_file(path, dict, what, f"fix the {what}, or name a shipped one", ConfigError), path
@@ -439,7 +439,7 @@ def load_recipe(path_or_name: str) -> RunConfig:
     """A recipe file, or the name of one shipped in vitlab/configs ("digits", "cifar10", ...);
     its values recorded as set by "recipe NAME" (shipped) or "config file PATH" (any other)."""
     d, path = read_yaml(path_or_name, RECIPES, "recipe", shipped_recipes())
-    shipped = path.resolve().parent == RECIPES and not Path(path_or_name).is_file()
+    shipped = path.resolve().parent == RECIPES and not on_disk(path_or_name, "file")
     try:
         return RunConfig.from_dict(d, recipe(path.stem) if shipped else config_file(path))
     except ConfigError as e:

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Optional
 
-from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
+from vitlab.config.fields import ConfigError, check_fields, check_keys, number, setting
 from vitlab.config.run import RECIPES, read_yaml
 from vitlab.files import UnsafeNameError, check_name
 
@@ -154,8 +154,8 @@ def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
     if not isinstance(primary.get("where", {}), Mapping):
         raise ConfigError(f"{where}.primary.where: give a mapping of axis: value")
     effect = primary.get("effect")
-    if effect is not None and (isinstance(effect, bool) or not isinstance(effect, (int, float)) or effect <= 0):
-        raise ConfigError(f"{where}.primary.effect: give a positive number in the metric's units")
+    if effect is not None:
+        number(effect, f"{where}.primary.effect", above=0, hint="the smallest difference that matters, in the metric's units")
 
 
 @dataclass(frozen=True)
@@ -339,7 +339,8 @@ class SweepSpec:
             if c.along and c.along not in self.grid:
                 raise ConfigError(f"report.compare[{c.claim or c.axis}].along: {c.along} is not a grid axis "
                                   f"(the axes: {', '.join(self.grid)})")
-        texts = [c.claim for c in (*self.report.compare, *self.report.slopes) if c.primary]
+        specs: tuple[CompareSpec | SlopeSpec, ...] = (*self.report.compare, *self.report.slopes)
+        texts = [c.claim for c in specs if c.primary]
         if len(set(texts)) != len(texts):
             raise ConfigError("report: two declared claims (`primary`) share a claim text; give each its own")
         missing = [k for k in self.scale if k not in known]
@@ -389,7 +390,8 @@ def declared_claims(spec: SweepSpec) -> list[dict[str, Any]]:
     """The claims a spec declares (its pairs and slopes with `primary`): text, direction or
     margin, metric, context, selection rule and effect, in the spec's order."""
     out = []
-    for c in (*spec.report.compare, *spec.report.slopes):
+    specs: tuple[CompareSpec | SlopeSpec, ...] = (*spec.report.compare, *spec.report.slopes)
+    for c in specs:
         if c.primary:
             margin = getattr(c, "margin", 0.0)
             out.append({"claim": c.claim, "a": c.a, "b": c.b, "expect": c.expect, "margin": margin,

@@ -34,7 +34,7 @@ ALLOWED_GLOBALS = {
     ("numpy", "dtype"),
 }
 MAX_BATCH_BYTES = 512 * 2**20  # the largest CIFAR file is 155 MB
-LAYOUT = {
+LAYOUT: dict[str, dict[str, Any]] = {
     "cifar10": dict(folder="cifar-10-batches-py", train=[f"data_batch_{i}" for i in range(1, 6)], test=["test_batch"],
                     meta="batches.meta", names="label_names", labels="labels",
                     url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", md5="c58f30108f718f92721af3b95e74349a"),

@@ -18,7 +18,7 @@ import struct
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 import torch
@@ -71,7 +71,7 @@ def item_seed(seed: int, epoch: int, key: int | str) -> int:
     return zlib.crc32(f"{seed}/{epoch}/{key}".encode()) & 0x7FFFFFFF
 
 
-def apply_seeded(transform: Callable, image: Image.Image, seed: Optional[int]) -> torch.Tensor:
+def apply_seeded(transform: Callable, image: Any, seed: Optional[int]) -> torch.Tensor:
     """Run `transform` with torch's CPU generator seeded for this item, then put it back."""
     if seed is None:
         return transform(image)
@@ -85,6 +85,9 @@ def dev_split(n: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
     order = np.random.default_rng(DEV_SPLIT_SEED).permutation(n)
     k = max(1, int(round(n * fraction)))
     return np.sort(order[:k]), np.sort(order[k:])
+
+
+_D = TypeVar("_D", bound="ImageDataset")
 
 
 class ImageDataset(torch.utils.data.Dataset):
@@ -113,7 +116,7 @@ class ImageDataset(torch.utils.data.Dataset):
     def labels(self) -> np.ndarray:
         return self.all_labels[self.indices]
 
-    def select(self, indices: np.ndarray) -> "ImageDataset":
+    def select(self: _D, indices: np.ndarray) -> _D:
         """A view on some of the items (positions in this dataset), sharing the storage."""
         import copy
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence, cast
 
 import numpy as np
 import torch
@@ -247,9 +247,9 @@ def fast_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: 
     else:
         if isinstance(image, Image.Image):
             image = to_uint8(to_mode(image, in_channels))
-        full = tuple(image.shape[-2:])
+        full = (image.shape[-2], image.shape[-1])
         x, box = image, draw(*full)
-    left, top, right, bottom = scaled(box, full, tuple(x.shape[-2:]))
+    left, top, right, bottom = scaled(box, full, (x.shape[-2], x.shape[-1]))
     # the crop copied to one channels-last block: torch's uint8 kernel runs a third faster on it
     crop = x[None, :, top:bottom, left:right].contiguous(memory_format=torch.channels_last)
     if interpolation == InterpolationMode.BILINEAR and crop.dtype == torch.uint8:  # torch's native uint8 kernel
@@ -322,7 +322,7 @@ class FastEvalTransform:
     takes_encoded = True
 
     def __init__(self, transform: Callable, resize_to: tuple[int, int], keep_ratio: bool, margin: int = 2):
-        self.transform, self.resize_to, self.keep_ratio = transform, tuple(resize_to), keep_ratio
+        self.transform, self.resize_to, self.keep_ratio = transform, cast(tuple[int, int], tuple(resize_to)), keep_ratio
         self.margin = margin
 
     def needed(self, full: tuple[int, int]) -> tuple[int, int]:
@@ -365,7 +365,7 @@ def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any,
     decoded_images = [next(done) if p.encoded else p.data.to(device, non_blocking=True) for p in items]
     out = []
     for x, p in zip(decoded_images, items, strict=True):
-        left, top, right, bottom = scaled(p.box, p.shown, tuple(x.shape[-2:]))
+        left, top, right, bottom = scaled(p.box, p.shown, (x.shape[-2], x.shape[-1]))
         y = F.resize(x[:, top:bottom, left:right], list(size), interpolation or InterpolationMode.BILINEAR,
                      antialias=p.antialias)
         out.append(y.flip(-1) if p.box.flip else y)

@@ -270,11 +270,12 @@ def hf_split(arg: str, split: str):
     folder, data = Path(arg).expanduser(), None
     if folder.is_dir() and any((folder / f).is_file() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):
         data = load_saved(folder, f"hf:{arg}")
+    errors: tuple[type[BaseException], ...] = (ConnectionError, FileNotFoundError, ValueError, *hub_client_errors())  # the Hub's HTTP errors too
     try:
         if data is None:
             name, _, config = arg.partition(":")
             data = datasets.load_dataset(str(folder) if folder.is_dir() else name, config or None, cache_dir=_datasets_cache())
-    except (ConnectionError, FileNotFoundError, ValueError, *hub_client_errors()) as e:  # the Hub's HTTP errors too
+    except errors as e:
         raise DataError(
             f"hf:{arg}: cannot read it ({error_line(e)}). Offline, a Hub dataset "
             "must be in the datasets cache already (load it once online with datasets.load_dataset), or give a "

@@ -44,7 +44,7 @@ def by_name(spec: str) -> Optional[str]:
     return NAMED.get(spec.partition(":")[0].strip().lower())
 
 
-def recognise(class_counts: Sequence[int]) -> Optional[str]:
+def recognise(class_counts: Iterable[int]) -> Optional[str]:
     """The paper dataset whose training split has exactly these class counts (label 0, 1,
     ...; trailing empty classes ignored), else None."""
     counts = list(class_counts)

@@ -112,7 +112,7 @@ def check_size(width: int, height: int, name: Any, max_pixels: Optional[int] = N
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
     if width < 1 or height < 1:
         raise bad_image(name, ValueError(f"the image is {width}x{height} pixels"), "no-pixels")
-    if width * height > limit:
+    if limit is not None and width * height > limit:  # (Image.MAX_IMAGE_PIXELS = None turns PIL's limit off)
         raise bad_image(name, ValueError(f"{width}x{height} pixels, over the limit of {limit:,} pixels "
                                          "(a decompression bomb, or an image to shrink first)"), "too-big")
 
@@ -170,7 +170,7 @@ def _libjpeg(data: bytes, channels: Optional[int], exif: bool = False) -> Option
         from torchvision.io import ImageReadMode, decode_jpeg
     except ImportError:  # torchvision's decoders are deprecated for torchcodec and may go
         return None
-    mode = {3: ImageReadMode.RGB, 1: ImageReadMode.GRAY}.get(channels, ImageReadMode.UNCHANGED)
+    mode = {3: ImageReadMode.RGB, 1: ImageReadMode.GRAY}.get(channels or 0, ImageReadMode.UNCHANGED)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)

@@ -11,7 +11,12 @@ serves a whole run, crossing epochs, so its workers start once.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import signal
+import threading
+import weakref
 from typing import Any, Iterator, Optional
 
 import torch
@@ -80,14 +85,116 @@ def collate(items: list) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
     return stack_images(good, bad)
 
 
+HELD = (*STOP_SIGNALS, "INT")  # the signals a run acts on (train/preemption.py); never a worker's
+GRACE_S = 3.0  # how long a closed loader's workers get to finish the item in hand before SIGKILL
+
+
 def leave_signals_to_parent(worker_id: int) -> None:
     """A worker's start: the signals that stop a training run (train.stop_signals) are the main
     process's to act on. Slurm sends them to every process of a job; a worker ended by one
-    would end the run before the checkpoint the main process writes at its next step. The
-    main process ends its workers itself, and a worker leaves when its parent is gone. Ctrl-C
-    (SIGINT, sent to the terminal's whole process group) is the main process's too."""
-    for name in (*STOP_SIGNALS, "INT"):
-        signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+    would end the run before the checkpoint the main process writes at its next step. Ctrl-C
+    (SIGINT, sent to the terminal's whole process group) is the main process's too. A worker
+    is born with them blocked (`Loader.__iter__`), so none reaches the copy of the parent's
+    handler it starts with; ignored, they are unblocked. So SIGTERM cannot end a worker: the
+    main process ends its workers itself (`close`, `end_workers`), and a worker leaves when
+    its parent is gone."""
+    numbers = {getattr(signal, f"SIG{name}") for name in HELD}
+    for number in numbers:
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, numbers)
+
+
+@contextlib.contextmanager
+def signals_held(replay: bool = True) -> Iterator[None]:
+    """The run's signals held back while the block starts or stops workers: blocked in this
+    thread (which a forked worker inherits) and noted by the handler, then, with `replay`,
+    raised again after the block, so that a Ctrl-C or SIGTERM acts once the workers are in a
+    known state (a second Ctrl-C cannot leave half-stopped workers or a data-loader traceback).
+    Without `replay` (the command is over) they are dropped. Only the main thread has handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    numbers = [getattr(signal, f"SIG{name}") for name in HELD]
+    noted: list[int] = []
+    previous = {n: signal.signal(n, lambda number, frame: noted.append(number)) for n in numbers
+                if signal.getsignal(n) is not None}  # None: a handler set outside Python, left alone
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, numbers)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for n, handler in previous.items():
+            signal.signal(n, handler)
+        for n in dict.fromkeys(noted) if replay else ():
+            signal.raise_signal(n)
+
+
+_STARTED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # iterators with workers, started in this process
+_WORKERS: list[Any] = []  # their worker processes, until ended
+
+
+class Loader(torch.utils.data.DataLoader):
+    """A DataLoader whose workers leave the run's signals to the main process and are ended on
+    every way out: `close` (the training loop's `finally`), and `end_workers` (the end of every
+    command, and at exit before multiprocessing's own exit hook, which would otherwise wait
+    forever on a worker that ignores its SIGTERM)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        if kwargs.get("num_workers"):
+            kwargs.setdefault("worker_init_fn", leave_signals_to_parent)
+        super().__init__(*args, **kwargs)
+
+    def __iter__(self) -> Any:
+        with signals_held():
+            batches = super().__iter__()
+        workers = list(getattr(batches, "_workers", ()))
+        if workers:
+            _STARTED.add(batches)
+            _WORKERS[:] = [w for w in _WORKERS if w.is_alive()] + workers
+        return batches
+
+
+def _kill(workers: list[Any]) -> None:
+    for w in workers:
+        if w._parent_pid == os.getpid() and w.is_alive():
+            w.kill()
+    for w in workers:
+        if w._parent_pid == os.getpid():
+            w.join(1.0)
+
+
+def close(batches: Any) -> None:
+    """Stop an iterator's workers and its pin-memory thread now, within GRACE_S: torch's own
+    shutdown (each worker is asked to stop), and SIGKILL for a worker still busy after GRACE_S
+    (torch's fallback, SIGTERM, is ignored by vitlab's workers). A no-op without workers."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    workers = list(getattr(batches, "_workers", ()))
+    with signals_held():
+        deadline = threading.Timer(GRACE_S, _kill, (workers,))
+        deadline.daemon = True
+        deadline.start()
+        try:
+            shutdown()
+        finally:
+            deadline.cancel()
+            _kill(workers)
+    _STARTED.discard(batches)
+
+
+def end_workers() -> None:
+    """Every loader this process started, closed, and any worker left ended: at the end of every
+    command (vitlab.cli.main, whatever the way out) and at exit. Registered with atexit after
+    multiprocessing's hook (imported with torch), so it runs before it."""
+    with signals_held(replay=False):
+        for batches in list(_STARTED):
+            close(batches)
+        _kill(_WORKERS)
+        _WORKERS.clear()
+
+
+atexit.register(end_workers)
 
 
 def make_loader(
@@ -102,8 +209,8 @@ def make_loader(
     num_steps: Optional[int] = None,
     num_workers: int = 0,
     pin_memory: bool = False,
-) -> torch.utils.data.DataLoader:
-    """A DataLoader of (images, labels, skipped) batches of one process (skipped: the names of
+) -> Loader:
+    """A DataLoader (`Loader`) of (images, labels, skipped) batches of one process (skipped: the names of
     the unreadable items dropped from the batch): for training, the
     global steps [start_step, start_step + num_steps) (default: to the end of that epoch);
     for evaluation, one pass over this process's share.
@@ -112,15 +219,14 @@ def make_loader(
     global generator, which would shift dropout and Mixup after a resume. pin_memory: batches
     in page-locked memory (for a CUDA device: the copy to it can overlap the step).
     """
-    common = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory,
-                  worker_init_fn=leave_signals_to_parent if num_workers else None)
+    common: dict[str, Any] = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
     if isinstance(dataset, WebDataset):
         batches = dataset.batches(
             batch_size=batch_size, rank=rank, world=world, start_step=start_step, num_steps=num_steps, train=train
         )
-        return torch.utils.data.DataLoader(batches, batch_size=None, **common)
+        return Loader(batches, batch_size=None, **common)
     sampler = EpochBatchSampler(len(dataset), batch_size, seed, rank, world, start_step, num_steps, train)
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **common)
+    return Loader(dataset, batch_sampler=sampler, collate_fn=collate, **common)
 
 
 def batches_per_epoch(dataset: Any, global_batch: int) -> int:

@@ -72,8 +72,11 @@ def paper_dataset(spec: str) -> Optional[str]:
         return None
 
 
+DEV_SPLITS = ("dev", "train-minus-dev")  # parts of the training split (Appendix B.1.1's held-out share)
+
+
 def _base_split(split: str) -> str:
-    if split in ("train", "dev", "train-minus-dev"):
+    if split in ("train", *DEV_SPLITS):
         return "train"
     if split in ("test", "val"):
         return "test"
@@ -81,11 +84,13 @@ def _base_split(split: str) -> str:
 
 
 def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = False, seed: int = 0,
-                 options: DataOptions = DataOptions()) -> Any:
+                 options: DataOptions = DataOptions(), held: Optional[dict[tuple, Any]] = None) -> Any:
     """A dataset by spec and split (see the package docstring): items (transform(image), label),
     `.class_names`, a length, and `.view(transform, seed=, train=)` for another reading of it.
     `train`: a training stream (wds: shuffled, with the seed); the augmentation itself is the
-    transform's."""
+    transform's. `held`: the sets read into memory so far (digits, CIFAR, ...), by source,
+    which this call adds to and reads from: a caller opening several splits of one source
+    (train/inputs.py) reads its files once."""
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
     if name not in NAMED:
@@ -114,6 +119,7 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
     common = dict(seed=seed, skip_bad_images=o.skip_bad_images)
     if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
         return open_vtab(arg, split, transform, **common)
+    dataset: Any
     if name == "imagenet-val":
         dataset = imagenet_val(arg, base, transform, **common)
     elif name == "imagefolder":
@@ -121,22 +127,26 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
     elif name == "hf":
         dataset = ForeignDataset(hf_split(arg, base), transform, seed=seed)
     else:
-        dataset = _arrays(spec, name, arg, base, transform, o, common)
+        dataset = _arrays(spec, name, arg, base, transform, o, common, {} if held is None else held)
     check_classes(spec, dataset.class_names)
     return _dev_part(dataset, spec, split, base, o.dev_fraction)
 
 
 def _arrays(spec: str, name: str, arg: str, base: str, transform: Callable, o: DataOptions,
-            common: dict[str, Any]) -> ds.ArrayDataset:
-    """The sets held in memory as arrays: digits, synthetic, Fashion-MNIST, CIFAR."""
-    if name == "digits":
-        arrays, classes = ds.digits_arrays(), [str(i) for i in range(10)]
-    elif name == "synthetic":
-        arrays, classes = synthetic.named(arg)
-    elif name == "fashion-mnist":
-        arrays, classes = ds.fashion_mnist_arrays(arg or None, o.download, o.mirror), ds.FASHION_MNIST_CLASSES
-    else:
-        arrays, classes = ds.cifar_arrays(name, arg or None, o.download)
+            common: dict[str, Any], held: dict[tuple, Any]) -> ds.ArrayDataset:
+    """The sets held in memory as arrays: digits, synthetic, Fashion-MNIST, CIFAR; read once
+    into `held` for every split of the source."""
+    key = (name, arg, o.download, o.mirror)
+    if key not in held:
+        if name == "digits":
+            held[key] = ds.digits_arrays(), [str(i) for i in range(10)]
+        elif name == "synthetic":
+            held[key] = synthetic.named(arg)
+        elif name == "fashion-mnist":
+            held[key] = ds.fashion_mnist_arrays(arg or None, o.download, o.mirror), ds.FASHION_MNIST_CLASSES
+        else:
+            held[key] = ds.cifar_arrays(name, arg or None, o.download)
+    arrays, classes = held[key]
     images, labels = arrays[base]
     if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
         raise DataError(f"{spec}: {base} labels run from {labels.min()} to {labels.max()}, outside the "
@@ -149,10 +159,21 @@ def _dev_part(dataset: Any, spec: str, split: str, base: str, explicit: Optional
     the training split's class counts, never from its path) and carve the dev split, whose
     size follows from it (identity.py)."""
     dataset.identity = by_name(spec) or (recognise(np.bincount(dataset.labels)) if base == "train" else None)
-    if split in ("dev", "train-minus-dev"):
-        dev, rest = ds.dev_split(len(dataset), dev_fraction(dataset.identity, explicit))
-        dataset = dataset.select(dev if split == "dev" else rest)
-    return dataset
+    return dev_part(dataset, split, explicit) if split in DEV_SPLITS else dataset
+
+
+def dev_part(train_set: Any, split: str, explicit: Optional[float]) -> Any:
+    """"dev" or "train-minus-dev" of an opened training split: the fixed held-out share its
+    identity (or `explicit`) sets, selected, sharing the storage."""
+    dev, rest = ds.dev_split(len(train_set), dev_fraction(train_set.identity, explicit))
+    return train_set.select(dev if split == "dev" else rest)
+
+
+def carves_dev(spec: str) -> bool:
+    """Whether a spec's dev splits are selections of its opened training split (dev_part): every
+    set held as files or arrays; not a WebDataset stream (its dev split is kept by each sample's
+    key) nor a VTAB task (its dev split is VTAB's own 200-example val set)."""
+    return spec.partition(":")[0].strip().lower() not in ("wds", "vtab")
 
 
 def check_classes(spec: str, class_names: Sequence[str]) -> None:

@@ -28,7 +28,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterable, Iterator, Optional
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional, Union
 
 from vitlab.data.datasets import DataError
 
@@ -42,17 +43,13 @@ MIN_RATE = 16 * 1024
 
 def limits() -> tuple[float, float]:
     """(TIMEOUT_S, MIN_RATE), or what the environment sets instead."""
-    def number(name: str, default: float) -> float:
-        text = os.environ.get(name, "")
-        try:
-            value = float(text) if text else default
-        except ValueError:
-            value = -1.0
-        if not value > 0 or value == float("inf"):
-            raise DataError(f"{name}={text!r}: give a positive number (the default is {default:g})")
-        return value
+    from vitlab.config.fields import number
 
-    return number("VITLAB_HTTP_TIMEOUT", TIMEOUT_S), number("VITLAB_HTTP_MIN_RATE", MIN_RATE)
+    def setting(name: str, default: float) -> float:
+        text = os.environ.get(name, "")
+        return float(number(text, name, above=0, hint=f"the default is {default:g}")) if text.strip() else default
+
+    return setting("VITLAB_HTTP_TIMEOUT", TIMEOUT_S), setting("VITLAB_HTTP_MIN_RATE", MIN_RATE)
 
 # Who may run a shell command. None: no command line set the rule (a Python caller, whose
 # strings run as WebDataset runs them); else the commands typed on this process's command line.
@@ -101,6 +98,9 @@ class RemoteShard(str):
         return self.startswith("pipe:")
 
 
+Shard = Union[Path, RemoteShard]  # a shard file, or a URL or pipe: command (open_shard reads both)
+
+
 class _Pipe(io.RawIOBase):
     """A command's standard output as a stream; closing it waits for the command, and a
     command that failed is an error naming it (a truncated stream is not a short shard)."""
@@ -114,6 +114,7 @@ class _Pipe(io.RawIOBase):
         return True
 
     def readinto(self, b: Any) -> int:
+        assert self.proc.stdout is not None  # (stdout=PIPE)
         data = self.proc.stdout.read(len(b))
         b[: len(data)] = data
         if not data:
@@ -123,6 +124,7 @@ class _Pipe(io.RawIOBase):
     def _check(self) -> None:
         code = self.proc.wait()
         if code != 0:
+            assert self.proc.stderr is not None  # (stderr=PIPE)
             err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
             raise DataError(f"wds: pipe:{self.command} exited with status {code}"
                             + (f" ({err[-1][:200]})" if err else ""))

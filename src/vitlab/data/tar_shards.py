@@ -16,8 +16,9 @@ import re
 import tarfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
+from vitlab.config.fields import bounded
 from vitlab.data import remote
 from vitlab.data.datasets import DataError
 from vitlab.files import NotRegularFileError, require_regular_file
@@ -27,36 +28,67 @@ from vitlab.files import NotRegularFileError, require_regular_file
 MAX_MEMBER_BYTES = 512 * 2**20
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """`a{000..002}b` -> a000b a001b a002b (zero padding kept); `{x,y}` -> alternatives."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
+# A pattern naming more shards than this is refused before one name is made (a typo such as
+# {0..999999999} would otherwise build a billion names).
+MAX_SHARDS = 100_000
+_GROUP = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"([0-9]+)\.\.([0-9]+)")
+
+
+def _options(body: str) -> tuple[int, Iterable[str]]:
+    """A brace group's count of options, and the options made lazily: `000..002` -> padded
+    numbers; `x,y` -> x, y."""
+    r = _RANGE.fullmatch(body)
+    if not r:
+        parts = body.split(",")
+        return len(parts), parts
+    lo, hi = r.group(1), r.group(2)
+    width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+    numbers = range(int(lo), int(hi) + 1)
+    return len(numbers), (str(i).zfill(width) for i in numbers)
+
+
+def brace_count(pattern: str) -> int:
+    """How many names `pattern` expands to, counted without making one (nested groups count
+    each group's options, an upper bound)."""
+    count = 1
+    while (m := _GROUP.search(pattern)) is not None:
+        count *= _options(m.group(1))[0]
+        pattern = pattern[: m.start()] + "x" + pattern[m.end():]
+    return count
+
+
+def expand_braces(pattern: str, bound: int = MAX_SHARDS) -> Iterator[str]:
+    """`a{000..002}b` -> a000b a001b a002b (zero padding kept); `{x,y}` -> alternatives. The
+    count is checked against `bound` first (config.fields.bounded), then names are made one at a time."""
+    bounded(brace_count(pattern), bound, f"the pattern {pattern}", "names", "name fewer shards, or split the pattern")
+    return _expand(pattern)
+
+
+def _expand(pattern: str) -> Iterator[str]:
+    m = _GROUP.search(pattern)
     if not m:
-        return [pattern]
-    head, tail, body = pattern[: m.start()], pattern[m.end() :], m.group(1)
-    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if r:
-        lo, hi = r.group(1), r.group(2)
-        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
-        options = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
-    else:
-        options = body.split(",")
-    return [p for o in options for p in expand_braces(head + o + tail)]
+        yield pattern
+        return
+    head, tail = pattern[: m.start()], pattern[m.end():]
+    for option in _options(m.group(1))[1]:
+        yield from _expand(head + option + tail)
 
 
-def resolve_shards(pattern: str, split: str) -> list[Path]:
+def resolve_shards(pattern: str, split: str) -> list[remote.Shard]:
     if remote.is_remote(pattern):  # http(s):// or pipe: (remote.py); braces expand, globs do not
         if pattern.startswith("pipe:"):
             remote.check_command(pattern[len("pipe:"):])  # a shell runs only what the user wrote
-        return [remote.RemoteShard(p) for p in expand_braces(pattern)]
+        return [remote.RemoteShard(p) for p in expand_braces(pattern)]  # (at most MAX_SHARDS)
     path = Path(pattern)
     if path.is_dir():
         prefixes = ("train",) if split in ("train", "dev", "train-minus-dev") else ("test", "val")
         for prefix in prefixes:
-            shards = sorted(p for p in path.glob(f"{prefix}*.tar*") if p.is_file())  # is_file: no FIFOs
-            if shards:
-                return shards
+            found_here: list[remote.Shard] = sorted(p for p in path.glob(f"{prefix}*.tar*") if p.is_file())  # is_file: no FIFOs
+            if found_here:
+                return found_here
         raise DataError(f"wds: {path} holds no {' or '.join(p + '*.tar[.gz]' for p in prefixes)} shards for split {split!r}")
-    shards = []
+    shards: list[remote.Shard] = []
     for p in expand_braces(pattern):
         found = sorted(glob.glob(p)) if any(c in p for c in "*?[") else ([p] if os.path.exists(p) else [])
         if not found:
@@ -97,7 +129,7 @@ class _Tail(io.RawIOBase):
         return len(data)
 
 
-def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+def iter_shard(path: remote.Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
     """The samples of one shard, in tar order: (key, {extension: bytes}).
 
     tarfile ends a stream quietly at a truncated or garbled header, which would make a damaged
@@ -107,7 +139,8 @@ def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
         with remote.open_shard(path) as stream:
             raw = _Tail(stream)
             with tarfile.open(fileobj=raw, mode="r|") as tf:
-                key, parts = None, {}
+                key: Optional[str] = None
+                parts: dict[str, bytes] = {}
                 for member in tf:
                     if not member.isfile():  # links and folders carry no sample (and are never followed)
                         continue
@@ -116,6 +149,7 @@ def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
                                         f"any sample ({MAX_MEMBER_BYTES:,}); not read")
                     k, ext = split_key(member.name)
                     if k != key and parts:
+                        assert key is not None  # (parts were read under it)
                         yield key, parts
                         parts = {}
                     key = k
@@ -125,6 +159,7 @@ def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
                         raise DataError(f"wds: {path}: member {member.name} is cut short; the shard is truncated")
                 _check_end(path, raw, tf.offset, key)
                 if parts:
+                    assert key is not None  # (as above)
                     yield key, parts
     except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as e:
         if isinstance(e, DataError):
@@ -132,7 +167,7 @@ def iter_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
         raise DataError(f"wds: cannot read the shard {path} ({type(e).__name__}: {e})") from None
 
 
-def _check_end(path: Path, raw: _Tail, end: int, last: Optional[str]) -> None:
+def _check_end(path: remote.Shard, raw: _Tail, end: int, last: Optional[str]) -> None:
     start = raw.total - len(raw.tail)
     block = raw.tail[end - start : end - start + tarfile.BLOCKSIZE] if end >= start else None
     after = f" after sample {last}" if last else ""

@@ -75,6 +75,7 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
 def _fields(buf: bytes):
     """(field number, wire type, value) of a message: value an int (varint, fixed) or bytes."""
     pos = 0
+    value: int | bytes
     while pos < len(buf):
         key, pos = _varint(buf, pos)
         number, wire = key >> 3, key & 7

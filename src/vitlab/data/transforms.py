@@ -240,7 +240,8 @@ def augmentations(options: dict[str, Any]) -> tuple[list[Callable], list[Callabl
     argument whose default is an enum (AutoAugment's policy) is given as that enum."""
     from torchvision import transforms as T
 
-    image, after = [], []
+    image: list[Callable] = []
+    after: list[Callable] = []
     for a in AUGMENTATIONS:
         if not options.get(a.option):
             continue
@@ -296,7 +297,7 @@ class TrainTransform:
         if isinstance(x, Planned):
             return x
         if box.flip:
-            x = x.transpose(Image.FLIP_LEFT_RIGHT) if isinstance(x, Image.Image) else x.flip(-1)
+            x = x.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if isinstance(x, Image.Image) else x.flip(-1)
         for op in self.ops:
             x = op(x)
         if isinstance(x, Image.Image):

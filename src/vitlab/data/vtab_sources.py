@@ -27,12 +27,14 @@ says so, unless the spec accepts another one explicitly: `vtab:TASK@[CONFIG/]VER
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 from PIL import Image
 
+from vitlab.config.fields import is_digits
 from vitlab.data.datasets import IMAGE_EXTENSIONS, DataError, ImageDataset
 from vitlab.data.foreign import load_saved
 from vitlab.data.images import check_size, decoded, read_image
@@ -58,15 +60,36 @@ def _folder_sources(task_dir: Path) -> tuple[dict[str, Source], list[str]]:
     order (the same names in every split)."""
     splits = [s for s in ("train", "validation", "test") if (task_dir / s).is_dir()]
     classes = sorted({p.name for s in splits for p in (task_dir / s).iterdir() if p.is_dir()},
-                     key=lambda c: (0, int(c), c) if c.isdigit() else (1, 0, c))
-    numeric = all(c.isdigit() for c in classes)
+                     key=lambda c: (0, int(c), c) if is_digits(c) else (1, 0, c))
+    numeric = all(is_digits(c) for c in classes)
     label = {c: int(c) if numeric else k for k, c in enumerate(classes)}
     out = {}
     for s in splits:
         items = sorted(((f, label[c.name]) for c in (task_dir / s).iterdir() if c.is_dir() for f in c.iterdir()
                         if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS), key=lambda x: x[0].name)
-        out[s] = Source(len(items), lambda i, it=items: read_image(it[i][0]), lambda i, it=items: {"label": it[i][1]})
+        out[s] = Source(len(items), functools.partial(_file_image, items), functools.partial(_file_label, items))
     return out, ([] if numeric else classes)
+
+
+# What each Source reads (functools.partial of these: their types known, and picklable).
+def _file_image(items: list[tuple[Path, int]], i: int) -> Image.Image:
+    return read_image(items[i][0])
+
+
+def _file_label(items: list[tuple[Path, int]], i: int) -> dict[str, Any]:
+    return {"label": items[i][1]}
+
+
+def _hf_row_image(split: Any, key: str, i: int) -> Image.Image:
+    return _hf_image(split[i][key])
+
+
+def _hf_row_rest(rest: Any, i: int) -> dict[str, Any]:
+    return _flatten(rest[i])
+
+
+def _tfds_image(examples: Any, split: str, i: int) -> Image.Image:
+    return read_image(examples[i]["image"][0], f"{split} record {i}")
 
 
 def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -97,8 +120,7 @@ def _hf_sources(folder: Path) -> dict[str, Source]:
         if image_key is None:
             raise DataError(f"{folder}: split {name} has no image column (columns: {', '.join(split.column_names)})")
         rest = split.remove_columns([image_key])  # the features without decoding an image
-        out[name] = Source(len(split), lambda i, s=split, k=image_key: _hf_image(s[i][k]),
-                           lambda i, r=rest: _flatten(r[i]))
+        out[name] = Source(len(split), functools.partial(_hf_row_image, split, image_key), functools.partial(_hf_row_rest, rest))
     return out
 
 
@@ -106,8 +128,7 @@ def _tfds_sources(shards: dict[str, list[Path]]) -> dict[str, Source]:
     out = {}
     for name, files in shards.items():
         examples = read_examples(files)  # (image bytes kept encoded: decoded on demand)
-        out[name] = Source(len(examples), lambda i, e=examples, n=name: read_image(e[i]["image"][0], f"{n} record {i}"),
-                           lambda i, e=examples: e[i])
+        out[name] = Source(len(examples), functools.partial(_tfds_image, examples, name), examples.__getitem__)
     return out
 
 

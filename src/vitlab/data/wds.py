@@ -46,7 +46,7 @@ DEV_BUCKETS = 1000
 HOLD_BYTES = 256 * 2**20
 
 
-def sample_label(path: Path, key: str, parts: dict[str, bytes]) -> int:
+def sample_label(path: remote.Shard, key: str, parts: dict[str, bytes]) -> int:
     for k in LABEL_KEYS:
         if k in parts:
             try:
@@ -64,7 +64,7 @@ def dev_bucket(key: str) -> int:
 INDEX_SHAPE = {"buckets": [int], "min_label": int, "max_label": int, "label_counts": [int]}
 
 
-def shard_index(path: Path) -> dict[str, Any]:
+def shard_index(path: remote.Shard) -> dict[str, Any]:
     """Per shard: how many samples in each dev bucket, the smallest and largest label and
     the count of each label. Cached on disk, keyed by the shard's path, size and modification
     time, so a stream knows its length (and what data it holds) without decoding an image."""
@@ -95,7 +95,7 @@ def shard_index(path: Path) -> dict[str, Any]:
     return index
 
 
-def check_labels(shard: Path, index: dict[str, Any], num_classes: int) -> None:
+def check_labels(shard: remote.Shard, index: dict[str, Any], num_classes: int) -> None:
     """Every label of the shard names a class: else the first sample that does not is named."""
     if index["min_label"] >= 0 and index["max_label"] < num_classes:
         return
@@ -103,13 +103,13 @@ def check_labels(shard: Path, index: dict[str, Any], num_classes: int) -> None:
         label_error(shard, key, sample_label(shard, key, parts), num_classes)
 
 
-def label_error(shard: Path, key: str, label: int, num_classes: int) -> None:
+def label_error(shard: remote.Shard, key: str, label: int, num_classes: int) -> None:
     if not 0 <= label < num_classes:
         raise DataError(
             f"wds: {shard}: sample {key} has label {label}, outside the {num_classes} classes (0 to {num_classes - 1}); "
             "fix the shard's .cls files, or give the full class list (data.classes or a classes.txt beside the shards)"
         )
-def shard_labels(path: Path) -> tuple[list[str], list[int]]:
+def shard_labels(path: remote.Shard) -> tuple[list[str], list[int]]:
     """Every sample's key and label in one shard, in stream order; cached like `shard_index`
     (apart from it: only a training subset needs them)."""
     tag = remote.shard_version(path)
@@ -134,7 +134,7 @@ def shard_labels(path: Path) -> tuple[list[str], list[int]]:
     return keys, labels
 
 
-def read_class_names(shards: Sequence[Path], classes: Any, max_label: int) -> list[str]:
+def read_class_names(shards: Sequence[remote.Shard], classes: Any, max_label: int) -> list[str]:
     if classes:
         if isinstance(classes, (list, tuple)):
             return [str(c) for c in classes]
@@ -183,7 +183,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         self.skip_bad_images = skip_bad_images
         self.subset = {"dev": "dev", "train-minus-dev": "rest"}.get(split)
         self.only: Optional[frozenset[str]] = None  # a training subset's keys (see `restrict`)
-        self.held: Optional[dict[Path, list]] = None  # a view's samples per shard, once read (see `hold`)
+        self.held: Optional[dict[remote.Shard, list]] = None  # a view's samples per shard, once read (see `hold`)
         self.too_large_to_hold = False
         self.bad_images = 0
         indexes = [shard_index(s) for s in self.shards]
@@ -255,7 +255,7 @@ class WebDataset(torch.utils.data.IterableDataset):
             held[shard] = kept
         self.held = held
 
-    def _samples(self, shard: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    def _samples(self, shard: remote.Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
         """A shard's samples this view keeps, in tar order."""
         if self.held is not None:
             yield from self.held[shard]
@@ -268,7 +268,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         return self.num_samples
 
     # The stream ---------------------------------------------------------------------------
-    def encoded(self, epoch: int) -> Iterator[tuple[Path, str, dict[str, bytes]]]:
+    def encoded(self, epoch: int) -> Iterator[tuple[remote.Shard, str, dict[str, bytes]]]:
         """Every process's common stream of still-encoded samples for `epoch`."""
         self.hold()
         rng = random.Random(item_seed(self.seed, epoch, "wds-order"))
@@ -289,7 +289,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         rng.shuffle(buffer)
         yield from buffer
 
-    def decode(self, shard: Path, key: str, parts: dict[str, bytes], epoch: int) -> tuple[torch.Tensor, int] | Skipped:
+    def decode(self, shard: remote.Shard, key: str, parts: dict[str, bytes], epoch: int) -> tuple[torch.Tensor, int] | Skipped:
         label = sample_label(shard, key, parts)
         label_error(shard, key, label, len(self.class_names))  # a shard changed since it was indexed
         data = next((parts[k] for k in IMAGE_KEYS if k in parts), None)

@@ -1,7 +1,7 @@
 """Deployment on CPUs: reduced-precision serving copies and export.
 
     from vitlab import deploy
-    fast = deploy.inference_copy(model)         # vitlab's CPU inference path: packed fp32, built once
+    fast = deploy.inference_copy(model)         # vitlab's CPU inference path: fp32, kernels timed on this machine
     fast = deploy.to_bfloat16(model)            # or deploy.quantize_int8(model, calibration=images)
     print(deploy.agreement(model, fast, images))
     deploy.save_int8(deploy.quantize_int8(model), "q8.safetensors"); deploy.load_int8("q8.safetensors")
@@ -23,6 +23,7 @@ from vitlab.deploy.copies import (
     quantize_int8,
     save_int8,
     to_bfloat16,
+    to_measured_fp32,
     to_packed_fp32,
 )
 from vitlab.deploy.export import check_onnx, check_program, export_onnx, export_program, onnx_metadata, read_onnx_metadata
@@ -50,5 +51,6 @@ __all__ = [
     "read_onnx_metadata",
     "save_int8",
     "to_bfloat16",
+    "to_measured_fp32",
     "to_packed_fp32",
 ]

@@ -22,7 +22,6 @@ fraction of images whose top-1 class is unchanged, and the largest logit differe
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -32,7 +31,7 @@ from torch import Tensor, nn
 
 from vitlab.checkpoints import io
 from vitlab.config import ConfigError, ViTConfig
-from vitlab.deploy import onednn
+from vitlab.deploy import kernels
 from vitlab.deploy.int8 import calibrated_skeleton, quantize_calibrated, rest_dtype, restore_calibrated
 from vitlab.deploy.onednn import onednn_dtypes
 from vitlab.models import Model
@@ -90,17 +89,24 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN, activation={self.activation}"
 
 
-def pack_linears(model: VisionTransformer, batch_hint: Optional[int] = None) -> VisionTransformer:
+def pack_linears(model: VisionTransformer, batch_hint: Optional[int] = None, measured: bool = False) -> VisionTransformer:
     """Replace the encoder's Dense layers (in their current dtype) by `PackedLinear`, with the
-    MLP's GELU fused into its first layer. Inference only: packed weights have no gradient."""
+    MLP's GELU fused into its first layer. Inference only: packed weights have no gradient.
+    `measured`: only the shapes where oneDNN timed faster than `F.linear` on this machine
+    (`vitlab.deploy.kernels`); the others keep the model's own layer."""
+    dtype = next(model.parameters()).dtype
+    tokens = model.config.num_tokens
     for block in model.blocks:
         mlp = block.mlp
         assert mlp.fc1.gelu is not None  # the MLP's first Dense layer carries its GELU
         act = {"tanh": "gelu_tanh", "none": "gelu"}[mlp.fc1.gelu]
-        block.attn.qkv = PackedLinear(block.attn.qkv, batch_hint=batch_hint)  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
-        block.attn.proj = PackedLinear(block.attn.proj, batch_hint=batch_hint)  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
-        mlp.fc1 = PackedLinear(mlp.fc1, act, batch_hint)  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
-        mlp.fc2 = PackedLinear(mlp.fc2, batch_hint=batch_hint)  # type: ignore[assignment]  # the copy's drop-in for the Dense layer
+        for parent, name, activation in ((block.attn, "qkv", None), (block.attn, "proj", None), (mlp, "fc1", act),
+                                         (mlp, "fc2", None)):
+            layer = getattr(parent, name)
+            if measured and kernels.choose_dense(layer.in_features, layer.out_features, tokens, activation,
+                                                 dtype).kernel != "oneDNN":
+                continue
+            setattr(parent, name, PackedLinear(layer, activation or "none", batch_hint))  # the copy's drop-in for the Dense layer
     return model
 
 
@@ -110,39 +116,16 @@ def _packable(model: nn.Module, dtype: torch.dtype) -> bool:
     return dtype in onednn_dtypes() and next(model.parameters()).device.type == "cpu"
 
 
-def fused_attention_is_faster(heads: int, tokens: int, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether PyTorch's fused attention kernel beats the explicit matmul-softmax path on this
-    CPU in `dtype`, timed once at the model's shapes (batch 8, the best of 5 calls each). It
-    does by 2.2x on a Xeon with AMX and loses by 2x on AVX-512 without it (torch 2.14): a
-    question for the CPU at hand, asked when a copy is built. The fused kernel must win by 20%,
-    so that a busy machine's noise does not flip the choice between runs."""
-    onednn.refuse_inside_a_trace("timing the attention kernels")
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(8, heads, tokens, head_dim, generator=gen).to(dtype) for _ in range(3))
-
-    def best(fn) -> float:
-        fn()
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    with torch.inference_mode():
-        fused = best(lambda: F.scaled_dot_product_attention(q, k, v))
-        explicit = best(lambda: ((q * head_dim**-0.5) @ k.transpose(-2, -1)).softmax(-1) @ v)
-    return fused < 0.8 * explicit
-
-
 def choose_attention(model: VisionTransformer, dtype: torch.dtype) -> VisionTransformer:
-    """A bf16 CPU copy's attention: the fused kernel where it measured faster here (see
-    `fused_attention_is_faster`), else the model's explicit path; the same function either way."""
-    if dtype == torch.bfloat16 and next(model.parameters()).device.type == "cpu" and getattr(model, "blocks", None):
+    """A CPU copy's attention kernel: the fused one or the explicit matmul-softmax path,
+    whichever measured faster on this machine at the model's shapes (`vitlab.deploy.kernels`;
+    the fused kernel wins in bf16 with AMX and loses without it); the same function either way."""
+    if dtype in (torch.float32, torch.bfloat16) and next(model.parameters()).device.type == "cpu" \
+            and getattr(model, "blocks", None):
         attn = model.blocks[0].attn
-        fused = fused_attention_is_faster(attn.num_heads, model.config.num_tokens, attn.head_dim, dtype)
+        kernel = kernels.choose_attention(attn.num_heads, model.config.num_tokens, attn.head_dim, dtype).kernel
         for block in model.blocks:
-            block.attn.fused_cpu_bf16 = fused
+            block.attn.cpu_attention = kernel
     return model
 
 
@@ -153,7 +136,7 @@ def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, pa
     m = copy.deepcopy(model).eval().to(dtype)
     if packed and dtype == torch.bfloat16 and _packable(m, dtype):  # oneDNN's fp16 wants AVX512-FP16
         with torch.no_grad():
-            pack_linears(m)
+            pack_linears(m, measured=True)
     return Serving(choose_attention(m, dtype), dtype)
 
 
@@ -167,13 +150,28 @@ def to_bfloat16(model: VisionTransformer, packed: bool = True) -> Serving:
 
 
 def to_packed_fp32(model: VisionTransformer) -> VisionTransformer:
-    """An fp32 inference copy with oneDNN-packed Dense layers and fused GELU: the same
-    numbers as `model` to float32 rounding, without autograd (on a GPU: a plain copy)."""
+    """An fp32 inference copy with every Dense layer packed for oneDNN and the GELU fused: the
+    same numbers as `model` to float32 rounding, without autograd (on a GPU: a plain copy)."""
     m = copy.deepcopy(model).eval()
     if _packable(m, torch.float32):
         with torch.no_grad():
             pack_linears(m)
     m.serving = "fp32-packed"  # its packed layout is for this process: vitlab.save refuses it
+    return m
+
+
+def to_measured_fp32(model: VisionTransformer) -> VisionTransformer:
+    """vitlab's fp32 CPU inference copy: each Dense shape on oneDNN's packed kernel (bias and
+    GELU fused) or on the model's own `F.linear`, and the attention on the fused or the explicit
+    kernel, whichever timed faster on this machine (`vitlab.deploy.kernels`: measured once,
+    cached per machine). The same numbers as `model` to float32 rounding, without autograd."""
+    m = copy.deepcopy(model).eval()
+    if next(m.parameters()).device.type == "cpu":
+        with torch.no_grad():
+            if _packable(m, torch.float32):
+                pack_linears(m, measured=True)
+            choose_attention(m, torch.float32)
+    m.serving = "fp32-auto"  # a copy for this process and machine: vitlab.save refuses it
     return m
 
 
@@ -259,20 +257,23 @@ def load_int8(path) -> nn.Module:
     kind = io.read_metadata(path).get(io.SERVING_KEY, "int8")
     imported = io.read(path, serving=kind)
     rest = getattr(torch, imported.metadata.get(REST_KEY, "float32"), torch.float32)
-    with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
-        if not isinstance(imported.config, ViTConfig):
-            raise io.CheckpointError(f"{path}: an int8 copy stores a ViT, not a {imported.config.kind} model")
-        fresh = VisionTransformer(imported.config)
-        model: Any = calibrated_skeleton(fresh, rest) if kind == CALIBRATED else quantize_int8(fresh)
-    try:
-        model.load_state_dict(imported.state, strict=True)
-    except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
-        raise io.CheckpointError(f"{path}: the stored config does not fit the int8 tensors: "
-                                 f"{' '.join(str(e).split())[:400]}") from None
-    model.class_names = imported.class_names
-    if kind == CALIBRATED:
-        return Serving(choose_attention(restore_calibrated(model, rest), rest), rest, kind=CALIBRATED)
-    return model.eval()
+    try:  # a copy this CPU cannot run (calibrated_skeleton, restore_calibrated) is refused naming the file
+        with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
+            if not isinstance(imported.config, ViTConfig):
+                raise io.CheckpointError(f"an int8 copy stores a ViT, not a {imported.config.kind} model")
+            fresh = VisionTransformer(imported.config)
+            model: Any = calibrated_skeleton(fresh, rest) if kind == CALIBRATED else quantize_int8(fresh)
+        try:
+            model.load_state_dict(imported.state, strict=True)
+        except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
+            raise io.CheckpointError(f"the stored config does not fit the int8 tensors: "
+                                     f"{' '.join(str(e).split())[:400]}") from None
+        model.class_names = imported.class_names
+        if kind == CALIBRATED:
+            return Serving(choose_attention(restore_calibrated(model, rest), rest), rest, kind=CALIBRATED)
+        return model.eval()
+    except io.CheckpointError as e:
+        raise io.CheckpointError(f"{path}: {e}") from None
 
 
 @dataclass
@@ -310,6 +311,8 @@ def for_precision(model: Model, precision: str, calibration: Optional[Tensor] = 
                           "run it in fp32 (vitlab bench also times it under bf16 autocast)")
     if precision == "fp32-packed":
         return to_packed_fp32(model)
+    if precision == "fp32-auto":  # what inference_copy(model) gives on a CPU (vitlab bench's row of it)
+        return to_measured_fp32(model)
     if precision == "bf16":
         return to_bfloat16(model)
     if precision == "fp16":
@@ -322,8 +325,10 @@ def for_precision(model: Model, precision: str, calibration: Optional[Tensor] = 
 def inference_copy(model: Model, precision: str = "fp32", *, plain: bool = False,
                    calibration: Optional[Tensor] = None) -> nn.Module:
     """The model as vitlab runs it for inference, built once, before any forward: the one call
-    for a user's own loop. On a CPU, "fp32" is the packed fp32 copy (`to_packed_fp32`: oneDNN's
-    packed weights, bias and GELU fused, the same function to float32 rounding); the other
+    for a user's own loop. On a CPU, "fp32" is `to_measured_fp32`: each Dense shape and the
+    attention on the kernel that timed fastest on this machine (oneDNN's packed weights with
+    bias and GELU fused, or `F.linear`; cached per machine), the same function to float32
+    rounding; "fp32-packed" packs every Dense layer for oneDNN whatever it measured; the other
     precisions are `for_precision`'s copies. `plain=True` (the command line's --plain) returns
     the model itself in eval mode, as PyTorch runs it. On a GPU, and for a model without
     encoder blocks (a BiT ResNet), fp32 is the model itself."""
@@ -334,5 +339,5 @@ def inference_copy(model: Model, precision: str = "fp32", *, plain: bool = False
         return model
     on_cpu = next(model.parameters()).device.type == "cpu"
     if precision == "fp32" and on_cpu and isinstance(model, VisionTransformer):
-        return to_packed_fp32(model)
+        return to_measured_fp32(model)
     return for_precision(model, precision, calibration)

@@ -40,6 +40,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from vitlab.checkpoints.io import CheckpointError
+from vitlab.config import ConfigError
 from vitlab.deploy.onednn import onednn_dtypes
 from vitlab.models.layers import Block, Dense
 from vitlab.models.vit import VisionTransformer
@@ -113,7 +115,7 @@ class CalibratedInt8Linear(nn.Module):
         packed again. Refused where this CPU's int8 kernel cannot multiply the stored levels."""
         x_scale, x_zero, out_scale, out_zero, top, uint8_out = self.quantisation.tolist()
         if top > activation_top():
-            raise RuntimeError("this int8 copy was calibrated for 8-bit activations, which this CPU's int8 kernel "
+            raise CheckpointError("this int8 copy was calibrated for 8-bit activations, which this CPU's int8 kernel "
                                "(no VNNI) multiplies wrongly: calibrate it again here (deploy.quantize_int8(model, "
                                "calibration=images))")
         self.x_scale, self.x_zero, self.top = x_scale, int(x_zero), int(top)
@@ -185,7 +187,7 @@ def quantize_calibrated(model: VisionTransformer, images: Tensor, batch_size: in
     expects (a few hundred training images are enough). It runs in rest_dtype() outside the
     Dense layers: it takes and returns that dtype (`copies.quantize_int8` wraps it)."""
     if not available():
-        raise RuntimeError("calibrated int8 needs oneDNN's int8 kernels (an x86 build of PyTorch); "
+        raise ConfigError("calibrated int8 needs oneDNN's int8 kernels (an x86 build of PyTorch); "
                            "use deploy.quantize_int8(model) without calibration images instead")
     m = copy.deepcopy(model).float().eval()
     ranges = channel_ranges(m, images, batch_size)
@@ -212,7 +214,7 @@ def calibrated_skeleton(model: VisionTransformer, rest: torch.dtype) -> VisionTr
     """`model` (fresh, of a stored config) shaped as a calibrated copy, in `rest` outside the
     int8 layers, for load_state_dict and `restore` to fill (deploy.load_int8)."""
     if rest != torch.float32 and rest not in onednn_dtypes():
-        raise RuntimeError(f"this int8 copy keeps its other layers in {str(rest).removeprefix('torch.')}, which this "
+        raise CheckpointError(f"this int8 copy keeps its other layers in {str(rest).removeprefix('torch.')}, which this "
                            "CPU's oneDNN does not run: calibrate it again here (deploy.quantize_int8(model, "
                            "calibration=images))")
     m = model.eval().to(rest)

@@ -85,7 +85,9 @@ def evaluate(
     "predictions": each image's top-1 class, in the data's order (for ImageNet ReaL);
     `keep_probabilities` adds "probabilities": each image's softmax over the classes."""
     device = torch.device(device)
-    num_classes = num_classes or model.config.num_classes
+    if not num_classes:  # (read only then: any classifier evaluates with num_classes given)
+        config: Any = model.config  # a vitlab model's, or its inference copy's
+        num_classes = int(config.num_classes)
     was_training = model.training
     model.eval()
     total, predictions, probabilities = None, [], []
@@ -122,7 +124,7 @@ def evaluate_dataset(model: torch.nn.Module, spec: str, split: str = "test", *, 
     `real`: ImageNet ReaL labels (real.json) scored beside top-1 (eval/real.py).
     `probabilities`: also each image's softmax ("probabilities") and its file ("images", where
     the dataset reads files; else its position), in the data's order."""
-    cfg = model.config
+    cfg: Any = model.config  # a vitlab model's, or its inference copy's
     if real and skip_bad_images:
         raise DataError("--real pairs each image with its line of the labels: fix unreadable images, do not skip them")
     if not cfg.num_classes:

@@ -24,7 +24,9 @@ def class_metrics(confusion: list[list[int]] | Tensor) -> dict[str, Any]:
     predicted has precision 0 (nothing it predicted was right, because nothing was)."""
     c = torch.as_tensor(confusion, dtype=torch.float64)
     right, predicted, actual = c.diagonal(), c.sum(0), c.sum(1)
-    precision, recall, f1 = [], [], []
+    precision: list[Optional[float]] = []
+    recall: list[Optional[float]] = []
+    f1: list[Optional[float]] = []
     for k in range(c.shape[0]):
         if actual[k] == 0:
             precision.append(None if predicted[k] == 0 else 0.0)

@@ -16,15 +16,17 @@ import contextlib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence, cast
 
 import numpy as np
 import torch
 
 from vitlab.data import DataOptions, foreign, open_dataset
+from vitlab.data.loader import Loader
 from vitlab.data.transforms import model_transform
 from vitlab.eval.accuracy import preprocessing
 from vitlab.files import atomic_write, cache_dir
+from vitlab.models import Model
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -88,7 +90,8 @@ def extract_features(
     items: Iterable
     if labels_known is not None and (max_per_class or limit):
         # Choose the indices from the labels first, so skipped images are never decoded.
-        keep, taken = [], {}
+        keep: list[int] = []
+        taken: dict[int, int] = {}
         for i, y in enumerate(labels_known):
             if max_per_class and taken.get(int(y), 0) >= max_per_class:
                 continue
@@ -98,19 +101,22 @@ def extract_features(
                 break
         items = (dataset[i] for i in keep)
         if workers:
-            items = iter(torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, keep), batch_size=None,
-                                                     num_workers=workers))
+            items = iter(Loader(torch.utils.data.Subset(dataset, keep), batch_size=None, num_workers=workers))
     elif workers:
-        items = iter(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers))
+        items = iter(Loader(dataset, batch_size=None, num_workers=workers))
     else:
         items = iterate(dataset)
 
-    feats, labels, xs, ys = [], [], [], []
+    feats: list[np.ndarray] = []
+    labels: list[Any] = []
+    xs: list[torch.Tensor] = []
+    ys: list[Any] = []
     counts: dict[int, int] = {}
 
     def flush() -> None:
         x = torch.stack(xs).to(device)
-        f = model.forward_head(model.forward_features(x), pre_logits=True)
+        net = cast(Model, model)  # (a vitlab model: forward_features, forward_head)
+        f = net.forward_head(net.forward_features(x), pre_logits=True)
         feats.append(f.float().cpu().numpy())
         labels.extend(ys)
         xs.clear()

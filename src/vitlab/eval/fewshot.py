@@ -50,6 +50,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from vitlab.config.fields import ConfigError, number
 from vitlab.data import DataError
 from vitlab.eval.features import extract_features
 
@@ -140,12 +141,9 @@ def parse_l2(text: str, flag: str = "l2") -> Union[float, str]:
     if text == "loo":
         return "loo"
     try:
-        l2 = float(text)
-    except ValueError:
-        l2 = float("nan")
-    if not l2 > 0:
-        raise DataError(f"{flag} {text!r}: give a positive L2 strength (default 1024, big_vision's) or loo")
-    return l2
+        return float(number(text, flag, above=0))
+    except ConfigError:
+        raise DataError(f"{flag} {text!r}: give a positive finite L2 strength (default 1024, big_vision's) or loo") from None
 
 
 def protocol(pool: int, l2: Union[float, str], config, preprocess: str = "big_vision") -> dict:
@@ -196,10 +194,12 @@ def fewshot_eval(
     Seeds 0..seeds-1 draw the examples from all of the training features given; `l2` fixes
     λ (big_vision's 2^10 by default), or "loo" chooses it per draw by leave-one-out.
     """
-    if l2 == "loo":
-        l2 = None
-    elif isinstance(l2, str) or l2 is None or not l2 > 0:
-        raise ValueError(f"l2={l2!r}: give a positive L2 strength (big_vision's is 1024) or 'loo'")
+    fixed: Optional[float] = None  # λ, or None: chosen per draw by leave-one-out
+    if isinstance(l2, str) or l2 is None or not l2 > 0:
+        if l2 != "loo":
+            raise ValueError(f"l2={l2!r}: give a positive L2 strength (big_vision's is 1024) or 'loo'")
+    else:
+        fixed = l2
     classes = sorted(set(int(c) for c in train_labels))
     k = num_classes or (max(classes + [int(test_labels.max())]) + 1)
     tr_x, tr_y = torch.from_numpy(np.asarray(train_feats)), torch.from_numpy(np.asarray(train_labels))
@@ -209,7 +209,7 @@ def fewshot_eval(
         "feature_dim": int(tr_x.shape[1]),
         "num_test": int(len(te_y)),
         "seeds": seeds,
-        "l2": "leave-one-out over grid" if l2 is None else l2,
+        "l2": "leave-one-out over grid" if fixed is None else fixed,
         "shots": {},
     }
     for s in shots:
@@ -217,7 +217,7 @@ def fewshot_eval(
         for seed in range(seeds):
             idx = torch.from_numpy(sample_shots(train_labels, s, seed, classes))
             problem = RidgeProblem.build(tr_x[idx], tr_y[idx], k)
-            lam = l2 if l2 is not None else choose_l2(problem, l2_grid)
+            lam = fixed if fixed is not None else choose_l2(problem, l2_grid)
             pred = problem.predict(problem.weights(lam), te_x)
             accs.append(float((pred == te_y).double().mean()))
             l2s.append(lam)

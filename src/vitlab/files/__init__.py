@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 # The regular-file check lives with the reader of files (files/documents.py); writers use it too.
-from vitlab.files.documents import NotRegularFileError, PathLike, read_json, require_regular_file  # noqa: F401
+from vitlab.files.documents import NotRegularFileError, PathLike, on_disk, read_json, require_regular_file  # noqa: F401
 
 
 def _umask() -> int:
@@ -123,9 +123,10 @@ def is_temporary(name: str) -> bool:
 
 
 def cache_dir(*parts: str) -> Path:
-    """vitlab's cache: $VITLAB_CACHE, else ~/.cache/vitlab; `parts` name a folder inside it."""
-    root = os.environ.get("VITLAB_CACHE")
-    return Path(root or Path.home() / ".cache" / "vitlab").joinpath(*parts)
+    """vitlab's cache: $VITLAB_CACHE, else $XDG_CACHE_HOME/vitlab, else ~/.cache/vitlab; `parts`
+    name a folder inside it."""
+    root = os.environ.get("VITLAB_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitlab"
+    return Path(root).joinpath(*parts)
 
 
 # User text as a file or folder name ------------------------------------------------------

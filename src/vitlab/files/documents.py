@@ -42,6 +42,14 @@ class NotRegularFileError(OSError):
     kind = "not a regular file"  # what the path is instead ("a FIFO (named pipe)", ...)
 
 
+def on_disk(path: PathLike, kind: str = "any") -> bool:
+    """Whether text that may be a path or a name (a checkpoint or a model name, a recipe name)
+    names something on disk: a file (`kind="file"`), a folder ("dir") or either. Text no path can
+    be (longer than the file system takes, or holding NUL) names nothing: it is a name, and never
+    an OSError ("File name too long") before it is looked up as one."""
+    return {"any": os.path.exists, "file": os.path.isfile, "dir": os.path.isdir}[kind](path)
+
+
 def require_regular_file(path: PathLike, what: str = "file") -> Path:
     """`path` if it is a regular file (symlinks followed); else OSError saying what it is.
     Checked before opening, so a FIFO or a device is refused instead of hanging."""

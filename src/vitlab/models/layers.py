@@ -104,9 +104,10 @@ class Attention(nn.Module):
         self.qkv = Dense(dim, 3 * dim, bias=qkv_bias)  # q, k, v along the output axis
         self.proj = Dense(dim, dim)
         self.attention_dropout = attention_dropout
-        # bf16 on the CPU takes the explicit path unless told otherwise: vitlab.deploy's bf16
-        # inference copy sets this where the fused kernel measured faster on the CPU at hand.
-        self.fused_cpu_bf16 = False
+        # The kernel on the CPU: None takes the explicit path in bf16 and the fused one otherwise;
+        # vitlab.deploy's inference copies set "fused" or "explicit", whichever measured faster
+        # on the CPU at hand (vitlab.deploy.kernels).
+        self.cpu_attention: Optional[str] = None
         self.proj_drop = nn.Dropout(dropout)
         self.rel_embedding: Optional[nn.Parameter] = None
         if num_tokens_relative is not None:
@@ -148,8 +149,8 @@ class Attention(nn.Module):
         # backward (torch 2.14); with AMX the fused forward is the faster one (2.2x at b8).
         # In fp32 the fused kernel is the faster one. On a GPU the fused (flash) kernel stays:
         # it is fast there and never stores (T, T) matrices.
-        cpu_bf16 = qkv.dtype == torch.bfloat16 and qkv.device.type == "cpu" and not self.fused_cpu_bf16
-        exact = return_attention or cpu_bf16
+        kernel = self.cpu_attention or ("explicit" if qkv.dtype == torch.bfloat16 else "fused")
+        exact = return_attention or (qkv.device.type == "cpu" and kernel == "explicit")
         if exact:  # one copy to (3, B, h, T, dh), so the batched products read q, k, v in place
             qkv = qkv.contiguous()
         q, k, v = qkv.unbind(0)  # each (B, h, T, dh)

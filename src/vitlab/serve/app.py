@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from vitlab.analysis.overlay import COLOR_STOPS, overlay_png_base64
+from vitlab.config.fields import is_digits
 from vitlab.config.serve import ServeConfig
 from vitlab.serve.batcher import Batcher
 from vitlab.serve.engine import Engine, Looked, Prepared, UploadError
@@ -152,7 +153,7 @@ class Guard:
         try:
             headers = dict(scope.get("headers") or [])
             declared = headers.get(b"content-length", b"").decode("latin-1")
-            if declared.isdigit() and int(declared) > self.limit:
+            if is_digits(declared) and int(declared) > self.limit:
                 await _send_json(send_counted, 413, error_body(413, self.too_large), close=True)
                 return
             await self.app(scope, self._limited(receive), send_counted)

@@ -19,8 +19,10 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vitlab.config import ViTConfig
 from vitlab.data import BadImageError, read_image
 from vitlab.data.images import FORMATS, open_image
+from vitlab.models import Model
 from vitlab.predictor import DISPLAY_SIDE, Looked, Predictor  # noqa: F401  (Looked: what look returns)
 
 
@@ -68,7 +70,7 @@ class Engine(Predictor):
     """vitlab.Predictor behind the server: the same inference copy, preprocessing, class
     names, probabilities and attention, plus bounded decoding of uploads, warm-up and /info."""
 
-    def __init__(self, model: torch.nn.Module, precision: str = "fp32", checkpoint: str = "",
+    def __init__(self, model: Model, precision: str = "fp32", checkpoint: str = "",
                  device: str | torch.device = "cpu", plain: bool = False):
         super().__init__(model, precision, device, checkpoint, plain)  # `vitlab serve --device`, `--plain`
 
@@ -118,5 +120,5 @@ class Engine(Predictor):
                 "summary": repr(self.transform),
             },
             "attention": ({"layers": cfg.depth, "heads": cfg.num_heads, "grid": list(cfg.grid_size)}
-                          if self.has_attention else None),  # a BiT ResNet has none
+                          if isinstance(cfg, ViTConfig) else None),  # (has_attention)  # a BiT ResNet has none
         }

@@ -67,7 +67,9 @@ def run(app, sock: socket.socket, config: ServeConfig, access_log: bool = False,
     import uvicorn  # the serve extra's; imported here so that the other commands start without it
 
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=access_log, timeout_graceful_shutdown=config.shutdown_timeout_s,
+        uvicorn.Config(app, log_level="warning", access_log=access_log,
+                       # a float: uvicorn waits with asyncio, which takes one; its annotation says int
+                       timeout_graceful_shutdown=config.shutdown_timeout_s,  # type: ignore[arg-type]
                        limit_concurrency=config.max_connections, lifespan="on")
     )
     # uvicorn finishes the requests in flight on SIGTERM, then raises the signal again for the

@@ -34,7 +34,7 @@ SPEC_FILE = "sweep.json"  # in a sweep's folder: the spec and --scale it was run
 def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Path]:
     """One figure of the spec, or None when no finished cell has its numbers yet."""
     path = out / fig.file
-    labels = dict(title=fig.title, xlabel=fig.xlabel or fig.x, ylabel=fig.ylabel or fig.y, logy=fig.logy)
+    labels: dict[str, Any] = dict(title=fig.title, xlabel=fig.xlabel or fig.x, ylabel=fig.ylabel or fig.y, logy=fig.logy)
     if fig.kind == "curve":
         curves = res.curves(rows, fig)
         refs = res.references(rows, fig)
@@ -50,7 +50,7 @@ def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Pat
     fronts = {}
     for label, pts in groups.items():
         # the front of the means over seeds at each x (one model at one budget), as plotted
-        points = [(res.number(x), sum(ys) / len(ys)) for x, ys in pts if res.number(x) is not None and ys]
+        points = [(n, sum(ys) / len(ys)) for x, ys in pts if (n := res.number(x)) is not None and ys]
         fronts[label] = res.pareto_front(points)
     return sweep_plots.plot_pareto(groups, fronts, path, logx=fig.logx, **labels)
 

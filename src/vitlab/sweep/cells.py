@@ -96,7 +96,7 @@ def _yaml_scalar(kind: type, value: Any) -> str:
 def _yaml_text(value: Any) -> str:
     """`value` as an override's YAML; scalars cached (a grid repeats each value many times)."""
     if isinstance(value, (int, float, bool)) or value is None:
-        return _yaml_scalar(type(value), value)
+        return _yaml_scalar(type(value), value)  # type: ignore[arg-type]  # a class is hashable; mypy's lru_cache check misses it
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
 
 
@@ -186,7 +186,8 @@ def expand(spec: SweepSpec, out: Path, scale: float = 1.0, max_cells: int = MAX_
     n = count(spec)
     if n > max_cells:
         raise ConfigError(too_many(n, max_cells))
-    result, seen = [], {}
+    result: list[Cell] = []
+    seen: dict[str, Any] = {}
     for cell in cells(spec, out, scale):
         if cell.key in seen:
             raise ConfigError(f"grid: cells {seen[cell.key]} and {cell.labels} get the same folder name {cell.key!r}; "

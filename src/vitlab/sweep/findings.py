@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from vitlab.config.fields import is_digits
 from vitlab.config.sweep import CompareSpec, SweepSpec, claims_digest, declared_claims
 from vitlab.files import atomic_write_text
 from vitlab.sweep import stats, timing
@@ -62,7 +63,7 @@ def arms(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         grouped.setdefault(_context(row, axes), []).append(row)
     out = []
     for context, cells in grouped.items():
-        entry = {"arm": dict(context), "seeds": [c.get(pair_by) for c in cells], "metrics": {}}
+        entry: dict[str, Any] = {"arm": dict(context), "seeds": [c.get(pair_by) for c in cells], "metrics": {}}
         for metric in spec.report.metrics:
             values = [v for v in (value(c, metric) for c in cells) if v is not None]
             if not values:
@@ -127,14 +128,19 @@ def compare_at(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> l
             b_rows.setdefault((context, seed), []).append(row)
         elif side == "a":
             a_rows.setdefault((context, str(row.get(c.along))), {})[seed] = row
+    def log_at(row: dict[str, Any]) -> float:
+        x = value(row, c.at)
+        assert x is not None and x > 0  # the rows kept above
+        return math.log10(x)
+
     out = []
     for (context, where), by_seed in a_rows.items():
         for metric in c.metrics or spec.report.metrics:
             a, b = {}, {}
             for seed, row in by_seed.items():
-                curve = [(math.log10(value(r, c.at)), value(r, metric)) for r in b_rows.get((context, seed), [])]
+                curve = [(log_at(r), y) for r in b_rows.get((context, seed), []) if (y := value(r, metric)) is not None]
                 ya = value(row, metric)
-                yb = interpolate([p for p in curve if p[1] is not None], math.log10(value(row, c.at)))
+                yb = interpolate(curve, log_at(row))
                 if ya is not None and yb is not None:
                     a[seed], b[seed] = ya, yb
             if a:
@@ -175,8 +181,8 @@ def compare_best(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) ->
         return []
     out = []
     for metric in c.metrics or spec.report.metrics:
-        per = {side: {str(r.get(pair_by)): value(r, metric) for r in keep
-                      if _side(r, c) == side and str(r.get(c.best)) == chosen[side] and value(r, metric) is not None}
+        per = {side: {str(r.get(pair_by)): y for r in keep
+                      if _side(r, c) == side and str(r.get(c.best)) == chosen[side] and (y := value(r, metric)) is not None}
                for side in ("a", "b")}
         if per["a"] and per["b"]:
             context = {f"{c.best} of {c.a} (best by {c.by})": chosen["a"], f"{c.best} of {c.b}": chosen["b"]}
@@ -203,8 +209,8 @@ def compare(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list
     out = []
     for context, both in sides.items():
         for metric in c.metrics or spec.report.metrics:
-            a = {k: value(r, metric) for k, r in both["a"].items() if value(r, metric) is not None}
-            b = {k: value(r, metric) for k, r in both["b"].items() if value(r, metric) is not None}
+            a = {k: y for k, r in both["a"].items() if (y := value(r, metric)) is not None}
+            b = {k: y for k, r in both["b"].items() if (y := value(r, metric)) is not None}
             if not a or not b:
                 continue
             out.append(_entry(c, dict(context), metric, stats.paired(a, b)))
@@ -301,7 +307,7 @@ def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[str] =
 def percent(metric: str) -> bool:
     """Accuracies (0-1): printed in %, their intervals clipped to [0, 1]; anything else as it is."""
     last = metric.split(".")[-2 if metric.endswith(".mean") else -1]
-    return any(w in metric for w in ("top1", "top5", "accuracy", "fewshot", "shots")) or last.isdigit()
+    return any(w in metric for w in ("top1", "top5", "accuracy", "fewshot", "shots")) or is_digits(last)
 
 
 def fmt(value: Optional[float], metric: str, digits: int = 1, signed: bool = False) -> str:

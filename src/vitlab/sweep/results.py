@@ -192,7 +192,7 @@ def groups(rows: list[dict[str, Any]], fig: FigureSpec) -> dict[str, list[tuple[
     for label, points in by.items():
         items = list(points.items())
         if all(number(x) is not None for x, _ in items):
-            items.sort(key=lambda p: number(p[0]))
+            items.sort(key=lambda p: number(p[0]) or 0.0)  # (every one a number: checked above)
         out[label] = items
     return out
 

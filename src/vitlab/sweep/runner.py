@@ -14,7 +14,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
@@ -100,7 +100,7 @@ def _report(say: Say, done: int, total: int, cell: Cell, result: dict[str, Any])
             + "\n".join("    " + line for line in result["tail"].splitlines()))
 
 
-def run_local(todo: list[tuple[Cell, Path, list[Step]]], jobs: int, threads: int, say: Say) -> list[dict]:
+def run_local(todo: Sequence[tuple[Cell, Path, list[Step], Optional[dict[str, Any]]]], jobs: int, threads: int, say: Say) -> list[dict]:
     results = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {pool.submit(run_cell, str(d), steps, threads, record): cell for cell, d, steps, record in todo}

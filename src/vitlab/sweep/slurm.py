@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from vitlab.config import ConfigError
+from vitlab.config.fields import is_digits
 
 Say = Callable[[str], None]
 ACCOUNTING_OFF = "accounting_storage/none"
@@ -65,7 +66,7 @@ def minutes(limit: str) -> Optional[int]:
     "30:00" minutes:seconds, "4:00:00", "2-00:00:00", "2-12" days-hours); None for none
     ("UNLIMITED", "infinite", "NONE")."""
     days, _, clock = limit.strip().rpartition("-")
-    if not re.fullmatch(r"\d+(:\d+){0,2}", clock) or days and not days.isdigit():
+    if not re.fullmatch(r"[0-9]+(:[0-9]+){0,2}", clock) or days and not is_digits(days):
         return None
     parts = [int(x) for x in clock.split(":")]
     if days or len(parts) == 3:
@@ -134,7 +135,8 @@ class Stoppable:
     job's SLURM_ variables: it is the job's child, not a task of it, and the job requeues."""
 
     def __init__(self, run: Callable[..., Any]):
-        self.run, self.child = run, None
+        self.run = run
+        self.child: Optional[subprocess.Popen] = None
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args, job=self)
@@ -144,8 +146,9 @@ class Stoppable:
 
         number = getattr(signal, f"SIG{SlurmJobEnvironment.USR_SIG}")
         env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
-        self.child = subprocess.Popen(argv, env=env, preexec_fn=lambda: signal.signal(number, signal.SIG_IGN), **kwargs)
-        return self.child
+        child = subprocess.Popen(argv, env=env, preexec_fn=lambda: signal.signal(number, signal.SIG_IGN), **kwargs)
+        self.child = child
+        return child
 
     def checkpoint(self, *args: Any) -> Any:
         from submitit.helpers import DelayedSubmission

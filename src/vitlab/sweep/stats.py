@@ -169,7 +169,7 @@ def verdict(diff: Mapping[str, Any], expect: str, margin: float = 0.0,
     if expect not in EXPECT:
         raise ValueError(f"expect must be one of {', '.join(EXPECT)}, got {expect!r}")
     lo, hi, mean = diff.get("lo"), diff.get("hi"), diff.get("mean")
-    if lo is None or hi is None:
+    if lo is None or hi is None or mean is None:
         return None
     if expect == "equal":
         if -margin <= lo and hi <= margin:

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 from vitlab.data.vtab import Task
 from vitlab.sweep.cells import Cell, Step
 from vitlab.sweep.runner import Say, run_local, run_submitit
+from vitlab.train.inputs import Inputs
 from vitlab.train.vtab import Settings, absent, check_suite
 
 
@@ -38,7 +39,7 @@ def launch(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Set
     """Run each task without a result as its own job (a task without data is said, not
     submitted; a result of other work is refused first, train/vtab.check_suite); None when
     submitted without waiting."""
-    check_suite(checkpoint, root, out, tasks, s, force)  # a user's tables, a result of other work: refused first
+    check_suite(checkpoint, root, out, tasks, s, Inputs(), force)  # a user's tables, a result of other work: refused first
     todo, missing = [], absent(root, tasks)
     for task in tasks:
         folder = out / task.name

@@ -20,11 +20,11 @@ from vitlab.train.inputs import Inputs
 FINETUNE_PREPROCESSING = {"crop_fraction": 1.0, "crop_mode": "squash"}
 
 
-def architecture(section: ModelSection, inputs: Optional[Inputs] = None) -> ModelConfig:
+def architecture(section: ModelSection, inputs: Inputs) -> ModelConfig:
     """The network a run trains, before the class count is known: a registered variant, or
     the one a start checkpoint holds (read through `inputs`, once), with the section's changes."""
     if section.checkpoint:
-        config = (inputs or Inputs()).checkpoint(section.checkpoint).config
+        config = inputs.checkpoint(section.checkpoint).config
         return config.replace(**_applicable(config, {**FINETUNE_PREPROCESSING, **section.changes}))
     return variant_config(section.name, **section.changes)
 
@@ -38,12 +38,12 @@ def _applicable(config: ModelConfig, changes: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in changes.items() if k in own or v is not None}
 
 
-def build_model(section: ModelSection, class_names: list[str], inputs: Optional[Inputs] = None) -> Model:
+def build_model(section: ModelSection, class_names: list[str], inputs: Inputs) -> Model:
     """The run's network for these classes: a new one of the named variant, or the start
     checkpoint's (read through `inputs`) with the fine-tuning changes and a fresh zero head."""
     changes = {"num_classes": len(class_names), **section.changes}
     if section.checkpoint:
-        imported = (inputs or Inputs()).checkpoint(section.checkpoint)
+        imported = inputs.checkpoint(section.checkpoint)
         changes = _applicable(imported.config, {**FINETUNE_PREPROCESSING, **changes})
         # Fine-tuning (§3.2): position embeddings resized to the new resolution, the head
         # replaced when the class count changes, pre-logits dropped with representation_size=None.
@@ -101,15 +101,14 @@ def data_transforms(cfg: RunConfig, model: ModelConfig) -> tuple[Any, Any]:
                    model_transform(model, antialias=d.antialias))
 
 
-def open_datasets(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]] = None,
-                  inputs: Optional[Inputs] = None) -> tuple[Any, dict[str, Any]]:
+def open_datasets(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]],
+                  inputs: Inputs) -> tuple[Any, dict[str, Any]]:
     """(training set, {evaluation split: dataset}) with the model's preprocessing, from the
     config's data specs (each split opened once in `inputs`) or from `sources` (objects; see
     wrap_sources); the training set cut to data.train_fraction / data.train_size (a fixed,
     balanced subset)."""
     if sources is not None:
         return wrap_sources(cfg, model, sources)
-    inputs = inputs or Inputs()
     d = cfg.data
     training, evaluation = data_transforms(cfg, model)
     train = training_split(cfg, training, True, inputs)
@@ -133,8 +132,8 @@ def open_split(cfg: RunConfig, spec: str, split: str, transform: Any, train: boo
     return inputs.split(spec, split, transform, train=train, seed=cfg.train.seed, options=options, subset=subset)
 
 
-def plain_training_set(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]] = None,
-                       inputs: Optional[Inputs] = None) -> Any:
+def plain_training_set(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]],
+                       inputs: Inputs) -> Any:
     """The run's training images (its split and subset) at the evaluation transform: no
     augmentation, the full decode. What model.head_start=probe fits the new head on."""
     d, evaluate = cfg.data, model_transform(model, antialias=cfg.data.antialias)
@@ -142,7 +141,7 @@ def plain_training_set(cfg: RunConfig, model: ModelConfig, sources: Optional[tup
         train = sources[0].dataset if isinstance(sources[0], torch.utils.data.DataLoader) else sources[0]
         images = foreign.wrap(train, evaluate, seed=cfg.train.seed)
         return training_subset(images, d.train_fraction, d.train_size, d.subset_seed)
-    return training_split(cfg, evaluate, False, inputs or Inputs())
+    return training_split(cfg, evaluate, False, inputs)
 
 
 def train_loader(cfg: RunConfig, train_set: Any, batch: int, start: int, total: int, ctx: Any) -> Iterator:

@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vitlab.config import ConfigError, pick_device
+from vitlab.config.fields import is_digits
 
 # Where the processes of a Slurm job step meet when MASTER_PORT does not say: a port of this
 # range chosen from the job and step ids, so that two jobs sharing a node do not collide.
@@ -110,7 +111,7 @@ def launch(env: Mapping[str, str] = os.environ) -> Launch:
         return Launch()
     host = env.get("MASTER_ADDR") or first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""))
     low, high = SLURM_PORTS
-    step = int(env["SLURM_STEP_ID"]) if env["SLURM_STEP_ID"].isdigit() else 0
+    step = int(env["SLURM_STEP_ID"]) if is_digits(env["SLURM_STEP_ID"]) else 0
     port = env.get("MASTER_PORT") or str(low + (int(env.get("SLURM_JOB_ID", "0")) * 16 + step) % (high - low))
     return Launch(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", "0")), f"tcp://{host or 'localhost'}:{port}")
 

@@ -37,6 +37,7 @@ from vitlab.config import ConfigError, RunConfig, ViTConfig, load_recipe
 from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
 from vitlab.data import DEV_FRACTIONS, identity
 from vitlab.data.transforms import model_transform
+from vitlab.files import on_disk
 from vitlab.log import get_logger
 from vitlab.train import build, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
@@ -183,10 +184,9 @@ def length_unset(recipe: str, options: Mapping[str, Any]) -> bool:
     return options.get("steps") is None and options.get("epochs") is None and load_recipe(recipe).train.steps == 0
 
 
-def training_set(cfg: RunConfig, inputs: Optional[Inputs] = None) -> Any:
+def training_set(cfg: RunConfig, inputs: Inputs) -> Any:
     """The run's training split (its length and `identity`: which paper dataset it is), opened
     in `inputs`, where the runs of the plan find it again."""
-    inputs = inputs or Inputs()
     return build.training_split(cfg, model_transform(architecture(cfg.model, inputs), antialias=cfg.data.antialias),
                                 False, inputs)
 
@@ -220,7 +220,7 @@ def random_start(checkpoint: str, seed: int, out: Optional[Path | str]) -> str:
     the checkpoint's network at random initialisation (the seed's draw, its weights unread),
     written beside the run folder, so that the same fine-tuning starts from untrained weights
     and a pretraining gain is measured net of what the architecture alone reaches."""
-    if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
+    if not on_disk(checkpoint) and not is_pretrained_name(checkpoint):
         raise ConfigError(f"{checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
     model, _ = open_checkpoint(checkpoint, random_init=seed)
     run = Path(out) if out else Path("runs") / f"finetune-{Path(checkpoint).stem}-random-init-{seed}"
@@ -235,7 +235,7 @@ def _check(checkpoint: str, data: str, choose: str, options: Mapping[str, Any], 
     """Refuse, before anything is read, what cannot run or would drop a setting silently."""
     if choose not in choice.CHOICES:
         raise ConfigError(f"--recipe {choose!r}: use one of {', '.join(choice.CHOICES)}")
-    if not Path(checkpoint).exists() and not is_pretrained_name(checkpoint):
+    if not on_disk(checkpoint) and not is_pretrained_name(checkpoint):
         raise ConfigError(f"{checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
     if not data:
         raise ConfigError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")
@@ -267,7 +267,7 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     here, once, into the plan's `inputs` (a given one is shared), where its runs find them."""
     choose = choose or ("auto" if recipe == RECIPE else "paper")
     _check(checkpoint, data, choose, options, overrides, paper_resolution, lr_sweep, rates, table4)
-    inputs = inputs or Inputs()
+    inputs = Inputs() if inputs is None else inputs  # the plan's, made here: what every run of it reads
     extra: dict[str, Any] = {"model.checkpoint": checkpoint}
     layers = {"model.checkpoint": COMMAND_LINE, "train.steps": PLAN, "data.dev_fraction": COMMAND_LINE,
               "model.image_size": CHECKPOINT}  # --paper-resolution: the checkpoint's own, stepped up
@@ -283,8 +283,8 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
         extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride if isinstance(own, ViTConfig) else 1)
     cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra, layers)
     explicit = explicit_keys(options, overrides, paper_resolution)
-    threads, threads_note = choice.thread_policy(cfg, checkpoint, explicit)
-    if choice.source_run_config(checkpoint):  # else the recipe's own, as they are
+    threads, threads_note = choice.thread_policy(cfg, checkpoint, explicit, inputs)
+    if inputs.source_config(checkpoint):  # else the recipe's own, as they are
         cfg = cfg.with_overrides(threads, CHECKPOINT)
     train_set = training_set(cfg, inputs)
     row = table4 or getattr(train_set, "identity", None)

@@ -42,7 +42,8 @@ from vitlab.config.provenance import PLAN, SWEEP, Origin
 from vitlab.files import atomic_write_text
 from vitlab.run_layout import holding_run
 from vitlab.train import distributed
-from vitlab.train.run_folder import RunFolder, read_summary
+from vitlab.train.inputs import Inputs
+from vitlab.train.run_folder import read_summary
 
 CHOICES = ("auto", "paper", "adamw")  # --recipe: auto = choose on the dev split
 WARMUP_SHARE = 0.05  # the paper's 500 warm-up steps of 10,000 (Appendix B.1.1)
@@ -324,10 +325,11 @@ def count_sweep_in(summary_file: Path, result: Mapping[str, Any]) -> None:
     atomic_write_text(summary_file, json.dumps(summary, indent=2))
 
 
-def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str]) -> tuple[dict[str, Any], str]:
+def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str], inputs: Inputs) -> tuple[dict[str, Any], str]:
     """Threads and data workers as `vitlab train` runs them: the source run's own (its
-    config.yaml beside checkpoints/), else the recipe's; with the plan line that says so."""
-    source = source_run_config(checkpoint)
+    config.yaml beside checkpoints/, read once in `inputs`), else the recipe's; with the plan
+    line that says so."""
+    source = inputs.source_config(checkpoint)
     threads, workers = (source.train.threads, source.data.num_workers) if source else (cfg.train.threads,
                                                                                      cfg.data.num_workers)
     changes = {k: v for k, v in (("train.threads", threads), ("data.num_workers", workers)) if k not in explicit}
@@ -342,13 +344,3 @@ def thread_policy(cfg: RunConfig, checkpoint: str, explicit: set[str]) -> tuple[
     return changes, f"threads: {said}, {where} (train.threads, --workers to change)"
 
 
-def source_run_config(checkpoint: str) -> Optional[RunConfig]:
-    """The config of the vitlab run that wrote `checkpoint`, or None (another format, a
-    name, a file outside a run folder, an unreadable config)."""
-    run = holding_run(checkpoint)
-    if run is None or not run.config.is_file():
-        return None
-    try:
-        return RunFolder(run.path).read_config()
-    except ConfigError:
-        return None

@@ -23,7 +23,11 @@ import torch
 
 from vitlab import checkpoints
 from vitlab.checkpoints.io import Imported
+from vitlab.config import ConfigError, RunConfig
 from vitlab.data import DataOptions, open_dataset, training_subset
+from vitlab.data.open import DEV_SPLITS, carves_dev, dev_part
+from vitlab.run_layout import holding_run
+from vitlab.train.run_folder import RunFolder
 
 
 def _raw(image: Any) -> Any:
@@ -38,6 +42,20 @@ class Inputs:
     checkpoints: dict[str, Imported] = field(default_factory=dict)
     splits: dict[tuple, Any] = field(default_factory=dict)
     heads: dict[str, tuple[torch.Tensor, torch.Tensor, dict[str, Any]]] = field(default_factory=dict)
+    held: dict[tuple, Any] = field(default_factory=dict)  # sources read into memory, for every split of them
+    source_configs: dict[str, Optional[RunConfig]] = field(default_factory=dict)
+
+    def source_config(self, checkpoint: str) -> Optional[RunConfig]:
+        """The config.yaml of the vitlab run that wrote `checkpoint` (RUN/checkpoints/FILE), read
+        on first use; None for a file outside a run folder, a name, or an unreadable config."""
+        if checkpoint not in self.source_configs:
+            run = holding_run(checkpoint)
+            try:
+                found = RunFolder(run.path).read_config() if run is not None and run.config.is_file() else None
+            except ConfigError:
+                found = None
+            self.source_configs[checkpoint] = found
+        return self.source_configs[checkpoint]
 
     def checkpoint(self, path: str) -> Imported:
         """The checkpoint (a file or a published name), read on first use."""
@@ -55,8 +73,11 @@ class Inputs:
             if subset is not None:
                 whole = self.split(spec, split, _raw, train=False, seed=0, options=options)
                 opened = training_subset(whole, *subset)
+            elif split in DEV_SPLITS and carves_dev(spec):  # a selection of the opened training split
+                opened = dev_part(self.split(spec, "train", _raw, train=False, seed=0, options=options),
+                                  split, options.dev_fraction)
             else:
-                opened = open_dataset(spec, split, _raw, options=options)
+                opened = open_dataset(spec, split, _raw, options=options, held=self.held)
             if hasattr(opened, "hold"):
                 opened.hold()  # a streamed part (dev, train-minus-dev, a subset) kept once, for every view
             self.splits[key] = opened

@@ -34,7 +34,7 @@ from vitlab.config import ConfigError, RunConfig
 from vitlab.config.provenance import DATA_OBJECTS
 from vitlab.data import make_loader
 from vitlab.data.decode import model_input
-from vitlab.data.loader import batches_per_epoch
+from vitlab.data.loader import batches_per_epoch, close
 from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
 from vitlab.log import get_logger
@@ -142,7 +142,7 @@ class Trainer:
         self.trackers = tuple(trackers)
         self.extend = extend
         self.callbacks = tuple(callbacks)
-        self.inputs = inputs or Inputs()
+        self.inputs = Inputs() if inputs is None else inputs  # a plan's (finetune, vtab), or this run's own
 
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
@@ -324,6 +324,7 @@ class Trainer:
                     break
         finally:
             run.start = step  # where training ended: the final evaluation's step
+            close(loader)  # its workers end here, on every way out (an error, a signal, the end)
             run.compute.pause()
             if run.progress:
                 run.progress.close()

@@ -83,7 +83,7 @@ def set_head(model: torch.nn.Module, weight: torch.Tensor, bias: torch.Tensor) -
 
 
 def for_run(cfg: RunConfig, model: Model, sources: Optional[tuple[Any, dict[str, Any]]],
-            compute: ComputeMeter, inputs: Optional[Inputs] = None) -> Optional[dict[str, Any]]:
+            compute: ComputeMeter, inputs: Inputs) -> Optional[dict[str, Any]]:
     """With model.head_start=probe, fit the head of a new run's model on the run's training
     images (its split and subset, the evaluation transform; `sources`: data given as objects)
     and count its forward passes in `compute`; None otherwise. The fit is made once per
@@ -94,7 +94,6 @@ def for_run(cfg: RunConfig, model: Model, sources: Optional[tuple[Any, dict[str,
     deterministic solver), and each one's forward passes count."""
     if cfg.model.head_start != "probe":
         return None
-    inputs = inputs or Inputs()
 
     def fit_now() -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         return fitted(model, plain_training_set(cfg, model.config, sources, inputs))

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from vitlab.checkpoints import io
 from vitlab.checkpoints.io import CheckpointError
+from vitlab.config.fields import is_digits
 from vitlab.files import atomic_write, require_regular_file
 from vitlab.run_layout import EMA, LAST
 from vitlab.train import distributed
@@ -87,7 +88,7 @@ def flatten_optimizer(state: dict) -> tuple[dict[str, Tensor], dict[str, Any]]:
 
 def unflatten_optimizer(tensors: dict[str, Tensor], meta: dict[str, Any]) -> dict:
     def key_of(k: str) -> Any:
-        return int(k) if k.isdigit() else k
+        return int(k) if is_digits(k) else k
 
     state: dict[Any, dict[str, Any]] = {}
     for full, value in tensors.items():

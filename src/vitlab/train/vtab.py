@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from vitlab import checkpoints
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
+from vitlab.config.fields import number
 from vitlab.config.provenance import COMMAND_LINE, VTAB
 from vitlab.data import DataError
 from vitlab.data.vtab import GROUPS, TASKS, Task, get_task, group_sizes, mean
@@ -42,12 +43,13 @@ from vitlab.run_layout import holding_run
 from vitlab.tables import csv_table, markdown_table
 from vitlab.train import distributed, finetune_choice as choice
 from vitlab.train.finetune import TABLE4_STEPS
+from vitlab.train.inputs import Inputs
 from vitlab.train.run_folder import RESUMABLE_CHANGES
 
 VTAB_LR = 0.01  # Table 4
 VTAB_WARMUP = 500  # the fine-tuning recipe's warm-up (at most a fifth of a shorter run)
 VTAB_IMAGE_SIZE = 384  # the paper fine-tunes every task at 384 (Appendix B.1.1)
-TrainFn = Callable[[RunConfig, Path], dict[str, Any]]
+TrainFn = Callable[[RunConfig, Path, Inputs], dict[str, Any]]  # one run, reading the suite's inputs
 
 
 # The keys vitlab vtab sets from its own flags: an override of one would silently beat the flag.
@@ -99,9 +101,10 @@ def image_size(text: str) -> Optional[int]:
     """--image-size: pixels, or "checkpoint" (None: the checkpoint's own resolution)."""
     if text == "checkpoint":
         return None
-    if not text.isdigit() or int(text) < 1:
-        raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint")
-    return int(text)
+    try:
+        return int(number(text, "--image-size", whole=True, at_least=1))
+    except ConfigError:
+        raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint") from None
 
 
 def checkpoint_name(checkpoint: str) -> str:
@@ -110,7 +113,7 @@ def checkpoint_name(checkpoint: str) -> str:
     return run.path.name if run is not None else Path(checkpoint).stem
 
 
-def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConfig:
+def task_config(checkpoint: str, task: Task, root: Path, s: Settings, inputs: Inputs) -> RunConfig:
     """The fine-tuning run of one task: the finetune recipe with the VTAB setting."""
     changes: dict[str, Any] = {
         "model.checkpoint": checkpoint, "data.eval_data": "",
@@ -124,21 +127,21 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings) -> RunConf
         changes["model.image_size"] = s.image_size
     cfg = load_recipe("finetune").with_overrides(changes, VTAB)
     user = dict(parse_override(o) for o in s.overrides)
-    threads, _ = choice.thread_policy(cfg, checkpoint, set(user))  # the source run's, as vitlab finetune
+    threads, _ = choice.thread_policy(cfg, checkpoint, set(user), inputs)  # the source run's, as vitlab finetune
     return cfg.with_overrides(threads, VTAB).with_overrides(user, COMMAND_LINE)
 
 
-def threads_line(checkpoint: str, s: Settings) -> str:
+def threads_line(checkpoint: str, s: Settings, inputs: Inputs) -> str:
     """The plan line that says which threads and data workers the tasks train with, and why."""
     user = dict(parse_override(o) for o in s.overrides)
-    return choice.thread_policy(load_recipe("finetune"), checkpoint, set(user))[1]
+    return choice.thread_policy(load_recipe("finetune"), checkpoint, set(user), inputs)[1]
 
 
-def identity(checkpoint: str, task: Task, root: Path, s: Settings) -> dict[str, Any]:
+def identity(checkpoint: str, task: Task, root: Path, s: Settings, inputs: Inputs) -> dict[str, Any]:
     """The identity of a task's work (files.identity): the checkpoint's content and the task's
     resolved run config with its learning-rate grid; not the checkpoint's path, nor the
     settings that change no number (the device, workers, checkpoint spacing: RESUMABLE_CHANGES)."""
-    d = task_config(checkpoint, task, root, s).to_dict()
+    d = task_config(checkpoint, task, root, s, inputs).to_dict()
     d["model"].pop("checkpoint", None)
     for key in RESUMABLE_CHANGES:
         section, _, name = key.partition(".")
@@ -166,23 +169,24 @@ def finished(task: Task, out: Path, now: dict[str, Any]) -> Optional[dict[str, A
     return result
 
 
-def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, train: TrainFn,
+def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, train: TrainFn, inputs: Inputs,
              log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fine-tune and test one task (or read its result.json when it holds this work)."""
+    """Fine-tune and test one task (or read its result.json when it holds this work), reading
+    the suite's `inputs` (the checkpoint and the source run's config, read once for every task)."""
     folder = out / task.name
     done = folder / "result.json"
-    now = identity(checkpoint, task, root, s)
+    now = identity(checkpoint, task, root, s, inputs)
     result = finished(task, out, now)
     if result is not None:
         return result
-    cfg = task_config(checkpoint, task, root, s)
+    cfg = task_config(checkpoint, task, root, s, inputs)
     data = describe(task, root, s.accepted(task))  # (refuses a tfds copy other than VTAB's before training)
     if s.grid:
         arms = [choice.Arm(choice.PLANNED, lr) for lr in s.grid]  # the rate alone, chosen on the val set
-        swept = choice.choose(cfg, folder, arms, cfg.train.steps, set(), lambda c, o, _notes=(): train(c, o), log)
+        swept = choice.choose(cfg, folder, arms, cfg.train.steps, set(), lambda c, o, _notes=(): train(c, o, inputs), log)
         summary, lr = swept["final"], swept["best_lr"]
     else:
-        summary, lr = train(cfg, folder / "run"), s.rate
+        summary, lr = train(cfg, folder / "run", inputs), s.rate
     test = summary["splits"]["test"]
     image_size = cfg.model.changes.get("image_size")  # (an (h, w) pair; None: the checkpoint's)
     image_size = None if image_size is None else list(image_size)  # as result.json reads back
@@ -196,12 +200,12 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
     return result
 
 
-def collect(checkpoint: str, root: Path, out: Path, s: Settings) -> dict[str, dict[str, Any]]:
+def collect(checkpoint: str, root: Path, out: Path, s: Settings, inputs: Inputs) -> dict[str, dict[str, Any]]:
     """Every finished task's result under OUT (whichever job ran it), each checked to be this
     checkpoint's with these settings (`finished`)."""
     results: dict[str, dict[str, Any]] = {}
     for task in TASKS.values():
-        if (out / task.name / "result.json").exists() and (result := finished(task, out, identity(checkpoint, task, root, s))):
+        if (out / task.name / "result.json").exists() and (result := finished(task, out, identity(checkpoint, task, root, s, inputs))):
             results[task.name] = result
     return results
 
@@ -281,35 +285,38 @@ def absent(root: Path, tasks: Sequence[Task] = tuple(TASKS.values())) -> dict[st
     return {t.name: where_to_put(t, root) for t in tasks if locate(t, root) is None}
 
 
-def check_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings,
+def check_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings, inputs: Inputs,
                 force: bool = False) -> None:
     """What a run of the suite would refuse, refused before its first task: a user's tables in
     OUT, and a task's result of other work."""
     tables_owner(out, force)
     for task in tasks:
         if (out / task.name / "result.json").exists():  # (the checkpoint is hashed only when there is one)
-            finished(task, out, identity(checkpoint, task, root, s))
+            finished(task, out, identity(checkpoint, task, root, s, inputs))
 
 
 def run_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings, train: TrainFn,
               name: str = "", log: Callable[[str], None] = print, force: bool = False) -> dict[str, Any]:
     """Fine-tune every task of `tasks` that has data and is not done, then write the row of
-    all results under OUT (Markdown, JSON, CSV) and return it."""
-    check_suite(checkpoint, root, out, tasks, s, force)
-    log(f"vtab plan: {threads_line(checkpoint, s)}")
+    all results under OUT (Markdown, JSON, CSV) and return it. The tasks share one plan's
+    inputs: the checkpoint and the source run's config are read once for all of them."""
+    inputs = Inputs()
+    check_suite(checkpoint, root, out, tasks, s, inputs, force)
+    log(f"vtab plan: {threads_line(checkpoint, s, inputs)}")
     missing = absent(root)
     for task in tasks:
         if task.name in missing:
             log(f"vtab {missing[task.name]}")
             continue
-        run_task(checkpoint, task, root, out, s, train, log)
-    return report(checkpoint, root, out, s, force, name, missing)[0]
+        run_task(checkpoint, task, root, out, s, train, inputs, log)
+    return report(checkpoint, root, out, s, force, name, missing, inputs)[0]
 
 
 def report(checkpoint: str, root: Path, out: Path, s: Settings, force: bool = False, name: str = "",
-           missing: Optional[dict[str, str]] = None) -> tuple[dict[str, Any], dict[str, Path]]:
+           missing: Optional[dict[str, str]] = None, inputs: Optional[Inputs] = None) -> tuple[dict[str, Any], dict[str, Path]]:
     """The row of every result under OUT that is this work (`collect`), written to OUT's tables:
     (row, the tables' paths)."""
     missing = absent(root) if missing is None else missing
-    row = table_row(collect(checkpoint, root, out, s), name or checkpoint_name(checkpoint), missing)
+    inputs = Inputs() if inputs is None else inputs  # `vitlab vtab --report`'s own, or the suite's
+    row = table_row(collect(checkpoint, root, out, s, inputs), name or checkpoint_name(checkpoint), missing)
     return row, write_tables(row, out, force)
