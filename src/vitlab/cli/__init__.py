@@ -185,7 +185,10 @@ def expected_errors() -> tuple[type[BaseException], ...]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parse(parser, argv)
+    try:
+        args = parse(parser, argv)
+    except SystemExit as e:  # --help, --version, or argparse's refusal (printed as one line): its status
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
