@@ -123,6 +123,8 @@ def add_training_arguments(p, default_recipe: str) -> None:
     p.add_argument("--workers", type=COUNT_OR_ZERO, metavar="N", help="data-loader worker processes (data.num_workers)")
     p.add_argument("--skip-bad-images", action="store_true", default=None,
                    help="skip and count unreadable images instead of stopping with the file's name")
+    p.add_argument("--antialias", action=argparse.BooleanOptionalAction, default=None, help="filter before "
+                   "shrinking images (data.antialias, default on); --no-antialias: as TF's resize does by default")
     _add_regularisation(p)
     _add_precision_and_output(p)
 
