@@ -20,6 +20,6 @@ def test_bad_inputs_are_one_line_errors(capsys):
     assert main(["bench", "--model", "ViT-Q/9"]) == 2
     assert "unknown model" in capsys.readouterr().err
     assert main(["bench", "--rounds", "0"]) == 2
-    assert "at least 1" in capsys.readouterr().err
+    assert "--rounds" in capsys.readouterr().err
     assert main(["bench", "--device", "tpu"]) == 2
     assert "device" in capsys.readouterr().err

@@ -67,7 +67,7 @@ def commands_with_a_batch(ckpt, image, tmp_path):
 def test_a_batch_size_below_one_is_refused_by_every_command(tmp_path, ckpt, image, capsys, size):
     for command, argv in commands_with_a_batch(ckpt, image, tmp_path).items():
         before = tree_state(tmp_path)
-        refused(capsys, [*argv, "--batch-size", size], command, "--batch-size", ">= 1")
+        refused(capsys, [*argv, "--batch-size", size], command, "--batch-size", "at least 1")
         assert tree_state(tmp_path) == before
 
 
@@ -286,10 +286,9 @@ def test_a_closed_pipe_is_not_a_traceback(ckpt):
 
 def test_unknown_commands_and_flags_are_argparse_usage_errors(capsys):
     for argv in (["nonsense"], ["train", "--no-such-flag"], ["info"]):
-        with pytest.raises(SystemExit) as e:
-            main(argv)
-        assert e.value.code == 2
-        assert "Traceback" not in capsys.readouterr().err
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "--help" in err
 
 
 def test_the_error_line_of_a_worker_drops_its_traceback():
