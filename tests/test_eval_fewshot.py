@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -335,6 +337,104 @@ def test_fewshot_command_default_is_big_vision_and_recorded(digit_ckpts, tmp_pat
                  "--preprocess", "model"]) == 0
     out = capsys.readouterr().out
     assert "not big_vision's protocol: shots from the first 20 per class, the checkpoint's own" in out
+
+
+def test_fewshot_from_data_is_the_commands_protocol_and_records_it(digit_ckpts, tmp_path, monkeypatch, capsys):
+    """The library call on the user's own dataset objects runs the command line's protocol
+    (big_vision's resize 18 -> centre crop 16 at this model's 16 px, not its own squash) and
+    returns the same result and record, seed for seed; preprocess="model" is the other."""
+    import json
+
+    import vitlab
+    from vitlab.cli import main
+    from vitlab.data import open_dataset
+    from vitlab.eval.fewshot import fewshot_from_data
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    ck = str(digit_ckpts / "model.safetensors")
+    assert main(["fewshot", ck, "--data", "digits", "--shots", "1,5", "--seeds", "2", "--json"]) == 0
+    command = json.loads(capsys.readouterr().out)
+    model = vitlab.load(ck)
+
+    class Digits(torch.utils.data.Dataset):  # a user's own dataset of PIL images
+        def __init__(self, split):
+            self.images = open_dataset("digits", split, lambda image: image)
+            self.labels = self.images.labels
+
+        def __len__(self):
+            return len(self.labels)
+
+        def __getitem__(self, i):
+            return self.images[i]
+
+    raw = Digits
+    api = fewshot_from_data(model, raw("train"), raw("test"), shots=(1, 5), seeds=2)
+    assert api["protocol"] == command["protocol"] and api["protocol"]["preprocessing"] == "resize 18 -> centre crop 16"
+    for s in (1, 5):
+        assert api["shots"][s]["accuracy"] == pytest.approx(command["shots"][str(s)]["accuracy"], abs=1e-12)
+    own = fewshot_from_data(model, raw("train"), raw("test"), shots=(5,), seeds=2, preprocess="model")
+    assert own["protocol"]["preprocessing"] == "the checkpoint's own" and not own["protocol"]["big_vision"]
+    assert own["shots"][5]["accuracy"] != api["shots"][5]["accuracy"]  # another crop, other features
+
+
+def test_split_slices_as_tfds_writes_them_and_the_imagenet_preset(digit_ckpts, tmp_path, monkeypatch, capsys):
+    """`train[:N]`, `train[P%:]`, `test[-N:]` cut the stored order as tfds does; a bad slice is
+    one line. --preset imagenet takes big_vision's train[:65000] pool and the val split, and
+    refuses a pool whose order leaves classes short (big_vision's slice assumes tfds's order)."""
+    import json
+
+    from vitlab.cli import main
+    from vitlab.data import DataError, open_dataset
+
+    whole = open_dataset("digits", "train", lambda image: image)
+    n = len(whole)
+    assert open_dataset("digits", "train[:100]", lambda image: image).labels.tolist() == whole.labels[:100].tolist()
+    assert len(open_dataset("digits", "train[10%:]", lambda image: image)) == n - round(n / 10)
+    assert open_dataset("digits", "test[-50:]", lambda image: image).labels.tolist() == \
+        open_dataset("digits", "test", lambda image: image).labels[-50:].tolist()
+    for bad, says in (("train[:99999]", "runs past its end"), ("train[5:3]", "give START below STOP"),
+                      ("dev[:10]", "slice a stored split"), ("train[a:]", "NAME[START:STOP]")):
+        with pytest.raises(DataError, match=re.escape(says)) as e:
+            open_dataset("digits", bad, lambda image: image)
+        assert "\n" not in str(e.value)
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    ck = str(digit_ckpts / "model.safetensors")
+    assert main(["fewshot", ck, "--data", "digits", "--train-split", "train[:300]", "--shots", "5", "--seeds", "1",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_train_pool"] == 300
+    assert main(["fewshot", ck, "--data", "digits", "--preset", "imagenet", "--shots", "5", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err  # digits' 1,437 train images: train[:65000] runs past the split's end
+    assert "error: split 'train[:65000]': the split holds 1,437 examples" in err.strip().splitlines()[-1]
+    assert main(["fewshot", ck, "--data", "digits", "--preset", "uc_merced", "--shots", "5", "--seeds", "1",
+                 "--json"]) == 0  # train[:1000] / train[1000:]
+    res = json.loads(capsys.readouterr().out)
+    assert (res["train_split"], res["test_split"], res["num_train_pool"], res["num_test"]) == \
+        ("train[:1000]", "train[1000:]", 1000, n - 1000)
+    assert main(["fewshot", ck, "--data", "digits", "--preset", "imagenet", "--train-split", "train[:10]"]) == 2
+    assert "--preset imagenet sets the splits" in capsys.readouterr().err
+
+
+def test_a_preset_pool_short_of_classes_is_refused(digit_ckpts, tmp_path, monkeypatch, capsys):
+    """An image folder lists its images class by class: big_vision's train[:N] of it holds the
+    first classes only. The preset says why in one line instead of a class count error."""
+    from PIL import Image
+
+    from vitlab.cli import fewshot as command, main
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(command.PRESETS, "imagenet", ("train[:12]", "val"))  # 65,000 scaled to this folder
+    for split in ("train", "val"):
+        for c in range(3):
+            (tmp_path / "f" / split / f"c{c}").mkdir(parents=True)
+            for i in range(6):
+                Image.new("RGB", (16, 16), (40 * c, 7 * i, 0)).save(tmp_path / "f" / split / f"c{c}" / f"{i}.png")
+    ck = str(digit_ckpts / "model.safetensors")
+    assert main(["fewshot", ck, "--data", f"imagefolder:{tmp_path / 'f'}", "--preset", "imagenet", "--shots", "2",
+                 "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # (after the "extracting features" line)
+    assert "the train[:12] pool holds fewer than 2 images of 1 of the 3 classes (class c2 first)" in last
+    assert "tfds's shuffled order" in last and "Traceback" not in err
 
 
 def test_fewshot_command_errors(digit_ckpts, capsys):

@@ -302,14 +302,44 @@ def test_bad_inputs_are_named():
         model(torch.randn(1, 1, 16, 16))
     with pytest.raises(ValueError, match="NCHW"):
         model(torch.randn(3, 16, 16))
-    with pytest.raises(ConfigError, match="not divisible by the patch stride 16"):
-        vitlab.create_model("ViT-B/16", image_size=225)
+    with pytest.raises(ConfigError, match=r"image_size 8x8 is smaller than one patch of ViT-B/16 \(16 px\)"):
+        vitlab.create_model("ViT-B/16", image_size=8)
     with pytest.raises(ConfigError, match="not divisible by num_heads"):
         vitlab.create_model("ViT-C/4", num_heads=5)
     with pytest.raises(ConfigError, match="pos_embed='learnt'"):
         vitlab.create_model("ViT-C/4", pos_embed="learnt")
     with pytest.raises(ConfigError, match=r"unknown key 'model.widht'.*valid model keys: .*hidden_size"):
         vitlab.create_model("ViT-C/4", widht=3)
+
+
+def test_every_resolution_takes_the_grid_of_the_official_valid_convolution():
+    """A /14 model at 384 (ViT-H/14 at the paper's VTAB resolution): the official patch
+    embedding is a VALID convolution, a 27x27 grid over 378 px, the last 6 rows and columns
+    read by no patch. vitlab's embedding equals torch's VALID conv2d, and pixels past the grid
+    change nothing; with dynamic_image_size any input of at least one patch runs so."""
+    from vitlab.config import ViTConfig
+    from vitlab.models import build
+
+    config = ViTConfig(image_size=384, patch_size=14, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=3)
+    assert (config.grid_size, config.ignored_pixels, config.num_tokens) == ((27, 27), (6, 6), 27 * 27 + 1)
+    model = build(config).eval()
+    x = torch.randn(2, 3, 384, 384)
+    valid = torch.nn.functional.conv2d(x, model.patch_embed.proj.weight, model.patch_embed.proj.bias, stride=14)
+    assert torch.allclose(model.patch_embed(x)[0], valid.flatten(2).transpose(1, 2), atol=1e-5)
+    edited = x.clone()
+    edited[..., 378:, :], edited[..., :, 378:] = 3.0, -3.0
+    with torch.no_grad():  # (the features: a new model's head is zero)
+        assert torch.equal(model.forward_features(x), model.forward_features(edited))
+        edited[..., 377, 0] = 3.0  # a pixel of the last patch row is read
+        assert not torch.equal(model.forward_features(x), model.forward_features(edited))
+    dynamic = build(config.replace(dynamic_image_size=True)).eval()
+    with torch.no_grad():
+        assert dynamic(torch.randn(1, 3, 100, 45)).shape == (1, 3)  # a 7x3 grid
+    with pytest.raises(ValueError, match="smaller than one patch"):
+        dynamic(torch.randn(1, 3, 13, 100))
+    hybrid = vitlab.create_model("R8+ViT-C/4", image_size=37).eval()  # a "SAME"-padded stem: ceil(37 / 4) = 10
+    with torch.no_grad():
+        assert hybrid(torch.randn(1, 3, 37, 37), return_intermediates=True)["grid"] == hybrid.config.grid_size == (10, 10)
 
 
 # Hybrids ----------------------------------------------------------------------------------

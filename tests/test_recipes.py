@@ -10,6 +10,7 @@ import torch
 
 import vitlab
 from conftest import ROOT
+from vitlab.checkpoints.peers import variant_config
 from vitlab.cli import main
 from vitlab.config import load_recipe
 from vitlab.config.recipes import list_recipes, weight_decay_reading
@@ -53,6 +54,8 @@ def test_table3_recipe_matches_the_paper(row):
     else:
         assert vitlab.get_config(m.name).kind == "bit"
     assert (o.name, o.betas, o.warmup_steps, t.batch_size) == ("adamw", (0.9, 0.999), 10_000, 4096)
+    # the head starts at zero, as vision_transformer's models_vit.py and big_vision's vit.py start it
+    assert variant_config(m.name, **m.changes).head_init == "zeros"
     assert 4096 % t.micro_batch_size == 0
     source = next(r.source for r in list_recipes() if r.name == row["recipe"])
     assert source.startswith("Table 3, row") and row["data"] in source

@@ -67,7 +67,7 @@ def commands_with_a_batch(ckpt, image, tmp_path):
 def test_a_batch_size_below_one_is_refused_by_every_command(tmp_path, ckpt, image, capsys, size):
     for command, argv in commands_with_a_batch(ckpt, image, tmp_path).items():
         before = tree_state(tmp_path)
-        refused(capsys, [*argv, "--batch-size", size], command, "--batch-size", ">= 1")
+        refused(capsys, [*argv, "--batch-size", size], command, "--batch-size", "at least 1")
         assert tree_state(tmp_path) == before
 
 

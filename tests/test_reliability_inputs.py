@@ -27,7 +27,11 @@ FUZZ = settings(max_examples=int(os.environ.get("VITLAB_FUZZ_EXAMPLES", "60")), 
 
 
 def refused(capsys, argv, command, *mentions) -> str:
-    return assert_one_line_error(main([str(a) for a in argv]), capsys.readouterr().err, command, mentions=mentions)
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's refusal, where the parser exits
+        rc = e.code
+    return assert_one_line_error(rc, capsys.readouterr().err, command, mentions=mentions)
 
 
 @pytest.fixture
@@ -161,11 +165,7 @@ NUMBER_FLAGS = [  # (command line, what the one line names)
 
 @pytest.mark.parametrize("argv,names", NUMBER_FLAGS, ids=[" ".join(a) for a, _ in NUMBER_FLAGS])
 def test_a_flag_or_setting_refuses_a_number_that_is_not_finite_or_in_range(capsys, argv, names):
-    try:
-        rc = main(argv)
-    except SystemExit as e:  # argparse's refusal: the flag's type is the one check
-        rc = e.code
-    assert_one_line_error(rc, capsys.readouterr().err, argv[0], mentions=(names,))
+    refused(capsys, argv, argv[0], names)  # (argparse's refusal where a flag's type is the one check)
 
 
 @pytest.mark.parametrize("l2", ["inf", "nan", "-1", "0", "1e999"])
@@ -312,3 +312,117 @@ def test_a_calibrated_int8_file_on_a_cpu_without_its_kernels_is_one_line(tmp_pat
                    env={"ONEDNN_MAX_CPU_ISA": "AVX2"}, timeout=300)
     assert_one_line_error(r.returncode, r.stderr, "export", mentions=(str(path), *names))
     assert not (tmp_path / "m.pt2").exists()
+
+
+# 3. One fact, one source -----------------------------------------------------------------------
+def _scanned(tmp_path, damage):
+    import numpy as np
+
+    from test_checkpoints_npz import big_vision_layout, official_arrays, save_npz
+
+    a = big_vision_layout(official_arrays(np.random.default_rng(0), depth=3), "scan")
+    if damage == "one array a block short":
+        a["Transformer/encoderblock/MlpBlock_0/Dense_1/kernel"] = a["Transformer/encoderblock/MlpBlock_0/Dense_1/kernel"][:2]
+    elif damage == "LayerNorm_0 a block short":  # the array the depth was read from
+        a["Transformer/encoderblock/LayerNorm_0/scale"] = a["Transformer/encoderblock/LayerNorm_0/scale"][:2]
+    elif damage == "a block too many":
+        k = "Transformer/encoderblock/LayerNorm_1/bias"
+        a[k] = np.concatenate([a[k], a[k][:1]])
+    elif damage == "both layouts":  # the per-block copy beside the scanned one
+        for k in [k for k in a if k.startswith("Transformer/encoderblock/")]:
+            for i in range(3):
+                a[k.replace("encoderblock/", f"encoderblock_{i}/")] = a[k][i] * 2
+    return save_npz(tmp_path / "bv.npz", a)
+
+
+@pytest.mark.parametrize("damage,names", [
+    ("one array a block short", ("disagree on the depth", "Dense_1/kernel", "2 blocks", "3 blocks")),
+    ("LayerNorm_0 a block short", ("disagree on the depth", "LayerNorm_0/scale", "2 blocks")),
+    ("a block too many", ("disagree on the depth", "LayerNorm_1/bias", "4 blocks")),
+    ("both layouts", ("written twice", "encoderblock_0/", "keep one layout")),
+])
+def test_a_scanned_archive_that_disagrees_is_refused_naming_what(tmp_path, damage, names):
+    from vitlab.checkpoints.io import CheckpointError
+
+    with pytest.raises(CheckpointError) as e:
+        vitlab.load(_scanned(tmp_path, damage))
+    for word in names:
+        assert word in str(e.value), str(e.value)
+
+
+def test_a_whole_scanned_archive_still_loads(tmp_path):
+    assert vitlab.load(_scanned(tmp_path, "none")).config.depth == 3
+
+
+FLAGS_TWICE = [
+    (["train", "--steps", "3", "--steps", "4"], "train", ("--steps 3", "--steps 4", "give it once")),
+    (["train", "--model", "ViT-C/4", "model.depth=1", "--model=ViT-Ti/16"], "train", ("--model", "give it once")),
+    (["fewshot", "m", "--data", "digits", "--data", "cifar10"], "fewshot", ("--data 'digits'", "'cifar10'")),
+    (["eval", "m", "--data", "digits", "--batch-size", "8", "--batch-size", "16"], "eval", ("--batch-size",)),
+    (["train", "--model", ""], "train", ("--model", "an empty value")),
+    (["train", "--data", " "], "train", ("--data", "an empty value")),
+    (["eval", "", "--data", "digits"], "eval", ("checkpoint", "an empty value")),
+]
+
+
+@pytest.mark.parametrize("argv,command,names", FLAGS_TWICE, ids=[" ".join(a) for a, _, _ in FLAGS_TWICE])
+def test_a_flag_given_twice_with_different_values_or_empty_is_refused(capsys, argv, command, names):
+    refused(capsys, argv, command, *names)
+
+
+def test_a_flag_given_twice_with_the_same_value_is_one_fact():
+    from vitlab.cli import build_parser, parse
+
+    args = parse(build_parser(), ["train", "--steps", "3", "--out", "x", "--steps", "3"])
+    assert args.steps == 3
+
+
+@pytest.mark.parametrize("accept,refused_", [(("pets=4.0.0", "pets=3.2.0"), True), (("pets=4.0.0", "pets=4.0.0"), False),
+                                             (("pets=4.0.0", "dtd=3.0.1"), False)])
+def test_a_task_takes_one_tfds_version(accept, refused_):
+    from vitlab.train.vtab import Settings
+
+    if refused_:
+        with pytest.raises(DataError, match="two versions"):
+            Settings(accept=accept)
+    else:
+        Settings(accept=accept)
+
+
+@pytest.mark.parametrize("version,pin,fits", [("3.0.0", "3.0.0", True), ("3.0.0.9", "3.0.0", False), ("3.0", "3.0.0", False),
+                                              ("3.1.0", "3.*.*", True), ("3.1", "3.*.*", False), ("3.1.0.1", "3.*.*", False),
+                                              ("4.0.0", "3.*.*", False), ("3.0.01", "3.0.0", False)])
+def test_a_version_matches_every_part(version, pin, fits):
+    from vitlab.data.vtab_sources import _matches
+
+    assert _matches(version, pin) is fits
+
+
+@pytest.mark.parametrize("code,loads", [(2, True), (3, True), (0, True), (99, False), (1, False), (-1, False),
+                                        ("bicubic", False), (True, False), (False, False)])
+def test_a_resample_code_is_one_vitlab_knows(tmp_path, code, loads):
+    import json
+
+    from vitlab.checkpoints.io import CheckpointError
+
+    vitlab.save(tiny_model(class_names=[f"c{i}" for i in range(10)]), tmp_path / "hf", format="hf")
+    p = tmp_path / "hf" / "preprocessor_config.json"
+    p.write_text(json.dumps({**json.loads(p.read_text()), "resample": code}))
+    if loads:
+        assert vitlab.load(tmp_path / "hf").config.interpolation == {0: "nearest", 2: "bilinear", 3: "bicubic"}[code]
+    else:
+        with pytest.raises(CheckpointError, match=r"preprocessor_config.json: resample=.* is not a filter"):
+            vitlab.load(tmp_path / "hf")
+
+
+@pytest.mark.parametrize("argv,command,names", [
+    (["train", "--steps", "1", "--steps", "2", "--out", "o"], "train", ("--steps", "give it once")),
+    (["train", "--model", "", "--out", "o"], "train", ("--model", "an empty value")),
+    (["vtab", "m.safetensors", "--root", ".", "--tfds-version", "pets=4.0.0", "--tfds-version", "pets=3.2.0", "--out", "v"],
+     "vtab", ("pets two versions",)),
+])
+def test_one_fact_one_source_in_a_fresh_process(tmp_path, argv, command, names):
+    vitlab.save(tiny_model(class_names=[f"c{i}" for i in range(10)]), tmp_path / "m.safetensors")
+    r = vitlab_cli(*argv, cwd=tmp_path)
+    assert_one_line_error(r.returncode, r.stderr, command, mentions=names)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "v").exists()

@@ -279,8 +279,8 @@ def test_tasks_train_with_the_source_runs_threads_and_workers(tmp_path):
     checkpoint = str(run / "checkpoints" / "last.safetensors")
     cfg = vtab.task_config(checkpoint, TASKS["dtd"], tmp_path / "data", vtab.Settings(), Inputs())
     assert (cfg.train.threads, cfg.data.num_workers) == (1, 1)
-    line = vtab.threads_line(checkpoint, vtab.Settings())
+    line = vtab.threads_line(checkpoint, vtab.Settings(), Inputs())
     assert "1 compute thread and 1 data worker, as the source run trained" in line
     mine = vtab.Settings(overrides=("data.num_workers=0",))
     assert vtab.task_config(checkpoint, TASKS["dtd"], tmp_path / "data", mine, Inputs()).data.num_workers == 0
-    assert "the recipe's" in vtab.threads_line("elsewhere.safetensors", vtab.Settings())
+    assert "the recipe's" in vtab.threads_line("elsewhere.safetensors", vtab.Settings(), Inputs())

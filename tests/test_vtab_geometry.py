@@ -161,3 +161,29 @@ def test_an_inception_crop_of_scale_one_still_cuts_a_wide_image():
     assert "crop: none, the whole image" in repr(train_transform(64, crop="whole"))
     with pytest.raises(ValueError, match="crop='middle': use one of inception, whole"):
         train_transform(64, crop="middle")
+
+
+def test_a_patch_14_archive_runs_vtab_at_384(tmp_path, capsys):
+    """ViT-H/14's case with a tiny /14 model in the official .npz layout: `vitlab vtab` at its
+    default 384 takes a 27x27 grid (378 px) and ignores the last 6 pixel rows and columns, as
+    the official VALID patch convolution does; the plan line and result.json say so."""
+    from vitlab import checkpoints
+    from vitlab.cli import main
+    from vitlab.models import build
+
+    config = ViTConfig(name="ViT-tiny/14", image_size=(224, 224), patch_size=14, hidden_size=32, depth=1, num_heads=2,
+                       mlp_dim=64, num_classes=5)
+    archive = tmp_path / "ViT-tiny_14.npz"
+    checkpoints.save(build(config), archive, format="npz")
+    write(TASKS["dtd"], "folders", tmp_path / "data")
+    out = tmp_path / "suite"
+    assert main(["vtab", str(archive), "--root", str(tmp_path / "data"), "--tasks", "dtd", "--steps", "2",
+                 "--batch-size", "4", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "at 384x384 px; a 27x27 grid of 14-px patches at 384x384: the last 6 pixel rows and 6 columns are read by " \
+           "no patch and ignored" in printed
+    result = json.loads((out / "dtd" / "result.json").read_text())
+    assert (result["image_size"], result["grid"], result["ignored_pixels"]) == ([384, 384], [27, 27], [6, 6])
+    assert "the last 6 pixel rows and 6 columns ignored" in printed  # the task's line
+    model = checkpoints.load(archive, image_size=384)  # loading: the position embedding resized to the floor grid
+    assert model.pos_embed.grid == (27, 27) and model.pos_embed.pos_embedding.shape[1] == 27 * 27 + 1

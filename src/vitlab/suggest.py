@@ -138,10 +138,39 @@ def argument_hint(message: str, options: Iterable[str]) -> str:
     return "; " + "; ".join(notes) if notes else ""
 
 
+class _StoreOnce(argparse._StoreAction):
+    """A single-valued flag: given twice with different values it is refused (argparse would
+    keep the last one without a word); the same value twice is the same fact. An empty or blank
+    value is refused too: no flag takes "" to mean its default."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if isinstance(values, str) and not values.strip():  # `--model ''` would fall back to the default without a word
+            raise argparse.ArgumentError(self, f"an empty value ({values!r}): give one"
+                                               f"{', or leave the flag out' if option_string else ''}")
+        given = getattr(parser, "_given", None)
+        if given is not None:
+            if self.dest in given and given[self.dest][1] != values:
+                before, _ = given[self.dest]
+                raise argparse.ArgumentError(self, f"given twice with different values ({before} and {option_string} "
+                                                   f"{values!r}): give it once")
+            given[self.dest] = (f"{option_string} {values!r}", values)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class SuggestingParser(argparse.ArgumentParser):
     """argparse, with the near command, choice or flag (argument_hint) added to its errors, and
     each error one line, as every other refusal is: the usage block argparse prints first
-    would bury it; `--help` is named instead."""
+    would bury it; `--help` is named instead. A single-valued flag given twice with different
+    values is refused (_StoreOnce)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given: dict = {}  # dest -> (how it was given, its value), for this parse
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         hint = argument_hint(message, self._option_string_actions)

@@ -251,6 +251,10 @@ def apply_preprocessing(p: Any, cfg: ViTConfig, f: str) -> ViTConfig:
         stats[key] = tuple(float(x) for x in v)
     if p.get("do_normalize", True) is False:
         stats = {"image_mean": (0.0,) * n, "image_std": (1.0,) * n}
+    code = p.get("resample")
+    if code is not None and (isinstance(code, bool) or code not in RESAMPLE):  # never the default filter without a word
+        raise CheckpointError(f"{f}: resample={code!r} is not a filter vitlab resizes with: "
+                              f"{', '.join(f'{k} ({v})' for k, v in RESAMPLE.items())}")
     try:
         changes = preprocessing_from({**p, **stats}, cfg)
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:

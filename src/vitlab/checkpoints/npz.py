@@ -201,6 +201,25 @@ def parameter_arrays(a: dict, source: str) -> tuple[dict, list[str]]:
     return picked, [prefix.rstrip("/") + (f" ({', '.join(ignored)} ignored)" if ignored else "")]
 
 
+def scanned_depth(stacked: dict[str, Tensor], rest: dict[str, Tensor], source: str) -> int:
+    """The depth of a scanned encoder: the one count of blocks that every stacked array holds.
+    Arrays that disagree, or the encoder also written block by block, are refused naming what
+    disagrees: either copy could be the model, and reading one would drop or hide the other."""
+    per_block = sorted(k for k in rest if k.startswith("Transformer/encoderblock_"))
+    if per_block:
+        raise CheckpointError(f"{source}: the encoder is written twice, scanned ({SCANNED}...) and block by block "
+                              f"({per_block[0]}, ...); keep one layout")
+    depths: dict[int, list[str]] = {}
+    for name, v in sorted(stacked.items()):
+        depths.setdefault(int(v.shape[0]) if v.ndim else 0, []).append(name)
+    if len(depths) > 1:
+        said = "; ".join(f"{SCANNED}{names[0]}{f' and {len(names) - 1} more' if len(names) > 1 else ''} "
+                         f"stack{'s' if len(names) == 1 else ''} {d} blocks" for d, names in sorted(depths.items()))
+        raise CheckpointError(f"{source}: the scanned encoder's arrays disagree on the depth: {said}; the archive is "
+                              "damaged or mixes two models")
+    return next(iter(depths))
+
+
 def from_big_vision(a: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor], list[str]]:
     """big_vision's layouts rewritten into the original one, and what was rewritten: a
     scanned encoder, the position embedding at the top level (or at
@@ -213,7 +232,7 @@ def from_big_vision(a: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor
     if any(k.startswith(SCANNED) for k in a):
         stacked = {k[len(SCANNED):]: v for k, v in a.items() if k.startswith(SCANNED)}
         a = {k: v for k, v in a.items() if not k.startswith(SCANNED)}
-        depth = stacked["LayerNorm_0/scale"].shape[0] if "LayerNorm_0/scale" in stacked else 0
+        depth = scanned_depth(stacked, a, source)
         a.update({f"Transformer/encoderblock_{i}/{k}": v[i] for i in range(depth) for k, v in stacked.items()})
         notes.append(f"scanned encoder ({depth} blocks)")
     for name in ("Transformer/pos_embedding", "pos_embedding"):

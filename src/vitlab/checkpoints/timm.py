@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from vitlab import suggest
 from vitlab.checkpoints import bit
 from vitlab.checkpoints.io import CheckpointError, Imported
 from vitlab.checkpoints.labels import imagenet_names, imagenet_synsets
@@ -158,6 +159,11 @@ def read_folder(folder: Path) -> Imported:
         )
     imported = read(weights)
     pcfg = c.get("pretrained_cfg") or {}
+    interpolation = pcfg.get("interpolation")
+    if interpolation not in (None, "", *INTERPOLATIONS):  # never the default filter without a word
+        raise CheckpointError(f"{folder / 'config.json'}: pretrained_cfg.interpolation={interpolation!r} is not a filter "
+                              f"vitlab resizes with: {', '.join(INTERPOLATIONS)}"
+                              f"{suggest.hint(str(interpolation), list(INTERPOLATIONS))}")
     changes = preprocessing_from(pcfg, imported.config)
     heads = (c.get("model_args") or {}).get("num_heads")
     if heads and "vitlab.config" not in imported.metadata:

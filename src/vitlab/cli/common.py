@@ -38,7 +38,15 @@ def at_least(least: int) -> Callable[[str], int]:
     """An argparse `type=`: a whole number no smaller than `least`. Counts and sizes are
     checked where they are parsed: a batch of 0 divides by zero deep inside, a batch of -1
     silently does nothing."""
-    return flag_number(whole=True, at_least=least)
+    whole = flag_number(whole=True)
+
+    def count(text: str) -> int:
+        value = whole(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return count
 
 
 COUNT = at_least(1)

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.cli import UsageError
     from vitlab.cli.common import bad_image_message, progress
     from vitlab.config import pick_device
+    from vitlab.config.model import grid_note, grid_record
     from vitlab.data import BadImageError
     from vitlab.deploy import inference_copy
     from vitlab.eval.accuracy import evaluate_dataset, report, to_json, write_predictions
@@ -89,12 +90,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(bad_image_message(e)) from None
     if args.predictions:
         write_predictions(args.predictions, metrics.pop("images"), metrics.pop("probabilities"), names)
+    metrics.update(grid_record(model.config))  # the patch grid, and the pixels past it no patch reads
     text = to_json(metrics, names)
     written = _write(owner, args.split, text, metrics, names, f"{checkpoint.config.name} on {args.data}, {args.split}")
     if args.json:
         print(text)
         return 0
     print(report(metrics, names))
+    if grid_note(model.config):
+        print(grid_note(model.config))
     if args.real:
         print(real_line(metrics))
     if metrics["bad_images_skipped"]:

@@ -6,6 +6,13 @@ import math
 
 from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE
 
+# big_vision's few-shot datasets (configs/common_fewshot.py): (training split the shots come
+# from, test split), as tfds names them; vitlab's "val" is tfds's "validation". ImageNet's
+# pool is the first 65,000 of tfds's (shuffled) train split: at least 30 of every class there.
+PRESETS = {"imagenet": ("train[:65000]", "val"), "cifar100": ("train", "test"), "pets": ("train", "test"),
+           "dtd": ("train", "test"), "caltech": ("train", "test"), "cars": ("train", "test"),
+           "uc_merced": ("train[:1000]", "train[1000:]")}
+
 WRITES = {"out": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
 READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "few-shot linear accuracy of frozen features (closed-form least squares, §4.1)"
@@ -18,7 +25,10 @@ the test split, on images resized to 256 and centre-cropped to 224 (at the model
 resolution R: R * 256 / 224, then R). Accuracy is the mean over seeds, with the standard
 deviation. The result records the protocol; named alternatives: --l2 loo (chosen per draw
 by leave-one-out error on the few-shot examples), --pool N (draw from the first N images of
-each class), --preprocess model (the checkpoint's own resize and crop).
+each class), --preprocess model (the checkpoint's own resize and crop). A split may be a part
+of one, as tfds writes it (--train-split 'train[:65000]', 'train[10%:]'); --preset NAME takes
+big_vision's splits for its datasets (imagenet: the shots from train[:65000], tested on val;
+cifar100, pets, dtd, caltech, cars, uc_merced).
 
 Features are extracted once and cached (keyed by the weights, the data and the
 preprocessing; $VITLAB_CACHE/features, default ~/.cache/vitlab/features), so a second
@@ -42,6 +52,8 @@ def add_arguments(p) -> None:
     p.add_argument("--l2", default="1024", help="L2 strength (default 1024, big_vision's), or loo: leave-one-out")
     p.add_argument("--pool", type=COUNT_OR_ZERO, default=0, help="draw from the first N images per class (default 0: all)")
     p.add_argument("--preprocess", choices=("big_vision", "model"), default="big_vision", help="resize and crop (default big_vision)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="big_vision's splits for this dataset (imagenet: shots "
+                   "from train[:65000], tested on val)")
 
 
 def parse_shots(text: str) -> list[int]:
@@ -57,6 +69,8 @@ def parse_shots(text: str) -> list[int]:
 
 
 def run(args) -> int:
+    import numpy as np
+
     from vitlab.cli import UsageError
     from vitlab.cli.common import feature_model, frozen_features, print_result
     from vitlab.eval.fewshot import fewshot_eval, parse_l2, protocol
@@ -64,6 +78,13 @@ def run(args) -> int:
     shots, l2 = _check(args), parse_l2(args.l2, "--l2")
     model, fp = feature_model(args)
     (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)
+    if args.preset and class_names:
+        short = [c for c, n in enumerate(np.bincount(tr_y, minlength=len(class_names))) if n < max(shots)]
+        if short:  # big_vision's slice assumes tfds's shuffled order, which has every class early
+            raise UsageError(f"--preset {args.preset}: the {args.train_split} pool holds fewer than {max(shots)} images "
+                             f"of {len(short)} of the {len(class_names)} classes (class {class_names[short[0]]} first): "
+                             "big_vision's slice is of tfds's shuffled order, and this source lists its images in "
+                             "another (an image folder, class by class); give the data in tfds's order, or --train-split")
     (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
     try:
         result = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=l2,
@@ -82,6 +103,11 @@ def run(args) -> int:
 def _check(args) -> list[int]:
     from vitlab.cli import UsageError
 
+    if args.preset:
+        if (args.train_split, args.test_split) != ("train", "test"):
+            raise UsageError(f"--preset {args.preset} sets the splits ({', '.join(PRESETS[args.preset])}) and "
+                             "--train-split/--test-split set them too: give one")
+        args.train_split, args.test_split = PRESETS[args.preset]
     shots = parse_shots(args.shots)
     if args.pool and args.pool < max(shots):
         raise UsageError(f"--pool {args.pool} is smaller than the largest shot count {max(shots)}; raise --pool")

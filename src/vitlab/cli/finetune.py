@@ -18,7 +18,8 @@ Table 4's number of steps for the dataset (CIFAR 10k, ImageNet 20k, Pets and Flo
 500 for data Table 4 does not list) unless --steps/--epochs say otherwise.
 
 The recipe (--recipe): by default (auto, with the shipped finetune recipe; another --config
-is followed as it is) a quick sweep chooses it on a dev split, between
+is followed as it is, and so is --table4's: Table 4's protocol) a quick sweep chooses it on a
+dev split, between
   - paper: the paper's (§3.2, Appendix B.1.1): SGD with momentum 0.9, no weight decay, the
     inception crop, at each rate of Table 4's grid (0.001-0.03), and
   - adamw: the recipe vitlab trains from scratch with: AdamW, weight decay 0.05, crop from
@@ -58,7 +59,7 @@ examples:
   vitlab finetune runs/cifar10/checkpoints/last.safetensors --data digits
   vitlab finetune runs/cifar10/checkpoints/last.safetensors --data digits --recipe paper
   vitlab finetune runs/cifar10/checkpoints/last.safetensors --data cifar10:~/data --paper-resolution --steps 200
-  vitlab finetune vit_b16_in21k.npz --data imagefolder:~/pets --image-size 384 --lr-sweep
+  vitlab finetune vit_b16_in21k.npz --data imagefolder:~/pets --table4 pets --image-size 384 --lr-sweep
   vitlab finetune hf-hub:google/vit-base-patch16-224-in21k --data imagefolder:~/photos --lr 0.01
 """
 
@@ -81,20 +82,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "network at random init (written beside --out), the same fine-tuning from untrained weights")
     p.add_argument("--repeats", type=COUNT, default=1, metavar="N", help="fine-tune N times with seeds seed..seed+N-1 "
                    "(OUT/seed-K) and report top-1 as mean ± std, as Table 2 does (a sweep runs once, with seed 0)")
-    p.add_argument("--table4", metavar="DATASET", help="which Table 4 row (steps, LR grid) applies: cifar10, cifar100, "
-                   "imagenet, pets, flowers, vtab (default: guessed from --data)")
+    p.add_argument("--table4", metavar="DATASET", help="run Table 4's protocol for this row (the paper's recipe, its "
+                   "steps and LR grid, warm-up 500): cifar10, cifar100, imagenet, pets, flowers, vtab (default: the row "
+                   "guessed from --data, for the steps and grid only)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from vitlab.cli.common import command_line, lr_rates, training_exit
+def make_plan(args: argparse.Namespace):
+    """The command's finetune.Plan (what docs/reproducing.md's commands are checked by)."""
+    from vitlab.cli.common import lr_rates
     from vitlab.train import finetune
 
     checkpoint = finetune.checkpoint_argument(args.checkpoint, args.source, args.overrides)
     if args.random_init is not None:
         checkpoint = finetune.random_start(checkpoint, args.random_init, args.out)
-    plan = finetune.plan(checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
+    return finetune.plan(checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
                          paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=lr_rates(args.lr_grid),
                          table4=args.table4, out=args.out, choose=args.recipe)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.cli.common import command_line, training_exit
+    from vitlab.train import finetune
+
+    plan = make_plan(args)
     result: dict = {}
 
     def one(p):

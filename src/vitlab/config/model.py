@@ -77,6 +77,37 @@ class ResNetConfig:
         return width * 4 * 2 ** (len(self.layers) - 1) if self.layers else width
 
 
+def grid_of(image_size: tuple[int, int], patch: int, stem_stride: int = 1) -> tuple[int, int]:
+    """The (rows, columns) of patches a VALID convolution of `patch` takes of an image, read
+    through a "SAME"-padded stem of `stem_stride` (1: none)."""
+    return tuple(math.ceil(side / stem_stride) // patch for side in image_size)  # type: ignore[return-value]
+
+
+def ignored_pixels(image_size: tuple[int, int], patch: int, stem_stride: int = 1) -> tuple[int, int]:
+    """(rows, columns) of image pixels past the patch grid: read by no patch."""
+    grid = grid_of(image_size, patch, stem_stride)
+    return tuple(max(0, side - g * patch * stem_stride) for side, g in zip(image_size, grid, strict=True))  # type: ignore[return-value]
+
+
+def grid_note(config: Any) -> str:
+    """What a ViT reads of its input, for plan lines: "" when its patches tile the image, else
+    the grid and the pixels the VALID patch convolution leaves out (a ResNet: always "")."""
+    rows, cols = getattr(config, "ignored_pixels", (0, 0))
+    if not rows and not cols:
+        return ""
+    (gh, gw), (h, w), s = config.grid_size, config.image_size, config.total_stride
+    return (f"a {gh}x{gw} grid of {s}-px patches at {h}x{w}: the last {rows} pixel rows and {cols} columns "
+            "are read by no patch and ignored, as the official VALID patch convolution does")
+
+
+def grid_record(config: Any) -> dict[str, Any]:
+    """The patch grid and the ignored pixels, for results (summary.json, result.json, eval-SPLIT.json):
+    {} for a model without patches (a ResNet)."""
+    if not hasattr(config, "ignored_pixels"):
+        return {}
+    return {"grid": list(config.grid_size), "ignored_pixels": list(config.ignored_pixels)}
+
+
 def _all_positive(v: tuple[float, ...]) -> Optional[str]:
     return None if min(v, default=1) > 0 else "must be positive"
 
@@ -165,14 +196,10 @@ class ViTConfig(_StoredConfig):
         if self.pos_embed == "sincos_2d_big_vision" and self.hidden_size < 8:  # its frequencies divide by quarter - 1
             raise ConfigError(f"pos_embed='sincos_2d_big_vision' needs hidden_size of at least 8 (got {self.hidden_size})")
         _check_preprocessing(self)
-        stride = self.total_stride
-        h, w = self.image_size
-        if h % stride or w % stride:
-            fix_h, fix_w = max(stride, round(h / stride) * stride), max(stride, round(w / stride) * stride)
-            raise ConfigError(
-                f"image_size {h}x{w} is not divisible by the patch stride {stride} of {self.name}; "
-                f"use a multiple of {stride}, e.g. image_size=({fix_h}, {fix_w})"
-            )
+        if min(self.grid_size) < 1:
+            h, w = self.image_size
+            raise ConfigError(f"image_size {h}x{w} is smaller than one patch of {self.name} ({self.total_stride} px); "
+                              f"use at least image_size=({self.total_stride}, {self.total_stride})")
 
     # Derived quantities ------------------------------------------------------------------
     @property
@@ -190,8 +217,16 @@ class ViTConfig(_StoredConfig):
 
     @property
     def grid_size(self) -> tuple[int, int]:
-        h, w = self.image_size
-        return h // self.total_stride, w // self.total_stride
+        """The patch grid at image_size, as the official VALID patch convolution computes it:
+        floor(side / patch) of the map it reads (a hybrid's ResNet, "SAME"-padded, gives
+        ceil(side / its stride)); the pixels past the last whole patch are ignored (`ignored_pixels`)."""
+        return grid_of(self.image_size, self.patch_size, self.resnet.stride if self.resnet else 1)
+
+    @property
+    def ignored_pixels(self) -> tuple[int, int]:
+        """(rows, columns) of pixels at the bottom and right that no patch reads: 6 and 6 for
+        a /14 model at 384 (a 27x27 grid covers 378 px)."""
+        return ignored_pixels(self.image_size, self.patch_size, self.resnet.stride if self.resnet else 1)
 
     @property
     def num_patches(self) -> int:

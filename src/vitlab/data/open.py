@@ -13,6 +13,7 @@ fine-tune's sweep, repeats and final run share one open per split (train/inputs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -73,6 +74,52 @@ def paper_dataset(spec: str) -> Optional[str]:
 
 
 DEV_SPLITS = ("dev", "train-minus-dev")  # parts of the training split (Appendix B.1.1's held-out share)
+_SLICE = re.compile(r"^([\w-]+)\[\s*(-?\d+%?)?\s*:\s*(-?\d+%?)?\s*\]$")
+SLICEABLE = ("train", "test", "val")  # the stored splits; dev and train-minus-dev are carved from train
+
+
+def split_slice(split: str) -> tuple[str, Optional[tuple[str, str]]]:
+    """A split as tfds writes a part of one, NAME[START:STOP] (`train[:65000]`, `train[10%:]`,
+    `test[-500:]`), -> (NAME, (START, STOP) as written); a plain name -> (name, None)."""
+    if "[" not in split:
+        return split, None
+    m = _SLICE.match(split.strip())
+    if not m:
+        raise DataError(f"split {split!r}: write a part of a split as tfds does, NAME[START:STOP] with counts or "
+                        "percentages, e.g. train[:65000] or train[10%:]")
+    if m.group(1) not in SLICEABLE:
+        raise DataError(f"split {split!r}: slice a stored split ({', '.join(SLICEABLE)}), not {m.group(1)}")
+    return m.group(1), (m.group(2) or "", m.group(3) or "")
+
+
+def slice_bounds(split: str, bounds: tuple[str, str], n: int) -> tuple[int, int]:
+    """(start, stop) of a slice on a split of n examples, as tfds resolves it: a percentage
+    rounded to the closest example, a negative bound counted from the end; a bound past the
+    split's size, or a slice that holds nothing, is refused."""
+    def at(text: str, default: int) -> int:
+        if not text:
+            return default
+        value = round(int(text[:-1]) * n / 100) if text.endswith("%") else int(text)
+        if abs(int(text.rstrip("%"))) > (100 if text.endswith("%") else n):
+            raise DataError(f"split {split!r}: the split holds {n:,} examples, {text} runs past its end")
+        return value + n if value < 0 else value
+
+    start, stop = at(bounds[0], 0), at(bounds[1], n)
+    if stop <= start:
+        raise DataError(f"split {split!r}: examples {start}:{stop} of {n:,} are none; give START below STOP")
+    return start, stop
+
+
+def _sliced(dataset: Any, split: str, bounds: Optional[tuple[str, str]]) -> Any:
+    """The dataset cut to the slice its split names (the examples in stored order)."""
+    if bounds is None:
+        return dataset
+    if isinstance(dataset, WebDataset):
+        keys, _ = dataset.keys_and_labels()
+        start, stop = slice_bounds(split, bounds, len(keys))
+        return dataset.restrict(set(keys[start:stop]))
+    start, stop = slice_bounds(split, bounds, len(dataset))
+    return dataset.select(np.arange(start, stop))
 
 
 def _base_split(split: str) -> str:
@@ -103,6 +150,9 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
         )
     if name in WITH_PATH and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
+    sliced, (split, bounds) = split, split_slice(split)
+    if bounds is not None and name == "vtab":
+        raise DataError(f"split {sliced!r}: a VTAB task's splits are VTAB's own slices; use train, dev, test")
     base = _base_split(split)
     if not callable(transform):
         raise TypeError(f"open_dataset takes the images' transform (model_transform(config), vitlab.transform(model)), "
@@ -115,7 +165,7 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
                             skip_bad_images=o.skip_bad_images, dev_fraction=o.dev_fraction,
                             classes=list(o.classes) or None, identity=by_name(spec))
         check_classes(spec, stream.class_names)
-        return stream
+        return _sliced(stream, sliced, bounds)
     common = dict(seed=seed, skip_bad_images=o.skip_bad_images)
     if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
         return open_vtab(arg, split, transform, **common)
@@ -129,7 +179,7 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
     else:
         dataset = _arrays(spec, name, arg, base, transform, o, common, {} if held is None else held)
     check_classes(spec, dataset.class_names)
-    return _dev_part(dataset, spec, split, base, o.dev_fraction)
+    return _sliced(_dev_part(dataset, spec, split, base, o.dev_fraction), sliced, bounds)
 
 
 def _arrays(spec: str, name: str, arg: str, base: str, transform: Callable, o: DataOptions,

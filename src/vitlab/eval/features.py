@@ -71,11 +71,13 @@ def extract_features(
     num_classes: Optional[int] = None,
     progress: Optional[Callable[[int], None]] = None,
     workers: int = 0,
+    transform: Optional[Callable] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features (N, F) float32, labels (N,) int64) for the dataset's images, in its order.
 
     `dataset` is any dataset (torch, torchvision, Hugging Face `datasets`, vitlab) or a
-    DataLoader; raw images get the model's own preprocessing (`vitlab.transform`).
+    DataLoader; raw images get `transform`, by default the model's own preprocessing
+    (`vitlab.transform`).
     max_per_class keeps the first that many images of each class (for a streaming dataset
     it stops reading once every class is full, given `num_classes`); limit caps the total.
     `workers` data-loader processes decode the images ahead of the model, in the same order
@@ -85,7 +87,7 @@ def extract_features(
     """
     model.eval()
     device = next(model.parameters()).device
-    dataset = foreign.wrap(dataset, preprocessing(model))
+    dataset = foreign.wrap(dataset, transform or preprocessing(model))
     labels_known = _dataset_labels(dataset)
     items: Iterable
     if labels_known is not None and (max_per_class or limit):

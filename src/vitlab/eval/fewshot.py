@@ -52,6 +52,7 @@ import torch
 
 from vitlab.config.fields import ConfigError, number
 from vitlab.data import DataError
+from vitlab.data.transforms import model_transform
 from vitlab.eval.features import extract_features
 
 BIAS_CONSTANT = 100.0
@@ -59,6 +60,7 @@ BIG_VISION_L2 = 2.0**10  # configs/common_fewshot.py: l2_reg
 # configs/common_fewshot.py: resize(256) | central_crop(224): the whole image squashed to
 # 256 x 256, the centre 224 x 224 kept (224 / 256 of each side).
 PREPROCESSING = {"crop_fraction": 224 / 256, "crop_mode": "squash"}
+PREPROCESS = ("big_vision", "model")  # the protocol's resize and crop, or the checkpoint's own
 # 2^-10 ... 2^20 in steps of 4x: wide enough for whitened features of any width.
 L2_GRID: tuple[float, ...] = tuple(2.0**k for k in range(-10, 21, 2))
 
@@ -231,13 +233,28 @@ def fewshot_eval(
 
 
 def fewshot_from_data(model: torch.nn.Module, train, test, *, batch_size: int = 128,
-                      max_per_class: Optional[int] = None, **options) -> dict:
-    """`fewshot_eval` on the frozen representation of `model` (features.extract_features)
-    for any two datasets or DataLoaders (torch, torchvision, Hugging Face, vitlab). The
-    shots are drawn from the whole training set, as big_vision draws them; `max_per_class`
-    draws them from the first images of each class instead (recorded as the pool)."""
-    tr_x, tr_y = extract_features(model, train, batch_size=batch_size, max_per_class=max_per_class)
-    te_x, te_y = extract_features(model, test, batch_size=batch_size)
+                      max_per_class: Optional[int] = None, preprocess: str = "big_vision", **options) -> dict:
+    """`vitlab fewshot`'s protocol on the frozen representation of `model` (features.
+    extract_features) for any two datasets or DataLoaders (torch, torchvision, Hugging Face,
+    vitlab): raw images resized and centre-cropped as the command line does (`preprocess`:
+    "big_vision", 256 -> 224 at 224 px, or "model", the checkpoint's own; float tensors are
+    taken as already preprocessed), the shots drawn from the whole training set as big_vision
+    draws them (`max_per_class`: from the first images of each class instead). The result
+    records the pool and, for a model with a config, the protocol (`protocol`), as the
+    command's result file does; `options` go to `fewshot_eval` (shots, seeds, l2)."""
+    if preprocess not in PREPROCESS:
+        raise ValueError(f"preprocess={preprocess!r}: use one of {', '.join(PREPROCESS)}")
+    config = getattr(model, "config", None)
+    transform = model_transform(fewshot_config(config, preprocess)) if config is not None else None
+
+    def through(data):  # a vitlab dataset is read through the protocol's transform, not the one it was opened with
+        return data.view(transform) if transform is not None and hasattr(data, "view") else data
+
+    tr_x, tr_y = extract_features(model, through(train), batch_size=batch_size, max_per_class=max_per_class,
+                                  transform=transform)
+    te_x, te_y = extract_features(model, through(test), batch_size=batch_size, transform=transform)
     result = fewshot_eval(tr_x, tr_y, te_x, te_y, **options)
     result["pool_per_class"] = max_per_class or "all"
+    if config is not None:
+        result["protocol"] = protocol(max_per_class or 0, options.get("l2", BIG_VISION_L2), config, preprocess)
     return result

@@ -74,6 +74,8 @@ class PatchEmbed(nn.Module):
         B, C, H, W = x.shape
         P = self.patch_size
         gh, gw = H // P, W // P
+        if gh * P != H or gw * P != W:  # a VALID convolution: the pixels past the last whole patch are not read
+            x = x[:, :, : gh * P, : gw * P]
         patches = x.reshape(B, C, gh, P, gw, P).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * P * P)
         return dense(patches, self.proj.weight.flatten(1), self.proj.bias), (gh, gw)  # (B, N, D), raster order
 

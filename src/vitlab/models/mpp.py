@@ -99,6 +99,7 @@ def patch_targets(pixels: Tensor, patch_size: int, cfg: MPPConfig) -> Tensor:
     b, c, h, w = pixels.shape
     p = patch_size
     gh, gw = h // p, w // p
+    pixels = pixels[:, :, : gh * p, : gw * p]  # the patch grid (models.layers.PatchEmbed): the rest is read by no patch
     if cfg.target == "mean_color":
         means = F.avg_pool2d(pixels, p)  # (B, C, gh, gw)
         return quantise_colors(means.permute(0, 2, 3, 1).reshape(b, gh * gw, c), cfg.bits)
@@ -107,7 +108,7 @@ def patch_targets(pixels: Tensor, patch_size: int, cfg: MPPConfig) -> Tensor:
         cells = F.avg_pool2d(pixels, p // g)  # (B, C, gh*g, gw*g)
         cells = cells.view(b, c, gh, g, gw, g).permute(0, 2, 4, 3, 5, 1)  # (B, gh, gw, g, g, C)
         return quantise_colors(cells.reshape(b, gh * gw, g * g, c), cfg.bits)
-    patches = pixels.view(b, c, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1)  # (B, gh, gw, P, P, C)
+    patches = pixels.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1)  # (B, gh, gw, P, P, C)
     return patches.reshape(b, gh * gw, p * p * c)
 
 

@@ -108,8 +108,8 @@ class VisionTransformer(Classifier, nn.Module):
         size = tuple(x.shape[2:])
         if cfg.dynamic_image_size:
             s = cfg.total_stride
-            if size[0] % s or size[1] % s:
-                raise ValueError(f"input size {size[0]}x{size[1]} is not divisible by the patch stride {s}")
+            if min(size) < s:  # any larger size: the grid a VALID patch convolution takes (ViTConfig.grid_size)
+                raise ValueError(f"input size {size[0]}x{size[1]} is smaller than one patch ({s} px)")
         elif size != cfg.image_size:
             raise ValueError(
                 f"{cfg.name} was built for {cfg.image_size[0]}x{cfg.image_size[1]} images, got "

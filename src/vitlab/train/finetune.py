@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from vitlab.checkpoints import is_pretrained_name, open_checkpoint, save
 from vitlab.config import ConfigError, RunConfig, ViTConfig, load_recipe
+from vitlab.config.model import grid_note
 from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
 from vitlab.data import DEV_FRACTIONS, identity
 from vitlab.data.transforms import model_transform
@@ -264,7 +265,8 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     see finetune_choice.py); None: auto with the shipped `finetune` recipe, the recipe's own
     ("paper") with any other, such as Table 2's. The checkpoint and the training split are read
     here, once, into the plan's `inputs` (a given one is shared), where its runs find them."""
-    choose = choose or ("auto" if recipe == RECIPE else "paper")
+    # A declared Table 4 row, or another recipe (Table 2's), is the paper's protocol: no recipe choice unless asked.
+    choose = choose or ("auto" if recipe == RECIPE and table4 is None else "paper")
     _check(checkpoint, data, choose, options, overrides, paper_resolution, lr_sweep, rates, table4)
     inputs = Inputs() if inputs is None else inputs  # the plan's, made here: what every run of it reads
     extra: dict[str, Any] = {"model.checkpoint": checkpoint}
@@ -294,8 +296,9 @@ def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[s
     elif unset:
         notes.append(f"{DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)")
     out = Path(out) if out else Path("runs") / f"{name}-{Path(checkpoint).stem}"
-    head = [resolution_note(architecture(cfg.model, inputs).image_size, "model.image_size" in explicit,
-                            own.image_size if own is not None else None), threads_note]
+    arch = architecture(cfg.model, inputs)
+    head = [resolution_note(arch.image_size, "model.image_size" in explicit, own.image_size if own is not None else None)
+            + (f"; {grid_note(arch)}" if grid_note(arch) else ""), threads_note]
     chosen = choice.resolved(choose, explicit, cfg)
     if chosen.name == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
         fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep, TABLE4_STEPS.get(row or ""))

@@ -11,7 +11,7 @@ So `vitlab finetune` does not assume either. Its quick sweep trains every (recip
 for a short run on the training set minus the dev split, scores each on the dev split, and
 trains the best arm on the whole training set:
 
-    paper   SGD momentum 0.9, no weight decay, inception crop from 8%, warm-up 5%,
+    paper   SGD momentum 0.9, no weight decay, inception crop from 5%, warm-up 5%,
             Table 4's grid (0.001, 0.003, 0.01, 0.03)
     adamw   AdamW, weight decay 0.05, crop from 35%, label smoothing 0.1, warm-up 25%
             (the CPU recipes' 100 of 390 steps), rates 0.0003 and 0.001 (below the CPU
@@ -65,7 +65,7 @@ class Recipe:
 # The plan's config as it is: the paper's protocol (--recipe paper), or a recipe file followed
 # as written; its sweep chooses the rate only (OUT/sweep/lr-RATE).
 PLANNED = Recipe("", "the plan's own recipe", warmup_share=None)
-PAPER = Recipe("paper", "the paper's SGD (momentum 0.9, no weight decay, inception crop from 8%)")
+PAPER = Recipe("paper", "the paper's SGD (momentum 0.9, no weight decay, inception crop from 5%)")
 ADAMW = Recipe(
     "adamw", "AdamW as vitlab trains from scratch (weight decay 0.05, crop from 35%, label smoothing 0.1), "
     "from a head fitted as a linear probe of the frozen features",

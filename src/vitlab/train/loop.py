@@ -31,6 +31,7 @@ from torch import nn
 
 from vitlab import run_layout
 from vitlab.config import ConfigError, RunConfig
+from vitlab.config.model import grid_note, grid_record
 from vitlab.config.provenance import DATA_OBJECTS
 from vitlab.data import make_loader
 from vitlab.data.decode import model_input
@@ -338,7 +339,7 @@ class Trainer:
             f"on {self.cfg.data.name}: {len(run.train_set):,} images, "
             f"{mc.num_classes} classes, {plan.total} steps of {t.batch_size} ({plan.per_epoch} per epoch), "
             f"{run.ctx.world} process(es) on {run.ctx.device}"
-        )
+        ) + (f"; {grid_note(mc)}" if grid_note(mc) else "")
 
     def _step(self, run: Run, step: int, images: torch.Tensor, labels: torch.Tensor, lr: float) -> tuple[float, float]:
         """One optimiser step over this process's share of the global batch."""
@@ -490,7 +491,7 @@ class Trainer:
                 entry["per_class"] = dict(zip(names, entry["per_class"], strict=True))
             splits[split] = entry
         summary = {
-            "model": run.model.config.name,
+            "model": run.model.config.name, **grid_record(run.model.config),
             "steps": run.plan.total, "epochs": round(run.plan.total / run.plan.per_epoch, 3), "splits": splits,
             "checkpoint": str(ckpt), "ema": self.cfg.train.ema or None, "train_seconds": round(seconds, 1),
             "bad_images_skipped": len(bad), "world_size": run.ctx.world, "compute": self._compute(run),

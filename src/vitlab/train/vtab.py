@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 from vitlab import checkpoints
 from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
 from vitlab.config.fields import number
+from vitlab.config.model import grid_note
 from vitlab.config.provenance import COMMAND_LINE, VTAB
 from vitlab.data import DataError
 from vitlab.data.vtab import GROUPS, TASKS, Task, get_task, group_sizes, mean
@@ -42,6 +43,7 @@ from vitlab.files.identity import differences, work_identity
 from vitlab.run_layout import holding_run
 from vitlab.tables import csv_table, markdown_table
 from vitlab.train import distributed, finetune_choice as choice
+from vitlab.train.build import architecture
 from vitlab.train.finetune import TABLE4_STEPS
 from vitlab.train.inputs import Inputs
 from vitlab.train.run_folder import RESUMABLE_CHANGES
@@ -71,11 +73,14 @@ class Settings:
     accept: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        accepted: dict[str, str] = {}
         for a in self.accept:
             name, sep, version = a.partition("=")
             if not sep or not version:
                 raise DataError(f"--tfds-version {a!r}: write TASK=[CONFIG/]VERSION, e.g. pets=4.0.0")
             get_task(name)  # (an unknown task is refused with the list of them)
+            if accepted.setdefault(name, version) != version:  # one version per task: the last would win silently
+                raise DataError(f"--tfds-version gives {name} two versions ({name}={accepted[name]} and {a}): give one")
         if self.grid is not None and (not self.grid or min(self.grid) <= 0):
             raise ConfigError(f"--lr-grid {','.join(f'{r:g}' for r in self.grid)!r}: give positive rates separated by commas")
         if self.grid is not None and self.lr is not None:
@@ -191,8 +196,11 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
     image_size = cfg.model.changes.get("image_size")  # (an (h, w) pair; None: the checkpoint's)
     image_size = None if image_size is None else list(image_size)  # as result.json reads back
     size = "the checkpoint's resolution" if image_size is None else "x".join(map(str, image_size)) + " px"
+    grid = {k: summary[k] for k in ("grid", "ignored_pixels") if k in summary}  # (the final run's: loop.py)
+    if any(grid.get("ignored_pixels", ())):
+        size += f", the last {grid['ignored_pixels'][0]} pixel rows and {grid['ignored_pixels'][1]} columns ignored"
     result = {"task": task.name, "title": task.title, "group": task.group, "top1": test["top1"],
-              "test_images": test["count"], "lr": lr, "steps": s.steps, "image_size": image_size,
+              "test_images": test["count"], "lr": lr, "steps": s.steps, "image_size": image_size, **grid,
               "data": data, "folder": str(folder), "identity": now}
     if distributed.is_main_process():
         atomic_write_text(done, json.dumps(result, indent=2))
@@ -303,6 +311,10 @@ def run_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: 
     inputs = Inputs()
     check_suite(checkpoint, root, out, tasks, s, inputs, force)
     log(f"vtab plan: {threads_line(checkpoint, s, inputs)}")
+    if tasks:  # the resolution and what the patch grid reads of it (a /14 model at 384: 27x27, 6 px ignored)
+        model = architecture(task_config(checkpoint, tasks[0], root, s, inputs).model, inputs)
+        h, w = model.image_size
+        log(f"vtab plan: {model.name} at {h}x{w} px" + (f"; {grid_note(model)}" if grid_note(model) else ""))
     missing = absent(root)
     for task in tasks:
         if task.name in missing:
