@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -203,3 +204,131 @@ def test_an_unreadable_image_ends_each_command_and_its_workers(command, tmp_path
     rc, err, _ = child.end()
     assert rc == 2 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith(f"vitlab {command}: error: ") and ".png" in err, err[-3000:]
+
+
+# Every network read has one deadline for the whole request (issue 53, item 3) ---------------
+class Trickler:
+    """A loopback TCP server that answers every connection with `answer`, one byte per `every`
+    seconds from byte `head` on (before it: at once), or says nothing at all (`silent`)."""
+
+    def __init__(self, answer: bytes, head: int, every: float, silent: bool = False):
+        self.answer, self.head, self.every, self.silent = answer, head, every, silent
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.closed = threading.Event()
+        self.first = float("inf")  # when the first connection came
+        threading.Thread(target=self._serve, daemon=True).start()
+        self.port = self.sock.getsockname()[1]
+
+    def _serve(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.first = min(self.first, time.monotonic())
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)  # the request (or a TLS hello)
+                if self.silent:
+                    self.closed.wait()
+                    return
+                conn.sendall(self.answer[:self.head])
+                for i in range(self.head, len(self.answer)):
+                    if self.closed.wait(self.every):
+                        return
+                    conn.sendall(self.answer[i:i + 1])
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+
+
+BODY = b"x" * 4000
+ANSWER = b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\nContent-Type: application/octet-stream\r\n\r\n" % len(BODY) + BODY
+HEADERS_END = ANSWER.index(b"\r\n\r\n") + 4
+# (server: the bytes sent at once, a byte every ... s after them, silent; scheme; the words of the refusal)
+SERVERS = {
+    "the status line trickled": (0, 0.2, False, "http", "slower than"),
+    "the headers trickled": (20, 0.2, False, "http", "slower than"),
+    "the body trickled": (HEADERS_END + 100, 0.2, False, "http", "slower than"),
+    "no answer after the request": (0, 0.0, True, "http", "timed out"),
+    "a connection that never completes (TLS handshake unanswered)": (0, 0.0, True, "https", "timed out"),
+}
+TIMEOUT, RATE = 1.0, 2000.0
+
+
+def _read_with_vitlab_net(url: str, tmp: Path) -> None:
+    from vitlab.files import net
+
+    with net.open_url(url, TIMEOUT, RATE) as r:
+        r.read()
+
+
+def _read_as_a_shard(url: str, tmp: Path) -> None:
+    from vitlab.data import open_dataset
+    from vitlab.data.transforms import eval_transform
+
+    open_dataset(f"wds:{url}/test-000000.tar", "test", eval_transform(16))
+
+
+def _read_with_torch_hub(url: str, tmp: Path) -> None:  # how an official .npz is downloaded
+    import torch.hub
+
+    from vitlab.files import net
+
+    with net.deadlines(TIMEOUT, RATE):
+        torch.hub.download_url_to_file(url, str(tmp / "weights.npz"), progress=False)
+
+
+READERS = {"files.net": _read_with_vitlab_net, "an http shard": _read_as_a_shard, "torch.hub": _read_with_torch_hub}
+
+
+@pytest.mark.parametrize("server", list(SERVERS))
+@pytest.mark.parametrize("reader", list(READERS))
+def test_every_network_read_ends_within_its_whole_deadline(reader, server, tmp_path, monkeypatch):
+    from vitlab.data import DataError
+
+    head, every, silent, scheme, words = SERVERS[server]
+    monkeypatch.setenv("VITLAB_HTTP_TIMEOUT", str(TIMEOUT))
+    monkeypatch.setenv("VITLAB_HTTP_MIN_RATE", str(RATE))
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    trickler = Trickler(ANSWER, head, every, silent)
+    try:
+        with pytest.raises((OSError, DataError)) as caught:
+            READERS[reader](f"{scheme}://127.0.0.1:{trickler.port}", tmp_path)
+    finally:
+        trickler.close()
+    took = time.monotonic() - trickler.first  # from the first connection (imports on a loaded machine take seconds)
+    message = str(caught.value)
+    assert words in message and "stalling" in message and "\n" not in message, message
+    assert took < TIMEOUT + 3, f"{took:.1f} s"  # the deadline, one read late at most; never the trickle's 15 s
+
+
+def test_a_server_that_answers_at_once_is_read_whole(tmp_path):
+    trickler = Trickler(ANSWER, len(ANSWER), 0.0)
+    try:
+        from vitlab.files import net
+
+        with net.open_url(f"http://127.0.0.1:{trickler.port}", TIMEOUT, RATE) as r:
+            assert r.read() == BODY
+    finally:
+        trickler.close()
+
+
+def test_trickled_headers_are_one_line_in_a_fresh_process(tmp_path, two_class_checkpoint):
+    """The issue's case: a header line one byte every 2 s was never cut off."""
+    from conftest import vitlab_cli
+
+    trickler = Trickler(ANSWER, 0, 0.5)
+    url = f"http://127.0.0.1:{trickler.port}/test-000000.tar"
+    try:
+        r = vitlab_cli("eval", str(two_class_checkpoint), "--data", f"wds:{url}", timeout=120,
+                       env={"VITLAB_HTTP_TIMEOUT": "2", "VITLAB_CACHE": str(tmp_path / "cache")})
+    finally:
+        trickler.close()
+    assert_one_line_error(r.returncode, r.stderr, "eval", mentions=(url, "stalling"))

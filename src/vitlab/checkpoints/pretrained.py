@@ -29,7 +29,7 @@ from typing import Any, Optional
 from vitlab import suggest
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.config.fields import env_switch
-from vitlab.files import atomic_write, atomic_write_text, cache_dir, sha256_file
+from vitlab.files import atomic_write, atomic_write_text, cache_dir, net, sha256_file
 from vitlab.files.documents import read_json
 from vitlab.log import get_logger, notice
 from vitlab.progress import Progress
@@ -250,7 +250,6 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
     temporary file renamed only when complete, its tqdm bar on a terminal), then vitlab's
     own checks: the published sha256 (torch checks it too, as a prefix) or the first
     download's, recorded in the cache's sha256.json and enforced on later reads."""
-    import socket
     import urllib.error
 
     import torch.hub
@@ -259,22 +258,22 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
     start = time.time()
 
     def download(tmp: str) -> None:  # a failure here leaves no file in the cache
-        # torch.hub opens the URL without a timeout: the process default bounds the wait for
-        # the first bytes, so that an offline machine fails at once instead of hanging.
-        previous = socket.getdefaulttimeout()
-        socket.setdefaulttimeout(TIMEOUT_S)
+        # torch.hub opens the URL with urllib's urlopen: under vitlab.files.net's whole deadline
+        # (connection, headers, body), so that an offline machine fails at once and a
+        # trickling server is cut off instead of hanging.
         try:
-            torch.hub.download_url_to_file(entry.url, tmp, hash_prefix=entry.sha256, progress=tty)
+            with net.deadlines(TIMEOUT_S, net.MIN_RATE):
+                torch.hub.download_url_to_file(entry.url, tmp, hash_prefix=entry.sha256, progress=tty)
         except RuntimeError as e:  # torch's "invalid hash value": the file was removed
             raise CheckpointError(f"{entry.url}: sha256 does not match the published {(entry.sha256 or '')[:16]}... ({e}); "
                                   "nothing was written to the cache") from None
+        except net.DeadlinePassed as e:
+            raise CheckpointError(f"cannot download {entry.name}: {e}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", None) or e
             raise CheckpointError(_offline_message(entry, path, str(reason))) from None
         except Exception as e:  # http.client's IncompleteRead and kin: the connection broke
             raise CheckpointError(_offline_message(entry, path, f"connection lost: {e}")) from None
-        finally:
-            socket.setdefaulttimeout(previous)
 
     # torch.hub draws its own byte counter on a terminal; in a log, vitlab.progress's start
     # line and heartbeat say that the download is under way.

@@ -18,6 +18,7 @@ work: the device, and that each output can be written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import pkgutil
@@ -27,7 +28,7 @@ import sys
 import threading
 import warnings
 from types import ModuleType
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 ALLOW_PIPE_HELP = ("(commands that read data) run the shell command of a wds:pipe:COMMAND data spec that comes from a file (a recipe, a run's "
                    "config.yaml, a sweep spec); one typed on this command line always runs. Or VITLAB_ALLOW_PIPE=1")
@@ -52,6 +53,48 @@ class Stopped(BaseException):
 
 def _stopped(number: int, frame) -> None:
     raise Stopped(number)
+
+
+@contextlib.contextmanager
+def ways_out(args: argparse.Namespace, ending: bool) -> Iterator[None]:
+    """Every way out of a command: SIGXFSZ ignored (a write past a size limit is an error, not a
+    silent death); for a command that reads data the stop signals raise `Stopped` (outside a
+    run's steps: it says so, then ends by its signal); its data-loader workers end, within
+    seconds; a late Ctrl-C is `interrupted`, 130, and in a process that ends with the command
+    (`ending`) later ones are ignored, so that none prints a traceback from the exit's code."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    from vitlab.config import STOP_SIGNALS  # a training run's steps watch them itself (train/preemption.py)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    numbers = [getattr(signal, f"SIG{name}") for name in (*STOP_SIGNALS, "INT")] if main_thread else []
+    previous = {n: signal.getsignal(n) for n in numbers}
+    for n in numbers[:-1] if getattr(args._command, "READS_DATA", False) else ():
+        if previous[n] == signal.SIG_DFL:
+            signal.signal(n, _stopped)
+    status = 0
+    try:
+        yield
+    except Stopped as e:
+        print(f"vitlab {args.command}: stopped by {e}", file=sys.stderr)
+        status = -e.number
+    except KeyboardInterrupt:
+        print(f"vitlab {args.command}: interrupted", file=sys.stderr)
+        status = 130
+    finally:
+        for n in previous if ending else ():
+            signal.signal(n, signal.SIG_IGN)
+        loader = sys.modules.get("vitlab.data.loader")  # imported by any command that starts workers
+        if loader is not None:
+            loader.end_workers()
+        for n, handler in previous.items() if not ending else ():
+            signal.signal(n, handler)
+    if status < 0:  # the signal's own meaning, now that nothing is left behind
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(-status, signal.SIG_DFL)
+        signal.raise_signal(-status)
+    if status:
+        raise SystemExit(128 - status if status < 0 else status)
 
 
 def commands() -> dict[str, ModuleType]:
@@ -183,6 +226,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from_command_line = argv is None  # the process ends with the command
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -192,17 +236,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
-    if hasattr(signal, "SIGXFSZ"):
-        # Past a file-size limit a write then fails with EFBIG, reported below, instead of the
-        # signal killing the process without a word.
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     warnings.showwarning = _show_warning
-    stopped, previous = 0, {}
-    if getattr(args._command, "READS_DATA", False) and threading.current_thread() is threading.main_thread():
-        from vitlab.config import STOP_SIGNALS  # a training run's steps watch them itself (train/preemption.py)
+    with ways_out(args, ending=from_command_line):
+        return _run(args, argv)
 
-        numbers = [getattr(signal, f"SIG{name}") for name in STOP_SIGNALS]
-        previous = {n: signal.signal(n, _stopped) for n in numbers if signal.getsignal(n) == signal.SIG_DFL}
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         check_arguments(args)
         run = args._command.run
@@ -220,10 +259,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         again = "; run the same command again to continue from its last checkpoint" if resumable else ""
         print(f"vitlab {args.command}: interrupted{again}", file=sys.stderr)
         return 130
-    except Stopped as e:
-        print(f"vitlab {args.command}: stopped by {e}", file=sys.stderr)
-        stopped = e.number
-        return 128 + e.number
     except Exception as e:
         preemption = sys.modules.get("vitlab.train.preemption")  # loaded by any command that trains
         if preemption is not None and isinstance(e, preemption.Preempted):  # train, finetune, vtab
@@ -235,17 +270,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         hint = " (out of memory: a smaller model, batch or image size would fit)" if out_of_memory else ""
         print(f"vitlab {args.command}: error: {one_line(e)}{hint}", file=sys.stderr)
         return 2
-    finally:
-        loader = sys.modules.get("vitlab.data.loader")  # imported by any command that starts workers
-        if loader is not None:  # every way out: its data-loader workers end here, within seconds
-            loader.end_workers()
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-        if stopped:  # the signal's own meaning, now that nothing is left behind
-            sys.stdout.flush()
-            sys.stderr.flush()
-            signal.signal(stopped, signal.SIG_DFL)
-            signal.raise_signal(stopped)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from vitlab.files import require_regular_file
+from vitlab.files import net, require_regular_file
 
 # The only globals a CIFAR batch names: numpy rebuilding its arrays (numpy 1 and 2 spellings).
 ALLOWED_GLOBALS = {
@@ -138,10 +138,8 @@ def read_cifar(kind: str, folder: Path, error: type[Exception]) -> tuple[dict[st
 def download(kind: str, root: Path, timeout: float = 30.0) -> None:
     """Fetch and unpack the official archive into `root`, checked against its published MD5;
     members are extracted with tarfile's "data" filter (no links out, no absolute paths)."""
-    import urllib.request
-
     spec = LAYOUT[kind]
-    with urllib.request.urlopen(spec["url"], timeout=timeout) as r:
+    with net.open_url(spec["url"], timeout, net.MIN_RATE) as r:
         blob = r.read()
     digest = hashlib.md5(blob).hexdigest()
     if digest != spec["md5"]:

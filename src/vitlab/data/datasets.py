@@ -26,7 +26,7 @@ from PIL import Image
 
 from vitlab.data import cifar
 from vitlab.data.images import BadImageError, bad_image, decoded, read_image  # noqa: F401  (the one opener)
-from vitlab.files import atomic_write_bytes, cache_dir
+from vitlab.files import atomic_write_bytes, cache_dir, net
 
 # The dev split is always drawn with this seed, independent of the run's seed, so that every
 # run of a learning-rate sweep holds out the same images.
@@ -227,15 +227,13 @@ def _find_idx(folder: Path, stem: str) -> Optional[Path]:
 
 def download_fashion_mnist(folder: Path, mirror: str = FASHION_MNIST_URL, timeout: float = 20.0) -> None:
     """Fetch the four IDX files into `folder` (used only when no local copy exists)."""
-    import urllib.request
-
     folder.mkdir(parents=True, exist_ok=True)
     for stems in FASHION_MNIST_FILES.values():
         for stem in stems:
             target = folder / f"{stem}.gz"
             if target.exists():
                 continue
-            with urllib.request.urlopen(mirror + f"{stem}.gz", timeout=timeout) as r:
+            with net.open_url(mirror + f"{stem}.gz", timeout, net.MIN_RATE) as r:
                 atomic_write_bytes(target, r.read())
 
 

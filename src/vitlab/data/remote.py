@@ -25,20 +25,21 @@ import io
 import lzma
 import os
 import subprocess
-import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Union
 
 from vitlab.data.datasets import DataError
+from vitlab.files import net
+from vitlab.files.net import DeadlinePassed, open_url
 
 SCHEMES = ("http://", "https://", "pipe:")
-TIMEOUT_S = 30.0  # for the first byte of a response; a stalled server is named, not waited on forever
-# A shard's whole deadline: TIMEOUT_S plus its bytes at MIN_RATE, so that a server that sends a
-# byte now and then (never silent for TIMEOUT_S) is cut off too. Both may be set for a slow
-# link in the environment: VITLAB_HTTP_TIMEOUT (seconds), VITLAB_HTTP_MIN_RATE (bytes per second).
-MIN_RATE = 16 * 1024
+TIMEOUT_S = 30.0  # for the first byte of a response and each read; a stalled server is named, not waited on forever
+# A request's whole deadline, from before it connects: TIMEOUT_S plus its bytes at MIN_RATE
+# (vitlab.files.net), so that a server that sends a byte now and then, in its headers or its body
+# (never silent for TIMEOUT_S), is cut off too. Both may be set for a slow link in the
+# environment: VITLAB_HTTP_TIMEOUT (seconds), VITLAB_HTTP_MIN_RATE (bytes per second).
+MIN_RATE = net.MIN_RATE
 
 
 def limits() -> tuple[float, float]:
@@ -140,9 +141,11 @@ def _raw(shard: RemoteShard) -> Any:
     if shard.is_pipe:
         return _Pipe(shard[len("pipe:"):])
     try:
-        return urllib.request.urlopen(urllib.request.Request(shard, headers={"User-Agent": "vitlab"}), timeout=limits()[0])
+        return open_url(shard, *limits())
     except urllib.error.HTTPError as e:
         raise DataError(f"wds: {shard}: the server answered HTTP {e.code} ({e.reason})") from None
+    except DeadlinePassed as e:
+        raise DataError(f"wds: {e}") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise DataError(f"wds: cannot fetch {shard} ({getattr(e, 'reason', None) or e})") from None
 
@@ -165,28 +168,22 @@ def open_shard(shard: Any) -> Any:
 
 
 class _Response(io.RawIOBase):
-    """An HTTP response as a raw stream (BufferedReader wants readinto), under the shard's whole
-    deadline (`limits`): what arrived must keep up with MIN_RATE after the first TIMEOUT_S, or
-    the stream ends in a DataError that says so. Each read takes what has arrived (read1), so
-    the deadline is checked as bytes come, at most TIMEOUT_S (one socket read) after it passes."""
+    """An HTTP response as a raw stream (BufferedReader wants readinto); its reads are under the
+    request's whole deadline (vitlab.files.net, `limits`), and passing it is a DataError naming the
+    shard. Each read takes what has arrived (read1)."""
 
     def __init__(self, response: Any, url: str):
         self.response, self.url = response, url
-        self.timeout, self.min_rate = limits()
-        self.start, self.received = time.monotonic(), 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: Any) -> int:
-        data = self.response.read1(len(b))
+        try:
+            data = self.response.read1(len(b))
+        except DeadlinePassed as e:
+            raise DataError(f"wds: {e}") from None
         b[: len(data)] = data
-        self.received += len(data)
-        elapsed = time.monotonic() - self.start
-        if data and elapsed > self.timeout + self.received / self.min_rate:
-            raise DataError(f"wds: {self.url}: {self.received:,} bytes in {elapsed:.0f} s, slower than "
-                            f"{self.min_rate:,.0f} bytes/s after the first {self.timeout:g} s; the server is stalling, "
-                            "so the shard was cut off (a slow link: set VITLAB_HTTP_MIN_RATE lower)")
         return len(data)
 
     def close(self) -> None:
@@ -201,8 +198,7 @@ def version_tag(shard: RemoteShard) -> Optional[str]:
     if shard.is_pipe:
         return None
     try:
-        request = urllib.request.Request(shard, method="HEAD", headers={"User-Agent": "vitlab"})
-        with urllib.request.urlopen(request, timeout=limits()[0]) as r:
+        with open_url(shard, *limits(), method="HEAD") as r:
             etag, modified, length = r.headers.get("ETag"), r.headers.get("Last-Modified"), r.headers.get("Content-Length")
     except (urllib.error.URLError, OSError, ValueError):
         return None
@@ -217,8 +213,10 @@ def classes_beside(shard: RemoteShard) -> Optional[list[str]]:
         return None
     url = shard.rsplit("/", 1)[0] + "/classes.txt"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "vitlab"}), timeout=limits()[0]) as r:
-            text = io.BufferedReader(_Response(r, url)).read(1 << 20).decode()  # under a shard's deadline
+        with open_url(url, *limits()) as r:
+            text = r.read(1 << 20).decode()  # under a request's deadline
+    except DeadlinePassed as e:
+        raise DataError(f"wds: {e}") from None
     except (urllib.error.URLError, OSError, ValueError, UnicodeDecodeError):
         return None
     return [line.strip() for line in text.splitlines() if line.strip()]
