@@ -54,8 +54,8 @@ def test_files_are_written_with_every_column(tmp_path):
 
 def test_the_kernels_the_inference_copies_chose_follow_the_table():
     """vitlab bench puts deploy.kernels' choices (and their timings) in `info`; the table ends with them."""
-    kernels = ("Dense float32 768x2304, 197 tokens: oneDNN (measured; CPU ms per image: oneDNN 6.6, F.linear 7.9)\n"
-               "attention float32 12 heads x 64, 197 tokens: fused (cached; CPU ms per image: fused 2.1, explicit 2.3)")
+    kernels = ("Dense float32 768x2304, 197 tokens: oneDNN (measured; ms per image: oneDNN 6.6, F.linear 7.9)\n"
+               "attention float32 12 heads x 64, 197 tokens: fused (cached; ms per image: fused 2.1, explicit 2.3)")
     text = markdown(rows(), {**INFO, "kernels": kernels}, BenchConfig())
     assert text.endswith("Kernels of vitlab's inference copies on this machine (`vitlab.deploy.kernels`):\n\n"
                          f"- {kernels.splitlines()[0]}\n- {kernels.splitlines()[1]}\n")

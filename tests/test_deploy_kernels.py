@@ -67,7 +67,7 @@ def test_the_copy_follows_the_measured_choice_per_shape(monkeypatch, dense, atte
     deploy.inference_copy(m)  # a second copy in this process: nothing timed again
     assert len(timed) == 5
     lines = [str(c) for c in kernels.choices()]
-    assert f"Dense float32 32x64 +gelu_tanh, 17 tokens: {dense} (measured; CPU ms per image:" in "\n".join(lines)
+    assert f"Dense float32 32x64 +gelu_tanh, 17 tokens: {dense} (measured; ms per image:" in "\n".join(lines)
 
 
 # Whichever kernel runs, the same function ------------------------------------------------------
@@ -188,8 +188,8 @@ def test_info_says_which_kernel_each_shape_runs_and_why(monkeypatch, tmp_path, c
     out = capsys.readouterr().out
     onednn = torch.float32 in deploy.onednn_dtypes()
     want = "oneDNN" if onednn else "F.linear"
-    assert f"cpu kernels  Dense float32 192x576, 65 tokens: {want} (measured; CPU ms per image: oneDNN 1.5, F.linear 3)" in out
-    assert "attention float32 3 heads x 64, 65 tokens: explicit (measured; CPU ms per image: explicit 1, fused 2)" in out
+    assert f"cpu kernels  Dense float32 192x576, 65 tokens: {want} (measured; ms per image: oneDNN 1.5, F.linear 3)" in out
+    assert "attention float32 3 heads x 64, 65 tokens: explicit (measured; ms per image: explicit 1, fused 2)" in out
     monkeypatch.setattr(kernels, "_MADE", {})  # as a second process
     assert main(["info", str(tmp_path / "m.safetensors"), "--kernels", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["cpu_kernels"]

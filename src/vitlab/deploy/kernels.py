@@ -6,8 +6,8 @@ oneDNN's packed fp32 product beats MKL's `F.linear` by 10-20%; on an AVX2-only Z
 (issue 51: the packed copy ran at 0.86x the fastest peer, the plain model at 1.04x); the fused
 attention kernel wins in bf16 with AMX and loses without it. So the copy times the kernels it
 has at the model's own shapes (`time_dense`, `time_attention`: rows of one image and of four,
-interleaved, the best of a few calls, in CPU time: on a shared machine other processes inflate
-wall time far more) and takes the faster (`decide`: the model's own kernel
+interleaved, the best of a few calls; on one thread by its own CPU time, which other processes
+cannot inflate) and takes the faster (`decide`: the model's own kernel
 unless another beats it by more than `MARGIN`). The timings are cached in
 $VITLAB_CACHE/kernels.json (default $XDG_CACHE_HOME/vitlab, else ~/.cache/vitlab) under a key
 of the CPU model, its instruction-set flags, the thread count, the torch version and the ISA
@@ -48,7 +48,8 @@ ATTENTION = ("fused", "explicit")  # F.scaled_dot_product_attention / matmul, so
 FORCE = {"dense": "VITLAB_DENSE_KERNEL", "attention": "VITLAB_ATTENTION_KERNEL"}
 MARGIN = 0.03  # another kernel must beat the model's own by this much: noise never flips to a loser
 BATCHES = (1, 4)  # images per timed call; the cost is the mean time per image over both
-REPEATS = 3
+REPEATS = 3  # rounds at least; small shapes repeat until SECONDS have passed (at most MAX_REPEATS)
+SECONDS, MAX_REPEATS = 0.25, 50
 CACHE_VERSION = 1
 GELU = {None: None, "gelu": "none", "gelu_tanh": "tanh"}  # an activation's name -> F.gelu's approximate
 
@@ -66,7 +67,7 @@ class Choice:
     @property
     def why(self) -> str:
         times = ", ".join(f"{k} {v:.3g}" for k, v in sorted(self.ms.items(), key=lambda kv: kv[1]))
-        return f"{self.source}; " + (f"CPU ms per image: {times}" if times else "no timing")
+        return f"{self.source}; " + (f"ms per image: {times}" if times else "no timing")
 
     def __str__(self) -> str:
         return f"{self.what}: {self.kernel} ({self.why})"
@@ -163,14 +164,17 @@ def store(path, key: str, info: Mapping[str, object], what: str, ms: Mapping[str
 
 
 def _clock() -> Callable[[], float]:
-    # CPU time, which other processes on a busy machine inflate far less than wall time: one
-    # thread's own, or the process's (all its threads) when it computes on more than one.
-    return time.thread_time if torch.get_num_threads() == 1 else time.process_time
+    # One thread: its own CPU time, which other processes cannot inflate. More: wall time (the
+    # process's CPU time would count the idle OpenMP threads' spinning, which swamps small
+    # products); the best of interleaved calls keeps a busy moment out.
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
 def best_times(calls: Mapping[Hashable, Callable[[], object]], repeats: int = REPEATS) -> dict[Hashable, float]:
     """The best time of each call in seconds, the calls interleaved so that a busy moment of the
-    machine slows them all; a call that raises gets an infinite time."""
+    machine slows them all, over `repeats` rounds or more for quick calls (until `SECONDS` of
+    wall time, at most `MAX_REPEATS`): the best of many is what a quiet moment gives. A call
+    that raises gets an infinite time."""
     clock = _clock()
     best = {name: math.inf for name in calls}
     live = {}
@@ -181,16 +185,19 @@ def best_times(calls: Mapping[Hashable, Callable[[], object]], repeats: int = RE
                 live[name] = fn
             except RuntimeError:
                 pass
-        for _ in range(repeats):
+        start = time.perf_counter()
+        for done in range(1, MAX_REPEATS + 1):
             for name, fn in live.items():
                 t0 = clock()
                 fn()
                 best[name] = min(best[name], clock() - t0)
+            if done >= repeats and time.perf_counter() - start >= SECONDS:
+                break
     return best
 
 
 def per_image(seconds: Mapping[Hashable, float], kernels: tuple[str, ...]) -> dict[str, float]:
-    """CPU ms per image of each kernel from the seconds of each (kernel, batch), averaged over
+    """ms per image of each kernel from the seconds of each (kernel, batch), averaged over
     the timed batch sizes."""
     return {k: 1e3 * sum(seconds[k, b] / b for b in BATCHES) / len(BATCHES) for k in kernels}
 
@@ -205,7 +212,7 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor
 
 
 def time_dense(k: int, n: int, tokens: int, activation: Optional[str], dtype: torch.dtype) -> dict[str, float]:
-    """CPU ms per image of a Dense layer (in k, out n, `tokens` rows per image, then the activation:
+    """ms per image of a Dense layer (in k, out n, `tokens` rows per image, then the activation:
     None, "gelu" or "gelu_tanh") on each kernel of `DENSE` this CPU runs in `dtype`."""
     gen = torch.Generator().manual_seed(0)
     w, bias = torch.randn(n, k, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
@@ -223,7 +230,7 @@ def time_dense(k: int, n: int, tokens: int, activation: Optional[str], dtype: to
 
 
 def time_attention(heads: int, tokens: int, head_dim: int, dtype: torch.dtype) -> dict[str, float]:
-    """CPU ms per image of attention at the model's shapes on each kernel of `ATTENTION`."""
+    """ms per image of attention at the model's shapes on each kernel of `ATTENTION`."""
     gen = torch.Generator().manual_seed(0)
     calls: dict[Hashable, Callable[[], object]] = {}
     for b in BATCHES:
