@@ -232,3 +232,59 @@ def test_the_box_is_torchvisions_draw_for_draw_also_at_the_fallback():
             reference = T.RandomResizedCrop.get_params(torch.empty(1, h, w), list(scale), list(ratio))
             flip = bool(torch.rand(1) < 0.5)
             assert (tuple(box[:4]), box.flip) == (reference, flip) and torch.equal(after, torch.rand(1))
+
+
+def bilinear_no_filter(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """TF's tf.image.resize(method="bilinear", antialias=False) written from its definition:
+    output pixel i samples the input at (i + 0.5) * in / out - 0.5 (half-pixel centres), from
+    the two nearest input pixels on each axis, edges clamped; no filter, whatever the factor.
+    (H, W, C) uint8 in, float out."""
+    out = pixels.astype(np.float64)
+    for axis, new in enumerate(size):
+        old = out.shape[axis]
+        src = np.clip((np.arange(new) + 0.5) * old / new - 0.5, 0, old - 1)
+        lo = np.floor(src).astype(int)
+        hi = np.minimum(lo + 1, old - 1)
+        w = (src - lo).reshape([-1 if a == axis else 1 for a in range(out.ndim)])
+        out = np.take(out, lo, axis=axis) * (1 - w) + np.take(out, hi, axis=axis) * w
+    return out
+
+
+def test_antialias_off_samples_as_tfs_resize_on_every_path():
+    """data.antialias=False: the evaluation transform and the three training decodes (whole
+    image, no flip) give TF's unfiltered bilinear resize of a photo (scikit-learn's 640x427
+    JPEG), within the rounding of uint8 pixels; antialias on (the default) filters, and
+    differs by grey levels when shrinking."""
+    import sklearn.datasets
+
+    photo = Path(sklearn.datasets.__file__).parent / "images" / "china.jpg"
+    pixels = np.asarray(Image.open(photo).convert("RGB"))
+    want = bilinear_no_filter(pixels, (96, 128)) / 127.5 - 1  # normalised with mean = std = 0.5
+    want = torch.from_numpy(want).permute(2, 0, 1).float()
+    off = eval_transform((96, 128), antialias=False)
+    assert "not antialiased" in repr(off)
+    got = off(Image.open(photo))
+    assert (got - want).abs().max() <= 1.01 / 127.5  # a grey level: the uint8 kernel rounds
+    on = eval_transform((96, 128))(Image.open(photo))
+    assert (on - want).abs().mean() * 127.5 > 2  # the filter's doing: 2+ grey levels on average
+    whole = dict(crop="whole", hflip=False, antialias=False)
+    for decode in ("pil", "fast"):
+        x = train_transform((96, 128), decode=decode, **whole)(Encoded(photo, str(photo)))
+        assert (x - got).abs().max() <= 1.01 / 127.5, decode
+    planned = train_transform((96, 128), decode="cuda", **whole)(Encoded(photo, str(photo)))
+    batch = D.decode_planned([planned], (96, 128), "cpu", ((0.5,) * 3, (0.5,) * 3))[0]
+    assert (batch - got).abs().max() <= 1.01 / 127.5
+    # growing an image is the same either way: the filter only widens when shrinking
+    small = Image.open(photo).resize((50, 40))
+    assert torch.equal(eval_transform(64, antialias=False)(small), eval_transform(64, backend="tensor")(small))
+
+
+def test_antialias_is_a_data_setting_and_a_flag():
+    from vitlab.cli import build_parser
+    from vitlab.config.run import DataConfig
+    from vitlab.train.recipe import settings
+
+    assert DataConfig().antialias is True
+    for command in ("train", "finetune"):
+        args = build_parser().parse_args([command, *([] if command == "train" else ["ckpt.safetensors"]), "--no-antialias"])
+        assert ("--antialias", "data.antialias", False) in settings(vars(args))

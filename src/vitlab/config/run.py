@@ -176,6 +176,10 @@ class DataConfig:
     crop_scale: tuple[float, float] = setting(CROP_SCALE, check=_crop_range)
     crop_ratio: tuple[float, float] = setting((0.75, 1.3333333333333333), check=_ratio_range)
     hflip: bool = True
+    # Whether a shrinking resize (training and evaluation) filters first, as PIL and torchvision
+    # do; False samples as TF's tf.image.resize does by default (the official input pipelines).
+    # Measured on CIFAR-10 (docs/reproducing.md, "Antialiased resizing").
+    antialias: bool = True
     randaugment: int = setting(0, at_least=0, hint="RandAugment ops per image; 0 = off")
     randaugment_magnitude: int = setting(9, at_least=0, at_most=30)
     # torchvision's other learned-policy augmentations, and random erasing after normalising.

@@ -206,16 +206,20 @@ def scaled(box: Box, full: tuple[int, int], now: tuple[int, int]) -> tuple[int, 
 
 
 # The decode steps of the training transform ----------------------------------------------
-# Each takes (image, draw, size, interpolation, in_channels), where draw(height, width) -> Box
-# draws the box on the shown size, and returns (the crop at `size`, the box).
+# Each takes (image, draw, size, interpolation, in_channels, antialias), where draw(height,
+# width) -> Box draws the box on the shown size, and returns (the crop at `size`, the box).
+# antialias (data.antialias): shrinking filters first (PIL's and torchvision's antialiased
+# kernels), or samples the image as TF's tf.image.resize does by default (no filter).
 def _opened(image: Encoded) -> tuple[bytes, Image.Image]:
     data = image_bytes(image.source, image.name)
     return data, open_image(data, image.name)
 
 
-def pil_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: Any, in_channels: int) -> tuple[Any, Box]:
+def pil_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: Any, in_channels: int,
+             antialias: bool = True) -> tuple[Any, Box]:
     """Decoded in full by PIL, cropped and resized by PIL: torchvision's RandomResizedCrop on
-    the PIL image (a tensor is cropped and resized as torchvision does it for tensors)."""
+    the PIL image (a tensor, or any image without antialiasing, which PIL always does, is
+    cropped and resized as torchvision does it for uint8 tensors)."""
     from torchvision.transforms import functional as F
 
     if isinstance(image, Encoded):
@@ -224,21 +228,22 @@ def pil_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: A
         image = F.to_pil_image(image)
     if isinstance(image, Image.Image):
         image = to_mode(image, in_channels)
+        image = image if antialias else to_uint8(image)
     h, w = (image.height, image.width) if isinstance(image, Image.Image) else tuple(image.shape[-2:])
     box = draw(h, w)
     return F.resized_crop(image, box.top, box.left, box.height, box.width, list(size), interpolation,
-                          antialias=True), box
+                          antialias=antialias), box
 
 
-def fast_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: Any, in_channels: int
-              ) -> tuple[torch.Tensor, Box]:
+def fast_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: Any, in_channels: int,
+              antialias: bool = True) -> tuple[torch.Tensor, Box]:
     """A JPEG decoded at the DCT scale its box needs (a PNG, or a decoded image, in full), cut
     to the box and resized by torch's uint8 antialiased kernel: uint8 (C, H, W) at `size`."""
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as F
 
-    if isinstance(image, Encoded):
-        x, full, box = _decode_for_box(image, draw, size, in_channels)
+    if isinstance(image, Encoded):  # without antialiasing, decoded in full: a reduced decode would filter
+        x, full, box = _decode_for_box(image, draw, size if antialias else (1 << 30, 1 << 30), in_channels)
     else:
         if isinstance(image, Image.Image):
             image = to_uint8(to_mode(image, in_channels))
@@ -248,8 +253,8 @@ def fast_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: 
     # the crop copied to one channels-last block: torch's uint8 kernel runs a third faster on it
     crop = x[None, :, top:bottom, left:right].contiguous(memory_format=torch.channels_last)
     if interpolation == InterpolationMode.BILINEAR and crop.dtype == torch.uint8:  # torch's native uint8 kernel
-        return torch.nn.functional.interpolate(crop, size, mode="bilinear", align_corners=False, antialias=True)[0], box
-    return F.resize(crop, list(size), interpolation, antialias=True)[0], box
+        return torch.nn.functional.interpolate(crop, size, mode="bilinear", align_corners=False, antialias=antialias)[0], box
+    return F.resize(crop, list(size), interpolation, antialias=antialias)[0], box
 
 
 def _decode_for_box(image: Encoded, draw: Callable, size: tuple[int, int], in_channels: int
@@ -283,10 +288,11 @@ class Planned(NamedTuple):
     shown: tuple[int, int]
     encoded: bool
     name: str = ""
+    antialias: bool = True
 
 
-def cuda_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: Any, in_channels: int
-              ) -> tuple[Planned, Box]:
+def cuda_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: Any, in_channels: int,
+              antialias: bool = True) -> tuple[Planned, Box]:
     """For data.decode=cuda: a JPEG's header read and its box drawn as the CPU steps draw it
     (the same draws for the same seed); the decoding left to the device (`decode_planned`)."""
     if isinstance(image, Encoded):
@@ -294,12 +300,13 @@ def cuda_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: 
         full = shown_size(im)
         if im.format == "JPEG" and im.mode in ("RGB", "L") and full == (im.height, im.width):
             box = draw(*full)
-            return Planned(torch.frombuffer(bytearray(data), dtype=torch.uint8), box, full, True, image.name), box
+            return Planned(torch.frombuffer(bytearray(data), dtype=torch.uint8), box, full, True, image.name,
+                           antialias), box
         image = decode_uint8(im, data, image.name, 1, in_channels)  # decoded on the CPU, cropped on the device
     pixels = to_uint8(to_mode(image, in_channels)) if isinstance(image, Image.Image) else image
     full = tuple(pixels.shape[-2:])
     box = draw(*full)
-    return Planned(pixels, box, full, False), box
+    return Planned(pixels, box, full, False, antialias=antialias), box
 
 
 STEPS = {"pil": pil_step, "fast": fast_step, "cuda": cuda_step}  # data.decode: how training images are decoded
@@ -360,7 +367,7 @@ def decode_planned(items: Sequence[Planned], size: tuple[int, int], device: Any,
     for x, p in zip(decoded_images, items, strict=True):
         left, top, right, bottom = scaled(p.box, p.shown, (x.shape[-2], x.shape[-1]))
         y = F.resize(x[:, top:bottom, left:right], list(size), interpolation or InterpolationMode.BILINEAR,
-                     antialias=True)
+                     antialias=p.antialias)
         out.append(y.flip(-1) if p.box.flip else y)
     batch = torch.stack(out)
     return normalise(batch, *mean_std) if mean_std is not None else batch

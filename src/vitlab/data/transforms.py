@@ -115,15 +115,15 @@ class _ResizeKeepRatio:
     """timm's ResizeKeepRatio for a non-square box (torchvision has no such resize): the image
     scaled by the smaller of the two factors that bring it to the box, so the box is covered."""
 
-    def __init__(self, size: tuple[int, int], interpolation):
-        self.size, self.interpolation = size, interpolation
+    def __init__(self, size: tuple[int, int], interpolation, antialias: bool = True):
+        self.size, self.interpolation, self.antialias = size, interpolation, antialias
 
     def __call__(self, image):
         from torchvision.transforms.v2 import functional as F
 
         _, h, w = F.get_dimensions(image)
         ratio = min(h / self.size[0], w / self.size[1])
-        return F.resize(image, [round(h / ratio), round(w / ratio)], self.interpolation, antialias=True)
+        return F.resize(image, [round(h / ratio), round(w / ratio)], self.interpolation, antialias=self.antialias)
 
     def __repr__(self) -> str:
         return f"ResizeKeepRatio(cover {self.size[0]}x{self.size[1]}, {self.interpolation.value})"
@@ -136,12 +136,13 @@ class EvalTransform:
     transformers' ViTImageProcessor use (tests/test_data_transforms.py holds them to 1e-6),
     except `_Input` (PIL modes, and the backend) and `_ResizeKeepRatio` (timm's own resize for
     a non-square box), which torchvision does not have. `resize_size` is the box the resize
-    aims for (h, w) before the crop to `size`.
+    aims for (h, w) before the crop to `size`. antialias=False resizes a uint8 tensor (PIL
+    always filters) with no filter, as TF's tf.image.resize does by default.
     """
 
     def __init__(self, image_size: int | Sequence[int], mean: Sequence[float] = (0.5, 0.5, 0.5),
                  std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3, crop_fraction: float = 1.0,
-                 crop_mode: str = "squash", interpolation: str = "bilinear", backend: str = "pil"):
+                 crop_mode: str = "squash", interpolation: str = "bilinear", backend: str = "pil", antialias: bool = True):
         from torchvision.transforms import v2
 
         if crop_mode not in ("squash", "center"):
@@ -151,14 +152,16 @@ class EvalTransform:
         self.size = _size(image_size)
         self.resize_size = (math.floor(self.size[0] / crop_fraction), math.floor(self.size[1] / crop_fraction))
         self.mean, self.std, self.in_channels = tuple(mean), tuple(std), in_channels
+        backend = backend if antialias else "tensor"
         self.crop_fraction, self.crop_mode, self.interpolation, self.backend = crop_fraction, crop_mode, interpolation, backend
+        self.antialias = antialias
         mode = interpolation_mode(interpolation)
         if crop_mode == "squash":
-            resize = v2.Resize(list(self.resize_size), mode, antialias=True)
+            resize = v2.Resize(list(self.resize_size), mode, antialias=antialias)
         elif self.resize_size[0] == self.resize_size[1]:
-            resize = v2.Resize([self.resize_size[0]], mode, antialias=True)  # the shorter side
+            resize = v2.Resize([self.resize_size[0]], mode, antialias=antialias)  # the shorter side
         else:
-            resize = _ResizeKeepRatio(self.resize_size, mode)
+            resize = _ResizeKeepRatio(self.resize_size, mode, antialias)
         steps = [_Input(in_channels, backend), resize]
         self.crops = self.resize_size != self.size or crop_mode == "center"
         if self.crops:
@@ -177,7 +180,8 @@ class EvalTransform:
         crop = f"centre {h}x{w} (crop_fraction {self.crop_fraction:g})" if self.crops else "none"
         numbers = lambda v: "(" + ", ".join(f"{x:g}" for x in v) + ")"  # noqa: E731
         return (f"EvalTransform(\n  size: {h}x{w}, {'RGB' if self.in_channels == 3 else 'L (greyscale)'}\n"
-                f"  resize: {side} {rh if self.crop_mode == 'center' and rh == rw else f'{rh}x{rw}'}, {self.interpolation}, antialiased, by {by} (backend {self.backend!r})\n"
+                f"  resize: {side} {rh if self.crop_mode == 'center' and rh == rw else f'{rh}x{rw}'}, {self.interpolation}, "
+                f"{'antialiased' if self.antialias else 'not antialiased'}, by {by} (backend {self.backend!r})\n"
                 f"  crop: {crop}\n  normalise: (pixel / 255 - mean) / std, mean {numbers(self.mean)}, "
                 f"std {numbers(self.std)}\n)")
 
@@ -191,6 +195,7 @@ def eval_transform(
     crop_mode: str = "squash",
     interpolation: str = "bilinear",
     backend: str = "pil",
+    antialias: bool = True,
 ) -> EvalTransform:
     """Resize to image_size / crop_fraction, centre-crop image_size, normalise.
 
@@ -202,18 +207,21 @@ def eval_transform(
     (torchvision's antialiased kernels on a uint8 tensor, as transformers 5.x's
     ViTImageProcessor does; a PIL image is made a tensor first). Either way the input may be
     a PIL image of any mode or a uint8 (C, H, W) tensor, and the pixels depend on the
-    backend only.
+    backend only. antialias=False (data.antialias): the "tensor" backend's kernels without
+    their filter, TF's tf.image.resize default.
     """
-    return EvalTransform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend)
+    return EvalTransform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend, antialias)
 
 
-def model_transform(config, train: bool = False, **augment) -> Callable[[Image.Image], Tensor]:
+def model_transform(config, train: bool = False, antialias: bool = True, **augment) -> Callable[[Image.Image], Tensor]:
     """The preprocessing a model of `config` expects (a ViTConfig or anything with its
     preprocessing fields), the one function every command feeds a model through: evaluation
     as `eval_transform` with the stored crop, interpolation and resize backend, or training
     as `train_transform` at the same size, interpolation and normalisation, on the fast path
-    `vitlab train` takes (decode="fast"; `augment` may name another decode)."""
-    common = dict(image_size=config.image_size, mean=config.mean, std=config.std, in_channels=config.in_channels)
+    `vitlab train` takes (decode="fast"; `augment` may name another decode). `antialias`
+    (data.antialias): False resizes as TF's tf.image.resize does by default, no filter."""
+    common = dict(image_size=config.image_size, mean=config.mean, std=config.std, in_channels=config.in_channels,
+                  antialias=antialias)
     if train:
         return train_transform(**common, interpolation=config.interpolation, **augment)
     if augment:
@@ -262,7 +270,7 @@ class TrainTransform:
                  std: Sequence[float] = (0.5, 0.5, 0.5), in_channels: int = 3,
                  crop_scale: Sequence[float] = CROP_SCALE, crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
                  hflip: bool = True, interpolation: str = "bilinear", decode: str = "fast", uint8: bool = False,
-                 crop: str = "inception", **augment: Any):
+                 crop: str = "inception", antialias: bool = True, **augment: Any):
         if decode not in STEPS:
             raise ValueError(f"decode={decode!r}: use one of {', '.join(STEPS)}")
         if crop not in CROPS:
@@ -272,7 +280,7 @@ class TrainTransform:
             raise TypeError(f"unknown augmentation option(s) {unknown}; known: {', '.join(AUGMENT_OPTIONS)}")
         self.size, self.mean, self.std, self.in_channels = _size(image_size), tuple(mean), tuple(std), in_channels
         self.decode, self.uint8, self.interpolation = decode, uint8, interpolation_mode(interpolation)
-        self.crop = crop
+        self.crop, self.antialias = crop, antialias
         self.draw = (functools.partial(decoding.whole_box, hflip=hflip) if crop == "whole" else
                      functools.partial(decoding.draw_box, scale=tuple(crop_scale), ratio=tuple(crop_ratio), hflip=hflip))
         self.ops, self.after = augmentations(augment)
@@ -285,7 +293,7 @@ class TrainTransform:
     def __call__(self, image: Any) -> Any:
         if not isinstance(image, decoding.Encoded):
             image = image_input(image)  # a numpy array as a PIL image; NaN, inf and other types refused
-        x, box = STEPS[self.decode](image, self.draw, self.size, self.interpolation, self.in_channels)
+        x, box = STEPS[self.decode](image, self.draw, self.size, self.interpolation, self.in_channels, self.antialias)
         if isinstance(x, Planned):
             return x
         if box.flip:
@@ -314,7 +322,7 @@ class TrainTransform:
         crop = ("none, the whole image" if self.crop == "whole" else
                 f"Inception, area {scale[0]:g}-{scale[1]:g}, aspect {ratio[0]:.3g}-{ratio[1]:.3g}")
         return (f"TrainTransform(\n  decode: {self.decode} (vitlab.data.decode)\n  crop: {crop}, "
-                f"resized to {h}x{w}, {interpolation}, antialiased\n"
+                f"resized to {h}x{w}, {interpolation}, {'antialiased' if self.antialias else 'not antialiased'}\n"
                 f"  flip: {'horizontal, half the images' if hflip else 'none'}\n  augmentations: {ops}\n"
                 f"  out: {'uint8 (normalised on the device)' if self.uint8 and not self.after else repr(self.normalise)}\n)")
 
@@ -333,19 +341,23 @@ def train_transform(image_size: int | Sequence[int], mean: Sequence[float] = (0.
     return TrainTransform(image_size, mean, std, in_channels, decode=decode, uint8=uint8, **augment)
 
 
-def fast_model_transform(config: Any) -> FastEvalTransform:
+def fast_model_transform(config: Any, antialias: bool = True) -> FastEvalTransform | EvalTransform:
     """`transforms.model_transform(config)` for evaluation, fed at the reduced scale (opt-in)."""
     return fast_eval_transform(config.image_size, config.mean, config.std, config.in_channels, config.crop_fraction,
-                               config.crop_mode, config.interpolation, backend=getattr(config, "resize_backend", "pil"))
+                               config.crop_mode, config.interpolation, backend=getattr(config, "resize_backend", "pil"),
+                               antialias=antialias)
 
 
 def fast_eval_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
                         in_channels: int = 3, crop_fraction: float = 1.0, crop_mode: str = "squash",
-                        interpolation: str = "bilinear", margin: int = 2, backend: str = "pil") -> FastEvalTransform:
+                        interpolation: str = "bilinear", margin: int = 2, backend: str = "pil",
+                        antialias: bool = True) -> FastEvalTransform | EvalTransform:
     """`eval_transform`, fed by a JPEG decoded at the largest reduction that leaves `margin` times
     the size its resize makes (2: within 0.1 point of top-1 of the full decode, where 1 was not;
     benchmarks/results/decode-accuracy.md)."""
-    inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend)
+    inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend, antialias)
+    if not antialias:  # a reduced decode filters: without antialiasing, the full decode
+        return inner
     size = _size(image_size)
     resize_to = (math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction))
     return FastEvalTransform(inner, resize_to, keep_ratio=crop_mode == "center", margin=margin)

@@ -94,10 +94,11 @@ def data_transforms(cfg: RunConfig, model: ModelConfig) -> tuple[Any, Any]:
     trainer normalises them on its device (decode.model_input)."""
     d = cfg.data
     try:
-        train = model_transform(model, train=True, decode=d.decode, uint8=True, **augmentation(d))
+        train = model_transform(model, train=True, antialias=d.antialias, decode=d.decode, uint8=True, **augmentation(d))
     except ValueError as e:  # an augmentation data.decode=cuda cannot run
         raise ConfigError(f"data.decode={d.decode}: {e}") from None
-    return train, (fast_model_transform(model) if d.eval_decode == "fast" else model_transform(model))
+    return train, (fast_model_transform(model, d.antialias) if d.eval_decode == "fast" else
+                   model_transform(model, antialias=d.antialias))
 
 
 def open_datasets(cfg: RunConfig, model: ModelConfig, sources: Optional[tuple[Any, dict[str, Any]]],
@@ -135,7 +136,7 @@ def plain_training_set(cfg: RunConfig, model: ModelConfig, sources: Optional[tup
                        inputs: Inputs) -> Any:
     """The run's training images (its split and subset) at the evaluation transform: no
     augmentation, the full decode. What model.head_start=probe fits the new head on."""
-    d, evaluate = cfg.data, model_transform(model)
+    d, evaluate = cfg.data, model_transform(model, antialias=cfg.data.antialias)
     if sources is not None:
         train = sources[0].dataset if isinstance(sources[0], torch.utils.data.DataLoader) else sources[0]
         images = foreign.wrap(train, evaluate, seed=cfg.train.seed)

@@ -188,7 +188,8 @@ def length_unset(recipe: str, options: Mapping[str, Any]) -> bool:
 def training_set(cfg: RunConfig, inputs: Inputs) -> Any:
     """The run's training split (its length and `identity`: which paper dataset it is), opened
     in `inputs`, where the runs of the plan find it again."""
-    return build.training_split(cfg, model_transform(architecture(cfg.model, inputs)), False, inputs)
+    return build.training_split(cfg, model_transform(architecture(cfg.model, inputs), antialias=cfg.data.antialias),
+                                False, inputs)
 
 
 def in_steps(cfg: RunConfig, n_train: int) -> RunConfig:

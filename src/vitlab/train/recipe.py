@@ -40,7 +40,7 @@ FLAG_KEYS = {
     "compile": "train.compile", "grad_checkpointing": "train.grad_checkpointing", "device": "train.device",
     "objective": "train.objective", "mixup": "train.mixup", "cutmix": "train.cutmix",
     "label_smoothing": "train.label_smoothing", "drop_path": "model.drop_path",
-    "train_fraction": "data.train_fraction", "train_size": "data.train_size",
+    "train_fraction": "data.train_fraction", "train_size": "data.train_size", "antialias": "data.antialias",
 }
 
 
