@@ -1,4 +1,4 @@
-"""The whole paper suite in one command: the six shipped `paper/*` sweeps in turn, then their
+"""The whole paper suite in one command: the shipped `paper/*` sweeps in turn, then their
 evidence kept and docs/paper-in-miniature.md regenerated from it.
 
     python benchmarks/paper_suite.py                    # runs/sweeps/SPEC, two cells side by side
@@ -27,7 +27,7 @@ from vitlab.cli import main as vitlab
 from vitlab.config import ConfigError
 
 # Cheapest first: a broken setup shows in minutes, not after the longest spec.
-SPECS = ("pos-embed-at", "pos-embed", "compute", "data-size", "cls-gap", "attention-distance")
+SPECS = ("pos-embed-at", "pos-embed", "compute", "data-size", "cls-gap", "attention-distance", "local-heads")
 
 
 def not_evidence(folder: Path) -> list[str]:

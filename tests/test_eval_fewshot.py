@@ -308,12 +308,22 @@ def test_fewshot_command_and_cache(digit_ckpts, tmp_path, monkeypatch, capsys):
     for s in ("1", "5"):
         np.testing.assert_allclose(other["shots"][s]["accuracy"], res["shots"][s]["accuracy"], atol=1 / 360 + 1e-9)
     # A sweep on cached features reads them back.
-    assert main(["fewshot", str(digit_ckpts / "model.safetensors"), *args, "--shots", "2", "--json"]) == 0
+    assert main(["fewshot", str(digit_ckpts / "model.safetensors"), *args[:2], *args[4:], "--shots", "2", "--json"]) == 0
     assert "from cache" in capsys.readouterr().err
     # A random init of the same shape is a different model.
     assert main(["fewshot", str(digit_ckpts / "model.safetensors"), *args, "--random-init", "3", "--json"]) == 0
     rnd = json.loads(capsys.readouterr().out)
     assert rnd["weights_sha256"] != res["weights_sha256"] and rnd["random_init"] == 3
+    # A control over K draws (3-5): the mean of each draw's mean, the draw means as its accuracies
+    # (their spread is the control's noise, which a sweep's interval then carries), each draw kept.
+    assert main(["fewshot", str(digit_ckpts / "model.safetensors"), *args, "--random-init", "3-5", "--json"]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    means = [d["shots"]["5"]["mean"] for d in pooled["draws"]]
+    assert pooled["random_init"] == [3, 4, 5] and [d["random_init"] for d in pooled["draws"]] == [3, 4, 5]
+    assert means[0] == rnd["shots"]["5"]["mean"] and pooled["shots"]["5"]["accuracy"] == means
+    assert pooled["shots"]["5"]["mean"] == pytest.approx(sum(means) / 3) and len(set(means)) > 1
+    assert main(["fewshot", str(digit_ckpts / "model.safetensors"), *args, "--random-init", "5-3"]) != 0
+    assert "range of seeds" in capsys.readouterr().err
 
 
 def test_fewshot_command_default_is_big_vision_and_recorded(digit_ckpts, tmp_path, monkeypatch, capsys):

@@ -256,3 +256,21 @@ def test_the_sweeps_time_is_the_union_of_its_steps(tmp_path):
     assert t == {"wall_s": 190.0, "side_by_side": 2, "train_s": 230.0, "after_s": 20.0, "machines": ["CPU X (2 cores)"]}
     assert timing.summary([tmp_path / "d"]) is None
     assert "3 minutes of wall time on CPU X (2 cores), at most 2 step(s) side by side" in timing.sentence(t)
+
+
+def test_shipped_confirmatory_claims_are_powered():
+    """A shipped spec's claim with a power analysis plans 80% or more at its stated effect
+    (vitlab sweep refuses it otherwise); the power it prints is stats.power's."""
+    from vitlab.config.sweep import declared_claims
+    from vitlab.sweep import declare, stats
+
+    planned = 0
+    for name in shipped_sweeps():
+        spec, _ = load_sweep(name)
+        declare.check_power(spec)
+        for claim in declared_claims(spec):
+            p = declare.plan(spec, claim)
+            if p["power"] is not None:
+                planned += 1
+                assert p["confirmatory"] and p["power"] >= stats.POWER and p["seeds"] >= p["needs"]
+    assert planned >= 2  # paper/local-heads and paper/table8

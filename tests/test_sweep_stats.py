@@ -380,28 +380,97 @@ def test_best_against_best_selects_on_dev_never_test():
                                                              "best": "lr", "by": "test.top1"}]}}, "t")
 
 
-def test_claims_cannot_change_after_results_exist(tmp_path):
+def _git(repo, *args):
+    import subprocess
+
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": __import__("os").environ["PATH"]})
+
+
+POWERED = {"metric": "test.top1", "selection": "none", "effect": 0.05, "sd": 0.01, "sd_from": "a pilot", "family": 1}
+
+
+def declared_spec(tmp_path, primary=None, commit=True):
+    """A spec with one declared claim in a git repository of its own (committed unless not)."""
+    d = {**SPEC, "report": {**SPEC["report"], "compare": [{**SPEC["report"]["compare"][0], "primary": primary or POWERED}]}}
+    repo = tmp_path / "repo"
+    repo.mkdir(exist_ok=True)
+    path = repo / "t.yaml"
+    path.write_text(yaml.safe_dump(d))
+    _git(repo, "init", "-q")
+    if commit:
+        _git(repo, "add", "t.yaml")
+        _git(repo, "commit", "-qm", "declare")
+    return SweepSpec.from_dict(d, "t"), path
+
+
+def test_a_declaration_records_time_and_commit_and_reports_verify_it(tmp_path):
     from vitlab.config.sweep import claims_digest
+    from vitlab.sweep import claims_declared, declare, expand, save_spec
+
+    spec, path = declared_spec(tmp_path)
+    out = path.parent / "sweep"  # in the spec's repository, as results/paper is: its commit is checked
+    save_spec(spec, out, 1.0, path, stamp=True)
+    record = json.loads((out / "sweep.json").read_text())["claims"]
+    assert record["digest"] == claims_digest(spec) and record["text"] == ["an embedding helps"]
+    assert record["commit"] and record["spec_file"] == "t.yaml" and record["declared_at"].endswith("Z")
+    cells = expand(spec, out)
+    got = claims_declared(spec, out, cells)
+    assert got["status"] == declare.BEFORE and got["commit"] == record["commit"], got
+    report = findings.build(spec, rows(), got)
+    assert f"| an embedding helps | before the run ({record['declared_at']}, {record['commit'][:10]}) |" in \
+        findings.claims_table([report])
+    # the record edited (the spec inside sweep.json changed, its digest not): unknown, never before
+    kept = json.loads((out / "sweep.json").read_text())
+    edited = json.loads(json.dumps(kept))
+    edited["spec"]["report"]["compare"][0]["expect"] = "lower"
+    (out / "sweep.json").write_text(json.dumps(edited))
+    from vitlab.sweep import load_folder
+    changed, _ = load_folder(out)
+    got = claims_declared(changed, out, cells)
+    assert got["status"] == declare.UNKNOWN and "differ from its digest" in got["why"]
+    assert "| an embedding helps | unknown (" in findings.claims_table([findings.build(changed, rows(), got)])
+    # a digest rewritten to match the edit: the spec at the recorded commit declares other claims
+    edited["claims"]["digest"] = claims_digest(changed)
+    (out / "sweep.json").write_text(json.dumps(edited))
+    assert claims_declared(changed, out, cells)["status"] == declare.UNKNOWN
+    # no record at all, or one without time and commit (an older sweep.json): unknown
+    (out / "sweep.json").unlink()
+    assert claims_declared(spec, out, cells)["status"] == declare.UNKNOWN
+    (out / "sweep.json").write_text(json.dumps({**kept, "claims": {k: kept["claims"][k] for k in ("digest", "text", "declared")}}))
+    assert "no declaration time and commit" in claims_declared(spec, out, cells)["why"]
+    # declared after the first cell started: post hoc
+    (out / "sweep.json").write_text(json.dumps(kept))
+    (out / cells[0].key).mkdir(parents=True)
+    (out / cells[0].key / "timing.json").write_text(json.dumps({"steps": [{"step": "train", "start": 1.0, "seconds": 2.0}]}))
+    assert claims_declared(spec, out, cells)["status"] == declare.AFTER
+
+
+def test_a_run_refuses_uncommitted_claims(tmp_path):
+    from vitlab.sweep import declare
+
+    spec, path = declared_spec(tmp_path, commit=False)
+    with pytest.raises(ConfigError, match="not committed"):
+        declare.committed(spec, path)
+    _git(path.parent, "add", "t.yaml")
+    _git(path.parent, "commit", "-qm", "declare")
+    assert declare.committed(spec, path)["commit"]
+    d = yaml.safe_load(path.read_text())
+    d["report"]["compare"][0]["primary"]["effect"] = 0.02  # an edit to the claim, not committed
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError, match="not committed"):
+        declare.committed(SweepSpec.from_dict(d, "t"), path)
+    assert declare.committed(spec, None) == {"commit": None, "spec_file": None}  # no file: nothing to prove
+
+
+def test_claims_cannot_change_after_results_exist(tmp_path):
     from vitlab.sweep import check_claims, expand, save_spec
 
-    declared = {**SPEC, "report": {**SPEC["report"], "compare": [
-        {**SPEC["report"]["compare"][0], "primary": {"metric": "test.top1", "selection": "none"}}]}}
-    spec = SweepSpec.from_dict(declared, "t")
-    save_spec(spec, tmp_path, 1.0)
-    record = json.loads((tmp_path / "sweep.json").read_text())["claims"]
-    assert record["digest"] == claims_digest(spec) and record["text"] == ["an embedding helps"]
-    assert record["declared"] == "before the first cell ran"
-    # the report says when, and the page's claims table shows it per claim
-    from vitlab.sweep import claims_declared
-    assert claims_declared(tmp_path) == record["declared"]
-    report = findings.build(spec, rows(), claims_declared(tmp_path))
-    assert report["claims_declared"] == record["declared"]
-    assert "| an embedding helps | before the run |" in findings.claims_table([report])
-    late = {**report, "claims_declared": "after its results (post hoc): declared on 5 December 2026"}
-    assert "| an embedding helps | after the run (post hoc) |" in findings.claims_table([late])
-    assert claims_declared(tmp_path / "elsewhere") is None
-    changed = SweepSpec.from_dict({**declared, "report": {**declared["report"], "compare": [
-        {**declared["report"]["compare"][0], "expect": "equal", "margin": 0.01}]}}, "t")
+    spec, path = declared_spec(tmp_path)
+    save_spec(spec, tmp_path, 1.0, path, stamp=True)
+    changed = SweepSpec.from_dict({**spec.to_dict(), "report": {**spec.to_dict()["report"], "compare": [
+        {**spec.to_dict()["report"]["compare"][0], "expect": "equal", "margin": 0.01}]}}, "t")
     check_claims(changed, tmp_path, expand(changed, tmp_path))  # no results yet: the spec may change
     cell = expand(spec, tmp_path)[0]
     (tmp_path / cell.key).mkdir()
@@ -411,11 +480,78 @@ def test_claims_cannot_change_after_results_exist(tmp_path):
         check_claims(changed, tmp_path, expand(changed, tmp_path))
 
 
+@pytest.mark.parametrize("n,sd,effect,alpha", [(3, 1.0, 2.0, 0.05 / 18), (5, 0.355, 1.0, 0.025), (8, 1.2, 1.0, 0.05),
+                                               (16, 1.0, 0.5, 0.01), (2, 1.0, 0.3, 0.001), (40, 2.0, 1.0, 0.05 / 6)])
+def test_power_of_a_direction_is_the_noncentral_t_tail(n, sd, effect, alpha):
+    crit = scipy_stats.t.ppf(1 - alpha / 2, n - 1)
+    want = scipy_stats.nct.sf(crit, n - 1, effect / (sd / math.sqrt(n)))
+    assert stats.power(n, sd, effect, "higher", alpha=alpha) == pytest.approx(want, abs=1e-5)
+    assert stats.power(n, sd, effect, "lower", alpha=alpha) == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("n,sd,margin,alpha", [(16, 1.0, 1.0, 0.025), (8, 1.2, 1.0, 0.05), (30, 2.05, 1.0, 0.05)])
+def test_power_of_an_equal_claim_is_tost_by_simulation(n, sd, margin, alpha):
+    """Simulated: the share of draws whose claim p (stats.claim_p, TOST) passes alpha."""
+    np = pytest.importorskip("numpy")
+    d = np.random.default_rng(0).normal(0.0, sd, (100_000, n))
+    mean, se = d.mean(1), d.std(1, ddof=1) / math.sqrt(n)
+    crit = scipy_stats.t.ppf(1 - alpha / 2, n - 1)
+    hits = ((mean - crit * se > -margin) & (mean + crit * se < margin)).mean()
+    assert stats.power(n, sd, 0.0, "equal", margin, alpha) == pytest.approx(hits, abs=0.005)
+    # the same rule as the claim's p: p < alpha exactly when both one-sided tests pass
+    row = stats.paired(dict(enumerate(d[0] + 0.1)), dict(enumerate([0.0] * n)))
+    p = stats.claim_p(row, "equal", margin)
+    inside = row["mean"] - crit * row["std"] / math.sqrt(n) > -margin and row["mean"] + crit * row["std"] / math.sqrt(n) < margin
+    assert (p < alpha) == inside
+
+
+def test_mde_is_the_effect_at_80_percent_power_at_the_verdicts_alpha():
+    for n, std, alpha in ((4, 0.02, 0.05), (3, 0.355, 0.05 / 18), (8, 1.0, 0.05 / 18)):
+        d = stats.mde(std, n, alpha)
+        crit = scipy_stats.t.ppf(1 - alpha / 2, n - 1)
+        assert scipy_stats.nct.sf(crit, n - 1, d / (std / math.sqrt(n))) == pytest.approx(0.8, abs=1e-4)
+    assert stats.mde(0.355, 3, 0.05 / 18) == pytest.approx(4.93, abs=0.01)  # the issue's local-heads number
+    assert stats.mde(1.0, 1) is None
+    m = stats.mde(1.0, 16, 0.05, expect="equal")  # TOST: the margin found equal 80% of the time at d = 0
+    assert stats.power(16, 1.0, 0.0, "equal", m, 0.05) == pytest.approx(0.8, abs=1e-4)
+    assert stats.seeds_for(0.355, 1.0, "lower", alpha=0.025) == 4
+
+
+def test_a_confirmatory_claim_under_80_percent_power_is_refused(tmp_path):
+    from vitlab.sweep import declare
+
+    weak = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
+        {**SPEC["report"]["compare"][0], "primary": {**POWERED, "sd": 0.05}}]}}, "t")
+    with pytest.raises(ConfigError, match=r"planned power \d+% < 80%.*needs \d+ seeds"):
+        declare.check_power(weak)
+    partial = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
+        {**SPEC["report"]["compare"][0], "primary": {"metric": "test.top1", "selection": "none", "sd": 0.01}}]}}, "t")
+    with pytest.raises(ConfigError, match="no power analysis.*complete its power analysis"):
+        declare.check_power(partial)
+    bare = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
+        {**SPEC["report"]["compare"][0], "primary": {"metric": "test.top1", "selection": "none"}}]}}, "t")
+    declare.check_power(bare)  # no plan stated: it runs, and can only be exploratory
+    assert findings.build(bare, rows(), {"status": "before the run"})["claims"][0]["family"] == "exploratory claims"
+    for ok in ({**POWERED, "sd": 0.05, "exploratory": True}, POWERED):
+        declare.check_power(SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
+            {**SPEC["report"]["compare"][0], "primary": ok}]}}, "t"))
+    spec = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
+        {**SPEC["report"]["compare"][0], "primary": POWERED}]}}, "t")
+    plan = declare.plan(spec, findings.declared_claims(spec)[0])
+    assert plan["confirmatory"] and plan["seeds"] == 3 and plan["power"] == pytest.approx(
+        stats.power(3, 0.01, 0.05, "higher", alpha=0.05))
+    # families: confirmatory only with a plan and a proven declaration; Holm within each family
+    report = findings.build(spec, rows(), {"status": "before the run"})
+    assert report["claims"][0]["family"] == "confirmatory claims"
+    assert report["comparisons"][0]["family"].startswith("confirmatory claims")
+    assert findings.build(spec, rows(), None)["claims"][0]["family"] == "exploratory claims"
+
+
 def test_a_declared_claim_names_its_row_and_is_one_of_a_kind():
     base = {"axis": "model.pos_embed", "a": "learned", "b": "none", "claim": "an embedding helps"}
     with pytest.raises(ConfigError, match="metric and selection required"):
         SweepSpec.from_dict({**SPEC, "report": {"compare": [{**base, "primary": {"metric": "test.top1"}}]}}, "t")
-    with pytest.raises(ConfigError, match="effect: give a positive number"):
+    with pytest.raises(ConfigError, match=r"primary\.effect must be > 0"):
         SweepSpec.from_dict({**SPEC, "report": {"compare": [
             {**base, "primary": {"metric": "test.top1", "selection": "none", "effect": -1}}]}}, "t")
     twice = {**base, "primary": {"metric": "test.top1", "selection": "none"}}

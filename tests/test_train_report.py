@@ -147,6 +147,30 @@ def test_a_diverging_run_says_so_and_names_the_learning_rate(tmp_path, capsys):
     assert "from 2.15 at step 1 to 35.5 at step 3" in watch.check(3, 35.5, 0.1) and watch.check(4, 99.0, 0.1) is None
 
 
+def test_a_diverging_run_inside_a_sweep_cell_stops(tmp_path, monkeypatch, capsys):
+    """A sweep sets VITLAB_DIVERGENCE=error for its cells' steps (unless the spec says
+    allow_divergence: true): the run that only warned above stops with status 3 and one line."""
+    from vitlab.cli import main
+    from vitlab.config import ConfigError
+    from vitlab.config.sweep import SweepSpec
+    from vitlab.train.report import DIVERGENCE_ENV, divergence_mode
+
+    monkeypatch.setenv(DIVERGENCE_ENV, "error")
+    assert main(["train", "--steps", "6", "--lr", "30", "--warmup-steps", "0", "--out", str(tmp_path / "run"),
+                 "--quiet", "model.depth=2", "model.hidden_size=32", "model.num_heads=2", "model.mlp_dim=64",
+                 "data.num_workers=0", "optim.clip_grad_norm=0"]) == 3
+    err = capsys.readouterr().err
+    assert "stopped" in err and "diverging" in err and "allow_divergence" in err and "Traceback" not in err
+    monkeypatch.setenv(DIVERGENCE_ENV, "maybe")
+    with pytest.raises(ConfigError, match="give warn or error"):
+        divergence_mode()
+    monkeypatch.delenv(DIVERGENCE_ENV)
+    assert divergence_mode() == "warn"
+    spec = {"train": {"config": "digits"}, "grid": {"seed": [0]}}
+    assert not SweepSpec.from_dict(spec, "t").allow_divergence
+    assert SweepSpec.from_dict({**spec, "allow_divergence": True}, "t").allow_divergence
+
+
 def test_the_next_commands_are_quoted_for_a_shell():
     from pathlib import Path
 

@@ -53,10 +53,15 @@ COUNT = at_least(1)
 COUNT_OR_ZERO = at_least(0)
 
 
-def add_checkpoint_arguments(p, random_init: bool = True) -> None:
+def add_checkpoint_arguments(p, random_init: bool = True, draws: bool = False) -> None:
     p.add_argument("checkpoint", help="a checkpoint in any format vitlab reads, or a pretrained name")
     p.add_argument("--format", help="the checkpoint's format, when detection cannot tell")
     if not random_init:
+        return
+    if draws:  # a control over K random draws: SEED or FIRST-LAST (analysis.inspection.random_draws)
+        p.add_argument("--random-init", metavar="SEED[-LAST]",
+                       help="ignore the weights: a randomly initialised model of the checkpoint's shape (a baseline); "
+                            "FIRST-LAST (0-9): the mean over that many random draws, each draw recorded")
         return
     p.add_argument(
         "--random-init",
@@ -185,10 +190,10 @@ def training_exit(train, command: str = "train") -> int:
     return 0
 
 
-def add_feature_arguments(p, train_help: str, test_help: str) -> None:
+def add_feature_arguments(p, train_help: str, test_help: str, draws: bool = False) -> None:
     """What the commands that read frozen features share: the checkpoint, the data, its splits,
-    the batch, the device, the feature cache and the output."""
-    add_checkpoint_arguments(p)
+    the batch, the device, the feature cache and the output (`draws`: --random-init takes a range)."""
+    add_checkpoint_arguments(p, draws=draws)
     add_device_argument(p)
     add_plain_argument(p)
     p.add_argument("--data", required=True, metavar="SPEC",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
 from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE
@@ -40,13 +41,14 @@ examples:
   vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --shots 1,5,10 --seeds 5 --json
   vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --l2 loo --pool 100
   vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --random-init 0 --out random.json
+  vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --random-init 0-9 --out control.json
 """
 
 
 def add_arguments(p) -> None:
     from vitlab.cli.common import add_feature_arguments
 
-    add_feature_arguments(p, "where the few-shot examples come from", "what accuracy is measured on")
+    add_feature_arguments(p, "where the few-shot examples come from", "what accuracy is measured on", draws=True)
     p.add_argument("--shots", default="1,5,10,25", help="comma-separated shots per class (default 1,5,10,25)")
     p.add_argument("--seeds", type=COUNT, default=3, help="draws per shot count (default 3)")
     p.add_argument("--l2", default="1024", help="L2 strength (default 1024, big_vision's), or loo: leave-one-out")
@@ -71,33 +73,57 @@ def parse_shots(text: str) -> list[int]:
 def run(args) -> int:
     import numpy as np
 
+    from vitlab.analysis.inspection import random_draws
     from vitlab.cli import UsageError
     from vitlab.cli.common import feature_model, frozen_features, print_result
     from vitlab.eval.fewshot import fewshot_eval, parse_l2, protocol
 
     shots, l2 = _check(args), parse_l2(args.l2, "--l2")
-    model, fp = feature_model(args)
-    (tr_x, tr_y), class_names = frozen_features(args, model, args.train_split, args.pool, 0, fp)
-    if args.preset and class_names:
-        short = [c for c, n in enumerate(np.bincount(tr_y, minlength=len(class_names))) if n < max(shots)]
-        if short:  # big_vision's slice assumes tfds's shuffled order, which has every class early
-            raise UsageError(f"--preset {args.preset}: the {args.train_split} pool holds fewer than {max(shots)} images "
-                             f"of {len(short)} of the {len(class_names)} classes (class {class_names[short[0]]} first): "
-                             "big_vision's slice is of tfds's shuffled order, and this source lists its images in "
-                             "another (an image folder, class by class); give the data in tfds's order, or --train-split")
-    (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
-    try:
-        result = fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=l2,
-                              num_classes=len(class_names) if class_names else None)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    result.update(checkpoint=args.checkpoint, model=model.config.name, random_init=args.random_init, data=args.data,
+    seeds = list(random_draws(args.random_init) or [None])
+    results = []
+    for seed in seeds:  # one model, or each random draw of a control in turn
+        one = argparse.Namespace(**{**vars(args), "random_init": seed})
+        model, fp = feature_model(one)
+        (tr_x, tr_y), class_names = frozen_features(one, model, args.train_split, args.pool, 0, fp)
+        if args.preset and class_names:
+            short = [c for c, n in enumerate(np.bincount(tr_y, minlength=len(class_names))) if n < max(shots)]
+            if short:  # big_vision's slice assumes tfds's shuffled order, which has every class early
+                raise UsageError(f"--preset {args.preset}: the {args.train_split} pool holds fewer than {max(shots)} "
+                                 f"images of {len(short)} of the {len(class_names)} classes (class "
+                                 f"{class_names[short[0]]} first): big_vision's slice is of tfds's shuffled order, and "
+                                 "this source lists its images in another (an image folder, class by class); give the "
+                                 "data in tfds's order, or --train-split")
+        (te_x, te_y), _ = frozen_features(one, model, args.test_split, 0, args.test_limit, fp)
+        try:
+            results.append(fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=l2,
+                                        num_classes=len(class_names) if class_names else None))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    result = results[0] if len(seeds) == 1 else pooled(results, seeds)
+    result.update(checkpoint=args.checkpoint, model=model.config.name,
+                  random_init=seeds[0] if len(seeds) == 1 else seeds, data=args.data,
                   train_split=args.train_split, test_split=args.test_split, pool_per_class=args.pool or "all",
                   num_train_pool=int(len(tr_y)), weights_sha256=fp,
                   protocol=protocol(args.pool, l2, model.config, args.preprocess))
     if not print_result(args, result):
         _print_table(args, model.config.name, result)
     return 0
+
+
+def pooled(results: list[dict], seeds: list) -> dict:
+    """A control over K random draws: per shot count the mean over draws of each draw's mean
+    accuracy, their standard deviation, and `accuracy` the K draw means (so a sweep's report
+    counts the draws' spread, findings.draw_std); each draw's own result under `draws`."""
+    import statistics
+
+    out = {**results[0], "shots": {}}
+    for s, first in results[0]["shots"].items():
+        means = [r["shots"][s]["mean"] for r in results]
+        out["shots"][s] = {**first, "mean": statistics.fmean(means), "std": statistics.stdev(means), "accuracy": means}
+    out["draws"] = [{"random_init": seed, "shots": {s: {"mean": v["mean"], "accuracy": v["accuracy"]}
+                                                   for s, v in r["shots"].items()}}
+                    for seed, r in zip(seeds, results, strict=True)]
+    return out
 
 
 def _check(args) -> list[int]:

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.spec is None:
         raise UsageError("name a sweep spec (a YAML file or a shipped name such as paper/pos-embed), "
                          "or rebuild a finished sweep's report with --report DIR")
-    spec, _ = load_sweep(args.spec)
+    spec, source = load_sweep(args.spec)
     check_launcher(args.launcher, usable=not (args.dry_run or args.report))  # said now, before any cell
     suffix = "" if args.scale == 1 else f"-x{args.scale:g}"
     out = Path(args.out or f"runs/sweeps/{spec.name}{suffix}")
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)
     summary = run_sweep(spec, out, scale=args.scale, jobs=args.jobs, threads=threads, launcher=args.launcher,
                         params=launcher_params(args.slurm), wait=not args.no_wait, report_only=bool(args.report),
-                        max_cells=max_cells)
+                        max_cells=max_cells, source=source)
     if summary.get("submitted"):
         print(f"then: vitlab sweep {args.spec} --out {out} --report")
         return 0

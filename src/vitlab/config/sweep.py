@@ -31,7 +31,11 @@
            primary: {metric: fewshot.shots.5.mean, selection: "the rate, by dev top-1"}}
                                   # primary: the claim, declared before the run: the one row
                                   # (metric, `where` context) its verdict rests on, Holm-adjusted
-                                  # across the page's claims; sweep.json keeps its digest
+                                  # within its family; sweep.json keeps its digest, the time and
+                                  # the spec's git commit (vitlab.sweep.declare). A confirmatory
+                                  # claim adds its power analysis: effect, sd (of the per-seed
+                                  # difference, a pilot's), sd_from and family (Holm's m), and is
+                                  # refused under 80% power unless exploratory: true
 
 A command may use {checkpoint} (the cell's final weights), {best} (its best.safetensors, with
 train.keep_best), {run} (its run folder), {cell} (its folder), {seed} (its training seed:
@@ -138,7 +142,12 @@ class AfterStep:
 PRIMARY = {"metric": "the one metric the claim is judged on (a results column or `A - B`)",
            "where": "the one context of the pair it is judged in (a mapping of axis: value; {} for none)",
            "selection": "how any choice in it is made, on dev, never on test, in words",
-           "effect": "the smallest difference that matters (the paper's effect), in the metric's units"}
+           "effect": "the smallest difference that matters (the paper's effect), in the metric's units",
+           "sd": "the s.d. of the per-seed difference a - b the power analysis assumes (a pilot's, earlier seeds')",
+           "sd_from": "where that s.d. comes from, in words (the pilot or the earlier seeds and their evidence)",
+           "family": "the confirmatory claims on the page (Holm's m): the power analysis plans for alpha/m",
+           "exploratory": "true: the claim is in the exploratory family, run without a power requirement"}
+POWER_KEYS = ("sd", "sd_from", "family")
 
 
 def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
@@ -153,9 +162,15 @@ def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
                           f"{'missing ' + ', '.join(missing) if missing else ''}{'no claim' if not claim else ''}")
     if not isinstance(primary.get("where", {}), Mapping):
         raise ConfigError(f"{where}.primary.where: give a mapping of axis: value")
-    effect = primary.get("effect")
-    if effect is not None:
-        number(effect, f"{where}.primary.effect", above=0, hint="the smallest difference that matters, in the metric's units")
+    for key, hint in (("effect", "the smallest difference that matters, in the metric's units"),
+                      ("sd", "the s.d. of the per-seed difference, in the metric's units")):
+        if primary.get(key) is not None:
+            number(primary[key], f"{where}.primary.{key}", above=0, hint=hint)
+    if primary.get("family") is not None:
+        number(primary["family"], f"{where}.primary.family", whole=True, at_least=1,
+               hint="the number of confirmatory claims on the page (Holm's m)")
+    if not isinstance(primary.get("exploratory", False), bool):
+        raise ConfigError(f"{where}.primary.exploratory: give true or false")
 
 
 @dataclass(frozen=True)
@@ -307,6 +322,8 @@ class SweepSpec:
     scale: tuple[str, ...] = ()
     figures: tuple[FigureSpec, ...] = ()
     report: ReportSpec = field(default_factory=ReportSpec)
+    # A diverging loss (vitlab.train.report.Divergence) stops a cell's step unless this is true.
+    allow_divergence: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self, "sweep")
@@ -368,6 +385,7 @@ class SweepSpec:
             scale=tuple(scale),
             figures=tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in figures),
             report=ReportSpec.from_dict(d.get("report")),
+            allow_divergence=d.get("allow_divergence", False),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -395,7 +413,8 @@ def declared_claims(spec: SweepSpec) -> list[dict[str, Any]]:
         if c.primary:
             margin = getattr(c, "margin", 0.0)
             out.append({"claim": c.claim, "a": c.a, "b": c.b, "expect": c.expect, "margin": margin,
-                        **{k: c.primary.get(k, {} if k == "where" else None) for k in PRIMARY}})
+                        **{k: c.primary.get(k, {} if k == "where" else None) for k in PRIMARY
+                           if k in c.primary or k in ("metric", "where", "selection", "effect")}})
     return out
 
 

@@ -44,11 +44,14 @@ MIN_RATE = net.MIN_RATE
 
 def limits() -> tuple[float, float]:
     """(TIMEOUT_S, MIN_RATE), or what the environment sets instead."""
-    from vitlab.config.fields import number
+    from vitlab.config.fields import ConfigError, number
 
     def setting(name: str, default: float) -> float:
         text = os.environ.get(name, "")
-        return float(number(text, name, above=0, hint=f"the default is {default:g}")) if text.strip() else default
+        try:
+            return float(number(text, name, above=0, hint=f"the default is {default:g}")) if text.strip() else default
+        except ConfigError as e:
+            raise DataError(str(e)) from None
 
     return setting("VITLAB_HTTP_TIMEOUT", TIMEOUT_S), setting("VITLAB_HTTP_MIN_RATE", MIN_RATE)
 

@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 from vitlab.analysis import sweep_plots
 from vitlab.config import ConfigError
-from vitlab.config.sweep import FigureSpec, SweepSpec, claims_digest, declared_claims
+from vitlab.config.sweep import FigureSpec, SweepSpec, claims_digest
 from vitlab.data import remote
 from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.files.documents import Number, read_json
-from vitlab.sweep import findings, results as res
+from vitlab.sweep import declare, findings, results as res
 from vitlab.sweep.cells import MAX_CELLS, Cell, check_record, count, expand, too_many
 from vitlab.sweep.runner import LAUNCHERS, Say, check_launcher, run
 
@@ -55,25 +55,28 @@ def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Pat
     return sweep_plots.plot_pareto(groups, fronts, path, logx=fig.logx, **labels)
 
 
-def save_spec(spec: SweepSpec, out: Path, scale: float) -> Path:
+def save_spec(spec: SweepSpec, out: Path, scale: float, source: Optional[Path] = None, stamp: bool = False) -> Path:
     """The spec and scale of a sweep, kept in its folder so `vitlab sweep --report DIR` can
-    rebuild the report from the cells alone, with its declared claims' text and digest and
-    when they were declared (before the first cell ran, or as an earlier sweep.json says)."""
+    rebuild the report from the cells alone, with its declared claims' record (declare.record:
+    digest and text; with `stamp`, before the first cell runs, the time and the spec's commit)."""
     out.mkdir(parents=True, exist_ok=True)
-    when = claims_declared(out) or "before the first cell ran"
-    claims = {"digest": claims_digest(spec), "declared": when, "text": [c["claim"] for c in declared_claims(spec)]}
+    claims = declare.record(spec, recorded_claims(out), stamp, source)
     atomic_write_text(out / SPEC_FILE, json.dumps({"spec": spec.to_dict(), "scale": scale, "claims": claims}, indent=2))
     return out / SPEC_FILE
 
 
-def claims_declared(out: Path) -> Optional[str]:
-    """When a sweep folder's claims were declared, as its sweep.json records it (None: not
-    recorded, or no sweep.json)."""
+def recorded_claims(out: Path) -> Optional[dict[str, Any]]:
+    """A sweep folder's declaration record (its sweep.json's `claims`), None when absent."""
     if not (out / SPEC_FILE).is_file():
         return None
     d = read_json(out / SPEC_FILE, {"spec": dict, "scale?": Number(0, integer=False), "claims?": dict}, "sweep's spec",
                   f"delete {out / SPEC_FILE}", ConfigError)
-    return (d.get("claims") or {}).get("declared")
+    return d.get("claims") or None
+
+
+def claims_declared(spec: SweepSpec, out: Path, cells: list[Cell]) -> dict[str, Any]:
+    """When `spec`'s claims were declared, as the record in `out` proves it (declare.verify)."""
+    return declare.verify(spec, recorded_claims(out), out, [out / c.key for c in cells])
 
 
 def load_folder(out: Path) -> tuple[SweepSpec, float]:
@@ -116,7 +119,7 @@ def report(spec: SweepSpec, cells: list[Cell], out: Path, say: Say = print) -> d
     report.json, and draw the spec's figures."""
     rows = res.collect(cells, out)
     csv = res.write_csv(rows, list(spec.grid), out / "results.csv")
-    js, md = findings.write(spec, rows, out, findings.build(spec, rows, claims_declared(out)))
+    js, md = findings.write(spec, rows, out, findings.build(spec, rows, claims_declared(spec, out, cells)))
     drawn = [p for p in (draw(f, rows, out) for f in spec.figures) if p is not None]
     done = sum(r["status"] == "done" for r in rows)
     say(f"results: {csv} ({done} of {len(rows)} cells finished)")
@@ -130,7 +133,7 @@ def dry_run(spec: SweepSpec, out: Path, scale: float = 1.0, max_cells: int = MAX
     """What `vitlab sweep --dry-run` prints: the number of cells at once (counted, not made),
     then each cell's commands when the grid is within `max_cells`; runs nothing."""
     n = count(spec)
-    lines = [f"sweep {spec.name}: {n:,} cell(s) -> {out}"]
+    lines = [f"sweep {spec.name}: {n:,} cell(s) -> {out}", *declare.plan_lines(spec)]
     if n > max_cells:
         return lines + [f"not listed: {too_many(n, max_cells)}"]
     for cell in expand(spec, out, scale, max_cells):
@@ -140,7 +143,10 @@ def dry_run(spec: SweepSpec, out: Path, scale: float = 1.0, max_cells: int = MAX
 
 def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, threads: int = 0,
               launcher: str = "local", params: Optional[dict[str, Any]] = None, wait: bool = True,
-              report_only: bool = False, max_cells: int = MAX_CELLS, say: Say = print) -> dict[str, Any]:
+              report_only: bool = False, max_cells: int = MAX_CELLS, say: Say = print,
+              source: Optional[Path] = None) -> dict[str, Any]:
+    """Run (or with report_only, only report) a sweep; `source` is the spec's file, whose git
+    commit the declaration records (declare.committed)."""
     cells = expand(spec, out, scale, max_cells)
     # The sweep folder may be one the user keeps files in: its own tables and figures only. A
     # folder that holds this sweep's cells (their cell.json) or its sweep.json is the sweep's.
@@ -152,8 +158,10 @@ def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, 
         for cell in cells:
             check_record(cell, out)
             check_commands(cell, spec)
+        declare.check_power(spec)
     check_claims(spec, out, cells)
-    save_spec(spec, out, scale)
+    started = any((out / c.key / "cell.json").is_file() for c in cells)
+    save_spec(spec, out, scale, source, stamp=not report_only and not started)
     ran = None
     if not report_only:
         ran = run(cells, spec, out, jobs=jobs, threads=threads, launcher=launcher, params=params, wait=wait, say=say)

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from vitlab.config.fields import is_digits
 from vitlab.config.sweep import CompareSpec, SweepSpec, claims_digest, declared_claims
 from vitlab.files import atomic_write_text
-from vitlab.sweep import stats, timing
+from vitlab.sweep import declare, stats, timing
 from vitlab.sweep.results import value
 
 
@@ -82,7 +82,7 @@ def _entry(c: Any, context: dict[str, Any], metric: str, diff: dict[str, Any]) -
     margin = getattr(c, "margin", 0.0)
     return {"claim": c.claim, "axis": getattr(c, "axis", "") or getattr(c, "by", ""), "a": c.a, "b": c.b,
             "expect": c.expect, "margin": margin, "context": context, "metric": metric, **diff,
-            "p_claim": stats.claim_p(diff, c.expect, margin), "mde": stats.mde(diff.get("std"), diff.get("n") or 0),
+            "p_claim": stats.claim_p(diff, c.expect, margin), "mde": None,
             "primary": _is_primary(c, context, metric), "verdict": stats.verdict(diff, c.expect, margin)}
 
 
@@ -264,40 +264,56 @@ def slope_comparisons(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[
     return out
 
 
-def claims(spec: SweepSpec, comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+FAMILIES = ("confirmatory claims", "exploratory claims", "secondary rows")
+
+
+def claims(spec: SweepSpec, comparisons: list[dict[str, Any]], declared: dict[str, Any]) -> list[dict[str, Any]]:
     """The spec's declared claims, each with the index of its row in `comparisons`, or None:
     a claim whose row the evidence cannot give (a control or dev score not run) is "not run
-    since declared", never replaced by another row."""
+    since declared", never replaced by another row. Each has its power analysis (`plan`,
+    declare.plan) and its family: confirmatory when the plan reaches 80% power and the
+    evidence proves it was declared before the run, exploratory otherwise (with why)."""
     out = []
     for claim in declared_claims(spec):
         rows = [i for i, c in enumerate(comparisons) if c["primary"] and c["claim"] == claim["claim"]]
-        out.append({**claim, "row": rows[0] if rows else None, "spec": spec.name})
+        plan = declare.plan(spec, claim)
+        before = str(declared.get("status", "")).startswith("before")
+        family = FAMILIES[0] if plan["confirmatory"] and before else FAMILIES[1]
+        why = plan["why"] or ("" if before else f"declared: {declared.get('status') or 'unknown'}")
+        out.append({**claim, "row": rows[0] if rows else None, "spec": spec.name, "plan": plan, "family": family,
+                    "exploratory_why": why if family == FAMILIES[1] else ""})
+        for i in rows:
+            comparisons[i]["family_kind"] = family
     return out
 
 
 def adjust(reports: list[dict[str, Any]], family: str) -> None:
-    """Holm and Benjamini-Hochberg adjusted p-values (`p_holm`, `p_bh`) across the primary rows
-    of all `reports` (the page's declared claims) and, apart, across their secondary rows;
-    each verdict is then the rule's with its p_holm (stats.verdict). In place."""
-    for primary in (True, False):
-        rows = [c for r in reports for c in r["comparisons"] if c["primary"] == primary]
+    """Holm and Benjamini-Hochberg adjusted p-values (`p_holm`, `p_bh`) within each family of
+    all `reports` (the page): the confirmatory claims, the exploratory claims and the secondary
+    rows apart; each verdict is then the rule's with its p_holm (stats.verdict), and each row's
+    MDE is at the bar its verdict needs (80% power at alpha/m, Holm's first step). In place."""
+    for kind in FAMILIES:
+        rows = [c for r in reports for c in r["comparisons"] if c.get("family_kind", FAMILIES[2]) == kind]
         ps = [c["p_claim"] for c in rows]
+        bar = stats.ALPHA / max(1, sum(p is not None for p in ps))
         for c, ph, pb in zip(rows, stats.holm(ps), stats.bh(ps), strict=True):
-            c.update(p_holm=ph, p_bh=pb, family=f"{'primary claims' if primary else 'secondary rows'} of {family}",
+            c.update(p_holm=ph, p_bh=pb, family=f"{kind} of {family}", alpha_first=bar,
+                     mde=stats.mde(c.get("std"), c.get("n") or 0, bar, expect=c["expect"]),
                      verdict_unadjusted=stats.verdict(c, c["expect"], c["margin"]),
                      verdict=stats.verdict(c, c["expect"], c["margin"], ph))
 
 
-def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[str] = None) -> dict[str, Any]:
-    """The statistics of a sweep's rows; `declared` says when its claims were set (its
-    sweep.json's `claims.declared`: before the first cell ran, or after, post hoc)."""
+def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The statistics of a sweep's rows; `declared` says when its claims were declared, as the
+    evidence proves it (declare.verify; None: unknown)."""
     comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)] + slope_comparisons(spec, rows)
     report = {
         "sweep": spec.name, "level": stats.LEVEL, "interval": "Student t over seeds (pair_by), two-sided",
         "pair_by": spec.report.pair_by, "rule": stats.RULE,
         "cells": len(rows), "finished": len(_done(rows)),
         "arms": arms(spec, rows), "comparisons": comparisons, "slopes": slopes(spec, rows),
-        "claims": claims(spec, comparisons), "claims_digest": claims_digest(spec), "claims_declared": declared,
+        "claims": claims(spec, comparisons, declared or {}), "claims_digest": claims_digest(spec),
+        "claims_declared": declared or {"status": declare.UNKNOWN, "why": "not given"},
     }
     adjust([report], f"sweep {spec.name}")
     return report
@@ -364,40 +380,61 @@ def comparisons_table(report: dict[str, Any], metrics: Optional[list[str]] = Non
 
 
 def _mde_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
-    """The MDE, flagged where it exceeds the margin (equal) or the declared effect."""
+    """The MDE at the verdict's bar, flagged where it exceeds the margin (equal) or the declared effect."""
     m, bar = c["metric"], claim["margin"] if claim["expect"] == "equal" else claim.get("effect")
     text = fmt(c.get("mde"), m)
     return text + (" (above " + ("margin" if claim["expect"] == "equal" else "effect") + ")"
                    if c.get("mde") is not None and bar and c["mde"] > bar else "")
 
 
+def planned(claim: dict[str, Any]) -> str:
+    """A claim's seeds and planned power (declare.plan), or why it has none."""
+    p = claim.get("plan") or {}
+    if p.get("power") is None:
+        return f"{p.get('seeds', '-')}; {p.get('why') or 'no power analysis'}"
+    return f"{p['seeds']}; {p['power']:.0%} at alpha 0.05/{round(stats.ALPHA / p['alpha'])}"
+
+
 def when_declared(report: dict[str, Any]) -> str:
-    """"before the run", "after the run (post hoc)" or "-" (not recorded), from a report's
-    `claims_declared`: a claim set after its results were seen is not a test of them."""
-    declared = report.get("claims_declared") or ""
-    return "before the run" if declared.startswith("before") else "after the run (post hoc)" if declared else "-"
+    """When a report's claims were declared, as the evidence proves it (declare.verify): "before
+    the run (TIME, COMMIT)", "after the run (post hoc)" or "unknown (why)"."""
+    d = report.get("claims_declared") or {}
+    status = d.get("status") or "unknown"
+    if status.startswith("before"):
+        return f"before the run ({d.get('at')}, {str(d.get('commit'))[:10]})"
+    return status if status.startswith("after") else f"unknown ({d.get('why') or 'no record'})"
 
 
 def claims_table(reports: list[dict[str, Any]]) -> str:
-    """One row per declared claim of every report: when it was declared, its one row's
-    statistics, p, Holm and BH p-values across the page, the minimum detectable effect (80%
-    power) and the verdict."""
-    lines = ["| spec | claim | declared | where, metric | a - b | n | mean diff | 95% interval | p | p_holm | p_bh | "
-             "MDE (80%) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in reports:
-        for claim in r.get("claims", []):
-            head = f"| {r['sweep']} | {claim['claim']} | {when_declared(r)} | "
+    """The declared claims of every report, one table per family (confirmatory, then
+    exploratory: findings.FAMILIES): when the evidence proves they were declared, the seeds
+    and planned power, the one row's statistics, p, Holm and BH p-values within the family,
+    the MDE at the verdict's bar (80% power at alpha/m) and the verdict."""
+    parts = []
+    for family in FAMILIES[:2]:
+        rows = [(r, cl) for r in reports for cl in r.get("claims", []) if cl.get("family") == family]
+        if not rows:
+            continue
+        ps = [r["comparisons"][cl["row"]] for r, cl in rows if cl["row"] is not None]
+        m = sum(c.get("p_claim") is not None for c in ps)
+        parts += [f"**{family.capitalize()}** ({m} with a p-value: Holm across them, the first at alpha 0.05/{max(m, 1)})",
+                  "", "| spec | claim | declared | seeds; planned power | where, metric | a - b | n | mean diff | "
+                  "95% interval | p | p_holm | p_bh | MDE (80% at alpha/m) | verdict |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r, claim in rows:
+            head = f"| {r['sweep']} | {claim['claim']} | {when_declared(r)} | {planned(claim)} | "
             if claim["row"] is None:
-                lines.append(head + f"{claim['metric']} | {claim['a']} - {claim['b']} | - | - | - | - | - | - | - | "
+                parts.append(head + f"{claim['metric']} | {claim['a']} - {claim['b']} | - | - | - | - | - | - | - | "
                              "not run since declared |")
                 continue
             c = r["comparisons"][claim["row"]]
-            m = c["metric"]
-            lines.append(head + f"{_label(c['context'])}; {m}{' (points)' if percent(m) else ''} | {c['a']} - {c['b']} | "
-                         f"{c['n']} | {fmt(c['mean'], m, signed=True)} | {_interval(c, m, signed=True)} | "
+            mt = c["metric"]
+            parts.append(head + f"{_label(c['context'])}; {mt}{' (points)' if percent(mt) else ''} | {c['a']} - {c['b']} | "
+                         f"{c['n']} | {fmt(c['mean'], mt, signed=True)} | {_interval(c, mt, signed=True)} | "
                          f"{p_text(c['p_claim'])} | {p_text(c['p_holm'])} | {p_text(c['p_bh'])} | "
                          f"{_mde_text(c, claim)} | {c['verdict'] or 'too few seeds'} |")
-    return "\n".join(lines)
+        parts.append("")
+    return "\n".join(parts).rstrip("\n")
 
 
 def sentences(report: dict[str, Any]) -> str:

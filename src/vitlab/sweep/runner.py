@@ -54,16 +54,20 @@ def _tail(path: Path, lines: int = 6) -> str:
 
 
 def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optional[dict] = None,
-             job: Optional[slurm.Stoppable] = None) -> dict[str, Any]:
+             divergence: str = "error", job: Optional[slurm.Stoppable] = None) -> dict[str, Any]:
     """Run a cell's missing steps in order, each as `python -m vitlab ...` with its output in
     STEP.log and its wall time in timing.json, first making the cell's folder and its
     cell.json (`record`) where they are absent. A top-level function of plain arguments, so
-    submitit can ship it to a job (`job`: a Slurm job's, which starts the steps)."""
+    submitit can ship it to a job (`job`: a Slurm job's, which starts the steps). `divergence`
+    is what a diverging loss does in its steps (vitlab.train.report.DIVERGENCE_ENV): "error"
+    stops the step, unless the spec allows it (`allow_divergence: true`, "warn")."""
     folder = Path(cell_dir)
     if record is not None and not (folder / "cell.json").exists():
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / "cell.json", json.dumps(record, indent=2))
-    env = dict(os.environ)
+    from vitlab.train.report import DIVERGENCE_ENV
+
+    env = {**os.environ, DIVERGENCE_ENV: divergence}
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     start = time.time()
@@ -100,10 +104,12 @@ def _report(say: Say, done: int, total: int, cell: Cell, result: dict[str, Any])
             + "\n".join("    " + line for line in result["tail"].splitlines()))
 
 
-def run_local(todo: Sequence[tuple[Cell, Path, list[Step], Optional[dict[str, Any]]]], jobs: int, threads: int, say: Say) -> list[dict]:
+def run_local(todo: Sequence[tuple[Cell, Path, list[Step], Optional[dict[str, Any]]]], jobs: int, threads: int, say: Say,
+              divergence: str = "error") -> list[dict]:
     results = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_cell, str(d), steps, threads, record): cell for cell, d, steps, record in todo}
+        futures = {pool.submit(run_cell, str(d), steps, threads, record, divergence): cell
+                   for cell, d, steps, record in todo}
         for n, future in enumerate(as_completed(futures), 1):
             result = future.result()
             _report(say, n, len(todo), futures[future], result)
@@ -143,11 +149,12 @@ def submitit_executor(launcher: str, folder: Path, params: dict[str, Any], say: 
     return executor
 
 
-def run_submitit(todo, launcher: str, folder: Path, params: dict[str, Any], threads: int, wait: bool, say: Say):
+def run_submitit(todo, launcher: str, folder: Path, params: dict[str, Any], threads: int, wait: bool, say: Say,
+                 divergence: str = "error"):
     """Each cell one submitit job; waits for them (and reports each) unless `wait` is False."""
     executor = submitit_executor(launcher, folder, params, say)
     cell = slurm.Stoppable(run_cell) if launcher == "slurm" else run_cell
-    jobs = slurm.submit(executor, [(cell, str(d), steps, threads, record) for _, d, steps, record in todo],
+    jobs = slurm.submit(executor, [(cell, str(d), steps, threads, record, divergence) for _, d, steps, record in todo],
                         f"--launcher {launcher}")
     say(f"submitted {len(jobs)} job(s) through submitit ({launcher}); logs in {folder}")
     if not wait:
@@ -181,6 +188,7 @@ def run(cells: list[Cell], spec: SweepSpec, out: Path, *, jobs: int = 1, threads
     say(f"sweep {spec.name}: {len(cells)} cell(s), {finished} finished, {len(todo)} to run -> {out}")
     if not todo:
         return []
+    divergence = "warn" if spec.allow_divergence else "error"
     if launcher == "local":
-        return run_local(todo, jobs, threads, say)
-    return run_submitit(todo, launcher, out / "submitit", params or {}, threads, wait, say)
+        return run_local(todo, jobs, threads, say, divergence)
+    return run_submitit(todo, launcher, out / "submitit", params or {}, threads, wait, say, divergence)

@@ -16,6 +16,7 @@ scipy.stats.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Mapping, Optional, Sequence
 
@@ -32,9 +33,13 @@ RULE = (
     "Where the claim says a and b are equal within a stated margin m (equivalence, as two one-sided tests): "
     "**Reproduced** if the interval lies inside [-m, +m]; **Opposite** if it lies wholly outside it; "
     "**Not shown** otherwise (an interval that excludes 0 but lies inside the margin is equal within m). "
-    "A declared claim's verdict uses its Holm-adjusted p-value across the page's primary claims (`p_holm`): "
-    "a Reproduced or Opposite whose p_holm is 0.05 or more becomes In direction (Not shown for an equal claim "
-    "or an Opposite), so that at most 5% of the page's verdicts are separated by chance. "
+    "A claim's p is the test of its expectation: the paired t-test of d = 0 for a direction; for an equal claim, "
+    "two one-sided tests against -m and +m while the mean is inside the margin, and the test against the "
+    "nearer bound (a test against equivalence) once it is outside. "
+    "Each verdict uses its Holm-adjusted p-value within its family (`p_holm`; the confirmatory claims, the "
+    "exploratory claims and the secondary rows are three families): a Reproduced or Opposite whose p_holm is "
+    "0.05 or more becomes In direction (Not shown for an equal claim or an Opposite), so that the chance that "
+    "any verdict of a family is separated by chance alone is at most 5%. "
     "Fewer than 2 seeds: no verdict."
 )
 ALPHA = 0.05
@@ -214,13 +219,78 @@ def bh(ps: Sequence[Optional[float]]) -> list[Optional[float]]:
     return out
 
 
-def mde(std: Optional[float], n: int, alpha: float = ALPHA, power: float = POWER) -> Optional[float]:
-    """The minimum detectable effect of a paired t-test at n pairs: the true mean difference
-    found separated (two-sided, at alpha) with probability `power`, given the observed std of
-    the differences: (t(1 - alpha/2, n-1) + t(power, n-1)) * std / sqrt(n)."""
-    if std is None or n < 2:
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def power(n: int, sd: float, effect: float, expect: str, margin: float = 0.0, alpha: float = ALPHA,
+          steps: int = 100) -> float:
+    """The probability that n seeds give the separated verdict (Reproduced) at `alpha`, the bar
+    the verdict's p must pass (Holm: alpha/m for the first of m claims), when the per-seed
+    differences are normal with standard deviation `sd` and a true mean `effect` in the claim's
+    direction (for "equal", the true difference, usually 0, and `margin` the bound).
+
+    The rule separates a direction when t = mean/(s/sqrt n) passes c = t(1 - alpha/2, n-1) on the
+    claim's side, and "equal within m" when both one-sided tests of TOST pass c (the claim's p,
+    2 x the larger one-sided p, is below alpha). Given the sample s.d. s, the mean is normal, so
+    each case is a normal probability; it is integrated over s (s^2 (n-1)/sd^2 is chi-square
+    with n-1 degrees of freedom) by Simpson's rule in u = sqrt(chi-square), whose density is
+    smooth at 0 for every n >= 2. For a direction this is the noncentral t's tail."""
+    if n < 2 or not sd > 0:
+        raise ValueError(f"power needs n >= 2 seeds and a positive s.d., got n={n}, sd={sd}")
+    df = n - 1
+    c, se = t_ppf(1.0 - alpha / 2.0, df), sd / math.sqrt(n)
+    top = math.sqrt(df + 14.0 * math.sqrt(2.0 * df) + 40.0)
+    norm = math.log(2.0) - (df / 2.0) * math.log(2.0) - math.lgamma(df / 2.0)
+
+    def given(u: float) -> float:  # the chance of the verdict given s = sd * u / sqrt(df)
+        half = c * sd * u / math.sqrt(df) / math.sqrt(n)  # the interval's half-width at this s
+        if expect == "equal":
+            return max(0.0, _phi((margin - half - effect) / se) - _phi((-margin + half - effect) / se))
+        return _phi((effect - half) / se)
+
+    def simpson(a: float, b: float, k: int) -> float:
+        h, total = (b - a) / k, 0.0
+        for i in range(k + 1):
+            u = a + i * h
+            density = (math.exp(norm) if df == 1 else 0.0) if u == 0 else math.exp(norm + (df - 1) * math.log(u) - u * u / 2)
+            total += (1 if i in (0, k) else 4 if i % 2 else 2) * density * given(u)
+        return total * h / 3.0
+
+    # The verdict's chance is all but 0 past u = (bound / se + 8) * sqrt(df) / c: a step that
+    # may sit far inside the density's range (few seeds, a strict alpha), integrated on its own
+    # finer piece.
+    turn = min(top, ((margin if expect == "equal" else abs(effect)) / se + 8.0) * math.sqrt(df) / c)
+    cuts = [0.0, turn, top] if 0 < turn < top else [0.0, top]
+    return min(1.0, sum(simpson(a, b, steps) for a, b in itertools.pairwise(cuts)))
+
+
+def mde(std: Optional[float], n: int, alpha: float = ALPHA, goal: float = POWER,
+        expect: str = "higher") -> Optional[float]:
+    """The minimum detectable effect at n seeds: the true difference (for "equal": the margin,
+    at a true difference of 0) that `power` separates with probability `goal` at `alpha` (the
+    bar of the claim's verdict), given the s.d. of the per-seed differences."""
+    if std is None or not std > 0 or n < 2:
         return None
-    return (t_ppf(1.0 - alpha / 2.0, n - 1) + t_ppf(power, n - 1)) * std / math.sqrt(n)
+    lo, hi = 0.0, std
+    while power(n, std, 0.0 if expect == "equal" else hi, expect, hi, alpha) < goal:
+        lo, hi = hi, hi * 2.0
+    while hi - lo > 1e-7 * hi:
+        mid = (lo + hi) / 2.0
+        if power(n, std, 0.0 if expect == "equal" else mid, expect, mid, alpha) < goal:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def seeds_for(sd: float, effect: float, expect: str, margin: float = 0.0, alpha: float = ALPHA,
+              goal: float = POWER, most: int = 200) -> Optional[int]:
+    """The fewest seeds whose power reaches `goal` (None: more than `most`)."""
+    for n in range(2, most + 1):
+        if power(n, sd, 0.0 if expect == "equal" else effect, expect, margin, alpha) >= goal:
+            return n
+    return None
 
 
 def slope(xs: Sequence[float], ys: Sequence[float], level: float = LEVEL) -> dict[str, Any]:

@@ -53,10 +53,23 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+CAPABILITIES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def provenance() -> dict[str, Any]:
+    """What a cell's numbers may depend on beyond its settings: the torch version and the CPU's
+    model and the vector capabilities its kernels choose between (a result bit-stable on one
+    CPU kind may differ in the last bits, or past an early-stopping tie, on another)."""
+    import torch
+
+    name, flags = cpu_name_and_flags()
+    return {"torch": torch.__version__, "cpu": name, "cpu_flags": [f for f in CAPABILITIES if f in flags]}
+
+
 def record(cell_dir: Path, step: str, start: float, seconds: float, exit_code: int, threads: int) -> None:
     entries = read(cell_dir)
     entries.append({"step": step, "start": round(start, 3), "seconds": round(seconds, 3), "exit_code": exit_code,
-                    "machine": machine(), "threads": threads or None})
+                    "machine": machine(), "threads": threads or None, **provenance()})
     atomic_write_text(cell_dir / FILE, json.dumps({"steps": entries}, indent=1) + "\n")
 
 

@@ -56,5 +56,5 @@ def launch(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Set
     if not todo:
         return []
     if launcher == "local":
-        return run_local(todo, jobs, threads, say)
-    return run_submitit(todo, launcher, out / "submitit", params or {}, threads, wait, say)
+        return run_local(todo, jobs, threads, say, divergence="warn")  # a task's divergence is its result's to show
+    return run_submitit(todo, launcher, out / "submitit", params or {}, threads, wait, say, divergence="warn")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import time
 from pathlib import Path
@@ -102,6 +103,11 @@ class Progress:
     def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool,
                last_loss: Optional[float] = None) -> None:
         warning = self.divergence.check(step, loss if last_loss is None else last_loss, lr)
+        if warning and divergence_mode() == "error":
+            from vitlab.train.loop import TrainingDiverged
+
+            raise TrainingDiverged(f"{warning} ({DIVERGENCE_ENV}=error: a sweep cell stops here unless its spec "
+                                   "says allow_divergence: true)")
         if warning:
             LOG.warning(f"warning: {warning}")
         if self.quiet:
@@ -124,6 +130,17 @@ class Progress:
 
     def close(self) -> None:
         self.shown.close()
+
+
+DIVERGENCE_ENV = "VITLAB_DIVERGENCE"  # "warn" (the default) or "error": a sweep sets it for its cells' steps
+
+
+def divergence_mode() -> str:
+    """What a diverging loss does: "warn" (say so once, go on) or "error" (stop the run, status 3)."""
+    mode = os.environ.get(DIVERGENCE_ENV, "") or "warn"
+    if mode not in ("warn", "error"):
+        raise ConfigError(f"{DIVERGENCE_ENV}={mode!r}: give warn or error")
+    return mode
 
 
 class Divergence:
