@@ -29,6 +29,7 @@ def test_defaults_scale_to_a_small_training_set():
     assert t.log_every == 25 and "a log line every 25 steps: 20 points on the learning curve" in text
     short = finetune.fit_defaults(load_recipe("finetune").with_overrides({"train.steps": 20}), 1_293, explicit=set())
     assert short.config.train.log_every == 1  # a 20-step fine-tune logs (and draws) every step
+    assert "a log line every step: 20 points on the learning curve" in " ".join(short.notes)
     kept = finetune.fit_defaults(load_recipe("finetune").with_overrides({"train.steps": 20}), 1_293, {"train.log_every"})
     assert kept.config.train.log_every == 50
     tiny = finetune.fit_defaults(cfg, 300, explicit=set())  # fewer images than one batch: a smaller batch

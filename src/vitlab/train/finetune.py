@@ -114,7 +114,7 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
     total = t.steps or max(1, math.ceil(t.epochs * (n_train // batch)))
     if "train.log_every" not in explicit and total < CURVE_POINTS * t.log_every:
         changes["train.log_every"] = every = max(1, total // CURVE_POINTS)
-        notes.append(f"a log line every {every} step{'s' * (every > 1)}: {total // every} points on the learning curve "
+        notes.append(f"a log line every {'step' if every == 1 else f'{every} steps'}: {total // every} points on the learning curve "
                      f"(the recipe's every {t.log_every} would record {max(1, total // t.log_every)} in a {total}-step run)")
     cap = o.warmup_steps if total == table4_steps else choice.warmup(o.warmup_steps, total)
     if "optim.warmup_steps" not in explicit and o.warmup_steps > cap:
