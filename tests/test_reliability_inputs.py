@@ -186,7 +186,7 @@ def test_a_claims_effect_is_a_positive_finite_number(tmp_path, effect):
                                         ("VITLAB_HTTP_TIMEOUT", "0"), ("VITLAB_HTTP_MIN_RATE", "fast")])
 def test_an_environment_number_is_finite_and_positive(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
-    with pytest.raises(ConfigError, match=f"^{name}"):
+    with pytest.raises(DataError, match=f"^{name}"):
         remote.limits()
 
 

@@ -37,7 +37,7 @@ def says_imagenet(fmt: str, path: str | os.PathLike) -> bool:
 @functools.lru_cache(maxsize=None)
 def _read(file: str) -> tuple[tuple[str, str], ...]:
     text = (importlib.resources.files("vitlab.checkpoints") / "class_names" / file).read_text(encoding="utf-8")
-    return tuple(tuple(line.split("\t", 1)) for line in text.splitlines())  # type: ignore[misc]
+    return tuple(tuple(line.split("\t", 1)) for line in text.splitlines())  # type: ignore[misc]  # each line is "id<TAB>name": pairs, which tuple() cannot say
 
 
 def imagenet_names(num_classes: int) -> Optional[list[str]]:

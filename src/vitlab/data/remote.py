@@ -29,7 +29,7 @@ import urllib.error
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Union
 
-from vitlab.config.fields import env_switch, number
+from vitlab.config.fields import ConfigError, env_switch, number
 from vitlab.data.datasets import DataError
 from vitlab.files import net
 from vitlab.files.net import DeadlinePassed, open_url
@@ -47,7 +47,10 @@ def limits() -> tuple[float, float]:
     """(TIMEOUT_S, MIN_RATE), or what the environment sets instead."""
     def setting(name: str, default: float) -> float:
         text = os.environ.get(name, "")
-        return float(number(text, name, above=0, hint=f"the default is {default:g}")) if text.strip() else default
+        try:
+            return float(number(text, name, above=0, hint=f"the default is {default:g}")) if text.strip() else default
+        except ConfigError as e:
+            raise DataError(str(e)) from None
 
     return setting("VITLAB_HTTP_TIMEOUT", TIMEOUT_S), setting("VITLAB_HTTP_MIN_RATE", MIN_RATE)
 

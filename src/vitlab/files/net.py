@@ -100,7 +100,7 @@ class _Timed:
     response_class: Any
 
     def __init__(self, *args: Any, deadline: Deadline, **kwargs: Any):
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*args, **kwargs)
         self.deadline = deadline
         self.response_class = functools.partial(_Response, deadline=deadline)
 

@@ -161,7 +161,7 @@ class RunFolder(RunLayout):
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         if not _HELD and not getattr(_close_in_child, "registered", False):
             os.register_at_fork(after_in_child=_close_in_child)
-            _close_in_child.registered = True  # type: ignore[attr-defined]
+            _close_in_child.registered = True  # type: ignore[attr-defined]  # a mark on the function: registered once per process
         _HELD.add(fd)
         self._lock_fd = fd
 
