@@ -62,7 +62,7 @@ def test_only_from_and_data(tmp_path, size, patch, channels):
     # 500 steps (Table 4's small-data count), the recipe's batch in micro-batches the 1,293
     # images fill 4 times, the recipe chosen by a sweep of both recipes, 25 steps (5%) per
     # arm, on the threads the recipe sets.
-    assert "batch 512, the recipe's, as 2 micro-batches of 256" in text
+    assert "batch 512: the recipe's, kept as the paper keeps it" in text
     assert "warm-up 5% of each run with the paper's recipe, 25% with AdamW" in text
     assert "a sweep between the paper's SGD and AdamW first, 6 runs of 25 steps" in text
     assert "sweep run: paper-lr-0.001, 25 steps" in text and "dev split 10%" in text
@@ -95,7 +95,7 @@ def test_flowers_recipe_trains_at_global_batch_512(tmp_path):
                         "train.steps=2", "train.log_every=1", "train.threads=1"],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "batch 512, the recipe's, as 2 micro-batches of 256" in r.stdout
+    assert "batch 512: the recipe's, kept as the paper keeps it" in r.stdout
     train = yaml.safe_load((out / "config.yaml").read_text())["train"]
     assert (train["batch_size"], train["micro_batch_size"]) == (512, 256)
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
@@ -150,7 +150,8 @@ def test_quiet_prints_the_summary_only_and_from_is_an_alias(tmp_path, digits_run
                        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
-    assert lines[0].startswith("done: 20 steps") and lines[-2].startswith("sweep done: ") and len(lines) <= 14, lines
+    assert lines[0].startswith("done: 20 steps") and lines[-2].startswith("sweep done: ") and len(lines) <= 19, lines
+    assert lines[lines.index("next:") + 1].startswith("  vitlab eval ") and "/final/checkpoints/" in lines[lines.index("next:") + 1]
     assert not any(line.startswith(("sweep: ", "  sweep run:", "fine-tuning defaults")) or "/sweep/" in line for line in lines)
     assert json.loads((out / "final" / "summary.json").read_text())["steps_with_sweep"] == 80
     assert "  log_every: 5  # command line" in (out / "final" / "config.yaml").read_text()  # the override, put back

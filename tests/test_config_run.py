@@ -135,3 +135,15 @@ def test_a_hybrid_stem_change_is_written_and_read_back_as_plain_yaml():
     again = RunConfig.from_dict(yaml.safe_load(text))
     assert again.model.changes["resnet"] == cfg.model.changes["resnet"]
     assert again.model.changes["resnet"].layers == (1,)
+
+
+def test_a_recipe_with_unknown_keys_in_two_sections_names_every_one():
+    from vitlab.config import ConfigError, RunConfig
+
+    bad = {"model": {"nme": "ViT-Ti/4", "dpth": 3}, "train": {"stepz": 3}, "optim": {"lr": 0.1}}
+    with pytest.raises(ConfigError) as e:
+        RunConfig.from_dict(bad)
+    assert str(e.value) == ("unknown keys model.nme (did you mean model.name?), model.dpth (did you mean model.depth?), "
+                            "train.stepz (did you mean train.steps?)")
+    with pytest.raises(ConfigError, match=r"unknown key 'train.stepz'; did you mean train.steps\?"):
+        RunConfig.from_dict({"train": {"stepz": 3}})  # one alone: the section's own check, its valid keys listed

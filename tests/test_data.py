@@ -334,3 +334,20 @@ def test_the_idx_reader_gives_torchvisions_fashion_mnist(tmp_path):
         theirs = FashionMNIST(str(tmp_path), train=train, download=False)
         images, labels = ours[split]
         assert np.array_equal(images, theirs.data.numpy()) and np.array_equal(labels, theirs.targets.numpy())
+
+
+def test_a_bare_folder_and_a_folder_one_level_too_deep_name_the_spec_meant(tmp_path, monkeypatch):
+    """A folder given as --data names no kind: the error offers imagefolder:PATH. An image
+    folder whose one class folder holds the class folders (one level too deep) is not "1 class"
+    alone: the error names the folder meant."""
+    for c in ("bag", "dress"):
+        (tmp_path / "photos" / c).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "photos" / c / "0.png")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"it is a folder; did you mean imagefolder:photos \(one sub-folder"):
+        open_dataset("photos", "train", lambda x: x)
+    (tmp_path / "outer").mkdir()
+    (tmp_path / "photos").rename(tmp_path / "outer" / "photos")
+    with pytest.raises(DataError, match=r"1 class \(photos\).*did you mean imagefolder:outer/photos\?"):
+        open_dataset("imagefolder:outer", "train", lambda x: x)
+    assert len(open_dataset("imagefolder:outer/photos", "train", lambda x: x).class_names) == 2

@@ -98,8 +98,64 @@ def test_onnx_carries_class_names_and_preprocessing(tmp_path):
     assert json.loads(meta["vitlab.class_names"]) == [f"kind {i}" for i in range(10)]
     assert json.loads(meta["vitlab.image_size"]) == [16, 16] and meta["vitlab.in_channels"] == "1"
     assert json.loads(meta["vitlab.mean"]) == [0.25] and json.loads(meta["vitlab.std"]) == [0.5]
-    assert "greyscale image resized to 16x16" in meta["vitlab.preprocessing"]
+    assert meta["vitlab.resize"] == "squash" and json.loads(meta["vitlab.resize_size"]) == [16, 16]
+    assert json.loads(meta["vitlab.crop"]) is None and meta["vitlab.interpolation"] == "bilinear"
+    assert "greyscale (L)" in meta["vitlab.preprocessing"] and "resize it to 16x16" in meta["vitlab.preprocessing"]
     assert vitlab.ViTConfig.from_dict(json.loads(meta["vitlab.config"])) == m.config
+
+
+def metadata_recipe(meta: dict[str, str], image):
+    """The preprocessing an ONNX file's metadata states, written here from its keys alone
+    (PIL and numpy, no vitlab, no torchvision): what a runtime without vitlab would do."""
+    import numpy as np
+    from PIL import Image
+
+    assert meta["vitlab.resize_backend"] == "pil"
+    filters = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST, "lanczos": Image.LANCZOS}
+    image = image.convert("RGB" if meta["vitlab.in_channels"] == "3" else "L")
+    rh, rw = json.loads(meta["vitlab.resize_size"])
+    w, h = image.size
+    if meta["vitlab.resize"] == "squash":
+        size = (rw, rh)
+    elif meta["vitlab.resize"] == "shorter_side":
+        short, long = (rh, rh * max(h, w) // min(h, w))
+        size = (short, long) if w <= h else (long, short)
+    else:
+        r = min(h / rh, w / rw)
+        size = (round(w / r), round(h / r))
+    image = image.resize(size, filters[meta["vitlab.interpolation"]])
+    crop = json.loads(meta["vitlab.crop"])
+    if crop:
+        top, left = round((image.height - crop[0]) / 2), round((image.width - crop[1]) / 2)
+        image = image.crop((left, top, left + crop[1], top + crop[0]))
+    x = np.asarray(image, dtype=np.float32).reshape(image.height, image.width, -1) / 255
+    x = (x - np.array(json.loads(meta["vitlab.mean"]), np.float32)) / np.array(json.loads(meta["vitlab.std"]), np.float32)
+    return x.transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def test_a_centre_crop_model_runs_from_its_onnx_metadata_alone(tmp_path):
+    """timm's ViT-Ti/16 preprocessing (crop 0.9, centre, bicubic), built here without the
+    network: its ONNX file, fed real photos through only what its metadata states, gives
+    vitlab's own pipeline's logits (1e-4) and top-1."""
+    ort = pytest.importorskip("onnxruntime")
+    from conftest import perturb
+    from test_data_transforms import photos
+
+    model = perturb(vitlab.create_model("ViT-Ti/16", num_classes=10, depth=2, crop_fraction=0.9, crop_mode="center",
+                                        interpolation="bicubic"), 1, scale=0.2).eval()
+    path = deploy.export_onnx(model, tmp_path / "tiny.onnx")
+    meta = deploy.read_onnx_metadata(path)
+    assert (meta["vitlab.resize"], json.loads(meta["vitlab.resize_size"]), json.loads(meta["vitlab.crop"])) == (
+        "shorter_side", [248, 248], [224, 224])
+    assert "shorter side to 248 px" in meta["vitlab.preprocessing"] and "bicubic" in meta["vitlab.preprocessing"]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    preprocess = vitlab.transform(model)
+    for image in photos():
+        theirs = torch.from_numpy(session.run(None, {"images": metadata_recipe(meta, image)})[0])
+        with torch.inference_mode():
+            ours = model(preprocess(image)[None])
+        assert theirs.argmax(1).item() == ours.argmax(1).item()
+        torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
 
 
 def test_an_int8_copy_saves_loads_and_exports_or_refuses_by_name(tmp_path, capsys):

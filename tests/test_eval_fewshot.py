@@ -310,6 +310,10 @@ def test_fewshot_command_and_cache(digit_ckpts, tmp_path, monkeypatch, capsys):
     # A sweep on cached features reads them back.
     assert main(["fewshot", str(digit_ckpts / "model.safetensors"), *args[:2], *args[4:], "--shots", "2", "--json"]) == 0
     assert "from cache" in capsys.readouterr().err
+    # One seed: the mean with its % beside it (no empty spread column between them).
+    assert main(["fewshot", str(digit_ckpts / "model.safetensors"), *args, "--seeds", "1"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("5 "))
+    assert re.match(r"^\s+5\s+\d+\.\d\d%\s", row), row
     # A random init of the same shape is a different model.
     assert main(["fewshot", str(digit_ckpts / "model.safetensors"), *args, "--random-init", "3", "--json"]) == 0
     rnd = json.loads(capsys.readouterr().out)

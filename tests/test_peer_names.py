@@ -141,7 +141,8 @@ def test_train_by_timm_name(tmp_path, capsys):
     (["train", "--config", "digits", "optim.decay=cosin"], "did you mean cosine?"),
     (["vtab", "runs/x.safetensors", "--root", "r", "--out", "o", "--tasks", "dtdd"], "did you mean dtd?"),
     (["train", "--img-size", "224"], "timm's --img-size is --image-size here"),
-    (["train", "--stpes", "3"], "did you mean --steps"),
+    (["train", "--stpes", "3"], "unrecognized arguments: --stpes; did you mean --steps? ("),
+    (["train", "--batch_size", "8", "--stpes=3"], "--batch_size: did you mean --batch-size?; --stpes: did you mean --steps?"),
 ])
 def test_did_you_mean(argv, near, capsys):
     try:
@@ -199,3 +200,16 @@ def test_a_peer_name_where_a_checkpoint_is_expected_names_its_weights(hub_cache)
 def test_list_models_reads_a_peer_name():
     assert vitlab.list_models("vit_tiny_patch16_224") == ["ViT-Ti/16"]
     assert vitlab.list_models("google/vit-large-patch16-224") == ["ViT-L/16"]
+
+
+def test_timm_patterns_list_the_variants_and_a_slipped_resolution_is_refused(capsys):
+    """`vitlab models 'vit_tiny*'` lists the variants timm calls so; `vit_tiny_patch16_22`
+    (a lost 4) is refused with the near name, as a model and where a checkpoint is expected,
+    not read as a 22 px model."""
+    assert "ViT-Ti/16" in vitlab.list_models("vit_tiny*") and "ViT-B/16" not in vitlab.list_models("vit_tiny*")
+    assert "R50+ViT-B/16" in vitlab.list_models("vit_base_r50*") and "ViT-B/16" not in vitlab.list_models("vit_base_r50*")
+    assert main(["models", "vit_small_patch16*"]) == 0 and "ViT-S/16" in capsys.readouterr().out
+    with pytest.raises(vitlab.ConfigError, match=r"22 px is not a whole number of 16 px patches; did you mean vit_tiny_patch16_224\?"):
+        vitlab.create_model("vit_tiny_patch16_22")
+    assert main(["info", "vit_tiny_patch16_22"]) == 2
+    assert "did you mean vit_tiny_patch16_224?" in capsys.readouterr().err

@@ -78,3 +78,26 @@ def test_heartbeats_thin_out_over_a_quiet_stretch_and_name_the_stage():
     assert lines[0].startswith("read: stage 1 of 2, 0:01") and "0/2" not in stream.getvalue()
     # every heartbeat says it is one the same way, so a reader (the docs test too) can tell it apart
     assert all("since the last line" in line for line in lines), lines
+
+
+def test_training_beats_only_when_a_step_stalls(monkeypatch):
+    """Training prints its own line every EVERY_S while steps come: a heartbeat between those
+    lines was a third of a loaded fine-tune's log. It beats only when one step takes longer."""
+    import io
+    import time
+
+    from vitlab.train import report
+
+    monkeypatch.setattr(report.Progress, "EVERY_S", 2.0)
+    log = io.StringIO()
+    p = report.Progress(100, stream=log, tty=False)
+    for step in range(1, 8):  # 10.5 s of 1.5 s steps (the loaded machine's ratio): the work's own lines only
+        p.update(step, 1.0, 1e-3, 10.0, log_line=False)
+        time.sleep(1.5)
+    moving = log.getvalue().splitlines()
+    time.sleep(4.5)  # step 13 stalls
+    p.close()
+    stalled = log.getvalue().splitlines()[len(moving):]
+    assert not [line for line in moving if "since the last line" in line], moving
+    assert len(moving) >= 3 and all(line.startswith("step ") for line in moving), moving
+    assert stalled and stalled[0].startswith("step 8/100 running (0:0"), stalled

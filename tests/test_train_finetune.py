@@ -25,6 +25,12 @@ def test_defaults_scale_to_a_small_training_set():
     flowers = finetune.fit_defaults(cfg, 1_836, explicit=set(), table4_steps=finetune.TABLE4_STEPS["flowers"])
     assert (flowers.config.train.batch_size, flowers.config.optim.warmup_steps) == (512, 500)
     assert flowers.config.train.micro_batch_size == 256
+    # 500 steps with the recipe's log line every 50 would draw a 10-point curve: every 25, 20 points.
+    assert t.log_every == 25 and "a log line every 25 steps: 20 points on the learning curve" in text
+    short = finetune.fit_defaults(load_recipe("finetune").with_overrides({"train.steps": 20}), 1_293, explicit=set())
+    assert short.config.train.log_every == 1  # a 20-step fine-tune logs (and draws) every step
+    kept = finetune.fit_defaults(load_recipe("finetune").with_overrides({"train.steps": 20}), 1_293, {"train.log_every"})
+    assert kept.config.train.log_every == 50
     tiny = finetune.fit_defaults(cfg, 300, explicit=set())  # fewer images than one batch: a smaller batch
     assert tiny.config.train.batch_size == 64 and "more than the 300 training images" in " ".join(tiny.notes)
 
@@ -35,7 +41,7 @@ def test_defaults_leave_large_data_and_explicit_choices_alone():
     assert big.config.train.batch_size == 512 and big.config.optim.warmup_steps == 500  # the paper's own numbers
     assert big.quick_sweep_steps is None and any("--lr-sweep picks it" in n for n in big.notes)
     small = cfg.with_overrides({"train.steps": 100, "train.batch_size": 1024, "optim.warmup_steps": 80})
-    kept = finetune.fit_defaults(small, 300, explicit={"train.batch_size", "optim.warmup_steps", "optim.lr"})
+    kept = finetune.fit_defaults(small, 300, explicit={"train.batch_size", "optim.warmup_steps", "optim.lr", "train.log_every"})
     assert kept.config == small and kept.quick_sweep_steps is None
     assert finetune.fit_defaults(small, 300, set(), lr_sweep_asked=True).quick_sweep_steps is None
 
@@ -247,3 +253,32 @@ def test_random_start_is_the_checkpoints_network_with_untrained_weights(tiny_che
     assert not torch.equal(sa[K], ss[K]) and not torch.equal(sa[K], sc[K])
     with pytest.raises(ConfigError, match="no such checkpoint"):
         finetune.random_start(str(tmp_path / "absent.safetensors"), 0, tmp_path / "x")
+
+
+
+def test_the_docs_and_help_say_the_batch_rule_the_program_follows():
+    """docs/training.md's fine-tune transcript is quoted from a real run (test_docs.py does not
+    compare its lines), so its batch plan line and training line are held here to what
+    fit_defaults plans for the same 1,437 digits, and `finetune --help`'s batch rule to the
+    recipe's batch and the micro-batches the program runs."""
+    import re
+    from pathlib import Path
+
+    from vitlab.cli import finetune as cli
+
+    cfg = load_recipe("finetune").with_overrides({"train.steps": 100})
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    start = doc.index("$ vitlab finetune runs/digits/checkpoints/last.safetensors --data digits")
+    transcript = doc[start:doc.index("```", start)]
+    images = [int(n.replace(",", "")) for n in re.findall(r"on digits: ([\d,]+) images", transcript)]
+    assert images[-1] == 1_437, images  # the plan is fitted to the whole training set, and the final run trains on it
+    fitted = finetune.fit_defaults(cfg, 1_437, explicit=set())
+    batch_note = next(note for note in fitted.notes if note.startswith("batch "))
+    assert f"  {batch_note}\n" in transcript, f"the doc's batch line is not the program's: {batch_note}"
+    t = fitted.config.train
+    for n in images:  # the sweep's runs (training set minus dev) and the final run: the same batch
+        line = re.search(rf"on digits: {n:,} images, 10 classes, (\d+) steps of (\d+) \((\d+) per epoch\)", transcript)
+        assert line and (int(line.group(2)), int(line.group(3))) == (t.batch_size, n // t.batch_size), line.group(0)
+    micro = t.micro_batch_size
+    assert f"the recipe's {cfg.train.batch_size}" in cli.DESCRIPTION
+    assert f"{cfg.train.batch_size} as {cfg.train.batch_size // micro} x {micro} on {1_437:,}" in cli.DESCRIPTION

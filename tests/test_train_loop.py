@@ -59,7 +59,7 @@ def assert_identical(a: Path, b: Path) -> None:
 def test_a_run_writes_its_folder(tmp_path):
     out = tmp_path / "run"
     summary = Trainer(tiny(), out, quiet=True).run()
-    for name in ("config.yaml", "metrics.jsonl", "summary.json", "learning_curve.png", "confusion_test.png"):
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "learning_curve.png", "confusion-test.png"):
         assert (out / name).is_file(), name
     # Trackers are off by default: no TensorBoard events, no tracker ids (tests/test_train_tracking.py).
     assert not (out / "tensorboard").exists() and not (out / "trackers.json").exists()

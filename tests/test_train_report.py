@@ -87,6 +87,34 @@ def test_learning_curve_has_a_title_the_lr_axis_and_the_eval_points(tmp_path, dr
     assert any(t.get_text() == "60.0%" for t in acc_ax.texts)  # each evaluation point is labelled
 
 
+def test_a_curve_of_one_record_says_too_few_points_and_ticks_whole_steps(tmp_path, drawn):
+    """A run that logged once (a 20-step run with a 50-step log window): the one record is a
+    visible point, both panels say why there is no curve, and the step axis has whole steps."""
+    write_metrics(tmp_path / "metrics.jsonl", [{"step": 20, "split": "train", "loss": 1.9, "accuracy": 0.3, "lr": 1e-3},
+                                               {"step": 20, "split": "test", "loss": 1.7, "top1": 0.4, "accuracy": 0.4}])
+    plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "lc.png")
+    loss_ax, acc_ax, _ = drawn[0].axes
+    for ax in (loss_ax, acc_ax):
+        assert any("too few points for a curve: 1 logged step" in t.get_text() for t in ax.texts)
+        assert ax.lines[0].get_marker() == "o"  # the train record drawn as a point, not an invisible line
+        drawn[0].canvas.draw()
+        assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_a_wide_loss_axis_labels_plain_numbers_and_the_legend_leaves_the_curves(tmp_path, drawn):
+    records = [{"step": s, "split": "train", "loss": 3.0 / s, "accuracy": 0.5, "lr": 1e-3 * s} for s in range(1, 41)]
+    write_metrics(tmp_path / "metrics.jsonl", records)
+    plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "lc.png")
+    fig = drawn[0]
+    fig.canvas.draw()
+    loss_ax = fig.axes[0]
+    labels = [t.get_text() for t in loss_ax.get_yticklabels(minor=True) + loss_ax.get_yticklabels()]
+    assert loss_ax.get_yscale() == "log" and not any("times" in t or "^" in t for t in labels), labels
+    legend = loss_ax.get_legend()
+    assert "learning rate" in [t.get_text() for t in legend.get_texts()]
+    assert legend.get_window_extent().y1 <= loss_ax.get_window_extent().y0  # under the panel, not over the rate curve
+
+
 def test_an_mpp_learning_curve_plots_colour_accuracy_with_its_dev_point(tmp_path, drawn):
     records = [{"step": s, "split": "train", "loss": 5.0, "accuracy": 0.1, "lr": 1e-3} for s in (10, 20)]
     records += [{"step": 20, "split": "dev", "loss": 4.0, "color_acc": 0.15, "accuracy": 0.15}]
@@ -179,3 +207,20 @@ def test_the_next_commands_are_quoted_for_a_shell():
     lines = next_commands("runs/x/checkpoints/last.safetensors", "wds:data/train-{000000..000004}.tar", Path("runs/x"))
     assert lines[0] == "next:" and "--data 'wds:data/train-{000000..000004}.tar'" in lines[1]
     assert lines[3].endswith("--out runs/x/inspect") and lines[4].startswith("  vitlab fewshot runs/x/checkpoints/")
+
+
+def test_a_fine_tune_ends_with_the_next_commands_and_a_sweep_arm_does_not(tmp_path):
+    from types import SimpleNamespace
+
+    from vitlab.config import load_recipe
+    from vitlab.train.report import final_report
+
+    folder = SimpleNamespace(path=tmp_path, summary=tmp_path / "summary.json", metrics=tmp_path / "metrics.jsonl",
+                             config=tmp_path / "config.yaml")
+    summary = {"steps": 20, "train_seconds": 1.0, "bad_images_skipped": 0, "checkpoint": "runs/ft/checkpoints/last.safetensors"}
+    cfg = load_recipe("finetune").with_overrides({"model.checkpoint": "runs/cifar10/checkpoints/last.safetensors",
+                                                  "data.name": "imagefolder:photos"})
+    text = final_report(folder, summary, {}, [], cfg=cfg)
+    assert "next:\n  vitlab eval runs/ft/checkpoints/last.safetensors --data imagefolder:photos" in text
+    arm = cfg.with_overrides({"data.train_split": "train-minus-dev"})
+    assert "next:" not in final_report(folder, summary, {}, [], cfg=arm)

@@ -15,7 +15,7 @@ import torch
 
 from vitlab import checkpoints
 from vitlab.checkpoints import hub, pretrained as registry, share
-from vitlab.checkpoints.peers import read_peer_name, variant_config
+from vitlab.checkpoints.peers import read_peer_name, timm_name, variant_config
 from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig, model_flops
 from vitlab.data.transforms import model_transform
 from vitlab.models import Model, build
@@ -47,7 +47,10 @@ def list_models(pattern: Optional[str] = None, pretrained: bool = False) -> list
         pattern = peer.variant
     if pattern is None:
         return names
-    return [n for n in names if fnmatch.fnmatch(n.lower(), pattern.lower())]
+    def matches(n: str) -> bool:  # the paper's notation, or timm's name for the variant ('vit_tiny*')
+        spellings = [n, *([timm_name(n.split(":")[0]) or ""] if not n.startswith("timm:") else [])]
+        return any(fnmatch.fnmatch(s.lower(), pattern.lower()) for s in spellings if s)
+    return [n for n in names if matches(n)]
 
 
 def get_config(name: str, **overrides: Any) -> ModelConfig:

@@ -12,7 +12,9 @@ feature extraction, inspect, predict, convert, export, downloads):
   the last line"), so that slow work shows life within seconds on any machine. Each
   heartbeat doubles the wait for the next (10 s, 20 s, 40 s, ... up to LONGEST_S) until the
   work prints a line of its own, so that a long quiet stretch is a few lines, not one every
-  10 s. Work counted in stages (convert, export) says which stage it is in. Every heartbeat
+  10 s. Work that prints its own line every EVERY_S while it moves (training, `own_lines`)
+  gets a heartbeat only when its count stalls that long (one slow step), never between its
+  lines. Work counted in stages (convert, export) says which stage it is in. Every heartbeat
   says "since the last line" after its count, so a reader (or a filter) can tell it from the
   work's own lines.
 - `quiet=True`: nothing, in either.
@@ -60,15 +62,15 @@ class Progress:
     def __init__(self, total: Optional[int] = None, desc: str = "", unit: str = "img", *, initial: int = 0,
                  start: Optional[str] = None, stream: Optional[TextIO] = None, tty: Optional[bool] = None,
                  quiet: bool = False, leave: bool = False, unit_scale: bool = False,
-                 heartbeat: Optional[Callable[[int, float], str]] = None):
+                 heartbeat: Optional[Callable[[int, float], str]] = None, own_lines: bool = False):
         self.total, self.desc, self.unit, self.n = total or None, desc, unit, initial
         self.stream = stream or sys.stderr
         self.tty = is_terminal(self.stream) if tty is None else tty
-        self.quiet, self.heartbeat = quiet, heartbeat
+        self.quiet, self.heartbeat, self.own_lines = quiet, heartbeat, own_lines
         self.bar_options: dict[str, Any] = dict(total=self.total, initial=initial, desc=desc, unit=unit, leave=leave,
                                 unit_scale=unit_scale, unit_divisor=1000 if unit_scale else 1024, dynamic_ncols=True)
         self.bar: Optional[tqdm] = None
-        self.t0 = self.last_line = self.work_line = time.perf_counter()
+        self.t0 = self.last_line = self.work_line = self.moved = time.perf_counter()  # moved: the count's last change
         self.beats = 0  # heartbeats since the work's last line: each doubles the wait for the next
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -100,6 +102,8 @@ class Progress:
         while not self.stop.wait(1.0):
             with self.lock:
                 quiet_for = self.quiet_for()
+                if self.own_lines:  # the work prints its own line every EVERY_S while it moves: a beat only when it stalls
+                    quiet_for = min(quiet_for, time.perf_counter() - self.moved)
                 if quiet_for >= min(self.EVERY_S * 2 ** self.beats, self.LONGEST_S):
                     try:
                         self._line(self._heartbeat(self.time_since_work()), heartbeat=True)
@@ -131,7 +135,7 @@ class Progress:
     def moveto(self, n: int, postfix: Optional[str] = None) -> None:
         """`n` done in all."""
         with self.lock:
-            self.n = n
+            self.n, self.moved = n, time.perf_counter()
             bar = self._draw()
             if bar is not None:
                 if postfix is not None:

@@ -126,15 +126,15 @@ def argument_hint(message: str, options: Iterable[str]) -> str:
     if "unrecognized arguments: " not in message:
         return ""
     notes = []
-    for flag in message.split("unrecognized arguments: ", 1)[1].split():
-        if not flag.startswith("-"):
-            continue
+    flags = [f for f in message.split("unrecognized arguments: ", 1)[1].split() if f.startswith("-")]
+    for flag in flags:
+        name = flag.split("=", 1)[0]
         theirs = peer_flag(flag)
-        near = close(flag.split("=", 1)[0], [o for o in options if o.startswith("--")], n=1)
+        near = close(name, [o for o in options if o.startswith("--")], n=1)
         if theirs:
-            notes.append(f"timm's {flag.split('=', 1)[0]} is {theirs} here")
-        elif near:
-            notes.append(f"did you mean {near[0]} for {flag.split('=', 1)[0]}?")
+            notes.append(f"timm's {name} is {theirs} here")
+        elif near:  # one flag: "did you mean --batch-size?"; several: each named
+            notes.append(f"{name + ': ' if len(flags) > 1 else ''}did you mean {near[0]}?")
     return "; " + "; ".join(notes) if notes else ""
 
 

@@ -139,6 +139,7 @@ def plot_attention_distance(distances: np.ndarray, path, pixels: Optional[int] =
         ax.axhline(uniform, color="0.45", ls="--", lw=1.2, label=f"uniform attention ({uniform:.1f} px)")
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
+    ax.set_ylim(bottom=0)  # from 0, as the paper's Fig. 7: a 0.5 px spread is not drawn as the axis's whole height
     ax.set_xticks(x)
     ax.grid(alpha=0.3)
     if legend:
@@ -169,7 +170,10 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, path, titles: Optional[Se
     r = len(images)
     cols = min(r, 4)
     rows = -(-r // cols)
-    fig = new_figure(cols * 2.4 + 0.8, rows * 1.35 + 0.3)
+    lines = max((str(t).count("\n") + 1 for t in titles or ()), default=1)  # each row leaves its titles room
+    title_in = 0.16 * lines + 0.1
+    fig = new_figure(cols * 2.4 + 0.8, rows * (1.2 + title_in) + 0.3)
+    fig.subplots_adjust(hspace=title_in / 1.2 + 0.05, top=1 - 0.3 / (rows * (1.2 + title_in) + 0.3))
     drawn = None
     for i in range(r):
         img = _rgb(images[i])
@@ -236,43 +240,55 @@ def plot_overlay(image: np.ndarray, amap: np.ndarray, path, title: str = "", pre
 
 def plot_learning_curve(series: dict[str, dict[str, list]], path, title: str = "",
                         accuracy_label: str = "top-1 accuracy") -> Path:
-    """Loss (log scale) and accuracy against step: the training windows as lines, every
-    evaluation as points, and the learning rate on a second axis of the loss panel.
+    """Loss and accuracy against step: the training windows as lines, every evaluation as
+    points, and the learning rate on a second axis of the loss panel; a series of one record
+    is a point, and where no series has two the panels say "too few points" rather than
+    leave an empty frame. The legends sit under the panels, clear of every curve.
 
     `series[split]` holds equal-length lists "step", "loss", "accuracy" (and "lr" for train)."""
-    fig = new_figure(11, 4)
+    from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+
+    fig = new_figure(11, 4.8)
     loss_ax, acc_ax = fig.subplots(1, 2, gridspec_kw={"wspace": 0.4})  # room for the LR axis between them
     for split, s in series.items():
+        few = len(s["step"]) < 2
         if split == "train":
-            loss_ax.plot(s["step"], s["loss"], "-", color="C0", label="train (mean of each log window)")
-            acc_ax.plot(s["step"], s["accuracy"], "-", color="C0", label="train (augmented batches)")
+            loss_ax.plot(s["step"], s["loss"], "o-" if few else "-", color="C0", label="train (mean of each log window)")
+            acc_ax.plot(s["step"], s["accuracy"], "o-" if few else "-", color="C0", label="train (augmented batches)")
         else:
             loss_ax.plot(s["step"], s["loss"], "o--", ms=6, label=f"{split} (evaluation)")
             acc_ax.plot(s["step"], s["accuracy"], "o--", ms=6, label=f"{split} (evaluation)")
             for x, y in zip(s["step"], s["accuracy"], strict=True):
                 if np.isfinite(y):
                     acc_ax.annotate(f"{100 * y:.1f}%", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    handles, labels = loss_ax.get_legend_handles_labels()
     train = series.get("train")
     if train and any(np.isfinite(train["lr"])):
         lr_ax = loss_ax.twinx()
-        lr_ax.plot(train["step"], train["lr"], ":", color="grey", label="learning rate")
+        lr_ax.plot(train["step"], train["lr"], "o:" if len(train["step"]) < 2 else ":", color="grey", label="learning rate")
         lr_ax.set_ylabel("learning rate", color="grey")
         lr_ax.tick_params(axis="y", colors="grey")
         lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
-        lines = loss_ax.get_legend_handles_labels()
         extra = lr_ax.get_legend_handles_labels()
-        loss_ax.legend(lines[0] + extra[0], lines[1] + extra[1], fontsize=8)
-    else:
-        loss_ax.legend(fontsize=8)
-    # A log axis only where the loss spans a decade: over 1.7-2.3 it labels 2.3x10^0 and little else.
+        handles, labels = handles + extra[0], labels + extra[1]
+    # A log axis only where the loss spans a decade (over 1.7-2.3 it labels 2.3x10^0 and little
+    # else); its ticks as plain numbers (0.5, 2), never 2x10^0.
     losses = np.array([v for s in series.values() for v in s["loss"] if np.isfinite(v) and v > 0])
     wide = losses.size > 1 and losses.max() / losses.min() >= 10
     loss_ax.set(xlabel="step", ylabel="loss" + (" (log scale)" if wide else ""), yscale="log" if wide else "linear",
                 title="loss")
+    if wide:
+        loss_ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        loss_ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
     acc_ax.set(xlabel="step", ylabel=accuracy_label, title=accuracy_label)
-    acc_ax.legend(fontsize=8)
-    for ax in (loss_ax, acc_ax):
+    steps = {x for s in series.values() for x in s["step"]}
+    for ax, (h, lab) in ((loss_ax, (handles, labels)), (acc_ax, acc_ax.get_legend_handles_labels())):
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: 19, 20, 21, never 19.5
+        ax.legend(h, lab, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+        if max((len(s["step"]) for s in series.values()), default=0) < 2:
+            ax.text(0.5, 0.5, f"too few points for a curve: {len(steps)} logged step(s)\n(train.log_every sets how often)",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=9, color="dimgrey")
     fig.suptitle(title or "learning curve", fontsize=10)
     return save_figure(fig, path)
 

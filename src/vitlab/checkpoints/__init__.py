@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from vitlab import suggest
-from vitlab.checkpoints import hf, hub, io, labels, npz, pretrained, tables, timm, torchvision, verify
+from vitlab.checkpoints import hf, hub, io, labels, npz, peers, pretrained, tables, timm, torchvision, verify
 from vitlab.checkpoints.io import CheckpointError, Imported, adapt_state, load_state_checked
 from vitlab.config import ConfigError
 from vitlab.files import on_disk
@@ -57,6 +57,10 @@ def check_path(path: str | os.PathLike) -> Path:
         names = [e.name for e in pretrained.PRETRAINED.values() if Path(e.path).name == p.name]
         where = (f"; {p.name} is the paper's published file: the name {' or '.join(names[:2])} downloads it "
                  "(vitlab.load(NAME), or put the file here)") if names else ""
+        try:  # a model name with a slip in it (vit_tiny_patch16_22) is read as a path: say what is wrong with the name
+            peers.read_peer_name(str(path))
+        except ValueError as e:
+            where += f"; as a model name: {e}"
         raise FileNotFoundError(f"{p}: no such file or folder{where}")
     if not p.is_dir():
         io.regular_file(p)

@@ -114,6 +114,17 @@ _TIMM = re.compile(r"^vit_(tiny|small|base|large|huge)_(?:patch(\d+)|r(26|50)_s(
 _HF = re.compile(r"^google/vit-(base|large|huge)-patch(\d+)-(\d+)(-in21k)?$")
 
 
+def timm_name(variant: str, resolution: int = 224) -> Optional[str]:
+    """timm's name for a registered variant ("ViT-Ti/16" -> "vit_tiny_patch16_224",
+    "R50+ViT-B/16" -> "vit_base_r50_s16_224"), or None for one timm has no name for."""
+    m = re.fullmatch(r"(?:R(26|50)\+)?ViT-(Ti|S|B|L|H)/(\d+)", variant)
+    if not m:
+        return None
+    depth, letter, step = m.groups()
+    size = next(k for k, v in TIMM_SIZES.items() if v == letter)
+    return f"vit_{size}_{f'r{depth}_s{step}' if depth else f'patch{step}'}_{resolution}"
+
+
 def read_peer_name(name: str) -> Optional[PeerName]:
     """A timm or Hugging Face model name read (None when it is neither); an unknown timm tag
     raises ValueError naming the ones vitlab reads."""
@@ -129,6 +140,9 @@ def read_peer_name(name: str) -> Optional[PeerName]:
             raise ValueError(f"timm tag {tag!r} of {name!r}: vitlab reads tags ending in in1k or in21k "
                              f"(e.g. {name.split('.')[0]}.{TIMM_TAG})")
         base = name.split(".")[0]
+        if res % step:  # vit_tiny_patch16_22 is a typing slip, not a 22 px model
+            near = suggest.hint(base, [f"{base.rsplit('_', 1)[0]}_{r}" for r in (224, 384) if r % step == 0])
+            raise ValueError(f"timm name {name!r}: {res} px is not a whole number of {step} px patches{near}")
         changes = {**timm_preprocessing(res), "image_size": res, "num_classes": classes}
         return PeerName("timm", variant, changes, f"timm:{base}.{tag}")
     m = _HF.match(name.strip())

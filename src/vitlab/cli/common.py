@@ -101,8 +101,9 @@ def add_training_arguments(p, default_recipe: str) -> None:
     """The flags `train` and `finetune` share: the recipe, the data, the run's length and its settings."""
     p.add_argument("--config", default=default_recipe, metavar="RECIPE",
                    help=f"a recipe YAML file or a shipped recipe's name (default: {default_recipe})")
-    p.add_argument("--data", metavar="SPEC", help="digits | fashion-mnist[:DIR] | cifar10[:DIR] | cifar100[:DIR] | "
-                   "imagefolder:PATH | wds:PATTERN | hf:NAME (a Hugging Face dataset)")
+    from vitlab.config.run import DATA_SPECS
+
+    p.add_argument("--data", metavar="SPEC", help=DATA_SPECS)
     p.add_argument("--image-size", type=COUNT, metavar="N", help="training resolution (model.image_size)")
     subset = p.add_mutually_exclusive_group()
     subset.add_argument("--train-fraction", type=float, metavar="F", help="train on a fixed, class-balanced share "
@@ -196,8 +197,9 @@ def add_feature_arguments(p, train_help: str, test_help: str, draws: bool = Fals
     add_checkpoint_arguments(p, draws=draws)
     add_device_argument(p)
     add_plain_argument(p)
-    p.add_argument("--data", required=True, metavar="SPEC",
-                   help="data spec: digits, fashion-mnist[:DIR], cifar10[:DIR], imagefolder:PATH, wds:PATTERN, hf:NAME")
+    from vitlab.config.run import DATA_SPECS
+
+    p.add_argument("--data", required=True, metavar="SPEC", help=DATA_SPECS)
     p.add_argument("--train-split", default="train", help=f"{train_help} (default train)")
     p.add_argument("--test-split", default="test", help=f"{test_help} (default test)")
     p.add_argument("--test-limit", type=COUNT_OR_ZERO, default=0, help="use at most this many test images (default 0: all)")

@@ -18,8 +18,9 @@ sizes 1 and 3: ONNX in onnxruntime, .pt2 through torch.export.load. A difference
 --tolerance (default 1e-4) exits with status 1 and says so; the file is kept for inspection.
 An existing --out is never replaced without --force.
 
-An ONNX file carries the class names and the preprocessing (image size, channels, mean, std)
-in its metadata_props (keys vitlab.*), so a runtime needs nothing else. An int8 serving copy
+An ONNX file carries the class names and the exact preprocessing in its metadata_props (keys
+vitlab.*): the resize (kind, size, interpolation), the centre crop, channels, mean and std, one
+key each, and vitlab.preprocessing, the sentence made from them, so a runtime needs nothing else. An int8 serving copy
 (vitlab.deploy.save_int8) exports with torch-export; ONNX refuses it and says what to do.
 
 examples:

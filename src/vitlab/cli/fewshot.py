@@ -150,8 +150,8 @@ def _print_table(args, name: str, result: dict) -> None:
     for s, r in result["shots"].items():
         per = " ".join(f"{100 * a:.1f}" for a in r["accuracy"])
         lam = " ".join(f"2^{_log2(v)}" for v in r["l2"])
-        spread = f" ± {100 * r['std']:<5.2f}" if len(r["accuracy"]) > 1 else " " * 8  # one seed: no spread to show
-        print(f"{s:>5}  {100 * r['mean']:>7.2f}{spread}%  {per:<24}  {lam}")
+        cell = f"{100 * r['mean']:>7.2f} ± {100 * r['std']:<5.2f}%" if len(r["accuracy"]) > 1 else f"{100 * r['mean']:.2f}%"
+        print(f"{s:>5}  {cell:>16}  {per:<24}  {lam}")  # one seed: no spread, and the % beside its number
     if args.out:
         print(f"wrote {args.out}")
 

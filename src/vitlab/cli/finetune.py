@@ -45,8 +45,11 @@ The rest is fitted to the checkpoint and the data, and the plan line says what w
   - threads and data workers: the source run's own (a vitlab run folder's config.yaml),
     else the recipe's;
   - warm-up: 5% of the run with the paper's recipe (its 500 of 10,000 steps), 25% with AdamW;
-  - batch: the recipe's 512, or less: a power of two at most a quarter of the training set
-    (at least 4 steps an epoch, as the paper's smallest set, Flowers);
+  - batch: the recipe's 512, kept as the paper keeps it on its smallest set (Flowers, 2,040
+    images); where it is more than a quarter of the training set it runs as micro-batches of
+    at most a quarter (gradient accumulation: the same update, e.g. 512 as 2 x 256 on 1,437
+    images), and a training set smaller than one batch gets the largest power of two at most
+    a quarter of it;
   - progress: a line after the first step and then every 10 s at least.
 
 --lr-sweep runs the sweep in full: every arm (or, with --recipe paper, Table 4's rates or

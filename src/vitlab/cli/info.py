@@ -44,7 +44,7 @@ def run(args) -> int:
     print(f"format       {info['format']}")
     if serving_line(info):
         print(f"serving      {serving_line(info)}")
-    print(f"model        {cfg['name']}  ({params:,} parameters, {info['gflops']:.2f} GFLOPs at {cfg['image_size'][0]}x{cfg['image_size'][1]})")
+    print(f"model        {cfg['name']}  ({params:,} parameters, {info['gflops']:.3g} GFLOPs at {cfg['image_size'][0]}x{cfg['image_size'][1]})")
     guessed = info["guessed"]
     print("config" + ("       (* a field the file lacks: the value is a default, not the file's)" if guessed else ""))
     for k, v in cfg.items():

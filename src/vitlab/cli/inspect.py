@@ -61,7 +61,7 @@ def add_arguments(p) -> None:
 
 
 def _batches(args, model):
-    """(batches, labels for the rollout titles, a note on the source)."""
+    """(batches, labels for the rollout titles, a note on the source, how many images there are)."""
     import glob
 
     import torch
@@ -73,8 +73,9 @@ def _batches(args, model):
 
     if not (Path(args.images).exists() or glob.has_magic(args.images)):
         dataset = open_for_model(args.images, args.split, model.config, model.class_names)
+        count = min(args.num_images, len(dataset)) if hasattr(dataset, "__len__") else args.num_images
         return (first_batches(dataset, args.num_images, args.batch_size), getattr(dataset, "class_names", None),
-                f"{args.images} ({args.split} split)")
+                f"{args.images} ({args.split} split)", count)
     paths = find_images([args.images])[: args.num_images]
     loaded, failed = read_images(paths, model.config)
     for p, why in failed:
@@ -83,7 +84,7 @@ def _batches(args, model):
         raise UsageError(f"{args.images}: none of the files could be read as images")
     x = torch.stack([t for _, t in loaded])
     batches = [x[i : i + args.batch_size] for i in range(0, len(x), args.batch_size)]
-    return batches, [p.name for p, _ in loaded], f"{len(loaded)} image file(s) from {args.images}"
+    return batches, [p.name for p, _ in loaded], f"{len(loaded)} image file(s) from {args.images}", len(loaded)
 
 
 def _counted(batches, bar):
@@ -103,8 +104,8 @@ def run(args) -> int:
     seeds = random_draws(args.random_init)
     model, imported = open_checkpoint(args.checkpoint, args.format, seeds[0] if seeds else None, pick_device(args.device))
     out = Path(args.out)
-    batches, labels, source = _batches(args, model)
-    with progress(total=args.num_images, desc="inspect") as bar:
+    batches, labels, source, count = _batches(args, model)  # count: the images there are, up to --num-images
+    with progress(total=count, desc="inspect") as bar:
         report = inspect_model(model, imported, _counted(batches, bar), out, labels=labels, source=source,
                                checkpoint=args.checkpoint, random_init=seeds, max_images=args.num_images,
                                rollout_images=args.rollout_images, components=args.components, heatmap=args.heatmap,

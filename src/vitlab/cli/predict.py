@@ -32,7 +32,7 @@ copies as serve's). No image at hand? The first example writes a digit of the se
 `vitlab train` trains on as digit.png.
 
 examples:
-  python -c "from sklearn.datasets import load_digits; from PIL import Image; Image.fromarray((load_digits().images[-1] * 15).astype('uint8')).resize((64, 64)).save('digit.png')"
+  python -c "import numpy, importlib.resources as r; from PIL import Image; Image.fromarray(numpy.load(r.files('vitlab.data') / 'digits.npz')['images'][-1]).resize((64, 64)).save('digit.png')"
   vitlab predict runs/digits/checkpoints/last.safetensors digit.png
   vitlab predict model.safetensors photos/ --top-k 3 --csv predictions.csv
   vitlab predict model.safetensors 'shots/*.png' --attention overlays/ --device cuda

@@ -11,7 +11,8 @@ RESUMABLE = True  # stopped, the same command continues from the last checkpoint
 READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
 HELP = "run a grid of trainings (models x data sizes x seeds x any key=value), then tabulate and plot"
 DESCRIPTION = """\
-Run every cell of a sweep spec (see vitlab/config/sweep.py, or the shipped configs/paper/*.yaml):
+Run every cell of a sweep spec, a YAML file (its format, every field with an example:
+`python -m pydoc vitlab.config.sweep`; the shipped configs/paper/*.yaml are real ones):
 each cell is `vitlab train` into OUT/CELL/train plus the spec's after-steps (few-shot,
 fine-tuning, inspect, ...). Finished cells are skipped; an interrupted cell resumes from
 its newest checkpoint, so stopping and rerunning the same command is always safe. Then

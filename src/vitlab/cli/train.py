@@ -59,8 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_training_arguments(p, "digits")
     p.set_defaults(config=None)  # so that --resume RUN can tell a given --config from the default
-    p.add_argument("--model", metavar="NAME", help="a variant from `vitlab models` (replaces the recipe's model "
-                   "shape; keeps its dropout settings)")
+    p.add_argument("--model", metavar="NAME", help="a variant from `vitlab models`, or timm's or Hugging Face's name for one "
+                   "(vit_tiny_patch16_224, google/vit-base-patch16-224); replaces the recipe's model shape, keeps its dropout")
     p.add_argument("--objective", help="training objective (train.objective): supervised, mpp")
     p.add_argument("--resume", nargs="?", const=True, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR (or --out) from its newest checkpoint; with --steps/--epochs, "

@@ -7,6 +7,8 @@
 - `provenance.py`: which layer set each value of a run (a typed `Origin`), and the layers' form
   in a run's config.yaml;
 - `mpp.py`: masked patch prediction's options;
+- `preprocessing.py`: the evaluation preprocessing as numbers and words (`eval_recipe`), what
+  vitlab.transform runs and an ONNX file's metadata states;
 - `sweep.py`: a sweep's spec (`SweepSpec`: the grid, the after-steps, the figures);
 - `serve.py`: how `vitlab serve` listens, batches and bounds its uploads;
 - `device.py`: which device a setting names, and whether this machine has it;

@@ -120,6 +120,21 @@ class ModelSection:
 AUTOAUGMENT_POLICIES = ("", "imagenet", "cifar10", "svhn")  # torchvision.transforms.AutoAugmentPolicy
 
 
+def every_unknown(d: Mapping[str, Any]) -> None:
+    """Unknown keys in more than one place of a recipe are refused together, each with its near
+    key (one alone gets the section's check and its list of valid keys)."""
+    known = {"model": {*(f.name for f in fields(ViTConfig)), *_MODEL_EXTRA, "head_start"},
+             **{k: {f.name for f in fields(c)} for k, c in SECTIONS.items()}}
+    given = {k: v for k in known if isinstance(v := d.get(k), dict)}
+    every = [f"{k}.{key}" for k, v in given.items() for key in v]
+    unknown = [key for key in every if key.split(".", 1)[1] not in known[key.split(".", 1)[0]]]
+    if len(unknown) > 1:
+        names = [f"{k}.{key}" for k, keys in known.items() for key in keys]
+        said = [f"{key} ({'did you mean ' + near[0] + '?' if near else 'no near key'})"
+                for key in unknown for near in [suggest.close_key(key, names)]]
+        raise ConfigError(f"unknown keys {', '.join(said)}")
+
+
 @dataclass(frozen=True)
 class Augmentation:
     """One augmentation after the Inception crop and flip: the data section's keys it reads
@@ -155,6 +170,11 @@ AUGMENTATIONS = (
     Augmentation(("random_erasing",), "RandomErasing", {"p": "random_erasing"}, "random erasing",
                  dict(type=float, metavar="P", help="torchvision's RandomErasing on a share P of the images"), on_float=True),
 )
+
+
+# Every data spec a command takes (`--data`), as its help and the unknown-spec error list them.
+DATA_SPECS = ("digits | fashion-mnist[:DIR] | cifar10[:DIR] | cifar100[:DIR] | imagefolder:PATH | imagenet-val:DIR | "
+              "vtab:TASK:ROOT | wds:PATTERN | hf:NAME (a Hugging Face dataset) | synthetic:TASK")
 
 
 @dataclass(frozen=True)
@@ -361,6 +381,7 @@ class RunConfig:
         unknown = [k for k in d if k not in valid]
         if unknown:
             raise ConfigError(suggest.unknown("section", unknown[0], valid))
+        every_unknown(d)
         sections = {k: section_from_text(c, d.get(k), k) for k, c in SECTIONS.items()}
         options = section_from_text(OBJECTIVE_OPTIONS[sections["train"].objective], d.get("objective"), "objective")
         cfg = cls(model=ModelSection.from_dict(d.get("model")), objective=options, **sections)

@@ -13,14 +13,16 @@ fine-tune's sweep, repeats and final run share one open per split (train/inputs.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from vitlab import suggest
-from vitlab.config.run import SHUFFLE_BUFFER, DataConfig
+from vitlab.config.run import DATA_SPECS, SHUFFLE_BUFFER, DataConfig
 from vitlab.data import datasets as ds, synthetic
 from vitlab.data.datasets import DataError
 from vitlab.data.foreign import ForeignDataset, hf_split
@@ -140,14 +142,13 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
     (train/inputs.py) reads its files once."""
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
+    if name not in NAMED and os.path.isdir(os.path.expanduser(spec)):  # a bare folder: it names no kind
+        raise DataError(f"unknown dataset {spec!r}: it is a folder; did you mean imagefolder:{spec} (one sub-folder of "
+                        f"images per class), or wds:{spec.rstrip('/')}/*.tar for WebDataset shards?")
     if name not in NAMED:
         near = suggest.hint(name, NAMED).lstrip("; ")
         raise DataError(
-            f"unknown dataset {spec!r}; {near + ' The specs: ' if near else 'use one of '}digits, fashion-mnist[:FOLDER], "
-            "cifar10[:FOLDER], "
-            "cifar100[:FOLDER], imagefolder:PATH, imagenet-val:DIR, vtab:TASK:ROOT, wds:PATTERN, hf:NAME (a Hugging Face "
-            "dataset), synthetic:TASK"
-        )
+            f"unknown dataset {spec!r}; {near + ' The specs: ' if near else 'use one of '}{DATA_SPECS.replace(' | ', ', ')}")
     if name in WITH_PATH and not arg:
         raise DataError(f"{name} needs a path: --data {name}:PATH")
     sliced, (split, bounds) = split, split_slice(split)
@@ -230,9 +231,13 @@ def check_classes(spec: str, class_names: Sequence[str]) -> None:
     """Classification needs two classes at least: with one, every prediction is right and
     the loss is zero from the first step, a run that looks perfect and learns nothing."""
     if len(class_names) < 2:
+        kind, _, root = str(spec).partition(":")
+        inner = Path(os.path.expanduser(root), *class_names[:1])
+        deeper = (f"; {inner} holds folders itself: did you mean {kind}:{inner}?" if kind == "imagefolder" and class_names
+                  and inner.is_dir() and any(p.is_dir() for p in inner.iterdir()) else "")
         raise DataError(
             f"{spec}: {len(class_names)} class{'' if len(class_names) == 1 else 'es'} ({', '.join(class_names)}); "
-            "classification needs at least two: check the data's class folders or labels"
+            f"classification needs at least two: check the data's class folders or labels{deeper}"
         )
     if len(set(class_names)) != len(class_names):
         twice = sorted({c for c in class_names if list(class_names).count(c) > 1})

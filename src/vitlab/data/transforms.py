@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -36,6 +35,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vitlab.config.preprocessing import eval_recipe
 from vitlab.config.run import AUGMENTATIONS, CROP_SCALE, CROPS
 from vitlab.data import decode as decoding
 from vitlab.data.decode import STEPS, FastEvalTransform, Planned, interpolation_mode
@@ -150,9 +150,11 @@ class EvalTransform:
         if backend not in ("pil", "tensor"):
             raise ValueError(f"resize backend {backend!r}: use pil or tensor")
         self.size = _size(image_size)
-        self.resize_size = (math.floor(self.size[0] / crop_fraction), math.floor(self.size[1] / crop_fraction))
-        self.mean, self.std, self.in_channels = tuple(mean), tuple(std), in_channels
         backend = backend if antialias else "tensor"
+        self.recipe = eval_recipe(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend,
+                                  antialias)
+        self.resize_size = tuple(self.recipe["resize_size"])
+        self.mean, self.std, self.in_channels = tuple(mean), tuple(std), in_channels
         self.crop_fraction, self.crop_mode, self.interpolation, self.backend = crop_fraction, crop_mode, interpolation, backend
         self.antialias = antialias
         mode = interpolation_mode(interpolation)
@@ -163,7 +165,7 @@ class EvalTransform:
         else:
             resize = _ResizeKeepRatio(self.resize_size, mode, antialias)
         steps = [_Input(in_channels, backend), resize]
-        self.crops = self.resize_size != self.size or crop_mode == "center"
+        self.crops = self.recipe["crop"] is not None
         if self.crops:
             steps.append(v2.CenterCrop(list(self.size)))
         steps += [v2.PILToTensor(), Normalise(mean, std)]  # vitlab.pixels: the one normaliser
@@ -358,6 +360,4 @@ def fast_eval_transform(image_size: Any, mean: Sequence[float] = (0.5, 0.5, 0.5)
     inner = eval_transform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend, antialias)
     if not antialias:  # a reduced decode filters: without antialiasing, the full decode
         return inner
-    size = _size(image_size)
-    resize_to = (math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction))
-    return FastEvalTransform(inner, resize_to, keep_ratio=crop_mode == "center", margin=margin)
+    return FastEvalTransform(inner, inner.resize_size, keep_ratio=crop_mode == "center", margin=margin)

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from vitlab.config.preprocessing import config_recipe, recipe_sentence
 from vitlab.extras import require
 from vitlab.files import atomic_write
 from vitlab.models.vit import VisionTransformer
@@ -46,21 +47,18 @@ def export_program(model: VisionTransformer, path: Optional[str | os.PathLike] =
 
 def onnx_metadata(model: VisionTransformer) -> dict[str, str]:
     """What a runtime needs beside the graph, as ONNX metadata_props (strings; lists as JSON):
-    the class names and the preprocessing the model was trained with."""
+    the class names, and the preprocessing the model expects (vitlab.transform's) both as one
+    key per number (config.preprocessing's `eval_recipe`) and as `vitlab.preprocessing`, the sentence made
+    from those keys."""
     cfg = model.config
-    height, width = cfg.image_size
     names = getattr(model, "class_names", None) or [str(i) for i in range(cfg.num_classes)]
+    steps = config_recipe(cfg)  # what vitlab.transform(model) runs (data/transforms.py's EvalTransform)
+    recipe = {f"vitlab.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in steps.items()}
     return {
         "vitlab.model": cfg.name,
         "vitlab.class_names": json.dumps(list(names)),
-        "vitlab.image_size": json.dumps([height, width]),
-        "vitlab.in_channels": str(cfg.in_channels),
-        "vitlab.mean": json.dumps(list(cfg.mean)),
-        "vitlab.std": json.dumps(list(cfg.std)),
-        "vitlab.preprocessing": (
-            f"{'RGB' if cfg.in_channels == 3 else 'greyscale'} image resized to {height}x{width} (bilinear, "
-            f"antialiased), pixels scaled to [0, 1], then (x - mean) / std per channel; input NCHW float32"
-        ),
+        **recipe,
+        "vitlab.preprocessing": recipe_sentence(steps),
         "vitlab.output": "logits (batch, classes); softmax gives the class probabilities",
         "vitlab.config": cfg.to_json(),
     }

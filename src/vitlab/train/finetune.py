@@ -65,6 +65,7 @@ SMALL_DATA = 20_000  # training sets up to this size get the quick learning-rate
 MIN_STEPS_PER_EPOCH = 4  # the batch leaves at least this many steps per epoch (Table 4's Flowers: 2,040 / 512)
 RESOLUTION_STEP = 384 / 224  # the paper's step up: pre-trained at 224, fine-tuned at 384 (§3.2)
 RECIPE = "finetune"  # the shipped recipe fine-tuning starts from
+CURVE_POINTS = 20  # a run logs often enough for this many points on its learning curve (a short one: every step)
 
 # Options whose value, when given, the fitted defaults leave alone.
 EXPLICIT_OPTIONS = {"batch_size": "train.batch_size", "warmup_steps": "optim.warmup_steps", "lr": "optim.lr",
@@ -106,10 +107,15 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
         notes.append(f"batch {batch}: the recipe's {t.batch_size} is more than the {n_train:,} training images")
     elif "train.batch_size" not in explicit and not t.micro_batch_size and t.batch_size > fill:
         changes["train.micro_batch_size"] = micro = max(d for d in range(1, fill + 1) if t.batch_size % d == 0)
-        notes.append(f"batch {t.batch_size}, the recipe's, as {t.batch_size // micro} micro-batches of {micro}: "
-                     f"the batch is more than a quarter of the {n_train:,} training images")
+        notes.append(f"batch {t.batch_size}: the recipe's, kept as the paper keeps it on its smallest set (Flowers, 2,040 "
+                     f"images); it runs as {t.batch_size // micro} micro-batches of {micro}, each at most a quarter of the "
+                     f"{n_train:,} training images (gradient accumulation: the same update)")
     batch = changes.get("train.batch_size", t.batch_size)
     total = t.steps or max(1, math.ceil(t.epochs * (n_train // batch)))
+    if "train.log_every" not in explicit and total < CURVE_POINTS * t.log_every:
+        changes["train.log_every"] = every = max(1, total // CURVE_POINTS)
+        notes.append(f"a log line every {every} step{'s' * (every > 1)}: {total // every} points on the learning curve "
+                     f"(the recipe's every {t.log_every} would record {max(1, total // t.log_every)} in a {total}-step run)")
     cap = o.warmup_steps if total == table4_steps else choice.warmup(o.warmup_steps, total)
     if "optim.warmup_steps" not in explicit and o.warmup_steps > cap:
         changes["optim.warmup_steps"] = cap

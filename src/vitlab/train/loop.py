@@ -493,7 +493,7 @@ class Trainer:
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
-        title = f"{run.model.config.name} on {report.figure_label(self.cfg.data.name)} ({self.out.name})"
+        title = report.run_title(run.model.config.name, self.cfg.data.name, self.out.name)
         notes = report.plot_run(self.folder, results, names, title, self.cfg.train.objective)
         LOG.info(report.final_report(self.folder, summary, results, notes, where, self.cfg))  # --quiet too
         return summary

@@ -110,7 +110,7 @@ class Progress:
         self.first = True
         self.divergence = Divergence(lr)  # watched with --quiet too: its warning goes to stderr
         self.shown = progress.Progress(total, "train", "step", initial=start, stream=stream, tty=tty, leave=True,
-                                       heartbeat=self._heartbeat, quiet=quiet)
+                                       heartbeat=self._heartbeat, quiet=quiet, own_lines=True)
         self.shown.EVERY_S = self.EVERY_S
         self.tty = self.shown.tty
 
@@ -128,11 +128,12 @@ class Progress:
         if self.quiet:
             return
         last = f"  last loss {last_loss:.4f}" if last_loss is not None else ""
-        numbers = f"mean loss {loss:.4f}{last}  lr {lr:.2e}  {images_per_s:,.0f} img/s"
+        rate = f"{images_per_s:,.0f}" if images_per_s >= 10 else f"{images_per_s:.2g}"  # a slow step: 0.38, not 0
+        numbers = f"mean loss {loss:.4f}{last}  lr {lr:.2e}  {rate} img/s"
         if self.tty:
             self.shown.moveto(step, numbers)
         else:
-            self.shown.n = step
+            self.shown.n, self.shown.moved = step, time.perf_counter()
             if log_line or self.first or self.shown.quiet_for() >= self.EVERY_S:
                 eta = (time.perf_counter() - self.t0) / max(step - self.start, 1) * (self.total - step)
                 self.shown.write(f"step {step}/{self.total}  {numbers}  ETA {format_seconds(eta)}")
@@ -212,11 +213,18 @@ def plot_run(folder, results: dict[str, dict[str, Any]], class_names: list[str],
         plot_learning_curve(folder.metrics, folder.path / "learning_curve.png", title, objective)
         for split, m in results.items():
             if "confusion" in m:
-                plots.plot_confusion(m["confusion"], class_names, folder.path / f"confusion_{split}.png",
+                plots.plot_confusion(m["confusion"], class_names, folder.path / f"confusion-{split}.png",
                                      title=f"{title}: {split}" if title else split)
     except ImportError:
         return ["matplotlib is not installed: no learning curve or confusion matrix (pip install 'vitlab[plots]')"]
     return []
+
+
+def run_title(model: str, data_spec: str, run_name: str) -> str:
+    """A run's figures' title: "ViT-Ti/4 on digits", with the run folder's name where it is
+    not the data's own ("on digits (ft-small)", never "on digits (digits)")."""
+    data = figure_label(data_spec)
+    return f"{model} on {data}" + ("" if data.split(":")[-1] == run_name else f" ({run_name})")
 
 
 def figure_label(spec: str) -> str:
@@ -243,10 +251,12 @@ def next_commands(checkpoint: str, data: str, out: Path) -> list[str]:
 
 def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, Any]], notes: list[str],
                  tracker_lines: Sequence[str] = (), cfg: Any = None) -> str:
-    """What `vitlab train` prints at the end: the results, where every output is, and for a
-    run trained from scratch (its RunConfig `cfg`; not a fine-tune's, which says its own) the
-    commands that use the checkpoint next."""
-    data = "" if cfg is None or cfg.model.checkpoint or cfg.train.objective != "supervised" else cfg.data.name
+    """What `vitlab train` and `finetune` print at the end: the results, where every output is,
+    and for a classifier (its RunConfig `cfg`), trained or fine-tuned, the commands that use the
+    checkpoint next; not for a fine-tune sweep's arm (trained on train-minus-dev), whose final
+    run says them."""
+    arm = cfg is not None and cfg.data.train_split == "train-minus-dev"
+    data = "" if cfg is None or arm or cfg.train.objective != "supervised" else cfg.data.name
     lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
     for split, m in results.items():
         if "top1" in m:
@@ -268,11 +278,11 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
     if (out / "learning_curve.png").exists():
         lines.append(f"  learning curve  {out / 'learning_curve.png'}")
     for split in results:
-        if (out / f"confusion_{split}.png").exists():
-            lines.append(f"  confusion       {out / f'confusion_{split}.png'}")
+        if (out / f"confusion-{split}.png").exists():
+            lines.append(f"  confusion       {out / f'confusion-{split}.png'}")
     lines += [f"  {line}" for line in tracker_lines]
     lines += [f"  note: {n}" for n in notes]
-    if data:  # a classifier trained from scratch (a fine-tune's plan says its own)
+    if data:
         lines += next_commands(summary["checkpoint"], data, out)
     return "\n".join(lines)
 

@@ -5,7 +5,7 @@
       metrics.jsonl      one JSON object per log window and per evaluation
       summary.json       final metrics, compute and the checkpoint path
       checkpoints/       step-N model + state files, last.safetensors (see state.py)
-      learning_curve.png, confusion_<split>.png, tensorboard/
+      learning_curve.png, confusion-<split>.png (as eval names its own), tensorboard/
 
 Rerunning into the same folder continues the run; a different config is refused, so a run's
 outputs are never overwritten by another run's -- except for a run that died before its
