@@ -52,15 +52,15 @@ LAYERS: dict[str, set[str]] = {
     "models": {"config", "pixels"},
     "checkpoints": {"config", "extras", "files", "log", "models", "progress", "run_layout", "suggest", "tables"},
     "data": {"config", "extras", "files", "pixels", "suggest"},
-    "eval": {"data", "files"},
+    "eval": {"config", "data", "files"},
     "analysis": {"checkpoints", "config", "data", "eval", "extras", "files", "models"},
     "deploy": {"checkpoints", "config", "extras", "files", "models"},
     "train": {"analysis", "checkpoints", "config", "data", "deploy", "eval", "extras", "files", "log", "models",
               "progress", "run_layout", "tables"},
     "bench": {"checkpoints", "config", "deploy", "extras", "files", "models", "tables"},
-    "predictor": {"analysis", "checkpoints", "config", "data", "deploy", "files", "suggest"},
+    "predictor": {"analysis", "checkpoints", "config", "data", "deploy", "files", "models", "suggest"},
     "api": {"checkpoints", "config", "data", "models", "predictor"},
-    "serve": {"analysis", "config", "data", "log", "predictor"},
+    "serve": {"analysis", "config", "data", "log", "models", "predictor"},
     "sweep": {"analysis", "config", "data", "extras", "files", "run_layout", "train"},
     "cli": {"analysis", "api", "bench", "checkpoints", "config", "data", "deploy", "eval", "extras", "files",
             "predictor", "progress", "run_layout", "serve", "suggest", "sweep", "train"},
@@ -387,7 +387,7 @@ def test_serving_benchmark_starts():
 
 # The target for the command line's size, counted without the module-level help
 # strings (HELP, DESCRIPTION, docstrings): those are the newcomer's --help, not logic.
-MAX_CLI_CODE_LINES = 1_760  # what the commands need (1,661 once each declares what it writes), and room for one more
+MAX_CLI_CODE_LINES = 1_900  # what the commands need (1,816 with this wave's flags and checks), and room for one more
 
 
 def test_the_cli_stays_small():

@@ -40,6 +40,7 @@ from typing import Any, Optional
 from vitlab.checkpoints import pretrained
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.peers import read_peer_name
+from vitlab.config.fields import env_switch
 from vitlab.extras import MissingExtraError, hub_client_errors, require
 from vitlab.files.documents import on_disk, read_json
 
@@ -164,8 +165,6 @@ def locate(name: str, revision: Optional[str] = None) -> Located:
 def offline() -> bool:
     """$HF_HUB_OFFLINE or $VITLAB_OFFLINE, read now (huggingface_hub reads its own at import)."""
     from huggingface_hub import constants
-
-    from vitlab.config.fields import env_switch
 
     return env_switch("HF_HUB_OFFLINE") or env_switch("VITLAB_OFFLINE") or constants.HF_HUB_OFFLINE
 

@@ -96,14 +96,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(text)
         return 0
-    print(report(metrics, names))
-    if grid_note(model.config):
-        print(grid_note(model.config))
-    if args.real:
-        print(real_line(metrics))
-    if metrics["bad_images_skipped"]:
-        print(f"skipped {metrics['bad_images_skipped']} unreadable images")
-    print("\n" + "\n".join(written))
+    skipped = metrics["bad_images_skipped"]
+    lines = (report(metrics, names), grid_note(model.config), real_line(metrics) if args.real else "",
+             f"skipped {skipped} unreadable images" if skipped else "", "\n" + "\n".join(written))
+    print("\n".join(line for line in lines if line))
     return 0
 
 

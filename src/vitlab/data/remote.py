@@ -29,6 +29,7 @@ import urllib.error
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Union
 
+from vitlab.config.fields import ConfigError, env_switch, number
 from vitlab.data.datasets import DataError
 from vitlab.files import net
 from vitlab.files.net import DeadlinePassed, open_url
@@ -44,8 +45,6 @@ MIN_RATE = net.MIN_RATE
 
 def limits() -> tuple[float, float]:
     """(TIMEOUT_S, MIN_RATE), or what the environment sets instead."""
-    from vitlab.config.fields import ConfigError, number
-
     def setting(name: str, default: float) -> float:
         text = os.environ.get(name, "")
         try:
@@ -71,8 +70,6 @@ def command_line_rule(argv: Iterable[str], allow: bool = False) -> Iterator[None
     """While a command runs: only the pipe: commands typed in `argv` run (all of them with
     `allow`, the command's --allow-pipe, or with the switch VITLAB_ALLOW_PIPE on)."""
     global _typed
-    from vitlab.config.fields import env_switch
-
     allow = allow or env_switch(ALLOW_ENV)  # read once, in the process whose command line it is
     before, _typed = _typed, None if allow else typed_commands(argv)
     try:

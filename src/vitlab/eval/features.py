@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence, cast
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +26,6 @@ from vitlab.data.loader import Loader
 from vitlab.data.transforms import model_transform
 from vitlab.eval.accuracy import preprocessing
 from vitlab.files import atomic_write, cache_dir
-from vitlab.models import Model
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -61,6 +60,20 @@ def _dataset_labels(dataset) -> Optional[np.ndarray]:
 
 
 @torch.no_grad()
+def chosen(labels: Iterable[Any], max_per_class: Optional[int], limit: Optional[int]) -> list[int]:
+    """The positions extract_features reads: the first `max_per_class` of each class, at most `limit` in all."""
+    keep: list[int] = []
+    taken: dict[int, int] = {}
+    for i, y in enumerate(labels):
+        if max_per_class and taken.get(int(y), 0) >= max_per_class:
+            continue
+        taken[int(y)] = taken.get(int(y), 0) + 1
+        keep.append(i)
+        if limit and len(keep) >= limit:
+            break
+    return keep
+
+
 def extract_features(
     model: torch.nn.Module,
     dataset,
@@ -91,16 +104,7 @@ def extract_features(
     labels_known = _dataset_labels(dataset)
     items: Iterable
     if labels_known is not None and (max_per_class or limit):
-        # Choose the indices from the labels first, so skipped images are never decoded.
-        keep: list[int] = []
-        taken: dict[int, int] = {}
-        for i, y in enumerate(labels_known):
-            if max_per_class and taken.get(int(y), 0) >= max_per_class:
-                continue
-            taken[int(y)] = taken.get(int(y), 0) + 1
-            keep.append(i)
-            if limit and len(keep) >= limit:
-                break
+        keep = chosen(labels_known, max_per_class, limit)  # from the labels first: skipped images are never decoded
         items = (dataset[i] for i in keep)
         if workers:
             items = iter(Loader(torch.utils.data.Subset(dataset, keep), batch_size=None, num_workers=workers))
@@ -117,7 +121,7 @@ def extract_features(
 
     def flush() -> None:
         x = torch.stack(xs).to(device)
-        net = cast(Model, model)  # (a vitlab model: forward_features, forward_head)
+        net: Any = model  # a vitlab model (forward_features, forward_head); eval knows no model class
         f = net.forward_head(net.forward_features(x), pre_logits=True)
         feats.append(f.float().cpu().numpy())
         labels.extend(ys)

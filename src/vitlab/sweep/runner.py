@@ -22,6 +22,7 @@ from vitlab.extras import require
 from vitlab.files import atomic_write_text
 from vitlab.sweep import slurm, timing
 from vitlab.sweep.cells import Cell, Step, check_record, identity
+from vitlab.train.report import DIVERGENCE_ENV
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
 STOPPED = 75  # a training's exit status when a signal stopped it with a checkpoint (vitlab.train.preemption)
@@ -65,8 +66,6 @@ def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optiona
     if record is not None and not (folder / "cell.json").exists():
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / "cell.json", json.dumps(record, indent=2))
-    from vitlab.train.report import DIVERGENCE_ENV
-
     env = {**os.environ, DIVERGENCE_ENV: divergence}
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))

@@ -6,8 +6,8 @@
 plan), restore the newest checkpoint if there is one, train, evaluate, report. Each
 optimiser step takes one global batch (split over processes and micro-batches), the loss,
 the gradient (clipped at global norm `optim.clip_grad_norm`), the learning rate of the
-schedule, the step, the EMA. A non-finite loss stops the run before it touches the weights,
-so the last checkpoint stays the last good state.
+schedule, the step, the EMA. A non-finite loss stops the run before it touches the weights:
+the last checkpoint stays the last good state.
 
 Exact resume: everything a step depends on is either saved (weights, optimiser, EMA,
 Python/NumPy/torch random states) or a function of (seed, step) (the data order and each
@@ -40,13 +40,13 @@ from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
 from vitlab.log import get_logger
 from vitlab.models import Model
-from vitlab.train import callbacks as cb, distributed, preemption, probe_head, state
+from vitlab.train import callbacks as cb, distributed, preemption, probe_head, report, state
 from vitlab.train.build import architecture, build_model, describe_source, open_datasets, train_loader
 from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective, evaluation_target
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, dataset_size, eval_batches, final_report, plot_run, run_title, truncate_after
+from vitlab.train.report import MetricsLog, Progress, TrainingDiverged, dataset_size, eval_batches
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 
@@ -58,10 +58,6 @@ FP16_DEVICES = ("cuda",)
 # What `extend` lets differ from the run folder's config: the length (the schedule is then the
 # new length's; the steps already taken stay as they were).
 EXTENDABLE = frozenset({"train.steps", "train.epochs"})
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
 
 
 @dataclass
@@ -156,7 +152,7 @@ class Trainer:
             run = self._prepare(ctx)
             resume_from = state.latest(self.folder.checkpoints) if mode == "resume" else None
             if resume_from is None and mode == "resume" and ctx.is_main:
-                truncate_after(self.folder.metrics, 0)  # died before its first checkpoint: start again
+                report.truncate_after(self.folder.metrics, 0)  # died before its first checkpoint: start again
             if resume_from is not None and resume_from > run.plan.total:
                 raise ConfigError(f"{self.out} has already trained {resume_from} steps; to extend it, ask for more "
                                   f"than that (--steps), not {run.plan.total}")
@@ -271,7 +267,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             self.folder.write_config(self.cfg, self.command)
             if resume_from is not None:  # (saved too)
-                truncate_after(self.folder.metrics, resume_from)
+                report.truncate_after(self.folder.metrics, resume_from)
         distributed.barrier(ctx)
         run.window = new_window()
         if saved is not None:
@@ -404,11 +400,9 @@ class Trainer:
             if run.progress:
                 run.progress.update(step, w["loss"] / w["n"], lr, rate, log_now, last_loss=loss)
             if log_now:
-                record = {
-                    "step": step, "epoch": round(step / run.plan.per_epoch, 4), "split": "train",
-                    "loss": w["loss"] / w["n"], "accuracy": w["acc"] / w["n"], "lr": lr, "images_per_s": round(rate, 2),
-                    **{k: compute[k] for k in ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")},
-                }
+                record = {"step": step, "epoch": round(step / run.plan.per_epoch, 4), "split": "train",
+                          "loss": w["loss"] / w["n"], "accuracy": w["acc"] / w["n"], "lr": lr, "images_per_s": round(rate, 2),
+                          **{k: compute[k] for k in ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")}}
                 assert run.log is not None  # the main process's
                 run.log.write(record)
                 run.hooks.log(step, record)
@@ -480,16 +474,10 @@ class Trainer:
         return totals
 
     def _finish(self, run: Run, results: dict[str, dict[str, Any]], seconds: float) -> dict[str, Any]:
-        names = run.model.class_names
-        assert names is not None  # build_model names the classes
+        names = list(run.model.class_names or ())  # (build_model names the classes)
         bad = set().union(*distributed.gather_objects(sorted(run.bad_images), run.ctx))  # files, not reads
         ckpt = self.folder.checkpoint_file(run_layout.EMA if run.ema is not None else run_layout.LAST)
-        splits = {}
-        for split, m in results.items():
-            entry = {k: v for k, v in m.items() if k != "confusion"}
-            if isinstance(entry.get("per_class"), list):
-                entry["per_class"] = dict(zip(names, entry["per_class"], strict=True))
-            splits[split] = entry
+        splits = report.summary_splits(results, names)
         summary = {
             "model": run.model.config.name, **grid_record(run.model.config),
             "steps": run.plan.total, "epochs": round(run.plan.total / run.plan.per_epoch, 3), "splits": splits,
@@ -505,7 +493,7 @@ class Trainer:
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()
         atomic_write_text(self.folder.summary, json.dumps(summary, indent=2))
-        title = run_title(run.model.config.name, self.cfg.data.name, self.out.name)
-        notes = plot_run(self.folder, results, names, title, self.cfg.train.objective)
-        LOG.info(final_report(self.folder, summary, results, notes, where, self.cfg))  # --quiet too
+        title = report.run_title(run.model.config.name, self.cfg.data.name, self.out.name)
+        notes = report.plot_run(self.folder, results, names, title, self.cfg.train.objective)
+        LOG.info(report.final_report(self.folder, summary, results, notes, where, self.cfg))  # --quiet too
         return summary

@@ -35,6 +35,11 @@ LOG = get_logger("train")
 ACCURACY_LABELS = {"supervised": "top-1 accuracy", "mpp": "colour accuracy of corrupted patches (§4.6)"}
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite (or, in a sweep cell, diverged): the message names the
+    step and the last good checkpoint."""
+
+
 class MetricsLog:
     """Appends one JSON object per line to metrics.jsonl and hands each record to the trackers."""
 
@@ -52,6 +57,18 @@ class MetricsLog:
         self.file.close()
         for tracker in self.trackers:
             tracker.close()
+
+
+def summary_splits(results: dict[str, dict[str, Any]], names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each evaluated split's metrics as summary.json holds them: the confusion matrix left to
+    its figure, the per-class accuracies by class name."""
+    splits = {}
+    for split, m in results.items():
+        entry = {k: v for k, v in m.items() if k != "confusion"}
+        if isinstance(entry.get("per_class"), list):
+            entry["per_class"] = dict(zip(names, entry["per_class"], strict=True))
+        splits[split] = entry
+    return splits
 
 
 def truncate_after(path: Path, step: int) -> None:
@@ -104,8 +121,6 @@ class Progress:
                last_loss: Optional[float] = None) -> None:
         warning = self.divergence.check(step, loss if last_loss is None else last_loss, lr)
         if warning and divergence_mode() == "error":
-            from vitlab.train.loop import TrainingDiverged
-
             raise TrainingDiverged(f"{warning} ({DIVERGENCE_ENV}=error: a sweep cell stops here unless its spec "
                                    "says allow_divergence: true)")
         if warning:
@@ -148,7 +163,7 @@ class Divergence:
     """A run that diverges says so: the first time a step's training loss is far above the first
     step's (RATIO times it, and at least MARGIN above), a warning names the likely cause (the
     learning rate: too high for this model, batch and warm-up) and the flag that changes it.
-    Once per run. A loss that is not a number stops the run instead (loop.TrainingDiverged)."""
+    Once per run. A loss that is not a number stops the run instead (TrainingDiverged)."""
 
     RATIO, MARGIN = 3.0, 2.0
 
