@@ -59,7 +59,6 @@ def _dataset_labels(dataset) -> Optional[np.ndarray]:
     return None
 
 
-@torch.no_grad()
 def chosen(labels: Iterable[Any], max_per_class: Optional[int], limit: Optional[int]) -> list[int]:
     """The positions extract_features reads: the first `max_per_class` of each class, at most `limit` in all."""
     keep: list[int] = []
@@ -74,6 +73,7 @@ def chosen(labels: Iterable[Any], max_per_class: Optional[int], limit: Optional[
     return keep
 
 
+@torch.no_grad()
 def extract_features(
     model: torch.nn.Module,
     dataset,
