@@ -176,7 +176,7 @@ def test_cell_folders_are_made_when_their_cell_starts(tmp_path, monkeypatch):
     out = tmp_path / "out"
     seen = []
 
-    def fake_local(todo, jobs, threads, say):
+    def fake_local(todo, jobs, threads, say, divergence="error"):
         seen.append(sorted(p.name for p in out.rglob("*")) if out.exists() else [])
         return [runner.run_cell(str(d), [], 0, record) for _, d, _, record in todo]
 
