@@ -27,7 +27,7 @@ from vitlab.cli import main as vitlab
 from vitlab.config import ConfigError
 
 # Cheapest first: a broken setup shows in minutes, not after the longest spec.
-SPECS = ("pos-embed-at", "pos-embed", "compute", "data-size", "cls-gap", "attention-distance", "local-heads")
+SPECS = ("pos-embed-at", "pos-embed", "compute", "data-size", "cls-gap", "attention-distance", "table8", "local-heads")
 
 
 def not_evidence(folder: Path) -> list[str]:
