@@ -47,11 +47,7 @@ def _draws(row: dict[str, Any], metric: str) -> Optional[list[float]]:
 
 
 def _draw_std(cells: list[dict[str, Any]], metric: str) -> Optional[float]:
-    stds = []
-    for row in cells:
-        d = _draws(row, metric)
-        if d:
-            stds.append(stats.describe(d)["std"])
+    stds = [stats.describe(d)["std"] for row in cells if (d := _draws(row, metric))]
     return sum(stds) / len(stds) if stds else None
 
 
@@ -409,24 +405,6 @@ def _power_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
     return f"power at {'±' if equal else ''}{fmt(bound, c['metric'])}{unit}: {power:.0%}"
 
 
-def planned(claim: dict[str, Any]) -> str:
-    """A claim's seeds and planned power (declare.plan), or why it has none."""
-    p = claim.get("plan") or {}
-    if p.get("power") is None:
-        return f"{p.get('seeds', '-')}; {p.get('why') or 'no power analysis'}"
-    return f"{p['seeds']}; {p['power']:.0%} at alpha 0.05/{round(stats.ALPHA / p['alpha'])}"
-
-
-def when_declared(report: dict[str, Any]) -> str:
-    """When a report's claims were declared, as the evidence proves it (declare.verify): "before
-    the run (TIME, COMMIT)", "after the run (post hoc)" or "unknown (why)"."""
-    d = report.get("claims_declared") or {}
-    status = d.get("status") or "unknown"
-    if status.startswith("before"):
-        return f"before the run ({d.get('at')}, {str(d.get('commit'))[:10]})"
-    return status if status.startswith("after") else f"unknown ({d.get('why') or 'no record'})"
-
-
 MDE_COLUMN = "MDE (80% at alpha/m; equal: TOST margin); power at the margin or effect"
 
 
@@ -444,7 +422,8 @@ def claims_table(reports: list[dict[str, Any]]) -> str:
         m = sum(c.get("p_claim") is not None for c in ps)
         table = []
         for r, claim in rows:
-            head = [r["sweep"], claim["claim"], when_declared(r), planned(claim)]
+            head = [r["sweep"], claim["claim"], declare.when_text(r.get("claims_declared")),
+                    declare.plan_text(claim.get("plan"))]
             if claim["row"] is None:
                 table.append([*head, claim["metric"], f"{claim['a']} - {claim['b']}", *["-"] * 7, "not run since declared"])
                 continue
