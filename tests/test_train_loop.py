@@ -360,7 +360,7 @@ def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_mod
     assert evaluation_target(objective, None, fast=False) is objective
     fast = evaluation_target(objective, None, fast=True)
     packed = torch.float32 in deploy.onednn_dtypes()
-    assert fast is not objective and isinstance(fast.model.blocks[0].mlp.fc1, deploy.PackedLinear) == packed
+    assert fast is not objective and isinstance(fast.model.model.blocks[0].mlp.fc1, deploy.PackedLinear) == packed
     assert isinstance(objective.model.blocks[0].mlp.fc1, torch.nn.Linear)
     images, labels = torch.randn(16, 3, 16, 16), torch.arange(16) % 10
     with torch.no_grad():
