@@ -184,3 +184,17 @@ def test_a_bf16_copy_takes_the_attention_kernel_this_cpu_runs_faster_and_the_sam
         assert (got - want).abs().max() < 0.05 * want.abs().max()
 
 
+
+
+def test_every_copy_gives_the_models_features():
+    """eval.features reads a copy's pre-logits through the model's API (forward_features,
+    forward_head), as `vitlab fewshot` and `linear-probe` run on the inference copy."""
+    m = model(depth=2)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        want = m.forward_head(m.forward_features(x), pre_logits=True)
+        for precision in ("fp32", "fp32-packed", "bf16", "int8"):
+            copy = deploy.inference_copy(m, precision)
+            got = copy.forward_head(copy.forward_features(x), pre_logits=True)
+            assert got.dtype == torch.float32 and got.shape == want.shape, precision
+            assert (got - want).abs().max() < (1e-4 if precision.startswith("fp32") else 0.1) * want.abs().max(), precision

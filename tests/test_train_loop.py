@@ -365,4 +365,6 @@ def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_mod
     images, labels = torch.randn(16, 3, 16, 16), torch.arange(16) % 10
     with torch.no_grad():
         got, want = fast.eval_step(images, labels), objective.eval().eval_step(images, labels)
-    assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in want.items()}
+    assert got.keys() == want.keys()
+    for k in got:  # the attention kernel is timed: the fused one rounds the loss differently at 1e-7
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-5)

@@ -47,7 +47,7 @@ class Serving(nn.Module):
 
     def __init__(self, model: nn.Module, dtype: torch.dtype, kind: str = ""):
         super().__init__()
-        self.model = model
+        self.model: Any = model  # a vitlab model: its forward, features and head
         self.dtype = dtype
         self.serving = kind or str(dtype).removeprefix("torch.")  # what vitlab.save and export refuse by name
 
@@ -61,6 +61,14 @@ class Serving(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x.to(self.dtype)).float()
+
+    # The model's feature API (timm's names), through the same casts: eval.features reads a
+    # copy's pre-logits as it reads the model's.
+    def forward_features(self, x: Tensor) -> Tensor:
+        return self.model.forward_features(x.to(self.dtype))
+
+    def forward_head(self, feats: Tensor, pre_logits: bool = False) -> Tensor:
+        return self.model.forward_head(feats, pre_logits=pre_logits).float()
 
 
 class PackedLinear(nn.Module):

@@ -155,7 +155,7 @@ def plan(spec: SweepSpec, claim: dict[str, Any]) -> dict[str, Any]:
     """A declared claim's power analysis: {confirmatory, seeds, alpha, power, mde, needs, why}.
     A claim is confirmatory when it is not marked exploratory and states its analysis (sd,
     sd_from, family and effect, or margin for "equal"); `why` says what it lacks."""
-    n, equal = seeds(spec, claim), claim["expect"] == "equal"
+    n, equal = seeds(spec, claim), claim["expect"] in stats.MARGINED
     effect = claim["margin"] if equal else claim.get("effect")
     out: dict[str, Any] = {"confirmatory": False, "seeds": n, "alpha": None, "power": None, "mde": None,
                            "needs": None, "why": ""}
@@ -200,8 +200,8 @@ def plan_lines(spec: SweepSpec) -> list[str]:
             lines.append(f"claim {claim['claim']!r}: exploratory ({p['why']})")
             continue
         lines.append(f"claim {claim['claim']!r}: {p['seeds']} seeds, planned power {p['power']:.1%} at "
-                     f"{'margin' if claim['expect'] == 'equal' else 'effect'} "
-                     f"{claim['margin'] if claim['expect'] == 'equal' else claim['effect']:g} "
+                     f"{'margin' if claim['expect'] in stats.MARGINED else 'effect'} "
+                     f"{claim['margin'] if claim['expect'] in stats.MARGINED else claim['effect']:g} "
                      f"(s.d. {float(claim['sd']):g}, alpha 0.05/{claim['family']}); 80% needs {p['needs']} seeds; "
                      f"MDE at 80%: {p['mde']:.3g}" + ("" if p["confirmatory"] else f" -- {p['why']}"))
     return lines

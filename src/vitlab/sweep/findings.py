@@ -17,7 +17,6 @@ comparison without an axis pairs two results columns of the same cells, per arm.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
@@ -98,17 +97,6 @@ def _side(row: dict[str, Any], c: CompareSpec) -> Optional[str]:
     return "a" if v == str(c.a) else "b" if v == str(c.b) else None
 
 
-def interpolate(points: list[tuple[float, float]], x: float) -> Optional[float]:
-    """y at x on the broken line through (x, y) points; None outside their range."""
-    pts = sorted(points)
-    if not pts or x < pts[0][0] or x > pts[-1][0]:
-        return None
-    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return pts[0][1]  # a single point, at exactly x
-
-
 def compare_at(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`compare` at equal `c.at` (CompareSpec.at): each a cell against the same seed's b cells,
     interpolated in log10(at) along `c.along`; one comparison per value of along (a's)."""
@@ -137,7 +125,7 @@ def compare_at(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> l
             for seed, row in by_seed.items():
                 curve = [(log_at(r), y) for r in b_rows.get((context, seed), []) if (y := value(r, metric)) is not None]
                 ya = value(row, metric)
-                yb = interpolate(curve, log_at(row))
+                yb = stats.interpolate(curve, log_at(row))
                 if ya is not None and yb is not None:
                     a[seed], b[seed] = ya, yb
             if a:
@@ -306,7 +294,7 @@ def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[dict[s
     comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)] + slope_comparisons(spec, rows)
     report = {
         "sweep": spec.name, "level": stats.LEVEL, "interval": "Student t over seeds (pair_by), two-sided",
-        "pair_by": spec.report.pair_by, "rule": stats.RULE,
+        "pair_by": spec.report.pair_by, "rule": stats.rule([c.expect for c in spec.report.compare] + [c.expect for c in spec.report.slopes]),
         "cells": len(rows), "finished": len(_done(rows)),
         "arms": arms(spec, rows), "comparisons": comparisons, "slopes": slopes(spec, rows),
         "claims": claims(spec, comparisons, declared or {}), "claims_digest": claims_digest(spec),
@@ -376,20 +364,22 @@ def _metric(metric: str) -> str:
 
 def tested(c: dict[str, Any]) -> str:
     """What a row's verdict tests, margin included: "a - b > 0", "a - b < 0", "a - b within ±m (TOST)"."""
-    pair = f"{c['a']} - {c['b']}"
+    pair, m = f"{c['a']} - {c['b']}", fmt(c["margin"], c["metric"])
     if c["expect"] == "equal":
-        return f"{pair} within ±{fmt(c['margin'], c['metric'])} (TOST)"
+        return f"{pair} within ±{m} (TOST)"
+    if c["expect"] in stats.MARGINED:
+        return f"{pair} {'< +' if c['expect'] == 'no higher' else '> -'}{m} (one-sided)"
     return f"{pair} {'>' if c['expect'] == 'higher' else '<'} 0"
 
 
 def _bound(claim: dict[str, Any]) -> Optional[float]:
-    return claim["margin"] if claim["expect"] == "equal" else claim.get("effect")
+    return claim["margin"] if claim["expect"] in stats.MARGINED else claim.get("effect")
 
 
 def _mde_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
     """The MDE of the test the verdict uses (80% power at its Holm bar alpha/m; for "equal" the
     TOST margin), flagged where it exceeds the margin or the declared effect."""
-    bound, word = _bound(claim), "margin" if claim["expect"] == "equal" else "effect"
+    bound, word = _bound(claim), "margin" if claim["expect"] in stats.MARGINED else "effect"
     return fmt(c.get("mde"), c["metric"]) + (f" (above {word})" if c.get("mde") is not None and bound and c["mde"] > bound
                                              else "")
 
@@ -397,12 +387,13 @@ def _mde_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
 def _power_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
     """The power the seeds had at the margin (TOST) or the declared effect, at the verdict's bar
     and the observed s.d.: an equal verdict is no stronger than it ("" without a bound or s.d.)."""
-    equal, bound = claim["expect"] == "equal", _bound(claim)
+    equal, bound = claim["expect"] in stats.MARGINED, _bound(claim)
     if not bound or (c.get("n") or 0) < 2 or not (c.get("std") or 0) > 0 or c.get("alpha_first") is None:
         return ""
     power = stats.power(c["n"], c["std"], 0.0 if equal else bound, claim["expect"], bound, c["alpha_first"])
     unit = " points" if percent(c["metric"]) else ""
-    return f"power at {'±' if equal else ''}{fmt(bound, c['metric'])}{unit}: {power:.0%}"
+    sign = {"equal": "±", "no higher": "+", "no lower": "-"}.get(claim["expect"], "")
+    return f"power at {sign}{fmt(bound, c['metric'])}{unit}: {power:.0%}"
 
 
 MDE_COLUMN = "MDE (80% at alpha/m; equal: TOST margin); power at the margin or effect"
@@ -451,7 +442,8 @@ def sentences(report: dict[str, Any]) -> str:
         c = report["comparisons"][claim["row"]]
         m, unit = c["metric"], " points" if percent(c["metric"]) else ""
         side = (f"within ±{fmt(claim['margin'], m)}{unit}" if claim["expect"] == "equal" else
-                f"{c['a']} {claim['expect']} than {c['b']}")
+                f"{c['a']} - {c['b']} {'< +' if claim['expect'] == 'no higher' else '> -'}{fmt(claim['margin'], m)}{unit}"
+                if claim["expect"] in stats.MARGINED else f"{c['a']} {claim['expect']} than {c['b']}")
         out.append(f"- *{claim['claim']}* ({side}; {_label(c['context'])}; {m}): {c['a']} - {c['b']} = "
                    f"{fmt(c['mean'], m, signed=True)}{unit} {_interval(c, m, signed=True)} over {c['n']} seeds, "
                    f"p {p_text(c['p_claim'])}, p_holm {p_text(c['p_holm'])}: **{c['verdict'] or 'too few seeds'}**"
