@@ -36,6 +36,7 @@ from vitlab.config.provenance import DATA_OBJECTS
 from vitlab.data import make_loader
 from vitlab.data.decode import model_input
 from vitlab.data.loader import batches_per_epoch, close
+from vitlab.deploy import training
 from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
 from vitlab.log import get_logger
@@ -98,6 +99,7 @@ class Run:
     hooks: cb.Hooks = field(init=False)  # the callbacks (vitlab.train.callbacks)
     stop: str = ""  # why a callback ended the run early
     head_probe: Optional[dict[str, Any]] = None  # model.head_start=probe: how the head was fitted
+    dense_shapes: list[list[int]] = field(default_factory=list)  # fp32 Dense shapes on oneDNN (deploy.training)
 
 
 def new_window() -> dict[str, float]:
@@ -260,6 +262,7 @@ class Trainer:
         if t.precision == "fp16":
             run.scaler = torch.amp.GradScaler(ctx.device.type)
         run.step_fn = torch.compile(run.wrapped) if t.compile else run.wrapped
+        run.dense_shapes = self._dense_shapes(run, saved)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
@@ -282,6 +285,18 @@ class Trainer:
             self._say(f"resuming {self.out} from step {run.start} of {run.plan.total}")
         elif ctx.rank > 0:
             torch.manual_seed(t.seed + 7919 * ctx.rank)  # different dropout/Mixup draws per process
+
+    def _dense_shapes(self, run: Run, saved: Any) -> list[list[int]]:
+        """The Dense shapes whose fp32 products the step runs on oneDNN: a resumed run's own
+        (none for a checkpoint from before the choice: exact resume), else timed on this machine
+        (vitlab.deploy.training). Not under autocast (bf16 runs on oneDNN already), compiled
+        steps or recomputed blocks (the recomputation would multiply on the model's own kernel)."""
+        t = self.cfg.train
+        if saved is not None:
+            return [list(s) for s in saved.meta.get("dense_kernels", [])]
+        if run.ctx.device.type != "cpu" or t.precision != "fp32" or t.compile or t.grad_checkpointing:
+            return []
+        return training.chosen_shapes(run.model)
 
     # Train --------------------------------------------------------------------------------
     def _train(self, run: Run) -> float:
@@ -349,7 +364,8 @@ class Trainer:
         for i, (x, y) in enumerate(chunks):
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
             with distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)):
-                loss, metrics = run.step_fn(x, y)
+                with training.dense_kernels(run.dense_shapes):
+                    loss, metrics = run.step_fn(x, y)
                 share = loss * (y.shape[0] / n)  # the mean over this process's batch, however split
                 (run.scaler.scale(share) if run.scaler else share).backward()
             loss_value += float(loss.detach()) * y.shape[0] / n
@@ -459,7 +475,7 @@ class Trainer:
         done = self._compute(run)
         compute = {**run.compute.state_dict(), "cpu_s": done["cpu_s"]}  # CPU-seconds of every process
         extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute,
-                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe}
+                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe, "dense_kernels": run.dense_shapes}
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
