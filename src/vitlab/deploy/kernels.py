@@ -14,6 +14,7 @@ of the CPU model, its instruction-set flags, the thread count, the torch version
 caps in force: another machine, a changed thread count or a new torch measures again. A cache
 that cannot be read is measured over and rewritten; one that cannot be written is left alone.
 
+The fp32 training step chooses its Dense products the same way (`vitlab.deploy.training`).
 $VITLAB_DENSE_KERNEL (oneDNN or F.linear) and $VITLAB_ATTENTION_KERNEL (fused or explicit)
 force a choice, for tests and for comparing paths. `choices()` lists what this process chose
 and why (`vitlab bench` writes it under its table; `vitlab info --kernels` prints it for a

@@ -124,6 +124,16 @@ def chosen_shapes(model: nn.Module) -> list[list[int]]:
     return sorted([k, n] for k, n, c in plan(model) if c.kernel == "oneDNN")
 
 
+def shapes_for_run(model: nn.Module, saved_meta: Optional[dict], eager_fp32: bool) -> list[list[int]]:
+    """The shapes a training run multiplies on oneDNN: a resumed run's own (none for a checkpoint
+    from before this choice: exact resume), else those chosen on this machine for an eager fp32
+    run on the CPU; none under autocast (bf16 runs on oneDNN already), for compiled steps and
+    for recomputed blocks (the recomputation would multiply on the model's own kernel)."""
+    if saved_meta is not None:
+        return [[int(k), int(n)] for k, n in saved_meta.get("dense_kernels", [])]
+    return chosen_shapes(model) if eager_fp32 else []
+
+
 def dense_kernels(shapes: Iterable[Iterable[int]]) -> contextlib.AbstractContextManager:
     """A context manager for the training step's forward: fp32 `F.linear` of these (in, out)
     shapes on oneDNN (`chosen_shapes`); a no-op for none."""

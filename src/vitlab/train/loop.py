@@ -31,7 +31,7 @@ from torch import nn
 
 from vitlab import run_layout
 from vitlab.config import ConfigError, RunConfig
-from vitlab.config.model import grid_note, grid_record
+from vitlab.config.model import grid_record
 from vitlab.config.provenance import DATA_OBJECTS
 from vitlab.data import make_loader
 from vitlab.data.decode import model_input
@@ -262,7 +262,8 @@ class Trainer:
         if t.precision == "fp16":
             run.scaler = torch.amp.GradScaler(ctx.device.type)
         run.step_fn = torch.compile(run.wrapped) if t.compile else run.wrapped
-        run.dense_shapes = self._dense_shapes(run, saved)
+        eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing)
+        run.dense_shapes = training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
@@ -286,18 +287,6 @@ class Trainer:
         elif ctx.rank > 0:
             torch.manual_seed(t.seed + 7919 * ctx.rank)  # different dropout/Mixup draws per process
 
-    def _dense_shapes(self, run: Run, saved: Any) -> list[list[int]]:
-        """The Dense shapes whose fp32 products the step runs on oneDNN: a resumed run's own
-        (none for a checkpoint from before the choice: exact resume), else timed on this machine
-        (vitlab.deploy.training). Not under autocast (bf16 runs on oneDNN already), compiled
-        steps or recomputed blocks (the recomputation would multiply on the model's own kernel)."""
-        t = self.cfg.train
-        if saved is not None:
-            return [list(s) for s in saved.meta.get("dense_kernels", [])]
-        if run.ctx.device.type != "cpu" or t.precision != "fp32" or t.compile or t.grad_checkpointing:
-            return []
-        return training.chosen_shapes(run.model)
-
     # Train --------------------------------------------------------------------------------
     def _train(self, run: Run) -> float:
         """Every step from run.start to the end; returns the training seconds (all sessions)."""
@@ -305,7 +294,7 @@ class Trainer:
         if ctx.is_main:
             run.log = MetricsLog(self.out, open_trackers(list(self.trackers), self.out, cfg.to_dict()))
             run.progress = Progress(run.plan.total, run.start, quiet=self.quiet, lr=cfg.optim.lr)
-        self._say("\n  ".join((self._plan_line(run), *self.notes, *probe_head.lines(run.head_probe, run.start))))
+        self._say("\n  ".join((report.plan_line(run, self.cfg), *self.notes, *probe_head.lines(run.head_probe, run.start))))
         if cfg.optim.warmup_steps >= run.plan.total:
             self._warn(
                 f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
@@ -342,16 +331,6 @@ class Trainer:
                 run.progress.close()
         return run.prior_seconds + time.perf_counter() - t_start
 
-    def _plan_line(self, run: Run) -> str:
-        mc, plan, t = run.model.config, run.plan, self.cfg.train
-        n_params = sum(p.numel() for p in run.model.parameters())
-        return (
-            f"training {mc.name} at {mc.image_size[0]}x{mc.image_size[1]} px ({n_params:,} parameters) "
-            f"on {self.cfg.data.name}: {len(run.train_set):,} images, "
-            f"{mc.num_classes} classes, {plan.total} steps of {t.batch_size} ({plan.per_epoch} per epoch), "
-            f"{run.ctx.world} process(es) on {run.ctx.device}"
-        ) + (f"; {grid_note(mc)}" if grid_note(mc) else "")
-
     def _step(self, run: Run, step: int, images: torch.Tensor, labels: torch.Tensor, lr: float) -> tuple[float, float]:
         """One optimiser step over this process's share of the global batch."""
         ctx, optim_cfg = run.ctx, self.cfg.optim
@@ -363,9 +342,9 @@ class Trainer:
         loss_value, acc_value = 0.0, 0.0
         for i, (x, y) in enumerate(chunks):
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-            with distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)):
-                with training.dense_kernels(run.dense_shapes):
-                    loss, metrics = run.step_fn(x, y)
+            with (distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)),
+                  training.dense_kernels(run.dense_shapes)):
+                loss, metrics = run.step_fn(x, y)
                 share = loss * (y.shape[0] / n)  # the mean over this process's batch, however split
                 (run.scaler.scale(share) if run.scaler else share).backward()
             loss_value += float(loss.detach()) * y.shape[0] / n
