@@ -44,7 +44,7 @@ def summary(rows: list[runner.Row]) -> str:
             if row is None or not row.samples:
                 continue
             d = tables.row_dict(row)
-            out.append([precision, row.system.label, f"{1 / row.median:.2f}", d["images_per_s"],
+            out.append([precision, row.system.label, f"{row.setting.batch / row.median:.2f}", d["images_per_s"],
                         d["pct_of_ceiling"], d["ceiling_gflops"], paired(row, old) if row is not old else "",
                         paired(row, timm) if timm is not None and row is not timm else ""])
     return markdown_table(["precision", "step", "s/step (median)", "img/s", "% of ceiling", "ceiling GFLOP/s",
@@ -85,7 +85,7 @@ def main() -> None:
     info["kernels"] = "\n".join(map(str, kernels.choices()))
     tables.write_csv(rows, RESULTS / f"{args.name}.csv")
     text = "\n\n".join([f"# Benchmark: {args.name}", tables.header(info), tables.noise_line(rows, bench),
-                        summary(rows), tables.markdown(rows), "## Where the new step's time goes",
+                        summary(rows), tables.markdown(rows) + tables.kernels_foot(info), "## Where the new step's time goes",
                         profiles(cfg, args.batch_size, args.precision, args.top)])
     atomic_write_text(RESULTS / f"{args.name}.md", text + "\n")
     print(text)
