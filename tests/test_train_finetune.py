@@ -37,6 +37,7 @@ def test_defaults_scale_to_a_small_training_set():
     short = finetune.fit_defaults(load_recipe("finetune").with_overrides({"train.steps": 20}), 1_293, explicit=set())
     assert short.config.train.log_every == 1  # a 20-step fine-tune logs (and draws) every step
     assert "a log line every step: 20 points on the learning curve" in " ".join(short.notes)
+    assert short.config.optim.warmup_steps == 1 and "warm-up 1 step: 5% of the 20" in " ".join(short.notes)  # one step
     kept = finetune.fit_defaults(load_recipe("finetune").with_overrides({"train.steps": 20}), 1_293, {"train.log_every"})
     assert kept.config.train.log_every == 50
     tiny = finetune.fit_defaults(cfg, 300, explicit=set())  # fewer images than one batch: a smaller batch

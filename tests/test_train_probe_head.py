@@ -73,9 +73,28 @@ def test_the_head_starts_as_the_linear_probe_and_counts_as_compute(source, tmp_p
     # After one step at a negligible rate the model is the probe: its test top-1 is the probe's.
     assert summary["splits"]["test"]["top1"] == pytest.approx(reference["test_accuracy"], abs=2 / 360)
     assert reference["test_accuracy"] > 0.5  # a probe of trained features, far above chance
+    # Where the fine-tune starts is measured before its first step: the probe head's test score.
+    assert probe["start"]["test"] == pytest.approx(reference["test_accuracy"], abs=2 / 360)
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert (first["step"], first["split"], first["top1"]) == (0, "test", probe["start"]["test"])
     c = summary["compute"]
     assert c["forward_images"] == 1437 and c["images_seen"] == 64
     assert c["train_flops"] == pytest.approx(c["forward_gflops"] * 1e9 * (3 * 64 + 1437))
+
+
+def test_a_fine_tune_that_ends_below_its_probe_start_says_so(source, tmp_path, capfd):
+    """A rate far too high for the weights (AdamW at 0.05) undoes what the probe head gave;
+    the run warns on stderr, naming both scores and the fix. A gentle rate ends above and says
+    nothing. (The two runs share one fit of the head.)"""
+    shared = Inputs()
+    hot = Trainer(probe_config(source, **{"optim.lr": 0.05}), tmp_path / "hot", quiet=True, inputs=shared).run()
+    start, end = hot["head_probe"]["start"]["test"], hot["splits"]["test"]["top1"]
+    assert end < start - 0.01  # the premise: this rate ruins the features
+    (said,) = [line for line in capfd.readouterr().err.splitlines() if "below its start" in line]
+    assert f"{end:.1%}" in said and f"{start:.1%}" in said and "lower --lr" in said
+    calm = Trainer(probe_config(source, **{"optim.lr": 1e-5}), tmp_path / "calm", quiet=True, inputs=shared).run()
+    assert calm["splits"]["test"]["top1"] >= calm["head_probe"]["start"]["test"] - 0.01
+    assert "below its start" not in capfd.readouterr().err
 
 
 def test_a_probe_head_run_resumes_exactly(source, tmp_path, monkeypatch):

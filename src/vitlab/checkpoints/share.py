@@ -16,6 +16,7 @@ config.yaml), the preprocessing, and how to load the model in vitlab, timm and t
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -143,17 +144,10 @@ def _index_transformers_weights(folder: Path) -> None:
 
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         keys = list(f.keys())
-        size = sum(_numel(f.get_slice(k).get_shape()) for k in keys) * 4  # float32, as hf.write stores them
+        size = sum(math.prod(f.get_slice(k).get_shape()) for k in keys) * 4  # float32, as hf.write stores them
     index = {"metadata": {"total_size": size}, "weight_map": {k: HF_SHARD for k in sorted(keys)}}
     os.replace(folder / "model.safetensors", folder / HF_SHARD)
     atomic_write_text(folder / HF_INDEX, json.dumps(index, indent=2) + "\n")
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 # The model card -------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
     cap = o.warmup_steps if total == table4_steps else choice.warmup(o.warmup_steps, total)
     if "optim.warmup_steps" not in explicit and o.warmup_steps > cap:
         changes["optim.warmup_steps"] = cap
-        notes.append(f"warm-up {cap} steps: 5% of the {total} (the paper's 500 of 10,000); the recipe's "
+        notes.append(f"warm-up {cap} step{'' if cap == 1 else 's'}: 5% of the {total} (the paper's 500 of 10,000); the recipe's "
                      f"{o.warmup_steps} would outlast the run")
     quick = None
     if not lr_sweep_asked and "optim.lr" not in explicit:

@@ -58,6 +58,7 @@ FP16_DEVICES = ("cuda",)
 # What `extend` lets differ from the run folder's config: the length (the schedule is then the
 # new length's; the steps already taken stay as they were).
 EXTENDABLE = frozenset({"train.steps", "train.epochs"})
+BELOW_START = 0.01  # a fine-tune this far (top-1) below its linear-probe start is warned about
 
 
 @dataclass
@@ -295,6 +296,8 @@ class Trainer:
                 f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
                 f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps"
             )
+        if run.head_probe and not run.start and run.eval_sets:
+            self._score_start(run)
         loader = train_loader(cfg, run.train_set, run.plan.per_rank, run.start, run.plan.total, ctx)
         t_start = time.perf_counter()
         step = run.start
@@ -433,9 +436,30 @@ class Trainer:
             if ctx.is_main:
                 self._log_eval(run, step, split, results[split], final)
         run.objective.train()
-        if not final:
+        if not final and step:  # (step 0: the start's score, before any callback's first step)
             run.hooks.eval(step, results)
         return results
+
+    def _score_start(self, run: Run) -> None:
+        """A head fitted as a linear probe is a model already: its score on the evaluation
+        splits is where the fine-tune starts (step 0 of the curve, and the summary's
+        head_probe.start), so that the end can say whether fine-tuning helped."""
+        assert run.head_probe is not None
+        scores = self._evaluate(run, 0)
+        run.head_probe["start"] = {split: m["top1"] for split, m in scores.items() if "top1" in m}
+
+    def _below_start(self, run: Run, results: dict[str, dict[str, Any]]) -> None:
+        """Warn when the fine-tune ended below the probe head it started from: the steps
+        undid what the frozen features already gave (a rate too high for the model, or a
+        warm-up too short), and the run is worth less than its own first evaluation."""
+        start = (run.head_probe or {}).get("start", {})
+        for split, before in start.items():
+            after = results.get(split, {}).get("top1")
+            if after is not None and after < before - BELOW_START:
+                self._warn(f"the fine-tune ended below its start: {split} top-1 {after:.1%} after {run.start} steps, "
+                           f"{before:.1%} with the linear-probe head alone (step 0): the rate "
+                           f"(optim.lr={self.cfg.optim.lr:g}) is too high for these weights or the warm-up too short; "
+                           "lower --lr, or leave it out for the dev-split choice")
 
     def _log_eval(self, run: Run, step: int, split: str, metrics: dict[str, Any], final: bool) -> None:
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -488,6 +512,7 @@ class Trainer:
                            stopped_early={"step": run.start, "reason": run.stop})
         if not run.ctx.is_main:
             return summary
+        self._below_start(run, results)
         assert run.log is not None  # the main process's
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()

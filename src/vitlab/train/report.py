@@ -258,9 +258,11 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
     arm = cfg is not None and cfg.data.train_split == "train-minus-dev"
     data = "" if cfg is None or arm or cfg.train.objective != "supervised" else cfg.data.name
     lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
+    start = summary.get("head_probe", {}).get("start", {})  # the linear-probe head's score at step 0
     for split, m in results.items():
         if "top1" in m:
-            lines.append(f"  {split}: top-1 {m['top1']:.2%}  top-5 {m['top5']:.2%}  loss {m['loss']:.4f}")
+            began = f"  (step 0, the probe head alone: {start[split]:.2%})" if split in start else ""
+            lines.append(f"  {split}: top-1 {m['top1']:.2%}  top-5 {m['top5']:.2%}  loss {m['loss']:.4f}{began}")
         elif "color_acc" in m:
             lines.append(f"  {split}: colour accuracy {m['color_acc']:.2%}  loss {m['loss']:.4f}")
     if summary["bad_images_skipped"]:
