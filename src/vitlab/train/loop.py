@@ -1,6 +1,6 @@
 """The training loop: one loop for every objective, recipe and number of processes.
 
-    summary = Trainer(config, out="runs/digits").run()
+    summary = Trainer(config, "runs/digits", Inputs()).run()  # Inputs: what its runs read once (inputs.py)
 
 `run` reads top to bottom: claim the run folder, prepare (seed, data, model, objective,
 plan), restore the newest checkpoint if there is one, train, evaluate, report. Each
@@ -117,12 +117,11 @@ class Trainer:
     `extend` lets a finished or running run continue to a new train.steps/train.epochs
     (`vitlab train --resume RUN --steps N`); `callbacks` are vitlab.train.callbacks.Callback
     objects, called after the config's own (early stopping, keep-best); `inputs` what the
-    runs of one plan read once and share (vitlab.train.inputs), by default this run's own."""
+    runs of one plan read once and share (vitlab.train.inputs; `Inputs()` for a run alone)."""
 
-    def __init__(self, config: RunConfig, out: str | Path, command: str = "", quiet: bool = False,
+    def __init__(self, config: RunConfig, out: str | Path, inputs: Inputs, command: str = "", quiet: bool = False,
                  data: Any = None, eval_data: Any = None, notes: tuple[str, ...] = (),
-                 trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = (),
-                 inputs: Optional[Inputs] = None):
+                 trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = ()):
         self.sources: Optional[tuple[Any, dict[str, Any]]] = None
         self.run_state: Optional[Run] = None
         if data is not None:
@@ -141,7 +140,7 @@ class Trainer:
         self.trackers = tuple(trackers)
         self.extend = extend
         self.callbacks = tuple(callbacks)
-        self.inputs = Inputs() if inputs is None else inputs  # a plan's (finetune, vtab), or this run's own
+        self.inputs = inputs
 
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
