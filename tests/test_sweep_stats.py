@@ -557,3 +557,26 @@ def test_a_declared_claim_names_its_row_and_is_one_of_a_kind():
     twice = {**base, "primary": {"metric": "test.top1", "selection": "none"}}
     with pytest.raises(ConfigError, match="share a claim text"):
         SweepSpec.from_dict({**SPEC, "report": {"compare": [twice, {**twice, "a": "none", "b": "learned"}]}}, "t")
+
+
+def test_an_equal_claim_states_its_margin_and_the_power_of_the_test_its_verdict_uses():
+    """report.md's claims table and sentence name an equivalence claim's margin and TOST, its MDE
+    is TOST's at the verdict's Holm bar (not a t-test's at 0.05), and the power the seeds had at
+    the margin is the one stats.power gives there."""
+    spec = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
+        {"claim": "no better (within 1 point)", "axis": "model.pos_embed", "a": "learned", "b": "none",
+         "expect": "equal", "margin": 0.01, "primary": {"metric": "test.top1", "selection": "none"}},
+        {"claim": "helps", "axis": "model.pos_embed", "a": "learned", "b": "none"}]}}, "t")
+    noisy = [{**r, "test.top1": r["test.top1"] + 0.006 * (r["seed"] - 1) ** 2} if r["model.pos_embed"] == "learned"
+             and "test.top1" in r else r for r in rows()]
+    report = findings.build(spec, noisy)
+    c = report["comparisons"][report["claims"][0]["row"]]
+    assert c["std"] > 0 and c["alpha_first"] < 0.05  # the claim's rows (one per rate) share its family's Holm bar
+    assert c["mde"] == pytest.approx(stats.mde(c["std"], c["n"], c["alpha_first"], expect="equal"))
+    power = stats.power(c["n"], c["std"], 0.0, "equal", 0.01, c["alpha_first"])
+    table = findings.claims_table([report])
+    assert "learned - none within ±1.0 (TOST)" in table and f"power at ±1.0 points: {power:.0%}" in table
+    sentence = findings.sentences(report)
+    assert "(within ±1.0 points;" in sentence and "(TOST: the margin)" in sentence
+    assert f"power at ±1.0 points: {power:.0%}" in sentence
+    assert "learned - none > 0" in findings.comparisons_table(report)  # a direction's row says its side

@@ -10,6 +10,7 @@ import pytest
 from vitlab.config import load_recipe
 from vitlab.train import finetune_choice as choice
 from vitlab.train.inputs import Inputs
+from vitlab.train.recipe import Given
 
 TABLE4 = (0.001, 0.003, 0.01, 0.03)
 
@@ -92,7 +93,7 @@ def test_repeats_reuse_the_chosen_recipe_not_only_its_rate(tmp_path):
     ck = tmp_path / "ck.safetensors"
     vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=16, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
                                     hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5), ck)
-    plan = finetune.plan(str(ck), "digits", options={"steps": 40}, out=tmp_path / "ft")
+    plan = finetune.plan(finetune.Settings(str(ck), "digits", Given.of({"train.steps": 40}), out=tmp_path / "ft"), Inputs())
     seen = []
 
     def fake(p):  # the first run sweeps and picks AdamW at 0.003; the others must train that

@@ -129,20 +129,24 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
         raise CheckpointError(f"{path}: not a readable .safetensors file ({e})") from None
 
 
-def detect(path: Path) -> bool:
+def detect(path: Path) -> Optional[dict[str, str]]:
+    """The file's header (its metadata) when it is a vitlab checkpoint, for `read` to take
+    instead of reading it again; None when it is not one."""
     if path.is_file() and path.suffix == ".safetensors":
         try:
-            return read_metadata(path).get("format") == FORMAT_NAME
+            meta = read_metadata(path)
         except CheckpointError:
-            return False
-    return False
+            return None
+        return meta if meta.get("format") == FORMAT_NAME else None
+    return None
 
 
-def read(path: str | os.PathLike, serving: str = "") -> Imported:
-    """A vitlab checkpoint; `serving="int8"` reads a serving copy's file (vitlab.deploy.load_int8)."""
+def read(path: str | os.PathLike, serving: str = "", meta: Optional[dict[str, str]] = None) -> Imported:
+    """A vitlab checkpoint; `serving="int8"` reads a serving copy's file (vitlab.deploy.load_int8);
+    `meta`: its header, when detection has read it."""
     from safetensors.torch import load_file
 
-    meta = read_metadata(path)
+    meta = read_metadata(path) if meta is None else meta
     if meta.get(SERVING_KEY, "") != serving:
         kind = meta.get(SERVING_KEY)
         raise CheckpointError(f"{path}: a serving copy ({kind}, written by vitlab.deploy.save_int8), not a plain model: read it "

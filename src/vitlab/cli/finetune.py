@@ -91,16 +91,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def make_plan(args: argparse.Namespace):
-    """The command's finetune.Plan (what docs/reproducing.md's commands are checked by)."""
-    from vitlab.cli.common import lr_rates
+    """The command's finetune.Plan (what docs/reproducing.md's commands are checked by): the
+    flags made into finetune.Settings here, once."""
+    from vitlab.cli.common import given, lr_rates
     from vitlab.train import finetune
+    from vitlab.train.inputs import Inputs
 
     checkpoint = finetune.checkpoint_argument(args.checkpoint, args.source, args.overrides)
     if args.random_init is not None:
         checkpoint = finetune.random_start(checkpoint, args.random_init, args.out)
-    return finetune.plan(checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
-                         paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=lr_rates(args.lr_grid),
-                         table4=args.table4, out=args.out, choose=args.recipe)
+    return finetune.plan(finetune.Settings(
+        checkpoint, args.data, given(args), recipe=args.config, choose=args.recipe, paper_resolution=args.paper_resolution,
+        lr_sweep=args.lr_sweep, rates=lr_rates(args.lr_grid), table4=args.table4, out=args.out), Inputs())
 
 
 def run(args: argparse.Namespace) -> int:

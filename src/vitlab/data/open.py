@@ -169,7 +169,7 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
         return _sliced(stream, sliced, bounds)
     common = dict(seed=seed, skip_bad_images=o.skip_bad_images)
     if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
-        return open_vtab(arg, split, transform, **common)
+        return open_vtab(arg, split, transform, held=held, **common)
     dataset: Any
     if name == "imagenet-val":
         dataset = imagenet_val(arg, base, transform, **common)

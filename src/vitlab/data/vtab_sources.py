@@ -187,19 +187,25 @@ def describe(task: Task, root: Path, accept: str = "") -> Optional[dict[str, Any
             "accepted_other": bool(accept)}
 
 
-def find_sources(task: Task, root: Path, accept: str = "") -> Optional[tuple[dict[str, Source], Optional[list[str]], str]]:
-    """(sources by split, class names of an image-folder copy or None, where) or None when absent."""
+def find_sources(task: Task, root: Path, accept: str = "", held: Optional[dict[tuple, Any]] = None
+                 ) -> Optional[tuple[dict[str, Source], Optional[list[str]], str]]:
+    """(sources by split, class names of an image-folder copy or None, where) or None when absent;
+    read once into `held` (by folder) for every split and task of that source (the dSprites
+    and SmallNORB tasks share theirs)."""
     found = locate(task, root)
     if found is None:
         return None
     kind, folder = found
-    if kind == "folders":
-        sources, classes = _folder_sources(folder)
-        return sources, classes, str(folder)
-    if kind == "datasets":
-        return _hf_sources(folder), None, str(folder)
-    folder = pinned(task, folder, accept)
-    return _tfds_sources(shards(folder)), None, str(folder)
+    folder = pinned(task, folder, accept) if kind == "tfds" else folder
+    held = {} if held is None else held
+    if ("vtab", str(folder)) not in held:
+        if kind == "folders":
+            sources, classes = _folder_sources(folder)
+            held["vtab", str(folder)] = sources, classes, str(folder)
+        else:
+            held["vtab", str(folder)] = (_hf_sources(folder) if kind == "datasets" else _tfds_sources(shards(folder)),
+                                         None, str(folder))
+    return held["vtab", str(folder)]
 
 
 def _labels(task: Task, items: list[tuple[Source, int]], folders: bool, where: str) -> list[int]:
@@ -215,8 +221,9 @@ def _labels(task: Task, items: list[tuple[Source, int]], folders: bool, where: s
 class VtabDataset(ImageDataset):
     """One VTAB-1k split of a task (vtab.SPLITS names them), labels read up front."""
 
-    def __init__(self, task: Task, root: Path, split: str, transform: Callable, accept: str = "", **kw: Any):
-        found = find_sources(task, root, accept)
+    def __init__(self, task: Task, root: Path, split: str, transform: Callable, accept: str = "",
+                 held: Optional[dict[tuple, Any]] = None, **kw: Any):
+        found = find_sources(task, root, accept, held)
         if found is None:
             raise DataError(where_to_put(task, root))
         sources, folder_classes, self.where = found

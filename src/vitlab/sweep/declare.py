@@ -128,6 +128,24 @@ def verify(spec: SweepSpec, claims: Optional[dict[str, Any]], folder: Path,
     return {**out, "status": BEFORE, "why": "" if there else "commit not in this repository: not checked"}
 
 
+def when_text(declared: Optional[dict[str, Any]]) -> str:
+    """When claims were declared, as `verify` found it: "before the run (TIME, COMMIT)", "after
+    the run (post hoc)" or "unknown (why)"."""
+    d = declared or {}
+    status = d.get("status") or UNKNOWN
+    if status.startswith("before"):
+        return f"before the run ({d.get('at')}, {str(d.get('commit'))[:10]})"
+    return status if status.startswith("after") else f"unknown ({d.get('why') or 'no record'})"
+
+
+def plan_text(p: Optional[dict[str, Any]]) -> str:
+    """A claim's seeds and planned power (`plan`), or why it has none."""
+    p = p or {}
+    if p.get("power") is None:
+        return f"{p.get('seeds', '-')}; {p.get('why') or 'no power analysis'}"
+    return f"{p['seeds']}; {p['power']:.0%} at alpha 0.05/{round(stats.ALPHA / p['alpha'])}"
+
+
 def seeds(spec: SweepSpec, claim: dict[str, Any]) -> int:
     values = spec.grid.get(spec.report.pair_by)
     return len(values) if isinstance(values, (list, dict)) else 1

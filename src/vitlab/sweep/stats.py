@@ -20,6 +20,8 @@ import itertools
 import math
 from typing import Any, Mapping, Optional, Sequence
 
+from vitlab.spread import mean_std
+
 LEVEL = 0.95
 VERDICTS = ("Reproduced", "In direction", "Not shown", "Opposite")
 EXPECT = ("higher", "lower", "equal")
@@ -117,14 +119,12 @@ def describe(values: Sequence[float], level: float = LEVEL,
     `bounds` (an accuracy's (0, 1)) clips the interval: the t interval knows no bound, and a
     mean of values inside one cannot leave it (three seeds at 99.9, 100, 93 otherwise read
     "[65, 121]%")."""
-    xs = [float(v) for v in values]
-    n = len(xs)
+    n = len(values)
     if n == 0:
         return {"n": 0, "mean": None, "std": None, "lo": None, "hi": None}
-    mean = sum(xs) / n
-    if n < 2:
+    mean, std = mean_std(values)
+    if std is None:
         return {"n": 1, "mean": mean, "std": None, "lo": None, "hi": None}
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = t_ppf(0.5 + level / 2.0, n - 1) * std / math.sqrt(n)
     lo, hi = mean - half, mean + half
     if bounds is not None:

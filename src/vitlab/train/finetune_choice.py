@@ -78,7 +78,7 @@ ADAMW = Recipe(
 # smaller steps than a random one. With 0.001 and 0.003, the 15-step arms chose 0.003 on four of
 # five Fashion-MNIST seeds, and those four fine-tunes of 300 steps scored 47.7-54.2% where the
 # seed that chose 0.001 scored 64.7% (the 5-seed run of docs/transfer.md before this change).
-RECIPES = {r.name: r for r in (PAPER, ADAMW)}
+RECIPES = {r.name: r for r in (PLANNED, PAPER, ADAMW)}
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ class Arm:
 
 
 def arms(choice: str, table4_grid: Sequence[float], rates: Optional[Sequence[float]] = None) -> list[Arm]:
-    """The arms a sweep tries: each recipe the choice allows at each of its rates (`rates`,
+    """The arms a sweep tries, every sweep's (finetune's, vtab's grid): each recipe the choice
+    allows ("auto": both; "": the plan's own, the rate alone) at each of its rates (`rates`,
     from --lr-grid, replace the rates of a single recipe)."""
     chosen = [PAPER, ADAMW] if choice == "auto" else [RECIPES[choice]]
     out = []
