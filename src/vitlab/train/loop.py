@@ -265,8 +265,9 @@ class Trainer:
         if t.precision == "fp16":
             run.scaler = torch.amp.GradScaler(ctx.device.type)
         run.step_fn = torch.compile(run.wrapped) if t.compile else run.wrapped
-        eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing)
-        run.dense_shapes = training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32)
+        eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing or ctx.parallel == "fsdp")
+        # rank 0's choice on every process: what its checkpoints record is what each one ran
+        run.dense_shapes = distributed.broadcast_object(training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32), ctx)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
