@@ -31,11 +31,12 @@ from torch import nn
 
 from vitlab import run_layout
 from vitlab.config import ConfigError, RunConfig
-from vitlab.config.model import grid_note, grid_record
+from vitlab.config.model import grid_record
 from vitlab.config.provenance import DATA_OBJECTS
 from vitlab.data import make_loader
 from vitlab.data.decode import model_input
 from vitlab.data.loader import batches_per_epoch, close
+from vitlab.deploy import training
 from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
 from vitlab.log import get_logger
@@ -58,7 +59,6 @@ FP16_DEVICES = ("cuda",)
 # What `extend` lets differ from the run folder's config: the length (the schedule is then the
 # new length's; the steps already taken stay as they were).
 EXTENDABLE = frozenset({"train.steps", "train.epochs"})
-BELOW_START = 0.01  # a fine-tune this far (top-1) below its linear-probe start is warned about
 
 
 @dataclass
@@ -99,6 +99,7 @@ class Run:
     hooks: cb.Hooks = field(init=False)  # the callbacks (vitlab.train.callbacks)
     stop: str = ""  # why a callback ended the run early
     head_probe: Optional[dict[str, Any]] = None  # model.head_start=probe: how the head was fitted
+    dense_shapes: list[list[int]] = field(default_factory=list)  # fp32 Dense shapes on oneDNN (deploy.training)
 
 
 def new_window() -> dict[str, float]:
@@ -260,6 +261,8 @@ class Trainer:
         if t.precision == "fp16":
             run.scaler = torch.amp.GradScaler(ctx.device.type)
         run.step_fn = torch.compile(run.wrapped) if t.compile else run.wrapped
+        eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing)
+        run.dense_shapes = training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
@@ -290,14 +293,14 @@ class Trainer:
         if ctx.is_main:
             run.log = MetricsLog(self.out, open_trackers(list(self.trackers), self.out, cfg.to_dict()))
             run.progress = Progress(run.plan.total, run.start, quiet=self.quiet, lr=cfg.optim.lr)
-        self._say("\n  ".join((self._plan_line(run), *self.notes, *probe_head.lines(run.head_probe, run.start))))
+        self._say("\n  ".join((report.plan_line(run, self.cfg), *self.notes, *probe_head.lines(run.head_probe, run.start))))
         if cfg.optim.warmup_steps >= run.plan.total:
             self._warn(
                 f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
                 f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps"
             )
-        if run.head_probe and not run.start and run.eval_sets:
-            self._score_start(run)
+        if run.head_probe and not run.start and run.eval_sets:  # the probe head's score: where the fine-tune starts
+            run.head_probe["start"] = {s: m["top1"] for s, m in self._evaluate(run, 0).items() if "top1" in m}
         loader = train_loader(cfg, run.train_set, run.plan.per_rank, run.start, run.plan.total, ctx)
         t_start = time.perf_counter()
         step = run.start
@@ -329,16 +332,6 @@ class Trainer:
                 run.progress.close()
         return run.prior_seconds + time.perf_counter() - t_start
 
-    def _plan_line(self, run: Run) -> str:
-        mc, plan, t = run.model.config, run.plan, self.cfg.train
-        n_params = sum(p.numel() for p in run.model.parameters())
-        return (
-            f"training {mc.name} at {mc.image_size[0]}x{mc.image_size[1]} px ({n_params:,} parameters) "
-            f"on {self.cfg.data.name}: {len(run.train_set):,} images, "
-            f"{mc.num_classes} classes, {plan.total} steps of {t.batch_size} ({plan.per_epoch} per epoch), "
-            f"{run.ctx.world} process(es) on {run.ctx.device}"
-        ) + (f"; {grid_note(mc)}" if grid_note(mc) else "")
-
     def _step(self, run: Run, step: int, images: torch.Tensor, labels: torch.Tensor, lr: float) -> tuple[float, float]:
         """One optimiser step over this process's share of the global batch."""
         ctx, optim_cfg = run.ctx, self.cfg.optim
@@ -350,7 +343,8 @@ class Trainer:
         loss_value, acc_value = 0.0, 0.0
         for i, (x, y) in enumerate(chunks):
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-            with distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)):
+            with (distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)),
+                  training.dense_kernels(run.dense_shapes)):
                 loss, metrics = run.step_fn(x, y)
                 share = loss * (y.shape[0] / n)  # the mean over this process's batch, however split
                 (run.scaler.scale(share) if run.scaler else share).backward()
@@ -440,27 +434,6 @@ class Trainer:
             run.hooks.eval(step, results)
         return results
 
-    def _score_start(self, run: Run) -> None:
-        """A head fitted as a linear probe is a model already: its score on the evaluation
-        splits is where the fine-tune starts (step 0 of the curve, and the summary's
-        head_probe.start), so that the end can say whether fine-tuning helped."""
-        assert run.head_probe is not None
-        scores = self._evaluate(run, 0)
-        run.head_probe["start"] = {split: m["top1"] for split, m in scores.items() if "top1" in m}
-
-    def _below_start(self, run: Run, results: dict[str, dict[str, Any]]) -> None:
-        """Warn when the fine-tune ended below the probe head it started from: the steps
-        undid what the frozen features already gave (a rate too high for the model, or a
-        warm-up too short), and the run is worth less than its own first evaluation."""
-        start = (run.head_probe or {}).get("start", {})
-        for split, before in start.items():
-            after = results.get(split, {}).get("top1")
-            if after is not None and after < before - BELOW_START:
-                self._warn(f"the fine-tune ended below its start: {split} top-1 {after:.1%} after {run.start} steps, "
-                           f"{before:.1%} with the linear-probe head alone (step 0): the rate "
-                           f"(optim.lr={self.cfg.optim.lr:g}) is too high for these weights or the warm-up too short; "
-                           "lower --lr, or leave it out for the dev-split choice")
-
     def _log_eval(self, run: Run, step: int, split: str, metrics: dict[str, Any], final: bool) -> None:
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         record = {"step": step, "epoch": round(step / run.plan.per_epoch, 4), "split": split, **scalars}
@@ -482,7 +455,7 @@ class Trainer:
         done = self._compute(run)
         compute = {**run.compute.state_dict(), "cpu_s": done["cpu_s"]}  # CPU-seconds of every process
         extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute,
-                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe}
+                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe, "dense_kernels": run.dense_shapes}
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
@@ -512,7 +485,8 @@ class Trainer:
                            stopped_early={"step": run.start, "reason": run.stop})
         if not run.ctx.is_main:
             return summary
-        self._below_start(run, results)
+        for warning in probe_head.below_start(run.head_probe, results, run.start, self.cfg.optim.lr):
+            self._warn(warning)
         assert run.log is not None  # the main process's
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()
