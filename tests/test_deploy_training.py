@@ -14,6 +14,7 @@ from conftest import tiny_model
 from test_train_loop import assert_identical, tiny
 from vitlab.config import OptimConfig
 from vitlab.deploy import kernels, training
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer
 from vitlab.train.optim import build_optimizer, param_groups
 
@@ -79,7 +80,7 @@ def test_adamw_is_fused_and_an_old_checkpoint_keeps_its_update():
 
 def test_a_run_on_the_onednn_path_resumes_bit_identically(tmp_path, monkeypatch):
     monkeypatch.setenv("VITLAB_DENSE_KERNEL", "oneDNN")
-    Trainer(tiny(), tmp_path / "straight", quiet=True).run()
+    Trainer(tiny(), tmp_path / "straight", Inputs(), quiet=True).run()
     real_log = Trainer._log_step
 
     def dies_at_step_7(self, run, step, *a):
@@ -89,9 +90,9 @@ def test_a_run_on_the_onednn_path_resumes_bit_identically(tmp_path, monkeypatch)
 
     monkeypatch.setattr(Trainer, "_log_step", dies_at_step_7)
     with pytest.raises(KeyboardInterrupt):
-        Trainer(tiny(), tmp_path / "stopped", quiet=True).run()
+        Trainer(tiny(), tmp_path / "stopped", Inputs(), quiet=True).run()
     monkeypatch.setattr(Trainer, "_log_step", real_log)
     monkeypatch.setenv("VITLAB_DENSE_KERNEL", "F.linear")  # the resumed run keeps its checkpoint's kernels
-    Trainer(tiny(), tmp_path / "stopped", quiet=True).run()
+    Trainer(tiny(), tmp_path / "stopped", Inputs(), quiet=True).run()
     assert_identical(tmp_path / "stopped" / "checkpoints" / "last.safetensors",
                      tmp_path / "straight" / "checkpoints" / "last.safetensors")
