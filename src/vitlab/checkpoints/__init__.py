@@ -85,10 +85,8 @@ def detect_format(path: str | os.PathLike) -> tuple[str, Any]:
         raise CheckpointError(f"{p}: {what}. vitlab reads Vision Transformers (the official .npz, timm, Hugging Face, "
                               "torchvision's vit_*) and BiT ResNets (the official .npz, timm's resnetv2_*_bit); "
                               "its ResNet baseline is BiT-R50x1 (`vitlab models`)")
-    raise CheckpointError(
-        f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
-        "pass the format explicitly (--format on the command line, format=... in Python) if the file has an unusual name"
-    )
+    raise CheckpointError(f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
+                          "pass the format explicitly (--format on the command line, format=... in Python) if the file has an unusual name")
 
 
 def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None) -> Imported:
@@ -212,7 +210,5 @@ def save_verified(model: Model, path: str | os.PathLike, format: str = "vitlab",
 
 is_pretrained_name = hub.is_pretrained_name  # the one test of "a name, not a path"
 
-__all__ = [
-    "FORMATS", "HOLDS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
-    "open_checkpoint", "read_checkpoint", "resolve", "save", "save_verified",
-]
+__all__ = ["FORMATS", "HOLDS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
+           "open_checkpoint", "read_checkpoint", "resolve", "save", "save_verified"]

@@ -280,10 +280,8 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
     if cfg.resnet is not None:
         features.append("a ResNet hybrid stem (vitlab writes plain ViTs for HF)")
     if cfg.representation_size and cfg.num_classes:
-        features.append(
-            f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification "
-            "has no pre-logits layer; only a headless ViTModel has one, its pooler)"
-        )
+        features.append(f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification "
+                        "has no pre-logits layer; only a headless ViTModel has one, its pooler)")
     refuse("Hugging Face transformers", features, [], allow_numerics_change)
 
 
@@ -292,16 +290,14 @@ def hf_config(model) -> dict[str, Any]:
     act = "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh"
     h, w = cfg.image_size
     names = head_names(cfg, model.class_names) or [f"LABEL_{i}" for i in range(cfg.num_classes)]
-    return {
-        "architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"], "model_type": "vit",
-        "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
-        "intermediate_size": cfg.mlp_dim, "hidden_act": act, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-        "initializer_range": 0.02, "layer_norm_eps": cfg.layer_norm_eps, "image_size": h if h == w else [h, w],
-        "patch_size": cfg.patch_size, "num_channels": cfg.in_channels, "qkv_bias": cfg.qkv_bias,
-        "encoder_stride": cfg.patch_size, "pooler_output_size": cfg.representation_size or cfg.hidden_size,
-        "pooler_act": "tanh", "id2label": {str(i): n for i, n in enumerate(names)},
-        "label2id": {n: i for i, n in enumerate(names)}, "torch_dtype": "float32",
-    }
+    return {"architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"], "model_type": "vit",
+            "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
+            "intermediate_size": cfg.mlp_dim, "hidden_act": act, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+            "initializer_range": 0.02, "layer_norm_eps": cfg.layer_norm_eps, "image_size": h if h == w else [h, w],
+            "patch_size": cfg.patch_size, "num_channels": cfg.in_channels, "qkv_bias": cfg.qkv_bias,
+            "encoder_stride": cfg.patch_size, "pooler_output_size": cfg.representation_size or cfg.hidden_size,
+            "pooler_act": "tanh", "id2label": {str(i): n for i, n in enumerate(names)},
+            "label2id": {n: i for i, n in enumerate(names)}, "torch_dtype": "float32"}
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:

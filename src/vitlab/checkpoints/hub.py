@@ -102,11 +102,9 @@ def parse_hub_name(name: str, revision: Optional[str] = None) -> Optional[HubRep
             rest, at, pinned = rest.partition("@")
             if not rest or rest.count("/") > 1 or not all(map(_hub_word, rest.split("/"))) or (
                     at and not _REVISION.fullmatch(pinned)) or ".." in pinned:
-                raise CheckpointError(
-                    f"{name[:120]!r}: not a Hub model name; write {prefix}ORG/NAME"
-                    + (" or timm:MODEL_NAME.TAG" if layout == "timm" else "")
-                    + ", optionally @REVISION (letters, digits and - _ . only; no '..')"
-                )
+                raise CheckpointError(f"{name[:120]!r}: not a Hub model name; write {prefix}ORG/NAME"
+                                      + (" or timm:MODEL_NAME.TAG" if layout == "timm" else "")
+                                      + ", optionally @REVISION (letters, digits and - _ . only; no '..')")
             if layout == "timm" and "/" not in rest:
                 rest = f"timm/{rest}"
             if pinned and revision and pinned != revision:
@@ -228,14 +226,10 @@ def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = Tr
             return None  # the revision is cached and the file is not in it: the repo has none
         raise CheckpointError(_offline_message(repo, filename, e, hint)) from None
     except errors.GatedRepoError:
-        raise CheckpointError(
-            f"hf-hub:{repo.repo_id} is gated: accept its terms on the Hub, then set HF_TOKEN (or run `hf auth login`)"
-        ) from None
+        raise CheckpointError(f"hf-hub:{repo.repo_id} is gated: accept its terms on the Hub, then set HF_TOKEN (or run `hf auth login`)") from None
     except errors.RepositoryNotFoundError:
-        raise CheckpointError(
-            f"hf-hub:{repo.repo_id}: no such model repo, or it is private; check the name, or set HF_TOKEN "
-            "to a token that can read it"
-        ) from None
+        raise CheckpointError(f"hf-hub:{repo.repo_id}: no such model repo, or it is private; check the name, or set HF_TOKEN "
+                              "to a token that can read it") from None
     except errors.RevisionNotFoundError:
         raise CheckpointError(f"hf-hub:{repo.repo_id} has no revision {repo.revision!r}; use a branch, tag or commit it has") from None
     except ValueError as e:  # huggingface_hub's own refusal of a damaged cache entry
@@ -275,12 +269,10 @@ def _offline_message(repo: HubRepo, filename: str, error: BaseException, hint: s
         why, go_online = f"no connection to {hub_endpoint() or constants.ENDPOINT}", ""
     rev = f" --revision {repo.revision}" if repo.revision else ""
     extra = f"; {hint}" if hint else ""
-    return (
-        f"cannot fetch {filename} of hf-hub:{repo.repo_id}@{repo.revision or 'main'}: {why}, and it is not in the "
-        f"Hub cache {hub_cache()}. Download it where there is a network (`hf download {repo.repo_id}{rev}`) and copy "
-        f"that cache folder here (or point $HF_HUB_CACHE at it){go_online}, or load a local folder by its path: "
-        f"vitlab.load(\"path/to/folder\"){extra}"
-    )
+    return (f"cannot fetch {filename} of hf-hub:{repo.repo_id}@{repo.revision or 'main'}: {why}, and it is not in the "
+            f"Hub cache {hub_cache()}. Download it where there is a network (`hf download {repo.repo_id}{rev}`) and copy "
+            f"that cache folder here (or point $HF_HUB_CACHE at it){go_online}, or load a local folder by its path: "
+            f"vitlab.load(\"path/to/folder\"){extra}")
 
 
 def repo_layout(config: dict[str, Any]) -> Optional[str]:
@@ -301,10 +293,8 @@ def download_repo(repo: HubRepo, hint: str = "") -> tuple[Path, str]:
     if repo.layout == "timm" and "architecture" in config:
         layout = "timm"
     if layout is None:
-        raise CheckpointError(
-            f"hf-hub:{repo.repo_id}: config.json is neither a transformers ViT (model_type 'vit', found "
-            f"{config.get('model_type')!r}) nor a timm model (architecture + pretrained_cfg)"
-        )
+        raise CheckpointError(f"hf-hub:{repo.repo_id}: config.json is neither a transformers ViT (model_type 'vit', found "
+                              f"{config.get('model_type')!r}) nor a timm model (architecture + pretrained_cfg)")
     _fetch_weights(repo, hint)
     if layout == "hf":
         fetch_file(repo, "preprocessor_config.json", required=False)
@@ -322,7 +312,5 @@ def _fetch_weights(repo: HubRepo, hint: str) -> None:
     if fetch_file(repo, "pytorch_model.bin", hint, required=False) is None:
         if offline():
             raise CheckpointError(_offline_message(repo, "model.safetensors", OSError(), hint))
-        raise CheckpointError(
-            f"hf-hub:{repo.repo_id}@{repo.revision or 'main'} holds no weights vitlab reads "
-            "(model.safetensors, a sharded safetensors index, or pytorch_model.bin)"
-        )
+        raise CheckpointError(f"hf-hub:{repo.repo_id}@{repo.revision or 'main'} holds no weights vitlab reads "
+                              "(model.safetensors, a sharded safetensors index, or pytorch_model.bin)")

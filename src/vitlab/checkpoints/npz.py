@@ -56,10 +56,8 @@ POS = "Transformer/posembed_input/pos_embedding"
 # The two spellings of the modules inside an encoder block: (LN before attention,
 # attention, LN before the MLP, MLP). "original" is what the paper's release (and timm's npz
 # reader) uses; vitlab writes it. "linen" is the later Flax Linen numbering.
-SPELLINGS = {
-    "original": ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),
-    "linen": ("LayerNorm_0", "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0"),
-}
+SPELLINGS = {"original": ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),
+             "linen": ("LayerNorm_0", "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0")}
 
 
 def official_numerics(cfg: ViTConfig) -> ViTConfig:

@@ -145,9 +145,7 @@ def read_folder(folder: Path) -> Imported:
     c = folder_config(folder)
     weights = _folder_weights(folder)
     if c is None or weights is None:
-        raise CheckpointError(
-            f"{folder}: not a timm Hub folder (config.json with 'architecture', and {' or '.join(FOLDER_WEIGHTS)})"
-        )
+        raise CheckpointError(f"{folder}: not a timm Hub folder (config.json with 'architecture', and {' or '.join(FOLDER_WEIGHTS)})")
     imported = read(weights)
     pcfg = c.get("pretrained_cfg") or {}
     interpolation = pcfg.get("interpolation")
@@ -166,15 +164,11 @@ def read_folder(folder: Path) -> Imported:
 
 def infer_config(s: dict, source: str) -> ViTConfig:
     if not looks_like(set(s)):
-        raise CheckpointError(
-            f"{source}: not a timm VisionTransformer state dict (no patch_embed.proj.weight / pos_embed / "
-            f"blocks.0.attn.qkv.weight); found {', '.join(sorted(s)[:6])}"
-        )
+        raise CheckpointError(f"{source}: not a timm VisionTransformer state dict (no patch_embed.proj.weight / pos_embed / "
+                              f"blocks.0.attn.qkv.weight); found {', '.join(sorted(s)[:6])}")
     if "fc_norm.weight" in s:
-        raise CheckpointError(
-            f"{source}: has fc_norm (timm's LayerNorm after pooling, fc_norm=True); vitlab's GAP normalises "
-            "the tokens before pooling, as the paper does, and cannot represent it"
-        )
+        raise CheckpointError(f"{source}: has fc_norm (timm's LayerNorm after pooling, fc_norm=True); vitlab's GAP normalises "
+                              "the tokens before pooling, as the paper does, and cannot represent it")
     d, cin, p, _ = s["patch_embed.proj.weight"].shape
     depth = count_indexed(s, lambda i: f"blocks.{i}.norm1.weight")
     resnet = None
@@ -185,10 +179,8 @@ def infer_config(s: dict, source: str) -> ViTConfig:
     token = "cls_token" in s
     tokens = s["pos_embed"].shape[1]
     if token and round(tokens**0.5) ** 2 == tokens and round((tokens - 1) ** 0.5) ** 2 != tokens - 1:
-        raise CheckpointError(
-            f"{source}: pos_embed has no class-token row (timm's no_embed_class=True); vitlab adds a position "
-            "embedding to the class token, as the paper does, and cannot represent it"
-        )
+        raise CheckpointError(f"{source}: pos_embed has no class-token row (timm's no_embed_class=True); vitlab adds a position "
+                              "embedding to the class token, as the paper does, and cannot represent it")
     side = square_grid(tokens - int(token), source)
     cfg = ViTConfig(name="timm", image_size=side * p * (resnet.stride if resnet else 1), patch_size=p, in_channels=cin,
                     hidden_size=d, depth=depth, num_heads=guess_num_heads(d), mlp_dim=s["blocks.0.mlp.fc1.weight"].shape[0],
@@ -230,9 +222,7 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[
     if cfg.representation_size:
         features.append(f"representation_size={cfg.representation_size} (timm's VisionTransformer has no pre-logits layer)")
     if cfg.resnet is not None and cfg.resnet.ws_mode != "var":
-        numerics.append(
-            f"ResNet ws_mode={cfg.resnet.ws_mode!r}: (w-mean)/(std+eps) (timm's StdConv2dSame computes (w-mean)/sqrt(var+eps))"
-        )
+        numerics.append(f"ResNet ws_mode={cfg.resnet.ws_mode!r}: (w-mean)/(std+eps) (timm's StdConv2dSame computes (w-mean)/sqrt(var+eps))")
     refuse("timm", features, numerics, allow_numerics_change)
     return numerics
 

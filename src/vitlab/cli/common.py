@@ -63,12 +63,15 @@ def add_checkpoint_arguments(p, random_init: bool = True, draws: bool = False) -
                        help="ignore the weights: a randomly initialised model of the checkpoint's shape (a baseline); "
                             "FIRST-LAST (0-9): the mean over that many random draws, each draw recorded")
         return
-    p.add_argument(
-        "--random-init",
-        type=int,
-        metavar="SEED",
-        help="ignore the weights: a randomly initialised model of the checkpoint's shape (a baseline)",
-    )
+    p.add_argument("--random-init", type=int, metavar="SEED",
+                   help="ignore the weights: a randomly initialised model of the checkpoint's shape (a baseline)")
+
+
+def precision_check(args) -> None:
+    """The inference copy's precision (predict, serve), checked before the checkpoint is read."""
+    from vitlab.predictor import check_precision
+
+    check_precision(args.precision)
 
 
 def add_device_argument(p) -> None:

@@ -377,16 +377,10 @@ class SweepSpec:
         if not isinstance(scale, (list, tuple)) or not all(isinstance(k, str) for k in scale):
             raise ConfigError("scale: give a list of the keys --scale multiplies, e.g. [epochs]")
         check_value(figures, "figures")
-        return cls(
-            name=d.get("name") or name,
-            train=_mapping(d, "train", "a mapping of `vitlab train` settings (key: value)"),
-            grid=_mapping(d, "grid", "a mapping of each axis to its list of values (grid: {seed: [0, 1]})"),
-            after=steps,
-            scale=tuple(scale),
-            figures=tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in figures),
-            report=ReportSpec.from_dict(d.get("report")),
-            allow_divergence=d.get("allow_divergence", False),
-        )
+        return cls(name=d.get("name") or name, train=_mapping(d, "train", "a mapping of `vitlab train` settings (key: value)"),
+                   grid=_mapping(d, "grid", "a mapping of each axis to its list of values (grid: {seed: [0, 1]})"), after=steps, scale=tuple(scale),
+                   figures=tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in figures),
+                   report=ReportSpec.from_dict(d.get("report")), allow_divergence=d.get("allow_divergence", False))
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as from_dict reads it (a sweep folder keeps it in sweep.json)."""

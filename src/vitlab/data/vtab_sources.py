@@ -38,7 +38,7 @@ from vitlab.config.fields import is_digits
 from vitlab.data.datasets import IMAGE_EXTENSIONS, DataError, ImageDataset
 from vitlab.data.foreign import load_saved
 from vitlab.data.images import check_size, decoded, read_image
-from vitlab.data.tfrecord import prepared, read_examples, shards, version_key
+from vitlab.data.tfrecord import Records, prepared, shards, version_key
 from vitlab.data.vtab import SPLITS, Task, get_task, task_label, task_split
 
 
@@ -127,7 +127,7 @@ def _hf_sources(folder: Path) -> dict[str, Source]:
 def _tfds_sources(shards: dict[str, list[Path]]) -> dict[str, Source]:
     out = {}
     for name, files in shards.items():
-        examples = read_examples(files)  # (image bytes kept encoded: decoded on demand)
+        examples = Records(files)  # (image bytes kept encoded: decoded on demand)
         out[name] = Source(len(examples), functools.partial(_tfds_image, examples, name), examples.__getitem__)
     return out
 

@@ -99,6 +99,7 @@ class Run:
     hooks: cb.Hooks = field(init=False)  # the callbacks (vitlab.train.callbacks)
     stop: str = ""  # why a callback ended the run early
     head_probe: Optional[dict[str, Any]] = None  # model.head_start=probe: how the head was fitted
+    start_scores: dict[str, dict[str, Any]] = field(default_factory=dict)  # the probe head's, before step 1
     dense_shapes: list[list[int]] = field(default_factory=list)  # fp32 Dense shapes on oneDNN (deploy.training)
 
 
@@ -254,6 +255,9 @@ class Trainer:
         run.compute = ComputeMeter(run.model.config, ctx.device, ctx.world)
         if saved is None:  # before wrapping, which may flatten the parameters (FSDP)
             run.head_probe = probe_head.for_run(self.cfg, run.model, self.sources, run.compute, self.inputs)
+            if run.head_probe and run.eval_sets:  # its score, where the fine-tune starts (FSDP's first forward trains)
+                run.start_scores = self._evaluate(run, 0)
+                run.head_probe["start"] = {s: m["top1"] for s, m in run.start_scores.items() if "top1" in m}
         run.model.set_grad_checkpointing(t.grad_checkpointing)
         run.wrapped = distributed.wrap(run.objective, ctx, inner=run.model)
         run.optimizer = build_optimizer(run.objective, self.cfg.optim)
@@ -261,8 +265,9 @@ class Trainer:
         if t.precision == "fp16":
             run.scaler = torch.amp.GradScaler(ctx.device.type)
         run.step_fn = torch.compile(run.wrapped) if t.compile else run.wrapped
-        eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing)
-        run.dense_shapes = training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32)
+        eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing or ctx.parallel == "fsdp")
+        # rank 0's choice on every process: what its checkpoints record is what each one ran
+        run.dense_shapes = distributed.broadcast_object(training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32), ctx)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
@@ -295,12 +300,10 @@ class Trainer:
             run.progress = Progress(run.plan.total, run.start, quiet=self.quiet, lr=cfg.optim.lr)
         self._say("\n  ".join((report.plan_line(run, self.cfg), *self.notes, *probe_head.lines(run.head_probe, run.start))))
         if cfg.optim.warmup_steps >= run.plan.total:
-            self._warn(
-                f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
-                f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps"
-            )
-        if run.head_probe and not run.start and run.eval_sets:  # the probe head's score: where the fine-tune starts
-            run.head_probe["start"] = {s: m["top1"] for s, m in self._evaluate(run, 0).items() if "top1" in m}
+            self._warn(f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
+                       f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps")
+        for split, metrics in run.start_scores.items() if ctx.is_main else ():  # scored in _restore, logged now
+            self._log_eval(run, 0, split, metrics, False)
         loader = train_loader(cfg, run.train_set, run.plan.per_rank, run.start, run.plan.total, ctx)
         t_start = time.perf_counter()
         step = run.start
@@ -427,7 +430,7 @@ class Trainer:
                 raise ConfigError(f"the {split} split of {self.cfg.data.eval_data or self.cfg.data.name} is empty")
             sums = distributed.sum_tensors({k: v.to(ctx.device) for k, v in sums.items()}, ctx)
             results[split] = target.finish_eval(sums)
-            if ctx.is_main:
+            if ctx.is_main and run.log is not None:  # (the start's score comes before the log: _train writes it)
                 self._log_eval(run, step, split, results[split], final)
         run.objective.train()
         if not final and step:  # (step 0: the start's score, before any callback's first step)
