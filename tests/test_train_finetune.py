@@ -116,16 +116,16 @@ def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
     vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=16, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
                                     hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5), ck)
     paper = plan(ck, choose="paper")
-    assert paper.config.optim.name == "sgd" and paper.sweep and paper.sweep_steps == 25  # the same quick share
+    assert paper.config.optim.name == "sgd" and paper.arms and paper.sweep_steps == 25  # the same quick share
     assert [a.name for a in paper.arms] == ["lr-0.001", "lr-0.003", "lr-0.01", "lr-0.03"]  # the rate alone
     assert any("a quick sweep first, Table 4's grid" in n for n in paper.notes)
     auto = plan(ck)
     assert [a.name for a in auto.arms][::4] == ["paper-lr-0.001", "adamw-lr-0.0003"] and auto.sweep_steps == 25
     fixed = plan(ck, values={"optim.lr": 0.002}, choose="adamw")
-    assert fixed.config.optim.name == "adamw" and fixed.config.optim.lr == 0.002 and not fixed.sweep
+    assert fixed.config.optim.name == "adamw" and fixed.config.optim.lr == 0.002 and not fixed.arms
     assert fixed.config.optim.warmup_steps == 125 and fixed.config.train.label_smoothing == 0.1  # 25% of 500
     given = plan(ck, overrides=("optim.lr=0.01",))
-    assert given.config.optim.name == "sgd" and not given.sweep
+    assert given.config.optim.name == "sgd" and not given.arms
     assert any("as --lr was given: no sweep chooses" in n for n in given.notes)
     by_epochs = plan(ck, values={"train.epochs": 2.0, "train.steps": 0, "train.batch_size": 64})
     assert by_epochs.config.train.steps == 44 and by_epochs.sweep_steps == 10  # 2 x (1,437 // 64); at least 10 an arm

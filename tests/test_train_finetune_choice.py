@@ -97,9 +97,9 @@ def test_repeats_reuse_the_chosen_recipe_not_only_its_rate(tmp_path):
     seen = []
 
     def fake(p):  # the first run sweeps and picks AdamW at 0.003; the others must train that
-        seen.append((p.sweep, p.config.optim.name, p.config.optim.lr, p.config.train.label_smoothing))
+        seen.append((bool(p.arms), p.config.optim.name, p.config.optim.lr, p.config.train.label_smoothing))
         final = {"splits": {"test": {"top1": 0.5}}}
-        return {"best_recipe": "adamw", "best_lr": 0.003, "final": final} if p.sweep else final
+        return {"best_recipe": "adamw", "best_lr": 0.003, "final": final} if p.arms else final
 
     repeats.repeat(plan, 3, fake, log=lambda _: None)
     assert seen[0][0] and seen[1:] == [(False, "adamw", 0.003, 0.1)] * 2

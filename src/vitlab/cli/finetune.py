@@ -94,10 +94,17 @@ def make_plan(args: argparse.Namespace):
     """The command's finetune.Plan (what docs/reproducing.md's commands are checked by): the
     flags made into finetune.Settings here, once."""
     from vitlab.cli.common import given, lr_rates
+    from vitlab.config import ConfigError
     from vitlab.train import finetune
     from vitlab.train.inputs import Inputs
 
-    checkpoint = finetune.checkpoint_argument(args.checkpoint, args.source, args.overrides)
+    checkpoint = args.source or args.checkpoint  # `--from CHECKPOINT`, the earlier form, or the positional
+    if args.source and args.checkpoint and "=" not in args.checkpoint:
+        raise ConfigError(f"{args.checkpoint} and --from {args.source} both name the checkpoint: give one")
+    if args.source and args.checkpoint:  # with --from, the first word after the command is an override
+        args.overrides.insert(0, args.checkpoint)
+    if not checkpoint:
+        raise ConfigError("give the checkpoint to fine-tune: vitlab finetune CHECKPOINT --data SPEC")
     if args.random_init is not None:
         checkpoint = finetune.random_start(checkpoint, args.random_init, args.out)
     return finetune.plan(finetune.Settings(

@@ -197,15 +197,12 @@ def find_sources(task: Task, root: Path, accept: str = "", held: Optional[dict[t
         return None
     kind, folder = found
     folder = pinned(task, folder, accept) if kind == "tfds" else folder
-    held = {} if held is None else held
-    if ("vtab", str(folder)) not in held:
-        if kind == "folders":
-            sources, classes = _folder_sources(folder)
-            held["vtab", str(folder)] = sources, classes, str(folder)
-        else:
-            held["vtab", str(folder)] = (_hf_sources(folder) if kind == "datasets" else _tfds_sources(shards(folder)),
-                                         None, str(folder))
-    return held["vtab", str(folder)]
+    held, key = {} if held is None else held, ("vtab", str(folder))
+    if key not in held:
+        sources, classes = _folder_sources(folder) if kind == "folders" else (
+            _hf_sources(folder) if kind == "datasets" else _tfds_sources(shards(folder)), None)
+        held[key] = sources, classes, str(folder)
+    return held[key]
 
 
 def _labels(task: Task, items: list[tuple[Source, int]], folders: bool, where: str) -> list[int]:

@@ -38,7 +38,6 @@ from vitlab.config import ConfigError, RunConfig, ViTConfig
 from vitlab.config.model import grid_note
 from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
 from vitlab.data import DEV_FRACTIONS, identity
-from vitlab.data.transforms import model_transform
 from vitlab.files import on_disk
 from vitlab.log import get_logger
 from vitlab.train import build, finetune_choice as choice, recipe as recipes
@@ -188,10 +187,6 @@ class Plan:
     sweep_steps: Optional[int] = None
     explicit: set[str] = field(default_factory=set)
 
-    @property
-    def sweep(self) -> bool:
-        return bool(self.arms)
-
 
 def lr_grid(row: Optional[str], rates: Optional[Sequence[float]] = None) -> tuple[float, ...]:
     """The rates a sweep tries: `rates` when given, else Table 4's for the dataset."""
@@ -203,13 +198,6 @@ def lr_grid(row: Optional[str], rates: Optional[Sequence[float]] = None) -> tupl
     return grid
 
 
-def training_set(cfg: RunConfig, inputs: Inputs) -> Any:
-    """The run's training split (its length and `identity`: which paper dataset it is), opened
-    in `inputs`, where the runs of the plan find it again."""
-    return build.training_split(cfg, model_transform(architecture(cfg.model, inputs), antialias=cfg.data.antialias),
-                                False, inputs)
-
-
 def in_steps(cfg: RunConfig, n_train: int) -> RunConfig:
     """A length given in epochs (--epochs) as steps: what a sweep's arms and the warm-up shares
     are measured in (an arm trains on fewer images, and would take fewer steps an epoch)."""
@@ -218,20 +206,6 @@ def in_steps(cfg: RunConfig, n_train: int) -> RunConfig:
         return cfg
     steps = max(1, math.ceil(t.epochs * (n_train // t.batch_size)))
     return cfg.with_overrides({"train.steps": steps, "train.epochs": 0.0}, PLAN)
-
-
-def checkpoint_argument(positional: Optional[str], flag: Optional[str], overrides: list[str]) -> str:
-    """The checkpoint of `vitlab finetune CHECKPOINT` or its alias `--from CHECKPOINT`. With
-    --from, the first word after the command is an override (SECTION.KEY=VALUE), put back."""
-    if flag is None:
-        if not positional:
-            raise ConfigError("give the checkpoint to fine-tune: vitlab finetune CHECKPOINT --data SPEC")
-        return positional
-    if positional and "=" not in positional:
-        raise ConfigError(f"{positional} and --from {flag} both name the checkpoint: give one")
-    if positional:
-        overrides.insert(0, positional)
-    return flag
 
 
 def random_start(checkpoint: str, seed: int, out: Optional[Path | str]) -> str:
@@ -290,11 +264,12 @@ def plan(s: Settings, inputs: Inputs) -> Plan:
     if own is not None:
         # a ViT's on its patch grid; a ResNet (BiT) takes any size (it had no total_stride: AttributeError)
         extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride if isinstance(own, ViTConfig) else 1)
-    cfg = recipes.resolve(inputs.recipe(s.recipe), s.given.plus("data.name", s.data), extra, layers)
+    given = Given((*s.given.settings, (f"data.name={s.data}", "data.name", s.data)), s.given.model)
+    cfg = recipes.resolve(inputs.recipe(s.recipe), given, extra, layers)
     threads, threads_note = choice.thread_policy(cfg, s.checkpoint, explicit, inputs)
     if inputs.source_config(s.checkpoint):  # else the recipe's own, as they are
         cfg = cfg.with_overrides(threads, CHECKPOINT)
-    train_set = training_set(cfg, inputs)
+    train_set = build.plain_training_set(cfg, architecture(cfg.model, inputs), None, inputs)  # its size and identity
     row = s.table4 or getattr(train_set, "identity", None)
     if unset and row in TABLE4_STEPS:
         cfg = cfg.with_overrides({"train.steps": TABLE4_STEPS[row]}, PLAN)
@@ -306,12 +281,12 @@ def plan(s: Settings, inputs: Inputs) -> Plan:
         if unset and row not in TABLE4_STEPS else []
     chosen = choice.resolved(choose, explicit, cfg)
     grid = lr_grid(row, s.rates)
-    if chosen.name == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
+    if chosen[0] == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
         fitted = fit_defaults(cfg, len(train_set), explicit, s.lr_sweep, TABLE4_STEPS.get(row or ""))
         swept = s.lr_sweep or fitted.quick_sweep_steps or s.rates is not None  # --lr-grid: a sweep of its rates
         arms = choice.arms("", grid) if swept else []
         config = in_steps(fitted.config, len(train_set)) if arms else fitted.config
-        return Plan(config, out, [*notes, *chosen.notes, *fitted.notes, *length], inputs, arms,
+        return Plan(config, out, [*notes, *chosen[1], *fitted.notes, *length], inputs, arms,
                     fitted.quick_sweep_steps, explicit)
     fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep_asked=True)  # batch and length; warm-up per recipe
     dev = identity.describe(getattr(train_set, "identity", None), cfg.data.dev_fraction)

@@ -65,9 +65,6 @@ class Given:
         """How the user set `key` (`--lr`, `optim.lr=0.01`), None when they did not."""
         return next((what for what, k, _ in self.settings if k == key), None)
 
-    def plus(self, key: str, value: Any) -> Given:
-        return Given((*self.settings, (f"{key}={value}", key, value)), self.model)
-
 
 def _same(key: str, a: Any, b: Any) -> bool:
     """Whether two values of `key` are the same setting once read as its type (0.01 and 1e-2);
@@ -127,17 +124,6 @@ def resume_config(run_dir: Path | str, given: Given = Given(), recipe: Optional[
         )
     cfg = RunFolder(run_dir).read_config()  # a damaged config.yaml is one line naming it
     return cfg.with_overrides(given.values, COMMAND_LINE)
-
-
-def default_out(recipe: str) -> Path:
-    """Where a run of this recipe (a shipped name or a file) goes when no folder is named."""
-    return Path("runs") / Path(recipe).stem
-
-
-def check_resumable(out: Path) -> None:
-    """`--resume` without a run folder needs a checkpoint in `out` to continue from."""
-    if not RunLayout(out).last.exists():
-        raise ConfigError(f"--resume: {out} has no checkpoint to continue from; drop --resume to start the run")
 
 
 def train(cfg: RunConfig, out: Path | str, inputs: Inputs, *, command: str = "", quiet: bool = False,

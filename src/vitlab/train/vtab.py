@@ -44,7 +44,7 @@ from vitlab.run_layout import holding_run
 from vitlab.tables import csv_table, markdown_table
 from vitlab.train import distributed, finetune_choice as choice
 from vitlab.train.build import architecture
-from vitlab.train.finetune import RECIPE, TABLE4_STEPS
+from vitlab.train.finetune import RECIPE, TABLE4_STEPS, lr_grid
 from vitlab.train.inputs import Inputs
 from vitlab.train.run_folder import RESUMABLE_CHANGES
 
@@ -81,8 +81,8 @@ class Settings:
             get_task(name)  # (an unknown task is refused with the list of them)
             if accepted.setdefault(name, version) != version:  # one version per task: the last would win silently
                 raise DataError(f"--tfds-version gives {name} two versions ({name}={accepted[name]} and {a}): give one")
-        if self.grid is not None and (not self.grid or min(self.grid) <= 0):
-            raise ConfigError(f"--lr-grid {','.join(f'{r:g}' for r in self.grid)!r}: give positive rates separated by commas")
+        if self.grid is not None:
+            lr_grid(None, self.grid)  # an empty or non-positive grid, refused
         if self.grid is not None and self.lr is not None:
             raise ConfigError("--lr and --lr-grid both set the learning rate (--lr-grid chooses it per task): give one")
         keys = [parse_override(o)[0] for o in self.overrides]
