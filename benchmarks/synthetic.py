@@ -21,6 +21,7 @@ from pathlib import Path
 
 from vitlab.config import load_recipe
 from vitlab.sweep import stats
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ def one(task: str, model: str, size: int, seed: int, steps: int, out: Path) -> d
     cfg = base.with_overrides({**over, "data.name": f"synthetic:{task}", "data.train_size": size,
                                "train.steps": steps, "train.seed": seed, "train.ckpt_every": steps})
     folder = out / "runs" / f"{task}_{model}_n{size or 10000}_s{seed}"
-    summary = Trainer(cfg, folder, quiet=True).run()
+    summary = Trainer(cfg, folder, Inputs(), quiet=True).run()
     return {"task": task, "model": model, "train_images": size or 10000, "seed": seed,
             "top1": summary["splits"]["test"]["top1"], "train_seconds": summary["train_seconds"]}
 

@@ -98,6 +98,30 @@ DIGITS_RUN = ["--steps", "40", "--ckpt-every", "40", "--quiet", "model.depth=2",
 
 
 @pytest.fixture(scope="session")
+def tfds_root(tmp_path_factory):
+    """The tfds data_dirs tfds_fixtures.py writes with tensorflow-datasets' own builders (the
+    test extra), built once for all workers of the session in a process of its own: no test
+    worker imports TensorFlow. -> (data_dir, what tfds itself reads back)."""
+    import json
+    import shutil
+
+    from filelock import FileLock
+
+    pytest.importorskip("tensorflow_datasets")  # its builders need TensorFlow (tensorflow-cpu)
+    shared = tmp_path_factory.getbasetemp()  # this session's; under xdist, the one above each worker's
+    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+    out = shared / "tfds-fixtures"
+    with FileLock(str(shared / "tfds-fixtures.lock")):
+        if not (out / "expected.json").is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+            done = subprocess.run([sys.executable, str(ROOT / "tests" / "tfds_fixtures.py"), str(out)], env=env,
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr[-3000:]
+    return out / "data", json.loads((out / "expected.json").read_text())
+
+
+@pytest.fixture(scope="session")
 def digits_run(tmp_path_factory) -> Path:
     """The run folder of a short real training on digits (shared by every test that reads it:
     treat it as read-only)."""

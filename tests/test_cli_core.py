@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,14 @@ def test_every_command_has_help_with_examples():
     assert list(sub.choices) == list(commands()) and {"train", "eval", "linear-probe", "vtab"} <= set(sub.choices)
     for name, p in sub.choices.items():
         assert p.description and "example" in p.description, f"`vitlab {name} --help` has no examples"
+
+
+def test_every_command_is_run_by_a_test():
+    """A command cannot land without a test that runs it through `main` (vit_jax's
+    test_all_tested guard, over cli.commands())."""
+    text = "\n".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
+    untested = [n for n in commands() if f'main(["{n}"' not in text]
+    assert not untested, f"commands no test runs: {untested}"
 
 
 def test_console_entry_point_runs():

@@ -15,6 +15,7 @@ import torch
 
 import vitlab
 from conftest import perturb
+from vitlab.train.report import Progress
 
 EVERY = dict(hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5, head_init="xavier")
 
@@ -67,7 +68,9 @@ def test_only_from_and_data(tmp_path, size, patch, channels):
     assert "a sweep between the paper's SGD and AdamW first, 6 runs of 25 steps" in text
     assert "sweep run: paper-lr-0.001, 25 steps" in text and "dev split 10%" in text
     assert "threads: one compute thread per core and 0 data workers, the recipe's" in text
-    assert "progress" in when and when["progress"] - when["plan"] < 10, text
+    # A line at least every EVERY_S seconds: the step-1 heartbeat is due then; a loaded machine
+    # delivers it a little late, so the bound is the promise plus slack, not the promise itself.
+    assert "progress" in when and when["progress"] - when["plan"] < Progress.EVERY_S + 5, text
 
 
 def test_a_short_run_warms_up_then_decays(tmp_path):

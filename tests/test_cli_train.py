@@ -12,9 +12,12 @@ import yaml
 
 from test_train_loop import assert_identical, tiny
 from vitlab.cli import build_parser, main
+from vitlab.cli.common import given
+from vitlab.config import load_recipe
 from vitlab.train import loop, state
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer
-from vitlab.train.recipe import option_overrides, resolve
+from vitlab.train.recipe import resolve
 
 SMALL = ["--batch-size", "32", "model.depth=1", "model.hidden_size=16", "model.num_heads=2", "model.mlp_dim=32", "model.image_size=8",
          "model.patch_size=4", "train.threads=1", "train.log_every=5", "optim.warmup_steps=2"]
@@ -67,14 +70,13 @@ def test_the_deit_flags_set_their_config_keys():
     args = build_parser().parse_args(
         ["train", "--mixup", "0.8", "--cutmix", "1.0", "--randaugment", "2", "9", "--label-smoothing", "0.1",
          "--drop-path", "0.1", "--fp16"])
-    assert option_overrides(vars(args)) == {
+    assert given(args).values == {
         "train.mixup": 0.8, "train.cutmix": 1.0, "data.randaugment": 2, "data.randaugment_magnitude": 9,
         "train.label_smoothing": 0.1, "model.drop_path": 0.1, "train.precision": "fp16",
     }
-    cfg, _ = resolve(args.config, vars(args), args.overrides)
+    cfg = resolve(load_recipe("digits"), given(args))
     assert (cfg.train.mixup, cfg.data.randaugment, cfg.model.changes["drop_path"]) == (0.8, 2, 0.1)
-    deit, _ = resolve("cifar10-deit")
-    base, _ = resolve("cifar10")
+    deit, base = resolve(load_recipe("cifar10-deit")), resolve(load_recipe("cifar10"))
     assert deit.train.mixup > 0 and deit.train.cutmix > 0 and deit.data.randaugment == 2
     assert (deit.optim, deit.train.batch_size) == (base.optim, base.train.batch_size)  # the same compute
 
@@ -100,7 +102,7 @@ def test_fp16_with_its_loss_scaler_resumes_exactly(tmp_path, monkeypatch):
     the same scaler state. CPUs refuse fp16 (no fast fp16 there); the test lets the CPU run it."""
     monkeypatch.setattr(loop, "FP16_DEVICES", ("cuda", "cpu"))
     cfg = tiny(train={"precision": "fp16"})
-    Trainer(cfg, tmp_path / "straight", quiet=True).run()
+    Trainer(cfg, tmp_path / "straight", Inputs(), quiet=True).run()
 
     real_save = state.write_state
 
@@ -111,10 +113,10 @@ def test_fp16_with_its_loss_scaler_resumes_exactly(tmp_path, monkeypatch):
 
     monkeypatch.setattr(state, "write_state", dying)
     with pytest.raises(OSError, match="power cut"):
-        Trainer(cfg, tmp_path / "cut", quiet=True).run()
+        Trainer(cfg, tmp_path / "cut", Inputs(), quiet=True).run()
     monkeypatch.setattr(state, "write_state", real_save)
     assert state.latest(tmp_path / "cut" / "checkpoints") == 5
-    Trainer(cfg, tmp_path / "cut", quiet=True).run()
+    Trainer(cfg, tmp_path / "cut", Inputs(), quiet=True).run()
     assert_identical(tmp_path / "cut" / "checkpoints" / "last.safetensors",
                      tmp_path / "straight" / "checkpoints" / "last.safetensors")
     scalers = [state.read_state(state.step_paths(tmp_path / run / "checkpoints", 12)[1])[1]["grad_scaler"]

@@ -34,7 +34,7 @@ from vitlab.config.provenance import (
     from_document,
     recipe,
 )
-from vitlab.train.recipe import resolve
+from vitlab.train.recipe import Given, resolve
 from vitlab.train.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,8 +57,8 @@ def source(tmp_path_factory):
 
 
 def test_each_value_records_its_layer_and_config_yaml_shows_it():
-    cfg, _ = resolve("digits", {"lr": 0.01, "data": "digits"}, ["train.log_every=7"], {"train.steps": 9},
-                     {"train.steps": PLAN})
+    cfg = resolve(load_recipe("digits"), Given.of({"optim.lr": 0.01, "data.name": "digits"}, ["train.log_every=7"]),
+                  {"train.steps": 9}, {"train.steps": PLAN})
     assert cfg.origin("optim.lr") == COMMAND_LINE and cfg.origin("train.log_every") == COMMAND_LINE
     assert cfg.origin("optim.warmup_steps") == recipe("digits") and cfg.origin("optim.betas") == DEFAULT
     assert cfg.origin("train.steps") == PLAN and cfg.origin("data.name") == COMMAND_LINE
@@ -73,7 +73,7 @@ def test_each_value_records_its_layer_and_config_yaml_shows_it():
                                                                     if o == recipe("digits"))} in document[SECTION]
     assert from_document(document) == {k: o for k, o in cfg.origins.items() if o != DEFAULT}
     # A config file the user names is its own layer; a later change keeps the others' layers.
-    other = resolve(None, {}, [], None)[0]
+    other = resolve(load_recipe("digits"))
     assert other.origin("optim.lr") == recipe("digits")
     assert cfg.with_overrides({"optim.lr": 0.5}, SWEEP).origin("train.steps") == PLAN
 
@@ -228,7 +228,7 @@ def test_two_settings_of_one_key_are_refused_naming_both(argv, named, source, tm
 
 
 def test_one_value_written_two_ways_is_no_conflict():
-    cfg, _ = resolve("digits", {"lr": 0.01}, ["optim.lr=1.0e-2"])
+    cfg = resolve(load_recipe("digits"), Given.of({"optim.lr": 0.01}, ["optim.lr=1.0e-2"]))
     assert cfg.optim.lr == 0.01
 
 

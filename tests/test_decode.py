@@ -281,10 +281,10 @@ def test_antialias_off_samples_as_tfs_resize_on_every_path():
 
 def test_antialias_is_a_data_setting_and_a_flag():
     from vitlab.cli import build_parser
+    from vitlab.cli.common import given
     from vitlab.config.run import DataConfig
-    from vitlab.train.recipe import settings
 
     assert DataConfig().antialias is True
     for command in ("train", "finetune"):
         args = build_parser().parse_args([command, *([] if command == "train" else ["ckpt.safetensors"]), "--no-antialias"])
-        assert ("--antialias", "data.antialias", False) in settings(vars(args))
+        assert ("--antialias", "data.antialias", False) in given(args).settings

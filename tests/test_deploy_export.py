@@ -172,7 +172,7 @@ def test_an_int8_copy_saves_loads_and_exports_or_refuses_by_name(tmp_path, capsy
     back = deploy.load_int8(tmp_path / "q8.safetensors")
     x = torch.randn(3, 3, 16, 16)
     assert torch.equal(back(x), q8(x)) and back.class_names == list("abcdefghij")
-    assert back.blocks[0].mlp.fc1.weight_int8.dtype == torch.int8
+    assert back.model.blocks[0].mlp.fc1.weight_int8.dtype == torch.int8
     with pytest.raises(vitlab.checkpoints.CheckpointError, match=r"deploy\.load_int8"):
         vitlab.load(tmp_path / "q8.safetensors")
     # A serving copy whose tensors do not fit its stored config is refused by name, like a plain one.

@@ -58,8 +58,8 @@ def test_packed_fp32_is_the_same_function():
         pytest.skip("this PyTorch build has no oneDNN")
     m = model(depth=2)
     packed = deploy.to_packed_fp32(m)
-    assert isinstance(packed.blocks[0].mlp.fc1, deploy.PackedLinear)
-    assert packed.blocks[0].mlp.fc1.activation == "gelu_tanh"  # the variant's GELU, fused
+    assert isinstance(packed.model.blocks[0].mlp.fc1, deploy.PackedLinear)
+    assert packed.model.blocks[0].mlp.fc1.activation == "gelu_tanh"  # the variant's GELU, fused
     x = torch.randn(3, 3, 32, 32)
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), m(x), atol=1e-4, rtol=1e-4)
@@ -91,7 +91,7 @@ def test_serving_copies_leave_the_model_alone():
     bf16, int8 = deploy.to_bfloat16(m), deploy.quantize_int8(m)
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
     assert all(isinstance(b.mlp.fc1, torch.nn.Linear) for b in m.blocks)
-    assert all(isinstance(b.attn.qkv, deploy.Int8Linear) for b in int8.blocks)
+    assert all(isinstance(b.attn.qkv, deploy.Int8Linear) for b in int8.model.blocks)
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
     x = torch.randn(2, 3, 32, 32)
     assert bf16(x).dtype == torch.float32 and int8(x).shape == (2, 10)
@@ -137,7 +137,7 @@ def test_the_inference_copy_is_the_plain_model_to_float32_rounding_on_real_image
     d = m.config.hidden_size
     chosen = {c.what: c.kernel for c in deploy.kernels.choices()}[f"Dense float32 {d}x{3 * d}, {m.config.num_tokens} tokens"]
     packed = chosen == "oneDNN" and torch.float32 in deploy.onednn_dtypes()
-    assert isinstance(fast.blocks[0].attn.qkv, deploy.PackedLinear) == packed and fast is not m
+    assert isinstance(fast.model.blocks[0].attn.qkv, deploy.PackedLinear) == packed and fast is not m
     assert deploy.inference_copy(m, plain=True) is m
     x = cifar_images[:16]
     with torch.inference_mode():
@@ -162,10 +162,10 @@ def test_the_inference_copy_refuses_plain_with_another_precision_and_export():
         assert len(str(e.value).splitlines()) == 1 and fix in str(e.value) and "(fp32-auto)" in str(e.value)
 
 
-def test_a_bf16_copy_takes_the_attention_kernel_this_cpu_runs_faster_and_the_same_function():
+def test_a_bf16_copy_takes_the_attention_kernel_this_cpu_runs_faster_and_the_same_function(monkeypatch):
     """The fused kernel or the explicit matmul-softmax path, timed when the copy is built
-    (vitlab.deploy.kernels: fused wins with AMX, loses on AVX-512 without it); both compute the
-    model's attention."""
+    (vitlab.deploy.kernels: fused wins with AMX, loses on AVX-512 without it) and built into it
+    (the model's constructor takes it); both compute the model's attention."""
     m = model(depth=2)
     fast = deploy.inference_copy(m, "bf16")
     attn = [b.attn.cpu_attention for b in fast.model.blocks]
@@ -175,11 +175,26 @@ def test_a_bf16_copy_takes_the_attention_kernel_this_cpu_runs_faster_and_the_sam
     out = {}
     with torch.inference_mode():
         want = m(x)
-        for kernel in deploy.kernels.ATTENTION:
-            for b in fast.model.blocks:
-                b.attn.cpu_attention = kernel
-            out[kernel] = fast(x)
+        for kernel in deploy.kernels.ATTENTION:  # each forced, as $VITLAB_ATTENTION_KERNEL does
+            monkeypatch.setenv("VITLAB_ATTENTION_KERNEL", kernel)
+            forced = deploy.inference_copy(m, "bf16")
+            assert {b.attn.cpu_attention for b in forced.model.blocks} == {kernel}
+            out[kernel] = forced(x)
     for got in out.values():
         assert (got - want).abs().max() < 0.05 * want.abs().max()
 
 
+
+
+def test_every_copy_gives_the_models_features():
+    """eval.features reads a copy's pre-logits through the model's API (forward_features,
+    forward_head), as `vitlab fewshot` and `linear-probe` run on the inference copy."""
+    m = model(depth=2)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        want = m.forward_head(m.forward_features(x), pre_logits=True)
+        for precision in ("fp32", "fp32-packed", "bf16", "int8"):
+            copy = deploy.inference_copy(m, precision)
+            got = copy.forward_head(copy.forward_features(x), pre_logits=True)
+            assert got.dtype == torch.float32 and got.shape == want.shape, precision
+            assert (got - want).abs().max() < (1e-4 if precision.startswith("fp32") else 0.1) * want.abs().max(), precision

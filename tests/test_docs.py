@@ -168,6 +168,7 @@ def cifar_model(seed: int) -> vitlab.VisionTransformer:
 def mpp_run(shards: Path, out: Path) -> None:
     """A two-step masked-patch-prediction run: a checkpoint with the objective's extras."""
     from vitlab.config import RunConfig
+    from vitlab.train.inputs import Inputs
     from vitlab.train.loop import Trainer
 
     cfg = RunConfig.from_dict({
@@ -175,7 +176,7 @@ def mpp_run(shards: Path, out: Path) -> None:
         "data": {"name": f"wds:{shards}", "eval_splits": ["test"]},
         "train": {"objective": "mpp", "steps": 2, "batch_size": 16, "threads": 1},
     })
-    Trainer(cfg, out, quiet=True).run()
+    Trainer(cfg, out, Inputs(), quiet=True).run()
 
 
 @pytest.fixture(scope="session")

@@ -336,7 +336,7 @@ def test_task_jobs_writing_the_tables_together_each_find_the_others(tmp_path, ck
     def writer():
         try:
             for _ in range(15):
-                vtab.report(str(ckpt), root, out, s)
+                vtab.report(str(ckpt), root, out, s, Inputs())
         except Exception as e:  # noqa: BLE001 - the test reports any failure of a writer
             errors.append(e)
 

@@ -18,6 +18,7 @@ import torch
 import vitlab
 from vitlab.config import load_recipe
 from vitlab.data import open_dataset, synthetic
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,7 @@ def train(tmp_path, task, pos, steps):
         "data.name": f"synthetic:{task}", "model.pos_embed": pos, "train.steps": steps, "train.ckpt_every": steps,
         "data.train_size": 4000})
     out = tmp_path / f"{task}-{pos}"
-    summary = Trainer(cfg, out, quiet=True).run()
+    summary = Trainer(cfg, out, Inputs(), quiet=True).run()
     return summary["splits"]["test"]["top1"], out
 
 

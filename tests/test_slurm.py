@@ -30,11 +30,12 @@ from vitlab.train.distributed import first_host, launch
 from vitlab.train.preemption import EXIT_STATUS
 
 STEPS = 40
-TRAIN = ["--steps", str(STEPS), "--batch-size", "32", "--ckpt-every", "5", "--seed", "3", "--quiet",
+COMMON = ["--batch-size", "32", "--ckpt-every", "5", "--seed", "3", "--quiet",
          "model.hidden_size=32", "model.depth=2", "model.num_heads=2", "model.mlp_dim=64", "model.image_size=8",
          "model.patch_size=4", "data.num_workers=0", "train.threads=1", "optim.warmup_steps=2"]
 LONG_STEPS = 400  # the preempted job: signalled after its first checkpoint, it must still be training
-LONG = [*TRAIN, "--steps", str(LONG_STEPS)]  # the last --steps wins
+TRAIN = ["--steps", str(STEPS), *COMMON]
+LONG = ["--steps", str(LONG_STEPS), *COMMON]  # an option given twice is refused: each list names --steps once
 
 
 # Without a cluster: what a process reads of Slurm's environment and of squeue -----------------
@@ -97,6 +98,9 @@ def env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", GONE)
+
+
 def job_state(job: str) -> str:
     out = subprocess.run(["squeue", "--noheader", "--states=all", "--jobs", job, "--format=%T"],
                          capture_output=True, text=True).stdout.split()
@@ -136,10 +140,10 @@ def test_a_preempted_two_task_srun_job_requeues_and_ends_as_an_uninterrupted_run
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     try:
         # a step's checkpoint, whichever (a fast machine has replaced step 5's by the time we look)
-        wait_for(lambda: any((run / "checkpoints").glob("step-*.safetensors")) or job_state(job) == GONE,
+        wait_for(lambda: any((run / "checkpoints").glob("step-*.safetensors")) or job_state(job) in ENDED,
                  "the job's first checkpoint")
         subprocess.run(["scancel", "--signal=USR1", job], check=True)
-        wait_for(lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", GONE), "the requeued job's end")
+        wait_for(lambda: job_state(job) in ENDED, "the requeued job's end")
     finally:
         subprocess.run(["scancel", job], capture_output=True)
     log = (tmp_path / f"job-{job}.out").read_text()
@@ -168,12 +172,12 @@ def test_a_cancelled_job_checkpoints_and_stays_cancelled(cluster, tmp_path):
     run = tmp_path / "run"
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/bash\n#SBATCH --requeue\n#SBATCH --output={tmp_path}/job-%j.out\n"
-                      f"srun {sys.executable} -m vitlab train --out {run} {' '.join(TRAIN)} --steps 100000\n")  # runs until cancelled
+                      f"srun {sys.executable} -m vitlab train --out {run} --steps 100000 {' '.join(COMMON)}\n")  # runs until cancelled
     job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=env(),
                          cwd=ROOT).stdout.strip()
     try:
         # a step's checkpoint, whichever (a fast machine has replaced step 5's by the time we look)
-        wait_for(lambda: any((run / "checkpoints").glob("step-*.safetensors")) or job_state(job) == GONE,
+        wait_for(lambda: any((run / "checkpoints").glob("step-*.safetensors")) or job_state(job) in ENDED,
                  "the job's first checkpoint")
         subprocess.run(["scancel", job], check=True)
         wait_for(lambda: job_state(job) not in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED"), "the job's end")

@@ -557,3 +557,62 @@ def test_a_declared_claim_names_its_row_and_is_one_of_a_kind():
     twice = {**base, "primary": {"metric": "test.top1", "selection": "none"}}
     with pytest.raises(ConfigError, match="share a claim text"):
         SweepSpec.from_dict({**SPEC, "report": {"compare": [twice, {**twice, "a": "none", "b": "learned"}]}}, "t")
+
+
+def test_an_equal_claim_states_its_margin_and_the_power_of_the_test_its_verdict_uses():
+    """report.md's claims table and sentence name an equivalence claim's margin and TOST, its MDE
+    is TOST's at the verdict's Holm bar (not a t-test's at 0.05), and the power the seeds had at
+    the margin is the one stats.power gives there."""
+    spec = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
+        {"claim": "no better (within 1 point)", "axis": "model.pos_embed", "a": "learned", "b": "none",
+         "expect": "equal", "margin": 0.01, "primary": {"metric": "test.top1", "selection": "none"}},
+        {"claim": "helps", "axis": "model.pos_embed", "a": "learned", "b": "none"}]}}, "t")
+    noisy = [{**r, "test.top1": r["test.top1"] + 0.006 * (r["seed"] - 1) ** 2} if r["model.pos_embed"] == "learned"
+             and "test.top1" in r else r for r in rows()]
+    report = findings.build(spec, noisy)
+    c = report["comparisons"][report["claims"][0]["row"]]
+    assert c["std"] > 0 and c["alpha_first"] < 0.05  # the claim's rows (one per rate) share its family's Holm bar
+    assert c["mde"] == pytest.approx(stats.mde(c["std"], c["n"], c["alpha_first"], expect="equal"))
+    power = stats.power(c["n"], c["std"], 0.0, "equal", 0.01, c["alpha_first"])
+    table = findings.claims_table([report])
+    assert "learned - none within ±1.0 (TOST)" in table and f"power at ±1.0 points: {power:.0%}" in table
+    sentence = findings.sentences(report)
+    assert "(within ±1.0 points;" in sentence and "(TOST: the margin)" in sentence
+    assert f"power at ±1.0 points: {power:.0%}" in sentence
+    assert "learned - none > 0" in findings.comparisons_table(report)  # a direction's row says its side
+
+
+@pytest.mark.parametrize("n,sd,margin,alpha", [(16, 1.0, 1.0, 0.025), (8, 1.2, 1.0, 0.05 / 18), (5, 0.5, 0.5, 0.05)])
+def test_a_no_better_claim_is_tested_one_sided_against_its_margin(n, sd, margin, alpha):
+    """ "no higher" (a - b < +m, the paper's "no better than") passes on the interval's upper end
+    alone: its p (claim_p) is below 0.05 exactly when that end is below +m, its power is the
+    simulated share of draws that pass, and it is above TOST's, which needs both ends."""
+    np = pytest.importorskip("numpy")
+    d = np.random.default_rng(1).normal(0.0, sd, (100_000, n))
+    mean, se = d.mean(1), d.std(1, ddof=1) / math.sqrt(n)
+    crit = scipy_stats.t.ppf(1 - alpha / 2, n - 1)
+    hits = (mean + crit * se < margin).mean()
+    power = stats.power(n, sd, 0.0, "no higher", margin, alpha)
+    assert power == pytest.approx(hits, abs=0.005) and power > stats.power(n, sd, 0.0, "equal", margin, alpha)
+    assert stats.power(n, sd, 0.0, "no lower", margin, alpha) == pytest.approx(power)
+    for row in (stats.paired(dict(enumerate(x)), dict(enumerate([0.0] * n))) for x in d[:200] + 0.3 * margin):
+        p = stats.claim_p(row, "no higher", margin)
+        assert (p < 0.05) == (row["hi"] < margin) == (stats.verdict(row, "no higher", margin) == "Reproduced")
+        flipped = {**row, "mean": -row["mean"], "lo": -row["hi"], "hi": -row["lo"]}
+        assert stats.claim_p(flipped, "no lower", margin) == pytest.approx(p)
+        assert stats.verdict(flipped, "no lower", margin) == stats.verdict(row, "no higher", margin)
+    above = {"n": 4, "mean": 3.0, "std": 0.1, "lo": 2.8, "hi": 3.2}
+    assert stats.verdict(above, "no higher", 1.0) == "Opposite"
+    assert stats.verdict(above, "no higher", 1.0, p_adjusted=0.2) == "Not shown"  # a margin claim is never "In direction"
+    m = stats.mde(sd, n, alpha, expect="no higher")  # the margin found no higher 80% of the time at d = 0
+    assert stats.power(n, sd, 0.0, "no higher", m, alpha) == pytest.approx(0.8, abs=1e-4)
+
+
+def test_a_report_states_the_one_sided_rule_only_where_a_claim_is_one_sided():
+    one_sided = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
+        {"claim": "learned no better than none (within 1 point)", "axis": "model.pos_embed", "a": "learned",
+         "b": "none", "expect": "no higher", "margin": 0.01}]}}, "t")
+    report = findings.build(one_sided, rows())
+    assert report["rule"] == stats.RULE + " " + stats.ONE_SIDED_RULE
+    assert "learned - none < +1.0 (one-sided)" in findings.comparisons_table(report)
+    assert findings.build(SweepSpec.from_dict(SPEC, "t"), rows())["rule"] == stats.RULE

@@ -18,6 +18,7 @@ from vitlab.cli import main
 from vitlab.config import ConfigError
 from vitlab.config.run import load_recipe
 from vitlab.train.callbacks import Callback
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer
 
 TINY = {"model.depth": 1, "model.hidden_size": 32, "model.num_heads": 2, "model.mlp_dim": 64, "model.image_size": 8,
@@ -72,7 +73,7 @@ def dev_evals(folder):
 def stopped(tmp_path_factory):
     out = tmp_path_factory.mktemp("cb") / "run"
     rec = Recorder()
-    summary = Trainer(config(), out, quiet=True, callbacks=[rec]).run()
+    summary = Trainer(config(), out, Inputs(), quiet=True, callbacks=[rec]).run()
     return out, summary, rec
 
 
@@ -102,13 +103,13 @@ def test_early_stopping_and_keep_best_follow_the_dev_evaluations(stopped):
 
 def test_a_stopped_run_is_complete_and_resume_is_exact(stopped, tmp_path):
     out, summary, _ = stopped
-    again = Trainer(config(), out, quiet=True).run()  # finished: nothing more is trained
+    again = Trainer(config(), out, Inputs(), quiet=True).run()  # finished: nothing more is trained
     assert again["steps"] == summary["steps"] and again["best"] == summary["best"]
     crash_at = summary["best"]["step"] + 10  # after the best, inside the patience
     cut = tmp_path / "cut"
     with pytest.raises(KeyboardInterrupt):
-        Trainer(config(), cut, quiet=True, callbacks=[Crash(crash_at)]).run()
-    resumed = Trainer(config(), cut, quiet=True).run()
+        Trainer(config(), cut, Inputs(), quiet=True, callbacks=[Crash(crash_at)]).run()
+    resumed = Trainer(config(), cut, Inputs(), quiet=True).run()
     for key in ("steps", "best", "early_stop", "stopped_early"):
         assert resumed[key] == summary[key] if key != "best" else {**resumed[key], "checkpoint": None} == {
             **summary[key], "checkpoint": None}
@@ -132,7 +133,7 @@ def test_the_command_line_and_its_mistakes(tmp_path, capsys):
     s = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert s["early_stop"]["metric"] == "test.loss" and s["early_stop"]["best_step"] in (10, 20)
     with pytest.raises(ConfigError, match="two callbacks"):
-        Trainer(config(), tmp_path / "e", quiet=True, callbacks=[Recorder(), Recorder()]).run()
+        Trainer(config(), tmp_path / "e", Inputs(), quiet=True, callbacks=[Recorder(), Recorder()]).run()
 
 
 @pytest.mark.slow

@@ -8,6 +8,13 @@ from typing import Any
 
 from vitlab.config import load_recipe
 from vitlab.train import finetune, finetune_choice as choice
+from vitlab.train.inputs import Inputs
+from vitlab.train.recipe import Given
+
+
+def plan(ck, data: str = "digits", values: Any = None, overrides: tuple = (), **settings) -> finetune.Plan:
+    """finetune.plan of these settings ({"optim.lr": 0.01}, SECTION.KEY=VALUE), on a plan of its own."""
+    return finetune.plan(finetune.Settings(str(ck), data, Given.of(values or {}, overrides), **settings), Inputs())
 
 
 def test_defaults_scale_to_a_small_training_set():
@@ -30,6 +37,7 @@ def test_defaults_scale_to_a_small_training_set():
     short = finetune.fit_defaults(load_recipe("finetune").with_overrides({"train.steps": 20}), 1_293, explicit=set())
     assert short.config.train.log_every == 1  # a 20-step fine-tune logs (and draws) every step
     assert "a log line every step: 20 points on the learning curve" in " ".join(short.notes)
+    assert short.config.optim.warmup_steps == 1 and "warm-up 1 step: 5% of the 20" in " ".join(short.notes)  # one step
     kept = finetune.fit_defaults(load_recipe("finetune").with_overrides({"train.steps": 20}), 1_293, {"train.log_every"})
     assert kept.config.train.log_every == 50
     tiny = finetune.fit_defaults(cfg, 300, explicit=set())  # fewer images than one batch: a smaller batch
@@ -67,8 +75,7 @@ def test_paper_resolution_steps_up_a_bit_checkpoint(tmp_path):
     model = vitlab.create_model("BiT-R50x1", image_size=32, stem="cifar", layers=(1, 1, 1, 1), base_width=16, gn_groups=4,
                                 num_classes=10)
     vitlab.save(model, tmp_path / "bit.safetensors")
-    planned = finetune.plan(str(tmp_path / "bit.safetensors"), "digits", paper_resolution=True, out=tmp_path / "ft",
-                            choose="paper")
+    planned = plan(tmp_path / "bit.safetensors", paper_resolution=True, out=tmp_path / "ft", choose="paper")
     assert planned.config.model.changes["image_size"] == (55, 55)  # round(32 * 384 / 224)
 
 
@@ -108,59 +115,88 @@ def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
     ck = tmp_path / "ck.safetensors"
     vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=16, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
                                     hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5), ck)
-    paper = finetune.plan(str(ck), "digits", choose="paper")
-    assert paper.config.optim.name == "sgd" and paper.sweep and paper.sweep_steps == 25  # the same quick share
+    paper = plan(ck, choose="paper")
+    assert paper.config.optim.name == "sgd" and paper.arms and paper.sweep_steps == 25  # the same quick share
     assert [a.name for a in paper.arms] == ["lr-0.001", "lr-0.003", "lr-0.01", "lr-0.03"]  # the rate alone
     assert any("a quick sweep first, Table 4's grid" in n for n in paper.notes)
-    auto = finetune.plan(str(ck), "digits")
+    auto = plan(ck)
     assert [a.name for a in auto.arms][::4] == ["paper-lr-0.001", "adamw-lr-0.0003"] and auto.sweep_steps == 25
-    fixed = finetune.plan(str(ck), "digits", options={"lr": 0.002}, choose="adamw")
-    assert fixed.config.optim.name == "adamw" and fixed.config.optim.lr == 0.002 and not fixed.sweep
+    fixed = plan(ck, values={"optim.lr": 0.002}, choose="adamw")
+    assert fixed.config.optim.name == "adamw" and fixed.config.optim.lr == 0.002 and not fixed.arms
     assert fixed.config.optim.warmup_steps == 125 and fixed.config.train.label_smoothing == 0.1  # 25% of 500
-    given = finetune.plan(str(ck), "digits", options={"lr": 0.01})
-    assert given.config.optim.name == "sgd" and not given.sweep
+    given = plan(ck, overrides=("optim.lr=0.01",))
+    assert given.config.optim.name == "sgd" and not given.arms
     assert any("as --lr was given: no sweep chooses" in n for n in given.notes)
-    by_epochs = finetune.plan(str(ck), "digits", options={"epochs": 2.0, "batch_size": 64})
+    by_epochs = plan(ck, values={"train.epochs": 2.0, "train.steps": 0, "train.batch_size": 64})
     assert by_epochs.config.train.steps == 44 and by_epochs.sweep_steps == 10  # 2 x (1,437 // 64); at least 10 an arm
     # Another recipe (Table 2's) is followed as it is: no choice unless asked for.
-    table2 = finetune.plan(str(ck), "digits", recipe="table2-finetune-imagenet-384", options={"steps": 40})
+    table2 = plan(ck, values={"train.steps": 40}, recipe="table2-finetune-imagenet-384")
     assert all(a.recipe is choice.PLANNED for a in table2.arms) and table2.config.optim.name == "sgd"  # its rate alone
-    assert finetune.plan(str(ck), "digits", recipe="table2-finetune-imagenet-384", options={"steps": 40},
-                         choose="auto").arms
+    assert plan(ck, values={"train.steps": 40}, recipe="table2-finetune-imagenet-384", choose="auto").arms
     # --table4 declares the dataset, and with it the paper's dev split.
-    assert finetune.plan(str(ck), "digits", table4="cifar10", options={"steps": 40}).config.data.dev_fraction == 0.02
+    assert plan(ck, values={"train.steps": 40}, table4="cifar10").config.data.dev_fraction == 0.02
 
 
 def count_reads(monkeypatch) -> dict[str, Any]:
     """Counters of what a command reads, patched where every module finds it: checkpoint files
-    (io.read), dataset opens by split, the digits source's file, each run folder's config.yaml
-    (RunFolder.read_config), and the probe head's fits (their image counts)."""
+    (io.read) and their headers (io.read_metadata), recipes (load_recipe), each run folder's
+    config.yaml (RunFolder.read_config), the data sources' files (digits' arrays, each tfds
+    TFRecord file indexed), dataset opens by split, and the probe head's fits (their image counts)."""
     import sys
     from collections import Counter
 
     from vitlab.checkpoints import io
-    from vitlab.data import datasets, open as data_open
+    from vitlab.config import load_recipe
+    from vitlab.data import datasets, open as data_open, vtab_sources
     from vitlab.train import probe_head
     from vitlab.train.run_folder import RunFolder
 
-    seen: dict[str, Any] = {"reads": Counter(), "opens": Counter(), "opened": Counter(), "sources": Counter(),
-                            "configs": Counter(), "fits": []}
-    read, open_dataset, digits, fitted, read_config = (io.read, data_open.open_dataset, datasets.digits_arrays,
-                                                       probe_head.fitted, RunFolder.read_config)
+    seen: dict[str, Any] = {k: Counter() for k in ("checkpoint", "header", "recipe", "config.yaml", "source", "opens",
+                                                     "opened")}
+    seen["fits"] = []
+    read, header, open_dataset, digits, examples, fitted, read_config = (
+        io.read, io.read_metadata, data_open.open_dataset, datasets.digits_arrays, vtab_sources.read_examples,
+        probe_head.fitted, RunFolder.read_config)
 
     def counted_open(spec, split, *args, **kwargs):
         seen["opens"][split] += 1
         seen["opened"][spec, split] += 1
         return open_dataset(spec, split, *args, **kwargs)
 
-    monkeypatch.setattr(io, "read", lambda path, *a, **k: seen["reads"].update([str(path)]) or read(path, *a, **k))
+    def counted(name: str, real: Any) -> Any:
+        return lambda *a, **k: seen[name].update([str(a[0])]) or real(*a, **k)
+
+    monkeypatch.setattr(io, "read", counted("checkpoint", read))
+    monkeypatch.setattr(io, "read_metadata", counted("header", header))
     for module in list(sys.modules.values()):  # every module that holds the name
-        if getattr(module, "open_dataset", None) is open_dataset:
-            monkeypatch.setattr(module, "open_dataset", counted_open)
-    monkeypatch.setattr(datasets, "digits_arrays", lambda *a: seen["sources"].update(["digits"]) or digits(*a))
+        for name, real, patched in (("open_dataset", open_dataset, counted_open),
+                                    ("load_recipe", load_recipe, counted("recipe", load_recipe))):
+            if getattr(module, name, None) is real:
+                monkeypatch.setattr(module, name, patched)
+    monkeypatch.setattr(datasets, "digits_arrays", lambda *a: seen["source"].update(["digits.npz"]) or digits(*a))
+    monkeypatch.setattr(vtab_sources, "read_examples",
+                        lambda files: seen["source"].update(str(f) for f in files) or examples(files))
     monkeypatch.setattr(probe_head, "fitted", lambda model, images, *a: seen["fits"].append(len(images)) or fitted(model, images, *a))
-    monkeypatch.setattr(RunFolder, "read_config", lambda self: seen["configs"].update([str(self.path)]) or read_config(self))
+    monkeypatch.setattr(RunFolder, "read_config", lambda self: seen["config.yaml"].update([str(self.path)]) or read_config(self))
     return seen
+
+
+READS = ("checkpoint", "header", "recipe", "config.yaml", "source")  # each read once per command, whatever it runs
+
+
+def reads_table(commands: dict[str, dict[str, Any]]) -> str:
+    """The counting tests' table (the issue's "Must show"): for each command, how many times it
+    read each thing (the most any one file was read, and how many files there were)."""
+    from vitlab.tables import markdown_table
+
+    def cell(c: Any) -> str:
+        times = "once" if max(c.values(), default=0) == 1 else f"{max(c.values(), default=0)} times"
+        return times + (f" each, {len(c)} files" if len(c) > 1 else "")
+
+    return markdown_table(["read", *commands], [[r, *(cell(seen[r]) for seen in commands.values())] for r in READS])
+
+
+TABLE: dict[str, dict[str, Any]] = {}  # the counting tests' counts so far, each test printing them (pytest -s)
 
 
 def source_run(tmp_path) -> Path:
@@ -183,55 +219,58 @@ def source_run(tmp_path) -> Path:
 
 
 def test_a_default_fine_tune_reads_its_checkpoint_once_and_each_split_once(tmp_path, monkeypatch):
-    """The plan is made once per process and carries what it read: a default fine-tune (the
-    six-arm recipe sweep, the final run) repeated twice reads the checkpoint file once, the
-    source run's config.yaml once, the data source's file once (dev and train-minus-dev are
-    selections of the one opened train split), and fits the probe head once per split
-    (train-minus-dev for the AdamW arms, train for the final runs). Before: 16 checkpoint
-    reads and 19 dataset opens; then 4 reads of the data's file and 4 of config.yaml."""
+    """The plan is made once per command and carries what it read: a default fine-tune (the
+    six-arm recipe sweep, the final run) repeated twice reads the checkpoint file once (its
+    header once), the recipe once, the source run's config.yaml once, the data source's file
+    once (dev and train-minus-dev are selections of the one opened train split), and fits the
+    probe head once per split (train-minus-dev for the AdamW arms, train for the final runs).
+    Before issue 41: 16 checkpoint reads and 19 dataset opens; before issue 55, the header twice
+    (format detection, then the reader) and the recipe twice without --steps."""
     from vitlab.train import repeats
 
     ck = source_run(tmp_path)
     seen = count_reads(monkeypatch)
-    plan = finetune.plan(str(ck), "digits", options={"steps": 20, "batch_size": 32}, overrides=["train.threads=1"],
-                         out=tmp_path / "ft")
-    assert len(plan.arms) == 6 and plan.sweep_steps == 10  # the default: both recipes, a quick sweep
-    result = repeats.repeat(plan, 2, lambda p: finetune.run(p, quiet=True), log=lambda _: None)
+    planned = plan(ck, values={"train.steps": 20, "train.batch_size": 32}, overrides=("train.threads=1",),
+                   out=tmp_path / "ft")
+    assert len(planned.arms) == 6 and planned.sweep_steps == 10  # the default: both recipes, a quick sweep
+    result = repeats.repeat(planned, 2, lambda p: finetune.run(p, quiet=True), log=lambda _: None)
     assert result["runs"][1]["lr"] == result["best_lr"]
-    assert seen["reads"] == {str(ck): 1}
-    assert seen["configs"] == {str(ck.parent.parent): 1}
-    assert seen["opens"] == {"train": 1, "test": 1} and seen["sources"] == {"digits": 1}
+    TABLE["vitlab finetune (6 arms, 2 repeats)"] = seen
+    print("\n" + reads_table(TABLE))
+    assert seen["checkpoint"] == {str(ck): 1} and seen["header"] == {str(ck): 1}
+    assert seen["recipe"] == {"finetune": 1} and seen["config.yaml"] == {str(ck.parent.parent): 1}
+    assert seen["opens"] == {"train": 1, "test": 1} and seen["source"] == {"digits.npz": 1}
     assert sorted(seen["fits"]) == [1_293, 1_437]  # one fit per split, however many runs start from it
     second = json.loads((tmp_path / "ft" / "seed-1" / "summary.json").read_text())
     if result["best_recipe"] == "adamw":  # its head is the first final run's, and no forward pass is counted twice
         assert second["head_probe"]["shared_with_earlier_run"] and "forward_images" not in second["compute"]
 
 
-def test_a_vtab_suite_reads_its_checkpoint_and_source_config_once(tmp_path, monkeypatch):
-    """`vitlab vtab`'s tasks share one plan: two tasks with a two-rate grid (six runs) read the
-    checkpoint file once and the source run's config.yaml once, and open each split of each
-    task once (VTAB's own splits: train800, val200, train800val200, test)."""
-    from PIL import Image
-
+def test_a_vtab_row_on_tfds_data_reads_everything_once(tfds_root, tmp_path, monkeypatch):
+    """`vitlab vtab`'s tasks and their grid arms share one plan, and so does the row: three
+    tasks of tfds data (two of them dSprites, one source) with a two-rate grid (nine runs), and
+    the row after them, read the checkpoint file once (its header once), the recipe once, the
+    source run's config.yaml once, each TFRecord file of each source once, and open each split
+    of each task once (VTAB's own: train800val200, train800, val200, test). Before (8e29570,
+    measured the same way): the header twice, the recipe 14 times, config.yaml twice
+    (the command made the row on a plan of its own), each TFRecord file up to 8 times."""
     from vitlab.data.vtab import TASKS
     from vitlab.train import recipe, vtab
 
-    ck = source_run(tmp_path)
-    root = tmp_path / "vtab"
-    tasks = [TASKS["dtd"], TASKS["flowers102"]]  # both train[:800] and validation[:200]
-    for task in tasks:  # VTAB's image-folder form: ROOT/TASK/{train,validation,test}/LABEL/FILE
-        for split, count in (("train", 800), ("validation", 200), ("test", 20)):
-            for i in range(count):
-                folder = root / task.name / split / f"c{i % 2}"
-                folder.mkdir(parents=True, exist_ok=True)
-                Image.new("L", (12, 9), 40 + 100 * (i % 2)).save(folder / f"{i}.png")
+    ck, (root, _) = source_run(tmp_path), tfds_root
+    tasks = [TASKS["dsprites_location"], TASKS["dsprites_orientation"], TASKS["smallnorb_azimuth"]]
     seen = count_reads(monkeypatch)
     s = vtab.Settings(steps=2, batch_size=4, grid=(0.001, 0.01), image_size=8, overrides=("train.threads=1",))
-    vtab.run_suite(str(ck), root, tmp_path / "out", tasks, s,
-                   lambda c, o, inputs: recipe.train(c, o, quiet=True, inputs=inputs), log=lambda _: None)
-    assert seen["reads"] == {str(ck): 1}
-    assert seen["configs"] == {str(ck.parent.parent): 1}
-    assert len(seen["opened"]) == 8 and set(seen["opened"].values()) == {1}, seen["opened"]  # 2 tasks x 4 splits
+    row, _ = vtab.run_suite(str(ck), root, tmp_path / "out", tasks, s, lambda c, o, i: recipe.train(c, o, i, quiet=True),
+                            Inputs(), log=lambda _: None)
+    assert row["mean"]["tasks"] == 3
+    TABLE["vitlab vtab (3 tfds tasks x 3 runs, the row)"] = seen
+    assert seen["checkpoint"] == {str(ck): 1} and seen["header"] == {str(ck): 1}
+    assert seen["recipe"] == {"finetune": 1} and seen["config.yaml"] == {str(ck.parent.parent): 1}
+    shards = sorted(str(f) for f in root.rglob("*.tfrecord*") if f.parts[-3] in ("dsprites", "smallnorb"))
+    assert sorted(seen["source"]) == shards and set(seen["source"].values()) == {1}, seen["source"]
+    assert len(seen["opened"]) == 12 and set(seen["opened"].values()) == {1}, seen["opened"]  # 3 tasks x 4 splits
+    print("\n" + reads_table(TABLE))
 
 
 def test_random_start_is_the_checkpoints_network_with_untrained_weights(tiny_checkpoint, tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from vitlab.config import load_recipe
 from vitlab.train import finetune_choice as choice
 from vitlab.train.inputs import Inputs
+from vitlab.train.recipe import Given
 
 TABLE4 = (0.001, 0.003, 0.01, 0.03)
 
@@ -92,13 +93,13 @@ def test_repeats_reuse_the_chosen_recipe_not_only_its_rate(tmp_path):
     ck = tmp_path / "ck.safetensors"
     vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=16, patch_size=4, in_channels=1, mean=(0.5,), std=(0.5,),
                                     hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5), ck)
-    plan = finetune.plan(str(ck), "digits", options={"steps": 40}, out=tmp_path / "ft")
+    plan = finetune.plan(finetune.Settings(str(ck), "digits", Given.of({"train.steps": 40}), out=tmp_path / "ft"), Inputs())
     seen = []
 
     def fake(p):  # the first run sweeps and picks AdamW at 0.003; the others must train that
-        seen.append((p.sweep, p.config.optim.name, p.config.optim.lr, p.config.train.label_smoothing))
+        seen.append((bool(p.arms), p.config.optim.name, p.config.optim.lr, p.config.train.label_smoothing))
         final = {"splits": {"test": {"top1": 0.5}}}
-        return {"best_recipe": "adamw", "best_lr": 0.003, "final": final} if p.sweep else final
+        return {"best_recipe": "adamw", "best_lr": 0.003, "final": final} if p.arms else final
 
     repeats.repeat(plan, 3, fake, log=lambda _: None)
     assert seen[0][0] and seen[1:] == [(False, "adamw", 0.003, 0.1)] * 2

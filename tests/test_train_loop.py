@@ -58,7 +58,7 @@ def assert_identical(a: Path, b: Path) -> None:
 
 def test_a_run_writes_its_folder(tmp_path):
     out = tmp_path / "run"
-    summary = Trainer(tiny(), out, quiet=True).run()
+    summary = Trainer(tiny(), out, Inputs(), quiet=True).run()
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "learning_curve.png", "confusion-test.png"):
         assert (out / name).is_file(), name
     # Trackers are off by default: no TensorBoard events, no tracker ids (tests/test_train_tracking.py).
@@ -85,22 +85,22 @@ def test_a_run_writes_its_folder(tmp_path):
 
 def test_same_command_again_finishes_or_refuses_a_different_config(tmp_path):
     out = tmp_path / "run"
-    Trainer(tiny(train={"steps": 4}), out, quiet=True).run()
+    Trainer(tiny(train={"steps": 4}), out, Inputs(), quiet=True).run()
     before = (out / "checkpoints" / "last.safetensors").read_bytes()
-    again = Trainer(tiny(train={"steps": 4}), out, quiet=True).run()  # already complete: nothing changes
+    again = Trainer(tiny(train={"steps": 4}), out, Inputs(), quiet=True).run()  # already complete: nothing changes
     assert again["steps"] == 4 and (out / "checkpoints" / "last.safetensors").read_bytes() == before
     with pytest.raises(ConfigError, match=r"different config \(optim.lr: 0.003 -> 0.01"):
-        Trainer(tiny(train={"steps": 4}, optim={"lr": 0.01}), out, quiet=True).run()
+        Trainer(tiny(train={"steps": 4}, optim={"lr": 0.01}), out, Inputs(), quiet=True).run()
     assert (out / "checkpoints" / "last.safetensors").read_bytes() == before
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="not a vitlab run folder"):
-        Trainer(tiny(), tmp_path / "other", quiet=True).run()
+        Trainer(tiny(), tmp_path / "other", Inputs(), quiet=True).run()
 
 
 def test_crash_while_writing_a_checkpoint_keeps_the_last_one_and_resumes_exactly(tmp_path, monkeypatch):
     """A write that dies half-way leaves no partial file; the rerun continues bit-identically."""
-    Trainer(tiny(), tmp_path / "straight", quiet=True).run()
+    Trainer(tiny(), tmp_path / "straight", Inputs(), quiet=True).run()
 
     real_save = __import__("safetensors.torch", fromlist=["save_file"]).save_file
     def dying_save(tensors, filename, metadata=None):
@@ -112,13 +112,13 @@ def test_crash_while_writing_a_checkpoint_keeps_the_last_one_and_resumes_exactly
     monkeypatch.setattr("safetensors.torch.save_file", dying_save)
     out = tmp_path / "crashed"
     with pytest.raises(OSError, match="disk died"):
-        Trainer(tiny(), out, quiet=True).run()
+        Trainer(tiny(), out, Inputs(), quiet=True).run()
     ckpt = out / "checkpoints"
     assert state.latest(ckpt) == 5
     assert not list(ckpt.glob("*.tmp")) and not (ckpt / "step-00000010.safetensors").exists()
     assert_identical(ckpt / "last.safetensors", ckpt / "step-00000005.safetensors")
     monkeypatch.setattr("safetensors.torch.save_file", real_save)
-    Trainer(tiny(), out, quiet=True).run()  # the same command again: resumes from step 5
+    Trainer(tiny(), out, Inputs(), quiet=True).run()  # the same command again: resumes from step 5
     assert_identical(out / "checkpoints" / "last.safetensors", tmp_path / "straight" / "checkpoints" / "last.safetensors")
     assert_identical(out / "checkpoints" / "ema.safetensors", tmp_path / "straight" / "checkpoints" / "ema.safetensors")
     a = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -165,7 +165,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
                train={"ckpt_every": 1, "steps": 50, "ema": 0.0, "mixup": 0.0})
     out = tmp_path / "run"
     with pytest.raises(TrainingDiverged, match=r"step \d+: the loss is (nan|inf).*last good checkpoint is .*step-0000000\d"):
-        Trainer(cfg, out, quiet=True).run()
+        Trainer(cfg, out, Inputs(), quiet=True).run()
     last = state.latest(out / "checkpoints")
     assert last is not None and last < 50
     w = weights(out / "checkpoints" / "last.safetensors")
@@ -185,7 +185,7 @@ def test_cli_nan_stop_exit_code(tmp_path):
 
 def test_bf16_and_accumulation_run(tmp_path):
     cfg = tiny(train={"steps": 3, "precision": "bf16", "micro_batch_size": 8, "ema": 0.0})
-    s = Trainer(cfg, tmp_path / "r", quiet=True).run()
+    s = Trainer(cfg, tmp_path / "r", Inputs(), quiet=True).run()
     assert math.isfinite(s["splits"]["test"]["loss"])
 
 
@@ -195,7 +195,7 @@ def test_finetune_at_a_higher_resolution_and_eval(tmp_path):
     pre-logits dropped; the fine-tuned model beats chance by far; `vitlab eval` agrees."""
     pre = tmp_path / "pre"
     Trainer(tiny(model={"representation_size": 32, "dropout": 0.0},
-                 train={"steps": 60, "ema": 0.0, "mixup": 0.0, "ckpt_every": 60}), pre, quiet=True).run()
+                 train={"steps": 60, "ema": 0.0, "mixup": 0.0, "ckpt_every": 60}), pre, Inputs(), quiet=True).run()
     src = pre / "checkpoints" / "last.safetensors"
     from vitlab.train.build import build_model
 
@@ -240,7 +240,7 @@ def test_lr_sweep_picks_on_dev_then_trains_on_everything(tmp_path):
 
     def train(c, out, _notes=()):
         seen.append((c.optim.lr, c.data.train_split, c.data.eval_splits))
-        return Trainer(c, out, quiet=True).run()
+        return Trainer(c, out, Inputs(), quiet=True).run()
 
     arms = [choice.Arm(choice.PLANNED, lr) for lr in (1e-4, 3e-3)]  # the rate alone: the paper's sweep
     result = choice.choose(cfg, tmp_path, arms, 4, set(), train, log=lambda _: None)
@@ -267,18 +267,18 @@ BIT = {"model": {"name": "BiT-R26-C", "layers": [1, 1, 1, 1], "image_size": 8, "
 
 def test_a_bit_resnet_trains_resumes_exactly_and_fine_tunes(tmp_path):
     cfg = RunConfig.from_dict(BIT)
-    straight = Trainer(cfg, tmp_path / "straight", quiet=True).run()
+    straight = Trainer(cfg, tmp_path / "straight", Inputs(), quiet=True).run()
     assert straight["model"] == "BiT-R26-C (custom: layers (1, 1, 1, 1))"
     assert straight["compute"]["images_seen"] == 6 * 16
     model = vitlab.load(tmp_path / "straight" / "checkpoints" / "last.safetensors")
     assert model.config.kind == "bit" and model.class_names == [str(i) for i in range(10)]
     # Stopped after step 3 (its newer checkpoint and summary gone), the same run continues exactly.
     out = tmp_path / "stopped"
-    Trainer(cfg, out, quiet=True).run()
+    Trainer(cfg, out, Inputs(), quiet=True).run()
     ckpt = out / "checkpoints"
     for p in [*ckpt.glob("step-00000006*"), ckpt / "last.safetensors", ckpt / "ema.safetensors", out / "summary.json"]:
         p.unlink()
-    resumed = Trainer(cfg, out, quiet=True).run()
+    resumed = Trainer(cfg, out, Inputs(), quiet=True).run()
     for name in ("step-00000006.safetensors", "ema.safetensors"):
         assert_identical(ckpt / name, tmp_path / "straight" / "checkpoints" / name)
     assert resumed["compute"]["images_seen"] == straight["compute"]["images_seen"]
@@ -286,7 +286,7 @@ def test_a_bit_resnet_trains_resumes_exactly_and_fine_tunes(tmp_path):
     # Fine-tuning from it: the checkpoint's ResNet, a fresh zero head for the new classes.
     ft = RunConfig.from_dict({**BIT, "model": {"checkpoint": str(ckpt / "last.safetensors")},
                               "train": {**BIT["train"], "steps": 2, "ema": 0.0}})
-    assert Trainer(ft, tmp_path / "ft", quiet=True).run()["steps"] == 2
+    assert Trainer(ft, tmp_path / "ft", Inputs(), quiet=True).run()["steps"] == 2
     # And through `vitlab finetune`, whose recipe drops a ViT's pre-logits (representation_size:
     # null): a ResNet has none to drop, so the recipe applies to it as it is.
     from vitlab.cli import main
@@ -300,7 +300,7 @@ def test_a_bit_resnet_trains_resumes_exactly_and_fine_tunes(tmp_path):
 def test_masked_patch_prediction_refuses_a_resnet(tmp_path):
     cfg = RunConfig.from_dict({**BIT, "train": {**BIT["train"], "objective": "mpp"}})
     with pytest.raises(ConfigError, match="train.objective=supervised"):
-        Trainer(cfg, tmp_path / "mpp", quiet=True).run()
+        Trainer(cfg, tmp_path / "mpp", Inputs(), quiet=True).run()
 
 
 class PILDigits(torch.utils.data.Dataset):
@@ -330,8 +330,8 @@ def test_trainer_takes_dataset_objects(tmp_path):
     """A torch Dataset (and a Hugging Face one) of the same pixels trains exactly as the
     `digits` spec does: same batches, same augmentation, same weights and scores."""
     cfg = tiny(train={"steps": 6, "ema": 0.0, "mixup": 0.0, "ckpt_every": 6})
-    spec = Trainer(cfg, tmp_path / "spec", quiet=True).run()
-    obj = Trainer(cfg, tmp_path / "obj", quiet=True, data=PILDigits("train"), eval_data=PILDigits("test")).run()
+    spec = Trainer(cfg, tmp_path / "spec", Inputs(), quiet=True).run()
+    obj = Trainer(cfg, tmp_path / "obj", Inputs(), quiet=True, data=PILDigits("train"), eval_data=PILDigits("test")).run()
     assert obj["splits"]["test"] == spec["splits"]["test"]
     assert_identical(tmp_path / "spec" / "checkpoints" / "last.safetensors", tmp_path / "obj" / "checkpoints" / "last.safetensors")
     recorded = (tmp_path / "obj" / "config.yaml").read_text()
@@ -341,10 +341,10 @@ def test_trainer_takes_dataset_objects(tmp_path):
     hf = datasets.Dataset.from_dict({"image": [source[i][0] for i in range(len(source))], "label": source.labels.tolist()},
                                     features=datasets.Features({"image": datasets.Image(),
                                                                 "label": datasets.ClassLabel(names=source.classes)}))
-    via_hf = Trainer(cfg, tmp_path / "hf", quiet=True, data=hf, eval_data={"test": PILDigits("test")}).run()
+    via_hf = Trainer(cfg, tmp_path / "hf", Inputs(), quiet=True, data=hf, eval_data={"test": PILDigits("test")}).run()
     assert via_hf["splits"]["test"] == spec["splits"]["test"]
     with pytest.raises(ConfigError, match="map-style"):
-        Trainer(cfg, tmp_path / "stream", quiet=True, data=Stream()).run()
+        Trainer(cfg, tmp_path / "stream", Inputs(), quiet=True, data=Stream()).run()
 
 
 def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_model_alone(monkeypatch):
@@ -360,9 +360,11 @@ def test_the_final_evaluation_runs_the_inference_copy_and_leaves_the_trained_mod
     assert evaluation_target(objective, None, fast=False) is objective
     fast = evaluation_target(objective, None, fast=True)
     packed = torch.float32 in deploy.onednn_dtypes()
-    assert fast is not objective and isinstance(fast.model.blocks[0].mlp.fc1, deploy.PackedLinear) == packed
+    assert fast is not objective and isinstance(fast.model.model.blocks[0].mlp.fc1, deploy.PackedLinear) == packed
     assert isinstance(objective.model.blocks[0].mlp.fc1, torch.nn.Linear)
     images, labels = torch.randn(16, 3, 16, 16), torch.arange(16) % 10
     with torch.no_grad():
         got, want = fast.eval_step(images, labels), objective.eval().eval_step(images, labels)
-    assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in want.items()}
+    assert got.keys() == want.keys()
+    for k in got:  # the attention kernel is timed: the fused one rounds the loss differently at 1e-7
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-5)

@@ -13,6 +13,7 @@ from vitlab import checkpoints
 from vitlab.analysis.mpp import head_from_extras
 from vitlab.config import ConfigError, load_recipe
 from vitlab.train import state
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer
 
 
@@ -27,7 +28,7 @@ def mpp_recipe(**overrides):
 def test_resume_with_mpp_is_bit_exact(tmp_path):
     cfg = mpp_recipe(**{"objective.mask_rate": 0.4})
     a, b = tmp_path / "a", tmp_path / "b"
-    Trainer(cfg, a, quiet=True).run()
+    Trainer(cfg, a, Inputs(), quiet=True).run()
     # An interrupted copy: the step-4 checkpoint and the summary never got written.
     shutil.copytree(a, b)
     for p in state.step_paths(b / "checkpoints", 4):
@@ -36,7 +37,7 @@ def test_resume_with_mpp_is_bit_exact(tmp_path):
     (b / "checkpoints" / "last.safetensors").unlink()
     step2 = state.step_paths(b / "checkpoints", 2)[0]
     inode = step2.stat().st_ino
-    Trainer(cfg, b, quiet=True).run()
+    Trainer(cfg, b, Inputs(), quiet=True).run()
     assert step2.stat().st_ino == inode  # it resumed from step 2 rather than starting over
 
     full = checkpoints.read_checkpoint(state.step_paths(a / "checkpoints", 4)[0])
@@ -58,14 +59,14 @@ def test_resume_with_mpp_is_bit_exact(tmp_path):
 def test_finetune_and_fewshot_from_an_mpp_checkpoint(tmp_path, capsys):
     from vitlab.cli import main
 
-    Trainer(mpp_recipe(**{"train.steps": 2}), tmp_path / "pre", quiet=True).run()
+    Trainer(mpp_recipe(**{"train.steps": 2}), tmp_path / "pre", Inputs(), quiet=True).run()
     ckpt = tmp_path / "pre" / "checkpoints" / "last.safetensors"
 
     # Fine-tuning: the trainer starts from the checkpoint's backbone with a fresh zero head.
     ft = load_recipe("digits").with_overrides(
         {"model.checkpoint": str(ckpt), "train.steps": 2, "train.batch_size": 32, "train.ckpt_every": 2}
     )
-    summary = Trainer(ft, tmp_path / "ft", quiet=True).run()
+    summary = Trainer(ft, tmp_path / "ft", Inputs(), quiet=True).run()
     assert 0.0 <= summary["splits"]["test"]["top1"] <= 1.0
     tuned = vitlab.load(tmp_path / "ft" / "checkpoints" / "last.safetensors")
     assert tuned.config.num_classes == 10

@@ -21,6 +21,7 @@ from vitlab.train import finetune, finetune_choice as choice, probe_head
 from vitlab.train.build import architecture, build_model
 from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer
+from vitlab.train.recipe import Given
 
 
 def test_the_folded_head_gives_the_logistic_regressions_logits():
@@ -42,7 +43,7 @@ def source(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("source") / "run"
     cfg = load_recipe("digits").with_overrides({"train.steps": 60, "train.threads": 1, "data.num_workers": 0,
                                                 "train.eval_every": 0, "data.eval_splits": []})
-    Trainer(cfg, out, quiet=True).run()
+    Trainer(cfg, out, Inputs(), quiet=True).run()
     return out / "checkpoints" / "last.safetensors"
 
 
@@ -56,7 +57,7 @@ def probe_config(ck: Path, **extra):
 def test_the_head_starts_as_the_linear_probe_and_counts_as_compute(source, tmp_path):
     out = tmp_path / "ft"
     cfg = probe_config(source, **{"train.steps": 1, "optim.lr": 1e-12})
-    summary = Trainer(cfg, out, quiet=True).run()
+    summary = Trainer(cfg, out, Inputs(), quiet=True).run()
     probe = summary["head_probe"]
     assert probe["images"] == 1437 and probe["C"] == probe_head.C
     # The same probe, fitted by the linear-probe evaluation on the features of the fine-tune's
@@ -72,13 +73,32 @@ def test_the_head_starts_as_the_linear_probe_and_counts_as_compute(source, tmp_p
     # After one step at a negligible rate the model is the probe: its test top-1 is the probe's.
     assert summary["splits"]["test"]["top1"] == pytest.approx(reference["test_accuracy"], abs=2 / 360)
     assert reference["test_accuracy"] > 0.5  # a probe of trained features, far above chance
+    # Where the fine-tune starts is measured before its first step: the probe head's test score.
+    assert probe["start"]["test"] == pytest.approx(reference["test_accuracy"], abs=2 / 360)
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert (first["step"], first["split"], first["top1"]) == (0, "test", probe["start"]["test"])
     c = summary["compute"]
     assert c["forward_images"] == 1437 and c["images_seen"] == 64
     assert c["train_flops"] == pytest.approx(c["forward_gflops"] * 1e9 * (3 * 64 + 1437))
 
 
+def test_a_fine_tune_that_ends_below_its_probe_start_says_so(source, tmp_path, capfd):
+    """A rate far too high for the weights (AdamW at 0.05) undoes what the probe head gave;
+    the run warns on stderr, naming both scores and the fix. A gentle rate ends above and says
+    nothing. (The two runs share one fit of the head.)"""
+    shared = Inputs()
+    hot = Trainer(probe_config(source, **{"optim.lr": 0.05}), tmp_path / "hot", quiet=True, inputs=shared).run()
+    start, end = hot["head_probe"]["start"]["test"], hot["splits"]["test"]["top1"]
+    assert end < start - 0.01  # the premise: this rate ruins the features
+    (said,) = [line for line in capfd.readouterr().err.splitlines() if "below its start" in line]
+    assert f"{end:.1%}" in said and f"{start:.1%}" in said and "lower --lr" in said
+    calm = Trainer(probe_config(source, **{"optim.lr": 1e-5}), tmp_path / "calm", quiet=True, inputs=shared).run()
+    assert calm["splits"]["test"]["top1"] >= calm["head_probe"]["start"]["test"] - 0.01
+    assert "below its start" not in capfd.readouterr().err
+
+
 def test_a_probe_head_run_resumes_exactly(source, tmp_path, monkeypatch):
-    straight = Trainer(probe_config(source), tmp_path / "straight", quiet=True).run()
+    straight = Trainer(probe_config(source), tmp_path / "straight", Inputs(), quiet=True).run()
     real_save = __import__("safetensors.torch", fromlist=["save_file"]).save_file
 
     def dying_save(tensors, filename, metadata=None):
@@ -88,9 +108,9 @@ def test_a_probe_head_run_resumes_exactly(source, tmp_path, monkeypatch):
 
     monkeypatch.setattr("safetensors.torch.save_file", dying_save)
     with pytest.raises(OSError, match="disk died"):
-        Trainer(probe_config(source), tmp_path / "crashed", quiet=True).run()
+        Trainer(probe_config(source), tmp_path / "crashed", Inputs(), quiet=True).run()
     monkeypatch.setattr("safetensors.torch.save_file", real_save)
-    resumed = Trainer(probe_config(source), tmp_path / "crashed", quiet=True).run()  # from step 3
+    resumed = Trainer(probe_config(source), tmp_path / "crashed", Inputs(), quiet=True).run()  # from step 3
     a = load_file(str(tmp_path / "straight" / "checkpoints" / "last.safetensors"))
     b = load_file(str(tmp_path / "crashed" / "checkpoints" / "last.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -105,9 +125,9 @@ def test_a_head_fitted_once_gives_the_runs_that_share_it_the_same_weights(source
     counts none of its forward passes."""
 
     shared = Inputs()
-    first = Trainer(probe_config(source), tmp_path / "first", quiet=True, inputs=shared).run()
-    again = Trainer(probe_config(source), tmp_path / "again", quiet=True, inputs=shared).run()
-    alone = Trainer(probe_config(source), tmp_path / "alone", quiet=True).run()  # its own fit
+    first = Trainer(probe_config(source), tmp_path / "first", shared, quiet=True).run()
+    again = Trainer(probe_config(source), tmp_path / "again", shared, quiet=True).run()
+    alone = Trainer(probe_config(source), tmp_path / "alone", Inputs(), quiet=True).run()  # its own fit
     a, b, c = (load_file(str(tmp_path / name / "checkpoints" / "last.safetensors")) for name in ("first", "again", "alone"))
     assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
     assert again["head_probe"]["shared_with_earlier_run"] and "shared_with_earlier_run" not in first["head_probe"]
@@ -130,9 +150,11 @@ def test_adamw_starts_from_the_probe_and_the_paper_from_zero_unless_told(source)
     assert choice.apply(cfg, choice.PAPER, explicit=set()).model.head_start == "zeros"
     told = cfg.with_overrides({"model.head_start": "zeros"})
     assert choice.apply(told, choice.ADAMW, explicit={"model.head_start"}).model.head_start == "zeros"
-    plan = finetune.plan(str(source), "digits", options={"lr": 0.001}, choose="adamw")
-    assert plan.config.model.head_start == "probe" and "linear probe" in " ".join(plan.notes)
-    assert finetune.plan(str(source), "digits", choose="paper").config.model.head_start == "zeros"
-    kept = finetune.plan(str(source), "digits", options={"lr": 0.001}, choose="adamw",
-                         overrides=["model.head_start=zeros"])
+    def plan(overrides=(), **settings):
+        return finetune.plan(finetune.Settings(str(source), "digits", Given.of({}, overrides), **settings), Inputs())
+
+    adamw = plan(["optim.lr=0.001"], choose="adamw")
+    assert adamw.config.model.head_start == "probe" and "linear probe" in " ".join(adamw.notes)
+    assert plan(choose="paper").config.model.head_start == "zeros"
+    kept = plan(["optim.lr=0.001", "model.head_start=zeros"], choose="adamw")
     assert kept.config.model.head_start == "zeros"

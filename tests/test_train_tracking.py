@@ -14,6 +14,7 @@ import pytest
 from test_train_loop import tiny
 from vitlab import extras
 from vitlab.config import ConfigError
+from vitlab.train.inputs import Inputs
 from vitlab.train.loop import Trainer
 
 
@@ -23,8 +24,9 @@ def metrics(run) -> list[dict]:
 
 def test_nothing_is_imported_unless_asked_for(tmp_path):
     code = (
-        "import sys; from vitlab.train.loop import Trainer; from test_train_loop import tiny; "
-        f"Trainer(tiny(train={{'steps': 2}}), {str(tmp_path / 'r')!r}, quiet=True).run(); "
+        "import sys; from vitlab.train.loop import Trainer; from vitlab.train.inputs import Inputs; "
+        f"from test_train_loop import tiny; Trainer(tiny(train={{'steps': 2}}), {str(tmp_path / 'r')!r}, Inputs(), "
+        "quiet=True).run(); "
         "print(sorted(m for m in ('wandb', 'mlflow', 'tensorboard', 'torch.utils.tensorboard') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
@@ -36,10 +38,10 @@ def test_nothing_is_imported_unless_asked_for(tmp_path):
 
 def test_unknown_or_missing_trackers_are_refused_before_training(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="not a tracker; choose from tensorboard, wandb, mlflow"):
-        Trainer(tiny(), tmp_path / "r", trackers=("neptune",)).run()
+        Trainer(tiny(), tmp_path / "r", Inputs(), trackers=("neptune",)).run()
     monkeypatch.setattr(extras, "_present", lambda module: False)  # as if wandb were not installed
     with pytest.raises(ConfigError, match=r'--log wandb needs the wandb extra, .* pip install "vitlab\[wandb\]"'):
-        Trainer(tiny(), tmp_path / "r", trackers=("wandb",)).run()
+        Trainer(tiny(), tmp_path / "r", Inputs(), trackers=("wandb",)).run()
     assert not (tmp_path / "r").exists()
 
 
@@ -48,7 +50,7 @@ def test_tensorboard_events(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "r"
-    Trainer(tiny(), run, quiet=True, trackers=("tensorboard",)).run()
+    Trainer(tiny(), run, Inputs(), quiet=True, trackers=("tensorboard",)).run()
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     loss = [(e.step, e.value) for e in events.Scalars("train/loss")]
@@ -71,9 +73,9 @@ def test_wandb_offline_logs_every_record_and_a_resumed_run_continues_it(tmp_path
 
     monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", spy)
     run = tmp_path / "r"
-    Trainer(tiny(train={"steps": 8}), run, quiet=True, trackers=("wandb",)).run()
+    Trainer(tiny(train={"steps": 8}), run, Inputs(), quiet=True, trackers=("wandb",)).run()
     first = json.loads((run / "trackers.json").read_text())["wandb"]
-    Trainer(tiny(), run, quiet=True, trackers=("wandb",), extend=True).run()  # extended to 12 steps
+    Trainer(tiny(), run, Inputs(), quiet=True, trackers=("wandb",), extend=True).run()  # extended to 12 steps
     assert json.loads((run / "trackers.json").read_text())["wandb"] == first
     jsonl = [r for r in metrics(run)]
     assert [step for step, _ in logged] == [r["step"] for r in jsonl]
@@ -94,8 +96,8 @@ def test_mlflow_file_store_gets_params_and_metrics(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "vitlab-test")
     run = tmp_path / "r"
-    Trainer(tiny(train={"steps": 8}), run, quiet=True, trackers=("mlflow",)).run()
-    Trainer(tiny(), run, quiet=True, trackers=("mlflow",), extend=True).run()
+    Trainer(tiny(train={"steps": 8}), run, Inputs(), quiet=True, trackers=("mlflow",)).run()
+    Trainer(tiny(), run, Inputs(), quiet=True, trackers=("mlflow",), extend=True).run()
     run_id = json.loads((run / "trackers.json").read_text())["mlflow"]
     client = MlflowClient(store)
     info = client.get_run(run_id)
@@ -112,5 +114,5 @@ def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://x")
     with pytest.raises(ConfigError, match=r"--log mlflow: mlflow could not start .*MLFLOW_TRACKING_URI") as e:
-        Trainer(tiny(train={"steps": 2}), tmp_path / "r", trackers=("mlflow",)).run()
+        Trainer(tiny(train={"steps": 2}), tmp_path / "r", Inputs(), trackers=("mlflow",)).run()
     assert "\n" not in str(e.value)

@@ -16,10 +16,11 @@ import yaml
 from PIL import Image
 
 from conftest import SHARED_DATA
+from tfrecord_writer import write_example, write_records
 from vitlab.cli import main
 from vitlab.data import DataError, open_dataset
 from vitlab.data.datasets import digits_arrays, fashion_mnist_arrays
-from vitlab.data.tfrecord import Records, masked_crc, parse_example, write_example, write_records
+from vitlab.data.tfrecord import Records, masked_crc, parse_example
 from vitlab.data.transforms import eval_transform
 from vitlab.data.vtab import GROUPS, TASKS, group_sizes, resolve_slice, task_splits
 from vitlab.train import vtab

@@ -17,8 +17,8 @@ import pytest
 import torch
 from PIL import Image
 
+from tfrecord_writer import write_example, write_records
 from vitlab.config import ViTConfig
-from vitlab.data.tfrecord import write_example, write_records
 from vitlab.data.vtab import TASKS, resolve_slice
 from vitlab.train import build, vtab
 from vitlab.train.inputs import Inputs

@@ -6,13 +6,8 @@ stored order and VTAB's split sizes; and the TFRecord checksums."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,26 +18,7 @@ from vitlab.data.tfrecord import Records
 from vitlab.data.transforms import eval_transform
 from vitlab.data.vtab import TASKS, task_label
 
-HERE = Path(__file__).resolve().parent
 pytest.importorskip("tensorflow_datasets")  # the test extra; its builders need TensorFlow (tensorflow-cpu)
-
-
-@pytest.fixture(scope="session")
-def tfds_root(tmp_path_factory):
-    """The folders tfds_fixtures.py writes, built once for all workers of the session."""
-    from filelock import FileLock
-
-    shared = tmp_path_factory.getbasetemp()  # this session's; under xdist, the one above each worker's
-    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
-    out = shared / "tfds-fixtures"
-    with FileLock(str(shared / "tfds-fixtures.lock")):
-        if not (out / "expected.json").is_file():
-            shutil.rmtree(out, ignore_errors=True)
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
-            done = subprocess.run([sys.executable, str(HERE / "tfds_fixtures.py"), str(out)], env=env,
-                                  capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, done.stderr[-3000:]
-    return out / "data", json.loads((out / "expected.json").read_text())
 
 
 def vtab(task, root, split, size=64, channels=1):

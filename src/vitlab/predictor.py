@@ -120,10 +120,9 @@ class Predictor:
 
     # Batches -> answers --------------------------------------------------------------------
     def _forward(self, x: Tensor, intermediates: bool):
-        if isinstance(self.model, Serving):  # a reduced-precision CPU copy: cast in, the inner model for attention
-            inner, x = (self.model.model, x.to(self.model.dtype)) if intermediates else (self.model, x)
-        else:
-            inner, x = self.model, x.to(self.device)
+        inner, x = self.model, x.to(self.device)
+        if intermediates and isinstance(self.model, Serving):  # an inference copy: cast in, the inner model for attention
+            inner, x = self.model.model, x.to(self.model.dtype)
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
             return inner(x, return_intermediates=True) if intermediates else inner(x)
 

@@ -15,13 +15,14 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from vitlab.analysis.plots import new_figure, save_figure
+from vitlab.spread import mean_std
 
 Points = list[tuple[Any, list[float]]]  # (x, the y of every cell at that x)
 
 
 def _stats(ys: list[float]) -> tuple[float, float]:
-    a = np.asarray(ys, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+    mean, std = mean_std(ys)
+    return mean, std or 0.0  # one cell: no band, no error bar
 
 
 def _numeric(xs: Sequence[Any]) -> bool:
@@ -158,9 +159,8 @@ def plot_curves(curves: dict[str, list[list[float]]], path, *, title="", xlabel=
         n = min(len(c) for c in cs)
         a = np.asarray([c[:n] for c in cs], dtype=float)
         xs = np.arange(start or 0, (start or 0) + n)
-        mean = a.mean(0)
+        mean, std = np.asarray([_stats(column.tolist()) for column in a.T]).T  # per index, over the cells
         line = ax.plot(xs, mean, marker="o", ms=4, label=f"{label} ({len(cs)})")[0]
         if len(cs) > 1:
-            std = a.std(0, ddof=1)
             ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
     return _finish(ax, fig, path, title, xlabel, ylabel, False, logy, True)

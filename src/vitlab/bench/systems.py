@@ -21,6 +21,7 @@ from vitlab.bench import TASKS
 from vitlab.bench.machine import device_sync, peak_memory_added_mib, reset_peak_memory
 from vitlab.bench.peers import build_peer
 from vitlab.config import ModelConfig
+from vitlab.deploy import training
 from vitlab.deploy.copies import for_precision
 from vitlab.deploy.int8 import available as int8_available
 from vitlab.models import Model, build
@@ -58,6 +59,7 @@ class System:
     kernel: str = ""
     checkpointing: bool = False  # training: recompute each block in the backward pass
     compile_mode: str = "default"  # torch.compile's mode; "reduce-overhead" replays CUDA graphs
+    wrapper: bool = True  # training: vitlab's step as `vitlab train` runs it; False: as before issue 51
 
     @property
     def label(self) -> str:
@@ -66,7 +68,8 @@ class System:
         compiled = ""
         if self.compiled:
             compiled = " compiled" + ("" if self.compile_mode == "default" else f" ({self.compile_mode})")
-        return f"{self.impl} {self.precision}{compiled}" + (" checkpointed" if self.checkpointing else "")
+        plain = "" if self.wrapper or self.impl != "vitlab" else " (plain step)"
+        return f"{self.impl} {self.precision}{compiled}{plain}" + (" checkpointed" if self.checkpointing else "")
 
 
 @dataclass
@@ -111,22 +114,30 @@ def inference_call(model: nn.Module, system: System, x: Tensor, device: str = ""
     return forward
 
 
-def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor, device: str = "") -> Callable[[], Tensor]:
+def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor, device: str = "",
+                  wrapper: bool = True) -> Callable[[], Tensor]:
     """One AdamW step on cross-entropy, in fp32 or under bf16 (fp16, with loss scaling) autocast,
-    on `device` (default: x's device)."""
+    on `device` (default: x's device). vitlab's step runs as `vitlab train` runs it (`wrapper`):
+    torch's fused AdamW, and in fp32 the Dense kernels chosen on this machine
+    (`vitlab.deploy.training`); a peer's, and vitlab's with `wrapper=False` (the step before
+    issue 51), torch's default AdamW (on the CPU its per-parameter loop) and the model's own ops."""
     if system.precision not in TRAIN_PRECISIONS:
         raise ValueError(f"a training step runs in {' or '.join(TRAIN_PRECISIONS)}, not {system.precision}")
     model.train()
     if system.checkpointing:  # vitlab and timm both name it so
         cast(Any, model).set_grad_checkpointing(True)
     step_model = torch.compile(model, mode=system.compile_mode) if system.compiled else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ours = wrapper and system.impl == "vitlab"
+    fused = ours and training.fused_optimizer(model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
     kind = torch.device(device or x.device).type
+    plain_fp32 = system.precision == "fp32" and kind == "cpu" and not (system.compiled or system.checkpointing)
+    shapes = training.chosen_shapes(model) if ours and plain_fp32 else []
     autocast = _autocast(system.precision, kind)
     scaler = torch.amp.GradScaler(kind, enabled=system.precision == "fp16-autocast")
 
     def step() -> Tensor:
-        with autocast:
+        with autocast, training.dense_kernels(shapes):
             loss = F.cross_entropy(step_model(x), y)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -152,7 +163,7 @@ def prepare(setting: Setting, system: System, warmup: int = 2, device: str = "cp
         fn = inference_call(model, system, x, device)
     else:
         y = torch.randint(0, cfg.num_classes, (b,), generator=torch.Generator().manual_seed(0)).to(device)
-        fn = training_call(model, system, x, y, device)
+        fn = training_call(model, system, x, y, device, system.wrapper)
     return warm_up(fn, warmup, system.compiled, device)
 
 

@@ -67,7 +67,9 @@ def check_path(path: str | os.PathLike) -> Path:
     return p
 
 
-def detect_format(path: str | os.PathLike) -> str:
+def detect_format(path: str | os.PathLike) -> tuple[str, Any]:
+    """(the format's name, what its detector read: for vitlab's own, the header, which the
+    reader then takes rather than reading it again)."""
     p = check_path(path)
     for name in FORMATS:
         try:
@@ -77,16 +79,14 @@ def detect_format(path: str | os.PathLike) -> str:
         except MALFORMED:  # a detector that chokes on a file: not that format
             found = False
         if found:
-            return name
+            return name, found
     what = tables.what_it_is(tables.peek_keys(p)) if p.is_file() else None
     if what:
         raise CheckpointError(f"{p}: {what}. vitlab reads Vision Transformers (the official .npz, timm, Hugging Face, "
                               "torchvision's vit_*) and BiT ResNets (the official .npz, timm's resnetv2_*_bit); "
                               "its ResNet baseline is BiT-R50x1 (`vitlab models`)")
-    raise CheckpointError(
-        f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
-        "pass the format explicitly (--format on the command line, format=... in Python) if the file has an unusual name"
-    )
+    raise CheckpointError(f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
+                          "pass the format explicitly (--format on the command line, format=... in Python) if the file has an unusual name")
 
 
 def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None) -> Imported:
@@ -107,9 +107,9 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
     else:
         path = path_or_name
     check_path(path)
-    name = format or detect_format(path)
+    name, header = (format, None) if format else detect_format(path)
     try:
-        imported = format_module(name).read(path)
+        imported = io.read(path, meta=header) if name == "vitlab" else format_module(name).read(path)
     except CheckpointError:
         raise
     except ConfigError as e:  # the file describes a model no config can hold
@@ -210,7 +210,5 @@ def save_verified(model: Model, path: str | os.PathLike, format: str = "vitlab",
 
 is_pretrained_name = hub.is_pretrained_name  # the one test of "a name, not a path"
 
-__all__ = [
-    "FORMATS", "HOLDS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
-    "open_checkpoint", "read_checkpoint", "resolve", "save", "save_verified",
-]
+__all__ = ["FORMATS", "HOLDS", "CheckpointError", "Imported", "build_model", "detect_format", "is_pretrained_name", "load",
+           "open_checkpoint", "read_checkpoint", "resolve", "save", "save_verified"]

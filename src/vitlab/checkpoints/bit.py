@@ -44,19 +44,13 @@ def npz_rules(cfg: BiTConfig) -> list[Rule]:
     # The head: a (1, 1, C, K) conv kernel; torch's Linear weight is (K, C).
     head = Rule("head.weight", ("resnet/head/conv2d/kernel",),
                 lambda t: t.reshape(t.shape[-2], t.shape[-1]).t(), lambda t: (t.t()[None, None],))
-    table = [
-        permuted("root.conv.weight", NPZ_ROOT, HWIO_TO_OIHW),
-        copy("norm.weight", "resnet/group_norm/gamma"),
-        copy("norm.bias", "resnet/group_norm/beta"),
-    ]
+    table = [permuted("root.conv.weight", NPZ_ROOT, HWIO_TO_OIHW), copy("norm.weight", "resnet/group_norm/gamma"),
+             copy("norm.bias", "resnet/group_norm/beta")]
     for o, s, u in _units(cfg):
         b = NPZ_UNIT.format(s + 1, u + 1)
         for n, letter in ((1, "a"), (2, "b"), (3, "c")):
-            table += [
-                permuted(f"{o}conv{n}.weight", f"{b}{letter}/standardized_conv2d/kernel", HWIO_TO_OIHW),
-                copy(f"{o}gn{n}.weight", f"{b}{letter}/group_norm/gamma"),
-                copy(f"{o}gn{n}.bias", f"{b}{letter}/group_norm/beta"),
-            ]
+            table += [permuted(f"{o}conv{n}.weight", f"{b}{letter}/standardized_conv2d/kernel", HWIO_TO_OIHW),
+                      copy(f"{o}gn{n}.weight", f"{b}{letter}/group_norm/gamma"), copy(f"{o}gn{n}.bias", f"{b}{letter}/group_norm/beta")]
         if u == 0:  # the first unit of a stage widens (and after stage 1 halves): a projection
             table.append(permuted(f"{o}proj.weight", f"{b}a/proj/standardized_conv2d/kernel", HWIO_TO_OIHW))
     if cfg.num_classes:
@@ -103,14 +97,8 @@ def timm_rules(cfg: BiTConfig) -> list[Rule]:
 def timm_unit_rules(ours: str, theirs: str) -> list[Rule]:
     """A unit's three convolutions and norms: vitlab's conv{n}/gn{n}, timm's conv{n}/norm{n}
     (the same in a BiT ResNet and in a ViT hybrid's backbone)."""
-    table = []
-    for n in (1, 2, 3):
-        table += [
-            copy(f"{ours}conv{n}.weight", f"{theirs}conv{n}.weight"),
-            copy(f"{ours}gn{n}.weight", f"{theirs}norm{n}.weight"),
-            copy(f"{ours}gn{n}.bias", f"{theirs}norm{n}.bias"),
-        ]
-    return table
+    return [copy(f"{ours}{a}{n}.{p}", f"{theirs}{b}{n}.{p}") for n in (1, 2, 3)
+            for a, b, p in (("conv", "conv", "weight"), ("gn", "norm", "weight"), ("gn", "norm", "bias"))]
 
 
 def is_timm(keys) -> bool:
@@ -122,10 +110,8 @@ def is_timm(keys) -> bool:
 def config_from_timm(state: dict, source: str) -> BiTConfig:
     width, cin, kh, _ = state[TIMM_ROOT].shape
     if "stem.norm.weight" in state:
-        raise CheckpointError(
-            f"{source}: a ResNetV2 with a normalised stem (timm's preact=False, the ViT hybrids' backbone), "
-            "not a pre-activation BiT ResNet"
-        )
+        raise CheckpointError(f"{source}: a ResNetV2 with a normalised stem (timm's preact=False, the ViT hybrids' backbone), "
+                              "not a pre-activation BiT ResNet")
     layers = resnet_layers(state, lambda s, u: f"stages.{s}.blocks.{u}.conv1.weight")
     if kh != 7:
         raise CheckpointError(f"{source}: stem.conv is {kh}x{kh}; timm's BiT ResNets have the 7x7 root")
@@ -143,18 +129,10 @@ def check_timm_writable(cfg: BiTConfig, allow_numerics_change: bool = False) -> 
 def timm_model_args(cfg: BiTConfig) -> dict[str, Any]:
     """JSON-able arguments of timm's ResNetV2 for this network; `create_timm_model` adds the
     convolution and norm layers (objects) from the `ws_eps`, `gn_eps` and `gn_groups` here."""
-    return {
-        "layers": list(cfg.layers),
-        "channels": [4 * cfg.base_width * 2**s for s in range(len(cfg.layers))],
-        "stem_chs": cfg.base_width,
-        "width_factor": cfg.width_factor,
-        "num_classes": cfg.num_classes,
-        "in_chans": cfg.in_channels,
-        "stem_type": "fixed",
-        "ws_eps": cfg.ws_eps,
-        "gn_eps": cfg.gn_eps,
-        "gn_groups": cfg.gn_groups,
-    }
+    return {"layers": list(cfg.layers), "channels": [4 * cfg.base_width * 2**s for s in range(len(cfg.layers))],
+            "stem_chs": cfg.base_width, "width_factor": cfg.width_factor, "num_classes": cfg.num_classes,
+            "in_chans": cfg.in_channels, "stem_type": "fixed", "ws_eps": cfg.ws_eps, "gn_eps": cfg.gn_eps,
+            "gn_groups": cfg.gn_groups}
 
 
 def create_timm_model(cfg: BiTConfig):
@@ -168,9 +146,7 @@ def create_timm_model(cfg: BiTConfig):
     refuse("timm", _common_features(cfg), [], True)
     args = timm_model_args(cfg)
     ws_eps, gn_eps, groups = args.pop("ws_eps"), args.pop("gn_eps"), args.pop("gn_groups")
-    return ResNetV2(
-        conv_layer=partial(StdConv2d, eps=ws_eps), norm_layer=partial(GroupNormAct, num_groups=groups, eps=gn_eps), **args
-    )
+    return ResNetV2(conv_layer=partial(StdConv2d, eps=ws_eps), norm_layer=partial(GroupNormAct, num_groups=groups, eps=gn_eps), **args)
 
 
 # Shared -------------------------------------------------------------------------------------
@@ -180,11 +156,9 @@ def _config(source: str, kernel: int, cin: int, width: int, layers: Sequence[int
     stem = "bit" if kernel == 7 else "cifar"
     base, factor = (64, width // 64) if width % 64 == 0 else (width, 1)
     try:
-        return BiTConfig(
-            name="bit", image_size=as_pair(224 if stem == "bit" else 32), in_channels=cin, layers=tuple(layers),
-            width_factor=factor, base_width=base, stem=stem, num_classes=classes, ws_eps=ws_eps, gn_eps=GN_EPS,
-            mean=(0.5,) * cin, std=(0.5,) * cin,
-        )
+        return BiTConfig(name="bit", image_size=as_pair(224 if stem == "bit" else 32), in_channels=cin, layers=tuple(layers),
+                         width_factor=factor, base_width=base, stem=stem, num_classes=classes, ws_eps=ws_eps, gn_eps=GN_EPS,
+                         mean=(0.5,) * cin, std=(0.5,) * cin)
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
 

@@ -35,16 +35,9 @@ def describe(path_or_name: str | os.PathLike, format: Optional[str] = None) -> d
         imported = read_checkpoint(path_or_name, format)
         params = sum(t.numel() for t in imported.state.values() if t.is_floating_point())
     cfg = imported.config
-    info = {
-        "path": str(path_or_name),
-        "format": imported.source_format,
-        "serving": kind or None,
-        "params": params,
-        "gflops": model_flops(cfg) / 1e9,
-        "config": cfg.to_dict(),
-        "class_names": imported.class_names,
-        "guessed": imported.guessed,  # field -> where its value came from (the file lacks it)
-    }
+    info = {"path": str(path_or_name), "format": imported.source_format, "serving": kind or None, "params": params,
+            "gflops": model_flops(cfg) / 1e9, "config": cfg.to_dict(), "class_names": imported.class_names,
+            "guessed": imported.guessed}  # guessed: field -> where its value came from (the file lacks it)
     if kind:
         info["int8_tensors"] = sum(1 for t in imported.state.values() if t.dtype.is_signed and not t.is_floating_point()
                                    and t.element_size() == 1)

@@ -40,38 +40,24 @@ def written_by_us(name: str) -> bool:
     """A file of the kind `write` produces, or stale weights of an earlier save (shards)."""
     return name in WRITTEN_FILES or bool(re.fullmatch(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)", name))
 # transformers v5 names -> the classic ones the table uses.
-V5_NAMES = [
-    (".attention.q_proj.", ".attention.attention.query."),
-    (".attention.k_proj.", ".attention.attention.key."),
-    (".attention.v_proj.", ".attention.attention.value."),
-    (".attention.o_proj.", ".attention.output.dense."),
-    (".mlp.fc1.", ".intermediate.dense."),
-    (".mlp.fc2.", ".output.dense."),
-]
+V5_NAMES = [(".attention.q_proj.", ".attention.attention.query."), (".attention.k_proj.", ".attention.attention.key."),
+            (".attention.v_proj.", ".attention.attention.value."), (".attention.o_proj.", ".attention.output.dense."),
+            (".mlp.fc1.", ".intermediate.dense."), (".mlp.fc2.", ".output.dense.")]
 
 
 def rules(cfg: ViTConfig, prefix: str = "vit.") -> list[Rule]:
     e = prefix + "embeddings."
-    table = [
-        copy("cls_token", e + "cls_token"),
-        copy("pos_embed.pos_embedding", e + "position_embeddings"),
-        copy("patch_embed.proj.weight", e + "patch_embeddings.projection.weight"),
-        copy("patch_embed.proj.bias", e + "patch_embeddings.projection.bias"),
-        copy("norm.weight", prefix + "layernorm.weight"),
-        copy("norm.bias", prefix + "layernorm.bias"),
-    ]
+    table = [copy("cls_token", e + "cls_token"), copy("pos_embed.pos_embedding", e + "position_embeddings"),
+             copy("patch_embed.proj.weight", e + "patch_embeddings.projection.weight"),
+             copy("patch_embed.proj.bias", e + "patch_embeddings.projection.bias"),
+             copy("norm.weight", prefix + "layernorm.weight"), copy("norm.bias", prefix + "layernorm.bias")]
     for i in range(cfg.depth):
         o, t = f"blocks.{i}.", f"{prefix}encoder.layer.{i}."
         a = t + "attention.attention."
         params = ("weight", "bias") if cfg.qkv_bias else ("weight",)
         table += [fused(f"{o}attn.qkv.{p}", [f"{a}{n}.{p}" for n in ("query", "key", "value")]) for p in params]
-        for ours, theirs in (
-            ("norm1", "layernorm_before"),
-            ("attn.proj", "attention.output.dense"),
-            ("norm2", "layernorm_after"),
-            ("mlp.fc1", "intermediate.dense"),
-            ("mlp.fc2", "output.dense"),
-        ):
+        for ours, theirs in (("norm1", "layernorm_before"), ("attn.proj", "attention.output.dense"), ("norm2", "layernorm_after"),
+                             ("mlp.fc1", "intermediate.dense"), ("mlp.fc2", "output.dense")):
             table += [copy(f"{o}{ours}.{p}", f"{t}{theirs}.{p}") for p in ("weight", "bias")]
     if cfg.representation_size:
         table += [copy("pre_logits.weight", prefix + "pooler.dense.weight"), copy("pre_logits.bias", prefix + "pooler.dense.bias")]
@@ -98,17 +84,35 @@ def detect(path: Path) -> bool:
     return c is not None and c.get("model_type") == "vit"
 
 
+def read_json_object(path: Path, where: str) -> dict[str, Any]:
+    """A JSON file of a Hub repo (or any checkpoint folder) that must hold one object: UTF-8,
+    valid JSON, a mapping; anything else is a CheckpointError naming the file."""
+    return read_json(path, dict, f"JSON object ({where})", "the repo's copy is damaged: delete it from the cache to "
+                     "fetch it again, or fix the folder", CheckpointError)
+
+
+def shard_names(index: Path, where: str) -> list[str]:
+    """The shard files a model.safetensors.index.json names, each a plain .safetensors file
+    name of the same folder: a path that climbs out, or a weight map of another shape, is
+    refused before anything is fetched or opened."""
+    weight_map = read_json_object(index, where).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{where}: {index.name} ({index}) has no weight_map of tensor names to shard files")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if "/" in shard or "\\" in shard or shard in (".", "..") or not shard.endswith(".safetensors"):
+            raise CheckpointError(f"{where}: {index.name} ({index}) names the shard {shard[:80]!r}, which is not a "
+                                  ".safetensors file beside it; the index is damaged or hostile")
+    return shards
+
+
 def _weights(folder: Path) -> dict:
     if (folder / "model.safetensors").is_file():
         return read_tensors(folder / "model.safetensors")[0]
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(read_json(index, {"weight_map": {str: str}}, "weight index", "restore the folder's index",
-                                     CheckpointError)["weight_map"].values()))
         state: dict = {}
-        for name in files:
-            if not isinstance(name, str) or Path(name).name != name:  # a shard outside the folder: refused
-                raise CheckpointError(f"{index}: names the shard {name!r}, which is not a file of this folder")
+        for name in shard_names(index, str(folder)):
             state.update(read_tensors(folder / name)[0])
         return state
     if (folder / "pytorch_model.bin").is_file():
@@ -116,15 +120,12 @@ def _weights(folder: Path) -> dict:
     raise CheckpointError(f"{folder}: no weights file ({', '.join(WEIGHT_FILES)})")
 
 
-def _classic_names(state: dict) -> dict:
-    out = {}
-    for k, v in state.items():
-        if ".layers." in k or k.startswith("layers."):
-            k = k.replace("layers.", "encoder.layer.", 1)
-            for new, old in V5_NAMES:
-                k = k.replace(new, old)
-        out[k] = v
-    return out
+def _classic_name(k: str) -> str:
+    if ".layers." in k or k.startswith("layers."):
+        k = k.replace("layers.", "encoder.layer.", 1)
+        for new, old in V5_NAMES:
+            k = k.replace(new, old)
+    return k
 
 
 _MISSING = object()
@@ -167,27 +168,16 @@ def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig
         if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
             names = None  # transformers' placeholders, not names
     channels = field(c, "num_channels", int, source, 3)
-    cfg = ViTConfig(
-        name="hf",
-        image_size=as_pair(tuple(image) if isinstance(image, list) else image),
-        patch_size=field(c, "patch_size", int, source, 16),
-        in_channels=channels,
-        hidden_size=field(c, "hidden_size", int, source),
-        depth=field(c, "num_hidden_layers", int, source),
-        num_heads=field(c, "num_attention_heads", int, source),
-        mlp_dim=field(c, "intermediate_size", int, source),
-        num_classes=classes,
-        representation_size=rep,
-        gelu=ACTS[act],
-        layer_norm_eps=field(c, "layer_norm_eps", float, source, 1e-12),
-        qkv_bias=field(c, "qkv_bias", bool, source, True),
-        resize_mode="bicubic",
-        mean=(0.5,) * channels,
-        std=(0.5,) * channels,
-        # transformers 5.x's image processors (AutoImageProcessor, pipeline) resize a uint8
-        # tensor with torchvision's antialiased kernels, whatever the folder's processor type.
-        resize_backend=HF_PREPROCESSING["resize_backend"],
-    )
+    # transformers 5.x's image processors (AutoImageProcessor, pipeline) resize a uint8 tensor
+    # with torchvision's antialiased kernels, whatever the folder's processor type: resize_backend.
+    cfg = ViTConfig(name="hf", image_size=as_pair(tuple(image) if isinstance(image, list) else image),
+                    patch_size=field(c, "patch_size", int, source, 16), in_channels=channels,
+                    hidden_size=field(c, "hidden_size", int, source), depth=field(c, "num_hidden_layers", int, source),
+                    num_heads=field(c, "num_attention_heads", int, source), mlp_dim=field(c, "intermediate_size", int, source),
+                    num_classes=classes, representation_size=rep, gelu=ACTS[act],
+                    layer_norm_eps=field(c, "layer_norm_eps", float, source, 1e-12),
+                    qkv_bias=field(c, "qkv_bias", bool, source, True), resize_mode="bicubic", mean=(0.5,) * channels,
+                    std=(0.5,) * channels, resize_backend=HF_PREPROCESSING["resize_backend"])
     return cfg.replace(name=describe(cfg)), names
 
 
@@ -267,7 +257,7 @@ def read(path: str | os.PathLike) -> Imported:
     c = _config_json(folder)
     if c is None or c.get("model_type") != "vit":
         raise CheckpointError(f"{folder}: not a Hugging Face ViT folder (config.json with model_type 'vit')")
-    state = _classic_names(_weights(folder))
+    state = {_classic_name(k): v for k, v in _weights(folder).items()}
     cfg, names = infer_config(c, state, str(folder))
     guessed = {} if (folder / "preprocessor_config.json").is_file() else guessed_preprocessing(
         "no preprocessor_config.json, ViTImageProcessor's defaults")
@@ -290,10 +280,8 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
     if cfg.resnet is not None:
         features.append("a ResNet hybrid stem (vitlab writes plain ViTs for HF)")
     if cfg.representation_size and cfg.num_classes:
-        features.append(
-            f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification "
-            "has no pre-logits layer; only a headless ViTModel has one, its pooler)"
-        )
+        features.append(f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification "
+                        "has no pre-logits layer; only a headless ViTModel has one, its pooler)")
     refuse("Hugging Face transformers", features, [], allow_numerics_change)
 
 
@@ -302,29 +290,14 @@ def hf_config(model) -> dict[str, Any]:
     act = "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh"
     h, w = cfg.image_size
     names = head_names(cfg, model.class_names) or [f"LABEL_{i}" for i in range(cfg.num_classes)]
-    return {
-        "architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"],
-        "model_type": "vit",
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.depth,
-        "num_attention_heads": cfg.num_heads,
-        "intermediate_size": cfg.mlp_dim,
-        "hidden_act": act,
-        "hidden_dropout_prob": 0.0,
-        "attention_probs_dropout_prob": 0.0,
-        "initializer_range": 0.02,
-        "layer_norm_eps": cfg.layer_norm_eps,
-        "image_size": h if h == w else [h, w],
-        "patch_size": cfg.patch_size,
-        "num_channels": cfg.in_channels,
-        "qkv_bias": cfg.qkv_bias,
-        "encoder_stride": cfg.patch_size,
-        "pooler_output_size": cfg.representation_size or cfg.hidden_size,
-        "pooler_act": "tanh",
-        "id2label": {str(i): n for i, n in enumerate(names)},
-        "label2id": {n: i for i, n in enumerate(names)},
-        "torch_dtype": "float32",
-    }
+    return {"architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"], "model_type": "vit",
+            "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
+            "intermediate_size": cfg.mlp_dim, "hidden_act": act, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+            "initializer_range": 0.02, "layer_norm_eps": cfg.layer_norm_eps, "image_size": h if h == w else [h, w],
+            "patch_size": cfg.patch_size, "num_channels": cfg.in_channels, "qkv_bias": cfg.qkv_bias,
+            "encoder_stride": cfg.patch_size, "pooler_output_size": cfg.representation_size or cfg.hidden_size,
+            "pooler_act": "tanh", "id2label": {str(i): n for i, n in enumerate(names)},
+            "label2id": {n: i for i, n in enumerate(names)}, "torch_dtype": "float32"}
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
@@ -355,16 +328,10 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
 
 def preprocessor_config(cfg: ViTConfig) -> dict[str, Any]:
     return {
-        "image_processor_type": "ViTImageProcessor",
-        "do_resize": True,
-        "size": {"height": cfg.image_size[0], "width": cfg.image_size[1]},
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": list(cfg.mean),
-        "image_std": list(cfg.std),
+        "image_processor_type": "ViTImageProcessor", "do_resize": True,
+        "size": {"height": cfg.image_size[0], "width": cfg.image_size[1]}, "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": list(cfg.mean), "image_std": list(cfg.std),
         "resample": {v: k for k, v in RESAMPLE.items()}[cfg.interpolation],
         # vitlab's own: transformers' ViT processor resizes the whole image and ignores these.
-        "crop_pct": cfg.crop_fraction,
-        "crop_mode": cfg.crop_mode,
+        "crop_pct": cfg.crop_fraction, "crop_mode": cfg.crop_mode,
     }

@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from vitlab.checkpoints import pretrained
+from vitlab.checkpoints.hf import read_json_object, shard_names
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.peers import read_peer_name
 from vitlab.config.fields import env_switch
 from vitlab.extras import MissingExtraError, hub_client_errors, require
-from vitlab.files.documents import on_disk, read_json
+from vitlab.files.documents import on_disk
 
 HF_PREFIX, TIMM_PREFIX = "hf-hub:", "timm:"
 REACH_TIMEOUT_S = 5.0
@@ -101,11 +102,9 @@ def parse_hub_name(name: str, revision: Optional[str] = None) -> Optional[HubRep
             rest, at, pinned = rest.partition("@")
             if not rest or rest.count("/") > 1 or not all(map(_hub_word, rest.split("/"))) or (
                     at and not _REVISION.fullmatch(pinned)) or ".." in pinned:
-                raise CheckpointError(
-                    f"{name[:120]!r}: not a Hub model name; write {prefix}ORG/NAME"
-                    + (" or timm:MODEL_NAME.TAG" if layout == "timm" else "")
-                    + ", optionally @REVISION (letters, digits and - _ . only; no '..')"
-                )
+                raise CheckpointError(f"{name[:120]!r}: not a Hub model name; write {prefix}ORG/NAME"
+                                      + (" or timm:MODEL_NAME.TAG" if layout == "timm" else "")
+                                      + ", optionally @REVISION (letters, digits and - _ . only; no '..')")
             if layout == "timm" and "/" not in rest:
                 rest = f"timm/{rest}"
             if pinned and revision and pinned != revision:
@@ -124,13 +123,8 @@ def registry_repo(entry: pretrained.Pretrained) -> Optional[str]:
 def registry_preprocessing(entry: pretrained.Pretrained) -> dict[str, Any]:
     """Config changes for an entry's .npz, which holds weights only: the evaluation crop and
     resize its table records (timm's pretrained_cfg for the AugReg files)."""
-    return {
-        "crop_fraction": entry.crop_pct,
-        "crop_mode": entry.crop_mode,
-        "interpolation": entry.interpolation,
-        "mean": entry.mean,
-        "std": entry.std,
-    }
+    return {"crop_fraction": entry.crop_pct, "crop_mode": entry.crop_mode, "interpolation": entry.interpolation,
+            "mean": entry.mean, "std": entry.std}
 
 
 @dataclass
@@ -218,30 +212,24 @@ def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = Tr
 
     where = f"{repo.repo_id}@{repo.revision or 'main'}"
     cache_only = offline() or not reachable(hub_endpoint())
-    _check_cached_ref(repo)
+    commit = _cached_commit(repo)
     try:
-        path = hub.hf_hub_download(
-            repo.repo_id, filename, revision=repo.revision, cache_dir=hub_cache(), local_files_only=cache_only,
-            endpoint=hub_endpoint(),
-        )
-        return Path(path)
+        return Path(hub.hf_hub_download(repo.repo_id, filename, revision=repo.revision, cache_dir=hub_cache(),
+                                        local_files_only=cache_only, endpoint=hub_endpoint()))
     except errors.RemoteEntryNotFoundError:
         if not required:
             return None
         raise CheckpointError(f"hf-hub:{where} has no {filename}; it is not a model repo vitlab reads") from None
     except errors.LocalEntryNotFoundError as e:
-        if not required and _cached_revision(repo) is not None:
+        cached = _REVISION.fullmatch(commit) and ".." not in commit and (_cache_folder(repo) / "snapshots" / commit).is_dir()
+        if not required and cached:
             return None  # the revision is cached and the file is not in it: the repo has none
         raise CheckpointError(_offline_message(repo, filename, e, hint)) from None
     except errors.GatedRepoError:
-        raise CheckpointError(
-            f"hf-hub:{repo.repo_id} is gated: accept its terms on the Hub, then set HF_TOKEN (or run `hf auth login`)"
-        ) from None
+        raise CheckpointError(f"hf-hub:{repo.repo_id} is gated: accept its terms on the Hub, then set HF_TOKEN (or run `hf auth login`)") from None
     except errors.RepositoryNotFoundError:
-        raise CheckpointError(
-            f"hf-hub:{repo.repo_id}: no such model repo, or it is private; check the name, or set HF_TOKEN "
-            "to a token that can read it"
-        ) from None
+        raise CheckpointError(f"hf-hub:{repo.repo_id}: no such model repo, or it is private; check the name, or set HF_TOKEN "
+                              "to a token that can read it") from None
     except errors.RevisionNotFoundError:
         raise CheckpointError(f"hf-hub:{repo.repo_id} has no revision {repo.revision!r}; use a branch, tag or commit it has") from None
     except ValueError as e:  # huggingface_hub's own refusal of a damaged cache entry
@@ -255,12 +243,13 @@ def _cache_folder(repo: HubRepo) -> Path:
     return Path(hub_cache()) / ("models--" + repo.repo_id.replace("/", "--"))
 
 
-def _check_cached_ref(repo: HubRepo) -> None:
-    """A cached refs/<branch> must name a commit: one that climbs out (`../../etc`) or is not
-    text is a damaged cache, said in one line before huggingface_hub follows it."""
+def _cached_commit(repo: HubRepo) -> str:
+    """The commit the cache's refs/<revision> names (the revision itself where there is no such
+    file). A ref that climbs out (`../../etc`) or is not text is a damaged cache, said in one
+    line before huggingface_hub follows it."""
     ref = _cache_folder(repo) / "refs" / (repo.revision or "main")
     if not ref.is_file():
-        return
+        return repo.revision or "main"
     try:
         commit = ref.read_text(encoding="utf-8").strip()
     except (OSError, ValueError):
@@ -268,20 +257,7 @@ def _check_cached_ref(repo: HubRepo) -> None:
     if ".." in commit or not _REVISION.fullmatch(commit):
         raise CheckpointError(f"hf-hub:{repo.repo_id}: the Hub cache's ref file {ref} names no commit ({commit[:40]!r}); "
                               f"the cache is damaged: delete {_cache_folder(repo)} to download the repo again")
-
-
-def _cached_revision(repo: HubRepo) -> Optional[str]:
-    """The commit the cache holds for the repo's revision (refs/<branch> or a hash), or None."""
-    folder = _cache_folder(repo)
-    rev = repo.revision or "main"
-    ref = folder / "refs" / rev
-    try:
-        commit = ref.read_text(encoding="utf-8").strip() if ref.is_file() else rev
-    except (OSError, ValueError):
-        return None
-    if ".." in commit.split("/") or not _REVISION.fullmatch(commit):
-        return None  # a ref file of a damaged cache: it names no snapshot of this repo
-    return commit if (folder / "snapshots" / commit).is_dir() else None
+    return commit
 
 
 def _offline_message(repo: HubRepo, filename: str, error: BaseException, hint: str) -> str:
@@ -293,12 +269,10 @@ def _offline_message(repo: HubRepo, filename: str, error: BaseException, hint: s
         why, go_online = f"no connection to {hub_endpoint() or constants.ENDPOINT}", ""
     rev = f" --revision {repo.revision}" if repo.revision else ""
     extra = f"; {hint}" if hint else ""
-    return (
-        f"cannot fetch {filename} of hf-hub:{repo.repo_id}@{repo.revision or 'main'}: {why}, and it is not in the "
-        f"Hub cache {hub_cache()}. Download it where there is a network (`hf download {repo.repo_id}{rev}`) and copy "
-        f"that cache folder here (or point $HF_HUB_CACHE at it){go_online}, or load a local folder by its path: "
-        f"vitlab.load(\"path/to/folder\"){extra}"
-    )
+    return (f"cannot fetch {filename} of hf-hub:{repo.repo_id}@{repo.revision or 'main'}: {why}, and it is not in the "
+            f"Hub cache {hub_cache()}. Download it where there is a network (`hf download {repo.repo_id}{rev}`) and copy "
+            f"that cache folder here (or point $HF_HUB_CACHE at it){go_online}, or load a local folder by its path: "
+            f"vitlab.load(\"path/to/folder\"){extra}")
 
 
 def repo_layout(config: dict[str, Any]) -> Optional[str]:
@@ -319,36 +293,12 @@ def download_repo(repo: HubRepo, hint: str = "") -> tuple[Path, str]:
     if repo.layout == "timm" and "architecture" in config:
         layout = "timm"
     if layout is None:
-        raise CheckpointError(
-            f"hf-hub:{repo.repo_id}: config.json is neither a transformers ViT (model_type 'vit', found "
-            f"{config.get('model_type')!r}) nor a timm model (architecture + pretrained_cfg)"
-        )
+        raise CheckpointError(f"hf-hub:{repo.repo_id}: config.json is neither a transformers ViT (model_type 'vit', found "
+                              f"{config.get('model_type')!r}) nor a timm model (architecture + pretrained_cfg)")
     _fetch_weights(repo, hint)
     if layout == "hf":
         fetch_file(repo, "preprocessor_config.json", required=False)
     return config_file.parent, layout
-
-
-def read_json_object(path: Path, where: str) -> dict[str, Any]:
-    """A JSON file of a Hub repo (or any checkpoint folder) that must hold one object: UTF-8,
-    valid JSON, a mapping; anything else is a CheckpointError naming the file."""
-    return read_json(path, dict, f"JSON object ({where})", "the repo's copy is damaged: delete it from the cache to "
-                     "fetch it again, or fix the folder", CheckpointError)
-
-
-def shard_names(index: Path, where: str) -> list[str]:
-    """The shard files a model.safetensors.index.json names, each a plain .safetensors file
-    name of the same folder: a path that climbs out, or a weight map of another shape, is
-    refused before anything is fetched or opened."""
-    weight_map = read_json_object(index, where).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{where}: {index.name} ({index}) has no weight_map of tensor names to shard files")
-    shards = sorted(set(weight_map.values()))
-    for shard in shards:
-        if "/" in shard or "\\" in shard or shard in (".", "..") or not shard.endswith(".safetensors"):
-            raise CheckpointError(f"{where}: {index.name} ({index}) names the shard {shard[:80]!r}, which is not a "
-                                  ".safetensors file beside it; the index is damaged or hostile")
-    return shards
 
 
 def _fetch_weights(repo: HubRepo, hint: str) -> None:
@@ -362,7 +312,5 @@ def _fetch_weights(repo: HubRepo, hint: str) -> None:
     if fetch_file(repo, "pytorch_model.bin", hint, required=False) is None:
         if offline():
             raise CheckpointError(_offline_message(repo, "model.safetensors", OSError(), hint))
-        raise CheckpointError(
-            f"hf-hub:{repo.repo_id}@{repo.revision or 'main'} holds no weights vitlab reads "
-            "(model.safetensors, a sharded safetensors index, or pytorch_model.bin)"
-        )
+        raise CheckpointError(f"hf-hub:{repo.repo_id}@{repo.revision or 'main'} holds no weights vitlab reads "
+                              "(model.safetensors, a sharded safetensors index, or pytorch_model.bin)")

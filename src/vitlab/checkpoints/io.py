@@ -64,35 +64,20 @@ def contiguous_state(model: torch.nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
 
 
-def write(
-    model: Model,
-    path: str | os.PathLike,
-    extra_metadata: Optional[dict] = None,
-    extra_tensors: Optional[dict[str, Tensor]] = None,
-) -> None:
+def write(model: Model, path: str | os.PathLike, extra_metadata: Optional[dict] = None,
+          extra_tensors: Optional[dict[str, Tensor]] = None) -> None:
     """Write the model; `extra_tensors` (an objective's own weights) and `extra_metadata`
     travel in the same file and come back in `Imported.extras` / `Imported.metadata`."""
-    write_state(model.config, contiguous_state(model), model.class_names, path, extra_metadata, extra_tensors)
+    write_state(model.config, model.state_dict(), model.class_names, path, extra_metadata, extra_tensors)
 
 
-def write_state(
-    config: ModelConfig,
-    state: dict[str, Tensor],
-    class_names: Optional[list[str]],
-    path: str | os.PathLike,
-    extra_metadata: Optional[dict] = None,
-    extra_tensors: Optional[dict[str, Tensor]] = None,
-) -> None:
+def write_state(config: ModelConfig, state: dict[str, Tensor], class_names: Optional[list[str]], path: str | os.PathLike,
+                extra_metadata: Optional[dict] = None, extra_tensors: Optional[dict[str, Tensor]] = None) -> None:
     """`write` for weights held apart from a model (gathered shards, averaged weights)."""
     from safetensors.torch import save_file
 
-    metadata = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "config": config.to_json(),
-        "config_kind": config_kind(config),
-        "class_names": json.dumps(head_names(config, class_names)),
-    }
+    metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": config.to_json(),
+                "config_kind": config_kind(config), "class_names": json.dumps(head_names(config, class_names))}
     for k, v in (extra_metadata or {}).items():
         metadata[k] = v if isinstance(v, str) else json.dumps(v)
     state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
@@ -144,36 +129,34 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
         raise CheckpointError(f"{path}: not a readable .safetensors file ({e})") from None
 
 
-def detect(path: Path) -> bool:
+def detect(path: Path) -> Optional[dict[str, str]]:
+    """The file's header (its metadata) when it is a vitlab checkpoint, for `read` to take
+    instead of reading it again; None when it is not one."""
     if path.is_file() and path.suffix == ".safetensors":
         try:
-            return read_metadata(path).get("format") == FORMAT_NAME
+            meta = read_metadata(path)
         except CheckpointError:
-            return False
-    return False
+            return None
+        return meta if meta.get("format") == FORMAT_NAME else None
+    return None
 
 
-def read(path: str | os.PathLike, serving: str = "") -> Imported:
-    """A vitlab checkpoint; `serving="int8"` reads a serving copy's file (vitlab.deploy.load_int8)."""
+def read(path: str | os.PathLike, serving: str = "", meta: Optional[dict[str, str]] = None) -> Imported:
+    """A vitlab checkpoint; `serving="int8"` reads a serving copy's file (vitlab.deploy.load_int8);
+    `meta`: its header, when detection has read it."""
     from safetensors.torch import load_file
 
-    meta = read_metadata(path)
+    meta = read_metadata(path) if meta is None else meta
     if meta.get(SERVING_KEY, "") != serving:
         kind = meta.get(SERVING_KEY)
-        raise CheckpointError(
-            f"{path}: a serving copy ({kind}, written by vitlab.deploy.save_int8), not a plain model: read it with "
-            "vitlab.deploy.load_int8(path)" if kind else f"{path}: a plain vitlab checkpoint, not a serving copy "
-            f"({serving}): read it with vitlab.load"
-        )
+        raise CheckpointError(f"{path}: a serving copy ({kind}, written by vitlab.deploy.save_int8), not a plain model: read it "
+                              "with vitlab.deploy.load_int8(path)" if kind else f"{path}: a plain vitlab checkpoint, not a "
+                              f"serving copy ({serving}): read it with vitlab.load")
     if meta.get("format") != FORMAT_NAME or "config" not in meta:
-        raise CheckpointError(
-            f"{path}: a .safetensors file without vitlab metadata (format={meta.get('format')!r}); "
-            "if it holds timm or Hugging Face weights, load it with format='timm' or 'hf'"
-        )
+        raise CheckpointError(f"{path}: a .safetensors file without vitlab metadata (format={meta.get('format')!r}); "
+                              "if it holds timm or Hugging Face weights, load it with format='timm' or 'hf'")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path}: vitlab format version {meta.get('format_version')!r}, this vitlab reads {FORMAT_VERSION!r}"
-        )
+        raise CheckpointError(f"{path}: vitlab format version {meta.get('format_version')!r}, this vitlab reads {FORMAT_VERSION!r}")
     try:
         config = config_from_dict(json.loads(meta["config"]), meta.get("config_kind", "vit"))
     except (ConfigError, json.JSONDecodeError, TypeError) as e:
@@ -201,10 +184,8 @@ def parse_class_names(raw: Optional[str], num_classes: int, source: str, key: st
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise CheckpointError(f"{source}: the {key} metadata must be a list of strings, found {str(names)[:80]}")
     if len(names) != num_classes:
-        raise CheckpointError(
-            f"{source}: {len(names)} class names for a head of {num_classes} classes; the metadata does not "
-            "belong to these weights"
-        )
+        raise CheckpointError(f"{source}: {len(names)} class names for a head of {num_classes} classes; the metadata does not "
+                              "belong to these weights")
     return names
 
 
@@ -283,7 +264,5 @@ def check_values(state: dict[str, Tensor], source: str) -> None:
             raise CheckpointError(f"{source}: tensor {k} has dtype {t.dtype}; model weights are floating point")
         if not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
-            raise CheckpointError(
-                f"{source}: tensor {k} holds {bad} NaN or infinite value(s); these weights cannot give predictions "
-                "(a diverged training run, or a damaged file)"
-            )
+            raise CheckpointError(f"{source}: tensor {k} holds {bad} NaN or infinite value(s); these weights cannot give "
+                                  "predictions (a diverged training run, or a damaged file)")

@@ -56,10 +56,8 @@ POS = "Transformer/posembed_input/pos_embedding"
 # The two spellings of the modules inside an encoder block: (LN before attention,
 # attention, LN before the MLP, MLP). "original" is what the paper's release (and timm's npz
 # reader) uses; vitlab writes it. "linen" is the later Flax Linen numbering.
-SPELLINGS = {
-    "original": ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),
-    "linen": ("LayerNorm_0", "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0"),
-}
+SPELLINGS = {"original": ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),
+             "linen": ("LayerNorm_0", "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0")}
 
 
 def official_numerics(cfg: ViTConfig) -> ViTConfig:
@@ -67,10 +65,8 @@ def official_numerics(cfg: ViTConfig) -> ViTConfig:
     resnet = cfg.resnet
     if resnet is not None:
         resnet = ResNetConfig(layers=resnet.layers, width_factor=resnet.width_factor, ws_eps=1e-5, ws_mode="std", gn_eps=1e-6)
-    return cfg.replace(
-        gelu="tanh", layer_norm_eps=1e-6, resize_mode="bilinear_aligned", resnet=resnet,
-        mean=(0.5,) * cfg.in_channels, std=(0.5,) * cfg.in_channels, head_init="zeros",
-    )
+    return cfg.replace(gelu="tanh", layer_norm_eps=1e-6, resize_mode="bilinear_aligned", resnet=resnet,
+                       mean=(0.5,) * cfg.in_channels, std=(0.5,) * cfg.in_channels, head_init="zeros")
 
 
 # The table ------------------------------------------------------------------------------
@@ -82,10 +78,7 @@ def rules(cfg: ViTConfig, spelling: str = "original") -> list[Rule]:
     qkv_bias = Rule("", ("",), lambda t: t.reshape(h * dh), lambda t: (t.reshape(h, dh),))
     out_kernel = Rule("", ("",), lambda t: t.reshape(h * dh, d).t(), lambda t: (t.t().reshape(h, dh, d),))
 
-    table = [
-        permuted("patch_embed.proj.weight", "embedding/kernel", HWIO_TO_OIHW),
-        copy("patch_embed.proj.bias", "embedding/bias"),
-    ]
+    table = [permuted("patch_embed.proj.weight", "embedding/kernel", HWIO_TO_OIHW), copy("patch_embed.proj.bias", "embedding/bias")]
     if cfg.pos_embed == "learned":
         table.append(copy("pos_embed.pos_embedding", POS))
     if cfg.has_class_token:
@@ -248,21 +241,15 @@ def from_big_vision(a: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor
 def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
     """The architecture, from the arrays' names and shapes alone."""
     if "embedding/kernel" not in a:
-        raise CheckpointError(
-            f"{source}: no 'embedding/kernel' array, so not an official ViT checkpoint; found {', '.join(sorted(a)[:6])}"
-        )
+        raise CheckpointError(f"{source}: no 'embedding/kernel' array, so not an official ViT checkpoint; found {', '.join(sorted(a)[:6])}")
     ph, pw, cin, d = a["embedding/kernel"].shape
     if ph != pw:
         raise CheckpointError(f"{source}: embedding/kernel {tuple(a['embedding/kernel'].shape)} has non-square patches")
     depth = count_indexed(a, lambda i: f"Transformer/encoderblock_{i}/LayerNorm_0/scale")
-    spelling = next(
-        (s for s, names in SPELLINGS.items() if f"Transformer/encoderblock_0/{names[1]}/query/kernel" in a), None
-    )
+    spelling = next((s for s, names in SPELLINGS.items() if f"Transformer/encoderblock_0/{names[1]}/query/kernel" in a), None)
     if depth == 0 or spelling is None:
-        raise CheckpointError(
-            f"{source}: no Transformer/encoderblock_0/... arrays in either known spelling "
-            f"({', '.join(n[1] for n in SPELLINGS.values())})"
-        )
+        raise CheckpointError(f"{source}: no Transformer/encoderblock_0/... arrays in either known spelling "
+                              f"({', '.join(n[1] for n in SPELLINGS.values())})")
     _, mha, _, mlp = SPELLINGS[spelling]
     _, heads, _ = a[f"Transformer/encoderblock_0/{mha}/query/kernel"].shape
     mlp_dim = a[f"Transformer/encoderblock_0/{mlp}/Dense_0/kernel"].shape[1]
@@ -283,24 +270,13 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
     else:
         raise CheckpointError(f"{source}: no {POS} array; the original layout's models always have one "
                               "(only big_vision's linen layout has fixed sin-cos models without it)")
-    cfg = ViTConfig(
-        name="npz",
-        image_size=(side * stride, side * stride),
-        patch_size=ph,
-        in_channels=in_channels,
-        hidden_size=d,
-        depth=depth,
-        num_heads=heads,
-        mlp_dim=mlp_dim,
-        num_classes=a["head/kernel"].shape[1] if "head/kernel" in a else 0,
-        classifier="token" if token else "gap",
-        pos_embed=pos_embed,
-        representation_size=a["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in a else None,
-        qkv_bias=f"Transformer/encoderblock_0/{mha}/query/bias" in a,
-        resnet=resnet,
-        mean=(0.5,) * in_channels,
-        std=(0.5,) * in_channels,
-    )
+    cfg = ViTConfig(name="npz", image_size=(side * stride, side * stride), patch_size=ph, in_channels=in_channels,
+                    hidden_size=d, depth=depth, num_heads=heads, mlp_dim=mlp_dim,
+                    num_classes=a["head/kernel"].shape[1] if "head/kernel" in a else 0,
+                    classifier="token" if token else "gap", pos_embed=pos_embed,
+                    representation_size=a["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in a else None,
+                    qkv_bias=f"Transformer/encoderblock_0/{mha}/query/bias" in a, resnet=resnet,
+                    mean=(0.5,) * in_channels, std=(0.5,) * in_channels)
     cfg = official_numerics(cfg)
     return cfg.replace(name=describe(cfg)), spelling
 
@@ -380,10 +356,8 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[
         numerics.append(f"layer_norm_eps={cfg.layer_norm_eps:g} (official: 1e-6)")
     r = cfg.resnet
     if r is not None and (r.ws_mode, r.ws_eps, r.gn_eps) != ("std", 1e-5, 1e-6):
-        numerics.append(
-            f"ResNet ws_mode={r.ws_mode!r} ws_eps={r.ws_eps:g} gn_eps={r.gn_eps:g} "
-            "(official: (w-mean)/(std+1e-5), GroupNorm eps 1e-6)"
-        )
+        numerics.append(f"ResNet ws_mode={r.ws_mode!r} ws_eps={r.ws_eps:g} gn_eps={r.gn_eps:g} "
+                        "(official: (w-mean)/(std+1e-5), GroupNorm eps 1e-6)")
     refuse("the official .npz format", features, numerics, allow_numerics_change)
     return numerics
 

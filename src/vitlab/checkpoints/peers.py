@@ -70,11 +70,9 @@ HF_PREPROCESSING: dict[str, Any] = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0
 
 # timm's default tag (the weights `timm.create_model(NAME, pretrained=True)` loads) where it is
 # not augreg_in21k_ft_in1k: (size, patch or stride, resolution, hybrid depth) -> tag.
-TIMM_DEFAULT_TAGS = {
-    ("B", 16, 224, 0): "augreg2_in21k_ft_in1k", ("B", 8, 224, 0): "augreg2_in21k_ft_in1k",
-    ("L", 32, 224, 0): "orig_in21k", ("H", 14, 224, 0): "orig_in21k", ("L", 32, 384, 0): "orig_in21k_ft_in1k",
-    ("B", 16, 224, 50): "orig_in21k", ("B", 16, 384, 50): "orig_in21k_ft_in1k",
-}
+TIMM_DEFAULT_TAGS = {("B", 16, 224, 0): "augreg2_in21k_ft_in1k", ("B", 8, 224, 0): "augreg2_in21k_ft_in1k",
+                     ("L", 32, 224, 0): "orig_in21k", ("H", 14, 224, 0): "orig_in21k", ("L", 32, 384, 0): "orig_in21k_ft_in1k",
+                     ("B", 16, 224, 50): "orig_in21k", ("B", 16, 384, 50): "orig_in21k_ft_in1k"}
 TIMM_TAG = "augreg_in21k_ft_in1k"
 
 

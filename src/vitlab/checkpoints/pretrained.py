@@ -73,13 +73,11 @@ _TIMM_224: dict[str, Any] = {"crop_pct": 0.875, "crop_mode": "center", "interpol
 
 def _paper() -> list[Pretrained]:
     # (model, file stem, HF hub id of the 21k weights, of the 384 px fine-tune)
-    models = [
-        ("ViT-B/16", "ViT-B_16", "google/vit-base-patch16-224-in21k", "google/vit-base-patch16-384"),
-        ("ViT-B/32", "ViT-B_32", "google/vit-base-patch32-224-in21k", "google/vit-base-patch32-384"),
-        ("ViT-L/16", "ViT-L_16", "google/vit-large-patch16-224-in21k", "google/vit-large-patch16-384"),
-        ("ViT-L/32", "ViT-L_32", "google/vit-large-patch32-224-in21k", "google/vit-large-patch32-384"),
-        ("R50+ViT-B/16", "R50+ViT-B_16", None, None),
-    ]
+    models = [("ViT-B/16", "ViT-B_16", "google/vit-base-patch16-224-in21k", "google/vit-base-patch16-384"),
+              ("ViT-B/32", "ViT-B_32", "google/vit-base-patch32-224-in21k", "google/vit-base-patch32-384"),
+              ("ViT-L/16", "ViT-L_16", "google/vit-large-patch16-224-in21k", "google/vit-large-patch16-384"),
+              ("ViT-L/32", "ViT-L_32", "google/vit-large-patch32-224-in21k", "google/vit-large-patch32-384"),
+              ("R50+ViT-B/16", "R50+ViT-B_16", None, None)]
     out = []
     for model, stem, hf21k, hf384 in models:
         out.append(Pretrained(f"{model}:imagenet21k", model, f"imagenet21k/{stem}.npz", 224, 21843, IN21K, hf21k, **_TIMM_224))
@@ -114,16 +112,12 @@ _AUGREG = {
         "ft384": "--imagenet2012-steps_20k-lr_0.01-res_384"}),
 }
 # Fine-tunes whose pre-training run differs from the 21k checkpoint published for the model.
-_AUGREG_OTHER = {
-    ("ViT-B/32", "ft384"): "B_32-" + _I21K + "aug_light1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384",
-    ("R26+ViT-S/32", "ft224"): "R26_S_32-" + _I21K + "aug_light0-wd_0.03-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.03-res_224",
-    ("R50+ViT-L/32", "ft224"): "R50_L_32-" + _I21K + "aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224",
-}
-_AUGREG_IN1K = {
-    "ViT-S/16": "S_16-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224",
-    "ViT-B/16": "B_16-i1k-300ep-lr_0.001-aug_strong2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224",
-    "ViT-B/32": "B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224",
-}
+_AUGREG_OTHER = {("ViT-B/32", "ft384"): "B_32-" + _I21K + "aug_light1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384",
+                 ("R26+ViT-S/32", "ft224"): "R26_S_32-" + _I21K + "aug_light0-wd_0.03-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.03-res_224",
+                 ("R50+ViT-L/32", "ft224"): "R50_L_32-" + _I21K + "aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224"}
+_AUGREG_IN1K = {"ViT-S/16": "S_16-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224",
+                "ViT-B/16": "B_16-i1k-300ep-lr_0.001-aug_strong2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224",
+                "ViT-B/32": "B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224"}
 
 
 _TIMM_AUGREG: dict[str, Any] = {"crop_mode": "center", "interpolation": "bicubic"}
@@ -175,11 +169,9 @@ def lookup(name: str) -> Pretrained:
     if key in folded:
         return PRETRAINED[folded[key]]
     hint = suggest.hint(name, PRETRAINED)
-    raise CheckpointError(
-        f"unknown pretrained name {name!r}{hint} Names are MODEL:WEIGHTS, e.g. ViT-B/16:imagenet21k; "
-        "vitlab.checkpoints.pretrained.list_pretrained() lists them all (see docs/converting.md). "
-        "A local file loads by its path"
-    )
+    raise CheckpointError(f"unknown pretrained name {name!r}{hint} Names are MODEL:WEIGHTS, e.g. ViT-B/16:imagenet21k; "
+                          "vitlab.checkpoints.pretrained.list_pretrained() lists them all (see docs/converting.md). "
+                          "A local file loads by its path")
 
 
 # The cache --------------------------------------------------------------------------------
@@ -210,17 +202,13 @@ def _verify_cached(entry: Pretrained, path: Path) -> None:
     unchanged (size, mtime) since it was last verified is not hashed again."""
     rec = _recorded().get(entry.path)
     st = path.stat()
-    if rec and (rec.get("size"), rec.get("mtime_ns")) == (st.st_size, st.st_mtime_ns) and (
-        entry.sha256 is None or rec.get("sha256") == entry.sha256
-    ):
+    if rec and (rec.get("size"), rec.get("mtime_ns")) == (st.st_size, st.st_mtime_ns) and (entry.sha256 is None or rec.get("sha256") == entry.sha256):
         return
     want = entry.sha256 or (rec or {}).get("sha256")
     digest = sha256_file(path)
     if want is not None and digest != want:
-        raise CheckpointError(
-            f"{path}: sha256 {digest[:16]}... does not match the expected {want[:16]}... for {entry.name}; "
-            "the file is corrupt or not the published one. Delete it and load the name again to re-download"
-        )
+        raise CheckpointError(f"{path}: sha256 {digest[:16]}... does not match the expected {want[:16]}... for {entry.name}; "
+                              "the file is corrupt or not the published one. Delete it and load the name again to re-download")
     _record(entry, digest, path)
 
 
@@ -239,10 +227,8 @@ def fetch(name: str, progress: Optional[bool] = None) -> Path:
 
 def _offline_message(entry: Pretrained, path: Path, reason: str) -> str:
     file = entry.path.rsplit("/", 1)[-1]
-    return (
-        f"cannot download {entry.name} from {entry.url} ({reason}). Offline, load a local copy by its path, "
-        f"e.g. vitlab.load(\"path/to/{file}\"), or put the file at {path} and load the name again"
-    )
+    return (f"cannot download {entry.name} from {entry.url} ({reason}). Offline, load a local copy by its path, "
+            f"e.g. vitlab.load(\"path/to/{file}\"), or put the file at {path} and load the name again")
 
 
 def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:

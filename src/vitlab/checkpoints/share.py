@@ -16,6 +16,7 @@ config.yaml), the preprocessing, and how to load the model in vitlab, timm and t
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -143,31 +144,18 @@ def _index_transformers_weights(folder: Path) -> None:
 
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         keys = list(f.keys())
-        size = sum(_numel(f.get_slice(k).get_shape()) for k in keys) * 4  # float32, as hf.write stores them
+        size = sum(math.prod(f.get_slice(k).get_shape()) for k in keys) * 4  # float32, as hf.write stores them
     index = {"metadata": {"total_size": size}, "weight_map": {k: HF_SHARD for k in sorted(keys)}}
     os.replace(folder / "model.safetensors", folder / HF_SHARD)
     atomic_write_text(folder / HF_INDEX, json.dumps(index, indent=2) + "\n")
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 # The model card -------------------------------------------------------------------------------
 # What a card calls the datasets vitlab knows: (display name, the Hugging Face Hub dataset id
 # or None). Keys are vitlab.data's identities (identity.py) and declared spec names.
-DATASETS = {
-    "cifar10": ("CIFAR-10", "cifar10"),
-    "cifar100": ("CIFAR-100", "cifar100"),
-    "imagenet": ("ImageNet-1k (ILSVRC-2012)", "imagenet-1k"),
-    "pets": ("Oxford-IIIT Pets", None),
-    "flowers": ("Oxford Flowers-102", None),
-    "fashion-mnist": ("Fashion-MNIST", "fashion_mnist"),
-    "digits": ("scikit-learn's 8x8 digits", None),
-}
+DATASETS = {"cifar10": ("CIFAR-10", "cifar10"), "cifar100": ("CIFAR-100", "cifar100"), "imagenet": ("ImageNet-1k (ILSVRC-2012)", "imagenet-1k"),
+            "pets": ("Oxford-IIIT Pets", None), "flowers": ("Oxford Flowers-102", None), "fashion-mnist": ("Fashion-MNIST", "fashion_mnist"),
+            "digits": ("scikit-learn's 8x8 digits", None)}
 
 
 def dataset_of(facts: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:
@@ -205,12 +193,9 @@ def _model_index(title: str, facts: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _front_matter(model, facts: dict[str, Any], title: str, license: str) -> str:
-    meta: dict[str, Any] = {
-        "license": license,
-        "library_name": "transformers",
-        "pipeline_tag": "image-classification" if model.config.num_classes else "image-feature-extraction",
-        "tags": ["vitlab", "vision-transformer", "timm", "image-classification"],
-    }
+    meta: dict[str, Any] = {"license": license, "library_name": "transformers",
+                            "pipeline_tag": "image-classification" if model.config.num_classes else "image-feature-extraction",
+                            "tags": ["vitlab", "vision-transformer", "timm", "image-classification"]}
     _, hub_id = dataset_of(facts)
     if hub_id:
         meta["datasets"] = [hub_id]
@@ -265,19 +250,16 @@ def _data_and_metrics(model, facts: dict[str, Any]) -> list[str]:
 
 
 # The settings of a run that a reader needs to train it again: (section, key, label).
-HYPERPARAMETERS = [
-    ("optim", "name", "optimiser"), ("optim", "lr", "learning rate"), ("optim", "betas", "betas"),
-    ("optim", "momentum", "momentum"), ("optim", "weight_decay", "weight decay"),
-    ("optim", "warmup_steps", "warm-up steps"), ("optim", "decay", "decay schedule"),
-    ("optim", "end_lr", "final learning rate"), ("optim", "clip_grad_norm", "gradient clipping (global norm)"),
-    ("train", "batch_size", "batch size"), ("train", "steps", "steps"), ("train", "epochs", "epochs"),
-    ("train", "objective", "objective"), ("train", "precision", "precision"), ("train", "seed", "seed"),
-    ("train", "label_smoothing", "label smoothing"), ("train", "mixup", "Mixup alpha"),
-    ("train", "cutmix", "CutMix alpha"), ("train", "ema", "EMA decay"), ("model", "dropout", "dropout"),
-    ("model", "drop_path", "stochastic depth"), ("data", "crop", "training crop"),
-    ("data", "crop_scale", "inception crop scale"),
-    ("data", "hflip", "horizontal flip"), *(("data", a.option, a.words) for a in AUGMENTATIONS),
-]
+HYPERPARAMETERS = [("optim", "name", "optimiser"), ("optim", "lr", "learning rate"), ("optim", "betas", "betas"),
+                   ("optim", "momentum", "momentum"), ("optim", "weight_decay", "weight decay"),
+                   ("optim", "warmup_steps", "warm-up steps"), ("optim", "decay", "decay schedule"),
+                   ("optim", "end_lr", "final learning rate"), ("optim", "clip_grad_norm", "gradient clipping (global norm)"),
+                   ("train", "batch_size", "batch size"), ("train", "steps", "steps"), ("train", "epochs", "epochs"),
+                   ("train", "objective", "objective"), ("train", "precision", "precision"), ("train", "seed", "seed"),
+                   ("train", "label_smoothing", "label smoothing"), ("train", "mixup", "Mixup alpha"),
+                   ("train", "cutmix", "CutMix alpha"), ("train", "ema", "EMA decay"), ("model", "dropout", "dropout"),
+                   ("model", "drop_path", "stochastic depth"), ("data", "crop", "training crop"), ("data", "crop_scale", "inception crop scale"),
+                   ("data", "hflip", "horizontal flip"), *(("data", a.option, a.words) for a in AUGMENTATIONS)]
 
 
 OFF_WHEN_ZERO = ("steps", "epochs", "label_smoothing", "mixup", "cutmix", "ema", "dropout", "drop_path",
@@ -340,14 +322,8 @@ def _how_to_load(repo_id: str, why_not_timm: Optional[str]) -> list[str]:
         "",
     ]
     if why_not_timm is None:
-        lines += [
-            "timm:",
-            "```python",
-            "import timm",
-            f'model = timm.create_model("hf-hub:{repo_id}", pretrained=True)',
-            "transform = timm.data.create_transform(**timm.data.resolve_data_config(model=model))",
-            "```",
-        ]
+        lines += ["timm:", "```python", "import timm", f'model = timm.create_model("hf-hub:{repo_id}", pretrained=True)',
+                  "transform = timm.data.create_transform(**timm.data.resolve_data_config(model=model))", "```"]
     else:
         lines += [f"timm: no timm weights in this repo ({why_not_timm})."]
     return lines + [""]
@@ -382,10 +358,8 @@ def push(model, target: str, run: Optional[str | os.PathLike] = None, token: Opt
     absent); returns the commit's URL. `run` is the training run folder for the card."""
     repo_id = repo_of(target)
     if hub.offline():
-        raise CheckpointError(
-            f"cannot push to {repo_id}: offline mode is on ($HF_HUB_OFFLINE or $VITLAB_OFFLINE); unset it, or "
-            "write the folder alone with `vitlab push ... --folder DIR` and upload it later"
-        )
+        raise CheckpointError(f"cannot push to {repo_id}: offline mode is on ($HF_HUB_OFFLINE or $VITLAB_OFFLINE); unset it, or "
+                              "write the folder alone with `vitlab push ... --folder DIR` and upload it later")
     hub._require_hub()
     from huggingface_hub import HfApi, errors
 
@@ -395,17 +369,13 @@ def push(model, target: str, run: Optional[str | os.PathLike] = None, token: Opt
                       license, dataset)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
-            info = api.upload_folder(
-                repo_id=repo_id, folder_path=str(Path(tmp) / "repo"), revision=revision,
-                commit_message=commit_message or f"Upload {model.config.name} with vitlab",
-            )
+            info = api.upload_folder(repo_id=repo_id, folder_path=str(Path(tmp) / "repo"), revision=revision,
+                                     commit_message=commit_message or f"Upload {model.config.name} with vitlab")
         except errors.HfHubHTTPError as e:
             status = getattr(getattr(e, "response", None), "status_code", None)
             if status in (401, 403):
-                raise CheckpointError(
-                    f"the Hub refused the upload to {repo_id} (HTTP {status}): set HF_TOKEN to a token with write "
-                    "access (or run `hf auth login`)"
-                ) from None
+                raise CheckpointError(f"the Hub refused the upload to {repo_id} (HTTP {status}): set HF_TOKEN to a token with write "
+                                      "access (or run `hf auth login`)") from None
             raise CheckpointError(f"upload to {repo_id} failed: {error_line(e)}") from None
         except hub_client_errors() as e:  # no connection, a timeout, any error of the Hub's HTTP library
             raise CheckpointError(f"upload to {repo_id} failed: no answer from {api.endpoint} "

@@ -21,7 +21,16 @@ from typing import Callable, Collection, Optional, Sequence
 import torch
 from torch import Tensor
 
-from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, guessed_preprocessing, head_names, parse_class_names, regular_file
+from vitlab.checkpoints.io import (
+    CheckpointError,
+    Imported,
+    expected_shapes,
+    guessed_preprocessing,
+    head_names,
+    parse_class_names,
+    read_metadata,
+    regular_file,
+)
 from vitlab.checkpoints.labels import is_imagenet
 from vitlab.config import ModelConfig, ViTConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write, atomic_write_bytes
@@ -79,9 +88,7 @@ def _few(keys: Sequence[str], n: int = 8) -> str:
     return ", ".join(keys[:n]) + (f", ... ({len(keys)} in all)" if len(keys) > n else "")
 
 
-def import_state(
-    rules: Sequence[Rule], theirs: dict[str, Tensor], expected: dict[str, tuple[int, ...]], source: str
-) -> dict[str, Tensor]:
+def import_state(rules: Sequence[Rule], theirs: dict[str, Tensor], expected: dict[str, tuple[int, ...]], source: str) -> dict[str, Tensor]:
     """Their state dict -> ours. Every one of their keys must be used, every shape must fit."""
     missing = [k for r in rules for k in r.theirs if k not in theirs]
     used = {k for r in rules for k in r.theirs}
@@ -117,11 +124,8 @@ def export_state(rules: Sequence[Rule], ours: dict[str, Tensor], target: str) ->
     left = sorted(k for k in ours if k not in used)
     missing = [r.ours for r in rules if r.ours not in ours]
     if left or missing:
-        raise CheckpointError(
-            f"{target}: no place for vitlab parameters {_few(left)}"
-            if left
-            else f"{target}: the model lacks parameters {_few(missing)} that the layout needs"
-        )
+        raise CheckpointError(f"{target}: no place for vitlab parameters {_few(left)}" if left
+                              else f"{target}: the model lacks parameters {_few(missing)} that the layout needs")
     out: dict[str, Tensor] = {}
     for r in rules:
         for k, t in zip(r.theirs, r.to_theirs(ours[r.ours].detach().cpu()), strict=True):
@@ -187,10 +191,8 @@ def guess_num_heads(width: int) -> int:
 def square_grid(patch_tokens: int, source: str) -> int:
     side = round(patch_tokens**0.5)
     if side * side != patch_tokens:
-        raise CheckpointError(
-            f"{source}: the position embedding has {patch_tokens} patch rows, not a square grid; "
-            "pass image_size=(H, W) to vitlab.load to say which grid it is"
-        )
+        raise CheckpointError(f"{source}: the position embedding has {patch_tokens} patch rows, not a square grid; "
+                              "pass image_size=(H, W) to vitlab.load to say which grid it is")
     return side
 
 
@@ -203,22 +205,18 @@ def read_tensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, 
     with `weights_only=True`: PyTorch's restricted unpickler, which runs no code from the file."""
     path = regular_file(path)
     if path.suffix == ".safetensors":
-        from safetensors import safe_open
         from safetensors.torch import load_file
 
+        meta = read_metadata(path)
         try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = dict(f.metadata() or {})
             return load_file(str(path)), meta
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{path}: not a readable .safetensors file ({e})") from None
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # UnpicklingError for anything but tensors and plain containers
-        raise CheckpointError(
-            f"{path}: refused: not a plain tensor file ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
-            "vitlab never runs pickled code; re-save the weights as a state dict of tensors"
-        ) from None
+        raise CheckpointError(f"{path}: refused: not a plain tensor file ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+                              "vitlab never runs pickled code; re-save the weights as a state dict of tensors") from None
     # Training scripts often wrap the weights: {"state_dict": ...} or {"model": ...}.
     for key in ("state_dict", "model", "module"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
@@ -291,10 +289,8 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
     else:
         names = json.loads(metadata.get("vitlab.class_names") or "null")
         if names and not is_imagenet(names):
-            warnings.warn(
-                f"{path}: a torch.save state dict has no place for the {len(names)} class names; "
-                "write a .safetensors file to keep them"
-            , stacklevel=2)
+            warnings.warn(f"{path}: a torch.save state dict has no place for the {len(names)} class names; "
+                          "write a .safetensors file to keep them", stacklevel=2)
         # Into memory first: torch.save reports a full disk as "unexpected pos", a plain write
         # as the OS's own error.
         buffer = io.BytesIO()
@@ -340,12 +336,8 @@ DEFAULTS_OF = {"timm": "timm's pretrained_cfg default", "torchvision": "torchvis
 
 
 def writer_metadata(model, fmt: str) -> dict[str, str]:
-    return {
-        "format": fmt,
-        "vitlab.config": model.config.to_json(),
-        "vitlab.config_kind": config_kind(model.config),
-        "vitlab.class_names": json.dumps(head_names(model.config, model.class_names)),
-    }
+    return {"format": fmt, "vitlab.config": model.config.to_json(), "vitlab.config_kind": config_kind(model.config),
+            "vitlab.class_names": json.dumps(head_names(model.config, model.class_names))}
 
 
 def refuse(target: str, features: list[str], numerics: list[str], allow_numerics_change: bool) -> None:
@@ -353,10 +345,8 @@ def refuse(target: str, features: list[str], numerics: list[str], allow_numerics
     if features:
         raise CheckpointError(f"{target} cannot represent {'; '.join(features)}: not written")
     if numerics and not allow_numerics_change:
-        raise CheckpointError(
-            f"{target} computes differently: {'; '.join(numerics)}. Not written; pass "
-            "allow_numerics_change=True (CLI: --allow-numerics-change) to write the weights anyway"
-        )
+        raise CheckpointError(f"{target} computes differently: {'; '.join(numerics)}. Not written; pass "
+                              "allow_numerics_change=True (CLI: --allow-numerics-change) to write the weights anyway")
 
 
 # What a written file carries back ---------------------------------------------------------
@@ -399,10 +389,8 @@ def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_
         parts = ([f"computes differently: {'; '.join(numerics)}"] if numerics else []) + \
             ([f"cannot carry {'; '.join(compute)} (a reader would build another model)"] if compute else [])
         fix = "write a .safetensors file (it carries vitlab's config), or pass" if compute else "pass"
-        raise CheckpointError(
-            f"{target} {' and '.join(parts)}. Not written; {fix} allow_numerics_change=True "
-            "(CLI: --allow-numerics-change) to write the weights anyway"
-        )
+        raise CheckpointError(f"{target} {' and '.join(parts)}. Not written; {fix} allow_numerics_change=True "
+                              "(CLI: --allow-numerics-change) to write the weights anyway")
     if numerics or compute:
         warnings.warn(f"{target}: the reloaded model will differ: {'; '.join([*numerics, *compute])}", stacklevel=2)
     for line in around_the_network(target, ours, back):

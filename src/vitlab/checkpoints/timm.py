@@ -60,25 +60,16 @@ BACKBONE = "patch_embed.backbone."
 
 # The table ------------------------------------------------------------------------------
 def rules(cfg: ViTConfig) -> list[Rule]:
-    table = [
-        copy("patch_embed.proj.weight", "patch_embed.proj.weight"),
-        copy("patch_embed.proj.bias", "patch_embed.proj.bias"),
-        copy("pos_embed.pos_embedding", "pos_embed"),
-        copy("norm.weight", "norm.weight"),
-        copy("norm.bias", "norm.bias"),
-    ]
+    # The same names but one: timm's position embedding is a bare tensor.
+    same = ["patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed", "norm.weight", "norm.bias"]
     if cfg.has_class_token:
-        table.append(copy("cls_token", "cls_token"))
+        same.append("cls_token")
     for i in range(cfg.depth):
-        b = f"blocks.{i}."
-        names = ["norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"]
-        for n in names:
-            for p in ("weight", "bias"):
-                if n == "attn.qkv" and p == "bias" and not cfg.qkv_bias:
-                    continue
-                table.append(copy(f"{b}{n}.{p}", f"{b}{n}.{p}"))
+        for n in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"):
+            same += [f"blocks.{i}.{n}.{p}" for p in ("weight", "bias") if not (n == "attn.qkv" and p == "bias" and not cfg.qkv_bias)]
     if cfg.num_classes:
-        table += [copy("head.weight", "head.weight"), copy("head.bias", "head.bias")]
+        same += ["head.weight", "head.bias"]
+    table = [copy("pos_embed.pos_embedding" if k == "pos_embed" else k, k) for k in same]
     if cfg.resnet is not None:
         table += resnet_rules(cfg.resnet.layers, _resnet_name, copy, ("weight", "bias"))
     return table
@@ -154,9 +145,7 @@ def read_folder(folder: Path) -> Imported:
     c = folder_config(folder)
     weights = _folder_weights(folder)
     if c is None or weights is None:
-        raise CheckpointError(
-            f"{folder}: not a timm Hub folder (config.json with 'architecture', and {' or '.join(FOLDER_WEIGHTS)})"
-        )
+        raise CheckpointError(f"{folder}: not a timm Hub folder (config.json with 'architecture', and {' or '.join(FOLDER_WEIGHTS)})")
     imported = read(weights)
     pcfg = c.get("pretrained_cfg") or {}
     interpolation = pcfg.get("interpolation")
@@ -175,15 +164,11 @@ def read_folder(folder: Path) -> Imported:
 
 def infer_config(s: dict, source: str) -> ViTConfig:
     if not looks_like(set(s)):
-        raise CheckpointError(
-            f"{source}: not a timm VisionTransformer state dict (no patch_embed.proj.weight / pos_embed / "
-            f"blocks.0.attn.qkv.weight); found {', '.join(sorted(s)[:6])}"
-        )
+        raise CheckpointError(f"{source}: not a timm VisionTransformer state dict (no patch_embed.proj.weight / pos_embed / "
+                              f"blocks.0.attn.qkv.weight); found {', '.join(sorted(s)[:6])}")
     if "fc_norm.weight" in s:
-        raise CheckpointError(
-            f"{source}: has fc_norm (timm's LayerNorm after pooling, fc_norm=True); vitlab's GAP normalises "
-            "the tokens before pooling, as the paper does, and cannot represent it"
-        )
+        raise CheckpointError(f"{source}: has fc_norm (timm's LayerNorm after pooling, fc_norm=True); vitlab's GAP normalises "
+                              "the tokens before pooling, as the paper does, and cannot represent it")
     d, cin, p, _ = s["patch_embed.proj.weight"].shape
     depth = count_indexed(s, lambda i: f"blocks.{i}.norm1.weight")
     resnet = None
@@ -194,25 +179,13 @@ def infer_config(s: dict, source: str) -> ViTConfig:
     token = "cls_token" in s
     tokens = s["pos_embed"].shape[1]
     if token and round(tokens**0.5) ** 2 == tokens and round((tokens - 1) ** 0.5) ** 2 != tokens - 1:
-        raise CheckpointError(
-            f"{source}: pos_embed has no class-token row (timm's no_embed_class=True); vitlab adds a position "
-            "embedding to the class token, as the paper does, and cannot represent it"
-        )
+        raise CheckpointError(f"{source}: pos_embed has no class-token row (timm's no_embed_class=True); vitlab adds a position "
+                              "embedding to the class token, as the paper does, and cannot represent it")
     side = square_grid(tokens - int(token), source)
-    cfg = ViTConfig(
-        name="timm",
-        image_size=side * p * (resnet.stride if resnet else 1),
-        patch_size=p,
-        in_channels=cin,
-        hidden_size=d,
-        depth=depth,
-        num_heads=guess_num_heads(d),
-        mlp_dim=s["blocks.0.mlp.fc1.weight"].shape[0],
-        num_classes=s["head.weight"].shape[0] if "head.weight" in s else 0,
-        classifier="token" if token else "gap",
-        qkv_bias="blocks.0.attn.qkv.bias" in s,
-        resnet=resnet,
-    )
+    cfg = ViTConfig(name="timm", image_size=side * p * (resnet.stride if resnet else 1), patch_size=p, in_channels=cin,
+                    hidden_size=d, depth=depth, num_heads=guess_num_heads(d), mlp_dim=s["blocks.0.mlp.fc1.weight"].shape[0],
+                    num_classes=s["head.weight"].shape[0] if "head.weight" in s else 0,
+                    classifier="token" if token else "gap", qkv_bias="blocks.0.attn.qkv.bias" in s, resnet=resnet)
     # A state dict names no preprocessing: timm's default for the architecture (its
     # pretrained_cfg), what timm's own resolve_data_config gives the same model.
     cfg = timm_numerics(cfg).replace(**default_preprocessing(cfg))
@@ -249,9 +222,7 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[
     if cfg.representation_size:
         features.append(f"representation_size={cfg.representation_size} (timm's VisionTransformer has no pre-logits layer)")
     if cfg.resnet is not None and cfg.resnet.ws_mode != "var":
-        numerics.append(
-            f"ResNet ws_mode={cfg.resnet.ws_mode!r}: (w-mean)/(std+eps) (timm's StdConv2dSame computes (w-mean)/sqrt(var+eps))"
-        )
+        numerics.append(f"ResNet ws_mode={cfg.resnet.ws_mode!r}: (w-mean)/(std+eps) (timm's StdConv2dSame computes (w-mean)/sqrt(var+eps))")
     refuse("timm", features, numerics, allow_numerics_change)
     return numerics
 
@@ -280,14 +251,9 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
 def pretrained_cfg(cfg: ModelConfig) -> dict[str, Any]:
     """timm's description of the preprocessing (what `resolve_data_config` reads)."""
     return {
-        "input_size": [cfg.in_channels, *cfg.image_size],
-        "fixed_input_size": not getattr(cfg, "dynamic_image_size", False),
-        "interpolation": cfg.interpolation,
-        "crop_pct": cfg.crop_fraction,
-        "crop_mode": cfg.crop_mode,
-        "mean": list(cfg.mean),
-        "std": list(cfg.std),
-        "num_classes": cfg.num_classes,
+        "input_size": [cfg.in_channels, *cfg.image_size], "fixed_input_size": not getattr(cfg, "dynamic_image_size", False),
+        "interpolation": cfg.interpolation, "crop_pct": cfg.crop_fraction, "crop_mode": cfg.crop_mode,
+        "mean": list(cfg.mean), "std": list(cfg.std), "num_classes": cfg.num_classes,
         # timm's names of the first convolution and the classifier of its ViT and ResNetV2
         "first_conv": "stem.conv" if isinstance(cfg, BiTConfig) else "patch_embed.proj",
         "classifier": "head.fc" if isinstance(cfg, BiTConfig) else "head",
@@ -307,14 +273,9 @@ def hub_config(model, weights_file: str = "model.safetensors") -> dict[str, Any]
         pcfg["hf_hub_filename"] = weights_file
     if model.class_names:
         pcfg["label_names"] = list(model.class_names)
-    return {
-        "architecture": "vit_base_patch16_224",  # a registered constructor; model_args sets every size
-        "num_classes": cfg.num_classes,
-        "num_features": cfg.hidden_size,
-        "global_pool": args["global_pool"],
-        "model_args": args,
-        "pretrained_cfg": pcfg,
-    }
+    return {"architecture": "vit_base_patch16_224",  # a registered constructor; model_args sets every size
+            "num_classes": cfg.num_classes, "num_features": cfg.hidden_size, "global_pool": args["global_pool"],
+            "model_args": args, "pretrained_cfg": pcfg}
 
 
 def timm_model_args(cfg: ModelConfig) -> dict[str, Any]:
@@ -324,28 +285,17 @@ def timm_model_args(cfg: ModelConfig) -> dict[str, Any]:
     if isinstance(cfg, BiTConfig):
         return bit.timm_model_args(cfg)
     args: dict[str, Any] = {
-        "img_size": list(cfg.image_size),
-        "patch_size": cfg.patch_size,
-        "in_chans": cfg.in_channels,
-        "embed_dim": cfg.hidden_size,
-        "depth": cfg.depth,
-        "num_heads": cfg.num_heads,
-        "mlp_ratio": cfg.mlp_dim / cfg.hidden_size,
-        "qkv_bias": cfg.qkv_bias,
-        "num_classes": cfg.num_classes,
-        "class_token": cfg.has_class_token,
+        "img_size": list(cfg.image_size), "patch_size": cfg.patch_size, "in_chans": cfg.in_channels,
+        "embed_dim": cfg.hidden_size, "depth": cfg.depth, "num_heads": cfg.num_heads, "mlp_ratio": cfg.mlp_dim / cfg.hidden_size,
+        "qkv_bias": cfg.qkv_bias, "num_classes": cfg.num_classes, "class_token": cfg.has_class_token,
         "global_pool": "token" if cfg.has_class_token else "avg",
         "fc_norm": False,  # normalise the tokens, then pool (the paper's GAP, App. D.3)
         "act_layer": "gelu" if cfg.gelu == "exact" else "gelu_tanh",
     }
     if cfg.resnet is not None:
-        args["resnet"] = {
-            "layers": list(cfg.resnet.layers),
-            "width_factor": cfg.resnet.width_factor,
-            "ws_eps": cfg.resnet.ws_eps,
-            "gn_eps": cfg.resnet.gn_eps,
-            "gn_groups": cfg.resnet.gn_groups,
-        }
+        r = cfg.resnet
+        args["resnet"] = {"layers": list(r.layers), "width_factor": r.width_factor, "ws_eps": r.ws_eps, "gn_eps": r.gn_eps,
+                          "gn_groups": r.gn_groups}
     args["layer_norm_eps"] = cfg.layer_norm_eps
     return args
 
@@ -371,17 +321,10 @@ def create_timm_model(cfg: ModelConfig):
     if cfg.mlp_dim != int(cfg.hidden_size * args["mlp_ratio"]):
         raise CheckpointError(f"timm cannot build mlp_dim={cfg.mlp_dim} from a ratio of hidden_size={cfg.hidden_size}")
     if resnet is not None:
-        backbone = ResNetV2(
-            layers=resnet["layers"],
-            num_classes=0,
-            global_pool="",
-            in_chans=cfg.in_channels,
-            preact=False,
-            stem_type="same",
-            width_factor=resnet["width_factor"],
-            conv_layer=partial(StdConv2dSame, eps=resnet["ws_eps"]),
-            norm_layer=partial(GroupNormAct, num_groups=resnet["gn_groups"], eps=resnet["gn_eps"]),
-        )
+        backbone = ResNetV2(layers=resnet["layers"], num_classes=0, global_pool="", in_chans=cfg.in_channels, preact=False,
+                            stem_type="same", width_factor=resnet["width_factor"],
+                            conv_layer=partial(StdConv2dSame, eps=resnet["ws_eps"]),
+                            norm_layer=partial(GroupNormAct, num_groups=resnet["gn_groups"], eps=resnet["gn_eps"]))
         args["embed_layer"] = partial(HybridEmbed, backbone=backbone)
     model = TimmViT(norm_layer=partial(nn.LayerNorm, eps=eps), **args)
     model.pretrained_cfg = pretrained_cfg(cfg)  # type: ignore[assignment]  # undeclared by timm's class; what timm's resolve_data_config reads

@@ -38,29 +38,15 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def rules(cfg: ViTConfig) -> list[Rule]:
-    table = [
-        copy("cls_token", "class_token"),
-        copy("patch_embed.proj.weight", "conv_proj.weight"),
-        copy("patch_embed.proj.bias", "conv_proj.bias"),
-        copy("pos_embed.pos_embedding", "encoder.pos_embedding"),
-        copy("norm.weight", "encoder.ln.weight"),
-        copy("norm.bias", "encoder.ln.bias"),
-        copy("head.weight", "heads.head.weight"),
-        copy("head.bias", "heads.head.bias"),
-    ]
-    pairs = [
-        ("norm1", "ln_1"),
-        ("attn.proj", "self_attention.out_proj"),
-        ("norm2", "ln_2"),
-        ("mlp.fc1", "mlp.0"),
-        ("mlp.fc2", "mlp.3"),
-    ]
+    table = [copy("cls_token", "class_token"), copy("patch_embed.proj.weight", "conv_proj.weight"),
+             copy("patch_embed.proj.bias", "conv_proj.bias"), copy("pos_embed.pos_embedding", "encoder.pos_embedding")]
+    table += [copy(f"{a}.{p}", f"{b}.{p}") for a, b in (("norm", "encoder.ln"), ("head", "heads.head")) for p in ("weight", "bias")]
+    pairs = [("norm1", "ln_1"), ("attn.proj", "self_attention.out_proj"), ("norm2", "ln_2"), ("mlp.fc1", "mlp.0"),
+             ("mlp.fc2", "mlp.3")]
     for i in range(cfg.depth):
         o, t = f"blocks.{i}.", LAYER.format(i)
-        table += [
-            copy(o + "attn.qkv.weight", t + "self_attention.in_proj_weight"),
-            copy(o + "attn.qkv.bias", t + "self_attention.in_proj_bias"),
-        ]
+        table += [copy(o + "attn.qkv.weight", t + "self_attention.in_proj_weight"),
+                  copy(o + "attn.qkv.bias", t + "self_attention.in_proj_bias")]
         table += [copy(f"{o}{a}.{p}", f"{t}{b}.{p}") for a, b in pairs for p in ("weight", "bias")]
     if cfg.representation_size:
         table += [copy("pre_logits.weight", "heads.pre_logits.weight"), copy("pre_logits.bias", "heads.pre_logits.bias")]
@@ -78,10 +64,7 @@ def detect(path: Path) -> bool:
 
 def _current_names(state: dict) -> dict:
     """Old torchvision MLP names (mlp.linear_1/linear_2) -> today's (mlp.0/mlp.3)."""
-    out = {}
-    for k, v in state.items():
-        out[k.replace(".mlp.linear_1.", ".mlp.0.").replace(".mlp.linear_2.", ".mlp.3.")] = v
-    return out
+    return {k.replace(".mlp.linear_1.", ".mlp.0.").replace(".mlp.linear_2.", ".mlp.3."): v for k, v in state.items()}
 
 
 def infer_config(s: dict, source: str) -> ViTConfig:
@@ -91,23 +74,10 @@ def infer_config(s: dict, source: str) -> ViTConfig:
     depth = count_indexed(s, lambda i: LAYER.format(i) + "ln_1.weight")
     side = square_grid(s["encoder.pos_embedding"].shape[1] - 1, source)
     rep = s["heads.pre_logits.weight"].shape[0] if "heads.pre_logits.weight" in s else None
-    cfg = ViTConfig(
-        name="torchvision",
-        image_size=side * p,
-        patch_size=p,
-        in_channels=cin,
-        hidden_size=d,
-        depth=depth,
-        num_heads=guess_num_heads(d),
-        mlp_dim=s[LAYER.format(0) + "mlp.0.weight"].shape[0],
-        num_classes=s["heads.head.weight"].shape[0],
-        representation_size=rep,
-        gelu="exact",
-        layer_norm_eps=1e-6,
-        resize_mode="bicubic",
-        mean=IMAGENET_MEAN,
-        std=IMAGENET_STD,
-    )
+    cfg = ViTConfig(name="torchvision", image_size=side * p, patch_size=p, in_channels=cin, hidden_size=d, depth=depth,
+                    num_heads=guess_num_heads(d), mlp_dim=s[LAYER.format(0) + "mlp.0.weight"].shape[0],
+                    num_classes=s["heads.head.weight"].shape[0], representation_size=rep, gelu="exact", layer_norm_eps=1e-6,
+                    resize_mode="bicubic", mean=IMAGENET_MEAN, std=IMAGENET_STD)
     return cfg.replace(name=describe(cfg), **weights_preset(cfg))
 
 
@@ -181,14 +151,6 @@ def create_torchvision_model(cfg: ViTConfig):
     from torchvision.models.vision_transformer import VisionTransformer as TVViT
 
     check_writable(cfg)
-    return TVViT(
-        image_size=cfg.image_size[0],
-        patch_size=cfg.patch_size,
-        num_layers=cfg.depth,
-        num_heads=cfg.num_heads,
-        hidden_dim=cfg.hidden_size,
-        mlp_dim=cfg.mlp_dim,
-        num_classes=cfg.num_classes,
-        representation_size=cfg.representation_size,
-        norm_layer=partial(nn.LayerNorm, eps=cfg.layer_norm_eps),
-    )
+    return TVViT(image_size=cfg.image_size[0], patch_size=cfg.patch_size, num_layers=cfg.depth, num_heads=cfg.num_heads,
+                 hidden_dim=cfg.hidden_size, mlp_dim=cfg.mlp_dim, num_classes=cfg.num_classes,
+                 representation_size=cfg.representation_size, norm_layer=partial(nn.LayerNorm, eps=cfg.layer_norm_eps))

@@ -25,13 +25,8 @@ from vitlab.models import Model
 
 # The suffixes a reader looks for, per format (a folder for hf). Detection goes by them:
 # vitlab's own files are recognised by ".safetensors", state dicts by these four.
-SUFFIXES: dict[str, tuple[str, ...]] = {
-    "vitlab": (".safetensors",),
-    "npz": (".npz",),
-    "timm": (".safetensors", ".pth", ".pt", ".bin"),
-    "torchvision": (".pth", ".pt", ".bin", ".safetensors"),
-    "hf": ("",),
-}
+SUFFIXES: dict[str, tuple[str, ...]] = {"vitlab": (".safetensors",), "npz": (".npz",), "timm": (".safetensors", ".pth", ".pt", ".bin"),
+                                         "torchvision": (".pth", ".pt", ".bin", ".safetensors"), "hf": ("",)}
 PROBE_BATCH = 2
 PROBE_SEED = 0
 
@@ -113,10 +108,8 @@ def compare(model: Model, back: Model, dst: Path, tolerance: float, said: list[s
     diff = float((ours - theirs).abs().max()) if ours.numel() else 0.0
     expected_loss = any("will differ" in s for s in said)
     if diff > tolerance and not expected_loss:
-        raise CheckpointError(
-            f"{dst}: reloaded, the model's logits differ from the original's by up to {diff:.3g} on a probe batch "
-            f"(tolerance {tolerance:g}); not written"
-        )
+        raise CheckpointError(f"{dst}: reloaded, the model's logits differ from the original's by up to {diff:.3g} on a probe batch "
+                              f"(tolerance {tolerance:g}); not written")
     if back.class_names != model.class_names and model.class_names is not None:
         said = [*said, f"{dst}: the class names do not survive the format (read back: "
                        f"{'none' if back.class_names is None else len(back.class_names)})"]

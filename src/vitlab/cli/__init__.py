@@ -111,23 +111,16 @@ def commands() -> dict[str, ModuleType]:
 def build_parser() -> argparse.ArgumentParser:
     from vitlab.suggest import SuggestingParser
 
-    parser = SuggestingParser(
-        prog="vitlab",
-        description="The Vision Transformer paper, end to end: models, weights from every "
-        "ecosystem, training, evaluation and the paper's analyses.",
-        epilog="Run `vitlab COMMAND --help` for a command's options and examples.",
-    )
+    parser = SuggestingParser(prog="vitlab", description="The Vision Transformer paper, end to end: models, weights from every "
+                              "ecosystem, training, evaluation and the paper's analyses.",
+                              epilog="Run `vitlab COMMAND --help` for a command's options and examples.")
     from vitlab import __version__
 
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in commands().items():
-        p = sub.add_parser(
-            name,
-            help=module.HELP,
-            description=getattr(module, "DESCRIPTION", module.HELP),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        p = sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
         if getattr(module, "READS_DATA", False):
             p.add_argument("--allow-pipe", action="store_true", help=ALLOW_PIPE_HELP)

@@ -63,12 +63,15 @@ def add_checkpoint_arguments(p, random_init: bool = True, draws: bool = False) -
                        help="ignore the weights: a randomly initialised model of the checkpoint's shape (a baseline); "
                             "FIRST-LAST (0-9): the mean over that many random draws, each draw recorded")
         return
-    p.add_argument(
-        "--random-init",
-        type=int,
-        metavar="SEED",
-        help="ignore the weights: a randomly initialised model of the checkpoint's shape (a baseline)",
-    )
+    p.add_argument("--random-init", type=int, metavar="SEED",
+                   help="ignore the weights: a randomly initialised model of the checkpoint's shape (a baseline)")
+
+
+def precision_check(args) -> None:
+    """The inference copy's precision (predict, serve), checked before the checkpoint is read."""
+    from vitlab.predictor import check_precision
+
+    check_precision(args.precision)
 
 
 def add_device_argument(p) -> None:
@@ -166,6 +169,43 @@ def _add_precision_and_output(p) -> None:
                    help="change any recipe value, e.g. optim.weight_decay=0.05 model.dropout=0.1")
 
 
+# Flag -> the config key it sets (flags whose value is the key's value).
+FLAG_KEYS = {
+    "data": "data.name", "image_size": "model.image_size", "batch_size": "train.batch_size",
+    "micro_batch_size": "train.micro_batch_size", "lr": "optim.lr", "warmup_steps": "optim.warmup_steps",
+    "seed": "train.seed", "ckpt_every": "train.ckpt_every", "eval_every": "train.eval_every",
+    "workers": "data.num_workers", "skip_bad_images": "data.skip_bad_images", "ema": "train.ema",
+    "compile": "train.compile", "grad_checkpointing": "train.grad_checkpointing", "device": "train.device",
+    "objective": "train.objective", "mixup": "train.mixup", "cutmix": "train.cutmix",
+    "label_smoothing": "train.label_smoothing", "drop_path": "model.drop_path",
+    "train_fraction": "data.train_fraction", "train_size": "data.train_size", "antialias": "data.antialias",
+}
+
+
+def given(args: argparse.Namespace):
+    """The one place the command line becomes the library's settings (train.recipe.Given):
+    every training flag given (not None) as the config keys it sets, in FLAG_KEYS' order, then
+    those that set several keys or a key of their own value, then the SECTION.KEY=VALUE
+    overrides; --model as the variant that replaces the recipe's."""
+    from vitlab.config import parse_override
+    from vitlab.config.run import AUGMENTATIONS
+    from vitlab.train.recipe import Given
+
+    o = vars(args)
+    out = [(f"--{attr.replace('_', '-')}", key, o[attr]) for attr, key in FLAG_KEYS.items() if o.get(attr) is not None]
+    if o.get("epochs") is not None:
+        out += [("--epochs", "train.epochs", o["epochs"]), ("--epochs", "train.steps", 0)]
+    if o.get("steps") is not None:
+        out.append(("--steps", "train.steps", o["steps"]))
+    for a in AUGMENTATIONS:  # --KEY VALUE, or --randaugment N M: one value per key of the augmentation
+        if o.get(a.option) is not None:
+            values = o[a.option] if len(a.keys) > 1 else [o[a.option]]
+            out += [(f"--{a.option.replace('_', '-')}", f"data.{k}", v) for k, v in zip(a.keys, values, strict=True)]
+    out += [(f"--{flag}", "train.precision", flag) for flag in ("bf16", "fp16") if o.get(flag)]
+    out += [("--fsdp", "train.parallel", "fsdp")] if o.get("fsdp") else []
+    return Given(tuple(out) + tuple((x, *parse_override(x)) for x in o.get("overrides") or ()), o.get("model"))
+
+
 def command_line() -> str:
     """The command as typed, for the run folder's record."""
     import shlex
@@ -253,14 +293,14 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
     return (features, labels), names
 
 
-def lr_rates(text: str | None) -> list[float] | None:
+def lr_rates(text: str | None) -> tuple[float, ...] | None:
     """--lr-grid's rates (an empty list for an empty one, which the library refuses), or None for Table 4's."""
     from vitlab.cli import UsageError
 
     if text is None:
         return None
     try:
-        return [float(v) for v in text.split(",") if v.strip()]
+        return tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise UsageError(f"--lr-grid {text!r}: give rates separated by commas, e.g. 0.001,0.003,0.01") from None
 

@@ -43,11 +43,8 @@ def add_arguments(p) -> None:
     p.add_argument("--to", choices=TARGETS, help="the format to write (default: from DST's suffix, .npz or .safetensors)")
     p.add_argument("--from", dest="source_format", metavar="FORMAT", help="the format of SRC, when detection cannot tell")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
-    p.add_argument(
-        "--allow-numerics-change",
-        action="store_true",
-        help="write even when the target computes a slightly different function (GELU form, epsilon)",
-    )
+    p.add_argument("--allow-numerics-change", action="store_true",
+                   help="write even when the target computes a slightly different function (GELU form, epsilon)")
     p.add_argument("--no-verify", action="store_true", help="skip loading DST back and comparing its logits")
 
 

@@ -91,16 +91,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def make_plan(args: argparse.Namespace):
-    """The command's finetune.Plan (what docs/reproducing.md's commands are checked by)."""
-    from vitlab.cli.common import lr_rates
+    """The command's finetune.Plan (what docs/reproducing.md's commands are checked by): the
+    flags made into finetune.Settings here, once."""
+    from vitlab.cli.common import given, lr_rates
+    from vitlab.config import ConfigError
     from vitlab.train import finetune
+    from vitlab.train.inputs import Inputs
 
-    checkpoint = finetune.checkpoint_argument(args.checkpoint, args.source, args.overrides)
+    checkpoint = args.source or args.checkpoint  # `--from CHECKPOINT`, the earlier form, or the positional
+    if args.source and args.checkpoint and "=" not in args.checkpoint:
+        raise ConfigError(f"{args.checkpoint} and --from {args.source} both name the checkpoint: give one")
+    if args.source and args.checkpoint:  # with --from, the first word after the command is an override
+        args.overrides.insert(0, args.checkpoint)
+    if not checkpoint:
+        raise ConfigError("give the checkpoint to fine-tune: vitlab finetune CHECKPOINT --data SPEC")
     if args.random_init is not None:
         checkpoint = finetune.random_start(checkpoint, args.random_init, args.out)
-    return finetune.plan(checkpoint, args.data, recipe=args.config, options=vars(args), overrides=args.overrides,
-                         paper_resolution=args.paper_resolution, lr_sweep=args.lr_sweep, rates=lr_rates(args.lr_grid),
-                         table4=args.table4, out=args.out, choose=args.recipe)
+    return finetune.plan(finetune.Settings(
+        checkpoint, args.data, given(args), recipe=args.config, choose=args.recipe, paper_resolution=args.paper_resolution,
+        lr_sweep=args.lr_sweep, rates=lr_rates(args.lr_grid), table4=args.table4, out=args.out), Inputs())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,11 +41,9 @@ def run(args) -> int:
     (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)
     probe = logistic_probe(tr_x, tr_y, te_x, te_y, C=args.C, max_iter=args.max_iter)
     knn = knn_accuracy(tr_x, tr_y, te_x, te_y, k=args.k)
-    result = {
-        "checkpoint": args.checkpoint, "model": model.config.name, "random_init": args.random_init, "data": args.data,
-        "num_train": int(len(tr_y)), "num_test": int(len(te_y)), "feature_dim": int(tr_x.shape[1]), "logistic": probe,
-        "knn": {"k": args.k, "test_accuracy": knn}, "weights_sha256": fp,
-    }
+    result = {"checkpoint": args.checkpoint, "model": model.config.name, "random_init": args.random_init, "data": args.data,
+              "num_train": int(len(tr_y)), "num_test": int(len(te_y)), "feature_dim": int(tr_x.shape[1]), "logistic": probe,
+              "knn": {"k": args.k, "test_accuracy": knn}, "weights_sha256": fp}
     if not print_result(args, result):
         _print_table(args, model.config.name, result)
     return 0
@@ -56,10 +54,8 @@ def _print_table(args, name: str, result: dict) -> None:
     what = "random init" if args.random_init is not None else args.checkpoint
     print(f"linear probe  {name} ({what})  on {args.data}")
     print(f"train {result['num_train']:,} images, test {result['num_test']:,}, {result['feature_dim']}-d features")
-    print(
-        f"logistic regression (C={args.C})  test {100 * probe['test_accuracy']:.2f}%  "
-        f"(train {100 * probe['train_accuracy']:.2f}%)"
-    )
+    print(f"logistic regression (C={args.C})  test {100 * probe['test_accuracy']:.2f}%  "
+          f"(train {100 * probe['train_accuracy']:.2f}%)")
     print(f"{args.k}-NN (cosine)                 test {100 * knn:.2f}%")
     if args.out:
         print(f"wrote {args.out}")

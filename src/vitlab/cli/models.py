@@ -54,10 +54,8 @@ def run(args) -> int:
     print(head)
     print("-" * len(head))
     for r in table:
-        print(
-            f"{r['name']:<14} {r['image_size']:>7} {r['width']:>5} {r['depth']:>5} {_cell(r['heads']):>5} "
-            f"{_cell(r['mlp']):>5} {_cell(r['tokens']):>6} {r['classes']:>7} {r['params']:>13,} {r['gflops']:>8.2f}"
-        )
+        print(f"{r['name']:<14} {r['image_size']:>7} {r['width']:>5} {r['depth']:>5} {_cell(r['heads']):>5} "
+              f"{_cell(r['mlp']):>5} {_cell(r['tokens']):>6} {r['classes']:>7} {r['params']:>13,} {r['gflops']:>8.2f}")
     return 0
 
 

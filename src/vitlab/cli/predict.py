@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitlab.cli.common import COUNT, FOLDER, NEW_FILE, add_checkpoint_arguments, add_device_argument, add_plain_argument
+from vitlab.cli.common import COUNT, FOLDER, NEW_FILE, add_checkpoint_arguments, add_device_argument, add_plain_argument, precision_check
 from vitlab.config import pick_device
 from vitlab.files import OutputFolder
 
@@ -53,11 +53,7 @@ def add_arguments(p) -> None:
     add_plain_argument(p)
 
 
-def check(args) -> None:
-    """The inference copy's precision, before the checkpoint is read."""
-    from vitlab.predictor import check_precision
-
-    check_precision(args.precision)
+check = precision_check  # the dispatcher's check before any work
 
 
 def run(args) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from vitlab.cli.common import add_plain_argument, precision_check
+
 HELP = "serve a classifier over HTTP: batched /predict, attention maps, a page to try it"
 DESCRIPTION = """\
 Serve a classification checkpoint over HTTP. Concurrent requests are batched (up to
@@ -29,13 +31,10 @@ examples:
 """
 
 # The ServeConfig fields the command line sets; the defaults live in ServeConfig alone.
-OPTIONS = (
-    "host", "port", "max_batch", "max_wait_ms", "max_upload_mb", "max_files", "max_pixels", "max_connections", "api_key"
-)
+OPTIONS = ("host", "port", "max_batch", "max_wait_ms", "max_upload_mb", "max_files", "max_pixels", "max_connections", "api_key")
 
 
 def add_arguments(p) -> None:
-    from vitlab.cli.common import add_plain_argument
     from vitlab.config.serve import ServeConfig
 
     d = ServeConfig
@@ -52,22 +51,15 @@ def add_arguments(p) -> None:
     p.add_argument("--max-files", type=int, help=f"images per request (default {d.max_files})")
     p.add_argument("--max-pixels", type=int, help=f"pixels one image may decode to (default {d.max_pixels:,})")
     p.add_argument("--max-connections", type=int, help=f"open connections (default {d.max_connections}; more: 503)")
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("VITLAB_API_KEY"),
-        help="require this key on /predict (X-API-Key header); default $VITLAB_API_KEY, which other users "
-        "of the machine cannot read from the process list",
-    )
+    p.add_argument("--api-key", default=os.environ.get("VITLAB_API_KEY"),
+                   help="require this key on /predict (X-API-Key header); default $VITLAB_API_KEY, which other users "
+                   "of the machine cannot read from the process list")
     p.add_argument("--access-log", action="store_true", help="log every request (off: /metrics counts them)")
     p.add_argument("--device", default="cpu", help="run the model on cpu (default), cuda, cuda:N or mps")
     add_plain_argument(p)
 
 
-def check(args) -> None:
-    """The inference copy's precision, before the checkpoint is read."""
-    from vitlab.predictor import check_precision
-
-    check_precision(args.precision)
+check = precision_check  # the dispatcher's check before any work
 
 
 def run(args) -> int:

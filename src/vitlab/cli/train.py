@@ -68,17 +68,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.cli.common import command_line, training_exit
+    from vitlab.cli.common import command_line, given, training_exit
+    from vitlab.config import ConfigError, load_recipe
+    from vitlab.run_layout import RunLayout
     from vitlab.train import recipe
+    from vitlab.train.inputs import Inputs
 
-    options = vars(args)
     if isinstance(args.resume, str):
         out = Path(args.resume)
-        cfg = recipe.resume_config(out, options, args.overrides, recipe=args.config, out=args.out)
+        cfg = recipe.resume_config(out, given(args), recipe=args.config, out=args.out)
     else:
-        cfg, name = recipe.resolve(args.config, options, args.overrides)
-        out = Path(args.out) if args.out else recipe.default_out(name)
-        if args.resume:
-            recipe.check_resumable(out)
-    return training_exit(lambda: recipe.train(cfg, out, command=command_line(), quiet=args.quiet,
+        name = args.config or recipe.DEFAULT_RECIPE
+        cfg = recipe.resolve(load_recipe(name), given(args))
+        out = Path(args.out or Path("runs") / Path(name).stem)  # runs/RECIPE by default
+        if args.resume and not RunLayout(out).last.exists():  # --resume without a run folder: out's checkpoint
+            raise ConfigError(f"--resume: {out} has no checkpoint to continue from; drop --resume to start the run")
+    return training_exit(lambda: recipe.train(cfg, out, Inputs(), command=command_line(), quiet=args.quiet,
                                               trackers=args.log or (), extend=bool(args.resume)))

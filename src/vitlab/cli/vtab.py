@@ -89,20 +89,22 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.data.vtab import TASKS, get_task
     from vitlab.sweep.vtab import launch
     from vitlab.train import recipe, vtab
+    from vitlab.train.inputs import Inputs
 
     root, out = Path(args.root).expanduser(), Path(args.out or f"runs/vtab-{Path(args.checkpoint).stem}")
     tasks = [get_task(t) for t in args.tasks.split(",")] if args.tasks else list(TASKS.values())
-    s = settings(args)
+    s, inputs = settings(args), Inputs()  # the one plan of every task, its arms and the row
     if args.launcher and not args.report:
         done = launch(args.checkpoint, root, out, tasks, s, launcher=args.launcher, jobs=args.jobs,
                       params=launcher_params(args.slurm), wait=not args.no_wait, force=args.force)
         if done is None:
             return 0
         failed = [r for r in done if r["status"] != "done"]
-    elif not args.report:
-        vtab.run_suite(args.checkpoint, root, out, tasks, s, lambda c, o, inputs: recipe.train(
-            c, o, command=command_line(), quiet=args.quiet, inputs=inputs), force=args.force)
-    row, paths = vtab.report(args.checkpoint, root, out, s, args.force)
+    if args.report or args.launcher:
+        row, paths = vtab.report(args.checkpoint, root, out, s, inputs, args.force)
+    else:
+        row, paths = vtab.run_suite(args.checkpoint, root, out, tasks, s, lambda c, o, i: recipe.train(
+            c, o, i, command=command_line(), quiet=args.quiet), inputs, force=args.force)
     print(vtab.markdown(row) + f"\nrow written to {paths['markdown']}, {paths['json'].name}, {paths['csv'].name}")
     if args.launcher and not args.report and failed:
         print(f"vitlab vtab: error: {len(failed)} task job(s) failed; see the vtab.log in their folders under {out}",

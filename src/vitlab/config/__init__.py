@@ -60,11 +60,9 @@ from vitlab.config.run import (
 from vitlab.config.serve import ServeConfig
 from vitlab.config.sweep import AfterStep, FigureSpec, SweepSpec, load_sweep, shipped_sweeps
 
-__all__ = [
-    "AfterStep", "FigureSpec", "SweepSpec", "load_sweep", "shipped_sweeps",
-    "BIT_STEMS", "BiTConfig", "CONFIG_KINDS", "ModelConfig", "bit_flops", "config_from_dict", "config_kind",
-    "CLASSIFIERS", "DECAYS", "GELUS", "HEAD_INITS", "MPP_TARGETS", "OBJECTIVE_OPTIONS", "OPTIMIZERS", "PARALLEL",
-    "POS_EMBEDS", "PRECISIONS", "STOP_SIGNALS", "RESIZE_MODES", "WS_MODES", "ConfigError", "pick_device", "DataConfig", "MPPConfig", "ModelSection",
-    "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "ServeConfig", "TrainConfig", "ViTConfig", "load_recipe",
-    "model_flops", "parse_override", "resnet_flops", "shipped_recipes",
-]
+__all__ = ["AfterStep", "FigureSpec", "SweepSpec", "load_sweep", "shipped_sweeps",
+           "BIT_STEMS", "BiTConfig", "CONFIG_KINDS", "ModelConfig", "bit_flops", "config_from_dict", "config_kind",
+           "CLASSIFIERS", "DECAYS", "GELUS", "HEAD_INITS", "MPP_TARGETS", "OBJECTIVE_OPTIONS", "OPTIMIZERS", "PARALLEL",
+           "POS_EMBEDS", "PRECISIONS", "STOP_SIGNALS", "RESIZE_MODES", "WS_MODES", "ConfigError", "pick_device", "DataConfig", "MPPConfig", "ModelSection",
+           "NoOptions", "OptimConfig", "ResNetConfig", "RunConfig", "ServeConfig", "TrainConfig", "ViTConfig", "load_recipe",
+           "model_flops", "parse_override", "resnet_flops", "shipped_recipes"]

@@ -145,12 +145,8 @@ def _apply_rule(value: Any, rule: Rule, label: str) -> None:
 
 def _check_range(value: Any, rule: Rule, label: str) -> None:
     hint = f" ({rule.hint})" if rule.hint else ""
-    for bound, ok, words in (
-        (rule.above, lambda v, b: v > b, "must be > {}"),
-        (rule.at_least, lambda v, b: v >= b, "must be >= {}"),
-        (rule.below, lambda v, b: v < b, "must be < {}"),
-        (rule.at_most, lambda v, b: v <= b, "must be <= {}"),
-    ):
+    for bound, ok, words in ((rule.above, lambda v, b: v > b, "must be > {}"), (rule.at_least, lambda v, b: v >= b, "must be >= {}"),
+                             (rule.below, lambda v, b: v < b, "must be < {}"), (rule.at_most, lambda v, b: v <= b, "must be <= {}")):
         if bound is not None and not ok(value, bound):
             raise ConfigError(f"{label} {words.format(bound if isinstance(bound, int) else f'{bound:g}')}, got {value!r}{hint}")
 
@@ -230,10 +226,8 @@ def check_keys(cls: type, d: dict[str, Any], section: str, extra: tuple[str, ...
             raise ConfigError(suggest.unknown("key", where + str(unknown[0]), [where + k for k in known],
                                               f"valid {section + ' ' if section else ''}keys: {', '.join(known)}",
                                               keys=True))
-        raise ConfigError(
-            f"unknown keys {', '.join(where + str(k) for k in unknown)}; "
-            f"valid {section + ' ' if section else ''}keys: {', '.join(known)}"
-        )
+        raise ConfigError(f"unknown keys {', '.join(where + str(k) for k in unknown)}; "
+                          f"valid {section + ' ' if section else ''}keys: {', '.join(known)}")
     return dict(d)
 
 

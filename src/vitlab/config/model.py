@@ -12,7 +12,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
 
@@ -114,9 +114,7 @@ def _all_positive(v: tuple[float, ...]) -> Optional[str]:
 
 def _check_preprocessing(cfg: Any) -> None:
     if len(cfg.mean) != cfg.in_channels or len(cfg.std) != cfg.in_channels:
-        raise ConfigError(
-            f"mean/std need one value per input channel ({cfg.in_channels}), got {len(cfg.mean)} and {len(cfg.std)}"
-        )
+        raise ConfigError(f"mean/std need one value per input channel ({cfg.in_channels}), got {len(cfg.mean)} and {len(cfg.std)}")
 
 
 def _unit_interval(v: float) -> Optional[str]:
@@ -184,10 +182,8 @@ class ViTConfig(_StoredConfig):
         object.__setattr__(self, "image_size", as_pair(self.image_size))
         check_fields(self)
         if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
-                "pick a head count that divides the width"
-            )
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
+                              "pick a head count that divides the width")
         if self.pos_embed_at != "stem" and self.pos_embed in ("relative", "none"):
             raise ConfigError(f"pos_embed_at={self.pos_embed_at!r} needs an absolute embedding (learned, learned_2d, "
                               f"sincos_2d, sincos_2d_big_vision); pos_embed={self.pos_embed!r} adds nothing to the tokens")
@@ -290,18 +286,23 @@ def resnet_flops(r: ResNetConfig, image_size: tuple[int, int], in_channels: int)
     width = 64 * r.width_factor
     flops = 2 * h * w * 7 * 7 * in_channels * width
     h, w = math.ceil(h / 2), math.ceil(w / 2)
-    cin = width
-    for s, units in enumerate(r.layers):
-        mid = width * 2**s
-        out = mid * 4
+    return float(flops + _units_flops(h, w, width, r.layers, [width * 2**s for s in range(len(r.layers))]))
+
+
+def _units_flops(h: int, w: int, cin: int, layers: tuple[int, ...], mids: Sequence[int]) -> int:
+    """The bottleneck units' FLOPs, on an (h, w) map of `cin` channels: a unit's 3x3 carries
+    its stride (the first of every stage after the first), as in the official code."""
+    flops = 0
+    for s, (units, mid) in enumerate(zip(layers, mids, strict=True)):
+        out = 4 * mid
         for u in range(units):
             stride = 2 if (s > 0 and u == 0) else 1
             ho, wo = math.ceil(h / stride), math.ceil(w / stride)
             flops += 2 * h * w * cin * mid + 2 * ho * wo * 9 * mid * mid + 2 * ho * wo * mid * out
             if u == 0:
-                flops += 2 * ho * wo * cin * out
+                flops += 2 * ho * wo * cin * out  # the projection shortcut
             h, w, cin = ho, wo, out
-    return float(flops)
+    return flops
 
 
 # The BiT ResNet, the paper's baseline (§4.1, "BiT ResNets") ---------------------------------
@@ -350,10 +351,8 @@ class BiTConfig(_StoredConfig):
         _check_preprocessing(self)
         for width in (self.root_width, *self.stage_widths):
             if width % self.gn_groups:
-                raise ConfigError(
-                    f"{self.name}: a layer of width {width} cannot be split into gn_groups={self.gn_groups} "
-                    "GroupNorm groups; pick base_width and width_factor so every width is a multiple of it"
-                )
+                raise ConfigError(f"{self.name}: a layer of width {width} cannot be split into gn_groups={self.gn_groups} "
+                                  "GroupNorm groups; pick base_width and width_factor so every width is a multiple of it")
 
     @property
     def kind(self) -> str:
@@ -404,16 +403,7 @@ def bit_flops(cfg: BiTConfig) -> float:
         h, w = math.ceil(h / 2), math.ceil(w / 2)  # zero pad 1, 3x3/2 max-pool
     else:
         flops = 2 * h * w * 9 * cfg.in_channels * width
-    cin = width
-    for s, (units, mid) in enumerate(zip(cfg.layers, cfg.stage_widths, strict=True)):
-        out = 4 * mid
-        for u in range(units):
-            stride = 2 if (s > 0 and u == 0) else 1
-            ho, wo = math.ceil(h / stride), math.ceil(w / stride)
-            flops += 2 * h * w * cin * mid + 2 * ho * wo * 9 * mid * mid + 2 * ho * wo * mid * out
-            if u == 0:
-                flops += 2 * ho * wo * cin * out  # the projection shortcut
-            h, w, cin = ho, wo, out
+    flops += _units_flops(h, w, width, cfg.layers, cfg.stage_widths)
     if cfg.num_classes:
         flops += 2 * cfg.feature_dim * cfg.num_classes
     return float(flops)

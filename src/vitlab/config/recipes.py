@@ -19,11 +19,7 @@ from pathlib import Path
 
 from vitlab.config.run import RECIPES, OptimConfig, load_recipe, shipped_recipes
 
-READINGS = {
-    "adamw": "decoupled, x lr (AdamW)",
-    "adam": "L2 in the gradient (Adam)",
-    "sgd": "L2 in the gradient (SGD)",
-}
+READINGS = {"adamw": "decoupled, x lr (AdamW)", "adam": "L2 in the gradient (Adam)", "sgd": "L2 in the gradient (SGD)"}
 
 
 @dataclass(frozen=True)

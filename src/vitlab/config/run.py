@@ -230,10 +230,8 @@ class DataConfig:
             raise ConfigError(f"data.{on[0]}={getattr(self, on[0])!r} runs on the CPU and data.decode=cuda augments on the "
                               f"GPU; use data.decode=fast with {on[0]}")
         if self.train_size and self.train_fraction < 1:
-            raise ConfigError(
-                f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g} both pick the "
-                "training subset; set one of them"
-            )
+            raise ConfigError(f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g} both pick the "
+                              "training subset; set one of them")
 
 
 @dataclass(frozen=True)
@@ -338,10 +336,8 @@ class RunConfig:
         check_fields(self)  # each section is its dataclass (a dict is built into one), whoever builds the run
         want = OBJECTIVE_OPTIONS[self.train.objective]
         if not isinstance(self.objective, want):
-            raise ConfigError(
-                f"the objective section of train.objective={self.train.objective!r} must be a {want.__name__}, "
-                f"got {type(self.objective).__name__}"
-            )
+            raise ConfigError(f"the objective section of train.objective={self.train.objective!r} must be a {want.__name__}, "
+                              f"got {type(self.objective).__name__}")
 
     def origin(self, key: str) -> Origin:
         return self.origins.get(key, DEFAULT)
@@ -398,10 +394,8 @@ class RunConfig:
             section, _, name = key.partition(".")
             _check_override_key(key, d)
             if section not in d or not name:
-                raise ConfigError(
-                    f"bad override key {key!r}: write SECTION.KEY=VALUE with SECTION one of "
-                    f"{', '.join(d)} (e.g. optim.lr=0.001){suggest.hint(key, keys_of(d))}"
-                )
+                raise ConfigError(f"bad override key {key!r}: write SECTION.KEY=VALUE with SECTION one of "
+                                  f"{', '.join(d)} (e.g. optim.lr=0.001){suggest.hint(key, keys_of(d))}")
             head, _, rest = name.partition(".")
             if rest and isinstance(d[section].get(head), dict):  # a nested section: train.early_stop.patience
                 d[section][head] = {**d[section][head], rest: value}

@@ -63,7 +63,7 @@ from vitlab.config.run import RECIPES, read_yaml
 from vitlab.files import UnsafeNameError, check_name
 
 FIGURE_KINDS = ("line", "pareto", "bar", "curve")
-EXPECT = ("higher", "lower", "equal")
+EXPECT = ("higher", "lower", "equal", "no higher", "no lower")  # each a rule of vitlab.sweep.stats.verdict
 SHIPPED = RECIPES  # sweeps live one folder down: configs/paper/*.yaml
 
 
@@ -211,7 +211,9 @@ class CompareSpec:
     """One compared pair: cells with `axis` = a against those with `axis` = b, paired by the
     report's pair_by axis and matched on every other axis (one comparison per combination of
     them, kept to `where`). `expect` is the paper's claim: a higher, lower, or equal to b
-    (within `margin`, in the metric's units); `metrics` default to the report's.
+    (within `margin`, in the metric's units), or one-sided against the margin: "no higher" (a
+    no better than b: a - b < +margin) or "no lower" (a - b > -margin); `metrics` default to
+    the report's.
 
     Without `axis`, a and b are two results columns of the same cells (a trained model's
     first-layer distance against the same cell's random-init one, the last layer against the
@@ -377,16 +379,10 @@ class SweepSpec:
         if not isinstance(scale, (list, tuple)) or not all(isinstance(k, str) for k in scale):
             raise ConfigError("scale: give a list of the keys --scale multiplies, e.g. [epochs]")
         check_value(figures, "figures")
-        return cls(
-            name=d.get("name") or name,
-            train=_mapping(d, "train", "a mapping of `vitlab train` settings (key: value)"),
-            grid=_mapping(d, "grid", "a mapping of each axis to its list of values (grid: {seed: [0, 1]})"),
-            after=steps,
-            scale=tuple(scale),
-            figures=tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in figures),
-            report=ReportSpec.from_dict(d.get("report")),
-            allow_divergence=d.get("allow_divergence", False),
-        )
+        return cls(name=d.get("name") or name, train=_mapping(d, "train", "a mapping of `vitlab train` settings (key: value)"),
+                   grid=_mapping(d, "grid", "a mapping of each axis to its list of values (grid: {seed: [0, 1]})"), after=steps, scale=tuple(scale),
+                   figures=tuple(FigureSpec(**check_keys(FigureSpec, f or {}, "figures")) for f in figures),
+                   report=ReportSpec.from_dict(d.get("report")), allow_divergence=d.get("allow_divergence", False))
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as from_dict reads it (a sweep folder keeps it in sweep.json)."""

@@ -32,14 +32,9 @@ from vitlab.files import atomic_write_bytes, cache_dir, net
 # run of a learning-rate sweep holds out the same images.
 DEV_SPLIT_SEED = 2020
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
-FASHION_MNIST_CLASSES = [
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-]
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 FASHION_MNIST_URL = "https://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
-FASHION_MNIST_FILES = {
-    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
+FASHION_MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
@@ -80,6 +75,25 @@ def apply_seeded(transform: Callable, image: Any, seed: Optional[int]) -> torch.
         return transform(image)
 
 
+class BatchLayout:
+    """Where one process's batches lie (data/loader.py's docstring): for training, the global
+    steps [start_step, start_step + num_steps), crossing epochs (default: to the end of that
+    epoch), `per_epoch` full global batches an epoch; for evaluation, one pass over every
+    world-th item. The map-style sampler and the WebDataset stream share it."""
+
+    def __init__(self, n: int, batch_size: int, rank: int = 0, world: int = 1, start_step: int = 0,
+                 num_steps: Optional[int] = None, train: bool = True):
+        self.n, self.b, self.rank, self.world, self.start, self.train = n, batch_size, rank, world, start_step, train
+        self.per_epoch = n // (batch_size * world)
+        self.num_steps = self.per_epoch - start_step % max(self.per_epoch, 1) if num_steps is None else num_steps
+
+    def __len__(self) -> int:
+        if self.train:
+            return self.num_steps
+        mine = (self.n - self.rank + self.world - 1) // self.world
+        return (mine + self.b - 1) // self.b
+
+
 def dev_split(n: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """(dev, rest) indices of a training set of size n, by a fixed seed."""
     order = np.random.default_rng(DEV_SPLIT_SEED).permutation(n)
@@ -93,15 +107,8 @@ _D = TypeVar("_D", bound="ImageDataset")
 class ImageDataset(torch.utils.data.Dataset):
     """Base of the map-style sets: subclasses implement `_load(i) -> PIL image` and `_name(i)`."""
 
-    def __init__(
-        self,
-        labels: np.ndarray,
-        class_names: list[str],
-        transform: Callable,
-        seed: int = 0,
-        skip_bad_images: bool = False,
-        indices: Optional[np.ndarray] = None,
-    ):
+    def __init__(self, labels: np.ndarray, class_names: list[str], transform: Callable, seed: int = 0,
+                 skip_bad_images: bool = False, indices: Optional[np.ndarray] = None):
         self.all_labels = np.asarray(labels, dtype=np.int64)
         self.class_names = list(class_names)
         self.transform = transform
@@ -245,19 +252,15 @@ def fashion_mnist_arrays(folder: Optional[str], download: bool = True, mirror: s
     else:
         looked = ", ".join(str(c) for c in candidates)
         if folder or not download:
-            raise DataError(
-                f"Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) not found in {looked}; "
-                "install Debian's dataset-fashion-mnist or pass fashion-mnist:FOLDER"
-            )
+            raise DataError(f"Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) not found in {looked}; "
+                            "install Debian's dataset-fashion-mnist or pass fashion-mnist:FOLDER")
         c = data_cache() / "fashion-mnist"
         try:
             download_fashion_mnist(c, mirror)
         except OSError as e:
-            raise DataError(
-                f"Fashion-MNIST not found in {looked} and the download from {mirror} failed ({e}); "
-                "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) "
-                "or pass fashion-mnist:FOLDER with the IDX files"
-            ) from None
+            raise DataError(f"Fashion-MNIST not found in {looked} and the download from {mirror} failed ({e}); "
+                            "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) "
+                            "or pass fashion-mnist:FOLDER with the IDX files") from None
     out = {}
     for split, (img_stem, lbl_stem) in FASHION_MNIST_FILES.items():
         img, lbl = _find_idx(c, img_stem), _find_idx(c, lbl_stem)
@@ -274,17 +277,13 @@ def cifar_arrays(kind: str, folder: Optional[str], download: bool = True) -> tup
     root, batches = cifar.find_folder(kind, folder, data_cache())
     if not batches.is_dir():
         if folder or not download:
-            raise DataError(
-                f"{kind}: no {batches.name} folder in {root}; pass {kind}:FOLDER holding the python version "
-                f"of {kind} ({batches.name}, or the folder itself)"
-            )
+            raise DataError(f"{kind}: no {batches.name} folder in {root}; pass {kind}:FOLDER holding the python version "
+                            f"of {kind} ({batches.name}, or the folder itself)")
         try:
             cifar.download(kind, root)
         except OSError as e:
-            raise DataError(
-                f"{kind}: not found in {root} and the download failed ({e}); copy {batches.name} there "
-                f"or pass {kind}:FOLDER"
-            ) from None
+            raise DataError(f"{kind}: not found in {root} and the download failed ({e}); copy {batches.name} there "
+                            f"or pass {kind}:FOLDER") from None
     return cifar.read_cifar(kind, batches, DataError)
 
 
@@ -311,10 +310,8 @@ def scan_image_folder(root: Path, class_names: Optional[list[str]] = None) -> tu
     if not files:
         raise DataError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS)}) under the class folders")
     if empty and discovering:
-        raise DataError(
-            f"{root}: the class folder(s) {', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''} hold no image files "
-            f"({', '.join(IMAGE_EXTENSIONS)}); add images or remove the folder(s)"
-        )
+        raise DataError(f"{root}: the class folder(s) {', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''} hold no image files "
+                        f"({', '.join(IMAGE_EXTENSIONS)}); add images or remove the folder(s)")
     if empty:
         warnings.warn(f"{root}: no images of the class(es) {', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''} "
                       "in this split; their accuracy cannot be measured here", stacklevel=2)

@@ -32,12 +32,11 @@ import math
 import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence, cast
 
-import numpy as np
 import torch
 from PIL import Image
 
 from vitlab.data.datasets import Encoded
-from vitlab.data.images import BadImageError, bad_image, check_size, decoded, image_bytes, jpeg_pixels, open_image, read_image, to_mode
+from vitlab.data.images import BadImageError, bad_image, check_size, decoded, image_bytes, jpeg_pixels, open_image, read_image, to_mode, to_uint8
 from vitlab.pixels import normalise
 
 
@@ -135,12 +134,6 @@ def decode_uint8(im: Image.Image, data: bytes, name: str, scale: int, in_channel
         if im.format != "JPEG":
             raise
         return jpeg_pixels(data, name, in_channels, upright=True)  # PIL refuses it: libjpeg's full decode
-
-
-def to_uint8(image: Image.Image) -> torch.Tensor:
-    """An L or RGB PIL image as a uint8 (C, H, W) tensor (one copy)."""
-    a = torch.from_numpy(np.array(image))
-    return a[None] if a.ndim == 2 else a.permute(2, 0, 1)
 
 
 class Box(NamedTuple):

@@ -51,10 +51,8 @@ def _keys(row: dict) -> tuple[str, str]:
     image = next((k for k in IMAGE_KEYS if k in row), None)
     label = next((k for k in LABEL_KEYS if k in row), None)
     if image is None or label is None:
-        raise DataError(
-            f"a dataset row with columns {sorted(row)}: vitlab reads the image from one of {', '.join(IMAGE_KEYS)} "
-            f"and the label from one of {', '.join(LABEL_KEYS)}; rename yours (datasets: .rename_column(old, new))"
-        )
+        raise DataError(f"a dataset row with columns {sorted(row)}: vitlab reads the image from one of {', '.join(IMAGE_KEYS)} "
+                        f"and the label from one of {', '.join(LABEL_KEYS)}; rename yours (datasets: .rename_column(old, new))")
     return image, label
 
 
@@ -276,11 +274,9 @@ def hf_split(arg: str, split: str):
             name, _, config = arg.partition(":")
             data = datasets.load_dataset(str(folder) if folder.is_dir() else name, config or None, cache_dir=_datasets_cache())
     except errors as e:
-        raise DataError(
-            f"hf:{arg}: cannot read it ({error_line(e)}). Offline, a Hub dataset "
-            "must be in the datasets cache already (load it once online with datasets.load_dataset), or give a "
-            "folder written by dataset.save_to_disk(DIR) as hf:DIR"
-        ) from None
+        raise DataError(f"hf:{arg}: cannot read it ({error_line(e)}). Offline, a Hub dataset "
+                        "must be in the datasets cache already (load it once online with datasets.load_dataset), or give a "
+                        "folder written by dataset.save_to_disk(DIR) as hf:DIR") from None
     if not isinstance(data, dict):  # one Dataset without splits (a DatasetDict is a dict): the training set
         if split != "train":
             raise DataError(f"hf:{arg} has no splits; only split 'train' (and dev / train-minus-dev) can be read")

@@ -191,5 +191,11 @@ def jpeg_pixels(data: bytes, name: Any, channels: int, upright: bool = False) ->
         image = to_mode(decoded(open_image(data, name)), channels)
     except Exception as e:
         raise bad_image(name, e) from None
+    return to_uint8(image).contiguous()
+
+
+def to_uint8(image: Image.Image) -> torch.Tensor:
+    """An L or RGB PIL image as a uint8 (C, H, W) tensor (one copy; an RGB one is a
+    channels-last view)."""
     a = torch.from_numpy(np.array(image))
-    return a[None] if a.ndim == 2 else a.permute(2, 0, 1).contiguous()
+    return a[None] if a.ndim == 2 else a.permute(2, 0, 1)

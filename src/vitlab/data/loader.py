@@ -22,44 +22,23 @@ from typing import Any, Iterator, Optional
 import torch
 
 from vitlab.config import STOP_SIGNALS
-from vitlab.data.datasets import Skipped, item_seed
+from vitlab.data.datasets import BatchLayout, Skipped, item_seed
 from vitlab.data.decode import stack_images
 from vitlab.data.wds import WebDataset
 
 
-class EpochBatchSampler(torch.utils.data.Sampler):
-    """Lists of (index, augmentation seed) for one process.
+class EpochBatchSampler(BatchLayout, torch.utils.data.Sampler):
+    """Lists of (index, augmentation seed) for one process, laid out by BatchLayout: training
+    crosses epochs as needed (one DataLoader, and one set of workers, for the whole run)."""
 
-    Training: the batches of global steps [start_step, start_step + num_steps), crossing
-    epochs as needed (one DataLoader, and one set of workers, for the whole run).
-    Evaluation: one pass, this process's share (every world-th item).
-    """
-
-    def __init__(
-        self,
-        n: int,
-        batch_size: int,
-        seed: int = 0,
-        rank: int = 0,
-        world: int = 1,
-        start_step: int = 0,
-        num_steps: Optional[int] = None,
-        train: bool = True,
-    ):
-        self.n, self.b, self.seed = n, batch_size, seed
-        self.rank, self.world, self.start, self.train = rank, world, start_step, train
-        self.per_epoch = n // (batch_size * world)
-        self.num_steps = self.per_epoch - start_step % max(self.per_epoch, 1) if num_steps is None else num_steps
+    def __init__(self, n: int, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1, start_step: int = 0,
+                 num_steps: Optional[int] = None, train: bool = True):
+        super().__init__(n, batch_size, rank, world, start_step, num_steps, train)
+        self.seed = seed
 
     def order(self, epoch: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(item_seed(self.seed, epoch, "order"))
         return torch.randperm(self.n, generator=g)
-
-    def __len__(self) -> int:
-        if self.train:
-            return self.num_steps
-        mine = (self.n - self.rank + self.world - 1) // self.world
-        return (mine + self.b - 1) // self.b
 
     def __iter__(self) -> Iterator[list[tuple[int, Optional[int]]]]:
         if not self.train:
@@ -197,19 +176,8 @@ def end_workers() -> None:
 atexit.register(end_workers)
 
 
-def make_loader(
-    dataset: Any,
-    batch_size: int,
-    *,
-    seed: int = 0,
-    rank: int = 0,
-    world: int = 1,
-    train: bool = True,
-    start_step: int = 0,
-    num_steps: Optional[int] = None,
-    num_workers: int = 0,
-    pin_memory: bool = False,
-) -> Loader:
+def make_loader(dataset: Any, batch_size: int, *, seed: int = 0, rank: int = 0, world: int = 1, train: bool = True,
+                start_step: int = 0, num_steps: Optional[int] = None, num_workers: int = 0, pin_memory: bool = False) -> Loader:
     """A DataLoader (`Loader`) of (images, labels, skipped) batches of one process (skipped: the names of
     the unreadable items dropped from the batch): for training, the
     global steps [start_step, start_step + num_steps) (default: to the end of that epoch);
@@ -221,9 +189,7 @@ def make_loader(
     """
     common: dict[str, Any] = dict(num_workers=num_workers, generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
     if isinstance(dataset, WebDataset):
-        batches = dataset.batches(
-            batch_size=batch_size, rank=rank, world=world, start_step=start_step, num_steps=num_steps, train=train
-        )
+        batches = dataset.batches(batch_size=batch_size, rank=rank, world=world, start_step=start_step, num_steps=num_steps, train=train)
         return Loader(batches, batch_size=None, **common)
     sampler = EpochBatchSampler(len(dataset), batch_size, seed, rank, world, start_step, num_steps, train)
     return Loader(dataset, batch_sampler=sampler, collate_fn=collate, **common)

@@ -30,14 +30,8 @@ UNTOUCHED, MASKED, RANDOM, UNCHANGED = 0, 1, 2, 3  # UNCHANGED: selected but kep
 KIND_NAMES = {MASKED: "mask", RANDOM: "random", UNCHANGED: "unchanged"}
 
 
-def draw_corruption(
-    batch: int,
-    num_patches: int,
-    mask_rate: float = 0.5,
-    mask_token_frac: float = 0.8,
-    random_patch_frac: float = 0.1,
-    generator: Optional[torch.Generator] = None,
-) -> Tensor:
+def draw_corruption(batch: int, num_patches: int, mask_rate: float = 0.5, mask_token_frac: float = 0.8,
+                    random_patch_frac: float = 0.1, generator: Optional[torch.Generator] = None) -> Tensor:
     """Which patches to corrupt and how: (B, N) int64 codes UNTOUCHED/MASKED/RANDOM/UNCHANGED.
 
     Exactly round(mask_rate * N) patches per image are selected (at least one, so the loss

@@ -169,7 +169,7 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
         return _sliced(stream, sliced, bounds)
     common = dict(seed=seed, skip_bad_images=o.skip_bad_images)
     if name == "vtab":  # its dev split is VTAB's own 200-example val set, not a share of train
-        return open_vtab(arg, split, transform, **common)
+        return open_vtab(arg, split, transform, held=held, **common)
     dataset: Any
     if name == "imagenet-val":
         dataset = imagenet_val(arg, base, transform, **common)
@@ -235,10 +235,8 @@ def check_classes(spec: str, class_names: Sequence[str]) -> None:
         inner = Path(os.path.expanduser(root), *class_names[:1])
         deeper = (f"; {inner} holds folders itself: did you mean {kind}:{inner}?" if kind == "imagefolder" and class_names
                   and inner.is_dir() and any(p.is_dir() for p in inner.iterdir()) else "")
-        raise DataError(
-            f"{spec}: {len(class_names)} class{'' if len(class_names) == 1 else 'es'} ({', '.join(class_names)}); "
-            f"classification needs at least two: check the data's class folders or labels{deeper}"
-        )
+        raise DataError(f"{spec}: {len(class_names)} class{'' if len(class_names) == 1 else 'es'} ({', '.join(class_names)}); "
+                        f"classification needs at least two: check the data's class folders or labels{deeper}")
     if len(set(class_names)) != len(class_names):
         twice = sorted({c for c in class_names if list(class_names).count(c) > 1})
         raise DataError(f"{spec}: the class names {', '.join(twice[:5])} appear more than once; each class needs its own name")

@@ -188,17 +188,9 @@ class EvalTransform:
                 f"std {numbers(self.std)}\n)")
 
 
-def eval_transform(
-    image_size: int | Sequence[int],
-    mean: Sequence[float] = (0.5, 0.5, 0.5),
-    std: Sequence[float] = (0.5, 0.5, 0.5),
-    in_channels: int = 3,
-    crop_fraction: float = 1.0,
-    crop_mode: str = "squash",
-    interpolation: str = "bilinear",
-    backend: str = "pil",
-    antialias: bool = True,
-) -> EvalTransform:
+def eval_transform(image_size: int | Sequence[int], mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
+                   in_channels: int = 3, crop_fraction: float = 1.0, crop_mode: str = "squash", interpolation: str = "bilinear",
+                   backend: str = "pil", antialias: bool = True) -> EvalTransform:
     """Resize to image_size / crop_fraction, centre-crop image_size, normalise.
 
     crop_fraction 1.0 with "squash" is the paper's evaluation: the whole image resized to

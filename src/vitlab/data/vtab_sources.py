@@ -38,7 +38,7 @@ from vitlab.config.fields import is_digits
 from vitlab.data.datasets import IMAGE_EXTENSIONS, DataError, ImageDataset
 from vitlab.data.foreign import load_saved
 from vitlab.data.images import check_size, decoded, read_image
-from vitlab.data.tfrecord import prepared, read_examples, shards, version_key
+from vitlab.data.tfrecord import Records, prepared, shards, version_key
 from vitlab.data.vtab import SPLITS, Task, get_task, task_label, task_split
 
 
@@ -127,7 +127,7 @@ def _hf_sources(folder: Path) -> dict[str, Source]:
 def _tfds_sources(shards: dict[str, list[Path]]) -> dict[str, Source]:
     out = {}
     for name, files in shards.items():
-        examples = read_examples(files)  # (image bytes kept encoded: decoded on demand)
+        examples = Records(files)  # (image bytes kept encoded: decoded on demand)
         out[name] = Source(len(examples), functools.partial(_tfds_image, examples, name), examples.__getitem__)
     return out
 
@@ -187,19 +187,22 @@ def describe(task: Task, root: Path, accept: str = "") -> Optional[dict[str, Any
             "accepted_other": bool(accept)}
 
 
-def find_sources(task: Task, root: Path, accept: str = "") -> Optional[tuple[dict[str, Source], Optional[list[str]], str]]:
-    """(sources by split, class names of an image-folder copy or None, where) or None when absent."""
+def find_sources(task: Task, root: Path, accept: str = "", held: Optional[dict[tuple, Any]] = None
+                 ) -> Optional[tuple[dict[str, Source], Optional[list[str]], str]]:
+    """(sources by split, class names of an image-folder copy or None, where) or None when absent;
+    read once into `held` (by folder) for every split and task of that source (the dSprites
+    and SmallNORB tasks share theirs)."""
     found = locate(task, root)
     if found is None:
         return None
     kind, folder = found
-    if kind == "folders":
-        sources, classes = _folder_sources(folder)
-        return sources, classes, str(folder)
-    if kind == "datasets":
-        return _hf_sources(folder), None, str(folder)
-    folder = pinned(task, folder, accept)
-    return _tfds_sources(shards(folder)), None, str(folder)
+    folder = pinned(task, folder, accept) if kind == "tfds" else folder
+    held, key = {} if held is None else held, ("vtab", str(folder))
+    if key not in held:
+        sources, classes = _folder_sources(folder) if kind == "folders" else (
+            _hf_sources(folder) if kind == "datasets" else _tfds_sources(shards(folder)), None)
+        held[key] = sources, classes, str(folder)
+    return held[key]
 
 
 def _labels(task: Task, items: list[tuple[Source, int]], folders: bool, where: str) -> list[int]:
@@ -215,8 +218,9 @@ def _labels(task: Task, items: list[tuple[Source, int]], folders: bool, where: s
 class VtabDataset(ImageDataset):
     """One VTAB-1k split of a task (vtab.SPLITS names them), labels read up front."""
 
-    def __init__(self, task: Task, root: Path, split: str, transform: Callable, accept: str = "", **kw: Any):
-        found = find_sources(task, root, accept)
+    def __init__(self, task: Task, root: Path, split: str, transform: Callable, accept: str = "",
+                 held: Optional[dict[tuple, Any]] = None, **kw: Any):
+        found = find_sources(task, root, accept, held)
         if found is None:
             raise DataError(where_to_put(task, root))
         sources, folder_classes, self.where = found

@@ -27,7 +27,7 @@ import torch
 
 from vitlab.config.run import SHUFFLE_BUFFER
 from vitlab.data import remote
-from vitlab.data.datasets import BadImageError, DataError, Encoded, Skipped, apply_seeded, data_cache, item_seed
+from vitlab.data.datasets import BadImageError, BatchLayout, DataError, Encoded, Skipped, apply_seeded, data_cache, item_seed
 from vitlab.data.decode import stack_images
 from vitlab.data.identity import dev_fraction as identity_dev_fraction, recognise, summed
 from vitlab.data.images import read_image
@@ -64,18 +64,36 @@ def dev_bucket(key: str) -> int:
 INDEX_SHAPE = {"buckets": [int], "min_label": int, "max_label": int, "label_counts": [int]}
 
 
+def _cached(path: remote.Shard, name: str, shape: object, read: Callable[[], Any], valid: Callable[[Any], bool] = bool) -> Any:
+    """`read()` of a shard, cached on disk as wds-index/NAME (`{}` the shard's version: a file's
+    path, size and modification time, a URL's ETag); a remote shard without a version, and a
+    cached copy that is damaged or not `valid`, are read afresh."""
+    tag = remote.shard_version(path)
+    cache = data_cache() / "wds-index" / name.format(tag)
+    if tag != "uncached":
+        try:
+            found = read_json(cache, shape, "shard index")
+            if valid(found):
+                return found
+        except (OSError, ValueError):  # none yet, or damaged: read the shard again
+            pass
+    found = read()
+    try:
+        if tag != "uncached":
+            atomic_write_text(cache, json.dumps(found))
+    except OSError:
+        pass  # a read-only home only costs a rescan
+    return found
+
+
 def shard_index(path: remote.Shard) -> dict[str, Any]:
     """Per shard: how many samples in each dev bucket, the smallest and largest label and
-    the count of each label. Cached on disk, keyed by the shard's path, size and modification
-    time, so a stream knows its length (and what data it holds) without decoding an image."""
-    tag = remote.shard_version(path)
-    cache = data_cache() / "wds-index" / f"{tag}.json"
-    try:
-        if tag == "uncached":
-            raise OSError("a remote shard without a version: indexed afresh")
-        return read_json(cache, INDEX_SHAPE, "shard index")
-    except (OSError, ValueError):  # none yet, or damaged: index the shard again
-        pass
+    the count of each label. Cached (`_cached`), so a stream knows its length (and what data
+    it holds) without decoding an image."""
+    return _cached(path, "{}.json", INDEX_SHAPE, lambda: _index(path))
+
+
+def _index(path: remote.Shard) -> dict[str, Any]:
     buckets = [0] * DEV_BUCKETS
     labels = []
     for key, parts in iter_shard(path):
@@ -85,14 +103,8 @@ def shard_index(path: remote.Shard) -> dict[str, Any]:
     for label in labels:
         if label >= 0:
             counts[label] += 1
-    index = {"buckets": buckets, "min_label": min(labels, default=0), "max_label": max(labels, default=-1),
-             "label_counts": counts}
-    try:
-        if tag != "uncached":
-            atomic_write_text(cache, json.dumps(index))
-    except OSError:
-        pass  # a read-only home only costs a rescan
-    return index
+    return {"buckets": buckets, "min_label": min(labels, default=0), "max_label": max(labels, default=-1),
+            "label_counts": counts}
 
 
 def check_labels(shard: remote.Shard, index: dict[str, Any], num_classes: int) -> None:
@@ -105,69 +117,42 @@ def check_labels(shard: remote.Shard, index: dict[str, Any], num_classes: int) -
 
 def label_error(shard: remote.Shard, key: str, label: int, num_classes: int) -> None:
     if not 0 <= label < num_classes:
-        raise DataError(
-            f"wds: {shard}: sample {key} has label {label}, outside the {num_classes} classes (0 to {num_classes - 1}); "
-            "fix the shard's .cls files, or give the full class list (data.classes or a classes.txt beside the shards)"
-        )
+        raise DataError(f"wds: {shard}: sample {key} has label {label}, outside the {num_classes} classes (0 to {num_classes - 1}); "
+                        "fix the shard's .cls files, or give the full class list (data.classes or a classes.txt beside the shards)")
 def shard_labels(path: remote.Shard) -> tuple[list[str], list[int]]:
     """Every sample's key and label in one shard, in stream order; cached like `shard_index`
     (apart from it: only a training subset needs them)."""
-    tag = remote.shard_version(path)
-    cache = data_cache() / "wds-index" / f"labels-{tag}.labels.json"
-    try:
-        if tag == "uncached":
-            raise OSError("a remote shard without a version: read afresh")
-        d = read_json(cache, {"keys": [str], "labels": [int]}, "shard's labels")
-        if len(d["keys"]) == len(d["labels"]):
-            return d["keys"], d["labels"]
-    except (OSError, ValueError):  # none yet, or damaged: read the shard again
-        pass
-    keys, labels = [], []
-    for key, parts in iter_shard(path):
-        keys.append(key)
-        labels.append(sample_label(path, key, parts))
-    try:
-        if tag != "uncached":
-            atomic_write_text(cache, json.dumps({"keys": keys, "labels": labels}))
-    except OSError:
-        pass
-    return keys, labels
+    def read() -> dict[str, list]:
+        samples = [(key, sample_label(path, key, parts)) for key, parts in iter_shard(path)]
+        return {"keys": [k for k, _ in samples], "labels": [y for _, y in samples]}
+
+    d = _cached(path, "labels-{}.labels.json", {"keys": [str], "labels": [int]}, read,
+                lambda d: len(d["keys"]) == len(d["labels"]))
+    return d["keys"], d["labels"]
 
 
 def read_class_names(shards: Sequence[remote.Shard], classes: Any, max_label: int) -> list[str]:
+    def lines(path: Path) -> list[str]:
+        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
     if classes:
         if isinstance(classes, (list, tuple)):
             return [str(c) for c in classes]
-        if Path(str(classes)).is_file():
-            return [line.strip() for line in Path(str(classes)).read_text().splitlines() if line.strip()]
-        return [c.strip() for c in str(classes).split(",")]
+        return lines(Path(str(classes))) if Path(str(classes)).is_file() else [c.strip() for c in str(classes).split(",")]
     if isinstance(shards[0], remote.RemoteShard):
-        found = remote.classes_beside(shards[0])
-        return found if found else [str(i) for i in range(max_label + 1)]
-    beside = shards[0].parent / "classes.txt"
-    if beside.is_file():
-        return [line.strip() for line in beside.read_text().splitlines() if line.strip()]
-    return [str(i) for i in range(max_label + 1)]
+        found = remote.classes_beside(shards[0]) or None  # none, or an empty list: numbered
+    else:
+        beside = shards[0].parent / "classes.txt"
+        found = lines(beside) if beside.is_file() else None
+    return found if found is not None else [str(i) for i in range(max_label + 1)]
 
 
 class WebDataset(torch.utils.data.IterableDataset):
     """A stream of (image tensor, label) from tar shards; see the module docstring."""
 
-    def __init__(
-        self,
-        pattern: str,
-        split: str,
-        transform: Callable,
-        train: bool = False,
-        seed: int = 0,
-        shuffle_buffer: int = SHUFFLE_BUFFER,
-        skip_bad_images: bool = False,
-        dev_fraction: Optional[float] = None,
-        classes: Any = None,
-        rank: int = 0,
-        world: int = 1,
-        identity: Optional[str] = None,
-    ):
+    def __init__(self, pattern: str, split: str, transform: Callable, train: bool = False, seed: int = 0,
+                 shuffle_buffer: int = SHUFFLE_BUFFER, skip_bad_images: bool = False, dev_fraction: Optional[float] = None,
+                 classes: Any = None, rank: int = 0, world: int = 1, identity: Optional[str] = None):
         """`rank`/`world` split plain iteration across processes (the training loader's batches
         are laid out by `batches`, which is told them per call). `identity` declares which
         paper dataset the shards hold; without it the shards' class counts tell (see
@@ -325,7 +310,7 @@ class WebDataset(torch.utils.data.IterableDataset):
         return WebDatasetBatches(self, **layout)
 
 
-class WebDatasetBatches(torch.utils.data.IterableDataset):
+class WebDatasetBatches(BatchLayout, torch.utils.data.IterableDataset):
     """Collated batches (images, labels, skipped names) of one process, for DataLoader(batch_size=None).
 
     train: global steps [start_step, start_step + num_steps), crossing epochs. Global batch j
@@ -336,29 +321,10 @@ class WebDatasetBatches(torch.utils.data.IterableDataset):
     which DataLoader collects them.
     """
 
-    def __init__(
-        self,
-        data: WebDataset,
-        batch_size: int,
-        rank: int = 0,
-        world: int = 1,
-        start_step: int = 0,
-        num_steps: Optional[int] = None,
-        train: bool = True,
-    ):
-        super().__init__()
-        self.data, self.b, self.rank, self.world = data, batch_size, rank, world
-        self.start, self.train = start_step, train
-        self.per_epoch = data.num_samples // (batch_size * world)
-        if num_steps is None:
-            num_steps = self.per_epoch - start_step % max(self.per_epoch, 1)
-        self.num_steps = num_steps
-
-    def __len__(self) -> int:
-        if self.train:
-            return self.num_steps
-        mine = (self.data.num_samples - self.rank + self.world - 1) // self.world
-        return (mine + self.b - 1) // self.b
+    def __init__(self, data: WebDataset, batch_size: int, rank: int = 0, world: int = 1, start_step: int = 0,
+                 num_steps: Optional[int] = None, train: bool = True):
+        super().__init__(data.num_samples, batch_size, rank, world, start_step, num_steps, train)
+        self.data = data
 
     def _place(self, p: int) -> Optional[int]:
         """The batch of this process (within the epoch) that stream position p belongs to."""

@@ -21,7 +21,6 @@ fraction of images whose top-1 class is unchanged, and the largest logit differe
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -42,11 +41,13 @@ REST_KEY = "int8_rest_dtype"  # a calibrated copy's file: the dtype of its layer
 
 
 class Serving(nn.Module):
-    """A model in another dtype behind an fp32 interface: casts the images in, logits out."""
+    """Every inference copy's one type: the copy (`model`, a ViT whose layers may be packed or
+    int8) behind an fp32 interface, casting the images in to `dtype` and the logits out; `serving`
+    names its kind, which vitlab.save and export refuse by name."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype, kind: str = ""):
         super().__init__()
-        self.model = model
+        self.model: Any = model  # a vitlab model: its forward, features and head
         self.dtype = dtype
         self.serving = kind or str(dtype).removeprefix("torch.")  # what vitlab.save and export refuse by name
 
@@ -60,6 +61,14 @@ class Serving(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x.to(self.dtype)).float()
+
+    # The model's feature API (timm's names), through the same casts: eval.features reads a
+    # copy's pre-logits as it reads the model's.
+    def forward_features(self, x: Tensor) -> Tensor:
+        return self.model.forward_features(x.to(self.dtype))
+
+    def forward_head(self, feats: Tensor, pre_logits: bool = False) -> Tensor:
+        return self.model.forward_head(feats, pre_logits=pre_logits).float()
 
 
 class PackedLinear(nn.Module):
@@ -116,28 +125,38 @@ def _packable(model: nn.Module, dtype: torch.dtype) -> bool:
     return dtype in onednn_dtypes() and next(model.parameters()).device.type == "cpu"
 
 
-def choose_attention(model: VisionTransformer, dtype: torch.dtype) -> VisionTransformer:
+def attention_kernel(cfg: ViTConfig, dtype: torch.dtype, device: torch.device) -> Optional[str]:
     """A CPU copy's attention kernel: the fused one or the explicit matmul-softmax path,
     whichever measured faster on this machine at the model's shapes (`vitlab.deploy.kernels`;
-    the fused kernel wins in bf16 with AMX and loses without it); the same function either way."""
-    if dtype in (torch.float32, torch.bfloat16) and next(model.parameters()).device.type == "cpu" \
-            and getattr(model, "blocks", None):
-        attn = model.blocks[0].attn
-        kernel = kernels.choose_attention(attn.num_heads, model.config.num_tokens, attn.head_dim, dtype).kernel
-        for block in model.blocks:
-            block.attn.cpu_attention = kernel
-    return model
+    the fused kernel wins in bf16 with AMX and loses without it); the same function either way.
+    None (the model's own default) on a GPU and in other dtypes."""
+    if dtype not in (torch.float32, torch.bfloat16) or device.type != "cpu" or not cfg.depth:
+        return None
+    return kernels.choose_attention(cfg.num_heads, cfg.num_tokens, cfg.hidden_size // cfg.num_heads, dtype).kernel
+
+
+def built_copy(model: VisionTransformer, dtype: torch.dtype, attention: Optional[torch.dtype] = None) -> VisionTransformer:
+    """A fresh copy of `model` in eval mode in `dtype`, built with the CPU attention kernel
+    measured for the dtype its attention runs in (`attention_kernel`; None: the model's
+    default): a choice made when the copy is constructed, never a flag set on a model after."""
+    device = next(model.parameters()).device
+    kernel = attention_kernel(model.config, attention, device) if attention else None
+    with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
+        m = type(model)(model.config, cpu_attention=kernel)
+    m.load_state_dict(model.state_dict())
+    m.class_names = model.class_names
+    return m.to(device, dtype).eval()
 
 
 def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, packed: bool = True) -> Serving:
     """A copy of `model` in `dtype` (bf16, or fp16 for GPUs) for inference: takes fp32
     images, returns fp32 logits. On the CPU, `packed` (the default) also packs the
     encoder's Dense layers once and fuses the GELU (see `PackedLinear`)."""
-    m = copy.deepcopy(model).eval().to(dtype)
+    m = built_copy(model, dtype, attention=dtype)
     if packed and dtype == torch.bfloat16 and _packable(m, dtype):  # oneDNN's fp16 wants AVX512-FP16
         with torch.no_grad():
             pack_linears(m, measured=True)
-    return Serving(choose_attention(m, dtype), dtype)
+    return Serving(m, dtype)
 
 
 def to_bfloat16(model: VisionTransformer, packed: bool = True) -> Serving:
@@ -149,30 +168,28 @@ def to_bfloat16(model: VisionTransformer, packed: bool = True) -> Serving:
     return to_reduced(model, torch.bfloat16, packed)
 
 
-def to_packed_fp32(model: VisionTransformer) -> VisionTransformer:
+def to_packed_fp32(model: VisionTransformer) -> Serving:
     """An fp32 inference copy with every Dense layer packed for oneDNN and the GELU fused: the
-    same numbers as `model` to float32 rounding, without autograd (on a GPU: a plain copy)."""
-    m = copy.deepcopy(model).eval()
+    same numbers as `model` to float32 rounding, without autograd (on a GPU: a plain copy).
+    Its packed layout is for this process: vitlab.save refuses it."""
+    m = built_copy(model, torch.float32)
     if _packable(m, torch.float32):
         with torch.no_grad():
             pack_linears(m)
-    m.serving = "fp32-packed"  # its packed layout is for this process: vitlab.save refuses it
-    return m
+    return Serving(m, torch.float32, "fp32-packed")
 
 
-def to_measured_fp32(model: VisionTransformer) -> VisionTransformer:
+def to_measured_fp32(model: VisionTransformer) -> Serving:
     """vitlab's fp32 CPU inference copy: each Dense shape on oneDNN's packed kernel (bias and
     GELU fused) or on the model's own `F.linear`, and the attention on the fused or the explicit
     kernel, whichever timed faster on this machine (`vitlab.deploy.kernels`: measured once,
-    cached per machine). The same numbers as `model` to float32 rounding, without autograd."""
-    m = copy.deepcopy(model).eval()
-    if next(m.parameters()).device.type == "cpu":
+    cached per machine). The same numbers as `model` to float32 rounding, without autograd; a
+    copy for this process and machine, which vitlab.save refuses."""
+    m = built_copy(model, torch.float32, attention=torch.float32)
+    if _packable(m, torch.float32):
         with torch.no_grad():
-            if _packable(m, torch.float32):
-                pack_linears(m, measured=True)
-            choose_attention(m, torch.float32)
-    m.serving = "fp32-auto"  # a copy for this process and machine: vitlab.save refuses it
-    return m
+            pack_linears(m, measured=True)
+    return Serving(m, torch.float32, "fp32-auto")
 
 
 class Int8Linear(nn.Module):
@@ -217,7 +234,15 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None) -> nn.Module:
+def _int8_layers(model: VisionTransformer) -> VisionTransformer:
+    """`model` (a copy) with its encoder's Dense layers as `Int8Linear`, in place."""
+    for block in model.blocks:
+        for parent, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc1"), (block.mlp, "fc2")):
+            setattr(parent, name, Int8Linear(getattr(parent, name)))
+    return model
+
+
+def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None) -> Serving:
     """An inference copy of `model` whose encoder Dense layers run in int8.
 
     With `calibration` images (normalised as the model expects; a few hundred training
@@ -228,13 +253,10 @@ def quantize_int8(model: VisionTransformer, calibration: Optional[Tensor] = None
     LayerNorms, softmax and the head then stay fp32.
     """
     if calibration is not None:
-        return Serving(choose_attention(quantize_calibrated(model, calibration), rest_dtype()), rest_dtype(), kind=CALIBRATED)
-    model = copy.deepcopy(model).eval()
-    for block in model.blocks:
-        for parent, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc1"), (block.mlp, "fc2")):
-            setattr(parent, name, Int8Linear(getattr(parent, name)))
-    model.serving = "int8"  # saved by save_int8, not vitlab.save (its tensors are not a ViT's)
-    return model
+        calibrated = quantize_calibrated(built_copy(model, torch.float32, attention=rest_dtype()), calibration)
+        return Serving(calibrated, rest_dtype(), kind=CALIBRATED)
+    # saved by save_int8, not vitlab.save (its tensors are not a ViT's)
+    return Serving(_int8_layers(built_copy(model, torch.float32)), torch.float32, "int8")
 
 
 def save_int8(model: nn.Module, path) -> None:
@@ -243,15 +265,15 @@ def save_int8(model: nn.Module, path) -> None:
     calibrated, the activations' static scales and the smoothed LayerNorms), the rest as the
     copy keeps it. `load_int8` reads it back; `vitlab.load` refuses it by name."""
     kind = getattr(model, "serving", "")
-    if kind not in ("int8", CALIBRATED):
+    if not isinstance(model, Serving) or kind not in ("int8", CALIBRATED):
         raise ValueError("save_int8 takes an int8 copy: vitlab.deploy.quantize_int8(model) or "
                          "quantize_int8(model, calibration=images)")
-    inner: Any = model.model if kind == CALIBRATED else model  # the ViT (a calibrated copy wraps it)
+    inner: Any = model.model  # the ViT inside the copy
     extra = {io.SERVING_KEY: kind, **({REST_KEY: str(model.dtype).removeprefix("torch.")} if kind == CALIBRATED else {})}
     io.write_state(inner.config, io.contiguous_state(inner), inner.class_names, path, extra_metadata=extra)
 
 
-def load_int8(path) -> nn.Module:
+def load_int8(path) -> Serving:
     """The int8 copy `save_int8` wrote, ready to run: the portable one (which torch.export
     takes) or a calibrated one (the same logits as when it was saved, on a CPU that runs it)."""
     kind = io.read_metadata(path).get(io.SERVING_KEY, "int8")
@@ -261,8 +283,12 @@ def load_int8(path) -> nn.Module:
         with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
             if not isinstance(imported.config, ViTConfig):
                 raise io.CheckpointError(f"an int8 copy stores a ViT, not a {imported.config.kind} model")
-            fresh = VisionTransformer(imported.config)
-            model: Any = calibrated_skeleton(fresh, rest) if kind == CALIBRATED else quantize_int8(fresh)
+            if kind == CALIBRATED:
+                cpu = torch.device("cpu")
+                fresh = VisionTransformer(imported.config, cpu_attention=attention_kernel(imported.config, rest, cpu))
+                model = calibrated_skeleton(fresh, rest)
+            else:
+                model = _int8_layers(VisionTransformer(imported.config).eval())
         try:
             model.load_state_dict(imported.state, strict=True)
         except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
@@ -270,8 +296,8 @@ def load_int8(path) -> nn.Module:
                                      f"{' '.join(str(e).split())[:400]}") from None
         model.class_names = imported.class_names
         if kind == CALIBRATED:
-            return Serving(choose_attention(restore_calibrated(model, rest), rest), rest, kind=CALIBRATED)
-        return model.eval()
+            return Serving(restore_calibrated(model, rest), rest, kind=CALIBRATED)
+        return Serving(model, torch.float32, "int8")
     except io.CheckpointError as e:
         raise io.CheckpointError(f"{path}: {e}") from None
 

@@ -54,14 +54,8 @@ def onnx_metadata(model: VisionTransformer) -> dict[str, str]:
     names = getattr(model, "class_names", None) or [str(i) for i in range(cfg.num_classes)]
     steps = config_recipe(cfg)  # what vitlab.transform(model) runs (data/transforms.py's EvalTransform)
     recipe = {f"vitlab.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in steps.items()}
-    return {
-        "vitlab.model": cfg.name,
-        "vitlab.class_names": json.dumps(list(names)),
-        **recipe,
-        "vitlab.preprocessing": recipe_sentence(steps),
-        "vitlab.output": "logits (batch, classes); softmax gives the class probabilities",
-        "vitlab.config": cfg.to_json(),
-    }
+    return {"vitlab.model": cfg.name, "vitlab.class_names": json.dumps(list(names)), **recipe, "vitlab.preprocessing": recipe_sentence(steps),
+            "vitlab.output": "logits (batch, classes); softmax gives the class probabilities", "vitlab.config": cfg.to_json()}
 
 
 def refuse_serving_copy(model: nn.Module, what: str) -> None:
@@ -75,11 +69,9 @@ def refuse_serving_copy(model: nn.Module, what: str) -> None:
             f"{what} of an inference copy ({kind}) is not supported: its packed oneDNN weights belong to the "
             "process that built it; export the model itself (vitlab.load(CHECKPOINT), or vitlab export CHECKPOINT)")
     if kind:
-        raise ValueError(
-            f"{what} of a serving copy ({kind}) is not supported (ONNX has no form of its int8/packed kernels "
-            "that vitlab checks); export the fp32 model and let the runtime quantise it (onnxruntime.quantization."
-            "quantize_dynamic), or export this copy with torch.export (--format torch-export)"
-        )
+        raise ValueError(f"{what} of a serving copy ({kind}) is not supported (ONNX has no form of its int8/packed kernels "
+                         "that vitlab checks); export the fp32 model and let the runtime quantise it (onnxruntime.quantization."
+                         "quantize_dynamic), or export this copy with torch.export (--format torch-export)")
 
 
 def export_onnx(model: VisionTransformer, path: str | os.PathLike, opset: int = 18) -> Path:
@@ -88,16 +80,8 @@ def export_onnx(model: VisionTransformer, path: str | os.PathLike, opset: int = 
     refuse_serving_copy(model, "ONNX export")
     model = model.eval()
     program = export_program(model)
-    onnx_program = torch.onnx.export(
-        program,
-        (_example(model),),
-        input_names=["images"],
-        output_names=["logits"],
-        opset_version=opset,
-        dynamo=True,
-        optimize=True,
-        verbose=False,
-    )
+    onnx_program = torch.onnx.export(program, (_example(model),), input_names=["images"], output_names=["logits"], opset_version=opset, dynamo=True,
+                                     optimize=True, verbose=False)
     assert onnx_program is not None  # None only when the exporter is given a file name (f=)
     name_batch_axis(onnx_program.model)
     onnx_program.model.metadata_props.update(onnx_metadata(model))
@@ -128,33 +112,30 @@ def read_onnx_metadata(path: str | os.PathLike) -> dict[str, str]:
     return dict(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map)
 
 
-@torch.inference_mode()
 def check_onnx(path: str | os.PathLike, model: nn.Module, batch_sizes: tuple[int, ...] = (1, 3)) -> float:
     """Run the ONNX file in onnxruntime; return the largest |logit| difference to `model`.
-
     Batch sizes other than the traced one (2) prove the batch axis really is dynamic.
     """
     ort = require("export", "checking the ONNX file", modules=("onnxruntime",))["onnxruntime"]
-
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
-    worst = 0.0
-    for b in batch_sizes:
-        x = _example(model, b)
-        ours = model(x).float().cpu().numpy()
-        theirs = session.run(None, {name: x.cpu().numpy()})[0]
-        if theirs.shape != ours.shape:
-            raise RuntimeError(f"onnxruntime returned shape {theirs.shape} for batch {b}, expected {ours.shape}")
-        worst = max(worst, float(abs(theirs - ours).max()))
-    return worst
+    return _worst(lambda x: torch.from_numpy(session.run(None, {name: x.cpu().numpy()})[0]), model, batch_sizes, "onnxruntime")
 
 
-@torch.inference_mode()
 def check_program(path: str | os.PathLike, model: nn.Module, batch_sizes: tuple[int, ...] = (1, 3)) -> float:
     """Load a saved .pt2 and return its largest |logit| difference to `model`."""
     program = torch.export.load(str(path)).module()
+    return _worst(lambda x: program(x), model, batch_sizes, "the exported program")
+
+
+@torch.inference_mode()
+def _worst(run, model: nn.Module, batch_sizes: tuple[int, ...], runtime: str) -> float:
+    """The largest |logit| difference between `run(x)` and `model(x)` over the batch sizes."""
     worst = 0.0
     for b in batch_sizes:
         x = _example(model, b)
-        worst = max(worst, float((program(x) - model(x)).abs().max()))
+        ours, theirs = model(x).float().cpu(), run(x).float().cpu()
+        if theirs.shape != ours.shape:
+            raise RuntimeError(f"{runtime} returned shape {tuple(theirs.shape)} for batch {b}, expected {tuple(ours.shape)}")
+        worst = max(worst, float((theirs - ours).abs().max()))
     return worst

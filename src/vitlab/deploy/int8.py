@@ -1,6 +1,6 @@
 """int8 serving on oneDNN's u8 x s8 kernels (AVX512-VNNI, AMX-int8), calibrated on images.
 
-`quantize_calibrated(model, images)` returns a copy whose encoder Dense layers (paper §3.1,
+`quantize_calibrated(copy, images)` makes a copy (`copies.quantize_int8` builds it) one whose encoder Dense layers (paper §3.1,
 Eq. 2-3: qkv, the attention projection, the MLP's two layers) multiply int8 numbers with
 int32 accumulation, and whose other parts (LayerNorm, attention's softmax, the residual
 stream) run in `rest_dtype()`: bf16 where oneDNN runs bf16 on this CPU, fp32 elsewhere. Three
@@ -33,7 +33,6 @@ uint8 and 6-10 ms writing fp32), so the copy keeps its other parts in fp32 there
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any, Optional
 
@@ -183,13 +182,14 @@ def smooth(norm: nn.LayerNorm, dense: Dense, x_range: Tensor, alpha: float = ALP
 
 @torch.no_grad()
 def quantize_calibrated(model: VisionTransformer, images: Tensor, batch_size: int = 64) -> VisionTransformer:
-    """An int8 copy of `model` calibrated on `images` (N, C, H, W), normalised as the model
-    expects (a few hundred training images are enough). It runs in rest_dtype() outside the
-    Dense layers: it takes and returns that dtype (`copies.quantize_int8` wraps it)."""
+    """`model`, a copy (`copies.quantize_int8` builds it and wraps the result), made int8 in
+    place, calibrated on `images` (N, C, H, W), normalised as the model expects (a few hundred
+    training images are enough). It runs in rest_dtype() outside the Dense layers: it takes and
+    returns that dtype."""
     if not available():
         raise ConfigError("calibrated int8 needs oneDNN's int8 kernels (an x86 build of PyTorch); "
                            "use deploy.quantize_int8(model) without calibration images instead")
-    m = copy.deepcopy(model).float().eval()
+    m = model.float().eval()
     ranges = channel_ranges(m, images, batch_size)
     int8 = []
     for block in m.blocks:

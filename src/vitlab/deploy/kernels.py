@@ -14,6 +14,7 @@ of the CPU model, its instruction-set flags, the thread count, the torch version
 caps in force: another machine, a changed thread count or a new torch measures again. A cache
 that cannot be read is measured over and rewritten; one that cannot be written is left alone.
 
+The fp32 training step chooses its Dense products the same way (`vitlab.deploy.training`).
 $VITLAB_DENSE_KERNEL (oneDNN or F.linear) and $VITLAB_ATTENTION_KERNEL (fused or explicit)
 force a choice, for tests and for comparing paths. `choices()` lists what this process chose
 and why (`vitlab bench` writes it under its table; `vitlab info --kernels` prints it for a
@@ -250,7 +251,9 @@ def choices() -> list[Choice]:
     return list({c.what: c for c in _MADE.values()}.values())
 
 
-def _choose(kind: str, what: str, baseline: str, measure: Callable[[], dict[str, float]]) -> Choice:
+def choose_kernel(kind: str, what: str, baseline: str, measure: Callable[[], dict[str, float]]) -> Choice:
+    """The kernel for `what` (kind "dense" or "attention"): forced by its variable, made earlier
+    in this process, cached for this machine, or `measure()`d (ms per kernel) and cached."""
     force = forced(kind)
     if force is not None:
         choice = _MADE["forced", what] = Choice(what, force, {}, f"forced by ${FORCE[kind]}")
@@ -276,7 +279,7 @@ def dense_label(k: int, n: int, tokens: int, activation: Optional[str], dtype: t
 
 def choose_dense(k: int, n: int, tokens: int, activation: Optional[str], dtype: torch.dtype) -> Choice:
     """The kernel for a Dense layer of this shape in `dtype`: forced, cached or measured."""
-    return _choose("dense", dense_label(k, n, tokens, activation, dtype), "F.linear",
+    return choose_kernel("dense", dense_label(k, n, tokens, activation, dtype), "F.linear",
                    lambda: time_dense(k, n, tokens, activation, dtype))
 
 
@@ -287,7 +290,7 @@ def model_default_attention(dtype: torch.dtype) -> str:
 
 def choose_attention(heads: int, tokens: int, head_dim: int, dtype: torch.dtype) -> Choice:
     what = f"attention {str(dtype).removeprefix('torch.')} {heads} heads x {head_dim}, {tokens} tokens"
-    return _choose("attention", what, model_default_attention(dtype),
+    return choose_kernel("attention", what, model_default_attention(dtype),
                    lambda: time_attention(heads, tokens, head_dim, dtype))
 
 

@@ -133,20 +133,18 @@ def _open(handler: Any, connection: type, req: urllib.request.Request, **kwargs:
         raise
 
 
-class _HTTPHandler(urllib.request.HTTPHandler):
+class _Limits:
     def __init__(self, timeout: float, min_rate: float):
         super().__init__()
         self.limits = (timeout, min_rate)
 
+
+class _HTTPHandler(_Limits, urllib.request.HTTPHandler):
     def http_open(self, req: urllib.request.Request) -> Any:
         return _open(self, _HTTPConnection, req)
 
 
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, timeout: float, min_rate: float):
-        super().__init__()
-        self.limits = (timeout, min_rate)
-
+class _HTTPSHandler(_Limits, urllib.request.HTTPSHandler):
     def https_open(self, req: urllib.request.Request) -> Any:
         return _open(self, _HTTPSConnection, req, context=self._context)  # type: ignore[attr-defined]
 

@@ -98,6 +98,7 @@ class Attention(nn.Module):
         attention_dropout: float = 0.0,
         dropout: float = 0.0,
         num_tokens_relative: Optional[int] = None,
+        cpu_attention: Optional[str] = None,
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -106,10 +107,10 @@ class Attention(nn.Module):
         self.qkv = Dense(dim, 3 * dim, bias=qkv_bias)  # q, k, v along the output axis
         self.proj = Dense(dim, dim)
         self.attention_dropout = attention_dropout
-        # The kernel on the CPU: None takes the explicit path in bf16 and the fused one otherwise;
-        # vitlab.deploy's inference copies set "fused" or "explicit", whichever measured faster
-        # on the CPU at hand (vitlab.deploy.kernels).
-        self.cpu_attention: Optional[str] = None
+        # The kernel on the CPU, chosen when the model is built: None takes the explicit path in
+        # bf16 and the fused one otherwise; vitlab.deploy builds its inference copies with "fused"
+        # or "explicit", whichever measured faster on the CPU at hand (vitlab.deploy.kernels).
+        self.cpu_attention = cpu_attention
         self.proj_drop = nn.Dropout(dropout)
         self.rel_embedding: Optional[nn.Parameter] = None
         if num_tokens_relative is not None:
@@ -208,10 +209,11 @@ class Block(nn.Module):
         attention_dropout: float,
         drop_path: float,
         num_tokens_relative: Optional[int] = None,
+        cpu_attention: Optional[str] = None,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=layer_norm_eps)
-        self.attn = Attention(dim, num_heads, qkv_bias, attention_dropout, dropout, num_tokens_relative)
+        self.attn = Attention(dim, num_heads, qkv_bias, attention_dropout, dropout, num_tokens_relative, cpu_attention)
         self.norm2 = nn.LayerNorm(dim, eps=layer_norm_eps)
         self.mlp = Mlp(dim, mlp_dim, gelu, dropout)
         self.drop_path = DropPath(drop_path)
@@ -237,7 +239,6 @@ class Classifier:
     config: ModelConfig  # each kind narrows it to its own (ViTConfig, BiTConfig)
     norm: nn.LayerNorm | nn.GroupNorm  # the last norm before the head
     head: nn.Module
-    serving = ""  # an inference copy's kind (vitlab.deploy), which vitlab.save and export refuse
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each block (a ViT's encoder block, a ResNet's residual unit) in the backward

@@ -31,10 +31,12 @@ class VisionTransformer(Classifier, nn.Module):
     `model(x)` returns logits (or pooled features when `num_classes == 0`);
     `model(x, return_intermediates=True)` returns a dict with the logits, the tokens after
     each block and each block's attention probabilities (B, heads, T, T), computed by the
-    exact attention path.
+    exact attention path. `cpu_attention` ("fused" or "explicit") fixes the attention kernel
+    on the CPU, for an inference copy (vitlab.deploy builds its copies with the one measured
+    faster); by default it follows the dtype (layers.Attention).
     """
 
-    def __init__(self, config: ViTConfig):
+    def __init__(self, config: ViTConfig, *, cpu_attention: Optional[str] = None):
         super().__init__()
         self.config: ViTConfig = config
         self.class_names: Optional[list[str]] = None  # carried into checkpoints
@@ -70,6 +72,7 @@ class VisionTransformer(Classifier, nn.Module):
                 attention_dropout=cfg.attention_dropout,
                 drop_path=rate,
                 num_tokens_relative=relative,
+                cpu_attention=cpu_attention,
             )
             for rate in drop_rates
         )

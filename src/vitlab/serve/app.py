@@ -41,68 +41,35 @@ from vitlab.serve.metrics import Metrics
 log = logging.getLogger("vitlab.serve")
 
 # The page's files (package data) and their types; nothing else is served from the package.
-PAGE_FILES = {
-    "index.html": "text/html; charset=utf-8",
-    "app.js": "text/javascript; charset=utf-8",
-    "style.css": "text/css; charset=utf-8",
-}
+PAGE_FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 # The page may load nothing from elsewhere: what it needs ships with vitlab.
-PAGE_POLICY = (
-    "default-src 'self'; img-src 'self' data: blob:; script-src 'self'; style-src 'self'; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
-)
+PAGE_POLICY = ("default-src 'self'; img-src 'self' data: blob:; script-src 'self'; style-src 'self'; "
+               "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
 
 _BINARY = {"type": "string", "format": "binary"}
-PREDICT_BODY = {
-    "requestBody": {
-        "required": True,
-        "description": "One or more images as multipart `file` fields (`curl -F file=@cat.jpg`), or one image "
-        "as the raw request body (`curl --data-binary @cat.jpg`). PNG, JPEG, GIF, BMP, TIFF, WebP, PPM.",
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {"file": {"type": "array", "items": _BINARY}},
-                }
-            },
-            "application/octet-stream": {"schema": _BINARY},
-            "image/*": {"schema": _BINARY},
-        },
-    }
-}
+PREDICT_BODY = {"requestBody": {
+    "required": True,
+    "description": "One or more images as multipart `file` fields (`curl -F file=@cat.jpg`), or one image "
+    "as the raw request body (`curl --data-binary @cat.jpg`). PNG, JPEG, GIF, BMP, TIFF, WebP, PPM.",
+    "content": {
+        "multipart/form-data": {"schema": {"type": "object", "required": ["file"],
+                                           "properties": {"file": {"type": "array", "items": _BINARY}}}},
+        "application/octet-stream": {"schema": _BINARY}, "image/*": {"schema": _BINARY},
+    },
+}}
 _ERROR = {"content": {"application/json": {"example": {"error": "what was wrong, and the fix", "status": 400}}}}
 PREDICT_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "Per image: the top-k classes; with attention=true the rollout too.",
-        "content": {
-            "application/json": {
-                "example": {
-                    "model": "ViT-B/16",
-                    "precision": "fp32",
-                    "time_ms": 41.2,
-                    "results": [
-                        {
-                            "file": "cat.jpg",
-                            "width": 640,
-                            "height": 480,
-                            "batch_size": 3,
-                            "predictions": [{"class": "tabby cat", "index": 281, "probability": 0.83}],
-                            "attention": {"grid": [[0.12, 0.5], [0.33, 1.0]], "overlay_png": "iVBORw0KGgo..."},
-                        }
-                    ],
-                }
-            }
-        },
-    },
+    200: {"description": "Per image: the top-k classes; with attention=true the rollout too.",
+          "content": {"application/json": {"example": {
+              "model": "ViT-B/16", "precision": "fp32", "time_ms": 41.2,
+              "results": [{"file": "cat.jpg", "width": 640, "height": 480, "batch_size": 3,
+                           "predictions": [{"class": "tabby cat", "index": 281, "probability": 0.83}],
+                           "attention": {"grid": [[0.12, 0.5], [0.33, 1.0]], "overlay_png": "iVBORw0KGgo..."}}]}}}},
     400: {"description": "Empty upload, no `file` field, too many files", **_ERROR},
     401: {"description": "The server needs an API key (--api-key) and got none or a wrong one", **_ERROR},
     413: {"description": "More bytes than --max-upload-mb", **_ERROR},
     415: {"description": "Not an image the server reads", **_ERROR},
-    422: {
-        "description": "An image with too many pixels (a decompression bomb), damaged data, a bad parameter",
-        **_ERROR,
-    },
+    422: {"description": "An image with too many pixels (a decompression bomb), damaged data, a bad parameter", **_ERROR},
     503: {"description": "The model is still warming up", **_ERROR},
 }
 
@@ -133,10 +100,8 @@ class Guard:
 
     def __init__(self, app, limit: int, metrics: Metrics):
         self.app, self.limit, self.metrics = app, limit, metrics
-        self.too_large = (
-            f"the request is larger than the server's limit of {limit / 2**20:g} MiB (--max-upload-mb); "
-            "send a smaller image or fewer images per request"
-        )
+        self.too_large = (f"the request is larger than the server's limit of {limit / 2**20:g} MiB (--max-upload-mb); "
+                          "send a smaller image or fewer images per request")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -196,11 +161,8 @@ async def read_uploads(request, config: ServeConfig) -> list[tuple[str, bytes]]:
         files = [v for k, v in form.multi_items() if k == "file"]
         if not files:
             fields = sorted({k for k, _ in form.multi_items()})
-            raise UploadError(
-                400,
-                f"the form has no `file` field (it has: {', '.join(fields) or 'nothing'}); send the image as "
-                "`file`, e.g. curl -F file=@cat.jpg",
-            )
+            raise UploadError(400, f"the form has no `file` field (it has: {', '.join(fields) or 'nothing'}); send the image as "
+                                   "`file`, e.g. curl -F file=@cat.jpg")
         if any(isinstance(f, str) for f in files):
             raise UploadError(400, "a `file` field holds text, not a file; attach the file (curl -F file=@cat.jpg)")
         return [(f.filename or f"file {i + 1}", await f.read()) for i, f in enumerate(files)]
@@ -219,19 +181,11 @@ def result_entry(engine: Engine, name: str, prepared: Prepared, output: tuple[An
     result, batch_size = output
     looked = isinstance(result, Looked)
     probs = result.probs if looked else result
-    entry: dict[str, Any] = {
-        "file": name,
-        "width": prepared.width,
-        "height": prepared.height,
-        "batch_size": batch_size,
-        "predictions": [{**p, "probability": round(p["probability"], 6)} for p in engine.top_k(probs, k)],
-    }
+    entry: dict[str, Any] = {"file": name, "width": prepared.width, "height": prepared.height, "batch_size": batch_size,
+                             "predictions": [{**p, "probability": round(p["probability"], 6)} for p in engine.top_k(probs, k)]}
     if looked:
         assert prepared.display is not None
-        entry["attention"] = {
-            "grid": _rounded(result.rollout),
-            "overlay_png": overlay_png_base64(prepared.display, result.rollout),
-        }
+        entry["attention"] = {"grid": _rounded(result.rollout), "overlay_png": overlay_png_base64(prepared.display, result.rollout)}
         if heads:
             entry["attention"]["heads"] = _rounded(result.heads)  # [layer][head][row][col]
     return entry
@@ -279,12 +233,9 @@ def create_app(engine: Engine, config: ServeConfig, on_ready: Optional[Callable[
     from fastapi_offline import FastAPIOffline
 
     state, metrics = ServerState(), Metrics(engine.config.name, engine.precision)
-    app = FastAPIOffline(
-        title="vitlab serve",
-        version="1",
-        summary=f"{engine.config.name} ({engine.precision}): image classification with attention maps",
-        lifespan=partial(_lifespan, engine=engine, config=config, state=state, metrics=metrics, on_ready=on_ready),
-    )
+    app = FastAPIOffline(title="vitlab serve", version="1",
+                         summary=f"{engine.config.name} ({engine.precision}): image classification with attention maps",
+                         lifespan=partial(_lifespan, engine=engine, config=config, state=state, metrics=metrics, on_ready=on_ready))
     app.state.server = state
     app.add_middleware(Guard, limit=config.max_upload_bytes, metrics=metrics)
     _add_error_handlers(app)
@@ -321,19 +272,12 @@ def _add_predict(app, engine: Engine, config: ServeConfig, state: ServerState) -
     # The serve extra's; `Request` and `Query` must be real classes when FastAPI reads the signature.
     from fastapi import Depends, HTTPException, Query, Request
 
-    @app.post(
-        "/predict",
-        summary="Classify images",
-        openapi_extra=PREDICT_BODY,
-        responses=PREDICT_RESPONSES,
-        dependencies=[Depends(_check_key(config.api_key))] if config.api_key is not None else [],
-    )
-    async def predict(
-        request: Request,
-        top_k: int = Query(5, ge=1, le=100_000, description="classes per image (at most the model's)"),
-        attention: bool = Query(False, description="add the attention rollout: a PNG overlay (base64) and the grid"),
-        heads: bool = Query(False, description="with attention: also each layer's and head's map from the class token"),
-    ):
+    @app.post("/predict", summary="Classify images", openapi_extra=PREDICT_BODY, responses=PREDICT_RESPONSES,
+              dependencies=[Depends(_check_key(config.api_key))] if config.api_key is not None else [])
+    async def predict(request: Request,
+                      top_k: int = Query(5, ge=1, le=100_000, description="classes per image (at most the model's)"),
+                      attention: bool = Query(False, description="add the attention rollout: a PNG overlay (base64) and the grid"),
+                      heads: bool = Query(False, description="with attention: also each layer's and head's map from the class token")):
         started = time.perf_counter()
         if not state.ready:
             raise HTTPException(503, state.failed or "the model is still warming up; retry when GET /health is 200")
@@ -342,9 +286,7 @@ def _add_predict(app, engine: Engine, config: ServeConfig, state: ServerState) -
                                      "ask without attention=true")
         uploads = await read_uploads(request, config)
         many = len(uploads) > 1
-        prepared = await asyncio.gather(
-            *(state.in_worker(prepare_upload, engine, config, n, d, attention, many) for n, d in uploads)
-        )
+        prepared = await asyncio.gather(*(state.in_worker(prepare_upload, engine, config, n, d, attention, many) for n, d in uploads))
         batcher = state.batchers["attention" if attention else "classify"]
         outputs = await asyncio.gather(*(batcher.submit(p.tensor) for p in prepared))
         k = min(top_k, engine.config.num_classes)

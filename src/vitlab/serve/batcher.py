@@ -25,14 +25,8 @@ from typing import Any, Callable, Optional, Sequence
 
 
 class Batcher:
-    def __init__(
-        self,
-        run: Callable[[list[Any]], Sequence[Any]],
-        executor: Executor,
-        max_batch: int,
-        max_wait_s: float,
-        on_batch: Optional[Callable[[int, float], None]] = None,
-    ):
+    def __init__(self, run: Callable[[list[Any]], Sequence[Any]], executor: Executor, max_batch: int, max_wait_s: float,
+                 on_batch: Optional[Callable[[int, float], None]] = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.run, self.executor = run, executor
@@ -56,9 +50,7 @@ class Batcher:
                 pass
             self._worker = None
         while self._queue is not None and not self._queue.empty():
-            _, future = self._queue.get_nowait()
-            if not future.done():
-                future.set_exception(RuntimeError("the server is shutting down"))
+            _fail([self._queue.get_nowait()[1]], RuntimeError("the server is shutting down"))
 
     async def submit(self, item: Any) -> tuple[Any, int]:
         """(the result for `item`, the size of the batch it ran in): computed together with
@@ -99,17 +91,19 @@ class Batcher:
                 if len(results) != len(batch):
                     raise RuntimeError(f"the batch function returned {len(results)} results for {len(batch)} items")
             except asyncio.CancelledError:  # stopped mid-batch: nobody is left waiting forever
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(RuntimeError("the server is shutting down"))
+                _fail([f for _, f in batch], RuntimeError("the server is shutting down"))
                 raise
             except Exception as e:  # the callers see the error; the worker carries on
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(e)
+                _fail([f for _, f in batch], e)
                 continue
             if self.on_batch is not None:
                 self.on_batch(len(batch), time.perf_counter() - started)
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result((result, len(batch)))
+
+
+def _fail(futures: list[asyncio.Future], error: BaseException) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)

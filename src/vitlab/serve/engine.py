@@ -99,26 +99,14 @@ class Engine(Predictor):
         cfg = self.config
         h, w = cfg.image_size
         return {
-            "model": cfg.name,
-            "checkpoint": self.checkpoint,
-            "precision": self.precision,
-            "parameters": self.parameters,
-            "config": cfg.to_dict(),
-            "classes": self.class_names,
-            "preprocessing": {
-                "resize": list(self.transform.resize_size),
-                "crop": list(cfg.image_size) if self.transform.crops else None,
-                "crop_fraction": cfg.crop_fraction,
-                "crop_mode": cfg.crop_mode,
-                "interpolation": f"{cfg.interpolation}, antialiased",
-                "resize_backend": cfg.resize_backend,
-                "channels": "RGB" if cfg.in_channels == 3 else "L (greyscale)",
-                "normalise": "(pixel / 255 - mean) / std",
-                "mean": list(cfg.mean),
-                "std": list(cfg.std),
-                "modes": "greyscale, palette, 16-bit and transparent images are converted (transparency over white)",
-                "summary": repr(self.transform),
-            },
+            "model": cfg.name, "checkpoint": self.checkpoint, "precision": self.precision, "parameters": self.parameters,
+            "config": cfg.to_dict(), "classes": self.class_names,
+            "preprocessing": {"resize": list(self.transform.resize_size), "crop": list(cfg.image_size) if self.transform.crops else None,
+                              "crop_fraction": cfg.crop_fraction, "crop_mode": cfg.crop_mode, "interpolation": f"{cfg.interpolation}, antialiased",
+                              "resize_backend": cfg.resize_backend, "channels": "RGB" if cfg.in_channels == 3 else "L (greyscale)",
+                              "normalise": "(pixel / 255 - mean) / std", "mean": list(cfg.mean), "std": list(cfg.std),
+                              "modes": "greyscale, palette, 16-bit and transparent images are converted (transparency over white)",
+                              "summary": repr(self.transform)},
             "attention": ({"layers": cfg.depth, "heads": cfg.num_heads, "grid": list(cfg.grid_size)}
                           if isinstance(cfg, ViTConfig) else None),  # (has_attention)  # a BiT ResNet has none
         }

@@ -30,36 +30,16 @@ class Metrics:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         r = self.registry
-        self.requests = Counter(
-            "vitlab_requests", "HTTP requests answered, by endpoint and status code", ["endpoint", "status"], registry=r
-        )
-        self.errors = Counter(
-            "vitlab_request_errors",
-            "requests answered with a 4xx or 5xx status, by endpoint and status code",
-            ["endpoint", "status"],
-            registry=r,
-        )
-        self.latency = Histogram(
-            "vitlab_request_latency_seconds",
-            "time from request to the response's start, by endpoint",
-            ["endpoint"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.batch_size = Histogram(
-            "vitlab_batch_size",
-            "images per forward pass, by kind (classify or attention)",
-            ["kind"],
-            buckets=BATCH_BUCKETS,
-            registry=r,
-        )
-        self.forward = Histogram(
-            "vitlab_forward_seconds",
-            "time of one batched forward pass, by kind",
-            ["kind"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.requests = Counter("vitlab_requests", "HTTP requests answered, by endpoint and status code", ["endpoint", "status"],
+                                registry=r)
+        self.errors = Counter("vitlab_request_errors", "requests answered with a 4xx or 5xx status, by endpoint and status code",
+                              ["endpoint", "status"], registry=r)
+        self.latency = Histogram("vitlab_request_latency_seconds", "time from request to the response's start, by endpoint",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("vitlab_batch_size", "images per forward pass, by kind (classify or attention)", ["kind"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.forward = Histogram("vitlab_forward_seconds", "time of one batched forward pass, by kind", ["kind"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
         self.images = Counter("vitlab_images", "images classified", registry=r)
         self.in_flight = Gauge("vitlab_requests_in_flight", "requests received and not yet answered", registry=r)
         info = Gauge("vitlab_model_info", "the model being served (always 1)", ["model", "precision"], registry=r)

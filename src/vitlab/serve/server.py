@@ -66,12 +66,10 @@ def run(app, sock: socket.socket, config: ServeConfig, access_log: bool = False,
     """uvicorn on an already bound socket, until SIGTERM or Ctrl-C."""
     import uvicorn  # the serve extra's; imported here so that the other commands start without it
 
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=access_log,
-                       # a float: uvicorn waits with asyncio, which takes one; its annotation says int
-                       timeout_graceful_shutdown=config.shutdown_timeout_s,  # type: ignore[arg-type]
-                       limit_concurrency=config.max_connections, lifespan="on")
-    )
+    # timeout_graceful_shutdown a float: uvicorn waits with asyncio, which takes one; its annotation says int
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=access_log, lifespan="on",
+                                           timeout_graceful_shutdown=config.shutdown_timeout_s,  # type: ignore[arg-type]
+                                           limit_concurrency=config.max_connections))
     # uvicorn finishes the requests in flight on SIGTERM, then raises the signal again for the
     # handler it found installed. That handler is this no-op, so a graceful stop exits 0.
     previous = signal.signal(signal.SIGTERM, lambda *_: None)

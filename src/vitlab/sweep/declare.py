@@ -128,6 +128,24 @@ def verify(spec: SweepSpec, claims: Optional[dict[str, Any]], folder: Path,
     return {**out, "status": BEFORE, "why": "" if there else "commit not in this repository: not checked"}
 
 
+def when_text(declared: Optional[dict[str, Any]]) -> str:
+    """When claims were declared, as `verify` found it: "before the run (TIME, COMMIT)", "after
+    the run (post hoc)" or "unknown (why)"."""
+    d = declared or {}
+    status = d.get("status") or UNKNOWN
+    if status.startswith("before"):
+        return f"before the run ({d.get('at')}, {str(d.get('commit'))[:10]})"
+    return status if status.startswith("after") else f"unknown ({d.get('why') or 'no record'})"
+
+
+def plan_text(p: Optional[dict[str, Any]]) -> str:
+    """A claim's seeds and planned power (`plan`), or why it has none."""
+    p = p or {}
+    if p.get("power") is None:
+        return f"{p.get('seeds', '-')}; {p.get('why') or 'no power analysis'}"
+    return f"{p['seeds']}; {p['power']:.0%} at alpha 0.05/{round(stats.ALPHA / p['alpha'])}"
+
+
 def seeds(spec: SweepSpec, claim: dict[str, Any]) -> int:
     values = spec.grid.get(spec.report.pair_by)
     return len(values) if isinstance(values, (list, dict)) else 1
@@ -137,7 +155,7 @@ def plan(spec: SweepSpec, claim: dict[str, Any]) -> dict[str, Any]:
     """A declared claim's power analysis: {confirmatory, seeds, alpha, power, mde, needs, why}.
     A claim is confirmatory when it is not marked exploratory and states its analysis (sd,
     sd_from, family and effect, or margin for "equal"); `why` says what it lacks."""
-    n, equal = seeds(spec, claim), claim["expect"] == "equal"
+    n, equal = seeds(spec, claim), claim["expect"] in stats.MARGINED
     effect = claim["margin"] if equal else claim.get("effect")
     out: dict[str, Any] = {"confirmatory": False, "seeds": n, "alpha": None, "power": None, "mde": None,
                            "needs": None, "why": ""}
@@ -182,8 +200,8 @@ def plan_lines(spec: SweepSpec) -> list[str]:
             lines.append(f"claim {claim['claim']!r}: exploratory ({p['why']})")
             continue
         lines.append(f"claim {claim['claim']!r}: {p['seeds']} seeds, planned power {p['power']:.1%} at "
-                     f"{'margin' if claim['expect'] == 'equal' else 'effect'} "
-                     f"{claim['margin'] if claim['expect'] == 'equal' else claim['effect']:g} "
+                     f"{'margin' if claim['expect'] in stats.MARGINED else 'effect'} "
+                     f"{claim['margin'] if claim['expect'] in stats.MARGINED else claim['effect']:g} "
                      f"(s.d. {float(claim['sd']):g}, alpha 0.05/{claim['family']}); 80% needs {p['needs']} seeds; "
                      f"MDE at 80%: {p['mde']:.3g}" + ("" if p["confirmatory"] else f" -- {p['why']}"))
     return lines

@@ -17,17 +17,17 @@ comparison without an axis pairs two results columns of the same cells, per arm.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from vitlab.config.fields import is_digits
 from vitlab.config.sweep import CompareSpec, SweepSpec, claims_digest, declared_claims
 from vitlab.files import atomic_write_text
 from vitlab.sweep import declare, stats, timing
 from vitlab.sweep.results import value
+from vitlab.tables import markdown_table
 
 
 def _done(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -46,11 +46,7 @@ def _draws(row: dict[str, Any], metric: str) -> Optional[list[float]]:
 
 
 def _draw_std(cells: list[dict[str, Any]], metric: str) -> Optional[float]:
-    stds = []
-    for row in cells:
-        d = _draws(row, metric)
-        if d:
-            stds.append(stats.describe(d)["std"])
+    stds = [stats.describe(d)["std"] for row in cells if (d := _draws(row, metric))]
     return sum(stds) / len(stds) if stds else None
 
 
@@ -101,17 +97,6 @@ def _side(row: dict[str, Any], c: CompareSpec) -> Optional[str]:
     return "a" if v == str(c.a) else "b" if v == str(c.b) else None
 
 
-def interpolate(points: list[tuple[float, float]], x: float) -> Optional[float]:
-    """y at x on the broken line through (x, y) points; None outside their range."""
-    pts = sorted(points)
-    if not pts or x < pts[0][0] or x > pts[-1][0]:
-        return None
-    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return pts[0][1]  # a single point, at exactly x
-
-
 def compare_at(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`compare` at equal `c.at` (CompareSpec.at): each a cell against the same seed's b cells,
     interpolated in log10(at) along `c.along`; one comparison per value of along (a's)."""
@@ -140,7 +125,7 @@ def compare_at(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> l
             for seed, row in by_seed.items():
                 curve = [(log_at(r), y) for r in b_rows.get((context, seed), []) if (y := value(r, metric)) is not None]
                 ya = value(row, metric)
-                yb = interpolate(curve, log_at(row))
+                yb = stats.interpolate(curve, log_at(row))
                 if ya is not None and yb is not None:
                     a[seed], b[seed] = ya, yb
             if a:
@@ -309,7 +294,7 @@ def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[dict[s
     comparisons = [x for c in spec.report.compare for x in compare(spec, c, rows)] + slope_comparisons(spec, rows)
     report = {
         "sweep": spec.name, "level": stats.LEVEL, "interval": "Student t over seeds (pair_by), two-sided",
-        "pair_by": spec.report.pair_by, "rule": stats.RULE,
+        "pair_by": spec.report.pair_by, "rule": stats.rule([c.expect for c in spec.report.compare] + [c.expect for c in spec.report.slopes]),
         "cells": len(rows), "finished": len(_done(rows)),
         "arms": arms(spec, rows), "comparisons": comparisons, "slopes": slopes(spec, rows),
         "claims": claims(spec, comparisons, declared or {}), "claims_digest": claims_digest(spec),
@@ -346,16 +331,15 @@ def _label(context: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in context.items()) or "-"
 
 
+def _table(columns: list[str], rows: Iterable[list[Any]]) -> str:
+    return markdown_table(columns, rows).rstrip("\n")  # a block of report.md's lines
+
+
 def arms_table(report: dict[str, Any], metric: str) -> str:
     unit = " (%)" if percent(metric) else ""
-    lines = [f"| arm | n | {metric}{unit}: mean | std | 95% interval | few-shot draw std |", "| --- | --- | --- | --- | --- | --- |"]
-    for arm in report["arms"]:
-        d = arm["metrics"].get(metric)
-        if d is None:
-            continue
-        lines.append(f"| {_label(arm['arm'])} | {d['n']} | {fmt(d['mean'], metric)} | {fmt(d['std'], metric)} | "
-                     f"{_interval(d, metric)} | {fmt(d.get('draw_std'), metric)} |")
-    return "\n".join(lines)
+    return _table(["arm", "n", f"{metric}{unit}: mean", "std", "95% interval", "few-shot draw std"],
+                  ([_label(arm["arm"]), d["n"], fmt(d["mean"], metric), fmt(d["std"], metric), _interval(d, metric),
+                    fmt(d.get("draw_std"), metric)] for arm in report["arms"] if (d := arm["metrics"].get(metric))))
 
 
 def p_text(p: Optional[float]) -> str:
@@ -366,43 +350,53 @@ def p_text(p: Optional[float]) -> str:
 
 def comparisons_table(report: dict[str, Any], metrics: Optional[list[str]] = None, secondary: bool = False) -> str:
     """Every compared row (or the secondary ones: not a declared claim's), with p and p_holm."""
-    lines = ["| claim | where | metric | a - b | n | mean diff | 95% interval | p | p_holm | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for c in report["comparisons"]:
-        if (metrics and c["metric"] not in metrics) or (secondary and c.get("primary")):
-            continue
-        m = c["metric"]
-        lines.append(f"| {c['claim'] or '-'} | {_label(c['context'])} | {m}{' (points)' if percent(m) else ''} | "
-                     f"{c['a']} - {c['b']} | {c['n']} | {fmt(c['mean'], m, signed=True)} | "
-                     f"{_interval(c, m, signed=True)} | {p_text(c['p_claim'])} | {p_text(c.get('p_holm'))} | "
-                     f"{c['verdict'] or 'too few seeds'} |")
-    return "\n".join(lines)
+    rows = [c for c in report["comparisons"]
+            if not (metrics and c["metric"] not in metrics) and not (secondary and c.get("primary"))]
+    return _table(["claim", "where", "metric", "a - b: tested", "n", "mean diff", "95% interval", "p", "p_holm", "verdict"],
+                  ([c["claim"] or "-", _label(c["context"]), _metric(c["metric"]), tested(c), c["n"],
+                    fmt(c["mean"], c["metric"], signed=True), _interval(c, c["metric"], signed=True),
+                    p_text(c["p_claim"]), p_text(c.get("p_holm")), c["verdict"] or "too few seeds"] for c in rows))
+
+
+def _metric(metric: str) -> str:
+    return f"{metric} (points)" if percent(metric) else metric  # a difference of accuracies is in points
+
+
+def tested(c: dict[str, Any]) -> str:
+    """What a row's verdict tests, margin included: "a - b > 0", "a - b < 0", "a - b within ±m (TOST)"."""
+    pair, m = f"{c['a']} - {c['b']}", fmt(c["margin"], c["metric"])
+    if c["expect"] == "equal":
+        return f"{pair} within ±{m} (TOST)"
+    if c["expect"] in stats.MARGINED:
+        return f"{pair} {'< +' if c['expect'] == 'no higher' else '> -'}{m} (one-sided)"
+    return f"{pair} {'>' if c['expect'] == 'higher' else '<'} 0"
+
+
+def _bound(claim: dict[str, Any]) -> Optional[float]:
+    return claim["margin"] if claim["expect"] in stats.MARGINED else claim.get("effect")
 
 
 def _mde_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
-    """The MDE at the verdict's bar, flagged where it exceeds the margin (equal) or the declared effect."""
-    m, bar = c["metric"], claim["margin"] if claim["expect"] == "equal" else claim.get("effect")
-    text = fmt(c.get("mde"), m)
-    return text + (" (above " + ("margin" if claim["expect"] == "equal" else "effect") + ")"
-                   if c.get("mde") is not None and bar and c["mde"] > bar else "")
+    """The MDE of the test the verdict uses (80% power at its Holm bar alpha/m; for "equal" the
+    TOST margin), flagged where it exceeds the margin or the declared effect."""
+    bound, word = _bound(claim), "margin" if claim["expect"] in stats.MARGINED else "effect"
+    return fmt(c.get("mde"), c["metric"]) + (f" (above {word})" if c.get("mde") is not None and bound and c["mde"] > bound
+                                             else "")
 
 
-def planned(claim: dict[str, Any]) -> str:
-    """A claim's seeds and planned power (declare.plan), or why it has none."""
-    p = claim.get("plan") or {}
-    if p.get("power") is None:
-        return f"{p.get('seeds', '-')}; {p.get('why') or 'no power analysis'}"
-    return f"{p['seeds']}; {p['power']:.0%} at alpha 0.05/{round(stats.ALPHA / p['alpha'])}"
+def _power_text(c: dict[str, Any], claim: dict[str, Any]) -> str:
+    """The power the seeds had at the margin (TOST) or the declared effect, at the verdict's bar
+    and the observed s.d.: an equal verdict is no stronger than it ("" without a bound or s.d.)."""
+    equal, bound = claim["expect"] in stats.MARGINED, _bound(claim)
+    if not bound or (c.get("n") or 0) < 2 or not (c.get("std") or 0) > 0 or c.get("alpha_first") is None:
+        return ""
+    power = stats.power(c["n"], c["std"], 0.0 if equal else bound, claim["expect"], bound, c["alpha_first"])
+    unit = " points" if percent(c["metric"]) else ""
+    sign = {"equal": "±", "no higher": "+", "no lower": "-"}.get(claim["expect"], "")
+    return f"power at {sign}{fmt(bound, c['metric'])}{unit}: {power:.0%}"
 
 
-def when_declared(report: dict[str, Any]) -> str:
-    """When a report's claims were declared, as the evidence proves it (declare.verify): "before
-    the run (TIME, COMMIT)", "after the run (post hoc)" or "unknown (why)"."""
-    d = report.get("claims_declared") or {}
-    status = d.get("status") or "unknown"
-    if status.startswith("before"):
-        return f"before the run ({d.get('at')}, {str(d.get('commit'))[:10]})"
-    return status if status.startswith("after") else f"unknown ({d.get('why') or 'no record'})"
+MDE_COLUMN = "MDE (80% at alpha/m; equal: TOST margin); power at the margin or effect"
 
 
 def claims_table(reports: list[dict[str, Any]]) -> str:
@@ -417,23 +411,23 @@ def claims_table(reports: list[dict[str, Any]]) -> str:
             continue
         ps = [r["comparisons"][cl["row"]] for r, cl in rows if cl["row"] is not None]
         m = sum(c.get("p_claim") is not None for c in ps)
-        parts += [f"**{family.capitalize()}** ({m} with a p-value: Holm across them, the first at alpha 0.05/{max(m, 1)})",
-                  "", "| spec | claim | declared | seeds; planned power | where, metric | a - b | n | mean diff | "
-                  "95% interval | p | p_holm | p_bh | MDE (80% at alpha/m) | verdict |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        table = []
         for r, claim in rows:
-            head = f"| {r['sweep']} | {claim['claim']} | {when_declared(r)} | {planned(claim)} | "
+            head = [r["sweep"], claim["claim"], declare.when_text(r.get("claims_declared")),
+                    declare.plan_text(claim.get("plan"))]
             if claim["row"] is None:
-                parts.append(head + f"{claim['metric']} | {claim['a']} - {claim['b']} | - | - | - | - | - | - | - | "
-                             "not run since declared |")
+                table.append([*head, claim["metric"], f"{claim['a']} - {claim['b']}", *["-"] * 7, "not run since declared"])
                 continue
             c = r["comparisons"][claim["row"]]
             mt = c["metric"]
-            parts.append(head + f"{_label(c['context'])}; {mt}{' (points)' if percent(mt) else ''} | {c['a']} - {c['b']} | "
-                         f"{c['n']} | {fmt(c['mean'], mt, signed=True)} | {_interval(c, mt, signed=True)} | "
-                         f"{p_text(c['p_claim'])} | {p_text(c['p_holm'])} | {p_text(c['p_bh'])} | "
-                         f"{_mde_text(c, claim)} | {c['verdict'] or 'too few seeds'} |")
-        parts.append("")
+            table.append([*head, f"{_label(c['context'])}; {_metric(mt)}", tested(c), c["n"],
+                          fmt(c["mean"], mt, signed=True), _interval(c, mt, signed=True), p_text(c["p_claim"]),
+                          p_text(c["p_holm"]), p_text(c["p_bh"]),
+                          "; ".join(filter(None, (_mde_text(c, claim), _power_text(c, claim)))), c["verdict"] or "too few seeds"])
+        parts += [f"**{family.capitalize()}** ({m} with a p-value: Holm across them, the first at alpha 0.05/{max(m, 1)})",
+                  "", _table(["spec", "claim", "declared", "seeds; planned power", "where, metric", "a - b: tested", "n",
+                              "mean diff", "95% interval", "p", "p_holm", "p_bh", MDE_COLUMN, "verdict"], table),
+                  ""]
     return "\n".join(parts).rstrip("\n")
 
 
@@ -448,26 +442,23 @@ def sentences(report: dict[str, Any]) -> str:
         c = report["comparisons"][claim["row"]]
         m, unit = c["metric"], " points" if percent(c["metric"]) else ""
         side = (f"within ±{fmt(claim['margin'], m)}{unit}" if claim["expect"] == "equal" else
-                f"{c['a']} {claim['expect']} than {c['b']}")
-        mde = c.get("mde")
+                f"{c['a']} - {c['b']} {'< +' if claim['expect'] == 'no higher' else '> -'}{fmt(claim['margin'], m)}{unit}"
+                if claim["expect"] in stats.MARGINED else f"{c['a']} {claim['expect']} than {c['b']}")
         out.append(f"- *{claim['claim']}* ({side}; {_label(c['context'])}; {m}): {c['a']} - {c['b']} = "
                    f"{fmt(c['mean'], m, signed=True)}{unit} {_interval(c, m, signed=True)} over {c['n']} seeds, "
                    f"p {p_text(c['p_claim'])}, p_holm {p_text(c['p_holm'])}: **{c['verdict'] or 'too few seeds'}**"
                    f"{'' if c['verdict'] == c['verdict_unadjusted'] else ' (' + str(c['verdict_unadjusted']) + ' before Holm)'}."
-                   f" Detectable at 80% power: {fmt(mde, m)}{unit}.")
+                   f" Detectable at 80% power at alpha 0.05/{round(stats.ALPHA / c['alpha_first'])}"
+                   f"{' (TOST: the margin)' if claim['expect'] == 'equal' else ''}: {fmt(c.get('mde'), m)}{unit}"
+                   f"{'; ' + power if (power := _power_text(c, claim)) else ''}.")
     return "\n".join(out)
 
 
 def slopes_table(report: dict[str, Any]) -> str:
-    lines = ["| y | against | group | points | slope per decade | 95% interval | p (slope = 0) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for s in report.get("slopes", []):
-        m = s["y"]
-        against = f"log10 {s['x']}" if s["logx"] else s["x"]
-        lines.append(f"| {m}{' (points)' if percent(m) else ''} | {against} | {s['group']} | {s['n']} | "
-                     f"{fmt(s['slope'], m, 2, signed=True)} | {_interval({'lo': s['lo'], 'hi': s['hi']}, m, signed=True)} | "
-                     f"{p_text(s['p'])} |")
-    return "\n".join(lines)
+    return _table(["y", "against", "group", "points", "slope per decade", "95% interval", "p (slope = 0)"],
+                  ([_metric(s["y"]), f"log10 {s['x']}" if s["logx"] else s["x"], s["group"], s["n"],
+                    fmt(s["slope"], s["y"], 2, signed=True), _interval({"lo": s["lo"], "hi": s["hi"]}, s["y"], signed=True),
+                    p_text(s["p"])] for s in report.get("slopes", [])))
 
 
 def markdown(report: dict[str, Any], metrics: list[str]) -> str:

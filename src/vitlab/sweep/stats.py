@@ -20,9 +20,15 @@ import itertools
 import math
 from typing import Any, Mapping, Optional, Sequence
 
+from vitlab.config.sweep import EXPECT  # what a claim may expect: the spec's choices
+from vitlab.spread import mean_std
+
 LEVEL = 0.95
 VERDICTS = ("Reproduced", "In direction", "Not shown", "Opposite")
-EXPECT = ("higher", "lower", "equal")
+# The claims tested against a margin m rather than 0: "equal" (|a - b| < m, two one-sided tests)
+# and the one-sided "no higher" (a - b < +m: a no better than b, within m) and "no lower"
+# (a - b > -m), the paper's "no better than" tested as it is said, with one bound only.
+MARGINED = ("equal", "no higher", "no lower")
 RULE = (
     "Verdict rule (vitlab.sweep.stats.verdict), from the 95% paired-t interval of the difference "
     "d = a - b over seeds, where the claim (the paper's, or your own) says a is higher (lower: the signs flip): "
@@ -41,6 +47,13 @@ RULE = (
     "0.05 or more becomes In direction (Not shown for an equal claim or an Opposite), so that the chance that "
     "any verdict of a family is separated by chance alone is at most 5%. "
     "Fewer than 2 seeds: no verdict."
+)
+# The rule's sentence for the one-sided margin claims, added to a report's rule where it has one.
+ONE_SIDED_RULE = (
+    "Where the claim says a is no higher than b within m (\"no higher\", one-sided: a - b < +m; \"no lower\": "
+    "a - b > -m, the signs flip): **Reproduced** if the interval's upper end lies below +m; **Opposite** if its "
+    "lower end lies above +m; **Not shown** otherwise; its p is the one-sided test of the bound (doubled, so that "
+    "p < 0.05 exactly when the 95% interval's end is on the claim's side), as for a direction."
 )
 ALPHA = 0.05
 POWER = 0.8
@@ -117,14 +130,12 @@ def describe(values: Sequence[float], level: float = LEVEL,
     `bounds` (an accuracy's (0, 1)) clips the interval: the t interval knows no bound, and a
     mean of values inside one cannot leave it (three seeds at 99.9, 100, 93 otherwise read
     "[65, 121]%")."""
-    xs = [float(v) for v in values]
-    n = len(xs)
+    n = len(values)
     if n == 0:
         return {"n": 0, "mean": None, "std": None, "lo": None, "hi": None}
-    mean = sum(xs) / n
-    if n < 2:
+    mean, std = mean_std(values)
+    if std is None:
         return {"n": 1, "mean": mean, "std": None, "lo": None, "hi": None}
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = t_ppf(0.5 + level / 2.0, n - 1) * std / math.sqrt(n)
     lo, hi = mean - half, mean + half
     if bounds is not None:
@@ -156,9 +167,12 @@ def claim_p(diff: Mapping[str, Any], expect: str, margin: float = 0.0) -> Option
     n, mean, std = diff.get("n") or 0, diff.get("mean"), diff.get("std")
     if n < 2 or mean is None or std is None:
         return None
-    if expect != "equal":
+    if expect not in MARGINED:
         return diff.get("p")
     se = std / math.sqrt(n)
+    if expect != "equal":  # one bound: the t-test of d = +m ("no higher"; -m for "no lower")
+        inside = margin - (mean if expect == "no higher" else -mean)
+        return (0.0 if inside > 0 else 1.0) if se == 0 else t_sf2(inside / se, n - 1)
     if se == 0:
         return 0.0 if abs(mean) != margin else 1.0
     if abs(mean) <= margin:
@@ -176,7 +190,10 @@ def verdict(diff: Mapping[str, Any], expect: str, margin: float = 0.0,
     lo, hi, mean = diff.get("lo"), diff.get("hi"), diff.get("mean")
     if lo is None or hi is None or mean is None:
         return None
-    if expect == "equal":
+    if expect in ("no higher", "no lower"):
+        near, far = (hi, lo) if expect == "no higher" else (-lo, -hi)  # the claim's end first
+        found = "Reproduced" if near < margin else "Opposite" if far > margin else "Not shown"
+    elif expect == "equal":
         if -margin <= lo and hi <= margin:
             found = "Reproduced"
         else:
@@ -191,7 +208,7 @@ def verdict(diff: Mapping[str, Any], expect: str, margin: float = 0.0,
             found = "In direction" if sign * mean > 0 else "Not shown"
     if p_adjusted is None or p_adjusted < ALPHA or found not in ("Reproduced", "Opposite"):
         return found
-    return "In direction" if found == "Reproduced" and expect != "equal" else "Not shown"
+    return "In direction" if found == "Reproduced" and expect not in MARGINED else "Not shown"
 
 
 def holm(ps: Sequence[Optional[float]]) -> list[Optional[float]]:
@@ -228,7 +245,8 @@ def power(n: int, sd: float, effect: float, expect: str, margin: float = 0.0, al
     """The probability that n seeds give the separated verdict (Reproduced) at `alpha`, the bar
     the verdict's p must pass (Holm: alpha/m for the first of m claims), when the per-seed
     differences are normal with standard deviation `sd` and a true mean `effect` in the claim's
-    direction (for "equal", the true difference, usually 0, and `margin` the bound).
+    direction (for "equal", the true difference, usually 0, and `margin` the bound; for "no
+    higher" the true a - b and for "no lower" b - a, usually 0, against the one bound `margin`).
 
     The rule separates a direction when t = mean/(s/sqrt n) passes c = t(1 - alpha/2, n-1) on the
     claim's side, and "equal within m" when both one-sided tests of TOST pass c (the claim's p,
@@ -247,6 +265,8 @@ def power(n: int, sd: float, effect: float, expect: str, margin: float = 0.0, al
         half = c * sd * u / math.sqrt(df) / math.sqrt(n)  # the interval's half-width at this s
         if expect == "equal":
             return max(0.0, _phi((margin - half - effect) / se) - _phi((-margin + half - effect) / se))
+        if expect in MARGINED:  # one bound: the interval's end on the claim's side inside it
+            return _phi((margin - half - effect) / se)
         return _phi((effect - half) / se)
 
     def simpson(a: float, b: float, k: int) -> float:
@@ -260,24 +280,24 @@ def power(n: int, sd: float, effect: float, expect: str, margin: float = 0.0, al
     # The verdict's chance is all but 0 past u = (bound / se + 8) * sqrt(df) / c: a step that
     # may sit far inside the density's range (few seeds, a strict alpha), integrated on its own
     # finer piece.
-    turn = min(top, ((margin if expect == "equal" else abs(effect)) / se + 8.0) * math.sqrt(df) / c)
+    turn = min(top, ((margin if expect in MARGINED else abs(effect)) / se + 8.0) * math.sqrt(df) / c)
     cuts = [0.0, turn, top] if 0 < turn < top else [0.0, top]
     return min(1.0, sum(simpson(a, b, steps) for a, b in itertools.pairwise(cuts)))
 
 
 def mde(std: Optional[float], n: int, alpha: float = ALPHA, goal: float = POWER,
         expect: str = "higher") -> Optional[float]:
-    """The minimum detectable effect at n seeds: the true difference (for "equal": the margin,
-    at a true difference of 0) that `power` separates with probability `goal` at `alpha` (the
+    """The minimum detectable effect at n seeds: the true difference (for "equal", "no higher"
+    and "no lower": the margin, at a true difference of 0) that `power` separates with probability `goal` at `alpha` (the
     bar of the claim's verdict), given the s.d. of the per-seed differences."""
     if std is None or not std > 0 or n < 2:
         return None
     lo, hi = 0.0, std
-    while power(n, std, 0.0 if expect == "equal" else hi, expect, hi, alpha) < goal:
+    while power(n, std, 0.0 if expect in MARGINED else hi, expect, hi, alpha) < goal:
         lo, hi = hi, hi * 2.0
     while hi - lo > 1e-7 * hi:
         mid = (lo + hi) / 2.0
-        if power(n, std, 0.0 if expect == "equal" else mid, expect, mid, alpha) < goal:
+        if power(n, std, 0.0 if expect in MARGINED else mid, expect, mid, alpha) < goal:
             lo = mid
         else:
             hi = mid
@@ -288,9 +308,25 @@ def seeds_for(sd: float, effect: float, expect: str, margin: float = 0.0, alpha:
               goal: float = POWER, most: int = 200) -> Optional[int]:
     """The fewest seeds whose power reaches `goal` (None: more than `most`)."""
     for n in range(2, most + 1):
-        if power(n, sd, 0.0 if expect == "equal" else effect, expect, margin, alpha) >= goal:
+        if power(n, sd, 0.0 if expect in MARGINED else effect, expect, margin, alpha) >= goal:
             return n
     return None
+
+
+def interpolate(points: list[tuple[float, float]], x: float) -> Optional[float]:
+    """y at x on the broken line through (x, y) points; None outside their range."""
+    pts = sorted(points)
+    if not pts or x < pts[0][0] or x > pts[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[0][1]  # a single point, at exactly x
+
+
+def rule(expects: Sequence[str]) -> str:
+    """The verdict rule a report states: RULE, and ONE_SIDED_RULE where a claim is one-sided."""
+    return RULE + (" " + ONE_SIDED_RULE if {"no higher", "no lower"} & set(expects) else "")
 
 
 def slope(xs: Sequence[float], ys: Sequence[float], level: float = LEVEL) -> dict[str, Any]:

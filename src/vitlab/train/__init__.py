@@ -4,6 +4,7 @@ fine-tuning protocol of Table 4 (finetune.py), all distribution knowledge (distr
 and what a run reports (report.py).
 
     from vitlab.config import load_recipe
+    from vitlab.train.inputs import Inputs
     from vitlab.train.loop import Trainer
-    summary = Trainer(load_recipe("digits"), out="runs/digits").run()
+    summary = Trainer(load_recipe("digits"), "runs/digits", Inputs()).run()
 """

@@ -5,7 +5,7 @@ keeping the best checkpoint, the protocol of the paper's Fig. 4 / Appendix B.1).
         def on_eval(self, trainer, run, step, results):
             print(step, results["dev"]["top1"])
 
-    Trainer(config, out="runs/x", callbacks=[Printer()]).run()
+    Trainer(config, "runs/x", Inputs(), callbacks=[Printer()]).run()
 
 The events, in the order a run meets them:
 

@@ -14,12 +14,13 @@ training set is small, the learning rate comes from a quick form of the sweep (T
 grid, each rate trained for 5% of the steps, at least 10: finetune_choice.arm_steps) instead
 of a fixed default.
 
-`plan` turns a checkpoint, a dataset and the user's settings into all of that (the config,
-the run folder, the plan lines, the sweep) and reads the checkpoint and the training split
-once, for every run of the plan (train/inputs.py); `run` carries it out. `vitlab finetune` is these
-two calls:
+`plan` turns `Settings` (a checkpoint, a dataset, the user's settings in the config's terms)
+into all of that (the config, the run folder, the plan lines, the sweep) and reads the recipe,
+the checkpoint and the training split once, into the `Inputs` every run of the plan reads
+(train/inputs.py); `run` carries it out. `vitlab finetune` is these two calls:
 
-    p = finetune.plan("runs/cifar10/checkpoints/last.safetensors", "digits", options={"steps": 200})
+    s = finetune.Settings("runs/cifar10/checkpoints/last.safetensors", "digits", Given.of({"train.steps": 200}))
+    p = finetune.plan(s, Inputs())
     result = finetune.run(p)   # the final run's summary, or the sweep's result with "best_lr"
 """
 
@@ -33,17 +34,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from vitlab.checkpoints import is_pretrained_name, open_checkpoint, save
-from vitlab.config import ConfigError, RunConfig, ViTConfig, load_recipe
+from vitlab.config import ConfigError, RunConfig, ViTConfig
 from vitlab.config.model import grid_note
 from vitlab.config.provenance import CHECKPOINT, COMMAND_LINE, PLAN
 from vitlab.data import DEV_FRACTIONS, identity
-from vitlab.data.transforms import model_transform
 from vitlab.files import on_disk
 from vitlab.log import get_logger
 from vitlab.train import build, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
 from vitlab.train.compute import format_compute
 from vitlab.train.inputs import Inputs
+from vitlab.train.recipe import Given
 
 LOG = get_logger("train")
 
@@ -66,11 +67,6 @@ MIN_STEPS_PER_EPOCH = 4  # the batch leaves at least this many steps per epoch (
 RESOLUTION_STEP = 384 / 224  # the paper's step up: pre-trained at 224, fine-tuned at 384 (§3.2)
 RECIPE = "finetune"  # the shipped recipe fine-tuning starts from
 CURVE_POINTS = 20  # a run logs often enough for this many points on its learning curve (a short one: every step)
-
-# Options whose value, when given, the fitted defaults leave alone.
-EXPLICIT_OPTIONS = {"batch_size": "train.batch_size", "warmup_steps": "optim.warmup_steps", "lr": "optim.lr",
-                    "image_size": "model.image_size", "workers": "data.num_workers",
-                    "label_smoothing": "train.label_smoothing"}
 
 
 def say(line: str) -> None:
@@ -119,7 +115,7 @@ def fit_defaults(cfg: RunConfig, n_train: int, explicit: set[str], lr_sweep_aske
     cap = o.warmup_steps if total == table4_steps else choice.warmup(o.warmup_steps, total)
     if "optim.warmup_steps" not in explicit and o.warmup_steps > cap:
         changes["optim.warmup_steps"] = cap
-        notes.append(f"warm-up {cap} steps: 5% of the {total} (the paper's 500 of 10,000); the recipe's "
+        notes.append(f"warm-up {cap} step{'' if cap == 1 else 's'}: 5% of the {total} (the paper's 500 of 10,000); the recipe's "
                      f"{o.warmup_steps} would outlast the run")
     quick = None
     if not lr_sweep_asked and "optim.lr" not in explicit:
@@ -149,31 +145,47 @@ def paper_step_up(image_size: tuple[int, int], stride: int) -> int:
     return max(stride, round(image_size[0] * RESOLUTION_STEP / stride) * stride)
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What a fine-tune is asked for, in the library's terms (cli/finetune.py makes it from the
+    flags): the checkpoint (a file vitlab.load reads, or a published name), the data spec, the
+    user's settings over the recipe (`given`, kept by the fitted defaults and every arm).
+    `choose`: the fine-tuning recipe, "paper", "adamw" or "auto" (chosen on the dev split: see
+    finetune_choice.py); None: auto with the shipped `finetune` recipe, the recipe's own
+    ("paper") with any other, such as Table 2's. `rates`: the sweep's grid (None: Table 4's);
+    `table4`: the Table 4 row whose protocol to run."""
+
+    checkpoint: str
+    data: str
+    given: Given = Given()
+    recipe: str = RECIPE
+    choose: Optional[str] = None
+    paper_resolution: bool = False
+    lr_sweep: bool = False
+    rates: Optional[tuple[float, ...]] = None
+    table4: Optional[str] = None
+    out: Optional[Path | str] = None
+
+    @property
+    def explicit(self) -> set[str]:
+        """The config keys the user set, which the plan leaves as they are."""
+        return set(self.given.values) | ({"model.image_size"} if self.paper_resolution else set())
+
+
 @dataclass
 class Plan:
-    """A fine-tuning run decided: its config, folder and plan lines, the sweep before it
-    (`arms`: none, the config runs as it is; `sweep_steps` each arm's length, None for the
-    whole run), and what its runs read, read once (`inputs`: the checkpoint, the data splits,
-    the probe heads)."""
+    """A fine-tuning run decided: its config, folder and plan lines, what its runs read, read
+    once (`inputs`: the recipe, the checkpoint, the data splits, the probe heads), the sweep
+    before it (`arms`: none, the config runs as it is; `sweep_steps` each arm's length, None
+    for the whole run) and the keys the user set (`explicit`)."""
 
     config: RunConfig
     out: Path
     notes: list[str]
+    inputs: Inputs
     arms: list[choice.Arm] = field(default_factory=list)
     sweep_steps: Optional[int] = None
     explicit: set[str] = field(default_factory=set)
-    inputs: Inputs = field(default_factory=Inputs)
-
-    @property
-    def sweep(self) -> bool:
-        return bool(self.arms)
-
-
-def explicit_keys(options: Mapping[str, Any], overrides: Sequence[str] = (), paper_resolution: bool = False) -> set[str]:
-    """The config keys the user set by option or SECTION.KEY=VALUE."""
-    keys = {key for attr, key in EXPLICIT_OPTIONS.items() if options.get(attr) is not None}
-    keys |= {o.split("=", 1)[0].strip() for o in overrides if "=" in o}
-    return keys | ({"model.image_size"} if paper_resolution else set())
 
 
 def lr_grid(row: Optional[str], rates: Optional[Sequence[float]] = None) -> tuple[float, ...]:
@@ -186,18 +198,6 @@ def lr_grid(row: Optional[str], rates: Optional[Sequence[float]] = None) -> tupl
     return grid
 
 
-def length_unset(recipe: str, options: Mapping[str, Any]) -> bool:
-    """Neither the user nor the recipe sets the run's length: Table 4's decides."""
-    return options.get("steps") is None and options.get("epochs") is None and load_recipe(recipe).train.steps == 0
-
-
-def training_set(cfg: RunConfig, inputs: Inputs) -> Any:
-    """The run's training split (its length and `identity`: which paper dataset it is), opened
-    in `inputs`, where the runs of the plan find it again."""
-    return build.training_split(cfg, model_transform(architecture(cfg.model, inputs), antialias=cfg.data.antialias),
-                                False, inputs)
-
-
 def in_steps(cfg: RunConfig, n_train: int) -> RunConfig:
     """A length given in epochs (--epochs) as steps: what a sweep's arms and the warm-up shares
     are measured in (an arm trains on fewer images, and would take fewer steps an epoch)."""
@@ -206,20 +206,6 @@ def in_steps(cfg: RunConfig, n_train: int) -> RunConfig:
         return cfg
     steps = max(1, math.ceil(t.epochs * (n_train // t.batch_size)))
     return cfg.with_overrides({"train.steps": steps, "train.epochs": 0.0}, PLAN)
-
-
-def checkpoint_argument(positional: Optional[str], flag: Optional[str], overrides: list[str]) -> str:
-    """The checkpoint of `vitlab finetune CHECKPOINT` or its alias `--from CHECKPOINT`. With
-    --from, the first word after the command is an override (SECTION.KEY=VALUE), put back."""
-    if flag is None:
-        if not positional:
-            raise ConfigError("give the checkpoint to fine-tune: vitlab finetune CHECKPOINT --data SPEC")
-        return positional
-    if positional and "=" not in positional:
-        raise ConfigError(f"{positional} and --from {flag} both name the checkpoint: give one")
-    if positional:
-        overrides.insert(0, positional)
-    return flag
 
 
 def random_start(checkpoint: str, seed: int, out: Optional[Path | str]) -> str:
@@ -237,89 +223,76 @@ def random_start(checkpoint: str, seed: int, out: Optional[Path | str]) -> str:
     return str(path)
 
 
-def _check(checkpoint: str, data: str, choose: str, options: Mapping[str, Any], overrides: Sequence[str],
-           paper_resolution: bool, lr_sweep: bool, rates: Optional[Sequence[float]], table4: Optional[str]) -> None:
+def _check(s: Settings, choose: str) -> None:
     """Refuse, before anything is read, what cannot run or would drop a setting silently."""
     if choose not in choice.CHOICES:
         raise ConfigError(f"--recipe {choose!r}: use one of {', '.join(choice.CHOICES)}")
-    if not on_disk(checkpoint) and not is_pretrained_name(checkpoint):
-        raise ConfigError(f"{checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
-    if not data:
+    if not on_disk(s.checkpoint) and not is_pretrained_name(s.checkpoint):
+        raise ConfigError(f"{s.checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
+    if not s.data:
         raise ConfigError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")
-    if paper_resolution and options.get("image_size"):
-        raise ConfigError("--paper-resolution and --image-size both set the resolution: give one")
-    if table4 is not None and table4 not in TABLE4_STEPS:
-        raise ConfigError(f"--table4 {table4!r}: not a Table 4 dataset; use one of {', '.join(TABLE4_STEPS)}")
-    if rates is not None:
-        lr_grid(None, rates)  # an empty or non-positive grid, refused now
-    given = {o.split("=", 1)[0].strip(): o for o in overrides if "=" in o}
-    if paper_resolution and "model.image_size" in given:
-        raise ConfigError(f"--paper-resolution and {given['model.image_size']} both set the resolution: give one")
-    rate = "--lr" if options.get("lr") is not None else given.get("optim.lr")
-    chooser = "--lr-sweep" if lr_sweep else "--lr-grid" if rates is not None else None
+    if s.table4 is not None and s.table4 not in TABLE4_STEPS:
+        raise ConfigError(f"--table4 {s.table4!r}: not a Table 4 dataset; use one of {', '.join(TABLE4_STEPS)}")
+    if s.rates is not None:
+        lr_grid(None, s.rates)  # an empty or non-positive grid, refused now
+    size, rate = s.given.written("model.image_size"), s.given.written("optim.lr")
+    if s.paper_resolution and size:
+        raise ConfigError(f"--paper-resolution and {size} both set the resolution: give one")
+    chooser = "--lr-sweep" if s.lr_sweep else "--lr-grid" if s.rates is not None else None
     if rate and chooser:
         raise ConfigError(f"{rate} and {chooser} both set the learning rate ({chooser} chooses it on the dev split): "
                           "give one")
 
 
-def plan(checkpoint: str, data: str, *, recipe: str = RECIPE, options: Mapping[str, Any] = {},
-         overrides: Sequence[str] = (), paper_resolution: bool = False, lr_sweep: bool = False,
-         rates: Optional[Sequence[float]] = None, table4: Optional[str] = None,
-         out: Optional[Path | str] = None, choose: Optional[str] = None, inputs: Optional[Inputs] = None) -> Plan:
-    """Fine-tuning `checkpoint` (a file vitlab.load reads, or a published name) on `data`, fitted
-    to both; `options` and `overrides` as recipe.resolve takes them, `rates` the sweep's grid.
-    `choose`: the fine-tuning recipe, "paper", "adamw" or "auto" (chosen on the dev split;
-    see finetune_choice.py); None: auto with the shipped `finetune` recipe, the recipe's own
-    ("paper") with any other, such as Table 2's. The checkpoint and the training split are read
-    here, once, into the plan's `inputs` (a given one is shared), where its runs find them."""
+def plan(s: Settings, inputs: Inputs) -> Plan:
+    """Fine-tuning as `s` asks, fitted to the checkpoint and the data. The recipe, the
+    checkpoint and the training split are read here, once, into `inputs` (the plan's, which
+    its runs read; a given one is shared)."""
     # A declared Table 4 row, or another recipe (Table 2's), is the paper's protocol: no recipe choice unless asked.
-    choose = choose or ("auto" if recipe == RECIPE and table4 is None else "paper")
-    _check(checkpoint, data, choose, options, overrides, paper_resolution, lr_sweep, rates, table4)
-    inputs = Inputs() if inputs is None else inputs  # the plan's, made here: what every run of it reads
-    extra: dict[str, Any] = {"model.checkpoint": checkpoint}
+    choose = s.choose or ("auto" if s.recipe == RECIPE and s.table4 is None else "paper")
+    _check(s, choose)
+    explicit = s.explicit
+    extra: dict[str, Any] = {"model.checkpoint": s.checkpoint}
     layers = {"model.checkpoint": COMMAND_LINE, "train.steps": PLAN, "data.dev_fraction": COMMAND_LINE,
               "model.image_size": CHECKPOINT}  # --paper-resolution: the checkpoint's own, stepped up
-    notes: list[str] = []
-    unset = length_unset(recipe, options)
+    unset = not {"train.steps", "train.epochs"} & explicit and inputs.recipe(s.recipe).train.steps == 0
     if unset:  # Table 4's count for the dataset, once the data says which it is; this until then
         extra["train.steps"] = DEFAULT_STEPS
-    if table4:  # a declared Table 4 row declares the dataset, and so the paper's dev split
-        extra["data.dev_fraction"] = DEV_FRACTIONS.get(table4, identity.DEFAULT_DEV_FRACTION)
-    own = inputs.checkpoint(checkpoint).config if paper_resolution else None
+    if s.table4:  # a declared Table 4 row declares the dataset, and so the paper's dev split
+        extra["data.dev_fraction"] = DEV_FRACTIONS.get(s.table4, identity.DEFAULT_DEV_FRACTION)
+    own = inputs.checkpoint(s.checkpoint).config if s.paper_resolution else None
     if own is not None:
         # a ViT's on its patch grid; a ResNet (BiT) takes any size (it had no total_stride: AttributeError)
         extra["model.image_size"] = paper_step_up(own.image_size, own.total_stride if isinstance(own, ViTConfig) else 1)
-    cfg, name = recipes.resolve(recipe, {**options, "data": data}, overrides, extra, layers)
-    explicit = explicit_keys(options, overrides, paper_resolution)
-    threads, threads_note = choice.thread_policy(cfg, checkpoint, explicit, inputs)
-    if inputs.source_config(checkpoint):  # else the recipe's own, as they are
+    given = Given((*s.given.settings, (f"data.name={s.data}", "data.name", s.data)), s.given.model)
+    cfg = recipes.resolve(inputs.recipe(s.recipe), given, extra, layers)
+    threads, threads_note = choice.thread_policy(cfg, s.checkpoint, explicit, inputs)
+    if inputs.source_config(s.checkpoint):  # else the recipe's own, as they are
         cfg = cfg.with_overrides(threads, CHECKPOINT)
-    train_set = training_set(cfg, inputs)
-    row = table4 or getattr(train_set, "identity", None)
-    grid = lr_grid(row, rates)
-    unset = unset and cfg.origin("train.steps") == PLAN  # (not an override's: train.steps=N)
+    train_set = build.plain_training_set(cfg, architecture(cfg.model, inputs), None, inputs)  # its size and identity
+    row = s.table4 or getattr(train_set, "identity", None)
     if unset and row in TABLE4_STEPS:
         cfg = cfg.with_overrides({"train.steps": TABLE4_STEPS[row]}, PLAN)
-    elif unset:
-        notes.append(f"{DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)")
-    out = Path(out) if out else Path("runs") / f"{name}-{Path(checkpoint).stem}"
     arch = architecture(cfg.model, inputs)
-    head = [resolution_note(arch.image_size, "model.image_size" in explicit, own.image_size if own is not None else None)
-            + (f"; {grid_note(arch)}" if grid_note(arch) else ""), threads_note]
+    notes = [resolution_note(arch.image_size, "model.image_size" in explicit, own.image_size if own else None)
+             + (f"; {grid_note(arch)}" if grid_note(arch) else ""), threads_note]
+    out = Path(s.out) if s.out else Path("runs") / f"{Path(s.recipe).stem}-{Path(s.checkpoint).stem}"
+    length = [f"{DEFAULT_STEPS} steps: Table 4's count for its small datasets (--steps N to change)"] \
+        if unset and row not in TABLE4_STEPS else []
     chosen = choice.resolved(choose, explicit, cfg)
-    if chosen.name == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
-        fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep, TABLE4_STEPS.get(row or ""))
-        swept = lr_sweep or fitted.quick_sweep_steps or rates is not None  # --lr-grid: a sweep of its rates
-        arms = [choice.Arm(choice.PLANNED, lr) for lr in grid] if swept else []
+    grid = lr_grid(row, s.rates)
+    if chosen[0] == "paper":  # the paper's protocol as it was: Table 4's rates, a quick sweep on small data
+        fitted = fit_defaults(cfg, len(train_set), explicit, s.lr_sweep, TABLE4_STEPS.get(row or ""))
+        swept = s.lr_sweep or fitted.quick_sweep_steps or s.rates is not None  # --lr-grid: a sweep of its rates
+        arms = choice.arms("", grid) if swept else []
         config = in_steps(fitted.config, len(train_set)) if arms else fitted.config
-        return Plan(config, out, [*head, *chosen.notes, *fitted.notes, *notes], arms, fitted.quick_sweep_steps,
-                    explicit, inputs)
+        return Plan(config, out, [*notes, *chosen[1], *fitted.notes, *length], inputs, arms,
+                    fitted.quick_sweep_steps, explicit)
     fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep_asked=True)  # batch and length; warm-up per recipe
-    fitted.config = in_steps(fitted.config, len(train_set))
     dev = identity.describe(getattr(train_set, "identity", None), cfg.data.dev_fraction)
-    c = choice.decide(fitted.config, chosen, explicit, grid, rates, lr_sweep, dev)
+    c = choice.decide(in_steps(fitted.config, len(train_set)), chosen, explicit, grid, s.rates, s.lr_sweep, dev)
     kept = [n for n in fitted.notes if not n.startswith("warm-up")]
-    return Plan(c.config, out, [*head, *kept, *c.notes, *notes], c.arms, c.steps, explicit, inputs)
+    return Plan(c.config, out, [*notes, *kept, *c.notes, *length], inputs, c.arms, c.steps, explicit)
 
 
 def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[str] = (),
@@ -329,8 +302,7 @@ def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[s
     summary). Every run reads the plan's inputs: nothing is read twice. `quiet`: the final
     run's summary only (the sweep's runs and lines say nothing; warnings still do)."""
     if not p.arms:
-        return recipes.train(p.config, p.out, command=command, quiet=quiet, notes=p.notes, trackers=trackers,
-                             inputs=p.inputs)
+        return recipes.train(p.config, p.out, p.inputs, command=command, quiet=quiet, notes=p.notes, trackers=trackers)
     choice.check_sweep_folder(p.out)  # before the first sweep run
     log = (lambda _: None) if quiet else (log or say)
     log("\n  ".join(("fine-tuning defaults, for the sweep and the final run:", *p.notes)))
@@ -339,7 +311,7 @@ def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[s
         sweeping = o.parent.name == "sweep"
         said = (f"sweep run: {o.name}, {c.train.steps} steps, scored on the dev split",) if sweeping else (*p.notes, *more)
         with silenced(quiet and sweeping):
-            return recipes.train(c, o, command=command, quiet=quiet, notes=said, trackers=trackers, inputs=p.inputs)
+            return recipes.train(c, o, p.inputs, command=command, quiet=quiet, notes=said, trackers=trackers)
 
     steps = p.sweep_steps or p.config.train.steps
     return choice.choose(p.config, p.out, p.arms, steps, p.explicit, arm, log)

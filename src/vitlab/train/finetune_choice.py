@@ -78,7 +78,7 @@ ADAMW = Recipe(
 # smaller steps than a random one. With 0.001 and 0.003, the 15-step arms chose 0.003 on four of
 # five Fashion-MNIST seeds, and those four fine-tunes of 300 steps scored 47.7-54.2% where the
 # seed that chose 0.001 scored 64.7% (the 5-seed run of docs/transfer.md before this change).
-RECIPES = {r.name: r for r in (PAPER, ADAMW)}
+RECIPES = {r.name: r for r in (PLANNED, PAPER, ADAMW)}
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ class Arm:
 
 
 def arms(choice: str, table4_grid: Sequence[float], rates: Optional[Sequence[float]] = None) -> list[Arm]:
-    """The arms a sweep tries: each recipe the choice allows at each of its rates (`rates`,
+    """The arms a sweep tries, every sweep's (finetune's, vtab's grid): each recipe the choice
+    allows ("auto": both; "": the plan's own, the rate alone) at each of its rates (`rates`,
     from --lr-grid, replace the rates of a single recipe)."""
     chosen = [PAPER, ADAMW] if choice == "auto" else [RECIPES[choice]]
     out = []
@@ -143,24 +144,17 @@ def arm_steps(total: int) -> int:
     return max(MIN_ARM_STEPS, round(QUICK_SHARE * total))
 
 
-@dataclass
-class Resolved:
-    """The recipe a plan follows ("paper", "adamw", or "auto": chosen by the sweep)."""
-
-    name: str
-    notes: list[str] = field(default_factory=list)
-
-
-def resolved(choose: str, explicit: set[str], cfg: RunConfig) -> Resolved:
-    """`--recipe` as it applies: auto chooses on the dev split, unless the user set the rate
+def resolved(choose: str, explicit: set[str], cfg: RunConfig) -> tuple[str, list[str]]:
+    """`--recipe` as it applies: (the recipe the plan follows, "paper", "adamw" or "auto": chosen
+    by the sweep; its plan lines). Auto chooses on the dev split, unless the user set the rate
     or the optimiser (a rate means one optimiser's scale: the paper's SGD, or AdamW when
     optim.name says so)."""
     if choose != "auto" or not {"optim.lr", "optim.name"} & explicit:
-        return Resolved(choose)
+        return choose, []
     name = "adamw" if "optim.name" in explicit and cfg.optim.name in ("adamw", "adam") else "paper"
     given = "--lr" if "optim.lr" in explicit else "optim.name"
-    return Resolved(name, [f"recipe: {RECIPES[name].words}, as {given} was given: no sweep chooses between the "
-                           "recipes (--recipe to pick one)"])
+    return name, [f"recipe: {RECIPES[name].words}, as {given} was given: no sweep chooses between the recipes "
+                  "(--recipe to pick one)"]
 
 
 @dataclass
@@ -174,25 +168,27 @@ class Decided:
     notes: list[str]
 
 
-def decide(cfg: RunConfig, chosen: Resolved, explicit: set[str], table4_grid: Sequence[float],
+def decide(cfg: RunConfig, chosen: tuple[str, list[str]], explicit: set[str], table4_grid: Sequence[float],
            rates: Optional[Sequence[float]], full_sweep: bool, dev_note: str) -> Decided:
-    """The AdamW recipe, or the choice between both (the paper's alone is finetune.fit_defaults')."""
+    """The AdamW recipe, or the choice between both (the paper's alone is finetune.fit_defaults');
+    `chosen` is `resolved`'s."""
+    name, said = chosen
     total = cfg.train.steps
     warm = f"warm-up {PAPER.warmup_share:.0%} of each run with the paper's recipe, {ADAMW.warmup_share:.0%} with " \
         "AdamW (the CPU recipes' 100 of 390 steps)"
-    if chosen.name == "adamw" and "optim.lr" in explicit:
-        return Decided(apply(cfg, ADAMW, explicit, origin=PLAN), [], None, [*chosen.notes, f"recipe: {ADAMW.words}",
-                                                             f"warm-up {ADAMW.warmup_share:.0%} of the run"])
-    candidates = arms(chosen.name, table4_grid, rates)
+    if name == "adamw" and "optim.lr" in explicit:
+        return Decided(apply(cfg, ADAMW, explicit, origin=PLAN), [], None, [*said, f"recipe: {ADAMW.words}",
+                                                                            f"warm-up {ADAMW.warmup_share:.0%} of the run"])
+    candidates = arms(name, table4_grid, rates)
     steps = None if full_sweep else arm_steps(total)
     length = "the whole run" if steps is None else f"{steps} steps"
-    what = "between the paper's SGD and AdamW" if chosen.name == "auto" else f"for {ADAMW.words}"
+    what = "between the paper's SGD and AdamW" if name == "auto" else f"for {ADAMW.words}"
     sweep = (f"recipe and learning rate: a sweep {what} first, {len(candidates)} runs of {length} "
              f"({', '.join(a.name for a in candidates)}) on the training set minus the dev split, "
              "scored on the dev split; the best trains on the whole training set, and the sweep's "
              f"{len(candidates)} x {steps or total} steps count as compute (--recipe paper for the paper's protocol; "
              "--lr to skip the sweep)")
-    return Decided(cfg, candidates, steps, [*chosen.notes, sweep, dev_note, warm])
+    return Decided(cfg, candidates, steps, [*said, sweep, dev_note, warm])
 
 
 def two_standard_errors(p1: float, p2: float, n: int) -> float:

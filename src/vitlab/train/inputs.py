@@ -1,12 +1,15 @@
-"""What a process's runs read, read once: the start checkpoint, each data split, each probe head.
+"""What a plan's runs read, read once: the recipe, the start checkpoint and the config.yaml of
+the run that wrote it, each data split, each probe head.
 
-A fine-tune is many runs of one plan: the sweep's arms, the final run, the repeats. Each run
-used to read the checkpoint and open the data from their names again (a default fine-tune
-read its checkpoint 16 times and opened datasets 19 times). `Inputs` is built once per
-process and handed to every run of the plan (`Trainer(..., inputs=)`; `vitlab train` makes
-its own): the checkpoint is read once (config and weights held in memory), each split of a
-data spec is opened once and read by each run through its own transform and seed (a view:
-nothing is read again), and a probe head (model.head_start=probe) is fitted once per split
+A fine-tune is many runs of one plan: the sweep's arms, the final run, the repeats; a VTAB
+row is every task's. Each run used to read the checkpoint and open the data from their names
+again (a default fine-tune read its checkpoint 16 times and opened datasets 19 times).
+`Inputs` is made once per command and handed to every run of the plan, always: no run makes
+its own behind a caller's back (`Trainer(config, out, inputs)`; `vitlab train` passes a new
+one for its one run). The recipe is read once, the checkpoint once (config and weights held
+in memory), each data source once (`held`), each split of a data spec opened once and read
+by each run through its own transform and seed (a view: nothing is read again), and a probe
+head (model.head_start=probe) is fitted once per split
 and model, then copied into every run that starts from it.
 
 Nothing held here changes: a run builds its model from a copy of the weights, and a dataset
@@ -23,7 +26,7 @@ import torch
 
 from vitlab import checkpoints
 from vitlab.checkpoints.io import Imported
-from vitlab.config import ConfigError, RunConfig
+from vitlab.config import ConfigError, RunConfig, load_recipe
 from vitlab.data import DataOptions, open_dataset, training_subset
 from vitlab.data.open import DEV_SPLITS, carves_dev, dev_part
 from vitlab.run_layout import holding_run
@@ -37,13 +40,20 @@ def _raw(image: Any) -> Any:
 
 @dataclass
 class Inputs:
-    """The checkpoints, data splits and probe heads this process has read, by what names them."""
+    """The recipes, checkpoints, data splits and probe heads a plan has read, by what names them."""
 
+    recipes: dict[str, RunConfig] = field(default_factory=dict)
     checkpoints: dict[str, Imported] = field(default_factory=dict)
     splits: dict[tuple, Any] = field(default_factory=dict)
     heads: dict[str, tuple[torch.Tensor, torch.Tensor, dict[str, Any]]] = field(default_factory=dict)
     held: dict[tuple, Any] = field(default_factory=dict)  # sources read into memory, for every split of them
     source_configs: dict[str, Optional[RunConfig]] = field(default_factory=dict)
+
+    def recipe(self, name: str) -> RunConfig:
+        """A recipe (a shipped name or a file: load_recipe), read on first use."""
+        if name not in self.recipes:
+            self.recipes[name] = load_recipe(name)
+        return self.recipes[name]
 
     def source_config(self, checkpoint: str) -> Optional[RunConfig]:
         """The config.yaml of the vitlab run that wrote `checkpoint` (RUN/checkpoints/FILE), read

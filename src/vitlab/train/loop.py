@@ -1,6 +1,6 @@
 """The training loop: one loop for every objective, recipe and number of processes.
 
-    summary = Trainer(config, out="runs/digits").run()
+    summary = Trainer(config, "runs/digits", Inputs()).run()  # Inputs: what its runs read once (inputs.py)
 
 `run` reads top to bottom: claim the run folder, prepare (seed, data, model, objective,
 plan), restore the newest checkpoint if there is one, train, evaluate, report. Each
@@ -31,11 +31,12 @@ from torch import nn
 
 from vitlab import run_layout
 from vitlab.config import ConfigError, RunConfig
-from vitlab.config.model import grid_note, grid_record
+from vitlab.config.model import grid_record
 from vitlab.config.provenance import DATA_OBJECTS
 from vitlab.data import make_loader
 from vitlab.data.decode import model_input
 from vitlab.data.loader import batches_per_epoch, close
+from vitlab.deploy import training
 from vitlab.eval.accuracy import add_counts
 from vitlab.files import atomic_write_text
 from vitlab.log import get_logger
@@ -98,6 +99,8 @@ class Run:
     hooks: cb.Hooks = field(init=False)  # the callbacks (vitlab.train.callbacks)
     stop: str = ""  # why a callback ended the run early
     head_probe: Optional[dict[str, Any]] = None  # model.head_start=probe: how the head was fitted
+    start_scores: dict[str, dict[str, Any]] = field(default_factory=dict)  # the probe head's, before step 1
+    dense_shapes: list[list[int]] = field(default_factory=list)  # fp32 Dense shapes on oneDNN (deploy.training)
 
 
 def new_window() -> dict[str, float]:
@@ -115,12 +118,11 @@ class Trainer:
     `extend` lets a finished or running run continue to a new train.steps/train.epochs
     (`vitlab train --resume RUN --steps N`); `callbacks` are vitlab.train.callbacks.Callback
     objects, called after the config's own (early stopping, keep-best); `inputs` what the
-    runs of one plan read once and share (vitlab.train.inputs), by default this run's own."""
+    runs of one plan read once and share (vitlab.train.inputs; `Inputs()` for a run alone)."""
 
-    def __init__(self, config: RunConfig, out: str | Path, command: str = "", quiet: bool = False,
+    def __init__(self, config: RunConfig, out: str | Path, inputs: Inputs, command: str = "", quiet: bool = False,
                  data: Any = None, eval_data: Any = None, notes: tuple[str, ...] = (),
-                 trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = (),
-                 inputs: Optional[Inputs] = None):
+                 trackers: tuple[str, ...] = (), extend: bool = False, callbacks: tuple[cb.Callback, ...] = ()):
         self.sources: Optional[tuple[Any, dict[str, Any]]] = None
         self.run_state: Optional[Run] = None
         if data is not None:
@@ -139,7 +141,7 @@ class Trainer:
         self.trackers = tuple(trackers)
         self.extend = extend
         self.callbacks = tuple(callbacks)
-        self.inputs = Inputs() if inputs is None else inputs  # a plan's (finetune, vtab), or this run's own
+        self.inputs = inputs
 
     def run(self) -> dict[str, Any]:
         t = self.cfg.train
@@ -253,6 +255,9 @@ class Trainer:
         run.compute = ComputeMeter(run.model.config, ctx.device, ctx.world)
         if saved is None:  # before wrapping, which may flatten the parameters (FSDP)
             run.head_probe = probe_head.for_run(self.cfg, run.model, self.sources, run.compute, self.inputs)
+            if run.head_probe and run.eval_sets:  # its score, where the fine-tune starts (FSDP's first forward trains)
+                run.start_scores = self._evaluate(run, 0)
+                run.head_probe["start"] = {s: m["top1"] for s, m in run.start_scores.items() if "top1" in m}
         run.model.set_grad_checkpointing(t.grad_checkpointing)
         run.wrapped = distributed.wrap(run.objective, ctx, inner=run.model)
         run.optimizer = build_optimizer(run.objective, self.cfg.optim)
@@ -260,6 +265,9 @@ class Trainer:
         if t.precision == "fp16":
             run.scaler = torch.amp.GradScaler(ctx.device.type)
         run.step_fn = torch.compile(run.wrapped) if t.compile else run.wrapped
+        eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing or ctx.parallel == "fsdp")
+        # rank 0's choice on every process: what its checkpoints record is what each one ran
+        run.dense_shapes = distributed.broadcast_object(training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32), ctx)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
@@ -290,12 +298,12 @@ class Trainer:
         if ctx.is_main:
             run.log = MetricsLog(self.out, open_trackers(list(self.trackers), self.out, cfg.to_dict()))
             run.progress = Progress(run.plan.total, run.start, quiet=self.quiet, lr=cfg.optim.lr)
-        self._say("\n  ".join((self._plan_line(run), *self.notes, *probe_head.lines(run.head_probe, run.start))))
+        self._say("\n  ".join((report.plan_line(run, self.cfg), *self.notes, *probe_head.lines(run.head_probe, run.start))))
         if cfg.optim.warmup_steps >= run.plan.total:
-            self._warn(
-                f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
-                f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps"
-            )
+            self._warn(f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
+                       f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps")
+        for split, metrics in run.start_scores.items() if ctx.is_main else ():  # scored in _restore, logged now
+            self._log_eval(run, 0, split, metrics, False)
         loader = train_loader(cfg, run.train_set, run.plan.per_rank, run.start, run.plan.total, ctx)
         t_start = time.perf_counter()
         step = run.start
@@ -327,16 +335,6 @@ class Trainer:
                 run.progress.close()
         return run.prior_seconds + time.perf_counter() - t_start
 
-    def _plan_line(self, run: Run) -> str:
-        mc, plan, t = run.model.config, run.plan, self.cfg.train
-        n_params = sum(p.numel() for p in run.model.parameters())
-        return (
-            f"training {mc.name} at {mc.image_size[0]}x{mc.image_size[1]} px ({n_params:,} parameters) "
-            f"on {self.cfg.data.name}: {len(run.train_set):,} images, "
-            f"{mc.num_classes} classes, {plan.total} steps of {t.batch_size} ({plan.per_epoch} per epoch), "
-            f"{run.ctx.world} process(es) on {run.ctx.device}"
-        ) + (f"; {grid_note(mc)}" if grid_note(mc) else "")
-
     def _step(self, run: Run, step: int, images: torch.Tensor, labels: torch.Tensor, lr: float) -> tuple[float, float]:
         """One optimiser step over this process's share of the global batch."""
         ctx, optim_cfg = run.ctx, self.cfg.optim
@@ -348,7 +346,8 @@ class Trainer:
         loss_value, acc_value = 0.0, 0.0
         for i, (x, y) in enumerate(chunks):
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-            with distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)):
+            with (distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)),
+                  training.dense_kernels(run.dense_shapes)):
                 loss, metrics = run.step_fn(x, y)
                 share = loss * (y.shape[0] / n)  # the mean over this process's batch, however split
                 (run.scaler.scale(share) if run.scaler else share).backward()
@@ -431,10 +430,10 @@ class Trainer:
                 raise ConfigError(f"the {split} split of {self.cfg.data.eval_data or self.cfg.data.name} is empty")
             sums = distributed.sum_tensors({k: v.to(ctx.device) for k, v in sums.items()}, ctx)
             results[split] = target.finish_eval(sums)
-            if ctx.is_main:
+            if ctx.is_main and run.log is not None:  # (the start's score comes before the log: _train writes it)
                 self._log_eval(run, step, split, results[split], final)
         run.objective.train()
-        if not final:
+        if not final and step:  # (step 0: the start's score, before any callback's first step)
             run.hooks.eval(step, results)
         return results
 
@@ -459,7 +458,7 @@ class Trainer:
         done = self._compute(run)
         compute = {**run.compute.state_dict(), "cpu_s": done["cpu_s"]}  # CPU-seconds of every process
         extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute,
-                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe}
+                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe, "dense_kernels": run.dense_shapes}
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
@@ -489,6 +488,8 @@ class Trainer:
                            stopped_early={"step": run.start, "reason": run.stop})
         if not run.ctx.is_main:
             return summary
+        for warning in probe_head.below_start(run.head_probe, results, run.start, self.cfg.optim.lr):
+            self._warn(warning)
         assert run.log is not None  # the main process's
         where = [tracker.where for tracker in run.log.trackers]
         run.log.close()

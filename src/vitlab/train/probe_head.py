@@ -36,6 +36,7 @@ from vitlab.train.inputs import Inputs
 # Fashion-MNIST's 60,000 images would cost more forward passes than a short fine-tune trains on.
 MAX_PER_CLASS = 500
 C = 1.0  # as `vitlab linear-probe` (--C): scikit-learn's default
+BELOW_START = 0.01  # a fine-tune this far (top-1) below its linear-probe start is warned about
 
 
 def head_from_probe(feats: np.ndarray, labels: np.ndarray, num_classes: int, c: float = C
@@ -130,3 +131,19 @@ def lines(result: Optional[dict[str, Any]], start_step: int = 0) -> tuple[str, .
             f"training images, top-1 {result['train_top1']:.1%} on them, {cost} "
             "(model.head_start=zeros for the paper's zero head). It is fitted on the images as evaluation sees them; "
             "training sees random crops of them, so the first steps' loss sits above what this top-1 suggests",)
+
+
+def below_start(result: Optional[dict[str, Any]], results: dict[str, dict[str, Any]], steps: int, lr: float) -> list[str]:
+    """Warnings for a fine-tune that ended below the probe head it started from (`result`'s
+    "start", the score at step 0): the steps undid what the frozen features already gave (a
+    rate too high for the model, or a warm-up too short), and the run is worth less than its own
+    first evaluation."""
+    out = []
+    for split, before in (result or {}).get("start", {}).items():
+        after = results.get(split, {}).get("top1")
+        if after is not None and after < before - BELOW_START:
+            out.append(f"the fine-tune ended below its start: {split} top-1 {after:.1%} after {steps} steps, "
+                       f"{before:.1%} with the linear-probe head alone (step 0): the rate "
+                       f"(optim.lr={lr:g}) is too high for these weights or the warm-up too short; "
+                       "lower --lr, or leave it out for the dev-split choice")
+    return out

@@ -12,23 +12,15 @@ Each seed's folder resumes as any run does, so an interrupted --repeats picks up
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from typing import Any, Callable
 
 from vitlab.config import ConfigError
 from vitlab.config.provenance import REPEATS, SWEEP
 from vitlab.files import atomic_write_text
+from vitlab.spread import mean_std
 from vitlab.train import distributed, finetune_choice as choice
 from vitlab.train.finetune import Plan
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def _final(result: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +53,7 @@ def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
     summary = {}
     for split in runs[0]["top1"]:
         mean, std = mean_std([r["top1"][split] for r in runs])
-        summary[split] = {"mean": mean, "std": std, "n": len(runs)}
+        summary[split] = {"mean": mean, "std": std or 0.0, "n": len(runs)}  # one run: no spread, printed ± 0
     out = {"repeats": repeats, "best_lr": best_lr, "best_recipe": best_recipe, "runs": runs, "top1": summary}
     if distributed.is_main_process():
         atomic_write_text(plan.out / "repeats.json", json.dumps(out, indent=2))

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Optional, Sequence, TextIO
 from vitlab import progress
 from vitlab.analysis import plots
 from vitlab.config import ConfigError
+from vitlab.config.model import grid_note
 from vitlab.files import atomic_write_text
 from vitlab.files.documents import read_json_lines
 from vitlab.log import get_logger
@@ -258,9 +259,11 @@ def final_report(folder, summary: dict[str, Any], results: dict[str, dict[str, A
     arm = cfg is not None and cfg.data.train_split == "train-minus-dev"
     data = "" if cfg is None or arm or cfg.train.objective != "supervised" else cfg.data.name
     lines = [f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s"]
+    start = summary.get("head_probe", {}).get("start", {})  # the linear-probe head's score at step 0
     for split, m in results.items():
         if "top1" in m:
-            lines.append(f"  {split}: top-1 {m['top1']:.2%}  top-5 {m['top5']:.2%}  loss {m['loss']:.4f}")
+            began = f"  (step 0, the probe head alone: {start[split]:.2%})" if split in start else ""
+            lines.append(f"  {split}: top-1 {m['top1']:.2%}  top-5 {m['top5']:.2%}  loss {m['loss']:.4f}{began}")
         elif "color_acc" in m:
             lines.append(f"  {split}: colour accuracy {m['color_acc']:.2%}  loss {m['loss']:.4f}")
     if summary["bad_images_skipped"]:
@@ -306,3 +309,16 @@ def plot_learning_curve(metrics_path: Path, out: Path, title: str = "", objectiv
     point), the learning rate on a second axis. Raises ImportError without matplotlib."""
     label = ACCURACY_LABELS.get(objective, "accuracy")
     return plots.plot_learning_curve(read_curves(metrics_path), out, title=title, accuracy_label=label)
+
+
+def plan_line(run: Any, cfg: Any) -> str:
+    """The run's first line: the model, the data, the steps and where they run (`run` a
+    vitlab.train.loop.Run, `cfg` its RunConfig)."""
+    mc, plan, t = run.model.config, run.plan, cfg.train
+    n_params = sum(p.numel() for p in run.model.parameters())
+    return (
+        f"training {mc.name} at {mc.image_size[0]}x{mc.image_size[1]} px ({n_params:,} parameters) "
+        f"on {cfg.data.name}: {len(run.train_set):,} images, "
+        f"{mc.num_classes} classes, {plan.total} steps of {t.batch_size} ({plan.per_epoch} per epoch), "
+        f"{run.ctx.world} process(es) on {run.ctx.device}"
+    ) + (f"; {grid_note(mc)}" if grid_note(mc) else "")

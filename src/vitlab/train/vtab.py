@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from vitlab import checkpoints
-from vitlab.config import ConfigError, RunConfig, load_recipe, parse_override
+from vitlab.config import ConfigError, RunConfig, parse_override
 from vitlab.config.fields import number
 from vitlab.config.model import grid_note
 from vitlab.config.provenance import COMMAND_LINE, VTAB
@@ -44,7 +44,7 @@ from vitlab.run_layout import holding_run
 from vitlab.tables import csv_table, markdown_table
 from vitlab.train import distributed, finetune_choice as choice
 from vitlab.train.build import architecture
-from vitlab.train.finetune import TABLE4_STEPS
+from vitlab.train.finetune import RECIPE, TABLE4_STEPS, lr_grid
 from vitlab.train.inputs import Inputs
 from vitlab.train.run_folder import RESUMABLE_CHANGES
 
@@ -81,8 +81,8 @@ class Settings:
             get_task(name)  # (an unknown task is refused with the list of them)
             if accepted.setdefault(name, version) != version:  # one version per task: the last would win silently
                 raise DataError(f"--tfds-version gives {name} two versions ({name}={accepted[name]} and {a}): give one")
-        if self.grid is not None and (not self.grid or min(self.grid) <= 0):
-            raise ConfigError(f"--lr-grid {','.join(f'{r:g}' for r in self.grid)!r}: give positive rates separated by commas")
+        if self.grid is not None:
+            lr_grid(None, self.grid)  # an empty or non-positive grid, refused
         if self.grid is not None and self.lr is not None:
             raise ConfigError("--lr and --lr-grid both set the learning rate (--lr-grid chooses it per task): give one")
         keys = [parse_override(o)[0] for o in self.overrides]
@@ -130,7 +130,7 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings, inputs: In
     }
     if s.image_size:
         changes["model.image_size"] = s.image_size
-    cfg = load_recipe("finetune").with_overrides(changes, VTAB)
+    cfg = inputs.recipe(RECIPE).with_overrides(changes, VTAB)
     user = dict(parse_override(o) for o in s.overrides)
     threads, _ = choice.thread_policy(cfg, checkpoint, set(user), inputs)  # the source run's, as vitlab finetune
     return cfg.with_overrides(threads, VTAB).with_overrides(user, COMMAND_LINE)
@@ -139,7 +139,7 @@ def task_config(checkpoint: str, task: Task, root: Path, s: Settings, inputs: In
 def threads_line(checkpoint: str, s: Settings, inputs: Inputs) -> str:
     """The plan line that says which threads and data workers the tasks train with, and why."""
     user = dict(parse_override(o) for o in s.overrides)
-    return choice.thread_policy(load_recipe("finetune"), checkpoint, set(user), inputs)[1]
+    return choice.thread_policy(inputs.recipe(RECIPE), checkpoint, set(user), inputs)[1]
 
 
 def identity(checkpoint: str, task: Task, root: Path, s: Settings, inputs: Inputs) -> dict[str, Any]:
@@ -187,7 +187,7 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
     cfg = task_config(checkpoint, task, root, s, inputs)
     data = describe(task, root, s.accepted(task))  # (refuses a tfds copy other than VTAB's before training)
     if s.grid:
-        arms = [choice.Arm(choice.PLANNED, lr) for lr in s.grid]  # the rate alone, chosen on the val set
+        arms = choice.arms("", s.grid)  # the rate alone, chosen on the val set
         swept = choice.choose(cfg, folder, arms, cfg.train.steps, set(), lambda c, o, _notes=(): train(c, o, inputs), log)
         summary, lr = swept["final"], swept["best_lr"]
     else:
@@ -304,11 +304,12 @@ def check_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s
 
 
 def run_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings, train: TrainFn,
-              name: str = "", log: Callable[[str], None] = print, force: bool = False) -> dict[str, Any]:
+              inputs: Inputs, name: str = "", log: Callable[[str], None] = print,
+              force: bool = False) -> tuple[dict[str, Any], dict[str, Path]]:
     """Fine-tune every task of `tasks` that has data and is not done, then write the row of
-    all results under OUT (Markdown, JSON, CSV) and return it. The tasks share one plan's
-    inputs: the checkpoint and the source run's config are read once for all of them."""
-    inputs = Inputs()
+    all results under OUT (Markdown, JSON, CSV): (row, the tables' paths). The tasks and their
+    grid arms share one plan's `inputs`: the recipe, the checkpoint and the source run's
+    config are read once for all of them."""
     check_suite(checkpoint, root, out, tasks, s, inputs, force)
     log(f"vtab plan: {threads_line(checkpoint, s, inputs)}")
     if tasks:  # the resolution and what the patch grid reads of it (a /14 model at 384: 27x27, 6 px ignored)
@@ -321,14 +322,13 @@ def run_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: 
             log(f"vtab {missing[task.name]}")
             continue
         run_task(checkpoint, task, root, out, s, train, inputs, log)
-    return report(checkpoint, root, out, s, force, name, missing, inputs)[0]
+    return report(checkpoint, root, out, s, inputs, force, name, missing)
 
 
-def report(checkpoint: str, root: Path, out: Path, s: Settings, force: bool = False, name: str = "",
-           missing: Optional[dict[str, str]] = None, inputs: Optional[Inputs] = None) -> tuple[dict[str, Any], dict[str, Path]]:
+def report(checkpoint: str, root: Path, out: Path, s: Settings, inputs: Inputs, force: bool = False, name: str = "",
+           missing: Optional[dict[str, str]] = None) -> tuple[dict[str, Any], dict[str, Path]]:
     """The row of every result under OUT that is this work (`collect`), written to OUT's tables:
     (row, the tables' paths)."""
     missing = absent(root) if missing is None else missing
-    inputs = Inputs() if inputs is None else inputs  # `vitlab vtab --report`'s own, or the suite's
     row = table_row(collect(checkpoint, root, out, s, inputs), name or checkpoint_name(checkpoint), missing)
     return row, write_tables(row, out, force)
