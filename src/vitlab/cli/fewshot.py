@@ -114,12 +114,13 @@ def pooled(results: list[dict], seeds: list) -> dict:
     """A control over K random draws: per shot count the mean over draws of each draw's mean
     accuracy, their standard deviation, and `accuracy` the K draw means (so a sweep's report
     counts the draws' spread, findings.draw_std); each draw's own result under `draws`."""
-    import statistics
+    from vitlab.spread import mean_std
 
     out = {**results[0], "shots": {}}
     for s, first in results[0]["shots"].items():
         means = [r["shots"][s]["mean"] for r in results]
-        out["shots"][s] = {**first, "mean": statistics.fmean(means), "std": statistics.stdev(means), "accuracy": means}
+        mean, std = mean_std(means)
+        out["shots"][s] = {**first, "mean": mean, "std": std, "accuracy": means}
     out["draws"] = [{"random_init": seed, "shots": {s: {"mean": v["mean"], "accuracy": v["accuracy"]}
                                                    for s, v in r["shots"].items()}}
                     for seed, r in zip(seeds, results, strict=True)]
