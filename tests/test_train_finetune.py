@@ -155,7 +155,7 @@ def count_reads(monkeypatch) -> dict[str, Any]:
                                                      "opened")}
     seen["fits"] = []
     read, header, open_dataset, digits, examples, fitted, read_config = (
-        io.read, io.read_metadata, data_open.open_dataset, datasets.digits_arrays, vtab_sources.read_examples,
+        io.read, io.read_metadata, data_open.open_dataset, datasets.digits_arrays, vtab_sources.Records,
         probe_head.fitted, RunFolder.read_config)
 
     def counted_open(spec, split, *args, **kwargs):
@@ -174,7 +174,7 @@ def count_reads(monkeypatch) -> dict[str, Any]:
             if getattr(module, name, None) is real:
                 monkeypatch.setattr(module, name, patched)
     monkeypatch.setattr(datasets, "digits_arrays", lambda *a: seen["source"].update(["digits.npz"]) or digits(*a))
-    monkeypatch.setattr(vtab_sources, "read_examples",
+    monkeypatch.setattr(vtab_sources, "Records",
                         lambda files: seen["source"].update(str(f) for f in files) or examples(files))
     monkeypatch.setattr(probe_head, "fitted", lambda model, images, *a: seen["fits"].append(len(images)) or fitted(model, images, *a))
     monkeypatch.setattr(RunFolder, "read_config", lambda self: seen["config.yaml"].update([str(self.path)]) or read_config(self))
