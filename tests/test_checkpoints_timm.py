@@ -109,3 +109,13 @@ def test_refusals_name_the_feature(tmp_path):
     torch.save(gap.state_dict(), tmp_path / "fc_norm.pth")
     with pytest.raises(CheckpointError, match="fc_norm"):
         vitlab.load(tmp_path / "fc_norm.pth")
+
+
+def test_a_one_channel_vit_reads_back_from_a_timm_state_dict(tmp_path):
+    """A state dict names no preprocessing, so the reader builds the config with one mean/std
+    value per input channel of the patch embedding (it failed on a grey-scale model: 'mean/std
+    need one value per input channel (1), got 3 and 3')."""
+    model = vitlab.create_model("ViT-Ti/4", image_size=16, in_channels=1, mean=(0.5,), std=(0.5,), num_classes=10)
+    vitlab.save(model, tmp_path / "grey.pth", format="timm", allow_numerics_change=True)
+    back = vitlab.load(tmp_path / "grey.pth")
+    assert back.config.in_channels == 1 and len(back.config.mean) == len(back.config.std) == 1

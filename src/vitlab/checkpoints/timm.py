@@ -185,7 +185,8 @@ def infer_config(s: dict, source: str) -> ViTConfig:
     cfg = ViTConfig(name="timm", image_size=side * p * (resnet.stride if resnet else 1), patch_size=p, in_channels=cin,
                     hidden_size=d, depth=depth, num_heads=guess_num_heads(d), mlp_dim=s["blocks.0.mlp.fc1.weight"].shape[0],
                     num_classes=s["head.weight"].shape[0] if "head.weight" in s else 0,
-                    classifier="token" if token else "gap", qkv_bias="blocks.0.attn.qkv.bias" in s, resnet=resnet)
+                    classifier="token" if token else "gap", qkv_bias="blocks.0.attn.qkv.bias" in s, resnet=resnet,
+                    mean=(0.5,) * cin, std=(0.5,) * cin)  # one per channel; timm's defaults replace them below
     # A state dict names no preprocessing: timm's default for the architecture (its
     # pretrained_cfg), what timm's own resolve_data_config gives the same model.
     cfg = timm_numerics(cfg).replace(**default_preprocessing(cfg))
