@@ -64,7 +64,7 @@ LAYERS: dict[str, set[str]] = {
     "serve": {"analysis", "config", "data", "log", "models", "predictor"},
     "sweep": {"analysis", "config", "data", "extras", "files", "run_layout", "spread", "tables", "train"},
     "cli": {"analysis", "api", "bench", "checkpoints", "config", "data", "deploy", "eval", "extras", "files",
-            "predictor", "progress", "run_layout", "serve", "suggest", "sweep", "train"},
+            "predictor", "progress", "run_layout", "serve", "spread", "suggest", "sweep", "train"},
 }
 ROOT = SRC.parents[1]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import vitlab
-from vitlab.cli import build_parser, commands, main
+from vitlab.cli import build_parser, commands, main, whole_lines
 
 
 def test_models_lists_every_variant_with_counts(capsys):
@@ -83,3 +84,32 @@ def test_a_reshaped_variant_is_named_by_what_it_is(digits_run, capsys):
     assert want in shown
     assert re.search(r"parameters, 0\.00\d+ GFLOPs at 16x16", shown), shown  # a small model's count, not 0.00
     assert vitlab.create_model("ViT-Ti/4", image_size=64).config.name == "ViT-Ti/4"  # a new size is the same model
+
+
+def test_a_line_on_stderr_reaches_the_file_in_one_write():
+    """Python's stderr writes straight through to the file, so print() writes a line in pieces
+    and another writer of the same log (slurmstepd, another task) can land between them; the
+    command line makes each line one write."""
+    class Recorder(io.RawIOBase):
+        def __init__(self):
+            super().__init__()
+            self.writes: list[bytes] = []
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.writes.append(bytes(b))
+            return len(b)
+
+    raw = Recorder()
+    stderr = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # as Python opens it
+    print("vitlab train: stopped:", "at step 9", file=stderr)
+    assert len(raw.writes) > 1  # the pieces, as before
+    raw.writes.clear()
+    whole_lines(stderr)
+    print("vitlab train: stopped:", "at step 9", file=stderr)
+    print("part", end="", file=stderr)
+    assert raw.writes == [b"vitlab train: stopped: at step 9\n"]  # a partial line waits for its end
+    print(" and the rest", file=stderr)
+    assert raw.writes[1:] == [b"part and the rest\n"]

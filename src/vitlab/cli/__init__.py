@@ -201,6 +201,15 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"vitlab: warning: {text}", file=sys.stderr if file is None else file)
 
 
+def whole_lines(stream) -> None:
+    """Make each line written to `stream` reach the file in one write. Python's stderr writes
+    straight through, so `print(line)` is two writes, the text and then its newline; under Slurm
+    (`--open-mode=append`, one log for every task and slurmstepd) another writer's line could land
+    between them and be glued to ours. Buffered until its newline, a line is one append."""
+    if callable(getattr(stream, "reconfigure", None)):
+        stream.reconfigure(write_through=False, line_buffering=True)
+
+
 def expected_errors() -> tuple[type[BaseException], ...]:
     """The error classes that mean bad input or a failing machine, never a bug of vitlab."""
     import yaml
@@ -230,6 +239,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 0
     warnings.showwarning = _show_warning
+    if from_command_line:
+        whole_lines(sys.stderr)
     with ways_out(args, ending=from_command_line):
         return _run(args, argv)
 
