@@ -89,8 +89,9 @@ def test_same_command_again_finishes_or_refuses_a_different_config(tmp_path):
     before = (out / "checkpoints" / "last.safetensors").read_bytes()
     again = Trainer(tiny(train={"steps": 4}), out, Inputs(), quiet=True).run()  # already complete: nothing changes
     assert again["steps"] == 4 and (out / "checkpoints" / "last.safetensors").read_bytes() == before
-    with pytest.raises(ConfigError, match=r"different config \(optim.lr: 0.003 -> 0.01"):
+    with pytest.raises(ConfigError, match=r"optim.lr: 0.003 -> 0.01") as e:
         Trainer(tiny(train={"steps": 4}, optim={"lr": 0.01}), out, Inputs(), quiet=True).run()
+    assert e.value.reason == "different-config"
     assert (out / "checkpoints" / "last.safetensors").read_bytes() == before
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -164,7 +165,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     cfg = tiny(optim={"name": "sgd", "lr": 1e12, "clip_grad_norm": 0.0, "warmup_steps": 0},
                train={"ckpt_every": 1, "steps": 50, "ema": 0.0, "mixup": 0.0})
     out = tmp_path / "run"
-    with pytest.raises(TrainingDiverged, match=r"step \d+: the loss is (nan|inf).*last good checkpoint is .*step-0000000\d"):
+    with pytest.raises(TrainingDiverged, match=r"loss is (nan|inf).*step-0000000\d"):
         Trainer(cfg, out, Inputs(), quiet=True).run()
     last = state.latest(out / "checkpoints")
     assert last is not None and last < 50

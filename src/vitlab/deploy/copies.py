@@ -293,13 +293,13 @@ def load_int8(path) -> Serving:
             model.load_state_dict(imported.state, strict=True)
         except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
             raise io.CheckpointError(f"the stored config does not fit the int8 tensors: "
-                                     f"{' '.join(str(e).split())[:400]}") from None
+                                     f"{' '.join(str(e).split())[:400]}", reason="config-mismatch") from None
         model.class_names = imported.class_names
         if kind == CALIBRATED:
             return Serving(restore_calibrated(model, rest), rest, kind=CALIBRATED)
         return Serving(model, torch.float32, "int8")
     except io.CheckpointError as e:
-        raise io.CheckpointError(f"{path}: {e}") from None
+        raise io.CheckpointError(f"{path}: {e}", reason=e.reason) from None
 
 
 @dataclass
