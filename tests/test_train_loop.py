@@ -201,11 +201,12 @@ def test_finetune_at_a_higher_resolution_and_eval(tmp_path):
     from vitlab.train.build import build_model
 
     section = RunConfig.from_dict({"model": {"checkpoint": str(src), "image_size": 16, "representation_size": None}}).model
-    start = build_model(section, list("0123456789"), Inputs())
+    start = build_model(section, list("0123456789"), Inputs(), "bf16")
     old = vitlab.load(src)
     assert start.config.image_size == (16, 16) and start.pos_embed.pos_embedding.shape[1] == 1 + 16
     assert start.pre_logits is None and torch.count_nonzero(start.head.weight) == 0
     assert torch.equal(start.blocks[1].mlp.fc1.weight, old.blocks[1].mlp.fc1.weight)
+    assert {b.attn.cpu_attention for b in start.blocks} == {"explicit"}  # a bf16 run's CPU kernel, chosen when built
 
     out = tmp_path / "ft"
     r = subprocess.run(

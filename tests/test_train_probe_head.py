@@ -63,7 +63,7 @@ def test_the_head_starts_as_the_linear_probe_and_counts_as_compute(source, tmp_p
     # The same probe, fitted by the linear-probe evaluation on the features of the fine-tune's
     # network (the source, zero head, at the fine-tune's evaluation preprocessing).
     arch = architecture(cfg.model, Inputs())
-    model = build_model(cfg.model, [str(i) for i in range(10)], Inputs())
+    model = build_model(cfg.model, [str(i) for i in range(10)], Inputs(), "fp32")
     train = open_dataset("digits", "train", model_transform(arch))
     test = open_dataset("digits", "test", model_transform(arch))
     xtr, ytr = extract_features(model, train)
