@@ -86,7 +86,7 @@ def test_links_in_a_shard_are_never_followed(tmp_path, link):
         add(tf, "b.png", b"", type=tarfile.SYMTYPE if link == "symlink" else tarfile.LNKTYPE, linkname=str(secret))
         add(tf, "b.cls", b"1")
     ds = open_dataset(f"wds:{root}", "train", transform=GREY16, options=DataOptions(classes=("x", "y")))
-    with pytest.raises(BadImageError, match="sample b: cannot read the image .*no image member"):
+    with pytest.raises(BadImageError, match="sample b: .*no image member"):
         list(ds)
     lenient = open_dataset(f"wds:{root}", "train", transform=GREY16, options=DataOptions(classes=("x", "y"), skip_bad_images=True))
     batches = list(make_loader(lenient, 2, train=False))
@@ -98,8 +98,9 @@ def test_a_member_claiming_a_huge_size_is_refused_before_reading(tmp_path):
     info = tarfile.TarInfo("big.png")
     info.size = 2**40
     path.write_bytes(info.tobuf(format=tarfile.GNU_FORMAT) + b"\x00" * 4096)
-    with pytest.raises(DataError, match=r"member big.png claims 1,099,511,627,776 bytes"):
+    with pytest.raises(DataError, match=r"big.png claims 1,099,511,627,776") as e:
         open_dataset(f"wds:{path}", "train", transform=GREY16)
+    assert e.value.reason == "too-big"
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped gzip", "not a tar", "empty", "truncated gzip", "garbled header",

@@ -63,7 +63,7 @@ def test_the_head_starts_as_the_linear_probe_and_counts_as_compute(source, tmp_p
     # The same probe, fitted by the linear-probe evaluation on the features of the fine-tune's
     # network (the source, zero head, at the fine-tune's evaluation preprocessing).
     arch = architecture(cfg.model, Inputs())
-    model = build_model(cfg.model, [str(i) for i in range(10)], Inputs())
+    model = build_model(cfg.model, [str(i) for i in range(10)], Inputs(), "fp32")
     train = open_dataset("digits", "train", model_transform(arch))
     test = open_dataset("digits", "test", model_transform(arch))
     xtr, ytr = extract_features(model, train)
@@ -138,7 +138,7 @@ def test_a_head_fitted_once_gives_the_runs_that_share_it_the_same_weights(source
 def test_the_probe_needs_a_checkpoint_and_a_known_name():
     with pytest.raises(ConfigError, match="needs model.checkpoint"):
         load_recipe("digits").with_overrides({"model.head_start": "probe"})
-    with pytest.raises(ConfigError, match="model.head_start='linear': use one of zeros, probe"):
+    with pytest.raises(ConfigError, match="'linear': use one of zeros, probe"):
         load_recipe("digits").with_overrides({"model.head_start": "linear"})
     # The default is not written, so that the configs of earlier runs read back the same.
     assert "head_start" not in load_recipe("digits").to_dict()["model"]

@@ -146,7 +146,7 @@ def iter_shard(path: remote.Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
                         continue
                     if member.size > MAX_MEMBER_BYTES:
                         raise DataError(f"wds: {path}: member {member.name} claims {member.size:,} bytes, more than "
-                                        f"any sample ({MAX_MEMBER_BYTES:,}); not read")
+                                        f"any sample ({MAX_MEMBER_BYTES:,}); not read", reason="too-big")
                     k, ext = split_key(member.name)
                     if k != key and parts:
                         assert key is not None  # (parts were read under it)

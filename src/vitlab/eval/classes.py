@@ -58,7 +58,7 @@ def class_names_for(model_names: Optional[Sequence[str]], num_classes: int, data
             f"{data} numbers its classes in another order than the checkpoint ({moved!r} is class "
             f"{theirs.index(moved)} there, {ours.index(moved)} in the checkpoint): every label would be compared "
             "with the wrong output; give the data its classes in the checkpoint's order (a classes.txt beside "
-            "WebDataset shards, data.classes)"
+            "WebDataset shards, data.classes)", reason="class-order"
         )
     differ = [f"{i}: {a!r} / {b!r}" for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b]  # names beyond the shorter list are counted apart
     warnings.warn(

@@ -218,7 +218,7 @@ class Trainer:
         np.random.seed(t.seed)
         torch.manual_seed(t.seed)
         train_set, eval_sets = open_datasets(cfg, architecture(cfg.model, self.inputs), self.sources, self.inputs)
-        model = build_model(cfg.model, train_set.class_names, self.inputs)
+        model = build_model(cfg.model, train_set.class_names, self.inputs, t.precision)
         objective = build_objective(model, cfg)
         run = Run(ctx, cfg, model, objective, train_set, eval_sets, self._plan(train_set, ctx))
         run.hooks, self.run_state = cb.Hooks(self, run, [*cb.from_config(cfg), *self.callbacks]), run

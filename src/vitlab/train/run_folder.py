@@ -121,8 +121,8 @@ class RunFolder(RunLayout):
         if diffs:
             raise ConfigError(
                 f"{self.path} holds a run with a different config ({'; '.join(diffs[:6])}); "
-                "its outputs are kept: use another --out to start a new run, or the same settings to continue it"
-            )
+                "its outputs are kept: use another --out to start a new run, or the same settings to continue it",
+                reason="different-config")
         return "resume"
 
     def set_aside(self, why: str) -> str:
