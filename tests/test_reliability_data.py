@@ -130,6 +130,19 @@ def test_broken_shards_are_named_in_one_line(tmp_path, capsys, damage):
     assert_one_line_error(rc, capsys.readouterr().err, "train", mentions=(str(path),))
 
 
+def test_an_empty_shard_is_named_in_one_line(tmp_path):
+    """A valid tar with no files among good shards (a writer that died before its first
+    sample) is refused by name, not read as a shard of no samples."""
+    shard(tmp_path / "train-000000.tar", good_samples(16))
+    shard(tmp_path / "train-000001.tar", [])
+    spec = f"wds:{tmp_path}/train-{{000000..000001}}.tar"
+    with pytest.raises(DataError, match="train-000001.tar: an empty shard") as e:
+        open_dataset(spec, "train", GREY16, options=DataOptions(classes=("a", "b")))
+    assert e.value.reason == "empty-shard"
+    r = vitlab_cli("train", "--data", spec, "--steps", "1", "--out", str(tmp_path / "run"), timeout=120)
+    assert_one_line_error(r.returncode, r.stderr, "train", mentions=(str(tmp_path / "train-000001.tar"), "leave it out"))
+
+
 def test_a_fifo_shard_is_refused(tmp_path):
     os.mkfifo(tmp_path / "train-000000.tar")
     r = vitlab_cli("train", "--data", f"wds:{tmp_path}/train-000000.tar", "--steps", "1", "--out", str(tmp_path / "run"),
