@@ -27,14 +27,19 @@ def test_a_recipe_changes_the_config_but_not_what_the_user_set():
     cfg = load_recipe("finetune").with_overrides({"train.steps": 200, "model.checkpoint": "source.safetensors"})
     adamw = choice.apply(cfg, choice.ADAMW, explicit=set())
     assert (adamw.optim.name, adamw.optim.weight_decay, adamw.train.label_smoothing) == ("adamw", 0.05, 0.1)
-    assert adamw.data.crop_scale == (0.35, 1.0) and adamw.optim.warmup_steps == 50  # 25% of 200
+    assert (adamw.data.crop, adamw.data.hflip, adamw.optim.warmup_steps) == ("whole", False, 50)  # 25% of 200
     paper = choice.apply(cfg, choice.PAPER, explicit=set())
     assert (paper.optim.name, paper.optim.warmup_steps, paper.data.crop_scale) == ("sgd", 10, (0.05, 1.0))
     kept = choice.apply(cfg.with_overrides({"train.label_smoothing": 0.3, "optim.warmup_steps": 7}), choice.ADAMW,
                         explicit={"train.label_smoothing", "optim.warmup_steps"})
     assert kept.train.label_smoothing == 0.3 and kept.optim.warmup_steps == 7 and kept.optim.name == "adamw"
     short = choice.sweep_config(cfg, choice.Arm(choice.ADAMW, 0.003), set(), steps=12)
-    assert (short.train.steps, short.optim.lr, short.optim.warmup_steps) == (12, 0.003, 3)
+    # A short arm is the run's first steps: it warms up as the 200-step run does (50 steps), for
+    # all of its 12 (a share of the arm alone, 3 steps, took AdamW from a probe head's loss of
+    # 1.3 to 9.9 at its second step in paper/data-size).
+    assert (short.train.steps, short.optim.lr, short.optim.warmup_steps) == (12, 0.003, 12)
+    paper_arm = choice.sweep_config(cfg, choice.Arm(choice.PAPER, 0.01), set(), steps=12)
+    assert paper_arm.optim.warmup_steps == 10  # 5% of the 200-step run
     assert short.data.train_split == "train-minus-dev" and short.data.eval_splits == ("dev",)
 
 

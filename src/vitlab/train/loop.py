@@ -488,7 +488,7 @@ class Trainer:
                            stopped_early={"step": run.start, "reason": run.stop})
         if not run.ctx.is_main:
             return summary
-        for warning in probe_head.below_start(run.head_probe, results, run.start, self.cfg.optim.lr):
+        for warning in probe_head.below_start(run.head_probe, results, run.start, self.cfg):
             self._warn(warning)
         assert run.log is not None  # the main process's
         where = [tracker.where for tracker in run.log.trackers]
