@@ -22,6 +22,8 @@ user runs on their own sweep, results.csv and report.md/json, is `vitlab sweep -
 
             <!-- findings: SPEC arms METRIC -->        per-arm mean, std, 95% interval (METRIC
                                                       may be a difference, `A - B`)
+            <!-- findings: SPEC cells M1; M2; ... -->  one row per finished cell, each metric's value
+                                                      (a claim that must hold in every cell, shown so)
             <!-- findings: SPEC compare [METRIC] -->   the secondary rows (not a declared claim's)
             <!-- findings: SPEC verdicts -->            a verdict sentence per declared claim
             <!-- findings: claims -->                  one row per declared claim of every spec,
@@ -292,14 +294,16 @@ def block(args: str, root: Path, reports: Optional[dict[str, dict[str, Any]]] = 
         return findings.claims_table(list(reports.values()))
     if words == ["against"]:
         return against_text(reports)
-    if len(words) < 2 or words[1] not in ("arms", "compare", "time", "slopes", "verdicts"):
-        raise ConfigError(f"<!-- findings: {args} -->: write SPEC arms METRIC, SPEC compare [METRIC], SPEC verdicts, "
-                          "SPEC time, claims or suite time")
+    if len(words) < 2 or words[1] not in ("arms", "cells", "compare", "time", "slopes", "verdicts"):
+        raise ConfigError(f"<!-- findings: {args} -->: write SPEC arms METRIC, SPEC cells M1; M2, SPEC compare [METRIC], "
+                          "SPEC verdicts, SPEC time, claims or suite time")
     folder = root / words[0]
     if not (folder / "sweep.json").is_file():
         return NOT_RUN
     if words[1] == "time":
         return time_sentence(folder)
+    if words[1] == "cells":
+        return cells_table(folder, [m.strip() for m in " ".join(words[2:]).split(";") if m.strip()])
     report = reports[words[0]]
     if words[1] == "slopes":
         return findings.slopes_table(report)
@@ -310,6 +314,18 @@ def block(args: str, root: Path, reports: Optional[dict[str, dict[str, Any]]] = 
             raise ConfigError(f"<!-- findings: {args} -->: name the metric, e.g. {words[0]} arms test.top1")
         return findings.arms_table(report, " ".join(words[2:]))  # a difference metric: `A - B`
     return findings.comparisons_table(report, words[2:] or None, secondary=True)
+
+
+def cells_table(folder: Path, metrics: list[str]) -> str:
+    """One row per finished cell of a committed sweep: its grid labels, then each metric's value
+    (`A - B` for a difference), for a statement that must hold in every cell, not on average."""
+    if not metrics:
+        raise ConfigError(f"<!-- findings: {folder.name} cells -->: name the metrics, separated by ';'")
+    spec, rows, _ = load(folder)
+    axes = list(spec.grid)
+    done = [r for r in rows if r.get("status") == "done"]
+    return findings._table([*axes, *(f"{m}{' (%)' if findings.percent(m) else ''}" for m in metrics)],
+                           ([r.get(a) for a in axes] + [findings.fmt(res.value(r, m), m) for m in metrics] for r in done))
 
 
 INTERVAL = re.compile(r"(?<![\w.])([+-]?\d+(?:\.\d+)?)(?:\s*(?:points|px|at \d+%|ahead|nearer))*\s*"

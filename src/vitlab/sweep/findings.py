@@ -308,7 +308,9 @@ def build(spec: SweepSpec, rows: list[dict[str, Any]], declared: Optional[dict[s
 def percent(metric: str) -> bool:
     """Accuracies (0-1): printed in %, their intervals clipped to [0, 1]; anything else as it is."""
     last = metric.split(".")[-2 if metric.endswith(".mean") else -1]
-    return any(w in metric for w in ("top1", "top5", "accuracy", "fewshot", "shots")) or is_digits(last)
+    # head_probe.start.SPLIT: a fine-tune's top-1 with its probe head at step 0 (train/probe_head.py)
+    return any(w in metric for w in ("top1", "top5", "accuracy", "fewshot", "shots", "head_probe.start")) or \
+        is_digits(last)
 
 
 def fmt(value: Optional[float], metric: str, digits: int = 1, signed: bool = False) -> str:
