@@ -60,10 +60,6 @@ def guessed_preprocessing(source: str) -> dict[str, str]:
 
 
 # Writing ---------------------------------------------------------------------------------
-def contiguous_state(model: torch.nn.Module) -> dict[str, Tensor]:
-    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-
-
 def write(model: Model, path: str | os.PathLike, extra_metadata: Optional[dict] = None,
           extra_tensors: Optional[dict[str, Tensor]] = None) -> None:
     """Write the model; `extra_tensors` (an objective's own weights) and `extra_metadata`
@@ -149,9 +145,8 @@ def read(path: str | os.PathLike, serving: str = "", meta: Optional[dict[str, st
     meta = read_metadata(path) if meta is None else meta
     if meta.get(SERVING_KEY, "") != serving:
         kind = meta.get(SERVING_KEY)
-        raise CheckpointError(f"{path}: a serving copy ({kind}, written by vitlab.deploy.save_int8), not a plain model: read it "
-                              "with vitlab.deploy.load_int8(path)" if kind else f"{path}: a plain vitlab checkpoint, not a "
-                              f"serving copy ({serving}): read it with vitlab.load")
+        raise CheckpointError(f"{path}: a serving copy ({kind}): read it with vitlab.deploy.load_int8(path)" if kind
+                              else f"{path}: a plain vitlab checkpoint, not a serving copy ({serving}): read it with vitlab.load")
     if meta.get("format") != FORMAT_NAME or "config" not in meta:
         raise CheckpointError(f"{path}: a .safetensors file without vitlab metadata (format={meta.get('format')!r}); "
                               "if it holds timm or Hugging Face weights, load it with format='timm' or 'hf'")
@@ -212,14 +207,8 @@ def state_problems(expected: dict[str, tuple[int, ...]], state: dict[str, Tensor
     unexpected = [k for k in state if k not in expected]
     wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k])}"
              for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k])]
-    problems = []
-    if missing:
-        problems.append(f"missing keys {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    if unexpected:
-        problems.append(f"unexpected keys {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-    if wrong:
-        problems.append("wrong shapes: " + "; ".join(wrong[:8]))
-    return problems
+    named = (("missing keys ", missing), ("unexpected keys ", unexpected), ("wrong shapes: ", wrong))
+    return [head + "; ".join(keys[:8]) + (" ..." if len(keys) > 8 else "") for head, keys in named if keys]
 
 
 # Shared by every reader ------------------------------------------------------------------

@@ -88,11 +88,9 @@ def run(args) -> int:
         if args.preset and class_names:
             short = [c for c, n in enumerate(np.bincount(tr_y, minlength=len(class_names))) if n < max(shots)]
             if short:  # big_vision's slice assumes tfds's shuffled order, which has every class early
-                raise UsageError(f"--preset {args.preset}: the {args.train_split} pool holds fewer than {max(shots)} "
-                                 f"images of {len(short)} of the {len(class_names)} classes (class "
-                                 f"{class_names[short[0]]} first): big_vision's slice is of tfds's shuffled order, and "
-                                 "this source lists its images in another (an image folder, class by class); give the "
-                                 "data in tfds's order, or --train-split")
+                raise UsageError(f"--preset {args.preset}: the {args.train_split} pool holds fewer than {max(shots)} images of "
+                                 f"{len(short)} of the {len(class_names)} classes ({class_names[short[0]]} first): give the data "
+                                 "in tfds's (shuffled) order, or --train-split")
         (te_x, te_y), _ = frozen_features(one, model, args.test_split, 0, args.test_limit, fp)
         try:
             results.append(fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=l2,

@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vitlab.config.model import as_pair
 from vitlab.config.preprocessing import eval_recipe
 from vitlab.config.run import AUGMENTATIONS, CROP_SCALE, CROPS
 from vitlab.data import decode as decoding
@@ -81,9 +82,7 @@ def _array_image(a: np.ndarray) -> Image.Image:
 
 
 def _size(image_size: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(image_size, int):
-        return image_size, image_size
-    h, w = image_size
+    h, w = as_pair(image_size)
     return int(h), int(w)
 
 
@@ -272,7 +271,8 @@ class TrainTransform:
         unknown = sorted(set(augment) - set(AUGMENT_OPTIONS))
         if unknown:
             raise TypeError(f"unknown augmentation option(s) {unknown}; known: {', '.join(AUGMENT_OPTIONS)}")
-        self.size, self.mean, self.std, self.in_channels = _size(image_size), tuple(mean), tuple(std), in_channels
+        self.size = _size(image_size)
+        self.mean, self.std, self.in_channels = tuple(mean), tuple(std), in_channels
         self.decode, self.uint8, self.interpolation = decode, uint8, interpolation_mode(interpolation)
         self.crop, self.antialias = crop, antialias
         self.draw = (functools.partial(decoding.whole_box, hflip=hflip) if crop == "whole" else

@@ -270,7 +270,7 @@ def save_int8(model: nn.Module, path) -> None:
                          "quantize_int8(model, calibration=images)")
     inner: Any = model.model  # the ViT inside the copy
     extra = {io.SERVING_KEY: kind, **({REST_KEY: str(model.dtype).removeprefix("torch.")} if kind == CALIBRATED else {})}
-    io.write_state(inner.config, io.contiguous_state(inner), inner.class_names, path, extra_metadata=extra)
+    io.write_state(inner.config, inner.state_dict(), inner.class_names, path, extra_metadata=extra)
 
 
 def load_int8(path) -> Serving:

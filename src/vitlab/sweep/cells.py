@@ -190,8 +190,7 @@ def expand(spec: SweepSpec, out: Path, scale: float = 1.0, max_cells: int = MAX_
     seen: dict[str, Any] = {}
     for cell in cells(spec, out, scale):
         if cell.key in seen:
-            raise ConfigError(f"grid: cells {seen[cell.key]} and {cell.labels} get the same folder name {cell.key!r}; "
-                              "make the values distinct")
+            raise ConfigError(f"grid: cells {seen[cell.key]} and {cell.labels} get the same folder name {cell.key!r}: make them distinct")
         seen[cell.key] = cell.labels
         result.append(cell)
     return result
@@ -226,8 +225,6 @@ def check_record(cell: Cell, out: Path) -> Path:
     now = identity(cell)
     if old != now:
         changed = [k for k in now.keys() | old.keys() if now.get(k) != old.get(k)] or ["settings"]
-        raise ConfigError(
-            f"{cell_dir} holds cell {cell.describe()} run with other {', '.join(sorted(changed))}; its results are "
-            "kept: pass another --out for the changed spec (or delete that cell's folder to rerun it)"
-        )
+        raise ConfigError(f"{cell_dir} holds cell {cell.describe()} run with other {', '.join(sorted(changed))}; its results are "
+                          "kept: pass another --out for the changed spec (or delete that cell's folder to rerun it)")
     return cell_dir
