@@ -79,7 +79,7 @@ def peer_weights(name: str) -> str:
 
 # What the Hub allows in an org or repo name, and in a branch, tag or commit: checked before
 # any lookup, so that a name never becomes a cache path of its own making (`hf-hub:../x`).
-_HUB_WORD = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+_HUB_WORD = re.compile(r"(?!.*\.\.)(?!.*\.git$)[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")  # no "..", no ".git" end
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
 
 
@@ -96,7 +96,7 @@ def parse_hub_name(name: str, revision: Optional[str] = None) -> Optional[HubRep
         if name.startswith(prefix):
             rest = name[len(prefix) :].strip()
             rest, at, pinned = rest.partition("@")
-            if not rest or rest.count("/") > 1 or not all(_HUB_WORD.fullmatch(w) and ".." not in w and not w.endswith(".git") for w in rest.split("/")) or (
+            if not rest or rest.count("/") > 1 or not all(map(_HUB_WORD.fullmatch, rest.split("/"))) or (
                     at and not _REVISION.fullmatch(pinned)) or ".." in pinned:
                 raise CheckpointError(f"{name[:120]!r}: not a Hub model name; write {prefix}ORG/NAME[@REVISION] (letters, digits, - _ .)")
             if layout == "timm" and "/" not in rest:

@@ -243,7 +243,7 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
             with net.deadlines(TIMEOUT_S, net.MIN_RATE):
                 torch.hub.download_url_to_file(entry.url, tmp, hash_prefix=entry.sha256, progress=tty)
         except RuntimeError as e:  # torch's "invalid hash value": the file was removed
-            raise CheckpointError(f"{entry.url}: sha256 does not match the published {(entry.sha256 or '')[:16]}... ({e}); nothing was cached") from None
+            raise CheckpointError(f"{entry.url}: sha256 does not match the published {(entry.sha256 or '')[:16]}... ({e})") from None
         except net.DeadlinePassed as e:
             raise CheckpointError(f"cannot download {entry.name}: {e}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
