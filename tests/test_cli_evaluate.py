@@ -116,5 +116,5 @@ def test_class_names_rules():
     assert class_names_for(names, 3, names) == names
     with pytest.raises(DataError, match="another order.*'bird' is class 1 there, 2 in the checkpoint"):
         class_names_for(names, 3, ["cat", "bird", "dog"], "imagefolder:x")
-    with pytest.warns(UserWarning, match="class 1: 'doggo' / 'dog'.*labelled with the checkpoint's names"):
+    with pytest.warns(UserWarning, match="class 1: 'doggo' / 'dog'.*use the checkpoint's names"):
         assert class_names_for(names, 3, ["cat", "doggo", "bird"]) == names

@@ -56,14 +56,15 @@ def _keys(row: dict) -> tuple[str, str]:
     return image, label
 
 
-def split_item(item: Any) -> tuple[Any, int]:
-    """(image, label) of a dataset item: a pair/sequence, or a dict row."""
+def split_item(item: Any, what: str = "a dataset item") -> tuple[Any, Any]:
+    """(image, label) of a dataset item, or (images, labels) of a collated batch: a pair/sequence,
+    or a dict of a row or of columns."""
     if isinstance(item, dict):
         image_key, label_key = _keys(item)
-        return item[image_key], int(item[label_key])
+        return item[image_key], item[label_key]
     if isinstance(item, (tuple, list)) and len(item) >= 2:
-        return item[0], int(item[1])
-    raise DataError(f"a dataset item of type {type(item).__name__}: expected (image, label) or a dict with image and label")
+        return item[0], item[1]
+    raise DataError(f"{what} of type {type(item).__name__}: expected (image, label) or a dict with image and label")
 
 
 def to_image(image: Any) -> Any:
@@ -117,7 +118,7 @@ def _labels_of(source: Any) -> np.ndarray:
                 continue
             if labels.ndim == 1 and len(labels) == len(source):
                 return labels
-    return np.asarray([split_item(source[i])[1] for i in range(len(source))], dtype=np.int64)
+    return np.asarray([int(split_item(source[i])[1]) for i in range(len(source))], dtype=np.int64)
 
 
 class ForeignDataset(ImageDataset):
@@ -151,21 +152,11 @@ class ForeignStream(torch.utils.data.IterableDataset):
         for item in self.source:
             if not batched:
                 image, label = split_item(item)
-                yield prepare(image, self.transform, None), label
+                yield prepare(image, self.transform, None), int(label)
                 continue
-            images, labels = split_batch(item)
+            images, labels = split_item(item, "a DataLoader batch")
             for x, y in zip(images, labels, strict=True):
                 yield prepare(x, self.transform, None), int(y)
-
-
-def split_batch(batch: Any) -> tuple[Any, Any]:
-    """(images, labels) of a collated batch: a pair/sequence or a dict of columns."""
-    if isinstance(batch, dict):
-        image_key, label_key = _keys(batch)
-        return batch[image_key], batch[label_key]
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], batch[1]
-    raise DataError(f"a DataLoader batch of type {type(batch).__name__}: expected (images, labels) or a dict")
 
 
 def is_dataset(obj: Any) -> bool:
@@ -184,7 +175,7 @@ def batches(source: Any, transform: Callable, batch_size: int = 128) -> Iterator
                 yield images, labels
         return
     for batch in source:
-        images, labels = split_batch(batch)
+        images, labels = split_item(batch, "a DataLoader batch")
         if not isinstance(images, Tensor) or not images.is_floating_point():
             images = torch.stack([prepare(x, transform, None) for x in images])
         yield images, torch.as_tensor(labels, dtype=torch.long)
@@ -274,9 +265,8 @@ def hf_split(arg: str, split: str):
             name, _, config = arg.partition(":")
             data = datasets.load_dataset(str(folder) if folder.is_dir() else name, config or None, cache_dir=_datasets_cache())
     except errors as e:
-        raise DataError(f"hf:{arg}: cannot read it ({error_line(e)}). Offline, a Hub dataset "
-                        "must be in the datasets cache already (load it once online with datasets.load_dataset), or give a "
-                        "folder written by dataset.save_to_disk(DIR) as hf:DIR") from None
+        raise DataError(f"hf:{arg}: cannot read it ({error_line(e)}); offline, load it once online first, or give a folder "
+                        "written by dataset.save_to_disk(DIR) as hf:DIR") from None
     if not isinstance(data, dict):  # one Dataset without splits (a DatasetDict is a dict): the training set
         if split != "train":
             raise DataError(f"hf:{arg} has no splits; only split 'train' (and dev / train-minus-dev) can be read")

@@ -67,8 +67,7 @@ def image_input(image):
 
 def _array_image(a: np.ndarray) -> Image.Image:
     if not (a.ndim == 2 or a.ndim == 3 and a.shape[-1] in (1, 3, 4)):
-        raise ValueError(f"a numpy image is (H, W) or (H, W, C) with C 1, 3 or 4, not of shape {a.shape}; for a (C, H, W) "
-                         "array pass array.transpose(1, 2, 0)")
+        raise ValueError(f"a numpy image is (H, W) or (H, W, C) with C 1, 3 or 4, not of shape {a.shape}")
     if a.dtype == np.uint8:
         return Image.fromarray(np.ascontiguousarray(a[..., 0] if a.ndim == 3 and a.shape[-1] == 1 else a))
     if a.dtype.kind != "f":
@@ -76,8 +75,7 @@ def _array_image(a: np.ndarray) -> Image.Image:
     if not np.isfinite(a).all():
         raise ValueError("the numpy image holds NaN or infinite values; pass finite pixels")
     if a.size and (a.min() < 0 or a.max() > 1):
-        raise ValueError(f"float pixels run from 0 to 1, not {a.min():g} to {a.max():g}; for 0-255 pass uint8 "
-                         "(array.astype(numpy.uint8))")
+        raise ValueError(f"float pixels run from 0 to 1, not {a.min():g} to {a.max():g}; for 0-255 pass uint8")
     return _array_image(np.round(a * 255).astype(np.uint8))  # as a PIL image, the same path as 8-bit pixels
 
 

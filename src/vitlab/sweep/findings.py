@@ -314,11 +314,9 @@ def percent(metric: str) -> bool:
 def fmt(value: Optional[float], metric: str, digits: int = 1, signed: bool = False) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    if percent(metric):
-        value, digits = value * 100, digits
-    else:
+    if not percent(metric):
         return f"{value:+.3g}" if signed else f"{value:.3g}"
-    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    return f"{100 * value:+.{digits}f}" if signed else f"{100 * value:.{digits}f}"
 
 
 def _interval(d: dict[str, Any], metric: str, signed: bool = False) -> str:
