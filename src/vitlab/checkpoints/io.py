@@ -93,12 +93,9 @@ def refuse_serving_copy(model: torch.nn.Module) -> None:
     of them would not load. Refuse before writing, and say what to do instead."""
     kind = getattr(model, "serving", "")
     if kind.startswith("int8"):
-        raise CheckpointError(f"this is an {kind} serving copy (vitlab.deploy.quantize_int8): save it with "
-                              "vitlab.deploy.save_int8(model, path) and read it with vitlab.deploy.load_int8(path), "
-                              "or save the fp32 model")
+        raise CheckpointError(f"this is an {kind} serving copy: save it with vitlab.deploy.save_int8, or save the fp32 model")
     if kind:
-        raise CheckpointError(f"this is a serving copy ({kind}, vitlab.deploy): save the fp32 model it was made from "
-                              "and make the copy again after loading (it takes a second)")
+        raise CheckpointError(f"this is a serving copy ({kind}): save the fp32 model it was made from, and make the copy again")
 
 
 # Reading ---------------------------------------------------------------------------------
@@ -179,8 +176,7 @@ def parse_class_names(raw: Optional[str], num_classes: int, source: str, key: st
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise CheckpointError(f"{source}: the {key} metadata must be a list of strings, found {str(names)[:80]}")
     if len(names) != num_classes:
-        raise CheckpointError(f"{source}: {len(names)} class names for a head of {num_classes} classes; the metadata does not "
-                              "belong to these weights")
+        raise CheckpointError(f"{source}: {len(names)} class names for a head of {num_classes} classes; the file is damaged")
     return names
 
 
@@ -253,5 +249,4 @@ def check_values(state: dict[str, Tensor], source: str) -> None:
             raise CheckpointError(f"{source}: tensor {k} has dtype {t.dtype}; model weights are floating point")
         if not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
-            raise CheckpointError(f"{source}: tensor {k} holds {bad} NaN or infinite value(s); these weights cannot give "
-                                  "predictions (a diverged training run, or a damaged file)")
+            raise CheckpointError(f"{source}: tensor {k} holds {bad} NaN or infinite value(s) (a diverged run, or a damaged file)")

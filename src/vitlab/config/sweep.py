@@ -155,9 +155,8 @@ def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
     unknown = [k for k in primary if k not in PRIMARY]
     missing = [k for k in ("metric", "selection") if not str(primary.get(k) or "").strip()]
     if unknown or missing or not claim:
-        raise ConfigError(f"{where}.primary: give {', '.join(PRIMARY)} (metric and selection required, "
-                          f"and the pair's claim text); {'unknown ' + ', '.join(unknown) if unknown else ''}"
-                          f"{'missing ' + ', '.join(missing) if missing else ''}{'no claim' if not claim else ''}")
+        wrong = [*(f"unknown {k}" for k in unknown), *(f"missing {k}" for k in missing), *([] if claim else ["no claim"])]
+        raise ConfigError(f"{where}.primary: {', '.join(wrong)}; give {', '.join(PRIMARY)} (metric and selection required) and a claim")
     if not isinstance(primary.get("where", {}), Mapping):
         raise ConfigError(f"{where}.primary.where: give a mapping of axis: value")
     for key, hint in (("effect", "the smallest difference that matters, in the metric's units"),

@@ -72,9 +72,8 @@ def committed(spec: SweepSpec, source: Optional[Path]) -> dict[str, Optional[str
     rel = path.relative_to(Path(root.strip()).resolve()).as_posix()
     head = (_git(path.parent, "rev-parse", "HEAD") or "").strip()
     if not head or spec_at(head, rel, path.parent) != claims_digest(spec):
-        raise ConfigError(f"{source}: its declared claims are not committed (git HEAD {head[:12] or 'none'} holds "
-                          f"other claims, or not this file); commit the spec first, then run it, so that the commit "
-                          "proves what was declared before the run")
+        raise ConfigError(f"{source}: its declared claims are not committed (git HEAD {head[:12] or 'none'} holds other claims, "
+                          "or not this file): commit the spec first, then run it")
     return {"commit": head, "spec_file": rel}
 
 
