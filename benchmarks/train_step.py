@@ -3,6 +3,12 @@ Dense products on the kernels timed fastest here) beside the step before (the pl
 torch's default AdamW), timm's step and the matrix-product ceilings, in the same process.
 
     python benchmarks/train_step.py --name training-step-zen4     # about 6 minutes for ViT-S/16 b32
+    python benchmarks/train_step.py --name training-step-zen4-b16 --model ViT-B/16 --rounds 3
+    python benchmarks/train_step.py --name training-step-zen4-b16-384 --model ViT-B/16 --image-size 384 --batch-size 8
+
+--image-size times fine-tuning at a higher resolution: the model built at that size, which is
+the model a fine-tune runs once its position embeddings are resized to the new grid (the resize
+happens once, at load, and is not part of the step).
 
 One thread timed by its own CPU time (`vitlab bench --clock cpu`: other processes cannot inflate
 it), one step per sample, the systems interleaved in shuffled rounds; then a profile of the new
@@ -44,11 +50,14 @@ def summary(rows: list[runner.Row]) -> str:
             if row is None or not row.samples:
                 continue
             d = tables.row_dict(row)
+            memory = (f"{row.work_mib / timm.work_mib:.2f}" if timm is not None and row is not timm
+                      and timm.work_mib > 0 else "")
             out.append([precision, row.system.label, f"{row.setting.batch / row.median:.2f}", d["images_per_s"],
                         d["pct_of_ceiling"], d["ceiling_gflops"], paired(row, old) if row is not old else "",
-                        paired(row, timm) if timm is not None and row is not timm else ""])
+                        paired(row, timm) if timm is not None and row is not timm else "",
+                        f"{row.work_mib:,.0f}", memory])
     return markdown_table(["precision", "step", "s/step (median)", "img/s", "% of ceiling", "ceiling GFLOP/s",
-                           "× old step (per round)", "× timm (per round)"], out)
+                           "× old step (per round)", "× timm (per round)", "work MiB", "× timm's work MiB"], out)
 
 
 def profiles(cfg, batch: int, precisions: list[str], top: int) -> str:
@@ -70,12 +79,15 @@ def main() -> None:
     p.add_argument("--name", required=True, help="result file name in benchmarks/results (say the CPU kind)")
     p.add_argument("--model", default="ViT-S/16")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, help="square images of this size (fine-tuning at 384: 384)")
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16-autocast"])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--no-timm", action="store_true")
     p.add_argument("--top", type=int, default=12, help="operators listed per profile")
     args = p.parse_args()
     cfg = get_config(args.model)
+    if args.image_size:
+        cfg = cfg.replace(image_size=(args.image_size, args.image_size))
     systems = [System(impl, precision, wrapper=wrapper) for precision in args.precision
                for impl, wrapper in [("vitlab", False), ("vitlab", True)] + [("timm", True)] * (not args.no_timm)]
     bench = runner.BenchConfig(rounds=args.rounds, min_time=0.0, min_calls=1, clock="cpu")

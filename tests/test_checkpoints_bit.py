@@ -156,7 +156,7 @@ def test_timm_refuses_and_foreign_resnets_are_named(tmp_path):
 def test_formats_without_a_resnet_refuse_one_by_name(tmp_path, capsys, target):
     """Hugging Face's ViT folders and torchvision's ViT state dicts have no form of a BiT
     ResNet: saving or converting one is refused in one line, naming the formats that hold it."""
-    with pytest.raises(CheckpointError, match=rf"the {target} format holds ViT models only, not BiT-R26-C"):
+    with pytest.raises(CheckpointError, match=rf"{target} format holds ViT models only"):
         vitlab.save(tiny_bit(), tmp_path / "x", format=target)
     vitlab.save(tiny_bit(), tmp_path / "bit.safetensors")
     dst = tmp_path / ("hf" if target == "hf" else "tv.pth")

@@ -536,7 +536,8 @@ def test_errors_name_the_file_the_keys_and_the_shapes(tmp_path):
     assert str(path) in msg and "Dense_1/bias" in msg and "extra/kernel (2, 2)" in msg
     bad = dict(arrays)
     bad["Transformer/encoderblock_0/MlpBlock_3/Dense_1/kernel"] = np.zeros((100, 64), np.float32)
-    with pytest.raises(CheckpointError, match=r"Dense_1/kernel \(100, 64\) -> blocks.0.mlp.fc2.weight needs \(64, 128\)"):
+    with pytest.raises(CheckpointError) as e:
         vitlab.load(save_npz(tmp_path / "bad2.npz", bad))
+    assert e.value.reason == "shape" and "(100, 64) -> blocks.0.mlp.fc2.weight" in str(e.value)
     with pytest.raises(CheckpointError, match="embedding/kernel"):
         vitlab.load(save_npz(tmp_path / "other.npz", {"w": np.zeros(3, np.float32)}), format="npz")

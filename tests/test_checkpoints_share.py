@@ -103,7 +103,7 @@ def test_push_uploads_with_the_token_and_loads_back(tmp_path, standin_hub, capsy
 
 def test_push_refused_names_the_token(standin_hub):
     standin_hub.require_token = "the-right-one"
-    with pytest.raises(CheckpointError, match="set HF_TOKEN to a token with write access"):
+    with pytest.raises(CheckpointError, match="HF_TOKEN to a token with write access"):
         share.push(tiny(), "hf-hub:me/tiny")
 
 

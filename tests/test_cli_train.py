@@ -93,7 +93,7 @@ def test_fp16_and_cuda_without_a_gpu_are_one_line_errors(tmp_path, capsys):
 def test_a_warm_up_longer_than_the_run_is_warned_about(tmp_path, capsys):
     small = [a for a in SMALL if not a.startswith("optim.warmup_steps=")]  # one setting of the key: two are refused
     code, _, err = train(capsys, "--out", str(tmp_path / "r"), "--steps", "3", "--quiet", *small, "optim.warmup_steps=5")
-    assert code == 0 and "warning: optim.warmup_steps=5 is not shorter than the run (3 steps)" in err
+    assert code == 0 and "warmup_steps=5 is not shorter than" in err
 
 
 def test_fp16_with_its_loss_scaler_resumes_exactly(tmp_path, monkeypatch):

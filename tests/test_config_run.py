@@ -97,14 +97,15 @@ def test_bad_key_names_the_near_one_or_the_valid_ones(tmp_path):
         RunConfig().with_overrides({"optim.lrr": 0.1})
     with pytest.raises(ConfigError, match=r"'train\.lrr'; did you mean optim\.lr\?"):  # a key of another section
         RunConfig().with_overrides({"train.lrr": 0.1})
-    with pytest.raises(ConfigError, match=r"model\.dropot'; did you mean model\.dropout\?"):
+    with pytest.raises(ConfigError, match=r"did you mean model\.dropout\?") as e:
         RunConfig().with_overrides({"model.dropot": 0.1})
+    assert e.value.reason == "unknown-key"
     with pytest.raises(ConfigError, match=r"model\.zzzz'; valid model keys:.*dropout") as e:
         RunConfig().with_overrides({"model.zzzz": 0.1})
     assert str(e.value).count(" name,") == 1  # the model section's `name` is listed once
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  stepz: 10\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml.*train\.stepz'; did you mean train\.steps\?"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*did you mean train\.steps\?"):
         load_recipe(str(bad))
     with pytest.raises(ConfigError, match="`vitlab recipes` lists them"):
         load_recipe("no-such-recipe")
@@ -143,7 +144,8 @@ def test_a_recipe_with_unknown_keys_in_two_sections_names_every_one():
     bad = {"model": {"nme": "ViT-Ti/4", "dpth": 3}, "train": {"stepz": 3}, "optim": {"lr": 0.1}}
     with pytest.raises(ConfigError) as e:
         RunConfig.from_dict(bad)
-    assert str(e.value) == ("unknown keys model.nme (did you mean model.name?), model.dpth (did you mean model.depth?), "
-                            "train.stepz (did you mean train.steps?)")
-    with pytest.raises(ConfigError, match=r"unknown key 'train.stepz'; did you mean train.steps\?"):
+    assert e.value.reason == "unknown-key"
+    assert all(f"{typo} (did you mean {key}?)" in str(e.value) for typo, key in
+               [("model.nme", "model.name"), ("model.dpth", "model.depth"), ("train.stepz", "train.steps")])
+    with pytest.raises(ConfigError, match=r"stepz'; did you mean train.steps\?"):
         RunConfig.from_dict({"train": {"stepz": 3}})  # one alone: the section's own check, its valid keys listed

@@ -85,7 +85,7 @@ def test_fashion_mnist_offline_error_names_the_fix(tmp_path, monkeypatch):
     import vitlab.data.datasets as ds
 
     monkeypatch.setattr(ds, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
-    with pytest.raises(DataError, match="download .* failed.*dataset-fashion-mnist"):
+    with pytest.raises(DataError, match="download .* failed.*apt-get install"):
         open_dataset("fashion-mnist", "train", T.eval_transform(28, **GREY), options=DataOptions(mirror="http://127.0.0.1:9/"))
 
 
@@ -344,10 +344,10 @@ def test_a_bare_folder_and_a_folder_one_level_too_deep_name_the_spec_meant(tmp_p
         (tmp_path / "photos" / c).mkdir(parents=True)
         Image.new("RGB", (8, 8)).save(tmp_path / "photos" / c / "0.png")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(DataError, match=r"it is a folder; did you mean imagefolder:photos \(one sub-folder"):
+    with pytest.raises(DataError, match=r"did you mean imagefolder:photos "):
         open_dataset("photos", "train", lambda x: x)
     (tmp_path / "outer").mkdir()
     (tmp_path / "photos").rename(tmp_path / "outer" / "photos")
-    with pytest.raises(DataError, match=r"1 class \(photos\).*did you mean imagefolder:outer/photos\?"):
+    with pytest.raises(DataError, match=r"did you mean imagefolder:outer/photos\?"):
         open_dataset("imagefolder:outer", "train", lambda x: x)
     assert len(open_dataset("imagefolder:outer/photos", "train", lambda x: x).class_names) == 2

@@ -62,7 +62,7 @@ def test_the_copy_follows_the_measured_choice_per_shape(monkeypatch, dense, atte
         for layer in (block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2):
             assert isinstance(layer, deploy.PackedLinear) == packed
         assert block.attn.cpu_attention == attention
-    assert all(b.attn.cpu_attention is None for b in m.blocks)  # the model keeps its own
+    assert all(b.attn.cpu_attention == "fused" for b in m.blocks)  # the model keeps its own
     assert sorted(timed) == ["attention", "dense 32x32", "dense 32x64", "dense 32x96", "dense 64x32"]
     deploy.inference_copy(m)  # a second copy in this process: nothing timed again
     assert len(timed) == 5

@@ -162,6 +162,21 @@ def test_the_inference_copy_refuses_plain_with_another_precision_and_export():
         assert len(str(e.value).splitlines()) == 1 and fix in str(e.value) and "(fp32-auto)" in str(e.value)
 
 
+def test_the_attention_kernel_is_the_constructor_s_whatever_the_input_dtype(monkeypatch):
+    """No kernel is chosen by the dtype at forward time: a model built with the default runs
+    the fused kernel in bf16 too, and one built with "explicit" never calls it."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    m, x = model(depth=2), torch.randn(2, 3, 32, 32)
+    explicit = vitlab.VisionTransformer(m.config, cpu_attention="explicit").eval()
+    with torch.inference_mode():
+        m.to(torch.bfloat16)(x.bfloat16())
+        assert len(calls) == 2  # one per block
+        explicit(x), explicit.to(torch.bfloat16)(x.bfloat16())
+    assert len(calls) == 2
+
+
 def test_a_bf16_copy_takes_the_attention_kernel_this_cpu_runs_faster_and_the_same_function(monkeypatch):
     """The fused kernel or the explicit matmul-softmax path, timed when the copy is built
     (vitlab.deploy.kernels: fused wins with AMX, loses on AVX-512 without it) and built into it
@@ -170,7 +185,7 @@ def test_a_bf16_copy_takes_the_attention_kernel_this_cpu_runs_faster_and_the_sam
     fast = deploy.inference_copy(m, "bf16")
     attn = [b.attn.cpu_attention for b in fast.model.blocks]
     assert len(set(attn)) == 1 and attn[0] in deploy.kernels.ATTENTION
-    assert not any(b.attn.cpu_attention for b in m.blocks)  # the model keeps its default
+    assert {b.attn.cpu_attention for b in m.blocks} == {"fused"}  # the model keeps its own
     x = torch.randn(4, 3, 32, 32)
     out = {}
     with torch.inference_mode():

@@ -419,7 +419,7 @@ def test_split_slices_as_tfds_writes_them_and_the_imagenet_preset(digit_ckpts, t
     assert json.loads(capsys.readouterr().out)["num_train_pool"] == 300
     assert main(["fewshot", ck, "--data", "digits", "--preset", "imagenet", "--shots", "5", "--seeds", "1"]) == 2
     err = capsys.readouterr().err  # digits' 1,437 train images: train[:65000] runs past the split's end
-    assert "error: split 'train[:65000]': the split holds 1,437 examples" in err.strip().splitlines()[-1]
+    assert "'train[:65000]': the split holds 1,437" in err.strip().splitlines()[-1]
     assert main(["fewshot", ck, "--data", "digits", "--preset", "uc_merced", "--shots", "5", "--seeds", "1",
                  "--json"]) == 0  # train[:1000] / train[1000:]
     res = json.loads(capsys.readouterr().out)
@@ -448,7 +448,7 @@ def test_a_preset_pool_short_of_classes_is_refused(digit_ckpts, tmp_path, monkey
                  "--seeds", "1"]) == 2
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]  # (after the "extracting features" line)
-    assert "the train[:12] pool holds fewer than 2 images of 1 of the 3 classes (class c2 first)" in last
+    assert "2 images of 1 of the 3 classes" in last and "(class c2 first)" in last
     assert "tfds's shuffled order" in last and "Traceback" not in err
 
 
@@ -461,7 +461,7 @@ def test_fewshot_command_errors(digit_ckpts, capsys):
     assert main(["fewshot", ck, "--data", "digits", "--shots", "25", "--pool", "10"]) == 2
     assert "raise --pool" in capsys.readouterr().err
     assert main(["fewshot", ck, "--data", "digits", "--l2", "-1"]) == 2
-    assert "--l2 '-1': give a positive finite L2 strength (default 1024, big_vision's) or loo" in capsys.readouterr().err
+    assert "--l2 '-1': give a positive finite L2" in capsys.readouterr().err
     assert main(["fewshot", ck, "--data", "nosuchdata"]) == 2
     assert "unknown dataset" in capsys.readouterr().err
 

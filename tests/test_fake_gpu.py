@@ -56,7 +56,7 @@ def test_a_gpu_is_picked_named_and_refused_past_the_last(monkeypatch):
     with fake_gpu.installed(2) as gpu:
         assert pick_device("auto") == torch.device("cuda")
         assert pick_device("cuda:1") == torch.device("cuda", 1)
-        with pytest.raises(ConfigError, match=r"train.device=cuda:2: this machine has 2 GPU\(s\), cuda:0 to cuda:1"):
+        with pytest.raises(ConfigError, match=r"cuda:2: .* 2 GPU\(s\), cuda:0 to cuda:1"):
             pick_device("cuda:2", "train.device=")
         assert describe_device(torch.device("cuda", 1), 2) == f"cuda: 2 x {fake_gpu.NAME}"
         # One process per GPU: torchrun's local rank picks it (here a world of one process, so no group forms).
@@ -65,7 +65,7 @@ def test_a_gpu_is_picked_named_and_refused_past_the_last(monkeypatch):
         assert distributed.setup("cuda").device == torch.device("cuda", 1)
         assert gpu.seen["set_device"] == {"cuda:1"}
         monkeypatch.setenv("LOCAL_RANK", "2")  # three processes on a node of two GPUs
-        with pytest.raises(ConfigError, match=r"process 2 of this node has no GPU of its own: .* --nproc_per_node 2"):
+        with pytest.raises(ConfigError, match=r"process 2 .* --nproc_per_node 2"):
             distributed.setup("cuda")
     with fake_gpu.installed(1):  # srun --gpus-per-task: each task sees its own GPU as cuda:0
         assert distributed.setup("cuda").device == torch.device("cuda", 0)
@@ -91,12 +91,12 @@ def test_data_decode_cuda_refuses_what_it_cannot_do_in_one_line():
     from vitlab.train.build import train_loader
 
     with fake_gpu.installed(1):
-        with pytest.raises(ConfigError, match="data.randaugment=2 runs on the CPU and data.decode=cuda augments on the GPU"):
+        with pytest.raises(ConfigError, match="use data.decode=fast with randaugment"):
             DataConfig(decode="cuda", randaugment=2)
-        with pytest.raises(ValueError, match="randaugment run on the CPU: use decode=fast"):
+        with pytest.raises(ValueError, match="run on the CPU: use decode=fast"):
             train_transform(32, decode="cuda", randaugment=2)
         cfg = RunConfig().with_overrides({"data.decode": "cuda"})
-        with pytest.raises(ConfigError, match="data.decode=cuda decodes on a CUDA device, and this run is on cpu"):
+        with pytest.raises(ConfigError, match="this run is on cpu; use data.decode=fast"):
             train_loader(cfg, [], 1, 0, 1, distributed.Context())
 
 
@@ -146,7 +146,7 @@ def test_serve_loads_the_model_onto_the_gpu_and_refuses_a_cpu_copy_there(classif
         probs = engines[0].classify(x)
         looked = engines[0].look(x[:1])
         assert main(["serve", str(classifier_checkpoint), "--device", "cuda", "--precision", "int8"]) == 2
-    assert "int8' is a CPU serving copy; on cuda use fp32, bf16 or fp16" in capsys.readouterr().err
+    assert "on cuda use fp32, bf16 or fp16" in capsys.readouterr().err
     assert engines[0].device == torch.device("cuda") and gpu.seen["autocast"] == {"bfloat16"}
     reference = Engine(small_classifier(), "fp32").classify(x)
     assert np.allclose(np.stack(probs), np.stack(reference), atol=0.02)  # bf16's rounding

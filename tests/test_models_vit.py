@@ -66,7 +66,7 @@ def test_every_pinned_count_is_a_registered_variant():
 
 def test_names_in_paper_notation_resolve():
     assert vitlab.create_model("vit-c/4").config.name == "ViT-C/4"
-    with pytest.raises(ConfigError, match="unknown model 'ViT-Q/16'; did you mean ViT-S/16"):
+    with pytest.raises(ConfigError, match="'ViT-Q/16'; did you mean ViT-S/16"):
         vitlab.create_model("ViT-Q/16")
     with pytest.raises(ConfigError, match="`vitlab models` lists them"):
         vitlab.create_model("resnet50")
@@ -302,14 +302,15 @@ def test_bad_inputs_are_named():
         model(torch.randn(1, 1, 16, 16))
     with pytest.raises(ValueError, match="NCHW"):
         model(torch.randn(3, 16, 16))
-    with pytest.raises(ConfigError, match=r"image_size 8x8 is smaller than one patch of ViT-B/16 \(16 px\)"):
+    with pytest.raises(ConfigError, match=r"smaller than one patch .*\(16 px\)"):
         vitlab.create_model("ViT-B/16", image_size=8)
     with pytest.raises(ConfigError, match="not divisible by num_heads"):
         vitlab.create_model("ViT-C/4", num_heads=5)
     with pytest.raises(ConfigError, match="pos_embed='learnt'"):
         vitlab.create_model("ViT-C/4", pos_embed="learnt")
-    with pytest.raises(ConfigError, match=r"unknown key 'model.widht'.*valid model keys: .*hidden_size"):
+    with pytest.raises(ConfigError, match=r"'model.widht'.*hidden_size") as e:  # the valid keys listed
         vitlab.create_model("ViT-C/4", widht=3)
+    assert e.value.reason == "unknown-key"
 
 
 def test_every_resolution_takes_the_grid_of_the_official_valid_convolution():

@@ -209,7 +209,7 @@ def test_timm_patterns_list_the_variants_and_a_slipped_resolution_is_refused(cap
     assert "ViT-Ti/16" in vitlab.list_models("vit_tiny*") and "ViT-B/16" not in vitlab.list_models("vit_tiny*")
     assert "R50+ViT-B/16" in vitlab.list_models("vit_base_r50*") and "ViT-B/16" not in vitlab.list_models("vit_base_r50*")
     assert main(["models", "vit_small_patch16*"]) == 0 and "ViT-S/16" in capsys.readouterr().out
-    with pytest.raises(vitlab.ConfigError, match=r"22 px is not a whole number of 16 px patches; did you mean vit_tiny_patch16_224\?"):
+    with pytest.raises(vitlab.ConfigError, match=r"did you mean vit_tiny_patch16_224\?"):
         vitlab.create_model("vit_tiny_patch16_22")
     assert main(["info", "vit_tiny_patch16_22"]) == 2
     assert "did you mean vit_tiny_patch16_224?" in capsys.readouterr().err

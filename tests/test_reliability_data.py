@@ -86,7 +86,7 @@ def test_links_in_a_shard_are_never_followed(tmp_path, link):
         add(tf, "b.png", b"", type=tarfile.SYMTYPE if link == "symlink" else tarfile.LNKTYPE, linkname=str(secret))
         add(tf, "b.cls", b"1")
     ds = open_dataset(f"wds:{root}", "train", transform=GREY16, options=DataOptions(classes=("x", "y")))
-    with pytest.raises(BadImageError, match="sample b: cannot read the image .*no image member"):
+    with pytest.raises(BadImageError, match="sample b: .*no image member"):
         list(ds)
     lenient = open_dataset(f"wds:{root}", "train", transform=GREY16, options=DataOptions(classes=("x", "y"), skip_bad_images=True))
     batches = list(make_loader(lenient, 2, train=False))
@@ -98,8 +98,9 @@ def test_a_member_claiming_a_huge_size_is_refused_before_reading(tmp_path):
     info = tarfile.TarInfo("big.png")
     info.size = 2**40
     path.write_bytes(info.tobuf(format=tarfile.GNU_FORMAT) + b"\x00" * 4096)
-    with pytest.raises(DataError, match=r"member big.png claims 1,099,511,627,776 bytes"):
+    with pytest.raises(DataError, match=r"big.png claims 1,099,511,627,776") as e:
         open_dataset(f"wds:{path}", "train", transform=GREY16)
+    assert e.value.reason == "too-big"
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped gzip", "not a tar", "empty", "truncated gzip", "garbled header",
@@ -129,6 +130,19 @@ def test_broken_shards_are_named_in_one_line(tmp_path, capsys, damage):
     assert_one_line_error(rc, capsys.readouterr().err, "train", mentions=(str(path),))
 
 
+def test_an_empty_shard_is_named_in_one_line(tmp_path):
+    """A valid tar with no files among good shards (a writer that died before its first
+    sample) is refused by name, not read as a shard of no samples."""
+    shard(tmp_path / "train-000000.tar", good_samples(16))
+    shard(tmp_path / "train-000001.tar", [])
+    spec = f"wds:{tmp_path}/train-{{000000..000001}}.tar"
+    with pytest.raises(DataError, match="train-000001.tar: an empty shard") as e:
+        open_dataset(spec, "train", GREY16, options=DataOptions(classes=("a", "b")))
+    assert e.value.reason == "empty-shard"
+    r = vitlab_cli("train", "--data", spec, "--steps", "1", "--out", str(tmp_path / "run"), timeout=120)
+    assert_one_line_error(r.returncode, r.stderr, "train", mentions=(str(tmp_path / "train-000001.tar"), "leave it out"))
+
+
 def test_a_fifo_shard_is_refused(tmp_path):
     os.mkfifo(tmp_path / "train-000000.tar")
     r = vitlab_cli("train", "--data", f"wds:{tmp_path}/train-000000.tar", "--steps", "1", "--out", str(tmp_path / "run"),
@@ -150,6 +164,51 @@ def test_labels_out_of_range_name_the_shard_and_key(tmp_path, capsys, label, wor
         rc = main(["train", "--data", f"wds:{root}", "--steps", "1", "--batch-size", "2", "--out", str(tmp_path / "run"),
                    "--quiet", "model.image_size=16"])
     assert_one_line_error(rc, capsys.readouterr().err, "train", mentions=("train-000000.tar", "s003"))
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie that no one has reaped yet does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_pipe_command_dies_with_the_data_loader_worker_that_ran_it(tmp_path):
+    """A killed worker (vitlab's loader sends SIGKILL to one busy past its grace) takes its
+    pipe: command with it, and what the command started: none is left running, reading or
+    holding a connection. The command here streams the shard for the index, then, in the
+    worker, starts a process that hangs."""
+    import signal
+    import time
+
+    path, pid = tmp_path / "train-000000.tar", tmp_path / "pid"
+    shard(path, good_samples(4))
+    command = f"if [ -e {tmp_path}/indexed ]; then sleep 300 & echo $! > {pid}; wait; else touch {tmp_path}/indexed; exec cat {path}; fi"
+    ds = open_dataset(f"wds:pipe:{command}", "train", GREY16, options=DataOptions(classes=("a", "b")))
+    batches = iter(torch.utils.data.DataLoader(ds, batch_size=2, num_workers=1))
+    try:
+        for _ in range(600):  # the worker starts the command
+            if pid.is_file() and pid.read_text().strip():
+                break
+            time.sleep(0.1)
+        child = int(pid.read_text())
+        assert running(child)
+        os.kill(batches._workers[0].pid, signal.SIGKILL)
+        for _ in range(600):
+            try:
+                if not running(child):
+                    break
+                time.sleep(0.1)
+            except RuntimeError as e:  # torch's SIGCHLD handler says so in the parent
+                assert "killed by signal" in str(e)
+        assert not running(child)
+    finally:
+        if pid.is_file() and pid.read_text().strip() and running(int(pid.read_text())):
+            os.kill(int(pid.read_text()), signal.SIGKILL)  # (without the fix: not left behind by the test)
+        batches._shutdown_workers()
 
 
 # Odd images -----------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def test_crafted_cifar_pickles_of_every_protocol_run_nothing(tmp_path, protocol,
     data, labels = batch(4, 0)
     blob = pickle.dumps({b"data": data, b"labels": labels, b"x": payload(str(marker))}, protocol)
     write_cifar(tmp_path / "cifar-10-batches-py", poison={where: blob})
-    with unchanged(tmp_path), pytest.raises(DataError, match=f"{where}: refused to load .*nothing in it was run"):
+    with unchanged(tmp_path), pytest.raises(DataError, match=f"{where}: refused to load"):
         open_dataset(f"cifar10:{tmp_path}", "train", eval_transform(32))
     assert not marker.exists()
 

@@ -522,11 +522,11 @@ def test_a_confirmatory_claim_under_80_percent_power_is_refused(tmp_path):
 
     weak = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
         {**SPEC["report"]["compare"][0], "primary": {**POWERED, "sd": 0.05}}]}}, "t")
-    with pytest.raises(ConfigError, match=r"planned power \d+% < 80%.*needs \d+ seeds"):
+    with pytest.raises(ConfigError, match=r"power \d+% < 80%.*needs \d+ seeds"):
         declare.check_power(weak)
     partial = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
         {**SPEC["report"]["compare"][0], "primary": {"metric": "test.top1", "selection": "none", "sd": 0.01}}]}}, "t")
-    with pytest.raises(ConfigError, match="no power analysis.*complete its power analysis"):
+    with pytest.raises(ConfigError, match="complete its power analysis"):
         declare.check_power(partial)
     bare = SweepSpec.from_dict({**SPEC, "report": {**SPEC["report"], "compare": [
         {**SPEC["report"]["compare"][0], "primary": {"metric": "test.top1", "selection": "none"}}]}}, "t")

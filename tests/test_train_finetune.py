@@ -322,3 +322,20 @@ def test_the_docs_and_help_say_the_batch_rule_the_program_follows():
     micro = t.micro_batch_size
     assert f"the recipe's {cfg.train.batch_size}" in cli.__doc__
     assert f"{cfg.train.batch_size} as {cfg.train.batch_size // micro} x {micro} on {1_437:,}" in cli.__doc__
+
+
+def test_vtab_with_a_launcher_checks_and_makes_the_row_on_one_plan(tfds_root, tmp_path, monkeypatch, capsys):
+    """`vitlab vtab --launcher` checks the finished tasks' results before it submits the rest
+    (sweep/vtab.launch) and makes the row after them on the command's one plan: the source
+    run's config.yaml and the recipe read once. Before, the launcher made a plan of its own and
+    read each twice."""
+    from vitlab.cli import main
+
+    ck, (root, _) = source_run(tmp_path), tfds_root
+    argv = ["vtab", str(ck), "--root", str(root), "--out", str(tmp_path / "out"), "--tasks", "smallnorb_azimuth",
+            "--steps", "2", "--batch-size", "4", "--image-size", "8", "--quiet", "train.threads=1"]
+    assert main(argv) == 0  # the task run here; the launcher finds it finished
+    seen = count_reads(monkeypatch)
+    assert main([*argv, "--launcher", "local"]) == 0 and "1 finished, 0 to run as jobs" in capsys.readouterr().out
+    TABLE["vitlab vtab --launcher (a finished task checked, the row)"] = seen
+    assert seen["recipe"] == {"finetune": 1} and seen["config.yaml"] == {str(ck.parent.parent): 1}, seen

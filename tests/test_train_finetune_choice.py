@@ -27,7 +27,7 @@ def test_a_recipe_changes_the_config_but_not_what_the_user_set():
     cfg = load_recipe("finetune").with_overrides({"train.steps": 200, "model.checkpoint": "source.safetensors"})
     adamw = choice.apply(cfg, choice.ADAMW, explicit=set())
     assert (adamw.optim.name, adamw.optim.weight_decay, adamw.train.label_smoothing) == ("adamw", 0.05, 0.1)
-    assert adamw.data.crop_scale == (0.35, 1.0) and adamw.optim.warmup_steps == 50  # 25% of 200
+    assert (adamw.data.crop, adamw.data.hflip, adamw.optim.warmup_steps) == ("whole", False, 50)  # 25% of 200
     paper = choice.apply(cfg, choice.PAPER, explicit=set())
     assert (paper.optim.name, paper.optim.warmup_steps, paper.data.crop_scale) == ("sgd", 10, (0.05, 1.0))
     kept = choice.apply(cfg.with_overrides({"train.label_smoothing": 0.3, "optim.warmup_steps": 7}), choice.ADAMW,

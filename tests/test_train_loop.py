@@ -89,8 +89,9 @@ def test_same_command_again_finishes_or_refuses_a_different_config(tmp_path):
     before = (out / "checkpoints" / "last.safetensors").read_bytes()
     again = Trainer(tiny(train={"steps": 4}), out, Inputs(), quiet=True).run()  # already complete: nothing changes
     assert again["steps"] == 4 and (out / "checkpoints" / "last.safetensors").read_bytes() == before
-    with pytest.raises(ConfigError, match=r"different config \(optim.lr: 0.003 -> 0.01"):
+    with pytest.raises(ConfigError, match=r"optim.lr: 0.003 -> 0.01") as e:
         Trainer(tiny(train={"steps": 4}, optim={"lr": 0.01}), out, Inputs(), quiet=True).run()
+    assert e.value.reason == "different-config"
     assert (out / "checkpoints" / "last.safetensors").read_bytes() == before
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -164,7 +165,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     cfg = tiny(optim={"name": "sgd", "lr": 1e12, "clip_grad_norm": 0.0, "warmup_steps": 0},
                train={"ckpt_every": 1, "steps": 50, "ema": 0.0, "mixup": 0.0})
     out = tmp_path / "run"
-    with pytest.raises(TrainingDiverged, match=r"step \d+: the loss is (nan|inf).*last good checkpoint is .*step-0000000\d"):
+    with pytest.raises(TrainingDiverged, match=r"loss is (nan|inf).*step-0000000\d"):
         Trainer(cfg, out, Inputs(), quiet=True).run()
     last = state.latest(out / "checkpoints")
     assert last is not None and last < 50
@@ -200,11 +201,12 @@ def test_finetune_at_a_higher_resolution_and_eval(tmp_path):
     from vitlab.train.build import build_model
 
     section = RunConfig.from_dict({"model": {"checkpoint": str(src), "image_size": 16, "representation_size": None}}).model
-    start = build_model(section, list("0123456789"), Inputs())
+    start = build_model(section, list("0123456789"), Inputs(), "bf16")
     old = vitlab.load(src)
     assert start.config.image_size == (16, 16) and start.pos_embed.pos_embedding.shape[1] == 1 + 16
     assert start.pre_logits is None and torch.count_nonzero(start.head.weight) == 0
     assert torch.equal(start.blocks[1].mlp.fc1.weight, old.blocks[1].mlp.fc1.weight)
+    assert {b.attn.cpu_attention for b in start.blocks} == {"explicit"}  # a bf16 run's CPU kernel, chosen when built
 
     out = tmp_path / "ft"
     r = subprocess.run(

@@ -63,7 +63,7 @@ def test_the_head_starts_as_the_linear_probe_and_counts_as_compute(source, tmp_p
     # The same probe, fitted by the linear-probe evaluation on the features of the fine-tune's
     # network (the source, zero head, at the fine-tune's evaluation preprocessing).
     arch = architecture(cfg.model, Inputs())
-    model = build_model(cfg.model, [str(i) for i in range(10)], Inputs())
+    model = build_model(cfg.model, [str(i) for i in range(10)], Inputs(), "fp32")
     train = open_dataset("digits", "train", model_transform(arch))
     test = open_dataset("digits", "test", model_transform(arch))
     xtr, ytr = extract_features(model, train)
@@ -138,7 +138,7 @@ def test_a_head_fitted_once_gives_the_runs_that_share_it_the_same_weights(source
 def test_the_probe_needs_a_checkpoint_and_a_known_name():
     with pytest.raises(ConfigError, match="needs model.checkpoint"):
         load_recipe("digits").with_overrides({"model.head_start": "probe"})
-    with pytest.raises(ConfigError, match="model.head_start='linear': use one of zeros, probe"):
+    with pytest.raises(ConfigError, match="'linear': use one of zeros, probe"):
         load_recipe("digits").with_overrides({"model.head_start": "linear"})
     # The default is not written, so that the configs of earlier runs read back the same.
     assert "head_start" not in load_recipe("digits").to_dict()["model"]
@@ -158,3 +158,29 @@ def test_adamw_starts_from_the_probe_and_the_paper_from_zero_unless_told(source)
     assert plan(choose="paper").config.model.head_start == "zeros"
     kept = plan(["optim.lr=0.001", "model.head_start=zeros"], choose="adamw")
     assert kept.config.model.head_start == "zeros"
+
+
+def test_the_adamw_recipe_keeps_the_probe_start_where_crops_and_flips_undo_it(source, tmp_path, capfd):
+    """The AdamW recipe trains on what its probe head was fitted on (the whole image,
+    unflipped): 40 steps on the real digits at either of its rates end at or above the probe
+    start, with no warning. The same steps on random crops from 35% and mirror images (the
+    recipe before) end far below it, and the warning names the augmentation first."""
+    shared = Inputs()
+
+    def tuned(lr: float, name: str, **extra):
+        cfg = load_recipe("finetune").with_overrides({
+            "model.checkpoint": str(source), "data.name": "digits", "data.eval_splits": ["test"], "train.steps": 40,
+            "train.batch_size": 64, "train.ckpt_every": 1000, "train.threads": 1, "data.num_workers": 0})
+        cfg = choice.apply(cfg, choice.ADAMW, explicit=set()).with_overrides({"optim.lr": lr, **extra})
+        s = Trainer(cfg, tmp_path / name, quiet=True, inputs=shared).run()
+        return s["head_probe"]["start"]["test"], s["splits"]["test"]["top1"]
+
+    for lr in choice.ADAMW.grid or ():
+        start, end = tuned(lr, f"whole-{lr}")
+        assert start > 0.5 and end >= start - probe_head.BELOW_START, (lr, start, end)
+        assert "below its start" not in capfd.readouterr().err
+        start, end = tuned(lr, f"crops-{lr}", **{"data.crop": "inception", "data.crop_scale": (0.35, 1.0),
+                                                 "data.hflip": True})
+        assert end < start - 0.05, (lr, start, end)  # the premise: the old augmentation undoes the start
+        (said,) = [line for line in capfd.readouterr().err.splitlines() if "below its start" in line]
+        assert "random crops" in said and "mirror images" in said and "data.crop=whole" in said

@@ -37,10 +37,10 @@ def test_nothing_is_imported_unless_asked_for(tmp_path):
 
 
 def test_unknown_or_missing_trackers_are_refused_before_training(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match="not a tracker; choose from tensorboard, wandb, mlflow"):
+    with pytest.raises(ConfigError, match="choose from tensorboard, wandb, mlflow"):
         Trainer(tiny(), tmp_path / "r", Inputs(), trackers=("neptune",)).run()
     monkeypatch.setattr(extras, "_present", lambda module: False)  # as if wandb were not installed
-    with pytest.raises(ConfigError, match=r'--log wandb needs the wandb extra, .* pip install "vitlab\[wandb\]"'):
+    with pytest.raises(ConfigError, match=r'pip install "vitlab\[wandb\]"'):
         Trainer(tiny(), tmp_path / "r", Inputs(), trackers=("wandb",)).run()
     assert not (tmp_path / "r").exists()
 
@@ -113,6 +113,6 @@ def test_mlflow_file_store_gets_params_and_metrics(tmp_path, monkeypatch):
 def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://x")
-    with pytest.raises(ConfigError, match=r"--log mlflow: mlflow could not start .*MLFLOW_TRACKING_URI") as e:
+    with pytest.raises(ConfigError, match=r"could not start .*MLFLOW_TRACKING_URI") as e:
         Trainer(tiny(train={"steps": 2}), tmp_path / "r", Inputs(), trackers=("mlflow",)).run()
     assert "\n" not in str(e.value)

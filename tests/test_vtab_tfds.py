@@ -69,10 +69,9 @@ def test_retinopathy_reads_btgraham_300_beside_original(tfds_root):
     assert other.where.endswith("original/3.0.0") and other._load(0).size == (160, 120)
     alone = root.parent / "retino-original-only" / "diabetic_retinopathy_detection"
     shutil.copytree(root / "diabetic_retinopathy_detection" / "original", alone / "original", dirs_exist_ok=True)
-    with pytest.raises(DataError, match=r"holds original:3\.0\.0; VTAB reads "
-                                        r"diabetic_retinopathy_detection/btgraham-300:3\.\*\.\*") as e:
+    with pytest.raises(DataError, match=r"holds original:3\.0\.0; .*btgraham-300") as e:
         vtab("retinopathy", alone.parent, "test")
-    assert "\n" not in str(e.value) and "retinopathy@[CONFIG/]VERSION" in str(e.value)
+    assert e.value.reason == "version" and "\n" not in str(e.value) and "retinopathy@[CONFIG/]VERSION" in str(e.value)
 
 
 def test_pets_reads_the_3x_version_vtab_pins(tfds_root):
@@ -83,8 +82,9 @@ def test_pets_reads_the_3x_version_vtab_pins(tfds_root):
     assert vtab("pets@4.0.0", root, "test").where.endswith("oxford_iiit_pet/4.0.0")
     newer = root.parent / "pets-4-only" / "oxford_iiit_pet"
     shutil.copytree(root / "oxford_iiit_pet" / "4.0.0", newer / "4.0.0", dirs_exist_ok=True)
-    with pytest.raises(DataError, match=r"holds 4\.0\.0; VTAB reads oxford_iiit_pet:3\.\*\.\*"):
+    with pytest.raises(DataError, match=r"holds 4\.0\.0; .*oxford_iiit_pet:3\.") as e:
         vtab("pets", newer.parent, "test")
+    assert e.value.reason == "version"
     with pytest.raises(DataError, match="not the 5.0.0 the spec accepts"):
         vtab("pets@5.0.0", root, "test")
 
@@ -102,9 +102,9 @@ def test_a_flipped_byte_is_refused_by_its_checksum(tfds_root, tmp_path):
         bad = tmp_path / f"{reading}" / shard.name
         bad.parent.mkdir()
         bad.write_bytes(bytes(data))
-        with pytest.raises(DataError, match=f"fails its {reading} checksum: the file is damaged") as e:
+        with pytest.raises(DataError, match=f"fails its {reading} checksum") as e:
             Records([bad])[0] if reading == "data" else Records([bad])
-        assert "\n" not in str(e.value)
+        assert e.value.reason == "checksum" and "\n" not in str(e.value)
     assert task_label(TASKS["smallnorb_azimuth"], good[0]) in range(18)
 
 
@@ -114,8 +114,9 @@ def test_a_source_without_the_label_feature_is_refused(tfds_root, tmp_path):
     datasets = pytest.importorskip("datasets")
     root, _ = tfds_root
     shutil.copytree(root / "smallnorb", tmp_path / "tfds" / "dsprites")  # smallnorb posing as dsprites
-    with pytest.raises(DataError, match=r"no feature 'label_x_position'.*is this dsprites:2\.\*\.\*\?"):
+    with pytest.raises(DataError, match=r"'label_x_position'.*is this dsprites") as e:
         vtab("dsprites_location", tmp_path / "tfds", "test")
+    assert e.value.reason == "no-feature"
     part = datasets.Dataset.from_dict({"image": [np.zeros((8, 8, 3), np.uint8)] * 4, "kind": [0, 1, 0, 1]})
     datasets.DatasetDict({"train": part, "validation": part, "test": part}).save_to_disk(str(tmp_path / "hf" / "dtd"))
     with pytest.raises(DataError, match=r"dtd .*no feature 'label'") as e:

@@ -127,7 +127,7 @@ def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = Non
     return imported
 
 
-def build_model(imported: Imported, source: str, **overrides: Any) -> Model:
+def build_model(imported: Imported, source: str, cpu_attention: str = "fused", **overrides: Any) -> Model:
     """A model of the imported config (with overrides), holding the imported weights."""
     if overrides.get("num_classes", imported.config.num_classes) != imported.config.num_classes:
         # A new head means transfer: the paper's fine-tuning head starts at zero (§3.1).
@@ -137,7 +137,7 @@ def build_model(imported: Imported, source: str, **overrides: Any) -> Model:
     except (ConfigError, TypeError) as e:
         raise ConfigError(f"{source}: {e}") from None
     state = adapt_state(imported.state, imported.config, config)
-    model = build(config)
+    model = build(config, cpu_attention)
     load_state_checked(model, state, source)
     if config.num_classes == imported.config.num_classes:
         model.class_names = imported.class_names

@@ -34,6 +34,10 @@ SERVING_KEY = "serving"
 class CheckpointError(ValueError):
     """A file that cannot be read as the checkpoint it claims to be; names file, keys, shapes."""
 
+    def __init__(self, message: str, *, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason  # why, as a short code that callers and tests branch on; the message is for people
+
 
 @dataclass
 class Imported:
@@ -143,7 +147,8 @@ def read(path: str | os.PathLike, serving: str = "", meta: Optional[dict[str, st
     if meta.get(SERVING_KEY, "") != serving:
         kind = meta.get(SERVING_KEY)
         raise CheckpointError(f"{path}: a serving copy ({kind}): read it with vitlab.deploy.load_int8(path)" if kind
-                              else f"{path}: a plain vitlab checkpoint, not a serving copy ({serving}): read it with vitlab.load")
+                              else f"{path}: a plain vitlab checkpoint, not a serving copy ({serving}): read it with vitlab.load",
+                              reason="serving-copy")
     if meta.get("format") != FORMAT_NAME or "config" not in meta:
         raise CheckpointError(f"{path}: a .safetensors file without vitlab metadata (format={meta.get('format')!r}); "
                               "if it holds timm or Hugging Face weights, load it with format='timm' or 'hf'")
@@ -193,7 +198,8 @@ def check_state(config: ModelConfig, state: dict[str, Tensor], source: str) -> N
     is refused here, not when something later multiplies them)."""
     problems = state_problems(expected_shapes(config), state)
     if problems:
-        raise CheckpointError(f"{source}: the stored config does not fit the tensors ({config.name}): " + " | ".join(problems))
+        raise CheckpointError(f"{source}: the stored config does not fit the tensors ({config.name}): " + " | ".join(problems),
+                              reason="config-mismatch")
 
 
 def state_problems(expected: dict[str, tuple[int, ...]], state: dict[str, Tensor], optional: tuple[str, ...] = ()) -> list[str]:

@@ -108,7 +108,7 @@ def import_state(rules: Sequence[Rule], theirs: dict[str, Tensor], expected: dic
             continue
         out[r.ours] = t.contiguous()
     if wrong:
-        raise CheckpointError(f"{source}: wrong shapes: " + "; ".join(wrong[:8]))
+        raise CheckpointError(f"{source}: wrong shapes: " + "; ".join(wrong[:8]), reason="shape")
     return out
 
 

@@ -86,7 +86,7 @@ def write_verified(model: Model, dst: str | os.PathLike, format: str, load, save
             if verify:
                 result = compare(model, load(tmp, format), dst, tolerance, said)
         except CheckpointError as e:  # name the destination, not the staging copy
-            raise CheckpointError(str(e).replace(str(tmp), str(dst))) from None
+            raise CheckpointError(str(e).replace(str(tmp), str(dst)), reason=e.reason) from None
         if tmp.is_dir():
             def move_in(folder: Path) -> None:
                 for p in tmp.iterdir():

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = [get_task(t) for t in args.tasks.split(",")] if args.tasks else list(TASKS.values())
     s, inputs = settings(args), Inputs()  # the one plan of every task, its arms and the row
     if args.launcher and not args.report:
-        done = launch(args.checkpoint, root, out, tasks, s, launcher=args.launcher, jobs=args.jobs,
+        done = launch(args.checkpoint, root, out, tasks, s, inputs, launcher=args.launcher, jobs=args.jobs,
                       params=launcher_params(args.slurm), wait=not args.no_wait, force=args.force)
         if done is None:
             return 0

@@ -29,6 +29,10 @@ from vitlab import suggest
 class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the field and the fix."""
 
+    def __init__(self, message: str, *, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason  # why, as a short code that callers and tests branch on; the message is for people
+
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
@@ -210,13 +214,14 @@ def check_keys(cls: type, d: dict[str, Any], section: str, extra: tuple[str, ...
     if unknown:
         where = f"{section}." if section else ""
         if not known:
-            raise ConfigError(f"unknown key {where}{unknown[0]}: the {section or 'config'} section takes no keys here")
+            raise ConfigError(f"unknown key {where}{unknown[0]}: the {section or 'config'} section takes no keys here",
+                              reason="unknown-key")
         if len(unknown) == 1:
             raise ConfigError(suggest.unknown("key", where + str(unknown[0]), [where + k for k in known],
                                               f"valid {section + ' ' if section else ''}keys: {', '.join(known)}",
-                                              keys=True))
+                                              keys=True), reason="unknown-key")
         raise ConfigError(f"unknown keys {', '.join(where + str(k) for k in unknown)}; "
-                          f"valid {section + ' ' if section else ''}keys: {', '.join(known)}")
+                          f"valid {section + ' ' if section else ''}keys: {', '.join(known)}", reason="unknown-key")
     return dict(d)
 
 

@@ -132,7 +132,7 @@ def every_unknown(d: Mapping[str, Any]) -> None:
         names = [f"{k}.{key}" for k, keys in known.items() for key in keys]
         said = [f"{key} ({'did you mean ' + near[0] + '?' if near else 'no near key'})"
                 for key in unknown for near in [suggest.close_key(key, names)]]
-        raise ConfigError(f"unknown keys {', '.join(said)}")
+        raise ConfigError(f"unknown keys {', '.join(said)}", reason="unknown-key")
 
 
 @dataclass(frozen=True)
@@ -414,7 +414,7 @@ def _check_override_key(key: str, d: dict[str, Any]) -> None:
         return
     near = suggest.close_key(key, known)
     if near:
-        raise ConfigError(suggest.unknown("key", key, known, "a run's config.yaml shows every key", keys=True))
+        raise ConfigError(suggest.unknown("key", key, known, "a run's config.yaml shows every key", keys=True), reason="unknown-key")
 
 
 def keys_of(d: Mapping[str, Any]) -> list[str]:
@@ -458,4 +458,4 @@ def load_recipe(path_or_name: str) -> RunConfig:
     try:
         return RunConfig.from_dict(d, recipe(path.stem) if shipped else config_file(path))
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        raise ConfigError(f"{path}: {e}", reason=e.reason) from None

@@ -427,4 +427,4 @@ def load_sweep(path_or_name: str) -> tuple[SweepSpec, Path]:
     try:
         return SweepSpec.from_dict(d, path.stem), path
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        raise ConfigError(f"{path}: {e}", reason=e.reason) from None

@@ -41,6 +41,10 @@ DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 class DataError(FileNotFoundError):
     """A dataset that cannot be found or read; the message says where it looked and the fix."""
 
+    def __init__(self, message: str, *, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason  # why, as a short code that callers and tests branch on; the message is for people
+
 
 class Encoded(NamedTuple):
     """An image not yet decoded (a file's path or its bytes, and a name for messages): what

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import ctypes
 import gzip
 import hashlib
 import io
 import lzma
 import os
+import signal
 import subprocess
+import sys
 import urllib.error
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Union
@@ -108,7 +111,9 @@ class _Pipe(io.RawIOBase):
     def __init__(self, command: str):
         # The user's own command, run as they wrote it (WebDataset's pipe: convention).
         self.command = command
-        self.proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(GUARDED.format(command=command), shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True, preexec_fn=_dies_with(os.getpid(), ctypes.CDLL(None))
+                                     if sys.platform == "linux" else None)
 
     def readable(self) -> bool:
         return True
@@ -131,9 +136,26 @@ class _Pipe(io.RawIOBase):
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the command's whole group, pipeline stages and all
         self.proc.wait()
         super().close()
+
+
+# The shell runs the command in the background of a process group of its own and waits for it;
+# when the process that started the shell dies (a data-loader worker killed busy: loader.close's
+# SIGKILL), the shell gets SIGTERM (`_dies_with`) and kills the whole group, so that no command,
+# nor any stage of a pipeline, is left running, reading or holding a connection.
+GUARDED = "trap 'kill -KILL 0' TERM\n{{ {command}\n}} & wait $!"
+
+
+def _dies_with(parent: int, libc: Any) -> Any:
+    """What the shell's process runs before the shell: SIGTERM for it when `parent` dies
+    (Linux's PR_SET_PDEATHSIG). libc is loaded before the fork, not in the child."""
+    def arm() -> None:
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before this was armed
+            os._exit(1)
+    return arm
 
 
 def _raw(shard: RemoteShard) -> Any:

@@ -146,7 +146,7 @@ def iter_shard(path: remote.Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
                         continue
                     if member.size > MAX_MEMBER_BYTES:
                         raise DataError(f"wds: {path}: member {member.name} claims {member.size:,} bytes, more than "
-                                        f"any sample ({MAX_MEMBER_BYTES:,}); not read")
+                                        f"any sample ({MAX_MEMBER_BYTES:,}); not read", reason="too-big")
                     k, ext = split_key(member.name)
                     if k != key and parts:
                         assert key is not None  # (parts were read under it)
@@ -158,6 +158,9 @@ def iter_shard(path: remote.Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
                     if len(parts[ext]) != member.size:
                         raise DataError(f"wds: {path}: member {member.name} is cut short; the shard is truncated")
                 _check_end(path, raw, tf.offset, key)
+                if key is None:  # a whole, valid tar of no files: a shard that was never filled
+                    raise DataError(f"wds: {path}: an empty shard (a tar with no files); write it again, or leave it "
+                                    "out of the data spec", reason="empty-shard")
                 if parts:
                     assert key is not None  # (as above)
                     yield key, parts

@@ -152,7 +152,7 @@ def pinned(task: Task, builder_dir: Path, accept: str = "") -> Path:
     if accept:
         raise DataError(f"{task.name}: {builder_dir} holds {held}, not the {wanted} the spec accepts")
     raise DataError(f"{task.name}: {builder_dir} holds {held}; VTAB reads {task.tfds}: prepare that, or accept another "
-                    f"with vtab:{task.name}@[CONFIG/]VERSION:ROOT")
+                    f"with vtab:{task.name}@[CONFIG/]VERSION:ROOT", reason="version")
 
 
 def locate(task: Task, root: Path) -> Optional[tuple[str, Path]]:
@@ -211,7 +211,7 @@ def _labels(task: Task, items: list[tuple[Source, int]], folders: bool, where: s
     except KeyError as e:
         have = ", ".join(sorted(items[0][0].features(items[0][1]))) if items else "none"
         raise DataError(f"{task.name} ({where}): the source has no feature {e.args[0]!r}, which VTAB reads "
-                        f"{task.name}'s label from (features: {have}); is this {task.tfds}?") from None
+                        f"{task.name}'s label from (features: {have}); is this {task.tfds}?", reason="no-feature") from None
 
 
 class VtabDataset(ImageDataset):

@@ -91,7 +91,8 @@ def shard_index(path: remote.Shard) -> dict[str, Any]:
     """Per shard: how many samples in each dev bucket, the smallest and largest label and
     the count of each label. Cached (`_cached`), so a stream knows its length (and what data
     it holds) without decoding an image."""
-    return _cached(path, "{}.json", INDEX_SHAPE, lambda: _index(path))
+    # (an index of no samples, cached before an empty shard was refused, is read again: refused)
+    return _cached(path, "{}.json", INDEX_SHAPE, lambda: _index(path), valid=lambda ix: sum(ix["buckets"]) > 0)
 
 
 def _index(path: remote.Shard) -> dict[str, Any]:

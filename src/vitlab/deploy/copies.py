@@ -125,22 +125,22 @@ def _packable(model: nn.Module, dtype: torch.dtype) -> bool:
     return dtype in onednn_dtypes() and next(model.parameters()).device.type == "cpu"
 
 
-def attention_kernel(cfg: ViTConfig, dtype: torch.dtype, device: torch.device) -> Optional[str]:
+def attention_kernel(cfg: ViTConfig, dtype: torch.dtype, device: torch.device) -> str:
     """A CPU copy's attention kernel: the fused one or the explicit matmul-softmax path,
     whichever measured faster on this machine at the model's shapes (`vitlab.deploy.kernels`;
     the fused kernel wins in bf16 with AMX and loses without it); the same function either way.
-    None (the model's own default) on a GPU and in other dtypes."""
+    The fused one on a GPU and in other dtypes."""
     if dtype not in (torch.float32, torch.bfloat16) or device.type != "cpu" or not cfg.depth:
-        return None
+        return "fused"
     return kernels.choose_attention(cfg.num_heads, cfg.num_tokens, cfg.hidden_size // cfg.num_heads, dtype).kernel
 
 
 def built_copy(model: VisionTransformer, dtype: torch.dtype, attention: Optional[torch.dtype] = None) -> VisionTransformer:
     """A fresh copy of `model` in eval mode in `dtype`, built with the CPU attention kernel
-    measured for the dtype its attention runs in (`attention_kernel`; None: the model's
-    default): a choice made when the copy is constructed, never a flag set on a model after."""
+    measured for the dtype its attention runs in (`attention_kernel`; none: the fused one): a
+    choice made when the copy is constructed, never a flag set on a model after."""
     device = next(model.parameters()).device
-    kernel = attention_kernel(model.config, attention, device) if attention else None
+    kernel = attention_kernel(model.config, attention, device) if attention else "fused"
     with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves no trace
         m = type(model)(model.config, cpu_attention=kernel)
     m.load_state_dict(model.state_dict())
@@ -291,13 +291,14 @@ def load_int8(path) -> Serving:
         try:
             model.load_state_dict(imported.state, strict=True)
         except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
-            raise io.CheckpointError(f"the stored config does not fit the int8 tensors: {' '.join(str(e).split())[:400]}") from None
+            raise io.CheckpointError(f"the stored config does not fit the int8 tensors: {' '.join(str(e).split())[:400]}",
+                                     reason="config-mismatch") from None
         model.class_names = imported.class_names
         if kind == CALIBRATED:
             return Serving(restore_calibrated(model, rest), rest, kind=CALIBRATED)
         return Serving(model, torch.float32, "int8")
     except io.CheckpointError as e:
-        raise io.CheckpointError(f"{path}: {e}") from None
+        raise io.CheckpointError(f"{path}: {e}", reason=e.reason) from None
 
 
 @dataclass

@@ -8,9 +8,9 @@ from vitlab.models.vit import VisionTransformer
 Model = VisionTransformer | BiTResNet
 
 
-def build(config: ModelConfig) -> Model:
-    """A freshly initialised model of the config's kind."""
-    return BiTResNet(config) if isinstance(config, BiTConfig) else VisionTransformer(config)
+def build(config: ModelConfig, cpu_attention: str = "fused") -> Model:
+    """A freshly initialised model of the config's kind (a ViT's CPU attention kernel: vit.py)."""
+    return BiTResNet(config) if isinstance(config, BiTConfig) else VisionTransformer(config, cpu_attention=cpu_attention)
 
 
 __all__ = ["MODELS", "BiTResNet", "Model", "VisionTransformer", "build"]

@@ -98,7 +98,7 @@ class Attention(nn.Module):
         attention_dropout: float = 0.0,
         dropout: float = 0.0,
         num_tokens_relative: Optional[int] = None,
-        cpu_attention: Optional[str] = None,
+        cpu_attention: str = "fused",
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -107,9 +107,9 @@ class Attention(nn.Module):
         self.qkv = Dense(dim, 3 * dim, bias=qkv_bias)  # q, k, v along the output axis
         self.proj = Dense(dim, dim)
         self.attention_dropout = attention_dropout
-        # The kernel on the CPU, chosen when the model is built: None takes the explicit path in
-        # bf16 and the fused one otherwise; vitlab.deploy builds its inference copies with "fused"
-        # or "explicit", whichever measured faster on the CPU at hand (vitlab.deploy.kernels).
+        # The kernel on the CPU, chosen when the model is built and never by the input's dtype:
+        # vitlab.deploy builds its inference copies with "fused" or "explicit", whichever measured
+        # faster on the CPU at hand (vitlab.deploy.kernels); a bf16 training run with "explicit".
         self.cpu_attention = cpu_attention
         self.proj_drop = nn.Dropout(dropout)
         self.rel_embedding: Optional[nn.Parameter] = None
@@ -147,13 +147,8 @@ class Attention(nn.Module):
         still a key and a value. Not with relative attention (its offsets assume all queries)."""
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        # On the CPU, bf16 attention is faster as two batched matrix products around a softmax
-        # than in the fused kernel on AVX-512 without AMX: 2x forward at ViT-B/16's shapes, 2-5x
-        # backward (torch 2.14); with AMX the fused forward is the faster one (2.2x at b8).
-        # In fp32 the fused kernel is the faster one. On a GPU the fused (flash) kernel stays:
-        # it is fast there and never stores (T, T) matrices.
-        kernel = self.cpu_attention or ("explicit" if qkv.dtype == torch.bfloat16 else "fused")
-        exact = return_attention or (qkv.device.type == "cpu" and kernel == "explicit")
+        # On a GPU the fused (flash) kernel stays: it is fast there and never stores (T, T) matrices.
+        exact = return_attention or (qkv.device.type == "cpu" and self.cpu_attention == "explicit")
         if exact:  # one copy to (3, B, h, T, dh), so the batched products read q, k, v in place
             qkv = qkv.contiguous()
         q, k, v = qkv.unbind(0)  # each (B, h, T, dh)
@@ -209,7 +204,7 @@ class Block(nn.Module):
         attention_dropout: float,
         drop_path: float,
         num_tokens_relative: Optional[int] = None,
-        cpu_attention: Optional[str] = None,
+        cpu_attention: str = "fused",
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=layer_norm_eps)

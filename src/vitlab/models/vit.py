@@ -32,11 +32,11 @@ class VisionTransformer(Classifier, nn.Module):
     `model(x, return_intermediates=True)` returns a dict with the logits, the tokens after
     each block and each block's attention probabilities (B, heads, T, T), computed by the
     exact attention path. `cpu_attention` ("fused" or "explicit") fixes the attention kernel
-    on the CPU, for an inference copy (vitlab.deploy builds its copies with the one measured
-    faster); by default it follows the dtype (layers.Attention).
+    on the CPU whatever the input's dtype, a choice made here only (vitlab.deploy builds its
+    copies with the one measured faster, a bf16 training run takes "explicit": train/build.py).
     """
 
-    def __init__(self, config: ViTConfig, *, cpu_attention: Optional[str] = None):
+    def __init__(self, config: ViTConfig, *, cpu_attention: str = "fused"):
         super().__init__()
         self.config: ViTConfig = config
         self.class_names: Optional[list[str]] = None  # carried into checkpoints

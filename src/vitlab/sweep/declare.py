@@ -158,16 +158,17 @@ def plan(spec: SweepSpec, claim: dict[str, Any]) -> dict[str, Any]:
     effect = claim["margin"] if equal else claim.get("effect")
     out: dict[str, Any] = {"confirmatory": False, "seeds": n, "alpha": None, "power": None, "mde": None,
                            "needs": None, "why": ""}
-    if claim.get("exploratory"):
-        return {**out, "why": "marked exploratory"}
     lacking = [k for k in ("sd", "sd_from", "family") if not claim.get(k)] + ([] if effect else
                                                                               ["margin" if equal else "effect"])
     if lacking:
-        return {**out, "why": f"no power analysis ({', '.join(lacking)} not stated)"}
+        why = "marked exploratory" if claim.get("exploratory") else "no power analysis"
+        return {**out, "why": f"{why} ({', '.join(lacking)} not stated)"}
     alpha, sd, bound = stats.ALPHA / int(claim["family"]), float(claim["sd"]), float(effect or 0.0)
     power = stats.power(n, sd, 0.0 if equal else bound, claim["expect"], bound, alpha) if n >= 2 else 0.0
     out.update(alpha=alpha, power=power, mde=stats.mde(sd, n, alpha, expect=claim["expect"]),
                needs=stats.seeds_for(sd, bound, claim["expect"], bound, alpha))
+    if claim.get("exploratory"):  # run at the power it has, which the plan still states
+        return {**out, "why": f"marked exploratory, planned power {power:.0%}"}
     if power < stats.POWER:
         return {**out, "why": f"planned power {power:.0%} < {stats.POWER:.0%}"}
     return {**out, "confirmatory": True}

@@ -33,13 +33,13 @@ def child_argv(checkpoint: str, root: Path, out: Path, s: Settings, task: Task, 
     return (*argv, *s.overrides)
 
 
-def launch(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings, *, launcher: str = "local",
-           jobs: int = 1, threads: int = 0, params: Optional[dict[str, Any]] = None, wait: bool = True,
+def launch(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings, inputs: Inputs, *,
+           launcher: str = "local", jobs: int = 1, threads: int = 0, params: Optional[dict[str, Any]] = None, wait: bool = True,
            say: Say = print, force: bool = False) -> Optional[list[dict]]:
     """Run each task without a result as its own job (a task without data is said, not
-    submitted; a result of other work is refused first, train/vtab.check_suite); None when
-    submitted without waiting."""
-    check_suite(checkpoint, root, out, tasks, s, Inputs(), force)  # a user's tables, a result of other work: refused first
+    submitted; a result of other work is refused first, train/vtab.check_suite, on the command's
+    plan `inputs`, which then makes the row); None when submitted without waiting."""
+    check_suite(checkpoint, root, out, tasks, s, inputs, force)  # a user's tables, a result of other work: refused first
     todo, missing = [], absent(root, tasks)
     for task in tasks:
         folder = out / task.name

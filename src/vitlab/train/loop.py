@@ -218,7 +218,7 @@ class Trainer:
         np.random.seed(t.seed)
         torch.manual_seed(t.seed)
         train_set, eval_sets = open_datasets(cfg, architecture(cfg.model, self.inputs), self.sources, self.inputs)
-        model = build_model(cfg.model, train_set.class_names, self.inputs)
+        model = build_model(cfg.model, train_set.class_names, self.inputs, t.precision)
         objective = build_objective(model, cfg)
         run = Run(ctx, cfg, model, objective, train_set, eval_sets, self._plan(train_set, ctx))
         run.hooks, self.run_state = cb.Hooks(self, run, [*cb.from_config(cfg), *self.callbacks]), run
@@ -485,7 +485,7 @@ class Trainer:
                            stopped_early={"step": run.start, "reason": run.stop})
         if not run.ctx.is_main:
             return summary
-        for warning in probe_head.below_start(run.head_probe, results, run.start, self.cfg.optim.lr):
+        for warning in probe_head.below_start(run.head_probe, results, run.start, self.cfg):
             self._warn(warning)
         assert run.log is not None  # the main process's
         where = [tracker.where for tracker in run.log.trackers]

@@ -128,15 +128,24 @@ def lines(result: Optional[dict[str, Any]], start_step: int = 0) -> tuple[str, .
             f"training images, top-1 {result['train_top1']:.1%} on them, {cost} (model.head_start=zeros for the paper's zero head)",)
 
 
-def below_start(result: Optional[dict[str, Any]], results: dict[str, dict[str, Any]], steps: int, lr: float) -> list[str]:
+def below_start(result: Optional[dict[str, Any]], results: dict[str, dict[str, Any]], steps: int,
+                cfg: RunConfig) -> list[str]:
     """Warnings for a fine-tune that ended below the probe head it started from (`result`'s
-    "start", the score at step 0): the steps undid what the frozen features already gave (a
-    rate too high for the model, or a warm-up too short), and the run is worth less than its own
-    first evaluation."""
+    "start", the score at step 0): the steps undid what the frozen features already gave. The
+    first suspect is training on inputs the probe was not fitted on (random crops, mirror
+    images: finetune_choice.ADAMW has the measurements), then a rate too high for the model or a
+    warm-up too short; the run is worth less than its own first evaluation."""
+    d = cfg.data
+    augmented = [what for what, on in ((f"random crops (data.crop_scale={list(d.crop_scale)})", d.crop == "inception"),
+                                       ("mirror images (data.hflip)", d.hflip)) if on]
+    fix = (f"it trained on {' and '.join(augmented)} and the probe head was fitted on whole, unflipped images: "
+           "set data.crop=whole data.hflip=false (the AdamW recipe's), then lower --lr if it still falls"
+           if augmented else f"the rate (optim.lr={cfg.optim.lr:g}) is too high for these weights or the warm-up "
+           "too short; lower --lr, or leave it out for the dev-split choice")
     out = []
     for split, before in (result or {}).get("start", {}).items():
         after = results.get(split, {}).get("top1")
         if after is not None and after < before - BELOW_START:
-            out.append(f"the fine-tune ended below its start: {split} top-1 {after:.1%} after {steps} steps, {before:.1%} at "
-                       f"step 0 (the probe head): lower --lr ({lr:g}) or lengthen the warm-up")
+            out.append(f"the fine-tune ended below its start: {split} top-1 {after:.1%} after {steps} steps, "
+                       f"{before:.1%} with the linear-probe head alone (step 0): {fix}")
     return out

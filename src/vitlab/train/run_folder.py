@@ -117,7 +117,7 @@ class RunFolder(RunLayout):
             return self.set_aside(f"it died before its first checkpoint with other settings ({'; '.join(diffs[:3])})")
         if diffs:
             raise ConfigError(f"{self.path} holds a run with a different config ({'; '.join(diffs[:6])}); its outputs are kept: "
-                              "use another --out to start a new run, or the same settings to continue it")
+                              "use another --out to start a new run, or the same settings to continue it", reason="different-config")
         return "resume"
 
     def set_aside(self, why: str) -> str:
