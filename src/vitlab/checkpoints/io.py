@@ -97,7 +97,7 @@ def refuse_serving_copy(model: torch.nn.Module) -> None:
     of them would not load. Refuse before writing, and say what to do instead."""
     kind = getattr(model, "serving", "")
     if kind.startswith("int8"):
-        raise CheckpointError(f"this is an {kind} serving copy: save it with vitlab.deploy.save_int8, or save the fp32 model")
+        raise CheckpointError(f"this is an {kind} serving copy of a model: save it with vitlab.deploy.save_int8, or save the fp32 model")
     if kind:
         raise CheckpointError(f"this is a serving copy ({kind}): save the fp32 model it was made from, and make the copy again")
 

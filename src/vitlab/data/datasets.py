@@ -263,7 +263,7 @@ def fashion_mnist_arrays(folder: Optional[str], download: bool = True, mirror: s
             download_fashion_mnist(c, mirror)
         except OSError as e:
             raise DataError(f"Fashion-MNIST not found in {looked} and the download from {mirror} failed ({e}); "
-                            "install Debian's dataset-fashion-mnist or pass fashion-mnist:FOLDER") from None
+                            "apt-get install dataset-fashion-mnist, or pass fashion-mnist:FOLDER") from None
     out = {}
     for split, (img_stem, lbl_stem) in FASHION_MNIST_FILES.items():
         img, lbl = _find_idx(c, img_stem), _find_idx(c, lbl_stem)

@@ -265,8 +265,8 @@ def hf_split(arg: str, split: str):
             name, _, config = arg.partition(":")
             data = datasets.load_dataset(str(folder) if folder.is_dir() else name, config or None, cache_dir=_datasets_cache())
     except errors as e:
-        raise DataError(f"hf:{arg}: cannot read it ({error_line(e)}); offline, load it once online first, or give a folder "
-                        "written by dataset.save_to_disk(DIR) as hf:DIR") from None
+        raise DataError(f"hf:{arg}: cannot read it ({error_line(e)}); offline, it must be in the datasets cache (load it once "
+                        "online), or give a folder written by dataset.save_to_disk(DIR) as hf:DIR") from None
     if not isinstance(data, dict):  # one Dataset without splits (a DatasetDict is a dict): the training set
         if split != "train":
             raise DataError(f"hf:{arg} has no splits; only split 'train' (and dev / train-minus-dev) can be read")

@@ -67,7 +67,8 @@ def image_input(image):
 
 def _array_image(a: np.ndarray) -> Image.Image:
     if not (a.ndim == 2 or a.ndim == 3 and a.shape[-1] in (1, 3, 4)):
-        raise ValueError(f"a numpy image is (H, W) or (H, W, C) with C 1, 3 or 4, not of shape {a.shape}")
+        raise ValueError(f"a numpy image is (H, W) or (H, W, C) with C 1, 3 or 4, not of shape {a.shape}; for a (C, H, W) "
+                         "array pass array.transpose(1, 2, 0)")
     if a.dtype == np.uint8:
         return Image.fromarray(np.ascontiguousarray(a[..., 0] if a.ndim == 3 and a.shape[-1] == 1 else a))
     if a.dtype.kind != "f":

@@ -100,8 +100,8 @@ def check_claims(spec: SweepSpec, out: Path, cells: list[Cell]) -> None:
         return
     old, _ = load_folder(out)
     if claims_digest(old) != claims_digest(spec):
-        raise ConfigError(f"{out} holds results run under other declared claims than {spec.name}'s now: run the changed spec "
-                          "into a new --out (or restore its claims)")
+        raise ConfigError(f"{out} holds results run under other declared claims than {spec.name}'s now (a claim is declared "
+                          "before its run): run the changed spec into a new --out, or restore its claims")
 
 
 def check_commands(cell: Cell, spec: SweepSpec) -> None:
