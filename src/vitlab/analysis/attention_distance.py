@@ -86,7 +86,10 @@ class AttentionDistance:
         dists, masses = [], []
         for attn in attentions:  # one layer at a time: (B, H, T, T), float64 only per layer
             if attn.shape[-1] != n + p:
-                raise ValueError(f"attention over {attn.shape[-1]} tokens does not match a {self.grid[0]}x{self.grid[1]} grid + {p}")
+                raise ValueError(
+                    f"attention over {attn.shape[-1]} tokens does not match a {self.grid[0]}x{self.grid[1]} "
+                    f"grid with {p} prefix token(s)"
+                )
             patch = attn.detach().cpu().double()[..., p:, p:]  # (B, H, N, N): patch queries and keys
             mass = patch.sum(-1, keepdim=True)  # what each query gave to patches
             per_query = ((patch / mass.clamp_min(1e-30)) * self.dist).sum(-1)  # (B, H, N)

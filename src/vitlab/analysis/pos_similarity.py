@@ -28,7 +28,10 @@ def position_table(model, grid: Optional[tuple[int, int]] = None) -> Tensor:
     pe = model.pos_embed
     if pe.kind in ("none", "relative"):
         what = "no position embedding" if pe.kind == "none" else "relative position attention (App. D.4)"
-        raise NoPositionTable(f"pos_embed={pe.kind!r}: the model uses {what}, so there is no table of absolute position embeddings")
+        raise NoPositionTable(
+            f"pos_embed={pe.kind!r}: the model uses {what}, so there is no table of absolute "
+            "position embeddings to compare"
+        )
     with torch.no_grad():
         return pe.patch_table(tuple(grid or pe.grid))[0].detach().float().cpu()
 

@@ -25,8 +25,10 @@ def _check_plain(cfg: ViTConfig) -> None:
     if isinstance(cfg, BiTConfig):
         raise ValueError(f"{cfg.name}: this peer builds ViTs only (timm builds the BiT ResNets)")
     if cfg.resnet is not None or cfg.pos_embed != "learned" or cfg.representation_size or not cfg.num_classes:
-        raise ValueError(f"{cfg.name}: the peer models are built only for plain ViTs (learned 1D position embedding, no hybrid "
-                         "stem, no pre-logits, a classification head)")
+        raise ValueError(
+            f"{cfg.name}: the peer models are built only for plain ViTs (learned 1D position "
+            "embedding, no hybrid stem, no pre-logits, a classification head)"
+        )
 
 
 def timm_vit(cfg: ViTConfig) -> nn.Module:

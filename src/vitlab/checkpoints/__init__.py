@@ -157,7 +157,10 @@ def open_checkpoint(path: str | os.PathLike, format: Optional[str] = None, rando
     keeps the checkpoint's shape and class names but not its weights: a randomly initialised
     baseline, the same for the same seed."""
     imported = read_checkpoint(path, format)
-    model = build_model(imported, str(path), **overrides) if random_init is None else random_model(imported, random_init, **overrides)
+    if random_init is not None:
+        model = random_model(imported, random_init, **overrides)
+    else:
+        model = build_model(imported, str(path), **overrides)
     return (model.to(device) if device is not None else model).eval(), imported
 
 

@@ -270,7 +270,9 @@ def download_repo(repo: HubRepo, hint: str = "") -> tuple[Path, str]:
     config_file = fetch_file(repo, "config.json", hint)
     assert config_file is not None
     config = read_json_object(config_file, f"hf-hub:{repo.repo_id}")
-    layout = "timm" if repo.layout == "timm" and "architecture" in config else repo_layout(config)
+    layout = repo_layout(config)
+    if repo.layout == "timm" and "architecture" in config:
+        layout = "timm"
     if layout is None:
         raise CheckpointError(f"hf-hub:{repo.repo_id}: config.json is neither a transformers ViT nor a timm model")
     _fetch_weights(repo, hint)

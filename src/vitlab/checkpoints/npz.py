@@ -279,7 +279,7 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
 def read(path: str | os.PathLike) -> Imported:
     arrays, layout = load_arrays(path)
     metadata: dict[str, str] = {}
-    if bit.is_npz(arrays):
+    if bit.NPZ_ROOT in arrays:
         bit_cfg = bit.config_from_npz(arrays, str(path))
         cfg: ModelConfig = bit_cfg
         table = bit.npz_rules(bit_cfg)

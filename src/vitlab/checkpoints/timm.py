@@ -197,7 +197,9 @@ def default_preprocessing(cfg: ViTConfig) -> dict[str, Any]:
 
 
 def read(path: str | os.PathLike) -> Imported:
-    return read_folder(Path(path)) if Path(path).is_dir() else read_state_dict_file(path, FORMAT_NAME, _table, _infer)
+    if Path(path).is_dir():
+        return read_folder(Path(path))
+    return read_state_dict_file(path, FORMAT_NAME, _table, _infer)
 
 
 def _table(cfg: ModelConfig) -> list[Rule]:

@@ -182,7 +182,8 @@ class ViTConfig(_StoredConfig):
         object.__setattr__(self, "image_size", as_pair(self.image_size))
         check_fields(self)
         if self.hidden_size % self.num_heads:
-            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}: pick a head count that divides it")
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
+                              "pick a head count that divides the width")
         if self.pos_embed_at != "stem" and self.pos_embed in ("relative", "none"):
             raise ConfigError(f"pos_embed_at={self.pos_embed_at!r} needs an absolute position embedding, not pos_embed={self.pos_embed!r}")
         if self.pos_embed in ("learned_2d", "sincos_2d", "sincos_2d_big_vision") and self.hidden_size % 4:

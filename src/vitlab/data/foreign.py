@@ -42,11 +42,6 @@ def is_hf_dataset(obj: Any) -> bool:
     return type(obj).__module__.split(".")[0] == "datasets"
 
 
-def is_own(obj: Any) -> bool:
-    """vitlab's own datasets, which already apply the preprocessing they were opened with."""
-    return isinstance(obj, ImageDataset) or type(obj).__module__.startswith("vitlab.data")
-
-
 def _keys(row: dict) -> tuple[str, str]:
     image = next((k for k in IMAGE_KEYS if k in row), None)
     label = next((k for k in LABEL_KEYS if k in row), None)
@@ -159,16 +154,11 @@ class ForeignStream(torch.utils.data.IterableDataset):
                 yield prepare(x, self.transform, None), int(y)
 
 
-def is_dataset(obj: Any) -> bool:
-    """A dataset of items (torch, torchvision, Hugging Face, vitlab), not an iterable of batches."""
-    return isinstance(obj, torch.utils.data.Dataset) or is_hf_dataset(obj)
-
-
 def batches(source: Any, transform: Callable, batch_size: int = 128) -> Iterator[tuple[Tensor, Tensor]]:
     """(images, labels) batches of any source: a dataset is read in order through a loader;
     a DataLoader's (or any iterable's) batches are taken as they come, tuples or dicts, with
     raw images (PIL, uint8) preprocessed by `transform`."""
-    if is_dataset(source):
+    if isinstance(source, torch.utils.data.Dataset) or is_hf_dataset(source):  # items, not batches
         loader = torch.utils.data.DataLoader(wrap(source, transform), batch_size=batch_size, collate_fn=collate)
         for images, labels, _ in loader:
             if len(labels):
@@ -183,7 +173,7 @@ def batches(source: Any, transform: Callable, batch_size: int = 128) -> Iterator
 
 def wrap(source: Any, transform: Callable, class_names: Optional[list[str]] = None, seed: int = 0):
     """vitlab's view of any dataset (see the module docstring)."""
-    if is_own(source):
+    if isinstance(source, ImageDataset) or type(source).__module__.startswith("vitlab.data"):  # already preprocessed
         return source
     if is_hf_dataset(source) and isinstance(source, dict):  # a DatasetDict is a dict of splits
         raise DataError(f"a Hugging Face DatasetDict with splits {sorted(source.keys())}: pass one split, e.g. data['train']")

@@ -89,10 +89,6 @@ def check_command(command: str, where: str = "wds") -> None:
                     f"you trust that file, allow it with --allow-pipe (or {ALLOW_ENV}=1)")
 
 
-def is_remote(pattern: str) -> bool:
-    return pattern.startswith(SCHEMES)
-
-
 class RemoteShard(str):
     """A shard's URL (or pipe: command); prints as itself in every message."""
 

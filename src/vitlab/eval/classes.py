@@ -58,6 +58,9 @@ def class_names_for(model_names: Optional[Sequence[str]], num_classes: int, data
                         f"there, {ours.index(moved)} in the checkpoint): give them in the checkpoint's order (classes.txt, data.classes)",
                         reason="class-order")
     differ = [f"{i}: {a!r} / {b!r}" for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b]  # names beyond the shorter list are counted apart
-    warnings.warn(f"{data} names its classes differently from the checkpoint (class {', '.join(differ[:3])}"
-                  f"{', ...' if len(differ) > 3 else ''}, data / checkpoint); the results use the checkpoint's names", stacklevel=2)
+    warnings.warn(
+        f"{data} names its classes differently from the checkpoint (class {', '.join(differ[:3])}"
+        f"{', ...' if len(differ) > 3 else ''}, data / checkpoint); the results are labelled with the checkpoint's names",
+        stacklevel=2,
+    )
     return ours

@@ -172,7 +172,10 @@ def sample_shots(labels: np.ndarray, shots: int, seed: int, classes: Sequence[in
     for c in classes:
         where = np.flatnonzero(labels == c)
         if len(where) < shots:
-            raise ValueError(f"class {c} has only {len(where)} training examples, fewer than {shots} shots: lower --shots or raise --pool")
+            raise ValueError(
+                f"class {c} has only {len(where)} training examples, {shots} shots need {shots}; "
+                "lower --shots or raise --pool"
+            )
         picked.append(rng.permutation(where)[:shots])
     return np.concatenate(picked)
 

@@ -63,7 +63,9 @@ def resize_token_embedding(
     prefix, rest = pos[:, :num_prefix], pos[:, num_prefix:]
     gh, gw = old_grid
     if rest.shape[1] != gh * gw:
-        raise ValueError(f"position embedding has {rest.shape[1]} patch rows, but the grid {gh}x{gw} needs {gh * gw}")
+        raise ValueError(
+            f"position embedding has {rest.shape[1]} patch rows, but the grid {gh}x{gw} needs {gh * gw}"
+        )
     grid = rest[0].reshape(gh, gw, -1)
     grid = resize_grid(grid, new_grid, mode)
     return torch.cat([prefix, grid.reshape(1, new_grid[0] * new_grid[1], -1)], dim=1)

@@ -114,8 +114,11 @@ class VisionTransformer(Classifier, nn.Module):
             if min(size) < s:  # any larger size: the grid a VALID patch convolution takes (ViTConfig.grid_size)
                 raise ValueError(f"input size {size[0]}x{size[1]} is smaller than one patch ({s} px)")
         elif size != cfg.image_size:
-            raise ValueError(f"{cfg.name} was built for {cfg.image_size[0]}x{cfg.image_size[1]} images, got {size[0]}x{size[1]}; "
-                             f"resize the input, or create the model with image_size={size} or dynamic_image_size=True")
+            raise ValueError(
+                f"{cfg.name} was built for {cfg.image_size[0]}x{cfg.image_size[1]} images, got "
+                f"{size[0]}x{size[1]}; resize the input, create the model with image_size={size}, "
+                "or pass dynamic_image_size=True"
+            )
         return x
 
     # Eq. 2-4 -----------------------------------------------------------------------------

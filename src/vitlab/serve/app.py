@@ -282,7 +282,8 @@ def _add_predict(app, engine: Engine, config: ServeConfig, state: ServerState) -
         if not state.ready:
             raise HTTPException(503, state.failed or "the model is still warming up; retry when GET /health is 200")
         if attention and not engine.has_attention:
-            raise HTTPException(400, f"{engine.config.name} is a BiT ResNet, with no attention to map: ask without attention=true")
+            raise HTTPException(400, f"{engine.config.name} is a BiT ResNet: it has no attention to map; "
+                                     "ask without attention=true")
         uploads = await read_uploads(request, config)
         many = len(uploads) > 1
         prepared = await asyncio.gather(*(state.in_worker(prepare_upload, engine, config, n, d, attention, many) for n, d in uploads))

@@ -51,7 +51,8 @@ def decode(data: bytes, max_pixels: int) -> Image.Image:
     try:
         return read_image(data, "the upload", max_pixels)
     except BadImageError as e:
-        raise UploadError(422, f"the {probe.format} image cannot be decoded: it is damaged or truncated ({e.detail})") from None
+        raise UploadError(422, f"the {probe.format} image cannot be decoded: it is damaged or truncated "
+                          f"({e.detail})") from None
 
 
 @dataclass

@@ -76,10 +76,6 @@ def _text_word(text: str) -> str:
     return to_name(text.replace("_", "-"))
 
 
-def _axis_word(axis: str) -> str:
-    return _word(axis.split(".")[-1])
-
-
 def _scaled(value: Any, scale: float, key: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"scale: {key}={value!r} is not a number, so --scale cannot multiply it")
@@ -165,7 +161,7 @@ def cells(spec: SweepSpec, out: Path, scale: float = 1.0) -> Iterator[Cell]:
         for key in spec.scale:
             if key in settings:
                 settings[key] = _scaled(settings[key], scale, key)
-        key = to_name("_".join(f"{_axis_word(a)}-{_word(label)}" for a, label, _ in combo) or "single", MAX_NAME_BYTES)
+        key = to_name("_".join(f"{_word(a.split('.')[-1])}-{_word(label)}" for a, label, _ in combo) or "single", MAX_NAME_BYTES)
         try:
             cell_dir = child(out, key, "grid cell")
         except UnsafeNameError as e:
@@ -190,7 +186,8 @@ def expand(spec: SweepSpec, out: Path, scale: float = 1.0, max_cells: int = MAX_
     seen: dict[str, Any] = {}
     for cell in cells(spec, out, scale):
         if cell.key in seen:
-            raise ConfigError(f"grid: cells {seen[cell.key]} and {cell.labels} get the same folder name {cell.key!r}: make them distinct")
+            raise ConfigError(f"grid: cells {seen[cell.key]} and {cell.labels} get the same folder name {cell.key!r}; "
+                              "make the values distinct")
         seen[cell.key] = cell.labels
         result.append(cell)
     return result
@@ -225,6 +222,8 @@ def check_record(cell: Cell, out: Path) -> Path:
     now = identity(cell)
     if old != now:
         changed = [k for k in now.keys() | old.keys() if now.get(k) != old.get(k)] or ["settings"]
-        raise ConfigError(f"{cell_dir} holds cell {cell.describe()} run with other {', '.join(sorted(changed))}; its results are "
-                          "kept: pass another --out for the changed spec (or delete that cell's folder to rerun it)")
+        raise ConfigError(
+            f"{cell_dir} holds cell {cell.describe()} run with other {', '.join(sorted(changed))}; its results are "
+            "kept: pass another --out for the changed spec (or delete that cell's folder to rerun it)"
+        )
     return cell_dir

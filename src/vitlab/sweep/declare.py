@@ -92,11 +92,6 @@ def record(spec: SweepSpec, old: Optional[dict[str, Any]], stamp: bool,
     return new
 
 
-def first_start(cell_dirs: Iterable[Path]) -> Optional[float]:
-    starts = [e["start"] for d in cell_dirs for e in timing.read(d)]
-    return min(starts) if starts else None
-
-
 def verify(spec: SweepSpec, claims: Optional[dict[str, Any]], folder: Path,
            cell_dirs: Iterable[Path]) -> dict[str, Any]:
     """When the claims were declared, as the evidence proves it: {status, at, commit, why}.
@@ -118,7 +113,7 @@ def verify(spec: SweepSpec, claims: Optional[dict[str, Any]], folder: Path,
         at = calendar.timegm(time.strptime(c["declared_at"], "%Y-%m-%dT%H:%M:%SZ"))
     except (TypeError, ValueError):
         return {**out, "why": f"declaration time {c['declared_at']!r} unreadable"}
-    start = first_start(cell_dirs)
+    start = min((e["start"] for d in cell_dirs for e in timing.read(d)), default=None)
     if start is not None and at > start:
         return {**out, "status": AFTER, "why": "declared after the first cell started"}
     there = spec_at(str(c["commit"]), str(c.get("spec_file") or ""), folder)

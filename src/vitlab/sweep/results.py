@@ -26,12 +26,8 @@ from vitlab.sweep.cells import Cell, check_record
 SKIP = ("per_class", "confusion")  # per-class tables: too wide for a results row
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _numbers(v: Any) -> bool:
-    return isinstance(v, list) and all(_is_number(x) for x in v)
+    return isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
 
 
 def _table(v: Any) -> bool:

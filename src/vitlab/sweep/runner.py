@@ -125,8 +125,7 @@ def check_launcher(launcher: str, usable: bool = True) -> None:
     if launcher != "local":
         _submitit(launcher)
     if launcher == "slurm" and shutil.which("sbatch") is None:
-        raise ConfigError("--launcher slurm: Slurm's sbatch is not on this machine's PATH; run the sweep on a Slurm "
-                          "login node, or use --launcher local (or submitit-local)")
+        raise ConfigError("--launcher slurm: Slurm's sbatch is not on this machine's PATH; run on a login node, or --launcher local")
 
 
 def submitit_executor(launcher: str, folder: Path, params: dict[str, Any], say: Say = print):

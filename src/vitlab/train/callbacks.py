@@ -81,7 +81,9 @@ def better(value: float, best: Optional[float], mode: str, min_delta: float = 0.
 
 
 def resolve_mode(metric: str, mode: str) -> str:
-    return mode if mode != "auto" else "min" if metric.rpartition(".")[2] in ("loss", "nll", "error") else "max"
+    if mode != "auto":
+        return mode
+    return "min" if metric.rpartition(".")[2] in ("loss", "nll", "error") else "max"
 
 
 class EarlyStopping(Callback):
@@ -94,7 +96,8 @@ class EarlyStopping(Callback):
         self.metric, self.patience, self.min_delta = metric, patience, min_delta
         self.mode = resolve_mode(metric, mode)
         self.best: Optional[float] = None
-        self.best_step, self.bad = 0, 0
+        self.best_step = 0
+        self.bad = 0
         self.stopped: Optional[int] = None
 
     def on_eval(self, trainer, run, step, results):

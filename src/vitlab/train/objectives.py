@@ -157,7 +157,10 @@ class MaskedPatchPrediction(Objective):
     @classmethod
     def from_config(cls, model: Model, config: RunConfig) -> "MaskedPatchPrediction":
         if not isinstance(model, VisionTransformer):
-            raise ConfigError(f"train.objective=mpp needs a ViT (§4.6); {model.config.name} is a ResNet: use train.objective=supervised")
+            raise ConfigError(
+                f"train.objective=mpp corrupts a ViT's patch embeddings (§4.6); {model.config.name} is a "
+                "ResNet: train it with train.objective=supervised"
+            )
         return cls(model, config.objective)
 
     def forward(

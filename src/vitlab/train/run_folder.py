@@ -86,7 +86,10 @@ class RunFolder(RunLayout):
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"--out {self.path} is a file; give a folder for the run")
         if self._foreign():
-            raise ConfigError(f"{self.path} exists and is not a vitlab run folder (no config.yaml): choose a new --out folder")
+            raise ConfigError(
+                f"{self.path} exists and is not a vitlab run folder (no config.yaml); refusing to write into it: "
+                "choose a new --out folder"
+            )
         self.claim()
         try:
             return self._decide(cfg, allow)
@@ -116,8 +119,10 @@ class RunFolder(RunLayout):
         if diffs and not has_checkpoint:
             return self.set_aside(f"it died before its first checkpoint with other settings ({'; '.join(diffs[:3])})")
         if diffs:
-            raise ConfigError(f"{self.path} holds a run with a different config ({'; '.join(diffs[:6])}); its outputs are kept: "
-                              "use another --out to start a new run, or the same settings to continue it", reason="different-config")
+            raise ConfigError(
+                f"{self.path} holds a run with a different config ({'; '.join(diffs[:6])}); "
+                "its outputs are kept: use another --out to start a new run, or the same settings to continue it",
+                reason="different-config")
         return "resume"
 
     def set_aside(self, why: str) -> str:
@@ -148,7 +153,10 @@ class RunFolder(RunLayout):
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunFolderBusy(f"{self.path} is in use by another vitlab process (PID {holder}); wait for it, or choose another --out") from None
+            raise RunFolderBusy(
+                f"{self.path} is in use by another vitlab process (PID {holder}); wait for it to end or stop it, "
+                "or choose another --out"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         if not _HELD and not getattr(_close_in_child, "registered", False):

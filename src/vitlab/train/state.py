@@ -53,7 +53,11 @@ def capture_rng(device: torch.device) -> tuple[dict[str, Tensor], dict[str, Any]
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     tensors["numpy"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
-    return tensors, {"python": [version, list(internal), gauss], "numpy": [kind, int(pos), int(has_gauss), float(cached)]}
+    meta = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, int(pos), int(has_gauss), float(cached)],
+    }
+    return tensors, meta
 
 
 def restore_rng(tensors: dict[str, Tensor], meta: dict[str, Any], device: torch.device) -> None:
@@ -215,8 +219,10 @@ def save_checkpoint(folder: Path, step: int, run: Any, info: dict[str, Any], ext
         for r, (rank_tensors, _) in enumerate(rng):
             tensors.update({f"rng.rank{r}.{k}": v for k, v in rank_tensors.items()})
         tensors.update({f"ema.{k}": v for k, v in ema_state.items()})
-        meta = {"step": step, "world": ctx.world, "optimizer": opt_meta, "rng": [m for _, m in rng],
-                "ema_updates": ema.updates if ema is not None else 0, **extra_meta}
+        meta = {
+            "step": step, "world": ctx.world, "optimizer": opt_meta, "rng": [m for _, m in rng],
+            "ema_updates": ema.updates if ema is not None else 0, **extra_meta,
+        }
         write_state(state_file, tensors, meta)
         config, names = run.model.config, run.model.class_names
         io.write_state(config, model_state, names, model_file, extra_metadata=info, extra_tensors=extras)
