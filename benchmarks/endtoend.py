@@ -42,7 +42,7 @@ def bare_rate(recipe, threads: int, seconds: float = 20.0) -> tuple[float, float
         x = torch.randn(batch, cfg.in_channels, *cfg.image_size)
         y = torch.randint(0, cfg.num_classes, (batch,))
         precision = "bf16-autocast" if recipe.train.precision == "bf16" else "fp32"
-        step = training_call(build_model("vitlab", cfg), System("vitlab", precision), x, y)
+        step = training_call(build_model("vitlab", cfg, precision), System("vitlab", precision), x, y)
         step()
         step()
         machine.wait_quiet(0.1, 5.0)

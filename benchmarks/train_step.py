@@ -26,6 +26,7 @@ import torch
 from op_profile import kind_of, profile
 from vitlab.api import get_config
 from vitlab.bench import machine, runner, tables
+from vitlab.bench.ceiling import ceiling_precision
 from vitlab.bench.systems import Setting, System, prepare
 from vitlab.deploy import kernels
 from vitlab.files import atomic_write_text
@@ -41,11 +42,24 @@ def paired(row: runner.Row, ref: runner.Row) -> str:
     return f"{statistics.median(r):.3f} ({min(r):.3f}–{max(r):.3f})" if r else ""
 
 
+def per_round_share(row: runner.Row, rows: list[runner.Row]) -> str:
+    """The median and range over rounds of row's share of the ceiling measured in the same round
+    (the faster kernel's product rate in that round)."""
+    dtype = ceiling_precision(row.system.precision)
+    ceilings: dict[int, float] = {}
+    for g in rows:
+        if g.system.impl == "gemm" and g.system.precision == dtype:
+            for s in g.samples:
+                ceilings[s.round] = max(ceilings.get(s.round, 0.0), s.rate)
+    r = [100 * row.flops_per_image * s.rate / ceilings[s.round] for s in row.samples if s.round in ceilings]
+    return f"{statistics.median(r):.0f} ({min(r):.0f}–{max(r):.0f})" if r else ""
+
+
 def summary(rows: list[runner.Row]) -> str:
     out = []
     for precision in sorted({r.system.precision for r in rows if r.system.impl != "gemm"}):
         mine = {(r.system.impl, r.system.wrapper): r for r in rows if r.system.precision == precision}
-        new, old, timm = mine[("vitlab", True)], mine[("vitlab", False)], mine.get(("timm", True))
+        new, old, timm = mine[("vitlab", True)], mine.get(("vitlab", False)), mine.get(("timm", True))
         for row in (old, new, timm):
             if row is None or not row.samples:
                 continue
@@ -53,10 +67,10 @@ def summary(rows: list[runner.Row]) -> str:
             memory = (f"{row.work_mib / timm.work_mib:.2f}" if timm is not None and row is not timm
                       and timm.work_mib > 0 else "")
             out.append([precision, row.system.label, f"{row.setting.batch / row.median:.2f}", d["images_per_s"],
-                        d["pct_of_ceiling"], d["ceiling_gflops"], paired(row, old) if row is not old else "",
+                        per_round_share(row, rows), d["ceiling_gflops"], paired(row, old) if old and row is not old else "",
                         paired(row, timm) if timm is not None and row is not timm else "",
                         f"{row.work_mib:,.0f}", memory])
-    return markdown_table(["precision", "step", "s/step (median)", "img/s", "% of ceiling", "ceiling GFLOP/s",
+    return markdown_table(["precision", "step", "s/step (median)", "img/s", "% of ceiling (per round)", "ceiling GFLOP/s",
                            "× old step (per round)", "× timm (per round)", "work MiB", "× timm's work MiB"], out)
 
 
@@ -83,13 +97,16 @@ def main() -> None:
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16-autocast"])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--no-timm", action="store_true")
+    p.add_argument("--no-old", action="store_true", help="leave out the plain step (before issue 51)")
+    p.add_argument("--no-profile", action="store_true", help="timings only (a busy machine's short session)")
     p.add_argument("--top", type=int, default=12, help="operators listed per profile")
     args = p.parse_args()
     cfg = get_config(args.model)
     if args.image_size:
         cfg = cfg.replace(image_size=(args.image_size, args.image_size))
     systems = [System(impl, precision, wrapper=wrapper) for precision in args.precision
-               for impl, wrapper in [("vitlab", False), ("vitlab", True)] + [("timm", True)] * (not args.no_timm)]
+               for impl, wrapper in [("vitlab", False)] * (not args.no_old) + [("vitlab", True)]
+               + [("timm", True)] * (not args.no_timm)]
     bench = runner.BenchConfig(rounds=args.rounds, min_time=0.0, min_calls=1, clock="cpu")
     rows = runner.run([(Setting(cfg, args.batch_size, "train"), systems)], bench, log=print)
     torch.set_num_threads(1)  # (runner.run gives the threads back)
@@ -97,8 +114,12 @@ def main() -> None:
     info["kernels"] = "\n".join(map(str, kernels.choices()))
     tables.write_csv(rows, RESULTS / f"{args.name}.csv")
     text = "\n\n".join([f"# Benchmark: {args.name}", tables.header(info), tables.noise_line(rows, bench),
-                        summary(rows), tables.markdown(rows) + tables.kernels_foot(info), "## Where the new step's time goes",
-                        profiles(cfg, args.batch_size, args.precision, args.top)])
+                        summary(rows), tables.markdown(rows) + tables.kernels_foot(info)])
+    atomic_write_text(RESULTS / f"{args.name}.md", text + "\n")  # the timings stand even if the profile is cut short
+    print(text)
+    if args.no_profile:
+        return
+    text = "\n\n".join([text, "## Where the new step's time goes", profiles(cfg, args.batch_size, args.precision, args.top)])
     atomic_write_text(RESULTS / f"{args.name}.md", text + "\n")
     print(text)
 

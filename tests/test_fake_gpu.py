@@ -150,7 +150,8 @@ def test_serve_loads_the_model_onto_the_gpu_and_refuses_a_cpu_copy_there(classif
     assert engines[0].device == torch.device("cuda") and gpu.seen["autocast"] == {"bfloat16"}
     reference = Engine(small_classifier(), "fp32").classify(x)
     assert np.allclose(np.stack(probs), np.stack(reference), atol=0.02)  # bf16's rounding
-    assert np.allclose(looked[0].probs, probs[0], atol=1e-6)
+    # look's exact attention (it returns the weights) against classify's fused kernel, both in bf16
+    assert np.allclose(looked[0].probs, probs[0], atol=0.02) and looked[0].probs.argmax() == probs[0].argmax()
 
 
 def test_the_benchmark_reads_the_gpu_it_times():

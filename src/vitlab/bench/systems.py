@@ -81,8 +81,9 @@ class Prepared:
     work_mib: float = float("nan")  # peak resident memory one call adds
 
 
-def build_model(impl: str, cfg: ModelConfig) -> nn.Module:
-    return build(cfg) if impl == "vitlab" else build_peer(impl, cfg)
+def build_model(impl: str, cfg: ModelConfig, precision: str = "fp32") -> nn.Module:
+    """`impl`'s model; vitlab's with the attention kernel `vitlab train` builds for `precision`."""
+    return build(cfg, training.attention_kernel(precision)) if impl == "vitlab" else build_peer(impl, cfg)
 
 
 def _autocast(precision: str, device: str):
@@ -157,7 +158,7 @@ def prepare(setting: Setting, system: System, warmup: int = 2, device: str = "cp
     if setting.task not in TASKS:
         raise ValueError(f"task {setting.task!r} is not one of {TASKS}")
     torch.manual_seed(0)
-    model = build_model(system.impl, cfg).to(device)
+    model = build_model(system.impl, cfg, system.precision).to(device)
     x = torch.randn(b, cfg.in_channels, *cfg.image_size, device=device)
     if setting.task == "infer":
         fn = inference_call(model, system, x, device)

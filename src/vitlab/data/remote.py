@@ -132,7 +132,8 @@ class _Pipe(io.RawIOBase):
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the command's whole group, pipeline stages and all
+            with contextlib.suppress(ProcessLookupError):  # (the group ended meanwhile)
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the command's whole group, pipeline stages and all
         self.proc.wait()
         super().close()
 

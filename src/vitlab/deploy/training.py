@@ -32,6 +32,14 @@ from vitlab.deploy import kernels, onednn
 TRAIN_IMAGES = 8  # images per timed product: a training batch's shape at a few seconds of timing
 
 
+def attention_kernel(precision: str) -> str:
+    """The CPU attention kernel a training step's model is built with (its `cpu_attention`). In
+    bf16, two batched matrix products around a softmax beat the fused kernel on AVX-512 without
+    AMX: 2x forward at ViT-B/16's shapes, 2-5x backward (torch 2.14; with AMX the fused forward is
+    the faster one, 2.2x at b8). In fp32 the fused kernel is the faster one."""
+    return "explicit" if precision in ("bf16", "bf16-autocast") else "fused"
+
+
 def fused_optimizer(params: Iterable[Tensor]) -> bool:
     """Whether torch's fused Adam/AdamW kernel can take these parameters: plain floating-point
     tensors on the CPU or a CUDA GPU (not FSDP's sharded DTensors, which keep torch's default)."""

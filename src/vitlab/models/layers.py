@@ -109,7 +109,7 @@ class Attention(nn.Module):
         self.attention_dropout = attention_dropout
         # The kernel on the CPU, chosen when the model is built and never by the input's dtype:
         # vitlab.deploy builds its inference copies with "fused" or "explicit", whichever measured
-        # faster on the CPU at hand (vitlab.deploy.kernels); a bf16 training run with "explicit".
+        # faster on the CPU at hand (vitlab.deploy.kernels), a training run by its precision.
         self.cpu_attention = cpu_attention
         self.proj_drop = nn.Dropout(dropout)
         self.rel_embedding: Optional[nn.Parameter] = None

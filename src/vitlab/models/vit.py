@@ -33,7 +33,7 @@ class VisionTransformer(Classifier, nn.Module):
     each block and each block's attention probabilities (B, heads, T, T), computed by the
     exact attention path. `cpu_attention` ("fused" or "explicit") fixes the attention kernel
     on the CPU whatever the input's dtype, a choice made here only (vitlab.deploy builds its
-    copies with the one measured faster, a bf16 training run takes "explicit": train/build.py).
+    copies with the one measured faster, a training run by its precision: deploy/training.py).
     """
 
     def __init__(self, config: ViTConfig, *, cpu_attention: str = "fused"):

@@ -12,6 +12,7 @@ from vitlab.checkpoints.peers import variant_config
 from vitlab.config import ConfigError, ModelConfig, ModelSection, RunConfig
 from vitlab.data import DataOptions, foreign, make_loader, training_subset
 from vitlab.data.transforms import AUGMENT_OPTIONS, fast_model_transform, model_transform
+from vitlab.deploy import training
 from vitlab.models import Model, build
 from vitlab.train.inputs import Inputs
 
@@ -41,10 +42,7 @@ def _applicable(config: ModelConfig, changes: dict[str, Any]) -> dict[str, Any]:
 def build_model(section: ModelSection, class_names: list[str], inputs: Inputs, precision: str) -> Model:
     """The run's network for these classes: a new one of the named variant, or the start
     checkpoint's (read through `inputs`) with the fine-tuning changes and a fresh zero head."""
-    # On the CPU, bf16 attention is faster as two batched matrix products around a softmax than in
-    # the fused kernel on AVX-512 without AMX: 2x forward at ViT-B/16's shapes, 2-5x backward
-    # (torch 2.14; with AMX the fused forward is the faster one, 2.2x at b8). fp32 is faster fused.
-    kernel = "explicit" if precision == "bf16" else "fused"
+    kernel = training.attention_kernel(precision)
     changes = {"num_classes": len(class_names), **section.changes}
     if section.checkpoint:
         imported = inputs.checkpoint(section.checkpoint)
