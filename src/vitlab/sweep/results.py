@@ -88,7 +88,7 @@ def check_finite(results: dict[str, Any], path: Path) -> None:
     for key, v in results.items():
         for x in v if isinstance(v, list) else [v]:
             if isinstance(x, float) and not math.isfinite(x):
-                raise ConfigError(f"{path}: {key} is {x}, not a finite number; delete the file to run its step again")
+                raise ConfigError(f"{path}: {key} is {x}, not a finite number; delete the file and rerun the sweep")
 
 
 def cell_row(cell: Cell, cell_dir: Path) -> dict[str, Any]:
