@@ -108,3 +108,29 @@ def test_repeats_reuse_the_chosen_recipe_not_only_its_rate(tmp_path):
 
     repeats.repeat(plan, 3, fake, log=lambda _: None)
     assert seen[0][0] and seen[1:] == [(False, "adamw", 0.003, 0.1)] * 2
+
+
+def test_a_diverging_arm_loses_the_sweep_and_says_so(tmp_path):
+    """In a sweep cell a diverging loss stops a run (TrainingDiverged); in a rate sweep it is the
+    answer to the question asked (this rate is too high), so the arm is out of the choice and
+    the others decide. A sweep whose every arm diverges stops."""
+    from vitlab.train.report import TrainingDiverged
+
+    cfg = load_recipe("finetune").with_overrides({"train.steps": 100, "model.checkpoint": "source.safetensors"})
+    arms = choice.arms("adamw", TABLE4)
+    trained = []
+
+    def train(c, out, _notes=()):
+        if c.optim.lr == 0.001:
+            raise TrainingDiverged("the training loss went from 1.424 at step 1 to 4.81 at step 7")
+        trained.append((out.name, c.optim.lr))
+        return {"splits": {"dev": {"top1": 0.55, "count": 6000}, "test": {"top1": 0.6}}}
+
+    said = []
+    result = choice.choose(cfg, tmp_path, arms, 10, set(), train, said.append)
+    assert trained == [("adamw-lr-0.0003", 0.0003), ("final", 0.0003)] and result["best_lr"] == 0.0003
+    (hot,) = [a for a in result["arms"] if a["lr"] == 0.001]
+    assert hot["dev_top1"] is None and "4.81" in hot["diverged"]
+    assert "sweep: adamw lr 0.001 -> diverged, out of the choice" in said
+    with pytest.raises(TrainingDiverged):
+        choice.choose(cfg, tmp_path / "all", [choice.Arm(choice.ADAMW, 0.001)], 10, set(), train, said.append)

@@ -44,6 +44,7 @@ from vitlab.files import atomic_write_text
 from vitlab.run_layout import holding_run
 from vitlab.train import distributed
 from vitlab.train.inputs import Inputs
+from vitlab.train.report import TrainingDiverged
 from vitlab.train.run_folder import read_summary
 
 CHOICES = ("auto", "paper", "adamw")  # --recipe: auto = choose on the dev split
@@ -294,12 +295,24 @@ def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, exp
            train_fn: Callable[..., dict[str, Any]], log: Callable[[str], None]) -> dict[str, Any]:
     """Run the sweep (OUT/sweep/ARM/, each resumable), train the best arm on the whole
     training set (OUT/final/), and write OUT/sweep.json; returns its content. `steps`: each
-    arm's length. `train_fn(config, folder, more_notes=()) -> summary` runs one training."""
+    arm's length. `train_fn(config, folder, more_notes=()) -> summary` runs one training.
+    An arm whose loss diverges where divergence stops a run (a sweep cell: TrainingDiverged)
+    is out of the choice, its reason in sweep.json: that rate is too high, which is what the
+    sweep asks (a random-init control's probe head diverged at 0.001 in paper/data-size,
+    where 0.0003 trained); only a sweep in which every arm diverges stops."""
     check_sweep_folder(out)
     scores, labels, recipes, summaries = {}, {}, {}, []
+    diverged: dict[str, str] = {}
     dev_count = 0
     for arm in candidates:
-        summary = train_fn(sweep_config(cfg, arm, explicit, steps), out / "sweep" / arm.name)
+        try:
+            summary = train_fn(sweep_config(cfg, arm, explicit, steps), out / "sweep" / arm.name)
+        except TrainingDiverged as e:
+            if len(diverged) + 1 == len(candidates):
+                raise
+            diverged[arm.name] = str(e)
+            log(f"sweep: {arm.label} -> diverged, out of the choice")
+            continue
         summaries.append(summary)
         dev = summary["splits"]["dev"]
         scores[arm.name], labels[arm.name], recipes[arm.name], dev_count = dev["top1"], arm.label, arm.recipe.name, \
@@ -307,15 +320,15 @@ def choose(cfg: RunConfig, out: Path, candidates: Sequence[Arm], steps: int, exp
         log(f"sweep: {arm.label} -> dev top-1 {dev['top1']:.2%}")
     v = verdict(scores, recipes, dev_count)
     winner = next(a for a in candidates if a.name == v["best"])
-    grid = [a.lr for a in candidates if a.recipe == winner.recipe]
+    grid = [a.lr for a in candidates if a.recipe == winner.recipe and a.name not in diverged]
     edge = edge_note(grid, winner.lr) if winner.recipe.grid is None else ""
     line = verdict_line(v, labels) + (f"; {edge}" if edge else "")
     log(f"{line}; training it on the full training set")
     final_cfg = apply(cfg, winner.recipe, explicit).with_overrides({"optim.lr": winner.lr}, SWEEP)
     final = train_fn(final_cfg, out / "final", (line,))  # the verdict among the final run's plan lines
     result = {
-        "arms": [{"arm": a.name, "recipe": a.recipe.name, "lr": a.lr, "steps": steps, "dev_top1": scores[a.name]}
-                 for a in candidates],
+        "arms": [{"arm": a.name, "recipe": a.recipe.name, "lr": a.lr, "steps": steps, "dev_top1": scores.get(a.name),
+                  **({"diverged": diverged[a.name]} if a.name in diverged else {})} for a in candidates],
         **v, "grid": grid, "at_edge": bool(edge), "best_lr": winner.lr, "best_recipe": winner.recipe.name,
         "line": line, "sweep_steps": steps * len(candidates), "sweep_compute": summed_compute(summaries),
         "compute_with_sweep": summed_compute([*summaries, final]), "final": final,

@@ -365,11 +365,8 @@ class Trainer:
         bad = not math.isfinite(loss_value) or (grads_checked and not math.isfinite(grad_norm))
         if distributed.any_flag(bad, ctx):
             where = f"the last good checkpoint is {run.last_good}" if run.last_good else "no checkpoint was written yet"
-            raise TrainingDiverged(
-                f"step {step + 1}: the loss is {loss_value} (gradient norm {grad_norm}); stopped before "
-                f"updating the weights, {where}. Lower the learning rate (--lr), lengthen the warm-up "
-                "(--warmup-steps) or keep optim.clip_grad_norm=1"
-            )
+            raise TrainingDiverged(f"step {step + 1}: the loss is {loss_value} (gradient norm {grad_norm}); stopped before updating "
+                                   f"the weights, {where}. Lower --lr or lengthen --warmup-steps")
         if run.scaler is not None:
             run.scaler.step(run.optimizer)
             run.scaler.update()
