@@ -2,6 +2,7 @@
 --task train` times, under op_profile.py's operator timer (one thread, CPU time per operator).
 
     python benchmarks/train_profile.py --model ViT-S/16 --batch-size 32 bf16-autocast fp32
+    python benchmarks/train_profile.py --model ViT-B/16 --image-size 384 --batch-size 8 fp32 bf16-autocast
 
 Prints, per precision, the seconds per step, each kind's share and the heaviest operators.
 """
@@ -22,9 +23,12 @@ def main() -> None:
     p.add_argument("precision", nargs="+", choices=("fp32", "bf16-autocast"))
     p.add_argument("--model", default="ViT-S/16")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, help="square images of this size (fine-tuning at 384: 384)")
     args = p.parse_args()
     torch.set_num_threads(1)
     cfg = get_config(args.model)
+    if args.image_size:
+        cfg = cfg.replace(image_size=(args.image_size, args.image_size))
     for precision in args.precision:
         step = prepare(Setting(cfg, args.batch_size, "train"), System("vitlab", precision), warmup=1)
         prof = profile(step.fn, calls=1, warmup=0)

@@ -106,7 +106,7 @@ def test_offline_error_says_what_to_do(hub_cache):
         vitlab.load("hf-hub:org/absent@v2")
     msg = str(e.value)
     assert "offline mode is on" in msg and "hf download org/absent --revision v2" in msg
-    assert str(hub_cache.root) in msg and 'vitlab.load("path/to/folder")' in msg
+    assert str(hub_cache.root) in msg
     # A registry name also says where the official file would go.
     with pytest.raises(CheckpointError, match=r"put the official file .*ViT-B_16\.npz"):
         vitlab.load("ViT-B/16:imagenet21k")

@@ -130,6 +130,7 @@ def test_the_default_chooses_a_recipe_on_dev_and_counts_the_sweep(tmp_path, digi
                                                  "adamw-lr-0.0003", "adamw-lr-0.001"]
     assert f"recipe: {sweep['best_recipe']} (lr {sweep['best_lr']:g}) scored" in r.stdout
     assert "noise (2 standard errors)" in r.stdout and "sweep done: " in r.stdout and "with the sweep: compute" in r.stdout
+    assert "is not shorter than the run" not in r.stderr  # an arm warms up as the run it is the start of, by design
     arms = [json.loads((out / "sweep" / a["arm"] / "summary.json").read_text()) for a in sweep["arms"]]
     assert {a["steps"] for a in arms} == {10} and all(a["splits"]["dev"]["count"] == 144 for a in arms)
     best = max(sweep["arms"], key=lambda a: a["dev_top1"])

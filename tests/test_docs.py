@@ -440,7 +440,7 @@ def test_skips_say_why():
 def help_examples() -> list[tuple[str, str]]:
     found = []
     for name, module in cli_commands().items():
-        text = module.DESCRIPTION.split("examples:", 1)[1]
+        text = module.__doc__.split("examples:", 1)[1]
         found += [(name, c.strip()) for _, c in joined(text.splitlines()) if c.strip().startswith(("vitlab", "torchrun"))]
     return found
 

@@ -113,7 +113,7 @@ def test_per_block_tables_are_resized_with_the_grid():
 
 @pytest.mark.parametrize("kind", [k for k in POS_EMBEDS if k not in ABSOLUTE])
 def test_placement_needs_an_absolute_embedding(kind):
-    with pytest.raises(ConfigError, match="needs an absolute embedding"):
+    with pytest.raises(ConfigError, match="needs an absolute position embedding"):
         config(kind, "every_block")
     with pytest.raises(ConfigError, match="pos_embed_at"):
         config("learned", "everywhere")

@@ -320,8 +320,8 @@ def test_the_docs_and_help_say_the_batch_rule_the_program_follows():
         line = re.search(rf"on digits: {n:,} images, 10 classes, (\d+) steps of (\d+) \((\d+) per epoch\)", transcript)
         assert line and (int(line.group(2)), int(line.group(3))) == (t.batch_size, n // t.batch_size), line.group(0)
     micro = t.micro_batch_size
-    assert f"the recipe's {cfg.train.batch_size}" in cli.DESCRIPTION
-    assert f"{cfg.train.batch_size} as {cfg.train.batch_size // micro} x {micro} on {1_437:,}" in cli.DESCRIPTION
+    assert f"the recipe's {cfg.train.batch_size}" in cli.__doc__
+    assert f"{cfg.train.batch_size} as {cfg.train.batch_size // micro} x {micro} on {1_437:,}" in cli.__doc__
 
 
 def test_vtab_with_a_launcher_checks_and_makes_the_row_on_one_plan(tfds_root, tmp_path, monkeypatch, capsys):

@@ -157,12 +157,8 @@ def model_table(image_size: Optional[int] = None, num_classes: Optional[int] = N
     GFLOPs at `image_size` (default: its own) with `num_classes` classes; only the names that
     match `pattern` (as list_models). Built on the meta device: shapes only, no memory."""
     out = []
+    overrides: dict[str, Any] = {k: v for k, v in (("image_size", image_size or None), ("num_classes", num_classes)) if v is not None}
     for name in list_models(pattern):
-        overrides: dict[str, Any] = {}
-        if image_size:
-            overrides["image_size"] = image_size
-        if num_classes is not None:
-            overrides["num_classes"] = num_classes
         with torch.device("meta"):  # shapes only: no memory, no initialisation cost
             model = create_model(name, **overrides)
         cfg = model.config

@@ -52,9 +52,6 @@ def require(group: str, what: Optional[str] = None, modules: Optional[Iterable[s
     """Import the group's `modules` (default: all of them) after checking that every module of
     the group is there; `what` names what needs it ("vitlab serve", "--log wandb").
     Returns the imported modules by name, or raises MissingExtraError."""
-    if group not in EXTRAS:
-        raise KeyError(f"no optional group {group!r}; the groups are {', '.join(EXTRAS)}")
-    need = what or "this"
     absent = missing(group)
     imported: dict[str, ModuleType] = {}
     for name in () if absent else (EXTRAS[group] if modules is None else modules):
@@ -65,7 +62,7 @@ def require(group: str, what: Optional[str] = None, modules: Optional[Iterable[s
             break
     if absent:
         verb = "is" if len(absent) == 1 else "are"
-        raise MissingExtraError(f"{need} needs the {group} extra, and {', '.join(absent)} {verb} not installed: "
+        raise MissingExtraError(f"{what or 'this'} needs the {group} extra, and {', '.join(absent)} {verb} not installed: "
                                 f'pip install "vitlab[{group}]"')
     return imported
 

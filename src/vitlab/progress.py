@@ -42,10 +42,6 @@ from vitlab.log import get_logger, notice
 LOG = get_logger("progress")
 
 
-def is_terminal(stream: TextIO) -> bool:
-    return bool(getattr(stream, "isatty", lambda: False)())
-
-
 def format_seconds(seconds: float) -> str:
     """0:07, 12:05, 1:02:03."""
     seconds = int(seconds)
@@ -65,7 +61,7 @@ class Progress:
                  heartbeat: Optional[Callable[[int, float], str]] = None, own_lines: bool = False):
         self.total, self.desc, self.unit, self.n = total or None, desc, unit, initial
         self.stream = stream or sys.stderr
-        self.tty = is_terminal(self.stream) if tty is None else tty
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
         self.quiet, self.heartbeat, self.own_lines = quiet, heartbeat, own_lines
         self.bar_options: dict[str, Any] = dict(total=self.total, initial=initial, desc=desc, unit=unit, leave=leave,
                                 unit_scale=unit_scale, unit_divisor=1000 if unit_scale else 1024, dynamic_ncols=True)
@@ -106,13 +102,9 @@ class Progress:
                     quiet_for = min(quiet_for, time.perf_counter() - self.moved)
                 if quiet_for >= min(self.EVERY_S * 2 ** self.beats, self.LONGEST_S):
                     try:
-                        self._line(self._heartbeat(self.time_since_work()), heartbeat=True)
+                        self._line(self._heartbeat(time.perf_counter() - self.work_line), heartbeat=True)
                     except (ValueError, OSError):  # the stream was closed under us: nothing left to tell
                         return
-
-    def time_since_work(self) -> float:
-        """Seconds since the work's own last line (heartbeats do not count)."""
-        return time.perf_counter() - self.work_line
 
     def _heartbeat(self, quiet_for: float) -> str:
         if self.heartbeat is not None:

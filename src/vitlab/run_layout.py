@@ -50,10 +50,6 @@ class RunLayout:
         """The newest weights."""
         return self.checkpoint_file(LAST)
 
-    def is_complete(self) -> bool:
-        """True once the run wrote its summary."""
-        return self.summary.is_file()
-
 
 def holding_run(checkpoint: str | os.PathLike) -> Optional[RunLayout]:
     """The run folder a checkpoint file sits in, RUN for RUN/checkpoints/FILE, finished or
@@ -66,7 +62,7 @@ def run_of(path: str | os.PathLike) -> Optional[RunLayout]:
     """The completed run a path belongs to: the run folder itself, or RUN for
     RUN/checkpoints/FILE; None for anything else."""
     for run in (RunLayout(path), holding_run(path)):
-        if run is not None and run.is_complete():
+        if run is not None and run.summary.is_file():
             return run
     return None
 

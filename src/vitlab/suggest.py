@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from typing import Iterable, Optional
+from typing import Iterable
 
 # Beyond this many choices the whole list is not printed: it hides the near one (a model name
 # among 29, a key among 39); the message points to where the list is.
@@ -104,11 +104,6 @@ TIMM_FLAGS = {
 }
 
 
-def peer_flag(flag: str) -> Optional[str]:
-    """vitlab's spelling of a timm training flag (`--img-size` -> `--image-size`), or None."""
-    return TIMM_FLAGS.get(flag.split("=", 1)[0])
-
-
 # Choices that belong to another command: where a user finds them.
 ELSEWHERE = {"onnx": "ONNX is written by `vitlab export --format onnx`",
              "torch-export": "a torch.export program is written by `vitlab export --format torch-export`",
@@ -129,7 +124,7 @@ def argument_hint(message: str, options: Iterable[str]) -> str:
     flags = [f for f in message.split("unrecognized arguments: ", 1)[1].split() if f.startswith("-")]
     for flag in flags:
         name = flag.split("=", 1)[0]
-        theirs = peer_flag(flag)
+        theirs = TIMM_FLAGS.get(name)  # vitlab's spelling of a timm training flag
         near = close(name, [o for o in options if o.startswith("--")], n=1)
         if theirs:
             notes.append(f"timm's {name} is {theirs} here")

@@ -9,6 +9,7 @@ captions, the figures the training objective adds, analysis.json and one HTML pa
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,17 +43,9 @@ class Inspection:
 
 def first_batches(dataset, limit: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(images, labels) batches of the first `limit` items of a dataset, map-style or streaming."""
-    xs, ys = [], []
-    for i, (x, y) in enumerate(iterate(dataset)):
-        if i >= limit:
-            break
-        xs.append(x)
-        ys.append(int(y))
-        if len(xs) == batch_size:
-            yield torch.stack(xs), torch.tensor(ys)
-            xs, ys = [], []
-    if xs:
-        yield torch.stack(xs), torch.tensor(ys)
+    items = itertools.islice(iterate(dataset), limit)
+    while chunk := list(itertools.islice(items, batch_size)):
+        yield torch.stack([x for x, _ in chunk]), torch.tensor([int(y) for _, y in chunk])
 
 
 # A null over more random draws than this is refused before one draw is made: each draw is a

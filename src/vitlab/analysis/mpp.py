@@ -87,10 +87,7 @@ def mpp_predictions(model, head: MPPHead, images: Tensor, seed: int = 0) -> MPPP
 def head_from_extras(model, metadata: dict[str, str], extras: dict[str, Tensor]) -> MPPHead:
     """The MPP head a checkpoint stored beside its backbone (`Imported.metadata` / `.extras`)."""
     if "mask_token" not in extras:
-        raise CheckpointError(
-            f"not a masked-patch-prediction checkpoint (objective={metadata.get('objective')!r}, no [mask] "
-            "embedding among its tensors); train one with `vitlab train --objective mpp`"
-        )
+        raise CheckpointError("not a masked-patch-prediction checkpoint (no [mask] embedding): train one with `vitlab train --objective mpp`")
     cfg = MPPConfig.from_dict(json.loads(metadata.get("objective_options") or "{}"))
     head = MPPHead(cfg, model.config)
     head.load_extra_tensors(extras)

@@ -74,9 +74,7 @@ def plot_lines(groups: dict[str, Points], path, *, title="", xlabel="", ylabel="
     groups, ylabel = as_percent(groups, ylabel)
     fig = new_figure(5.0, 3.6)
     ax = fig.add_subplot(1, 1, 1)
-    categories: list[Any] = []
-    for pts in groups.values():
-        categories += [x for x, _ in pts if x not in categories]
+    categories: list[Any] = list(dict.fromkeys(x for pts in groups.values() for x, _ in pts))
     numeric = _numeric(categories)
     for label, pts in groups.items():
         xs = [float(x) if numeric else categories.index(x) for x, _ in pts]
@@ -123,9 +121,7 @@ def plot_bars(groups: dict[str, Points], path, *, title="", xlabel="", ylabel=""
     groups, ylabel = as_percent(groups, ylabel)
     fig = new_figure(5.4, 3.6)
     ax = fig.add_subplot(1, 1, 1)
-    categories: list[Any] = []
-    for pts in groups.values():
-        categories += [x for x, _ in pts if x not in categories]
+    categories: list[Any] = list(dict.fromkeys(x for pts in groups.values() for x, _ in pts))
     width = 0.8 / max(len(groups), 1)
     for i, (label, pts) in enumerate(groups.items()):
         for x, ys in pts:

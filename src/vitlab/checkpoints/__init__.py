@@ -82,11 +82,8 @@ def detect_format(path: str | os.PathLike) -> tuple[str, Any]:
             return name, found
     what = tables.what_it_is(tables.peek_keys(p)) if p.is_file() else None
     if what:
-        raise CheckpointError(f"{p}: {what}. vitlab reads Vision Transformers (the official .npz, timm, Hugging Face, "
-                              "torchvision's vit_*) and BiT ResNets (the official .npz, timm's resnetv2_*_bit); "
-                              "its ResNet baseline is BiT-R50x1 (`vitlab models`)")
-    raise CheckpointError(f"{p}: not a checkpoint vitlab recognises; known formats: {', '.join(FORMATS)}. "
-                          "pass the format explicitly (--format on the command line, format=... in Python) if the file has an unusual name")
+        raise CheckpointError(f"{p}: {what}; vitlab reads ViTs and BiT ResNets (its ResNet baseline is BiT-R50x1)")
+    raise CheckpointError(f"{p}: not a checkpoint vitlab recognises ({', '.join(FORMATS)}); pass --format (format=...) if its name is unusual")
 
 
 def read_checkpoint(path_or_name: str | os.PathLike, format: Optional[str] = None, revision: Optional[str] = None) -> Imported:

@@ -58,10 +58,6 @@ def npz_rules(cfg: BiTConfig) -> list[Rule]:
     return table
 
 
-def is_npz(keys) -> bool:
-    return NPZ_ROOT in keys
-
-
 def config_from_npz(a: dict, source: str) -> BiTConfig:
     """The architecture from the arrays: root width and kernel, units per stage, classes."""
     kh, _, cin, width = a[NPZ_ROOT].shape

@@ -14,19 +14,12 @@ from vitlab.checkpoints import io, read_checkpoint
 from vitlab.config import model_flops
 
 
-def serving_kind(path: str | os.PathLike) -> str:
-    """"int8" for a serving copy's file, "" for anything else (other formats included)."""
-    p = Path(path)
-    if not (p.is_file() and p.suffix == ".safetensors" and io.detect(p)):
-        return ""
-    return io.read_metadata(p).get(io.SERVING_KEY, "")
-
-
 def describe(path_or_name: str | os.PathLike, format: Optional[str] = None) -> dict[str, Any]:
     """A JSON-ready description of a checkpoint file, folder or published name."""
-    kind = "" if format not in (None, "vitlab") else serving_kind(path_or_name)
+    header = io.detect(Path(path_or_name)) if format in (None, "vitlab") else None  # read once, for both
+    kind = (header or {}).get(io.SERVING_KEY, "")  # "int8" for a serving copy's file
     if kind:
-        imported = io.read(path_or_name, serving=kind)
+        imported = io.read(path_or_name, serving=kind, meta=header)
         imported.source_format = "vitlab"
         # The int8 weights are integers with float scales beside them: count the parameters
         # of the model they stand for, not the tensors that store it.

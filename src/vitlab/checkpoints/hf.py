@@ -78,17 +78,13 @@ def _config_json(path: Path) -> Optional[dict[str, Any]]:
 
 
 def detect(path: Path) -> bool:
-    if not path.is_dir():
-        return False
-    c = _config_json(path)
-    return c is not None and c.get("model_type") == "vit"
+    return path.is_dir() and (_config_json(path) or {}).get("model_type") == "vit"
 
 
 def read_json_object(path: Path, where: str) -> dict[str, Any]:
     """A JSON file of a Hub repo (or any checkpoint folder) that must hold one object: UTF-8,
     valid JSON, a mapping; anything else is a CheckpointError naming the file."""
-    return read_json(path, dict, f"JSON object ({where})", "the repo's copy is damaged: delete it from the cache to "
-                     "fetch it again, or fix the folder", CheckpointError)
+    return read_json(path, dict, f"JSON object ({where})", "delete the repo's copy from the cache, or fix the folder", CheckpointError)
 
 
 def shard_names(index: Path, where: str) -> list[str]:
@@ -101,8 +97,7 @@ def shard_names(index: Path, where: str) -> list[str]:
     shards = sorted(set(weight_map.values()))
     for shard in shards:
         if "/" in shard or "\\" in shard or shard in (".", "..") or not shard.endswith(".safetensors"):
-            raise CheckpointError(f"{where}: {index.name} ({index}) names the shard {shard[:80]!r}, which is not a "
-                                  ".safetensors file beside it; the index is damaged or hostile")
+            raise CheckpointError(f"{where}: {index} names the shard {shard[:80]!r}, not a .safetensors file beside it")
     return shards
 
 
@@ -243,8 +238,7 @@ def apply_preprocessing(p: Any, cfg: ViTConfig, f: str) -> ViTConfig:
         stats = {"image_mean": (0.0,) * n, "image_std": (1.0,) * n}
     code = p.get("resample")
     if code is not None and (isinstance(code, bool) or code not in RESAMPLE):  # never the default filter without a word
-        raise CheckpointError(f"{f}: resample={code!r} is not a filter vitlab resizes with: "
-                              f"{', '.join(f'{k} ({v})' for k, v in RESAMPLE.items())}")
+        raise CheckpointError(f"{f}: resample={code!r} is not one of {', '.join(f'{k} ({v})' for k, v in RESAMPLE.items())}")
     try:
         changes = preprocessing_from({**p, **stats}, cfg)
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
@@ -280,8 +274,7 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
     if cfg.resnet is not None:
         features.append("a ResNet hybrid stem (vitlab writes plain ViTs for HF)")
     if cfg.representation_size and cfg.num_classes:
-        features.append(f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification "
-                        "has no pre-logits layer; only a headless ViTModel has one, its pooler)")
+        features.append(f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification has no pre-logits)")
     refuse("Hugging Face transformers", features, [], allow_numerics_change)
 
 

@@ -79,12 +79,8 @@ def peer_weights(name: str) -> str:
 
 # What the Hub allows in an org or repo name, and in a branch, tag or commit: checked before
 # any lookup, so that a name never becomes a cache path of its own making (`hf-hub:../x`).
-_HUB_WORD = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+_HUB_WORD = re.compile(r"(?!.*\.\.)(?!.*\.git$)[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")  # no "..", no ".git" end
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
-
-
-def _hub_word(word: str) -> bool:
-    return bool(_HUB_WORD.fullmatch(word)) and ".." not in word and not word.endswith(".git")
 
 
 @dataclass(frozen=True)
@@ -100,24 +96,15 @@ def parse_hub_name(name: str, revision: Optional[str] = None) -> Optional[HubRep
         if name.startswith(prefix):
             rest = name[len(prefix) :].strip()
             rest, at, pinned = rest.partition("@")
-            if not rest or rest.count("/") > 1 or not all(map(_hub_word, rest.split("/"))) or (
+            if not rest or rest.count("/") > 1 or not all(map(_HUB_WORD.fullmatch, rest.split("/"))) or (
                     at and not _REVISION.fullmatch(pinned)) or ".." in pinned:
-                raise CheckpointError(f"{name[:120]!r}: not a Hub model name; write {prefix}ORG/NAME"
-                                      + (" or timm:MODEL_NAME.TAG" if layout == "timm" else "")
-                                      + ", optionally @REVISION (letters, digits and - _ . only; no '..')")
+                raise CheckpointError(f"{name[:120]!r}: not a Hub model name; write {prefix}ORG/NAME[@REVISION] (letters, digits, - _ .)")
             if layout == "timm" and "/" not in rest:
                 rest = f"timm/{rest}"
             if pinned and revision and pinned != revision:
                 raise CheckpointError(f"{name!r} pins revision {pinned!r} but revision={revision!r} was passed too")
             return HubRepo(rest, pinned or revision, layout)
     return None
-
-
-def registry_repo(entry: pretrained.Pretrained) -> Optional[str]:
-    """The Hub repo holding a registry entry's weights: timm's for AugReg, else transformers'."""
-    if entry.timm_name:
-        return f"timm/{entry.timm_name}"
-    return entry.hf_hub_id
 
 
 def registry_preprocessing(entry: pretrained.Pretrained) -> dict[str, Any]:
@@ -144,7 +131,7 @@ def locate(name: str, revision: Optional[str] = None) -> Located:
         folder, layout = download_repo(repo)
         return Located(folder, format=layout)
     entry = pretrained.lookup(name)
-    hub_id = registry_repo(entry)
+    hub_id = f"timm/{entry.timm_name}" if entry.timm_name else entry.hf_hub_id  # timm's repo for AugReg, else transformers'
     npz = pretrained.cache_path(entry)
     if npz.is_file() or os.environ.get("VITLAB_BASE_URL") or hub_id is None:
         if revision is not None:
@@ -220,23 +207,22 @@ def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = Tr
         if not required:
             return None
         raise CheckpointError(f"hf-hub:{where} has no {filename}; it is not a model repo vitlab reads") from None
-    except errors.LocalEntryNotFoundError as e:
+    except errors.LocalEntryNotFoundError:
         cached = _REVISION.fullmatch(commit) and ".." not in commit and (_cache_folder(repo) / "snapshots" / commit).is_dir()
         if not required and cached:
             return None  # the revision is cached and the file is not in it: the repo has none
-        raise CheckpointError(_offline_message(repo, filename, e, hint)) from None
+        raise CheckpointError(_offline_message(repo, filename, hint)) from None
     except errors.GatedRepoError:
         raise CheckpointError(f"hf-hub:{repo.repo_id} is gated: accept its terms on the Hub, then set HF_TOKEN (or run `hf auth login`)") from None
     except errors.RepositoryNotFoundError:
-        raise CheckpointError(f"hf-hub:{repo.repo_id}: no such model repo, or it is private; check the name, or set HF_TOKEN "
-                              "to a token that can read it") from None
+        raise CheckpointError(f"hf-hub:{repo.repo_id}: no such model repo, or it is private (set HF_TOKEN)") from None
     except errors.RevisionNotFoundError:
         raise CheckpointError(f"hf-hub:{repo.repo_id} has no revision {repo.revision!r}; use a branch, tag or commit it has") from None
     except ValueError as e:  # huggingface_hub's own refusal of a damaged cache entry
-        raise CheckpointError(f"hf-hub:{where}: the Hub cache's copy ({_cache_folder(repo)}) is damaged "
-                              f"({str(e).splitlines()[0][:160]}); delete that folder to download the repo again") from None
-    except hub_client_errors() as e:  # connection refused, DNS, timeouts, whatever the HTTP library calls them
-        raise CheckpointError(_offline_message(repo, filename, e, hint)) from None
+        raise CheckpointError(f"hf-hub:{where}: the Hub cache's copy is damaged ({str(e).splitlines()[0][:160]}); delete "
+                              f"{_cache_folder(repo)} to download it again") from None
+    except hub_client_errors():  # connection refused, DNS, timeouts, whatever the HTTP library calls them
+        raise CheckpointError(_offline_message(repo, filename, hint)) from None
 
 
 def _cache_folder(repo: HubRepo) -> Path:
@@ -255,24 +241,19 @@ def _cached_commit(repo: HubRepo) -> str:
     except (OSError, ValueError):
         commit = ""
     if ".." in commit or not _REVISION.fullmatch(commit):
-        raise CheckpointError(f"hf-hub:{repo.repo_id}: the Hub cache's ref file {ref} names no commit ({commit[:40]!r}); "
-                              f"the cache is damaged: delete {_cache_folder(repo)} to download the repo again")
+        raise CheckpointError(f"hf-hub:{repo.repo_id}: the Hub cache's ref file {ref} names no commit ({commit[:40]!r}); delete "
+                              f"{_cache_folder(repo)} to download it again")
     return commit
 
 
-def _offline_message(repo: HubRepo, filename: str, error: BaseException, hint: str) -> str:
+def _offline_message(repo: HubRepo, filename: str, hint: str) -> str:
     from huggingface_hub import constants
 
-    if offline():
-        why, go_online = "offline mode is on ($HF_HUB_OFFLINE or $VITLAB_OFFLINE)", ", unset HF_HUB_OFFLINE to go online"
-    else:
-        why, go_online = f"no connection to {hub_endpoint() or constants.ENDPOINT}", ""
+    why = "offline mode is on ($HF_HUB_OFFLINE or $VITLAB_OFFLINE)" if offline() else \
+        f"no connection to {hub_endpoint() or constants.ENDPOINT}"
     rev = f" --revision {repo.revision}" if repo.revision else ""
-    extra = f"; {hint}" if hint else ""
-    return (f"cannot fetch {filename} of hf-hub:{repo.repo_id}@{repo.revision or 'main'}: {why}, and it is not in the "
-            f"Hub cache {hub_cache()}. Download it where there is a network (`hf download {repo.repo_id}{rev}`) and copy "
-            f"that cache folder here (or point $HF_HUB_CACHE at it){go_online}, or load a local folder by its path: "
-            f"vitlab.load(\"path/to/folder\"){extra}")
+    return (f"cannot fetch {filename} of hf-hub:{repo.repo_id}@{repo.revision or 'main'}: {why}, and it is not in the Hub cache "
+            f"{hub_cache()}; run `hf download {repo.repo_id}{rev}` where there is a network and copy the cache here{'; ' + hint if hint else ''}")
 
 
 def repo_layout(config: dict[str, Any]) -> Optional[str]:
@@ -293,8 +274,7 @@ def download_repo(repo: HubRepo, hint: str = "") -> tuple[Path, str]:
     if repo.layout == "timm" and "architecture" in config:
         layout = "timm"
     if layout is None:
-        raise CheckpointError(f"hf-hub:{repo.repo_id}: config.json is neither a transformers ViT (model_type 'vit', found "
-                              f"{config.get('model_type')!r}) nor a timm model (architecture + pretrained_cfg)")
+        raise CheckpointError(f"hf-hub:{repo.repo_id}: config.json is neither a transformers ViT nor a timm model")
     _fetch_weights(repo, hint)
     if layout == "hf":
         fetch_file(repo, "preprocessor_config.json", required=False)
@@ -311,6 +291,5 @@ def _fetch_weights(repo: HubRepo, hint: str) -> None:
         return
     if fetch_file(repo, "pytorch_model.bin", hint, required=False) is None:
         if offline():
-            raise CheckpointError(_offline_message(repo, "model.safetensors", OSError(), hint))
-        raise CheckpointError(f"hf-hub:{repo.repo_id}@{repo.revision or 'main'} holds no weights vitlab reads "
-                              "(model.safetensors, a sharded safetensors index, or pytorch_model.bin)")
+            raise CheckpointError(_offline_message(repo, "model.safetensors", hint))
+        raise CheckpointError(f"hf-hub:{repo.repo_id}@{repo.revision or 'main'} holds no model.safetensors (sharded or not) or pytorch_model.bin")

@@ -64,10 +64,6 @@ def guessed_preprocessing(source: str) -> dict[str, str]:
 
 
 # Writing ---------------------------------------------------------------------------------
-def contiguous_state(model: torch.nn.Module) -> dict[str, Tensor]:
-    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-
-
 def write(model: Model, path: str | os.PathLike, extra_metadata: Optional[dict] = None,
           extra_tensors: Optional[dict[str, Tensor]] = None) -> None:
     """Write the model; `extra_tensors` (an objective's own weights) and `extra_metadata`
@@ -101,12 +97,9 @@ def refuse_serving_copy(model: torch.nn.Module) -> None:
     of them would not load. Refuse before writing, and say what to do instead."""
     kind = getattr(model, "serving", "")
     if kind.startswith("int8"):
-        raise CheckpointError(f"this is an {kind} serving copy (vitlab.deploy.quantize_int8): save it with "
-                              "vitlab.deploy.save_int8(model, path) and read it with vitlab.deploy.load_int8(path), "
-                              "or save the fp32 model")
+        raise CheckpointError(f"this is an {kind} serving copy of a model: save it with vitlab.deploy.save_int8, or save the fp32 model")
     if kind:
-        raise CheckpointError(f"this is a serving copy ({kind}, vitlab.deploy): save the fp32 model it was made from "
-                              "and make the copy again after loading (it takes a second)")
+        raise CheckpointError(f"this is a serving copy ({kind}): save the fp32 model it was made from, and make the copy again")
 
 
 # Reading ---------------------------------------------------------------------------------
@@ -153,9 +146,9 @@ def read(path: str | os.PathLike, serving: str = "", meta: Optional[dict[str, st
     meta = read_metadata(path) if meta is None else meta
     if meta.get(SERVING_KEY, "") != serving:
         kind = meta.get(SERVING_KEY)
-        raise CheckpointError(f"{path}: a serving copy ({kind}, written by vitlab.deploy.save_int8), not a plain model: read it "
-                              "with vitlab.deploy.load_int8(path)" if kind else f"{path}: a plain vitlab checkpoint, not a "
-                              f"serving copy ({serving}): read it with vitlab.load", reason="serving-copy")
+        raise CheckpointError(f"{path}: a serving copy ({kind}): read it with vitlab.deploy.load_int8(path)" if kind
+                              else f"{path}: a plain vitlab checkpoint, not a serving copy ({serving}): read it with vitlab.load",
+                              reason="serving-copy")
     if meta.get("format") != FORMAT_NAME or "config" not in meta:
         raise CheckpointError(f"{path}: a .safetensors file without vitlab metadata (format={meta.get('format')!r}); "
                               "if it holds timm or Hugging Face weights, load it with format='timm' or 'hf'")
@@ -188,8 +181,7 @@ def parse_class_names(raw: Optional[str], num_classes: int, source: str, key: st
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise CheckpointError(f"{source}: the {key} metadata must be a list of strings, found {str(names)[:80]}")
     if len(names) != num_classes:
-        raise CheckpointError(f"{source}: {len(names)} class names for a head of {num_classes} classes; the metadata does not "
-                              "belong to these weights")
+        raise CheckpointError(f"{source}: {len(names)} class names for a head of {num_classes} classes; the file is damaged")
     return names
 
 
@@ -217,14 +209,8 @@ def state_problems(expected: dict[str, tuple[int, ...]], state: dict[str, Tensor
     unexpected = [k for k in state if k not in expected]
     wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k])}"
              for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k])]
-    problems = []
-    if missing:
-        problems.append(f"missing keys {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    if unexpected:
-        problems.append(f"unexpected keys {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-    if wrong:
-        problems.append("wrong shapes: " + "; ".join(wrong[:8]))
-    return problems
+    named = (("missing keys ", missing), ("unexpected keys ", unexpected), ("wrong shapes: ", wrong))
+    return [head + "; ".join(keys[:8]) + (" ..." if len(keys) > 8 else "") for head, keys in named if keys]
 
 
 # Shared by every reader ------------------------------------------------------------------
@@ -269,5 +255,4 @@ def check_values(state: dict[str, Tensor], source: str) -> None:
             raise CheckpointError(f"{source}: tensor {k} has dtype {t.dtype}; model weights are floating point")
         if not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
-            raise CheckpointError(f"{source}: tensor {k} holds {bad} NaN or infinite value(s); these weights cannot give "
-                                  "predictions (a diverged training run, or a damaged file)")
+            raise CheckpointError(f"{source}: tensor {k} holds {bad} NaN or infinite value(s) (a diverged run, or a damaged file)")

@@ -159,8 +159,7 @@ def load_arrays(path: str | os.PathLike) -> tuple[dict[str, Tensor], list[str]]:
         if a.dtype.kind == "V" and a.dtype.itemsize == 2:  # bfloat16: numpy writes it as the void type '|V2'
             t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
         elif a.dtype.kind != "f":
-            raise CheckpointError(f"{path}: array {k!r} has dtype {a.dtype.str}; a model's parameters are floats "
-                                  "(bfloat16 is read from the 2-byte void type numpy writes for it)")
+            raise CheckpointError(f"{path}: array {k!r} has dtype {a.dtype.str}; a model's parameters are floats")
         else:
             t = torch.from_numpy(np.ascontiguousarray(a))
         out[k] = t.reshape(-1) if t.ndim == 4 and t.shape[:3] == (1, 1, 1) else t  # old hybrids: GroupNorm (1, 1, 1, C)
@@ -184,8 +183,7 @@ def parameter_arrays(a: dict, source: str) -> tuple[dict, list[str]]:
         return a, []
     picked = {k[len(prefix):]: v for k, v in a.items() if k.startswith(prefix)}
     if not picked:
-        raise CheckpointError(f"{source}: a training state ({', '.join(sorted(a)[:3])}, ...) without params/... or "
-                              "opt/target/... arrays, so no model parameters; big_vision's load_params reads only those")
+        raise CheckpointError(f"{source}: a training state ({', '.join(sorted(a)[:3])}, ...) without params/... or opt/target/... arrays")
     both = sorted(k for k in picked if k in a)
     if both:
         raise CheckpointError(f"{source}: {both[0]!r} is both at the top level and under {prefix}: the archive holds two "
@@ -208,8 +206,7 @@ def scanned_depth(stacked: dict[str, Tensor], rest: dict[str, Tensor], source: s
     if len(depths) > 1:
         said = "; ".join(f"{SCANNED}{names[0]}{f' and {len(names) - 1} more' if len(names) > 1 else ''} "
                          f"stack{'s' if len(names) == 1 else ''} {d} blocks" for d, names in sorted(depths.items()))
-        raise CheckpointError(f"{source}: the scanned encoder's arrays disagree on the depth: {said}; the archive is "
-                              "damaged or mixes two models")
+        raise CheckpointError(f"{source}: the scanned encoder's arrays disagree on the depth: {said}")
     return next(iter(depths))
 
 
@@ -220,8 +217,7 @@ def from_big_vision(a: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor
     token then having none (a zero row here is the same sum)."""
     notes = []
     if any(k.startswith("MAPHead_0/") for k in a):
-        raise CheckpointError(f"{source}: a big_vision model with a MAP head (pool_type='map'); vitlab's ViT pools "
-                              "with the class token or the mean (the paper's), so it cannot compute this one")
+        raise CheckpointError(f"{source}: a big_vision model with a MAP head (pool_type='map'), which vitlab's ViT lacks")
     if any(k.startswith(SCANNED) for k in a):
         stacked = {k[len(SCANNED):]: v for k, v in a.items() if k.startswith(SCANNED)}
         a = {k: v for k, v in a.items() if not k.startswith(SCANNED)}
@@ -268,8 +264,7 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
     elif spelling == "linen":  # big_vision's posemb='sincos2d': computed for the input's grid, so any size
         pos_embed, side = "sincos_2d_big_vision", max(1, round(224 / stride))
     else:
-        raise CheckpointError(f"{source}: no {POS} array; the original layout's models always have one "
-                              "(only big_vision's linen layout has fixed sin-cos models without it)")
+        raise CheckpointError(f"{source}: no {POS} array, which every model of the original layout has")
     cfg = ViTConfig(name="npz", image_size=(side * stride, side * stride), patch_size=ph, in_channels=in_channels,
                     hidden_size=d, depth=depth, num_heads=heads, mlp_dim=mlp_dim,
                     num_classes=a["head/kernel"].shape[1] if "head/kernel" in a else 0,
@@ -284,7 +279,7 @@ def infer_config(a: dict[str, Tensor], source: str) -> tuple[ViTConfig, str]:
 def read(path: str | os.PathLike) -> Imported:
     arrays, layout = load_arrays(path)
     metadata: dict[str, str] = {}
-    if bit.is_npz(arrays):
+    if bit.NPZ_ROOT in arrays:
         bit_cfg = bit.config_from_npz(arrays, str(path))
         cfg: ModelConfig = bit_cfg
         table = bit.npz_rules(bit_cfg)

@@ -153,12 +153,8 @@ def list_pretrained() -> list[str]:
 def pretrained_rows(names: list[str]) -> list[dict]:
     """What `vitlab models --pretrained` prints for each published name: its variant, the
     resolution and classes of the weights, what they were trained on, where they come from."""
-    rows = []
-    for name in names:
-        e = PRETRAINED[name]
-        rows.append({"name": name, "model": e.model, "resolution": e.resolution, "classes": e.num_classes,
-                     "dataset": e.dataset, "file": e.path, "hf_hub_id": e.hf_hub_id, "timm_name": e.timm_name})
-    return rows
+    return [{"name": name, "model": e.model, "resolution": e.resolution, "classes": e.num_classes, "dataset": e.dataset,
+             "file": e.path, "hf_hub_id": e.hf_hub_id, "timm_name": e.timm_name} for name in names for e in [PRETRAINED[name]]]
 
 
 def lookup(name: str) -> Pretrained:
@@ -168,10 +164,8 @@ def lookup(name: str) -> Pretrained:
     key = name.strip().lower().replace("_", "/")
     if key in folded:
         return PRETRAINED[folded[key]]
-    hint = suggest.hint(name, PRETRAINED)
-    raise CheckpointError(f"unknown pretrained name {name!r}{hint} Names are MODEL:WEIGHTS, e.g. ViT-B/16:imagenet21k; "
-                          "vitlab.checkpoints.pretrained.list_pretrained() lists them all (see docs/converting.md). "
-                          "A local file loads by its path")
+    raise CheckpointError(f"unknown pretrained name {name!r}{suggest.hint(name, PRETRAINED) or ';'} `vitlab models --pretrained` lists "
+                          "the MODEL:WEIGHTS names (e.g. ViT-B/16:imagenet21k); a local file loads by its path")
 
 
 # The cache --------------------------------------------------------------------------------
@@ -207,8 +201,7 @@ def _verify_cached(entry: Pretrained, path: Path) -> None:
     want = entry.sha256 or (rec or {}).get("sha256")
     digest = sha256_file(path)
     if want is not None and digest != want:
-        raise CheckpointError(f"{path}: sha256 {digest[:16]}... does not match the expected {want[:16]}... for {entry.name}; "
-                              "the file is corrupt or not the published one. Delete it and load the name again to re-download")
+        raise CheckpointError(f"{path}: sha256 {digest[:16]}... is not {entry.name}'s {want[:16]}...; delete it and load the name again")
     _record(entry, digest, path)
 
 
@@ -227,8 +220,7 @@ def fetch(name: str, progress: Optional[bool] = None) -> Path:
 
 def _offline_message(entry: Pretrained, path: Path, reason: str) -> str:
     file = entry.path.rsplit("/", 1)[-1]
-    return (f"cannot download {entry.name} from {entry.url} ({reason}). Offline, load a local copy by its path, "
-            f"e.g. vitlab.load(\"path/to/{file}\"), or put the file at {path} and load the name again")
+    return f"cannot download {entry.name} from {entry.url} ({reason}); put the official file ({file}) at {path}, or load a copy by its path"
 
 
 def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
@@ -251,8 +243,7 @@ def _download(entry: Pretrained, path: Path, progress: Optional[bool]) -> None:
             with net.deadlines(TIMEOUT_S, net.MIN_RATE):
                 torch.hub.download_url_to_file(entry.url, tmp, hash_prefix=entry.sha256, progress=tty)
         except RuntimeError as e:  # torch's "invalid hash value": the file was removed
-            raise CheckpointError(f"{entry.url}: sha256 does not match the published {(entry.sha256 or '')[:16]}... ({e}); "
-                                  "nothing was written to the cache") from None
+            raise CheckpointError(f"{entry.url}: sha256 does not match the published {(entry.sha256 or '')[:16]}... ({e})") from None
         except net.DeadlinePassed as e:
             raise CheckpointError(f"cannot download {entry.name}: {e}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:

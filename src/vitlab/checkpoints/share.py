@@ -378,7 +378,6 @@ def push(model, target: str, run: Optional[str | os.PathLike] = None, token: Opt
                                       "access (or run `hf auth login`)") from None
             raise CheckpointError(f"upload to {repo_id} failed: {error_line(e)}") from None
         except hub_client_errors() as e:  # no connection, a timeout, any error of the Hub's HTTP library
-            raise CheckpointError(f"upload to {repo_id} failed: no answer from {api.endpoint} "
-                                  f"({error_line(e)}); check the network (or $HF_ENDPOINT) and push again, "
-                                  "or write the folder alone with --folder DIR and upload it later") from None
+            raise CheckpointError(f"upload to {repo_id} failed: no answer from {api.endpoint} ({error_line(e)}); check the "
+                                  "network (or $HF_ENDPOINT), or write the folder alone with --folder DIR") from None
     return str(info.commit_url)

@@ -15,6 +15,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Collection, Optional, Sequence
 
@@ -79,10 +80,6 @@ def fused(ours: str, theirs: Sequence[str], part: Optional[Rule] = None) -> Rule
     return Rule(ours, tuple(theirs), join, split)
 
 
-def _shape(t: Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
-
-
 def _few(keys: Sequence[str], n: int = 8) -> str:
     keys = list(keys)
     return ", ".join(keys[:n]) + (f", ... ({len(keys)} in all)" if len(keys) > n else "")
@@ -94,11 +91,8 @@ def import_state(rules: Sequence[Rule], theirs: dict[str, Tensor], expected: dic
     used = {k for r in rules for k in r.theirs}
     unused = sorted(k for k in theirs if k not in used)
     if missing or unused:
-        parts = []
-        if missing:
-            parts.append(f"missing keys {_few(missing)}")
-        if unused:
-            parts.append(f"unexpected keys {_few([f'{k} {_shape(theirs[k])}' for k in unused])}")
+        parts = [f"missing keys {_few(missing)}"] if missing else []
+        parts += [f"unexpected keys {_few([f'{k} {tuple(theirs[k].shape)}' for k in unused])}"] if unused else []
         raise CheckpointError(f"{source}: the tensors do not fit the layout vitlab inferred: " + "; ".join(parts))
     out, wrong = {}, []
     for r in rules:
@@ -108,8 +102,8 @@ def import_state(rules: Sequence[Rule], theirs: dict[str, Tensor], expected: dic
             t = r.to_ours(*tensors)
         except RuntimeError:  # a reshape or concatenation that the shapes do not allow
             t = None
-        if t is None or want is None or _shape(t) != want:
-            got = ", ".join(f"{k} {_shape(p)}" for k, p in zip(r.theirs, tensors, strict=True))
+        if t is None or want is None or tuple(t.shape) != want:
+            got = ", ".join(f"{k} {tuple(p.shape)}" for k, p in zip(r.theirs, tensors, strict=True))
             wrong.append(f"{got} -> {r.ours} needs {want}")
             continue
         out[r.ours] = t.contiguous()
@@ -170,10 +164,7 @@ def count_indexed(keys: Collection[str], key: Callable[[int], str]) -> int:
 
 def resnet_layers(keys: Collection[str], unit_key: Callable[[int, int], str]) -> tuple[int, ...]:
     """Units per stage of a ResNet stem, from `unit_key(stage, unit)` naming one unit's tensor."""
-    def units_of(stage: int) -> Callable[[int], str]:
-        return lambda u: unit_key(stage, u)
-
-    return tuple(count_indexed(keys, units_of(s)) for s in range(count_indexed(keys, lambda s: unit_key(s, 0))))
+    return tuple(count_indexed(keys, partial(unit_key, s)) for s in range(count_indexed(keys, lambda s: unit_key(s, 0))))
 
 
 # Naming and guessing ---------------------------------------------------------------------
@@ -183,9 +174,7 @@ KNOWN_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 
 def guess_num_heads(width: int) -> int:
     """Formats that fuse q/k/v (timm, torchvision) do not store the head count."""
-    if width in KNOWN_HEADS:
-        return KNOWN_HEADS[width]
-    return width // 64 if width % 64 == 0 else 1
+    return KNOWN_HEADS.get(width, width // 64 if width % 64 == 0 else 1)
 
 
 def square_grid(patch_tokens: int, source: str) -> int:
@@ -250,9 +239,7 @@ def peek_keys(path: Path) -> Optional[set[str]]:
 # Networks vitlab does not hold, told by their state dicts' names: (keys that must all be there,
 # what to call it). A file of one is named as what it is, not as "unrecognised".
 OTHER_NETWORKS = (
-    (("conv1.weight", "bn1.weight", "layer1.0.conv1.weight", "fc.weight"),
-     "a ResNet state dict with BatchNorm (torchvision's resnet*/wide_resnet* layout: conv1, bn1, layer1-4, fc), "
-     "not a ViT or a BiT ResNet (GroupNorm and weight standardisation)"),
+    (("conv1.weight", "bn1.weight", "layer1.0.conv1.weight", "fc.weight"), "a ResNet state dict with BatchNorm (torchvision's layout), not a ViT or a BiT ResNet"),
     (("dist_token", "pos_embed", "head_dist.weight"), "a distilled DeiT (with a distillation token), which vitlab has no form of"),
     (("layers.0.blocks.0.attn.relative_position_bias_table",), "a Swin Transformer, not a ViT"),
     (("stem.0.weight", "stages.0.blocks.0.conv_dw.weight"), "a ConvNeXt, not a ViT"),
@@ -289,8 +276,7 @@ def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: d
     else:
         names = json.loads(metadata.get("vitlab.class_names") or "null")
         if names and not is_imagenet(names):
-            warnings.warn(f"{path}: a torch.save state dict has no place for the {len(names)} class names; "
-                          "write a .safetensors file to keep them", stacklevel=2)
+            warnings.warn(f"{path}: a torch.save state dict drops the class names; write a .safetensors file to keep them", stacklevel=2)
         # Into memory first: torch.save reports a full disk as "unexpected pos", a plain write
         # as the OS's own error.
         buffer = io.BytesIO()

@@ -150,9 +150,8 @@ def read_folder(folder: Path) -> Imported:
     pcfg = c.get("pretrained_cfg") or {}
     interpolation = pcfg.get("interpolation")
     if interpolation not in (None, "", *INTERPOLATIONS):  # never the default filter without a word
-        raise CheckpointError(f"{folder / 'config.json'}: pretrained_cfg.interpolation={interpolation!r} is not a filter "
-                              f"vitlab resizes with: {', '.join(INTERPOLATIONS)}"
-                              f"{suggest.hint(str(interpolation), list(INTERPOLATIONS))}")
+        raise CheckpointError(f"{folder / 'config.json'}: pretrained_cfg.interpolation={interpolation!r} is not one of "
+                              f"{', '.join(INTERPOLATIONS)}{suggest.hint(str(interpolation), list(INTERPOLATIONS))}")
     changes = preprocessing_from(pcfg, imported.config)
     heads = (c.get("model_args") or {}).get("num_heads")
     if heads and "vitlab.config" not in imported.metadata:
@@ -164,11 +163,9 @@ def read_folder(folder: Path) -> Imported:
 
 def infer_config(s: dict, source: str) -> ViTConfig:
     if not looks_like(set(s)):
-        raise CheckpointError(f"{source}: not a timm VisionTransformer state dict (no patch_embed.proj.weight / pos_embed / "
-                              f"blocks.0.attn.qkv.weight); found {', '.join(sorted(s)[:6])}")
+        raise CheckpointError(f"{source}: not a timm VisionTransformer state dict; found {', '.join(sorted(s)[:6])}")
     if "fc_norm.weight" in s:
-        raise CheckpointError(f"{source}: has fc_norm (timm's LayerNorm after pooling, fc_norm=True); vitlab's GAP normalises "
-                              "the tokens before pooling, as the paper does, and cannot represent it")
+        raise CheckpointError(f"{source}: has timm's fc_norm (LayerNorm after pooling), which vitlab's GAP (the paper's) lacks")
     d, cin, p, _ = s["patch_embed.proj.weight"].shape
     depth = count_indexed(s, lambda i: f"blocks.{i}.norm1.weight")
     resnet = None
@@ -179,8 +176,7 @@ def infer_config(s: dict, source: str) -> ViTConfig:
     token = "cls_token" in s
     tokens = s["pos_embed"].shape[1]
     if token and round(tokens**0.5) ** 2 == tokens and round((tokens - 1) ** 0.5) ** 2 != tokens - 1:
-        raise CheckpointError(f"{source}: pos_embed has no class-token row (timm's no_embed_class=True); vitlab adds a position "
-                              "embedding to the class token, as the paper does, and cannot represent it")
+        raise CheckpointError(f"{source}: pos_embed has no class-token row (timm's no_embed_class=True), which vitlab cannot represent")
     side = square_grid(tokens - int(token), source)
     cfg = ViTConfig(name="timm", image_size=side * p * (resnet.stride if resnet else 1), patch_size=p, in_channels=cin,
                     hidden_size=d, depth=depth, num_heads=guess_num_heads(d), mlp_dim=s["blocks.0.mlp.fc1.weight"].shape[0],

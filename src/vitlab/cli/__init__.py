@@ -1,5 +1,6 @@
 """The `vitlab` command line. Each subcommand lives in its own module of this package with
-`HELP` (one line), `DESCRIPTION`, `add_arguments(parser)` and `run(args) -> int`, and says
+`HELP` (one line), its docstring (the --help text, with examples: one text, as click takes a
+command's help from its docstring), `add_arguments(parser)` and `run(args) -> int`, and says
 what the dispatcher must know of it as data: `WRITES` (argument -> FOLDER, FILE or NEW_FILE,
 checked writable before any work), `RESUMABLE` (an interrupted run continues when the same
 command is run again), `READS_DATA` (its data specs obey the pipe rule) and `check(args)`
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in commands().items():
-        p = sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
+        p = sub.add_parser(name, help=module.HELP, description=module.__doc__ or module.HELP,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
         if getattr(module, "READS_DATA", False):

@@ -1,13 +1,4 @@
-"""`vitlab bench`: throughput against timm, Hugging Face and torchvision, interleaved."""
-
-from __future__ import annotations
-
-from vitlab.cli.common import COUNT, FOLDER
-
-WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
-HELP = "measure inference and training throughput against timm, Hugging Face and torchvision"
-DESCRIPTION = """\
-Time vitlab beside the peer libraries (the same model sizes, built by each library) in one
+"""Time vitlab beside the peer libraries (the same model sizes, built by each library) in one
 interleaved run: images per second (median over rounds, with the spread), the matrix-product
 ceiling of the model's own shapes measured in the same run and each figure as a percentage of
 it, the ratio to the fastest fp32 peer taken within each round, working memory and compile
@@ -38,6 +29,13 @@ examples:
   vitlab bench --suite full --clock cpu --out benchmarks/results --name throughput-cpu-clock
   vitlab bench --suite gpu --device cuda --out benchmarks/results --name gpu
 """
+
+from __future__ import annotations
+
+from vitlab.cli.common import COUNT, FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+HELP = "measure inference and training throughput against timm, Hugging Face and torchvision"
 
 
 def add_arguments(p) -> None:

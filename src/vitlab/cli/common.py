@@ -251,17 +251,12 @@ def add_feature_arguments(p, train_help: str, test_help: str, draws: bool = Fals
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
-def write_json(path: str, payload: dict) -> None:
-    """Write JSON atomically: an old file is replaced only by a complete new one."""
-    from vitlab.files import atomic_write_text
-
-    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
-
-
 def print_result(args, result: dict) -> bool:
     """Write the result to --out when asked; print it as JSON and return True with --json."""
     if args.out:
-        write_json(args.out, result)
+        from vitlab.files import atomic_write_text  # an old file is replaced only by a complete new one
+
+        atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result, indent=2))
     return bool(args.json)

@@ -1,10 +1,4 @@
-"""`vitlab convert SRC DST --to FORMAT`: weights from one ecosystem to another."""
-
-from __future__ import annotations
-
-HELP = "convert a checkpoint between vitlab, official .npz, timm, Hugging Face and torchvision"
-DESCRIPTION = """\
-Read a checkpoint in any format vitlab knows (detected from the file, or named with --from),
+"""Read a checkpoint in any format vitlab knows (detected from the file, or named with --from),
 or a pretrained name such as ViT-B/16:imagenet21k, and write it in another format:
 
   vitlab       one .safetensors file with the config and class names (vitlab.load reads it)
@@ -33,6 +27,10 @@ examples:
   vitlab convert ViT-B_16.npz vit_b16_tv.pth --to torchvision --allow-numerics-change
   vitlab convert runs/digits/checkpoints/last.safetensors last.npz --to npz
 """
+
+from __future__ import annotations
+
+HELP = "convert a checkpoint between vitlab, official .npz, timm, Hugging Face and torchvision"
 
 TARGETS = ("vitlab", "npz", "timm", "hf", "torchvision")
 

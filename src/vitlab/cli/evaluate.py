@@ -1,18 +1,4 @@
-"""`vitlab eval`: accuracy of a checkpoint on a dataset."""
-
-from __future__ import annotations
-
-import argparse
-from pathlib import Path
-
-from vitlab.cli.common import COUNT, COUNT_OR_ZERO, FOLDER, NEW_FILE
-
-NAME = "eval"  # the command as typed (the module is named for what it does)
-WRITES = {"out": FOLDER, "predictions": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
-READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
-HELP = "evaluate a checkpoint: top-1/top-5, precision/recall/F1, calibration (ECE), confusion matrix"
-DESCRIPTION = """\
-Classify a dataset split with any checkpoint vitlab.load reads and report top-1 and top-5
+"""Classify a dataset split with any checkpoint vitlab.load reads and report top-1 and top-5
 accuracy, the loss, precision, recall and F1 (macro and per class), the calibration (expected
 calibration error over 15 confidence bins), the accuracy of each class, the confusion matrix
 and a reliability diagram (PNGs when matplotlib is installed). Images are preprocessed as the model's config says (its
@@ -39,6 +25,18 @@ examples:
 et al. 2020 as published (one list of class ids per validation image, in file-name order;
 an empty list leaves the image out), with --data imagenet-val:DIR.
 """
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO, FOLDER, NEW_FILE
+
+NAME = "eval"  # the command as typed (the module is named for what it does)
+WRITES = {"out": FOLDER, "predictions": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
+HELP = "evaluate a checkpoint: top-1/top-5, precision/recall/F1, calibration (ECE), confusion matrix"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,15 +1,4 @@
-"""`vitlab export`: a checkpoint to ONNX or a torch.export program, checked after writing."""
-
-from __future__ import annotations
-
-from pathlib import Path
-
-from vitlab.cli.common import COUNT, FILE
-
-WRITES = {"out": FILE}  # checked writable before any work (vitlab.cli.check_arguments)
-HELP = "export a checkpoint to ONNX (dynamic batch) or torch.export (.pt2), and check it"
-DESCRIPTION = """\
-Export the plain inference forward (images -> logits) of a checkpoint, with the batch axis
+"""Export the plain inference forward (images -> logits) of a checkpoint, with the batch axis
 dynamic and the image size fixed at the checkpoint's own (or --image-size, which resizes the
 position embeddings before export, so no resampling happens inside the exported graph).
 
@@ -28,6 +17,15 @@ examples:
   vitlab export runs/cifar10/checkpoints/last.safetensors --format torch-export --out vit.pt2
   vitlab export model.safetensors --format onnx --out vit384.onnx --image-size 384
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vitlab.cli.common import COUNT, FILE
+
+WRITES = {"out": FILE}  # checked writable before any work (vitlab.cli.check_arguments)
+HELP = "export a checkpoint to ONNX (dynamic batch) or torch.export (.pt2), and check it"
 
 FORMATS = ("onnx", "torch-export")
 

@@ -1,24 +1,4 @@
-"""`vitlab fewshot CHECKPOINT --data ...`: the paper's few-shot linear evaluation (§4.1)."""
-
-from __future__ import annotations
-
-import argparse
-import math
-
-from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE
-
-# big_vision's few-shot datasets (configs/common_fewshot.py): (training split the shots come
-# from, test split), as tfds names them; vitlab's "val" is tfds's "validation". ImageNet's
-# pool is the first 65,000 of tfds's (shuffled) train split: at least 30 of every class there.
-PRESETS = {"imagenet": ("train[:65000]", "val"), "cifar100": ("train", "test"), "pets": ("train", "test"),
-           "dtd": ("train", "test"), "caltech": ("train", "test"), "cars": ("train", "test"),
-           "uc_merced": ("train[:1000]", "train[1000:]")}
-
-WRITES = {"out": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
-READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
-HELP = "few-shot linear accuracy of frozen features (closed-form least squares, §4.1)"
-DESCRIPTION = """\
-The paper's few-shot evaluation, as big_vision runs it (evaluators/fewshot_lsr.py): for
+"""The paper's few-shot evaluation, as big_vision runs it (evaluators/fewshot_lsr.py): for
 each seed, draw S training images per class from the whole training split, map their
 frozen representations (the pre-logits, or the pooled token) to {-1, 1}^K targets by
 least squares with L2 strength 2^10, solved in closed form, and measure top-1 accuracy on
@@ -43,6 +23,24 @@ examples:
   vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --random-init 0 --out random.json
   vitlab fewshot runs/digits/checkpoints/last.safetensors --data digits --random-init 0-9 --out control.json
 """
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE
+
+# big_vision's few-shot datasets (configs/common_fewshot.py): (training split the shots come
+# from, test split), as tfds names them; vitlab's "val" is tfds's "validation". ImageNet's
+# pool is the first 65,000 of tfds's (shuffled) train split: at least 30 of every class there.
+PRESETS = {"imagenet": ("train[:65000]", "val"), "cifar100": ("train", "test"), "pets": ("train", "test"),
+           "dtd": ("train", "test"), "caltech": ("train", "test"), "cars": ("train", "test"),
+           "uc_merced": ("train[:1000]", "train[1000:]")}
+
+WRITES = {"out": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
+HELP = "few-shot linear accuracy of frozen features (closed-form least squares, §4.1)"
 
 
 def add_arguments(p) -> None:
@@ -88,11 +86,9 @@ def run(args) -> int:
         if args.preset and class_names:
             short = [c for c, n in enumerate(np.bincount(tr_y, minlength=len(class_names))) if n < max(shots)]
             if short:  # big_vision's slice assumes tfds's shuffled order, which has every class early
-                raise UsageError(f"--preset {args.preset}: the {args.train_split} pool holds fewer than {max(shots)} "
-                                 f"images of {len(short)} of the {len(class_names)} classes (class "
-                                 f"{class_names[short[0]]} first): big_vision's slice is of tfds's shuffled order, and "
-                                 "this source lists its images in another (an image folder, class by class); give the "
-                                 "data in tfds's order, or --train-split")
+                raise UsageError(f"--preset {args.preset}: the {args.train_split} pool holds fewer than {max(shots)} images of "
+                                 f"{len(short)} of the {len(class_names)} classes (class {class_names[short[0]]} first): give the "
+                                 "data in tfds's shuffled order, or --train-split")
         (te_x, te_y), _ = frozen_features(one, model, args.test_split, 0, args.test_limit, fp)
         try:
             results.append(fewshot_eval(tr_x, tr_y, te_x, te_y, shots=shots, seeds=args.seeds, l2=l2,

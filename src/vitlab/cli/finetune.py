@@ -1,17 +1,4 @@
-"""`vitlab finetune`: transfer a pretrained ViT to a new dataset, as the paper does."""
-
-from __future__ import annotations
-
-import argparse
-
-from vitlab.cli.common import COUNT, FOLDER
-
-WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
-RESUMABLE = True  # stopped, the same command continues from the last checkpoint
-READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
-HELP = "fine-tune a checkpoint on a new dataset (the recipe chosen on a dev split, fitted to the checkpoint and the data)"
-DESCRIPTION = """\
-Fine-tune any checkpoint vitlab.load reads (a vitlab run, an official .npz, timm or Hugging
+"""Fine-tune any checkpoint vitlab.load reads (a vitlab run, an official .npz, timm or Hugging
 Face weights, a name such as hf-hub:ORG/NAME) on a dataset: the pretrained head and
 pre-logits are dropped for a fresh zero-initialised head, cosine decay, clipping at 1, and
 Table 4's number of steps for the dataset (CIFAR 10k, ImageNet 20k, Pets and Flowers 500;
@@ -66,6 +53,17 @@ examples:
   vitlab finetune vit_b16_in21k.npz --data imagefolder:~/pets --table4 pets --image-size 384 --lr-sweep
   vitlab finetune hf-hub:google/vit-base-patch16-224-in21k --data imagefolder:~/photos --lr 0.01
 """
+
+from __future__ import annotations
+
+import argparse
+
+from vitlab.cli.common import COUNT, FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+RESUMABLE = True  # stopped, the same command continues from the last checkpoint
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
+HELP = "fine-tune a checkpoint on a new dataset (the recipe chosen on a dev split, fitted to the checkpoint and the data)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,12 +1,4 @@
-"""`vitlab info CHECKPOINT`: what a checkpoint holds."""
-
-from __future__ import annotations
-
-import json
-
-HELP = "show a checkpoint's format, config, parameter count and classes"
-DESCRIPTION = """\
-Read a checkpoint in any format vitlab knows (its own .safetensors, and the other formats
+"""Read a checkpoint in any format vitlab knows (its own .safetensors, and the other formats
 listed by `vitlab convert --help`) and print what it holds: the detected format, the model
 config vitlab infers, the parameter count and the class names.
 
@@ -20,6 +12,12 @@ examples:
   vitlab info ViT-B_16.npz --json
   vitlab info runs/digits/checkpoints/last.safetensors --kernels
 """
+
+from __future__ import annotations
+
+import json
+
+HELP = "show a checkpoint's format, config, parameter count and classes"
 
 
 def add_arguments(p) -> None:

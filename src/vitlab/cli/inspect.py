@@ -1,17 +1,4 @@
-"""`vitlab inspect CHECKPOINT --images ... --out DIR`: the paper's Figures 6 and 7 for a checkpoint."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-from vitlab.cli.common import COUNT, FOLDER
-
-WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
-READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
-HELP = "the paper's look inside a ViT: filters, position similarity, attention distance, rollout"
-DESCRIPTION = """\
-Write the four analyses of §4.5 for any checkpoint vitlab can read:
+"""Write the four analyses of §4.5 for any checkpoint vitlab can read:
   filters.png               principal components of the patch-embedding filters (Fig. 7 left;
                             for a hybrid, of the ResNet's first convolution)
   position_similarity.png   cosine similarity of the position embeddings (Fig. 7 centre;
@@ -37,6 +24,17 @@ examples:
   vitlab inspect runs/digits/checkpoints/last.safetensors --images digits --out inspect-digits/ --heatmap
   vitlab inspect ViT-B_16.npz --images photos/ --out inspect-b16/ --num-images 32 --device cuda
 """
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from vitlab.cli.common import COUNT, FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
+HELP = "the paper's look inside a ViT: filters, position similarity, attention distance, rollout"
 
 
 def add_arguments(p) -> None:

@@ -1,14 +1,4 @@
-"""`vitlab linear-probe CHECKPOINT --data ...`: logistic regression and k-NN on frozen features."""
-
-from __future__ import annotations
-
-from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE
-
-WRITES = {"out": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
-READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
-HELP = "logistic-regression and k-NN accuracy of frozen features (full training set)"
-DESCRIPTION = """\
-Fit a multinomial logistic regression (L2-penalised, standardised features, full-batch
+"""Fit a multinomial logistic regression (L2-penalised, standardised features, full-batch
 L-BFGS; `--C` as in scikit-learn) on the frozen representations of the whole training
 split and report test accuracy, together with cosine k-NN accuracy. Features are cached
 like `vitlab fewshot`'s (the same cache entries are shared when the caps agree).
@@ -17,6 +7,14 @@ examples:
   vitlab linear-probe runs/cifar10/checkpoints/last.safetensors --data wds:../shared/data/cifar10
   vitlab linear-probe runs/digits/checkpoints/last.safetensors --data digits --C 0.1 --k 10 --json
 """
+
+from __future__ import annotations
+
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE
+
+WRITES = {"out": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
+HELP = "logistic-regression and k-NN accuracy of frozen features (full training set)"
 
 
 def add_arguments(p) -> None:

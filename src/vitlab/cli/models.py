@@ -1,14 +1,4 @@
-"""`vitlab models`: the registered variants with their size and cost."""
-
-from __future__ import annotations
-
-import json
-
-from vitlab.cli.common import COUNT
-
-HELP = "list the model variants with parameters and GFLOPs"
-DESCRIPTION = """\
-List every registered model variant in the paper's notation, with its width, depth, heads,
+"""List every registered model variant in the paper's notation, with its width, depth, heads,
 MLP size, default resolution, parameter count (at its default number of classes) and the
 forward cost of one image in GFLOPs (2 x multiply-accumulates of the matrix products and
 convolutions). For a BiT ResNet, width is the representation's (the last stage's output)
@@ -24,6 +14,14 @@ examples:
   vitlab models --image-size 384 --num-classes 1000
   vitlab models --json
 """
+
+from __future__ import annotations
+
+import json
+
+from vitlab.cli.common import COUNT
+
+HELP = "list the model variants with parameters and GFLOPs"
 
 
 def add_arguments(p) -> None:

@@ -1,21 +1,4 @@
-"""`vitlab predict CHECKPOINT IMAGE...`: top-k classes for image files, folders and globs."""
-
-from __future__ import annotations
-
-import csv
-import io
-import json
-import sys
-from pathlib import Path
-
-from vitlab.cli.common import COUNT, FOLDER, NEW_FILE, add_checkpoint_arguments, add_device_argument, add_plain_argument, precision_check
-from vitlab.config import pick_device
-from vitlab.files import OutputFolder
-
-WRITES = {"attention": FOLDER, "csv": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
-HELP = "classify images with a checkpoint: top-k classes, probabilities, rollout overlays"
-DESCRIPTION = """\
-Classify image files with any checkpoint vitlab can read. Preprocessing comes from the
+"""Classify image files with any checkpoint vitlab can read. Preprocessing comes from the
 checkpoint's config (image size, channels, mean/std); images of any mode and size are
 converted (greyscale, RGBA over white, palette, 16-bit scaled). Arguments may be files,
 folders (searched recursively for image files) or glob patterns. Images are decoded and
@@ -37,6 +20,21 @@ examples:
   vitlab predict model.safetensors photos/ --top-k 3 --csv predictions.csv
   vitlab predict model.safetensors 'shots/*.png' --attention overlays/ --device cuda
 """
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+
+from vitlab.cli.common import COUNT, FOLDER, NEW_FILE, add_checkpoint_arguments, add_device_argument, add_plain_argument, precision_check
+from vitlab.config import pick_device
+from vitlab.files import OutputFolder
+
+WRITES = {"attention": FOLDER, "csv": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
+HELP = "classify images with a checkpoint: top-k classes, probabilities, rollout overlays"
 
 
 def add_arguments(p) -> None:

@@ -1,10 +1,4 @@
-"""`vitlab push`: share a checkpoint or a training run on the Hugging Face Hub."""
-
-from __future__ import annotations
-
-HELP = "upload a checkpoint or run to the Hugging Face Hub, with a model card (or write the folder only)"
-DESCRIPTION = """\
-Write a folder that transformers, timm and vitlab all read (transformers' config.json,
+"""Write a folder that transformers, timm and vitlab all read (transformers' config.json,
 model.safetensors and preprocessor_config.json; timm's weights beside them when timm can
 build the model), with a model card (README.md) giving the architecture, the data and the
 metrics of the run, the preprocessing, and how to load the model in each library. Then
@@ -23,6 +17,10 @@ examples:
   vitlab push runs/cifar10/checkpoints/ema.safetensors --repo me/vit-cifar10-ema --private
   vitlab push runs/cifar10 --repo me/vit-cifar10 --folder share/vit-cifar10
 """
+
+from __future__ import annotations
+
+HELP = "upload a checkpoint or run to the Hugging Face Hub, with a model card (or write the folder only)"
 
 
 def add_arguments(p) -> None:

@@ -1,12 +1,4 @@
-"""`vitlab recipes`: the shipped recipes, the paper's row each reproduces, and how each reads weight decay."""
-
-from __future__ import annotations
-
-import argparse
-
-HELP = "list the shipped recipes with the paper's table row each reproduces and how it reads weight decay"
-DESCRIPTION = """\
-Every recipe shipped in vitlab/configs (a name for `vitlab train --config` or `vitlab finetune
+"""Every recipe shipped in vitlab/configs (a name for `vitlab train --config` or `vitlab finetune
 --config`), with the row of the paper's Table 3 (pretraining) or Table 2 (the ImageNet
 fine-tune) it reproduces, its weight decay and how the optimiser applies it: AdamW's is
 decoupled and multiplied by the scheduled learning rate, as the official code's Adam; Adam's
@@ -19,6 +11,12 @@ examples:
   vitlab recipes 'table3-*'
   vitlab recipes table2-finetune-imagenet-512 --json
 """
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "list the shipped recipes with the paper's table row each reproduces and how it reads weight decay"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,15 +1,4 @@
-"""`vitlab serve CHECKPOINT`: the model behind HTTP (FastAPI + uvicorn), batched, with a page."""
-
-from __future__ import annotations
-
-import os
-from pathlib import Path
-
-from vitlab.cli.common import add_plain_argument, precision_check
-
-HELP = "serve a classifier over HTTP: batched /predict, attention maps, a page to try it"
-DESCRIPTION = """\
-Serve a classification checkpoint over HTTP. Concurrent requests are batched (up to
+"""Serve a classification checkpoint over HTTP. Concurrent requests are batched (up to
 --max-batch images, waiting at most --max-wait-ms for the batch to fill) on one copy of the
 model in the chosen precision (bf16 and int8 are vitlab.deploy's fast CPU copies).
 
@@ -29,6 +18,15 @@ examples:
   vitlab serve model.safetensors --precision bf16 --max-batch 32 --port 8080
   VITLAB_API_KEY=s3cret vitlab serve model.safetensors --host 0.0.0.0
 """
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from vitlab.cli.common import add_plain_argument, precision_check
+
+HELP = "serve a classifier over HTTP: batched /predict, attention maps, a page to try it"
 
 # The ServeConfig fields the command line sets; the defaults live in ServeConfig alone.
 OPTIONS = ("host", "port", "max_batch", "max_wait_ms", "max_upload_mb", "max_files", "max_pixels", "max_connections", "api_key")

@@ -1,17 +1,4 @@
-"""`vitlab sweep SPEC.yaml`: a grid of training runs, results.csv and the spec's figures."""
-
-from __future__ import annotations
-
-import argparse
-import os
-
-from vitlab.cli.common import COUNT, COUNT_OR_ZERO, flag_number
-
-RESUMABLE = True  # stopped, the same command continues from the last checkpoint
-READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
-HELP = "run a grid of trainings (models x data sizes x seeds x any key=value), then tabulate and plot"
-DESCRIPTION = """\
-Run every cell of a sweep spec, a YAML file (its format, every field with an example:
+"""Run every cell of a sweep spec, a YAML file (its format, every field with an example:
 `python -m pydoc vitlab.config.sweep`; the shipped configs/paper/*.yaml are real ones):
 each cell is `vitlab train` into OUT/CELL/train plus the spec's after-steps (few-shot,
 fine-tuning, inspect, ...). Finished cells are skipped; an interrupted cell resumes from
@@ -35,6 +22,17 @@ examples:
   vitlab sweep paper/data-size --report          # tabulate and plot what has finished
   vitlab sweep --report runs/sweeps/pos-embed     # the same, from the folder alone
 """
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO, flag_number
+
+RESUMABLE = True  # stopped, the same command continues from the last checkpoint
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
+HELP = "run a grid of trainings (models x data sizes x seeds x any key=value), then tabulate and plot"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

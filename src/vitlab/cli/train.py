@@ -1,18 +1,4 @@
-"""`vitlab train`: train a ViT from a recipe, with command-line overrides."""
-
-from __future__ import annotations
-
-import argparse
-from pathlib import Path
-
-from vitlab.cli.common import FOLDER
-
-WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
-RESUMABLE = True  # stopped, the same command continues from the last checkpoint
-READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
-HELP = "train a ViT or a BiT ResNet from a recipe (default: a small ViT on the built-in digits, on CPU)"
-DESCRIPTION = """\
-Train a Vision Transformer (or the paper's BiT ResNet baseline, --model BiT-R50x1) as the
+"""Train a Vision Transformer (or the paper's BiT ResNet baseline, --model BiT-R50x1) as the
 paper does (Adam, warm-up then decay, gradient clipping, inception crop + flip) from a
 recipe: a YAML file, or the name of a shipped recipe (digits, fashion-mnist, cifar10,
 cifar10-deit, vit-pretrain-imagenet21k, ...). Flags and
@@ -52,6 +38,18 @@ examples:
   vitlab train --log tensorboard --log wandb     # WANDB_MODE=offline keeps wandb on disk
   torchrun --nproc_per_node 2 -m vitlab train --batch-size 128
 """
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vitlab.cli.common import FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+RESUMABLE = True  # stopped, the same command continues from the last checkpoint
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
+HELP = "train a ViT or a BiT ResNet from a recipe (default: a small ViT on the built-in digits, on CPU)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

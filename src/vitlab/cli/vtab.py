@@ -1,17 +1,4 @@
-"""`vitlab vtab CKPT --root DIR`: VTAB-1k's tasks fine-tuned and tested, as one Table 9 row."""
-
-from __future__ import annotations
-
-import argparse
-
-from vitlab.cli.common import COUNT, FOLDER
-
-WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
-RESUMABLE = True  # stopped, the same command continues from the last checkpoint
-READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
-HELP = "fine-tune a checkpoint on every VTAB-1k task and report them as one Table 9 row"
-DESCRIPTION = """\
-VTAB-1k (the paper's Table 2 VTAB column, Fig. 2 and Table 9): every task fine-tuned on its
+"""VTAB-1k (the paper's Table 2 VTAB column, Fig. 2 and Table 9): every task fine-tuned on its
 1,000 training examples (800 train + 200 val, taken as VTAB defines them: fixed slices of the
 source order) with the paper's setting (2,500 steps at lr 0.01, SGD, batch 512, no
 augmentation, 384 px; --image-size checkpoint keeps the checkpoint's own) and tested on its
@@ -44,6 +31,17 @@ examples:
   vitlab vtab ViT-B_16.npz --root ~/vtab --lr-grid 0.001,0.01 --launcher slurm --slurm gpus_per_node=1
   vitlab vtab ViT-B_16.npz --root ~/vtab --out runs/vtab-b16 --report
 """
+
+from __future__ import annotations
+
+import argparse
+
+from vitlab.cli.common import COUNT, FOLDER
+
+WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
+RESUMABLE = True  # stopped, the same command continues from the last checkpoint
+READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
+HELP = "fine-tune a checkpoint on every VTAB-1k task and report them as one Table 9 row"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -38,8 +38,7 @@ def pick_device(text: str, setting: str = "--device "):
     device = torch.device(text)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"{setting}{text}: torch sees no CUDA GPU on this machine (a CPU-only build, or no "
-                              f"driver); use {setting}cpu, or {setting}auto to take a GPU when there is one")
+            raise ConfigError(f"{setting}{text}: torch sees no CUDA GPU on this machine; use {setting}cpu (or {setting}auto)")
         count = torch.cuda.device_count()
         if (device.index or 0) >= count:
             raise ConfigError(f"{setting}{text}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")

@@ -59,10 +59,6 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _label(section: str, name: str) -> str:
-    return f"{section}.{name}" if section else name
-
-
 def _describe(hint: Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Union:
@@ -91,26 +87,19 @@ def check_type(value: Any, hint: Any, label: str) -> Any:
     if value is None:
         raise ConfigError(f"{label} cannot be null: give {_describe(hint)}, or leave the key out for its default")
     bad = ConfigError(f"{label}={value!r} is not {_describe(hint)}")
-    if hint is bool:
-        if not isinstance(value, bool):
+    if hint in (bool, str):
+        if not isinstance(value, hint):
             raise bad
         return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if hint in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or hint is int and isinstance(value, float) \
+                and not value.is_integer():
             raise bad
-        if isinstance(value, float) and not value.is_integer():
-            raise bad
+        if hint is float:
+            return float(number(value, label))
         if isinstance(value, float) and abs(value) > 2**53:  # 1e30 would become 1000000000000000019884624838656
             raise ConfigError(f"{label}={value!r} is too large to be an exact whole number; write it out in digits")
         return int(value)
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad
-        return float(number(value, label))
-    if hint is str:
-        if not isinstance(value, str):
-            raise bad
-        return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise bad
@@ -208,7 +197,7 @@ def check_fields(obj: Any, section: str = "") -> None:
     """Check (and normalise) every field of a frozen dataclass instance in place."""
     hints = _hints(type(obj))  # type: ignore[arg-type]  # a class is hashable; mypy's lru_cache check misses it
     for f in fields(obj):
-        label = _label(section, f.name)
+        label = f"{section}.{f.name}" if section else f.name
         value = check_type(getattr(obj, f.name), hints[f.name], label)
         rule = f.metadata.get("rule")
         if rule is not None:

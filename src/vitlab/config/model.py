@@ -185,8 +185,7 @@ class ViTConfig(_StoredConfig):
             raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
                               "pick a head count that divides the width")
         if self.pos_embed_at != "stem" and self.pos_embed in ("relative", "none"):
-            raise ConfigError(f"pos_embed_at={self.pos_embed_at!r} needs an absolute embedding (learned, learned_2d, "
-                              f"sincos_2d, sincos_2d_big_vision); pos_embed={self.pos_embed!r} adds nothing to the tokens")
+            raise ConfigError(f"pos_embed_at={self.pos_embed_at!r} needs an absolute position embedding, not pos_embed={self.pos_embed!r}")
         if self.pos_embed in ("learned_2d", "sincos_2d", "sincos_2d_big_vision") and self.hidden_size % 4:
             raise ConfigError(f"pos_embed={self.pos_embed!r} needs hidden_size divisible by 4")
         if self.pos_embed == "sincos_2d_big_vision" and self.hidden_size < 8:  # its frequencies divide by quarter - 1
@@ -266,9 +265,7 @@ def model_flops(cfg: "ModelConfig") -> float:
     per_block = 2 * t * d * 3 * d + 2 * 2 * t * t * d + 2 * t * d * d + 2 * 2 * t * d * cfg.mlp_dim
     if cfg.pos_embed == "relative":
         per_block += 2 * t * (2 * t - 1) * d
-    in_dim = cfg.in_channels * cfg.patch_size**2
-    if cfg.resnet is not None:
-        in_dim = cfg.resnet.out_channels * cfg.patch_size**2
+    in_dim = (cfg.resnet.out_channels if cfg.resnet is not None else cfg.in_channels) * cfg.patch_size**2
     flops: float = cfg.depth * per_block + 2 * n * in_dim * d
     if cfg.resnet is not None:
         flops += resnet_flops(cfg.resnet, cfg.image_size, cfg.in_channels)

@@ -26,8 +26,7 @@ class MPPConfig:
         check_fields(self, "objective")
         if self.mask_token_frac + self.random_patch_frac > 1.0 + 1e-9:
             raise ConfigError(f"objective.mask_token_frac + objective.random_patch_frac = "
-                              f"{self.mask_token_frac + self.random_patch_frac:g} exceeds 1; lower one of them "
-                              "(the rest, 0.1 in the paper, is the share of corrupted patches left unchanged)")
+                              f"{self.mask_token_frac + self.random_patch_frac:g} exceeds 1; lower one of them")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

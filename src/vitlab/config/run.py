@@ -91,8 +91,7 @@ class ModelSection:
         if self.head_start not in HEAD_STARTS:
             raise ConfigError(f"model.head_start={self.head_start!r}: use one of {', '.join(HEAD_STARTS)}")
         if self.head_start == "probe" and not self.checkpoint:
-            raise ConfigError("model.head_start=probe fits a pretrained model's new head on its frozen features: it "
-                              "needs model.checkpoint (vitlab finetune CHECKPOINT)")
+            raise ConfigError("model.head_start=probe fits a pretrained model's head: it needs model.checkpoint (vitlab finetune)")
         check_keys(ViTConfig, dict(self.changes), "model", extra=_MODEL_EXTRA)
         changes = dict(self.changes)
         if "image_size" in changes:
@@ -223,15 +222,13 @@ class DataConfig:
         check_fields(self, "data")
         if self.classes and (len(self.classes) < 2 or len(set(self.classes)) != len(self.classes)):
             # One class trains to 100% with loss 0; a name twice makes two labels print alike.
-            raise ConfigError(f"data.classes={list(self.classes)!r}: give two or more distinct class names, "
-                              "or leave the key out for the dataset's own")
+            raise ConfigError(f"data.classes={list(self.classes)!r}: give two or more distinct class names, or leave the key out")
         on = [a.option for a in AUGMENTATIONS if getattr(self, a.option)]
         if self.decode == "cuda" and on:
             raise ConfigError(f"data.{on[0]}={getattr(self, on[0])!r} runs on the CPU and data.decode=cuda augments on the "
                               f"GPU; use data.decode=fast with {on[0]}")
         if self.train_size and self.train_fraction < 1:
-            raise ConfigError(f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g} both pick the "
-                              "training subset; set one of them")
+            raise ConfigError(f"data.train_size={self.train_size} and data.train_fraction={self.train_fraction:g}: set one of them")
 
 
 @dataclass(frozen=True)

@@ -139,15 +139,13 @@ class AfterStep:
                               f"{', '.join(NOT_AFTER)} (e.g. fewshot {{checkpoint}} ...)")
 
 
-PRIMARY = {"metric": "the one metric the claim is judged on (a results column or `A - B`)",
-           "where": "the one context of the pair it is judged in (a mapping of axis: value; {} for none)",
-           "selection": "how any choice in it is made, on dev, never on test, in words",
-           "effect": "the smallest difference that matters (the paper's effect), in the metric's units",
-           "sd": "the s.d. of the per-seed difference a - b the power analysis assumes (a pilot's, earlier seeds')",
-           "sd_from": "where that s.d. comes from, in words (the pilot or the earlier seeds and their evidence)",
-           "family": "the confirmatory claims on the page (Holm's m): the power analysis plans for alpha/m",
-           "exploratory": "true: the claim is in the exploratory family, run without a power requirement"}
-POWER_KEYS = ("sd", "sd_from", "family")
+# A declared claim's keys: the one metric it is judged on (a results column or `A - B`); the one
+# context of the pair it is judged in (axis: value; {} for none); how any choice in it is made
+# (on dev, never on test, in words); the smallest difference that matters, in the metric's units;
+# the s.d. of the per-seed difference a - b the power analysis assumes, and where it comes from;
+# the confirmatory claims on the page (Holm's m: the power analysis plans for alpha/m); whether
+# it is exploratory (run without a power requirement).
+PRIMARY = ("metric", "where", "selection", "effect", "sd", "sd_from", "family", "exploratory")
 
 
 def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
@@ -157,9 +155,8 @@ def check_primary(primary: Mapping[str, Any], where: str, claim: str) -> None:
     unknown = [k for k in primary if k not in PRIMARY]
     missing = [k for k in ("metric", "selection") if not str(primary.get(k) or "").strip()]
     if unknown or missing or not claim:
-        raise ConfigError(f"{where}.primary: give {', '.join(PRIMARY)} (metric and selection required, "
-                          f"and the pair's claim text); {'unknown ' + ', '.join(unknown) if unknown else ''}"
-                          f"{'missing ' + ', '.join(missing) if missing else ''}{'no claim' if not claim else ''}")
+        wrong = [*(f"unknown {k}" for k in unknown), *(f"missing {k}" for k in missing), *([] if claim else ["no claim"])]
+        raise ConfigError(f"{where}.primary: {', '.join(wrong)}; give {', '.join(PRIMARY)} (metric and selection required) and a claim")
     if not isinstance(primary.get("where", {}), Mapping):
         raise ConfigError(f"{where}.primary.where: give a mapping of axis: value")
     for key, hint in (("effect", "the smallest difference that matters, in the metric's units"),

@@ -263,8 +263,7 @@ def fashion_mnist_arrays(folder: Optional[str], download: bool = True, mirror: s
             download_fashion_mnist(c, mirror)
         except OSError as e:
             raise DataError(f"Fashion-MNIST not found in {looked} and the download from {mirror} failed ({e}); "
-                            "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) "
-                            "or pass fashion-mnist:FOLDER with the IDX files") from None
+                            "apt-get install dataset-fashion-mnist, or pass fashion-mnist:FOLDER") from None
     out = {}
     for split, (img_stem, lbl_stem) in FASHION_MNIST_FILES.items():
         img, lbl = _find_idx(c, img_stem), _find_idx(c, lbl_stem)
@@ -328,10 +327,8 @@ def image_folder(path: str, split: str, transform: Callable, test_fraction: floa
     if not root.is_dir():
         raise DataError(f"imagefolder: {root} is not a folder")
     if (root / "train").is_dir():
-        train_files, _, class_names = scan_image_folder(root / "train")
-        if split == "train":
-            files, labels, _ = scan_image_folder(root / "train", class_names)
-        else:
+        files, labels, class_names = scan_image_folder(root / "train")
+        if split != "train":
             held = next((root / n for n in ("val", "test") if (root / n).is_dir()), None)
             if held is None:
                 raise DataError(f"imagefolder: {root} has train/ but neither val/ nor test/")

@@ -303,7 +303,6 @@ def cuda_step(image: Any, draw: Callable, size: tuple[int, int], interpolation: 
 
 
 STEPS = {"pil": pil_step, "fast": fast_step, "cuda": cuda_step}  # data.decode: how training images are decoded
-DECODERS = tuple(STEPS)
 
 
 class FastEvalTransform:

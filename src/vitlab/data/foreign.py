@@ -42,11 +42,6 @@ def is_hf_dataset(obj: Any) -> bool:
     return type(obj).__module__.split(".")[0] == "datasets"
 
 
-def is_own(obj: Any) -> bool:
-    """vitlab's own datasets, which already apply the preprocessing they were opened with."""
-    return isinstance(obj, ImageDataset) or type(obj).__module__.startswith("vitlab.data")
-
-
 def _keys(row: dict) -> tuple[str, str]:
     image = next((k for k in IMAGE_KEYS if k in row), None)
     label = next((k for k in LABEL_KEYS if k in row), None)
@@ -56,14 +51,15 @@ def _keys(row: dict) -> tuple[str, str]:
     return image, label
 
 
-def split_item(item: Any) -> tuple[Any, int]:
-    """(image, label) of a dataset item: a pair/sequence, or a dict row."""
+def split_item(item: Any, what: str = "a dataset item") -> tuple[Any, Any]:
+    """(image, label) of a dataset item, or (images, labels) of a collated batch: a pair/sequence,
+    or a dict of a row or of columns."""
     if isinstance(item, dict):
         image_key, label_key = _keys(item)
-        return item[image_key], int(item[label_key])
+        return item[image_key], item[label_key]
     if isinstance(item, (tuple, list)) and len(item) >= 2:
-        return item[0], int(item[1])
-    raise DataError(f"a dataset item of type {type(item).__name__}: expected (image, label) or a dict with image and label")
+        return item[0], item[1]
+    raise DataError(f"{what} of type {type(item).__name__}: expected (image, label) or a dict with image and label")
 
 
 def to_image(image: Any) -> Any:
@@ -117,7 +113,7 @@ def _labels_of(source: Any) -> np.ndarray:
                 continue
             if labels.ndim == 1 and len(labels) == len(source):
                 return labels
-    return np.asarray([split_item(source[i])[1] for i in range(len(source))], dtype=np.int64)
+    return np.asarray([int(split_item(source[i])[1]) for i in range(len(source))], dtype=np.int64)
 
 
 class ForeignDataset(ImageDataset):
@@ -151,40 +147,25 @@ class ForeignStream(torch.utils.data.IterableDataset):
         for item in self.source:
             if not batched:
                 image, label = split_item(item)
-                yield prepare(image, self.transform, None), label
+                yield prepare(image, self.transform, None), int(label)
                 continue
-            images, labels = split_batch(item)
+            images, labels = split_item(item, "a DataLoader batch")
             for x, y in zip(images, labels, strict=True):
                 yield prepare(x, self.transform, None), int(y)
-
-
-def split_batch(batch: Any) -> tuple[Any, Any]:
-    """(images, labels) of a collated batch: a pair/sequence or a dict of columns."""
-    if isinstance(batch, dict):
-        image_key, label_key = _keys(batch)
-        return batch[image_key], batch[label_key]
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], batch[1]
-    raise DataError(f"a DataLoader batch of type {type(batch).__name__}: expected (images, labels) or a dict")
-
-
-def is_dataset(obj: Any) -> bool:
-    """A dataset of items (torch, torchvision, Hugging Face, vitlab), not an iterable of batches."""
-    return isinstance(obj, torch.utils.data.Dataset) or is_hf_dataset(obj)
 
 
 def batches(source: Any, transform: Callable, batch_size: int = 128) -> Iterator[tuple[Tensor, Tensor]]:
     """(images, labels) batches of any source: a dataset is read in order through a loader;
     a DataLoader's (or any iterable's) batches are taken as they come, tuples or dicts, with
     raw images (PIL, uint8) preprocessed by `transform`."""
-    if is_dataset(source):
+    if isinstance(source, torch.utils.data.Dataset) or is_hf_dataset(source):  # items, not batches
         loader = torch.utils.data.DataLoader(wrap(source, transform), batch_size=batch_size, collate_fn=collate)
         for images, labels, _ in loader:
             if len(labels):
                 yield images, labels
         return
     for batch in source:
-        images, labels = split_batch(batch)
+        images, labels = split_item(batch, "a DataLoader batch")
         if not isinstance(images, Tensor) or not images.is_floating_point():
             images = torch.stack([prepare(x, transform, None) for x in images])
         yield images, torch.as_tensor(labels, dtype=torch.long)
@@ -192,7 +173,7 @@ def batches(source: Any, transform: Callable, batch_size: int = 128) -> Iterator
 
 def wrap(source: Any, transform: Callable, class_names: Optional[list[str]] = None, seed: int = 0):
     """vitlab's view of any dataset (see the module docstring)."""
-    if is_own(source):
+    if isinstance(source, ImageDataset) or type(source).__module__.startswith("vitlab.data"):  # already preprocessed
         return source
     if is_hf_dataset(source) and isinstance(source, dict):  # a DatasetDict is a dict of splits
         raise DataError(f"a Hugging Face DatasetDict with splits {sorted(source.keys())}: pass one split, e.g. data['train']")
@@ -274,9 +255,8 @@ def hf_split(arg: str, split: str):
             name, _, config = arg.partition(":")
             data = datasets.load_dataset(str(folder) if folder.is_dir() else name, config or None, cache_dir=_datasets_cache())
     except errors as e:
-        raise DataError(f"hf:{arg}: cannot read it ({error_line(e)}). Offline, a Hub dataset "
-                        "must be in the datasets cache already (load it once online with datasets.load_dataset), or give a "
-                        "folder written by dataset.save_to_disk(DIR) as hf:DIR") from None
+        raise DataError(f"hf:{arg}: cannot read it ({error_line(e)}); offline, it must be in the datasets cache (load it once "
+                        "online), or give a folder written by dataset.save_to_disk(DIR) as hf:DIR") from None
     if not isinstance(data, dict):  # one Dataset without splits (a DatasetDict is a dict): the training set
         if split != "train":
             raise DataError(f"hf:{arg} has no splits; only split 'train' (and dev / train-minus-dev) can be read")

@@ -24,7 +24,6 @@ from typing import Iterable, Optional, Sequence
 # Appendix B.1.1's dev fractions; 10% for every set it does not name.
 DEV_FRACTIONS = {"imagenet": 0.01, "cifar10": 0.02, "cifar100": 0.02, "pets": 0.1, "flowers": 0.1}
 DEFAULT_DEV_FRACTION = 0.1
-PAPER_DATASETS = ("cifar100", "cifar10", "imagenet", "pets", "flowers", "vtab")
 NAMED = {"cifar10": "cifar10", "cifar100": "cifar100"}  # dataset specs that declare a paper dataset
 
 # The training splits of the paper's datasets by their shape: (images, classes, images in

@@ -87,8 +87,7 @@ def split_slice(split: str) -> tuple[str, Optional[tuple[str, str]]]:
         return split, None
     m = _SLICE.match(split.strip())
     if not m:
-        raise DataError(f"split {split!r}: write a part of a split as tfds does, NAME[START:STOP] with counts or "
-                        "percentages, e.g. train[:65000] or train[10%:]")
+        raise DataError(f"split {split!r}: write a part of a split as tfds does, NAME[START:STOP] (train[:65000], train[10%:])")
     if m.group(1) not in SLICEABLE:
         raise DataError(f"split {split!r}: slice a stored split ({', '.join(SLICEABLE)}), not {m.group(1)}")
     return m.group(1), (m.group(2) or "", m.group(3) or "")

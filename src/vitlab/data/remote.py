@@ -85,13 +85,8 @@ def check_command(command: str, where: str = "wds") -> None:
     """Refuse, before it runs, a pipe: command nobody allowed (see the module docstring)."""
     if _typed is None or command in _typed:
         return
-    raise DataError(f"{where}: pipe:{command} would run a shell command that is not on this command line (it comes "
-                    "from a file: a recipe, a run's config.yaml or a sweep spec); if you trust that file, allow it "
-                    f"with --allow-pipe on the command line, or {ALLOW_ENV}=1 in the environment")
-
-
-def is_remote(pattern: str) -> bool:
-    return pattern.startswith(SCHEMES)
+    raise DataError(f"{where}: pipe:{command} would run a shell command that is not on this command line (it comes from a file); if "
+                    f"you trust that file, allow it with --allow-pipe (or {ALLOW_ENV}=1)")
 
 
 class RemoteShard(str):

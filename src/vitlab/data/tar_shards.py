@@ -76,7 +76,7 @@ def _expand(pattern: str) -> Iterator[str]:
 
 
 def resolve_shards(pattern: str, split: str) -> list[remote.Shard]:
-    if remote.is_remote(pattern):  # http(s):// or pipe: (remote.py); braces expand, globs do not
+    if pattern.startswith(remote.SCHEMES):  # http(s):// or pipe: (remote.py); braces expand, globs do not
         if pattern.startswith("pipe:"):
             remote.check_command(pattern[len("pipe:"):])  # a shell runs only what the user wrote
         return [remote.RemoteShard(p) for p in expand_braces(pattern)]  # (at most MAX_SHARDS)

@@ -125,8 +125,8 @@ def parse_example(record: bytes) -> dict[str, list[Any]]:
 
 
 def _damaged(path: Path, pos: int, what: str) -> DataError:
-    return DataError(f"{path}: the record at byte {pos} fails its {what} checksum: the file is damaged; "
-                     "prepare the dataset again (tfds) or copy it anew", reason="checksum")
+    return DataError(f"{path}: the record at byte {pos} fails its {what} checksum: the file is damaged; prepare it again",
+                     reason="checksum")
 
 
 class Records:

@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vitlab.config.model import as_pair
 from vitlab.config.preprocessing import eval_recipe
 from vitlab.config.run import AUGMENTATIONS, CROP_SCALE, CROPS
 from vitlab.data import decode as decoding
@@ -75,15 +76,12 @@ def _array_image(a: np.ndarray) -> Image.Image:
     if not np.isfinite(a).all():
         raise ValueError("the numpy image holds NaN or infinite values; pass finite pixels")
     if a.size and (a.min() < 0 or a.max() > 1):
-        raise ValueError(f"float pixels run from 0 to 1, not {a.min():g} to {a.max():g}; for 0-255 pass uint8 "
-                         "(array.astype(numpy.uint8))")
+        raise ValueError(f"float pixels run from 0 to 1, not {a.min():g} to {a.max():g}; for 0-255 pass uint8")
     return _array_image(np.round(a * 255).astype(np.uint8))  # as a PIL image, the same path as 8-bit pixels
 
 
 def _size(image_size: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(image_size, int):
-        return image_size, image_size
-    h, w = image_size
+    h, w = as_pair(image_size)
     return int(h), int(w)
 
 
@@ -272,7 +270,8 @@ class TrainTransform:
         unknown = sorted(set(augment) - set(AUGMENT_OPTIONS))
         if unknown:
             raise TypeError(f"unknown augmentation option(s) {unknown}; known: {', '.join(AUGMENT_OPTIONS)}")
-        self.size, self.mean, self.std, self.in_channels = _size(image_size), tuple(mean), tuple(std), in_channels
+        self.size = _size(image_size)
+        self.mean, self.std, self.in_channels = tuple(mean), tuple(std), in_channels
         self.decode, self.uint8, self.interpolation = decode, uint8, interpolation_mode(interpolation)
         self.crop, self.antialias = crop, antialias
         self.draw = (functools.partial(decoding.whole_box, hflip=hflip) if crop == "whole" else

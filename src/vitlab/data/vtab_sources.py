@@ -151,8 +151,7 @@ def pinned(task: Task, builder_dir: Path, accept: str = "") -> Path:
     wanted = f"{config}:{pin}" if config else pin
     if accept:
         raise DataError(f"{task.name}: {builder_dir} holds {held}, not the {wanted} the spec accepts")
-    raise DataError(f"{task.name}: {builder_dir} holds {held}; VTAB reads {task.tfds} (task_adaptation/data, "
-                    f"as tfds.builder({task.tfds!r}) prepares it): prepare that, or accept another explicitly "
+    raise DataError(f"{task.name}: {builder_dir} holds {held}; VTAB reads {task.tfds}: prepare that, or accept another "
                     f"with vtab:{task.name}@[CONFIG/]VERSION:ROOT", reason="version")
 
 

@@ -20,6 +20,7 @@ import copy
 import json
 import random
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -100,10 +101,8 @@ def _index(path: remote.Shard) -> dict[str, Any]:
     for key, parts in iter_shard(path):
         buckets[dev_bucket(key)] += 1
         labels.append(sample_label(path, key, parts))
-    counts = [0] * (max(labels, default=-1) + 1)
-    for label in labels:
-        if label >= 0:
-            counts[label] += 1
+    tally = Counter(labels)
+    counts = [tally[label] for label in range(max(labels, default=-1) + 1)]
     return {"buckets": buckets, "min_label": min(labels, default=0), "max_label": max(labels, default=-1),
             "label_counts": counts}
 

@@ -266,11 +266,10 @@ def save_int8(model: nn.Module, path) -> None:
     copy keeps it. `load_int8` reads it back; `vitlab.load` refuses it by name."""
     kind = getattr(model, "serving", "")
     if not isinstance(model, Serving) or kind not in ("int8", CALIBRATED):
-        raise ValueError("save_int8 takes an int8 copy: vitlab.deploy.quantize_int8(model) or "
-                         "quantize_int8(model, calibration=images)")
+        raise ValueError("save_int8 takes an int8 copy: vitlab.deploy.quantize_int8(model) makes one")
     inner: Any = model.model  # the ViT inside the copy
     extra = {io.SERVING_KEY: kind, **({REST_KEY: str(model.dtype).removeprefix("torch.")} if kind == CALIBRATED else {})}
-    io.write_state(inner.config, io.contiguous_state(inner), inner.class_names, path, extra_metadata=extra)
+    io.write_state(inner.config, inner.state_dict(), inner.class_names, path, extra_metadata=extra)
 
 
 def load_int8(path) -> Serving:
@@ -292,8 +291,8 @@ def load_int8(path) -> Serving:
         try:
             model.load_state_dict(imported.state, strict=True)
         except RuntimeError as e:  # keys or shapes that the stored config's int8 model does not have
-            raise io.CheckpointError(f"the stored config does not fit the int8 tensors: "
-                                     f"{' '.join(str(e).split())[:400]}", reason="config-mismatch") from None
+            raise io.CheckpointError(f"the stored config does not fit the int8 tensors: {' '.join(str(e).split())[:400]}",
+                                     reason="config-mismatch") from None
         model.class_names = imported.class_names
         if kind == CALIBRATED:
             return Serving(restore_calibrated(model, rest), rest, kind=CALIBRATED)

@@ -65,13 +65,11 @@ def refuse_serving_copy(model: nn.Module, what: str) -> None:
     if kind and what == "torch.export":
         if kind == "int8":  # the portable int8 layer (torch._int_mm) exports as it is
             return
-        raise ValueError(
-            f"{what} of an inference copy ({kind}) is not supported: its packed oneDNN weights belong to the "
-            "process that built it; export the model itself (vitlab.load(CHECKPOINT), or vitlab export CHECKPOINT)")
+        raise ValueError(f"{what} of an inference copy ({kind}) is not supported (its packed weights are this process's): "
+                         "export the model itself")
     if kind:
-        raise ValueError(f"{what} of a serving copy ({kind}) is not supported (ONNX has no form of its int8/packed kernels "
-                         "that vitlab checks); export the fp32 model and let the runtime quantise it (onnxruntime.quantization."
-                         "quantize_dynamic), or export this copy with torch.export (--format torch-export)")
+        raise ValueError(f"{what} of a serving copy ({kind}) is not supported: export the fp32 model (and quantise it in the "
+                         "runtime), or this copy with torch.export (--format torch-export)")
 
 
 def export_onnx(model: VisionTransformer, path: str | os.PathLike, opset: int = 18) -> Path:

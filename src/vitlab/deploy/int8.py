@@ -114,9 +114,8 @@ class CalibratedInt8Linear(nn.Module):
         packed again. Refused where this CPU's int8 kernel cannot multiply the stored levels."""
         x_scale, x_zero, out_scale, out_zero, top, uint8_out = self.quantisation.tolist()
         if top > activation_top():
-            raise CheckpointError("this int8 copy was calibrated for 8-bit activations, which this CPU's int8 kernel "
-                               "(no VNNI) multiplies wrongly: calibrate it again here (deploy.quantize_int8(model, "
-                               "calibration=images))")
+            raise CheckpointError("this int8 copy was calibrated for 8-bit activations, which this CPU's int8 kernel (no VNNI) "
+                                  "multiplies wrongly: calibrate it again here (deploy.quantize_int8)")
         self.x_scale, self.x_zero, self.top = x_scale, int(x_zero), int(top)
         self.out_scale, self.out_zero = out_scale, int(out_zero)
         self.out_dtype = None if uint8_out else out_dtype
@@ -214,9 +213,8 @@ def calibrated_skeleton(model: VisionTransformer, rest: torch.dtype) -> VisionTr
     """`model` (fresh, of a stored config) shaped as a calibrated copy, in `rest` outside the
     int8 layers, for load_state_dict and `restore` to fill (deploy.load_int8)."""
     if rest != torch.float32 and rest not in onednn_dtypes():
-        raise CheckpointError(f"this int8 copy keeps its other layers in {str(rest).removeprefix('torch.')}, which this "
-                           "CPU's oneDNN does not run: calibrate it again here (deploy.quantize_int8(model, "
-                           "calibration=images))")
+        raise CheckpointError(f"this int8 copy keeps its other layers in {str(rest).removeprefix('torch.')}, which this CPU's "
+                              "oneDNN does not run: calibrate it again here (deploy.quantize_int8)")
     m = model.eval().to(rest)
     for block in m.blocks:
         dense = _dense_layers(block)

@@ -272,15 +272,10 @@ def choose_kernel(kind: str, what: str, baseline: str, measure: Callable[[], dic
     return choice
 
 
-def dense_label(k: int, n: int, tokens: int, activation: Optional[str], dtype: torch.dtype) -> str:
-    act = f" +{activation}" if activation else ""
-    return f"Dense {str(dtype).removeprefix('torch.')} {k}x{n}{act}, {tokens} tokens"
-
-
 def choose_dense(k: int, n: int, tokens: int, activation: Optional[str], dtype: torch.dtype) -> Choice:
     """The kernel for a Dense layer of this shape in `dtype`: forced, cached or measured."""
-    return choose_kernel("dense", dense_label(k, n, tokens, activation, dtype), "F.linear",
-                   lambda: time_dense(k, n, tokens, activation, dtype))
+    what = f"Dense {str(dtype).removeprefix('torch.')} {k}x{n}{f' +{activation}' if activation else ''}, {tokens} tokens"
+    return choose_kernel("dense", what, "F.linear", lambda: time_dense(k, n, tokens, activation, dtype))
 
 
 def model_default_attention(dtype: torch.dtype) -> str:

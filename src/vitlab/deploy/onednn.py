@@ -12,10 +12,6 @@ import functools
 import torch
 
 
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
 def refuse_inside_a_trace(what: str) -> None:
     """A probe run inside torch.export, ONNX export, jit tracing or torch.compile would be
     recorded into the graph and its answer cached for the whole process: refuse it instead."""
@@ -26,7 +22,7 @@ def refuse_inside_a_trace(what: str) -> None:
 
 @functools.cache
 def _probe() -> frozenset[torch.dtype]:
-    if not onednn_available():
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return frozenset()
     runs = set()
     for dtype in (torch.float32, torch.bfloat16, torch.float16):

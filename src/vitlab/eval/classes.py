@@ -54,12 +54,9 @@ def class_names_for(model_names: Optional[Sequence[str]], num_classes: int, data
         return ours
     if len(theirs) == len(ours) and sorted(theirs) == sorted(ours):
         moved = next(n for n, m in zip(theirs, ours, strict=True) if n != m)
-        raise DataError(
-            f"{data} numbers its classes in another order than the checkpoint ({moved!r} is class "
-            f"{theirs.index(moved)} there, {ours.index(moved)} in the checkpoint): every label would be compared "
-            "with the wrong output; give the data its classes in the checkpoint's order (a classes.txt beside "
-            "WebDataset shards, data.classes)", reason="class-order"
-        )
+        raise DataError(f"{data} numbers its classes in another order than the checkpoint ({moved!r} is class {theirs.index(moved)} "
+                        f"there, {ours.index(moved)} in the checkpoint): give them in the checkpoint's order (classes.txt, data.classes)",
+                        reason="class-order")
     differ = [f"{i}: {a!r} / {b!r}" for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b]  # names beyond the shorter list are counted apart
     warnings.warn(
         f"{data} names its classes differently from the checkpoint (class {', '.join(differ[:3])}"

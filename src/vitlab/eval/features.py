@@ -153,11 +153,6 @@ def extract_features(
     return np.concatenate(feats).astype(np.float32), np.asarray(labels, dtype=np.int64)
 
 
-def cache_key(model_hash: str, **spec: Any) -> str:
-    payload = json.dumps({"model": model_hash, "representation": "pre_logits", **spec}, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:32]
-
-
 def cached_features(
     model: torch.nn.Module,
     dataset,
@@ -172,7 +167,8 @@ def cached_features(
     preprocessing (data spec, split, image size, mean, std, channels); kwargs are passed to
     `extract_features` and are part of the key where they change the result."""
     keyed = {k: kwargs.get(k) for k in ("max_per_class", "limit")}
-    key = cache_key(model_hash or model_fingerprint(model), **spec, **keyed)
+    payload = {"model": model_hash or model_fingerprint(model), "representation": "pre_logits", **spec, **keyed}
+    key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
     path = cache_dir("features") / f"{key}.npz"
     if use_cache and path.exists():
         try:

@@ -196,12 +196,9 @@ def fewshot_eval(
     Seeds 0..seeds-1 draw the examples from all of the training features given; `l2` fixes
     λ (big_vision's 2^10 by default), or "loo" chooses it per draw by leave-one-out.
     """
-    fixed: Optional[float] = None  # λ, or None: chosen per draw by leave-one-out
-    if isinstance(l2, str) or l2 is None or not l2 > 0:
-        if l2 != "loo":
-            raise ValueError(f"l2={l2!r}: give a positive L2 strength (big_vision's is 1024) or 'loo'")
-    else:
-        fixed = l2
+    if l2 != "loo" and (isinstance(l2, str) or l2 is None or not l2 > 0):
+        raise ValueError(f"l2={l2!r}: give a positive L2 strength (big_vision's is 1024) or 'loo'")
+    fixed = None if isinstance(l2, str) else l2  # λ, or None ("loo"): chosen per draw by leave-one-out
     classes = sorted(set(int(c) for c in train_labels))
     k = num_classes or (max(classes + [int(test_labels.max())]) + 1)
     tr_x, tr_y = torch.from_numpy(np.asarray(train_feats)), torch.from_numpy(np.asarray(train_labels))

@@ -26,11 +26,6 @@ def scaling(train: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return train.mean(0), train.std(0, unbiased=False) + 1e-6
 
 
-def _standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor]:
-    mean, std = scaling(train)
-    return [(t - mean) / std for t in (train, *others)]
-
-
 def fit_logistic(
     feats: np.ndarray, labels: np.ndarray, num_classes: int, C: float = 1.0, max_iter: int = 500, tol: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,9 +72,9 @@ def logistic_probe(
 ) -> dict:
     """Top-1 test accuracy of logistic regression on standardised frozen features."""
     k = int(max(train_labels.max(), test_labels.max())) + 1
-    tr, te = _standardise(
-        torch.as_tensor(train_feats, dtype=torch.float64), torch.as_tensor(test_feats, dtype=torch.float64)
-    )
+    tr, te = torch.as_tensor(train_feats, dtype=torch.float64), torch.as_tensor(test_feats, dtype=torch.float64)
+    mean, std = scaling(tr)
+    tr, te = (tr - mean) / std, (te - mean) / std
     w, b = fit_logistic(tr.numpy(), train_labels, k, C, max_iter)
     train_acc = float(((tr @ w + b).argmax(1).numpy() == train_labels).mean())
     test_acc = float(((te @ w + b).argmax(1).numpy() == test_labels).mean())

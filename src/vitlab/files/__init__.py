@@ -217,14 +217,9 @@ def sha256_file(path: PathLike, into: Any = None) -> str:
 def user_file_error(path: Path, writer: str, others: tuple[str, ...] = (), force: bool = True) -> FileExistsError:
     """The refusal to replace a user's file `path` (and `others` beside it); `force`: the
     command offers --force."""
-    if others:
-        names = ", ".join([path.name, *others])
-        fix = ", or pass --force to replace them" if force else ""
-        return FileExistsError(errno.EEXIST, f"{path.parent} holds {names}, which vitlab {writer} did not write (or "
-                                             f"which were changed since); they are kept: move them or write elsewhere{fix}")
-    fix = ", or pass --force to replace it" if force else ""
-    return FileExistsError(errno.EEXIST, f"{path} exists and vitlab {writer} did not write it (or it was changed "
-                                         f"since); it is kept: move it or write elsewhere{fix}")
+    what = f"{path.parent} holds {', '.join([path.name, *others])}, which" if others else f"{path} exists and"
+    return FileExistsError(errno.EEXIST, f"{what} vitlab {writer} did not write (or changed since); kept: move it or write "
+                                         f"elsewhere{', or pass --force' if force else ''}")
 
 
 def check_new_file(path: PathLike, writer: str, force: bool = False) -> Path:

@@ -144,19 +144,11 @@ class MPPHead(nn.Module):
     def __init__(self, cfg: MPPConfig, model_config) -> None:
         super().__init__()
         if model_config.resnet is not None:
-            raise ConfigError(
-                f"{model_config.name} is a hybrid: its ResNet stem sees every pixel before the patch "
-                "embeddings are corrupted (receptive fields overlap), so a corrupted cell's colour "
-                "leaks through its neighbours and masked patch prediction is not the paper's task; "
-                "pretrain a plain ViT (e.g. ViT-C/4, ViT-B/16) with objective=mpp instead"
-            )
+            raise ConfigError(f"{model_config.name} is a hybrid, whose ResNet stem sees the pixels of the corrupted patches: "
+                              "pretrain a plain ViT (e.g. ViT-B/16) with objective=mpp instead")
         if cfg.target == "color_grid" and model_config.patch_size % cfg.grid:
             p = model_config.patch_size
-            raise ConfigError(
-                f"objective.target=color_grid averages each {p}x{p} patch onto a {cfg.grid}x{cfg.grid} "
-                f"grid, which needs the patch size divisible by objective.grid; pick objective.grid "
-                f"from the divisors of {p}"
-            )
+            raise ConfigError(f"objective.target=color_grid needs the patch size ({p}) divisible by objective.grid ({cfg.grid})")
         self.cfg = cfg
         d = model_config.hidden_size
         # A learnable [mask] embedding, initialised small like BERT's token embeddings.

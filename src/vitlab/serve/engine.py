@@ -46,8 +46,7 @@ def decode(data: bytes, max_pixels: int) -> Image.Image:
         if e.reason == "unknown-format":
             raise UploadError(415, f"not an image the server reads (it takes {', '.join(FORMATS)})") from None
         if e.reason == "too-big":
-            raise UploadError(422, f"{e.detail}; the server decodes at most {max_pixels:,} pixels (--max-pixels): "
-                              "send a smaller image") from None
+            raise UploadError(422, f"{e.detail}; the server decodes at most {max_pixels:,} pixels (--max-pixels)") from None
         raise UploadError(422, f"the image header is damaged ({e.detail})") from None
     try:
         return read_image(data, "the upload", max_pixels)

@@ -65,12 +65,14 @@ def save_spec(spec: SweepSpec, out: Path, scale: float, source: Optional[Path] =
     return out / SPEC_FILE
 
 
+SPEC_SHAPE = {"spec": dict, "scale?": Number(0, integer=False), "claims?": dict}  # sweep.json, as files.documents checks it
+
+
 def recorded_claims(out: Path) -> Optional[dict[str, Any]]:
     """A sweep folder's declaration record (its sweep.json's `claims`), None when absent."""
     if not (out / SPEC_FILE).is_file():
         return None
-    d = read_json(out / SPEC_FILE, {"spec": dict, "scale?": Number(0, integer=False), "claims?": dict}, "sweep's spec",
-                  f"delete {out / SPEC_FILE}", ConfigError)
+    d = read_json(out / SPEC_FILE, SPEC_SHAPE, "sweep's spec", f"delete {out / SPEC_FILE}", ConfigError)
     return d.get("claims") or None
 
 
@@ -83,10 +85,8 @@ def load_folder(out: Path) -> tuple[SweepSpec, float]:
     """The spec and scale a sweep folder was run with (its sweep.json)."""
     path = out / SPEC_FILE
     if not (path.exists() or path.is_symlink()):
-        raise ConfigError(f"{out} has no {SPEC_FILE} (not a sweep folder, or made by an older vitlab): "
-                          f"name the spec too, vitlab sweep SPEC --out {out} --report")
-    d = read_json(path, {"spec": dict, "scale?": Number(0, integer=False), "claims?": dict}, "sweep's spec",
-                  f"name the spec: vitlab sweep SPEC --out {out} --report", ConfigError)
+        raise ConfigError(f"{out} has no {SPEC_FILE} (not a sweep folder): name the spec too, vitlab sweep SPEC --out {out} --report")
+    d = read_json(path, SPEC_SHAPE, "sweep's spec", f"name the spec: vitlab sweep SPEC --out {out} --report", ConfigError)
     try:
         return SweepSpec.from_dict(d["spec"], d["spec"].get("name") or out.name), float(d.get("scale", 1.0))
     except ConfigError as e:
@@ -100,9 +100,8 @@ def check_claims(spec: SweepSpec, out: Path, cells: list[Cell]) -> None:
         return
     old, _ = load_folder(out)
     if claims_digest(old) != claims_digest(spec):
-        raise ConfigError(f"{out} holds results run under other declared claims (report.compare/slopes `primary`) "
-                          f"than {spec.name}'s now; a claim is declared before its run: run the changed spec into "
-                          "a new --out (or restore its claims)")
+        raise ConfigError(f"{out} holds results run under other declared claims than {spec.name}'s now (a claim is declared "
+                          "before its run): run the changed spec into a new --out, or restore its claims")
 
 
 def check_commands(cell: Cell, spec: SweepSpec) -> None:

@@ -76,10 +76,6 @@ def _text_word(text: str) -> str:
     return to_name(text.replace("_", "-"))
 
 
-def _axis_word(axis: str) -> str:
-    return _word(axis.split(".")[-1])
-
-
 def _scaled(value: Any, scale: float, key: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"scale: {key}={value!r} is not a number, so --scale cannot multiply it")
@@ -165,7 +161,7 @@ def cells(spec: SweepSpec, out: Path, scale: float = 1.0) -> Iterator[Cell]:
         for key in spec.scale:
             if key in settings:
                 settings[key] = _scaled(settings[key], scale, key)
-        key = to_name("_".join(f"{_axis_word(a)}-{_word(label)}" for a, label, _ in combo) or "single", MAX_NAME_BYTES)
+        key = to_name("_".join(f"{_word(a.split('.')[-1])}-{_word(label)}" for a, label, _ in combo) or "single", MAX_NAME_BYTES)
         try:
             cell_dir = child(out, key, "grid cell")
         except UnsafeNameError as e:

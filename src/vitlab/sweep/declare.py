@@ -72,9 +72,8 @@ def committed(spec: SweepSpec, source: Optional[Path]) -> dict[str, Optional[str
     rel = path.relative_to(Path(root.strip()).resolve()).as_posix()
     head = (_git(path.parent, "rev-parse", "HEAD") or "").strip()
     if not head or spec_at(head, rel, path.parent) != claims_digest(spec):
-        raise ConfigError(f"{source}: its declared claims are not committed (git HEAD {head[:12] or 'none'} holds "
-                          f"other claims, or not this file); commit the spec first, then run it, so that the commit "
-                          "proves what was declared before the run")
+        raise ConfigError(f"{source}: its declared claims are not committed (git HEAD {head[:12] or 'none'} holds other claims, "
+                          "or not this file): commit the spec first, then run it")
     return {"commit": head, "spec_file": rel}
 
 
@@ -91,11 +90,6 @@ def record(spec: SweepSpec, old: Optional[dict[str, Any]], stamp: bool,
         new.update(declared="before the first cell ran", declared_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    **committed(spec, source))
     return new
-
-
-def first_start(cell_dirs: Iterable[Path]) -> Optional[float]:
-    starts = [e["start"] for d in cell_dirs for e in timing.read(d)]
-    return min(starts) if starts else None
 
 
 def verify(spec: SweepSpec, claims: Optional[dict[str, Any]], folder: Path,
@@ -119,7 +113,7 @@ def verify(spec: SweepSpec, claims: Optional[dict[str, Any]], folder: Path,
         at = calendar.timegm(time.strptime(c["declared_at"], "%Y-%m-%dT%H:%M:%SZ"))
     except (TypeError, ValueError):
         return {**out, "why": f"declaration time {c['declared_at']!r} unreadable"}
-    start = first_start(cell_dirs)
+    start = min((e["start"] for d in cell_dirs for e in timing.read(d)), default=None)
     if start is not None and at > start:
         return {**out, "status": AFTER, "why": "declared after the first cell started"}
     there = spec_at(str(c["commit"]), str(c.get("spec_file") or ""), folder)

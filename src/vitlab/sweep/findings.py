@@ -45,11 +45,6 @@ def _draws(row: dict[str, Any], metric: str) -> Optional[list[float]]:
     return [float(v) for v in draws] if isinstance(draws, list) and len(draws) > 1 else None
 
 
-def _draw_std(cells: list[dict[str, Any]], metric: str) -> Optional[float]:
-    stds = [stats.describe(d)["std"] for row in cells if (d := _draws(row, metric))]
-    return sum(stds) / len(stds) if stds else None
-
-
 def arms(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per arm: its axis values, the seeds, and per metric describe() (+ draw_std)."""
     pair_by = spec.report.pair_by
@@ -66,9 +61,9 @@ def arms(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             bounded = percent(metric) and " - " not in metric  # accuracies stay in [0, 1]; a difference need not
             d = stats.describe(values, bounds=(0.0, 1.0) if bounded else None)
-            draw = _draw_std(cells, metric)
-            if draw is not None:
-                d["draw_std"] = draw
+            stds = [stats.describe(draws)["std"] for row in cells if (draws := _draws(row, metric))]
+            if stds:  # the mean over the arm's cells of the spread between their few-shot draws
+                d["draw_std"] = sum(stds) / len(stds)
             entry["metrics"][metric] = d
         out.append(entry)
     return out
@@ -316,11 +311,9 @@ def percent(metric: str) -> bool:
 def fmt(value: Optional[float], metric: str, digits: int = 1, signed: bool = False) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    if percent(metric):
-        value, digits = value * 100, digits
-    else:
+    if not percent(metric):
         return f"{value:+.3g}" if signed else f"{value:.3g}"
-    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    return f"{100 * value:+.{digits}f}" if signed else f"{100 * value:.{digits}f}"
 
 
 def _interval(d: dict[str, Any], metric: str, signed: bool = False) -> str:

@@ -26,12 +26,8 @@ from vitlab.sweep.cells import Cell, check_record
 SKIP = ("per_class", "confusion")  # per-class tables: too wide for a results row
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _numbers(v: Any) -> bool:
-    return isinstance(v, list) and all(_is_number(x) for x in v)
+    return isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
 
 
 def _table(v: Any) -> bool:
@@ -92,8 +88,7 @@ def check_finite(results: dict[str, Any], path: Path) -> None:
     for key, v in results.items():
         for x in v if isinstance(v, list) else [v]:
             if isinstance(x, float) and not math.isfinite(x):
-                raise ConfigError(f"{path}: {key} is {x}, not a finite number, so the cell cannot be tabulated; "
-                                  "delete the file to run its step again (rerun the sweep)")
+                raise ConfigError(f"{path}: {key} is {x}, not a finite number; delete the file and rerun the sweep")
 
 
 def cell_row(cell: Cell, cell_dir: Path) -> dict[str, Any]:
@@ -125,8 +120,7 @@ def collect(cells: list[Cell], out: Path) -> list[dict[str, Any]]:
     for c in cells:
         cell_dir = check_record(c, out)
         if not (cell_dir / "cell.json").exists() and any((cell_dir / s.result).exists() for s in c.steps):
-            raise ConfigError(f"{cell_dir} holds results but no cell.json saying which cell made them; delete the "
-                              "folder to run the cell again")
+            raise ConfigError(f"{cell_dir} holds results but no cell.json; delete the folder to run the cell again")
         rows.append(cell_row(c, cell_dir))
     return rows
 
@@ -173,10 +167,7 @@ def value(row: dict[str, Any], column: str) -> Optional[float]:
 
 
 def selected(rows: list[dict[str, Any]], fig: FigureSpec) -> list[dict[str, Any]]:
-    def keep(row: dict[str, Any]) -> bool:
-        return row["status"] != "missing" and all(str(row.get(k)) == str(v) for k, v in fig.where.items())
-
-    return [r for r in rows if keep(r)]
+    return [r for r in rows if r["status"] != "missing" and all(str(r.get(k)) == str(v) for k, v in fig.where.items())]
 
 
 def groups(rows: list[dict[str, Any]], fig: FigureSpec) -> dict[str, list[tuple[Any, list[float]]]]:

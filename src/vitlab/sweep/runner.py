@@ -29,17 +29,12 @@ STOPPED = 75  # a training's exit status when a signal stopped it with a checkpo
 Say = Callable[[str], None]
 
 
-def cell_record(cell: Cell, spec: SweepSpec) -> dict[str, Any]:
-    """What makes a cell the cell it is; a rerun must find the same record in cell.json."""
-    return identity(cell)
-
-
 def prepare(cell: Cell, spec: SweepSpec, out: Path) -> Path:
     """The cell's folder with its cell.json, made now (what `run_cell` does as the cell starts)."""
     cell_dir = check_record(cell, out)
     if not (cell_dir / "cell.json").exists():
         cell_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cell_dir / "cell.json", json.dumps(cell_record(cell, spec), indent=2))
+        atomic_write_text(cell_dir / "cell.json", json.dumps(identity(cell), indent=2))
     return cell_dir
 
 
@@ -130,8 +125,7 @@ def check_launcher(launcher: str, usable: bool = True) -> None:
     if launcher != "local":
         _submitit(launcher)
     if launcher == "slurm" and shutil.which("sbatch") is None:
-        raise ConfigError("--launcher slurm: Slurm's sbatch is not on this machine's PATH; run the sweep on a Slurm "
-                          "login node, or use --launcher local (or submitit-local)")
+        raise ConfigError("--launcher slurm: Slurm's sbatch is not on this machine's PATH; run on a login node, or --launcher local")
 
 
 def submitit_executor(launcher: str, folder: Path, params: dict[str, Any], say: Say = print):
@@ -182,7 +176,7 @@ def run(cells: list[Cell], spec: SweepSpec, out: Path, *, jobs: int = 1, threads
         cell_dir = check_record(cell, out)
         steps = missing(cell, cell_dir)
         if steps:
-            todo.append((cell, cell_dir, steps, cell_record(cell, spec)))
+            todo.append((cell, cell_dir, steps, identity(cell)))
     finished = len(cells) - len(todo)
     say(f"sweep {spec.name}: {len(cells)} cell(s), {finished} finished, {len(todo)} to run -> {out}")
     if not todo:

@@ -82,8 +82,7 @@ def wrap_sources(cfg: RunConfig, model: ModelConfig, sources: tuple[Any, dict[st
         train = train.dataset  # vitlab's own sampler sets the order and the batch
     train_set = foreign.wrap(train, data_transforms(cfg, model)[0], seed=cfg.train.seed)
     if not hasattr(train_set, "__len__") or isinstance(train_set, torch.utils.data.IterableDataset):
-        raise ConfigError("training data given as a stream (an IterableDataset): give a map-style dataset (with "
-                          "__len__ and __getitem__), which an exact resume and many processes can index")
+        raise ConfigError("training data given as a stream (an IterableDataset): give a map-style dataset (__len__, __getitem__)")
     names = train_set.class_names
     train_set = training_subset(train_set, d.train_fraction, d.train_size, d.subset_seed)
     return train_set, {split: foreign.wrap(src, data_transforms(cfg, model)[1], names) for split, src in evals.items()}

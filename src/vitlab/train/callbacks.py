@@ -70,8 +70,7 @@ def lookup(results: dict[str, dict[str, Any]], metric: str, who: str) -> float:
     split, _, name = metric.partition(".")
     if split not in results or name not in results[split]:
         have = ", ".join(f"{s}.{k}" for s, m in results.items() for k, v in m.items() if isinstance(v, (int, float)))
-        raise ConfigError(f"{who}={metric}: the evaluation has no {metric}; it has {have} "
-                          "(add the split to data.eval_splits, e.g. data.eval_splits=[dev,test])")
+        raise ConfigError(f"{who}={metric}: the evaluation has no {metric}; it has {have} (add the split to data.eval_splits)")
     return float(results[split][name])
 
 
@@ -176,8 +175,7 @@ def from_config(cfg: RunConfig) -> list[Callback]:
     if wants and not t.eval_every:
         raise ConfigError(f"{' and '.join(wants)} need periodic evaluations: set train.eval_every (--eval-every N)")
     if t.early_stop.metric:
-        es = t.early_stop
-        out.append(EarlyStopping(es.metric, es.patience, es.min_delta, es.mode))
+        out.append(EarlyStopping(t.early_stop.metric, t.early_stop.patience, t.early_stop.min_delta, t.early_stop.mode))
     if t.keep_best:
         out.append(KeepBest(t.keep_best, t.early_stop.mode))
     return out

@@ -254,12 +254,7 @@ def barrier(ctx: Context) -> None:
 def full_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Whole tensors on the CPU: FSDP shards (DTensors) are gathered, which every process
     must call together; plain tensors are copied as they are."""
-    out = {}
-    for k, t in state.items():
-        if hasattr(t, "full_tensor"):
-            t = t.full_tensor()
-        out[k] = t.detach().cpu().contiguous()
-    return out
+    return {k: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().contiguous() for k, t in state.items()}
 
 
 def is_main_process() -> bool:
@@ -289,10 +284,6 @@ def check_precision(precision: str, ctx: Context, fp16_devices: tuple[str, ...])
     if precision != "fp16":
         return
     if ctx.device.type not in fp16_devices:
-        raise ConfigError(
-            f"train.precision=fp16 needs a CUDA GPU (fp16 autocast with a loss scaler); this run is on "
-            f"{ctx.device.type}, which has no fast fp16: use train.precision=bf16 (--bf16), same speed-up "
-            "where supported and no scaler needed"
-        )
+        raise ConfigError(f"train.precision=fp16 needs a CUDA GPU; this run is on {ctx.device.type}: use train.precision=bf16 (--bf16)")
     if ctx.parallel == "fsdp":
         raise ConfigError("train.precision=fp16 is not supported with FSDP (its scaler is sharded); use bf16")

@@ -32,7 +32,7 @@ from torch import nn
 from vitlab import run_layout
 from vitlab.config import ConfigError, RunConfig
 from vitlab.config.model import grid_record
-from vitlab.config.provenance import DATA_OBJECTS
+from vitlab.config.provenance import DATA_OBJECTS, SWEEP
 from vitlab.data import make_loader
 from vitlab.data.decode import model_input
 from vitlab.data.loader import batches_per_epoch, close
@@ -299,7 +299,8 @@ class Trainer:
             run.log = MetricsLog(self.out, open_trackers(list(self.trackers), self.out, cfg.to_dict()))
             run.progress = Progress(run.plan.total, run.start, quiet=self.quiet, lr=cfg.optim.lr)
         self._say("\n  ".join((report.plan_line(run, self.cfg), *self.notes, *probe_head.lines(run.head_probe, run.start))))
-        if cfg.optim.warmup_steps >= run.plan.total:
+        # A rate sweep's arm is the first steps of a longer run, warmed up as that run is (finetune_choice.apply).
+        if cfg.optim.warmup_steps >= run.plan.total and cfg.origin("optim.warmup_steps") != SWEEP:
             self._warn(f"optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run ({run.plan.total} steps): "
                        f"the learning rate never reaches optim.lr={cfg.optim.lr:g} and never decays; lower --warmup-steps")
         for split, metrics in run.start_scores.items() if ctx.is_main else ():  # scored in _restore, logged now
@@ -365,11 +366,8 @@ class Trainer:
         bad = not math.isfinite(loss_value) or (grads_checked and not math.isfinite(grad_norm))
         if distributed.any_flag(bad, ctx):
             where = f"the last good checkpoint is {run.last_good}" if run.last_good else "no checkpoint was written yet"
-            raise TrainingDiverged(
-                f"step {step + 1}: the loss is {loss_value} (gradient norm {grad_norm}); stopped before "
-                f"updating the weights, {where}. Lower the learning rate (--lr), lengthen the warm-up "
-                "(--warmup-steps) or keep optim.clip_grad_norm=1"
-            )
+            raise TrainingDiverged(f"step {step + 1}: the loss is {loss_value} (gradient norm {grad_norm}); stopped before updating "
+                                   f"the weights, {where}. Lower --lr or lengthen --warmup-steps")
         if run.scaler is not None:
             run.scaler.step(run.optimizer)
             run.scaler.update()

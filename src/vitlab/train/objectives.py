@@ -166,21 +166,21 @@ class MaskedPatchPrediction(Objective):
     def forward(
         self, images: Tensor, labels: Optional[Tensor] = None, generator: Optional[torch.Generator] = None
     ) -> tuple[Tensor, dict[str, Any]]:
+        loss, metrics, _ = self._loss(images, generator)
+        # "accuracy" (what the trainer logs): the colour-class accuracy on corrupted patches.
+        return loss, {("accuracy" if k == "color_acc" else k): v.detach() for k, v in metrics.items()}
+
+    def _loss(self, images: Tensor, generator: Optional[torch.Generator]) -> tuple[Tensor, dict[str, Tensor], Tensor]:
         kind, sources = masking.draw(self.cfg, images, self.model.config.patch_size, generator)
         pred, targets = self.mpp.predict(self.model, images, sources)
         selected = (kind != masking.UNTOUCHED).to(images.device)  # (B, N); the unchanged-but-selected count too
-        loss, metrics = mpp_loss(pred[selected], targets[selected], self.cfg)
-        # "accuracy" (what the trainer logs): the colour-class accuracy on corrupted patches.
-        return loss, {("accuracy" if k == "color_acc" else k): v.detach() for k, v in metrics.items()}
+        return *mpp_loss(pred[selected], targets[selected], self.cfg), selected
 
     # Evaluation: masks from a fixed seed, so numbers compare across checkpoints and the
     # global generator -- hence resume -- is left alone.
     @torch.no_grad()
     def eval_step(self, images: Tensor, labels: Optional[Tensor] = None, seed: int = 0) -> dict[str, Tensor]:
-        kind, sources = masking.draw(self.cfg, images, self.model.config.patch_size, torch.Generator().manual_seed(seed))
-        pred, targets = self.mpp.predict(self.model, images, sources)
-        selected = (kind != masking.UNTOUCHED).to(images.device)
-        loss, metrics = mpp_loss(pred[selected], targets[selected], self.cfg)
+        loss, metrics, selected = self._loss(images, torch.Generator().manual_seed(seed))
         m = selected.sum()
         sums = {"count": torch.tensor(images.shape[0], device=images.device), "patches": m, "loss_sum": loss * m}
         if "color_acc" in metrics:

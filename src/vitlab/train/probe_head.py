@@ -99,11 +99,8 @@ def for_run(cfg: RunConfig, model: Model, sources: Optional[tuple[Any, dict[str,
     def fit_now() -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         return fitted(model, plain_training_set(cfg, model.config, sources, inputs))
 
-    if sources is not None:  # data given as objects: nothing names them for a later run
-        weight, bias, result = fit_now()
-        fresh = True
-    else:
-        weight, bias, result, fresh = inputs.probe_head(probe_key(cfg, model), fit_now)
+    # data given as objects: nothing names them for a later run
+    weight, bias, result, fresh = (*fit_now(), True) if sources is not None else inputs.probe_head(probe_key(cfg, model), fit_now)
     set_head(model, weight, bias)
     if fresh:
         compute.forward_only(result["images"] * compute.processes)  # each process ran them all
@@ -128,9 +125,7 @@ def lines(result: Optional[dict[str, Any]], start_step: int = 0) -> tuple[str, .
     cost = "fitted for an earlier run of this plan, reused" if result.get("shared_with_earlier_run") \
         else f"{result['seconds']:.1f} s"
     return (f"head: started as a linear probe of the frozen features (model.head_start=probe): {result['images']:,} "
-            f"training images, top-1 {result['train_top1']:.1%} on them, {cost} "
-            "(model.head_start=zeros for the paper's zero head). It is fitted on the images as evaluation sees them; "
-            "training sees random crops of them, so the first steps' loss sits above what this top-1 suggests",)
+            f"training images, top-1 {result['train_top1']:.1%} on them, {cost} (model.head_start=zeros for the paper's zero head)",)
 
 
 def below_start(result: Optional[dict[str, Any]], results: dict[str, dict[str, Any]], steps: int,

@@ -116,12 +116,9 @@ def resume_config(run_dir: Path | str, given: Given = Given(), recipe: Optional[
     if out and Path(out).resolve() != run_dir.resolve():
         refused.append("--out")
     if refused:
-        allowed = "--steps, --epochs, --ckpt-every, --workers, --device, --log, --quiet"
-        raise ConfigError(
-            f"--resume {run_dir} continues that run with its own config; {', '.join(refused)} would change it. "
-            f"On resume only {allowed} and {', '.join(sorted(RESUMABLE_CHANGES))} may change; for other settings "
-            "start a new run with another --out"
-        )
+        may = f"--steps, --epochs, --ckpt-every, --workers, --device, --log, --quiet, {', '.join(sorted(RESUMABLE_CHANGES))}"
+        raise ConfigError(f"--resume {run_dir} continues that run with its own config; {', '.join(refused)} would change it "
+                          f"(only {may} may): start a new run with another --out")
     cfg = RunFolder(run_dir).read_config()  # a damaged config.yaml is one line naming it
     return cfg.with_overrides(given.values, COMMAND_LINE)
 

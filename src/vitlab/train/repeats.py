@@ -23,10 +23,6 @@ from vitlab.train import distributed, finetune_choice as choice
 from vitlab.train.finetune import Plan
 
 
-def _final(result: dict[str, Any]) -> dict[str, Any]:
-    return result["final"] if "final" in result else result  # a sweep's result holds the final run
-
-
 def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
            log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run `plan` `repeats` times with seeds seed, seed+1, ...; `run(plan) -> result` is
@@ -46,7 +42,7 @@ def repeat(plan: Plan, repeats: int, run: Callable[[Plan], dict[str, Any]],
         result = run(this)
         best_lr = best_lr or result.get("best_lr")
         best_recipe = best_recipe or result.get("best_recipe")
-        splits = {s: m["top1"] for s, m in _final(result)["splits"].items()}
+        splits = {s: m["top1"] for s, m in result.get("final", result)["splits"].items()}
         runs.append({"seed": seed + k, "folder": str(this.out), "lr": cfg.optim.lr if best_lr is None else best_lr,
                      "top1": splits})
         log(f"repeat {k + 1}/{repeats} (seed {seed + k}): " + ", ".join(f"{s} top-1 {v:.2%}" for s, v in splits.items()))

@@ -145,14 +145,8 @@ def link_last(folder: Path, model_file: Path, name: str = LAST) -> None:
 
 def complete_steps(folder: Path) -> list[int]:
     """Steps with both files present, oldest first."""
-    if not folder.is_dir():
-        return []
-    steps = []
-    for p in folder.iterdir():
-        m = STEP_FILE.match(p.name)
-        if m and step_paths(folder, int(m.group(1)))[1].exists():
-            steps.append(int(m.group(1)))
-    return sorted(steps)
+    found = [int(m.group(1)) for p in (folder.iterdir() if folder.is_dir() else ()) if (m := STEP_FILE.match(p.name))]
+    return sorted(step for step in found if step_paths(folder, step)[1].exists())
 
 
 def prune(folder: Path, keep: int) -> None:

@@ -53,11 +53,6 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def flat_config(config: dict[str, Any]) -> dict[str, str]:
-    """{"optim.lr": "0.001", ...}: the resolved config as tracker parameters."""
-    return {f"{section}.{k}": json.dumps(v) for section, values in config.items() for k, v in values.items()}
-
-
 class Tracker:
     """One tracker: `log(record)` per metrics.jsonl line, `close()` at the end; `where` says
     where its output is, for the final print."""
@@ -114,7 +109,7 @@ class MLflow(Tracker):
         run = mlflow.start_run(run_id=ids.get("mlflow"), run_name=None if resumed else folder.name)
         ids["mlflow"] = run.info.run_id
         if not resumed:  # parameters are write-once in MLflow; an extended run keeps its first ones
-            mlflow.log_params(flat_config(config))
+            mlflow.log_params({f"{s}.{k}": json.dumps(v) for s, values in config.items() for k, v in values.items()})
         self.where = f"mlflow          {mlflow.get_tracking_uri()} (run {run.info.run_id})"
 
     def log(self, record: dict[str, Any]) -> None:

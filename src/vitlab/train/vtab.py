@@ -83,14 +83,13 @@ class Settings:
                 raise DataError(f"--tfds-version gives {name} two versions ({name}={accepted[name]} and {a}): give one")
         if self.grid is not None:
             lr_grid(None, self.grid)  # an empty or non-positive grid, refused
+            object.__setattr__(self, "grid", tuple(self.grid))  # kept as given otherwise: Settings(**vars(s)) == s
         if self.grid is not None and self.lr is not None:
             raise ConfigError("--lr and --lr-grid both set the learning rate (--lr-grid chooses it per task): give one")
         keys = [parse_override(o)[0] for o in self.overrides]
         flagged = [f"{o} (vitlab vtab sets it with {FLAGS[k]})" for o, k in zip(self.overrides, keys, strict=True) if k in FLAGS]
         if flagged:  # the override would win over the flag without a word
             raise ConfigError(f"{'; '.join(flagged)}: give it with the flag")
-        if self.grid is not None:
-            object.__setattr__(self, "grid", tuple(self.grid))  # kept as given otherwise: Settings(**vars(s)) == s
 
     @property
     def rate(self) -> float:
@@ -110,12 +109,6 @@ def image_size(text: str) -> Optional[int]:
         return int(number(text, "--image-size", whole=True, at_least=1))
     except ConfigError:
         raise DataError(f"--image-size {text!r}: give a number of pixels (the paper's 384), or checkpoint") from None
-
-
-def checkpoint_name(checkpoint: str) -> str:
-    """How the row names the model: a run's folder for RUN/checkpoints/*.safetensors, else the file's stem."""
-    run = holding_run(checkpoint)
-    return run.path.name if run is not None else Path(checkpoint).stem
 
 
 def task_config(checkpoint: str, task: Task, root: Path, s: Settings, inputs: Inputs) -> RunConfig:
@@ -193,8 +186,7 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
     else:
         summary, lr = train(cfg, folder / "run", inputs), s.rate
     test = summary["splits"]["test"]
-    image_size = cfg.model.changes.get("image_size")  # (an (h, w) pair; None: the checkpoint's)
-    image_size = None if image_size is None else list(image_size)  # as result.json reads back
+    image_size = list(cfg.model.changes["image_size"]) if "image_size" in cfg.model.changes else None  # as result.json reads back
     size = "the checkpoint's resolution" if image_size is None else "x".join(map(str, image_size)) + " px"
     grid = {k: summary[k] for k in ("grid", "ignored_pixels") if k in summary}  # (the final run's: loop.py)
     if any(grid.get("ignored_pixels", ())):
@@ -265,14 +257,6 @@ def csv_text(row: dict[str, Any]) -> str:
 TABLES = ("vtab.md", "vtab.json", "vtab.csv")
 
 
-def tables_owner(out: Path, force: bool = False) -> OutputFolder:
-    """The suite folder's tables, claimed (files.OutputFolder): new ones, or the ones vtab wrote
-    there and nobody changed since; a user's (or an edited) vtab.md is refused unless `force`."""
-    owner = OutputFolder(out, "vtab", force=force)
-    owner.claim(TABLES)
-    return owner
-
-
 def write_tables(row: dict[str, Any], out: Path, force: bool = False) -> dict[str, Path]:
     """OUT/vtab.md, vtab.json, vtab.csv: the row in three forms. Claimed, written and listed
     under the folder's lock, so that task jobs finishing together each find the others'."""
@@ -297,7 +281,7 @@ def check_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s
                 force: bool = False) -> None:
     """What a run of the suite would refuse, refused before its first task: a user's tables in
     OUT, and a task's result of other work."""
-    tables_owner(out, force)
+    OutputFolder(out, "vtab", force=force).claim(TABLES)  # a user's (or an edited) vtab.md is refused unless `force`
     for task in tasks:
         if (out / task.name / "result.json").exists():  # (the checkpoint is hashed only when there is one)
             finished(task, out, identity(checkpoint, task, root, s, inputs))
@@ -330,5 +314,6 @@ def report(checkpoint: str, root: Path, out: Path, s: Settings, inputs: Inputs, 
     """The row of every result under OUT that is this work (`collect`), written to OUT's tables:
     (row, the tables' paths)."""
     missing = absent(root) if missing is None else missing
-    row = table_row(collect(checkpoint, root, out, s, inputs), name or checkpoint_name(checkpoint), missing)
+    run = holding_run(checkpoint)  # the row names a run's folder for RUN/checkpoints/*.safetensors, else the file's stem
+    row = table_row(collect(checkpoint, root, out, s, inputs), name or (run.path.name if run else Path(checkpoint).stem), missing)
     return row, write_tables(row, out, force)
