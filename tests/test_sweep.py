@@ -259,8 +259,8 @@ def test_the_sweeps_time_is_the_union_of_its_steps(tmp_path):
 
 
 def test_shipped_confirmatory_claims_are_powered():
-    """A shipped spec's claim with a power analysis plans 80% or more at its stated effect
-    (vitlab sweep refuses it otherwise); the power it prints is stats.power's."""
+    """A shipped spec's confirmatory claim plans 80% or more at its stated effect (vitlab sweep
+    refuses it otherwise); an exploratory one may state a lower power (paper/data-size's does)."""
     from vitlab.config.sweep import declared_claims
     from vitlab.sweep import declare, stats
 
@@ -270,7 +270,7 @@ def test_shipped_confirmatory_claims_are_powered():
         declare.check_power(spec)
         for claim in declared_claims(spec):
             p = declare.plan(spec, claim)
-            if p["power"] is not None:
+            if p["power"] is not None and p["confirmatory"]:
                 planned += 1
-                assert p["confirmatory"] and p["power"] >= stats.POWER and p["seeds"] >= p["needs"]
+                assert p["power"] >= stats.POWER and p["seeds"] >= p["needs"]
     assert planned >= 2  # paper/local-heads and paper/table8
