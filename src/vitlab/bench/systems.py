@@ -83,7 +83,7 @@ class Prepared:
 
 def build_model(impl: str, cfg: ModelConfig, precision: str = "fp32") -> nn.Module:
     """`impl`'s model; vitlab's with the attention kernel `vitlab train` builds for `precision`."""
-    return build(cfg, training.attention_kernel(precision)) if impl == "vitlab" else build_peer(impl, cfg)
+    return build(cfg, training.training_attention(precision)) if impl == "vitlab" else build_peer(impl, cfg)
 
 
 def _autocast(precision: str, device: str):

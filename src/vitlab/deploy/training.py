@@ -32,7 +32,7 @@ from vitlab.deploy import kernels, onednn
 TRAIN_IMAGES = 8  # images per timed product: a training batch's shape at a few seconds of timing
 
 
-def attention_kernel(precision: str) -> str:
+def training_attention(precision: str) -> str:
     """The CPU attention kernel a training step's model is built with (its `cpu_attention`). In
     bf16, two batched matrix products around a softmax beat the fused kernel on AVX-512 without
     AMX: 2x forward at ViT-B/16's shapes, 2-5x backward (torch 2.14; with AMX the fused forward is

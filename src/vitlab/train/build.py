@@ -42,7 +42,7 @@ def _applicable(config: ModelConfig, changes: dict[str, Any]) -> dict[str, Any]:
 def build_model(section: ModelSection, class_names: list[str], inputs: Inputs, precision: str) -> Model:
     """The run's network for these classes: a new one of the named variant, or the start
     checkpoint's (read through `inputs`) with the fine-tuning changes and a fresh zero head."""
-    kernel = training.attention_kernel(precision)
+    kernel = training.training_attention(precision)
     changes = {"num_classes": len(class_names), **section.changes}
     if section.checkpoint:
         imported = inputs.checkpoint(section.checkpoint)
