@@ -16,19 +16,28 @@ _API = {"create_model", "list_models", "load", "save", "get_config", "transform"
 _MODULES = {"analysis", "checkpoints", "config", "models", "data", "train", "eval", "deploy"}
 
 
-# Where each name of the API lives, imported on first use.
-_LAZY = {**dict.fromkeys(_API, "vitlab.api"), "Predictor": "vitlab.predictor", "VisionTransformer": "vitlab.models.vit",
-         **dict.fromkeys(("ViTConfig", "ResNetConfig", "ConfigError"), "vitlab.config")}
-
-
 def __getattr__(name):
-    import importlib
+    if name in _API:
+        from vitlab import api
 
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(api, name)
+    if name == "Predictor":
+        from vitlab.predictor import Predictor
+
+        return Predictor
+    if name in ("VisionTransformer",):
+        from vitlab.models.vit import VisionTransformer
+
+        return VisionTransformer
+    if name in ("ViTConfig", "ResNetConfig", "ConfigError"):
+        from vitlab import config
+
+        return getattr(config, name)
     if name in _MODULES:
+        import importlib
+
         return importlib.import_module(f"vitlab.{name}")
     raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
 
 
-__all__ = sorted(_LAZY)
+__all__ = sorted(_API | {"Predictor", "VisionTransformer", "ViTConfig", "ResNetConfig", "ConfigError"})
