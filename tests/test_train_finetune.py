@@ -123,7 +123,7 @@ def test_recipe_paper_keeps_the_papers_protocol_and_auto_chooses(tmp_path):
     assert [a.name for a in auto.arms][::4] == ["paper-lr-0.001", "adamw-lr-0.0003"] and auto.sweep_steps == 25
     fixed = plan(ck, values={"optim.lr": 0.002}, choose="adamw")
     assert fixed.config.optim.name == "adamw" and fixed.config.optim.lr == 0.002 and not fixed.arms
-    assert fixed.config.optim.warmup_steps == 125 and fixed.config.train.label_smoothing == 0.1  # 25% of 500
+    assert fixed.config.optim.warmup_steps == 125 and fixed.config.train.label_smoothing == 0.0  # 25% of 500
     given = plan(ck, overrides=("optim.lr=0.01",))
     assert given.config.optim.name == "sgd" and not given.arms
     assert any("as --lr was given: no sweep chooses" in n for n in given.notes)

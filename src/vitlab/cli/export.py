@@ -49,9 +49,7 @@ def _check_out(args) -> Path:
 
     from vitlab.cli import UsageError
 
-    out = Path(args.out)
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; give a file name such as {out / 'model.onnx'}")
+    out = Path(args.out)  # (not a folder: the dispatcher's check of WRITES)
     if out.exists() and not args.force:
         raise UsageError(f"--out {out} exists; pass --force to replace it, or pick another path")
     suffix = ".onnx" if args.format == "onnx" else ".pt2"

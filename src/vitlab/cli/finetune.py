@@ -9,9 +9,9 @@ is followed as it is, and so is --table4's: Table 4's protocol) a quick sweep ch
 dev split, between
   - paper: the paper's (§3.2, Appendix B.1.1): SGD with momentum 0.9, no weight decay, the
     inception crop, at each rate of Table 4's grid (0.001-0.03), and
-  - adamw: the recipe vitlab trains from scratch with: AdamW, weight decay 0.05, label
-    smoothing 0.1, on the whole image unflipped (a short run on crops and mirror images
-    undoes the probe head it starts from), at 0.0003 and 0.001, and the new head started as the linear
+  - adamw: the recipe vitlab trains from scratch with: AdamW, weight decay 0.05, but on the
+    whole image unflipped and without label smoothing (a short run on crops, mirror images or
+    smoothed labels undoes the probe head it starts from), at 0.0003 and 0.001, and the new head started as the linear
     probe of the frozen features (logistic regression on up to 500 training images per
     class, as vitlab linear-probe fits it; model.head_start=probe, its forward passes
     counted as compute; model.head_start=zeros for the paper's zero head).

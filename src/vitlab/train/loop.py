@@ -33,7 +33,7 @@ from vitlab import run_layout
 from vitlab.config import ConfigError, RunConfig
 from vitlab.config.model import grid_record
 from vitlab.config.provenance import DATA_OBJECTS, SWEEP
-from vitlab.data import make_loader
+from vitlab.data import known_length, make_loader
 from vitlab.data.decode import model_input
 from vitlab.data.loader import batches_per_epoch, close
 from vitlab.deploy import training
@@ -47,7 +47,7 @@ from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective, evaluation_target
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, TrainingDiverged, dataset_size, eval_batches
+from vitlab.train.report import MetricsLog, Progress, TrainingDiverged, eval_batches
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 
@@ -424,7 +424,7 @@ class Trainer:
             loader = make_loader(dataset, t.eval_batch_size or max(t.batch_size // ctx.world, 1), rank=ctx.rank,
                                  world=ctx.world, train=False, num_workers=self.cfg.data.num_workers)
             sums = None
-            shown = eval_batches(loader, split, dataset_size(dataset), quiet=self.quiet or not ctx.is_main)
+            shown = eval_batches(loader, split, known_length(dataset), quiet=self.quiet or not ctx.is_main)
             with torch.no_grad(), torch.autocast(**self._autocast(ctx)):
                 for images, labels, _ in shown:
                     if labels.numel():

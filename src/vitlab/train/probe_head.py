@@ -132,14 +132,16 @@ def below_start(result: Optional[dict[str, Any]], results: dict[str, dict[str, A
                 cfg: RunConfig) -> list[str]:
     """Warnings for a fine-tune that ended below the probe head it started from (`result`'s
     "start", the score at step 0): the steps undid what the frozen features already gave. The
-    first suspect is training on inputs the probe was not fitted on (random crops, mirror
-    images: finetune_choice.ADAMW has the measurements), then a rate too high for the model or a
-    warm-up too short; the run is worth less than its own first evaluation."""
-    d = cfg.data
+    first suspect is training for something the probe was not fitted for (random crops, mirror
+    images, smoothed labels: finetune_choice.ADAMW has the measurements), then a rate too high for
+    the model or a warm-up too short; the run is worth less than its own first evaluation."""
+    d, smoothing = cfg.data, cfg.train.label_smoothing
     augmented = [what for what, on in ((f"random crops (data.crop_scale={list(d.crop_scale)})", d.crop == "inception"),
-                                       ("mirror images (data.hflip)", d.hflip)) if on]
-    fix = (f"it trained on {' and '.join(augmented)} and the probe head was fitted on whole, unflipped images: "
-           "set data.crop=whole data.hflip=false (the AdamW recipe's), then lower --lr if it still falls"
+                                       ("mirror images (data.hflip)", d.hflip),
+                                       (f"smoothed labels (train.label_smoothing={smoothing:g})", smoothing > 0)) if on]
+    fix = (f"it trained on {' and '.join(augmented)} and the probe head was fitted on whole, unflipped images and "
+           "plain labels: set data.crop=whole data.hflip=false train.label_smoothing=0 (the AdamW recipe's), then "
+           "lower --lr if it still falls"
            if augmented else f"the rate (optim.lr={cfg.optim.lr:g}) is too high for these weights or the warm-up "
            "too short; lower --lr, or leave it out for the dev-split choice")
     out = []
