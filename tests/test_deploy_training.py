@@ -108,18 +108,38 @@ def _page_faults(fn) -> int:
 
 
 @pytest.mark.skipif(training._glibc() is None, reason="glibc's mallopt only")
-def test_kept_heap_reuses_a_freed_large_tensor_and_gives_the_memory_back():
+def test_kept_heap_reuses_a_freed_large_tensor():
     def twice():  # 64 MiB: over glibc's mmap threshold, so outside kept_heap each one faults in 16,384 fresh pages
         for _ in range(2):
             torch.ones(16 << 20)
     with training.kept_heap():
         twice()  # the heap grows
         inside = [_page_faults(twice) for _ in range(3)]
-    after = _page_faults(twice)
     assert min(inside) < 1_000, inside  # reused
-    assert after > 16_000, after  # glibc's settings are back: an mmap of its own per tensor
+
+
+def test_kept_heap_puts_glibc_s_settings_back_and_gives_the_memory_back_when_asked(monkeypatch):
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+
+        def malloc_trim(self, pad):
+            calls.append(("trim", pad))
+
+    monkeypatch.setattr(training, "_glibc", Libc)
+    with training.kept_heap():
+        assert calls == [(-4, 0), (-1, 2**31 - 1)]  # no mmap, no trim
+    assert calls[2:] == [*training._GLIBC_AFTER, ("trim", 0)]
+    calls.clear()
+    with training.kept_heap(release=False):
+        pass
+    assert calls[2:] == list(training._GLIBC_AFTER)
+    calls.clear()
     with training.kept_heap(enabled=False):
-        assert _page_faults(twice) > 16_000
+        pass
+    assert not calls
 
 
 def test_kept_heap_leaves_the_step_s_numbers_alone():
