@@ -396,3 +396,5 @@ def test_redo_after_refuses_unfinished_cells_and_other_changes(tmp_path):
     with pytest.raises(ConfigError, match=r"--redo-after init: cell arm=x, k=1, seed=0 is not finished \(train\)"):
         run_sweep(old, out, redo="init", say=lambda s: None)
     assert json.loads((out / cells[1].key / "init.json").read_text())["random_init"] == 9  # nothing changed
+    assert main(["sweep", "--report", str(out), "--redo-after", "init"]) != 0  # --report runs nothing
+    assert json.loads((out / cells[1].key / "init.json").read_text())["random_init"] == 9

@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.sweep.runner import check_launcher
 
     max_cells = args.max_cells or MAX_CELLS  # (COUNT: at least 1 where given)
+    if args.redo_after and (args.report or args.dry_run):
+        raise UsageError(f"--redo-after {args.redo_after} runs a step; --report and --dry-run run nothing: give one")
     if isinstance(args.report, str):  # --report DIR: the folder says what it is
         if args.out and Path(args.out) != Path(args.report):
             raise UsageError(f"--report {args.report} and --out {args.out} name two folders; give one")
