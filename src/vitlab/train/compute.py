@@ -30,6 +30,11 @@ TRAIN_FACTOR = 3.0
 FIELDS = ("forward_gflops", "images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s", "device")
 
 
+def training_flops(config: ModelConfig, images: float) -> float:
+    """Forward and backward FLOPs of training on `images` images: 3 x forward x images."""
+    return TRAIN_FACTOR * model_flops(config) * images
+
+
 def describe_device(device: Any, processes: int = 1) -> str:
     """ "cpu (2 threads, x86_64, ...)" or "cuda: 4 x NVIDIA H200": what the run ran on, in words."""
     import torch  # torch is needed only here; the rest of the module is arithmetic
