@@ -101,6 +101,7 @@ class Run:
     head_probe: Optional[dict[str, Any]] = None  # model.head_start=probe: how the head was fitted
     start_scores: dict[str, dict[str, Any]] = field(default_factory=dict)  # the probe head's, before step 1
     dense_shapes: list[list[int]] = field(default_factory=list)  # fp32 Dense shapes on oneDNN (deploy.training)
+    compiled_gelu: bool = False  # the tanh GELU in one compiled pass (deploy.training.fast_gelu)
 
 
 def new_window() -> dict[str, float]:
@@ -268,6 +269,8 @@ class Trainer:
         eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing or ctx.parallel == "fsdp")
         # rank 0's choice on every process: what its checkpoints record is what each one ran
         run.dense_shapes = distributed.broadcast_object(training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32), ctx)
+        run.compiled_gelu = distributed.broadcast_object(
+            training.gelu_for_run(saved.meta if saved else None, ctx.device.type == "cpu" and not t.compile), ctx)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
@@ -309,31 +312,33 @@ class Trainer:
         t_start = time.perf_counter()
         step = run.start
         run.compute.start()
-        try:
-            while step < run.plan.total:
-                images, labels, bad = next(loader)
-                run.bad_images.update(bad)
-                images = model_input(images, ctx.device, run.model.config)  # uint8 normalised here
-                lr = lr_at(step, run.plan.total, cfg.optim)
-                loss, acc = self._step(run, step, images, labels, lr)
-                step += 1
-                self._log_step(run, step, loss, acc, lr, labels.shape[0])
-                if t.eval_every and step % t.eval_every == 0 and step < run.plan.total:
-                    self._evaluate(run, step)
-                stop_signal = self.watch.stop_now()  # the same on every process
-                if step % t.ckpt_every == 0 or step == run.plan.total or run.stop or stop_signal:
-                    self._save(run, step, run.prior_seconds + time.perf_counter() - t_start)
-                if stop_signal:
-                    raise preemption.Preempted(stop_signal, step, run.plan.total, run.last_good, ctx.is_main)
-                if run.stop:
-                    self._say(f"{run.stop}; stopping at step {step} of {run.plan.total}")
-                    break
-        finally:
-            run.start = step  # where training ended: the final evaluation's step
-            close(loader)  # its workers end here, on every way out (an error, a signal, the end)
-            run.compute.pause()
-            if run.progress:
-                run.progress.close()
+        # freed activations reused across steps on the CPU (deploy/training.kept_heap)
+        with training.kept_heap(ctx.device.type == "cpu"):
+            try:
+                while step < run.plan.total:
+                    images, labels, bad = next(loader)
+                    run.bad_images.update(bad)
+                    images = model_input(images, ctx.device, run.model.config)  # uint8 normalised here
+                    lr = lr_at(step, run.plan.total, cfg.optim)
+                    loss, acc = self._step(run, step, images, labels, lr)
+                    step += 1
+                    self._log_step(run, step, loss, acc, lr, labels.shape[0])
+                    if t.eval_every and step % t.eval_every == 0 and step < run.plan.total:
+                        self._evaluate(run, step)
+                    stop_signal = self.watch.stop_now()  # the same on every process
+                    if step % t.ckpt_every == 0 or step == run.plan.total or run.stop or stop_signal:
+                        self._save(run, step, run.prior_seconds + time.perf_counter() - t_start)
+                    if stop_signal:
+                        raise preemption.Preempted(stop_signal, step, run.plan.total, run.last_good, ctx.is_main)
+                    if run.stop:
+                        self._say(f"{run.stop}; stopping at step {step} of {run.plan.total}")
+                        break
+            finally:
+                run.start = step  # where training ended: the final evaluation's step
+                close(loader)  # its workers end here, on every way out (an error, a signal, the end)
+                run.compute.pause()
+                if run.progress:
+                    run.progress.close()
         return run.prior_seconds + time.perf_counter() - t_start
 
     def _step(self, run: Run, step: int, images: torch.Tensor, labels: torch.Tensor, lr: float) -> tuple[float, float]:
@@ -348,7 +353,7 @@ class Trainer:
         for i, (x, y) in enumerate(chunks):
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
             with (distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)),
-                  training.dense_kernels(run.dense_shapes)):
+                  training.dense_kernels(run.dense_shapes), training.fast_gelu(run.compiled_gelu)):
                 loss, metrics = run.step_fn(x, y)
                 share = loss * (y.shape[0] / n)  # the mean over this process's batch, however split
                 (run.scaler.scale(share) if run.scaler else share).backward()
@@ -456,7 +461,8 @@ class Trainer:
         done = self._compute(run)
         compute = {**run.compute.state_dict(), "cpu_s": done["cpu_s"]}  # CPU-seconds of every process
         extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute,
-                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe, "dense_kernels": run.dense_shapes}
+                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe, "dense_kernels": run.dense_shapes,
+                 "compiled_gelu": run.compiled_gelu}
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
