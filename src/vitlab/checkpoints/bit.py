@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from vitlab.checkpoints.io import CheckpointError
-from vitlab.checkpoints.tables import Rule, copy, permuted, refuse, resnet_layers
+from vitlab.checkpoints.tables import Rule, copy, failing, permuted, refuse, resnet_layers
 from vitlab.config import BiTConfig
 from vitlab.config.model import as_pair
 from vitlab.extras import require
@@ -69,13 +69,6 @@ def config_from_npz(a: dict, source: str) -> BiTConfig:
                           ws_eps=OFFICIAL_WS_EPS))
 
 
-def check_npz_writable(cfg: BiTConfig, allow_numerics_change: bool = False) -> None:
-    features, numerics = _common_features(cfg), []
-    if (cfg.ws_eps, cfg.gn_eps) != (OFFICIAL_WS_EPS, GN_EPS):
-        numerics.append(f"ws_eps={cfg.ws_eps:g} gn_eps={cfg.gn_eps:g} (official: 1e-10 and 1e-5)")
-    refuse("the official BiT .npz format", features, numerics, allow_numerics_change)
-
-
 # timm resnetv2_*_bit -------------------------------------------------------------------------
 def timm_rules(cfg: BiTConfig) -> list[Rule]:
     head = Rule("head.weight", ("head.fc.weight",), lambda t: t.flatten(1), lambda t: (t[:, :, None, None],))
@@ -113,13 +106,6 @@ def config_from_timm(state: dict, source: str) -> BiTConfig:
         raise CheckpointError(f"{source}: stem.conv is {kh}x{kh}; timm's BiT ResNets have the 7x7 root")
     head = state.get("head.fc.weight")
     return _named(_config(source, kh, cin, width, layers, head.shape[0] if head is not None else 0, ws_eps=TIMM_WS_EPS))
-
-
-def check_timm_writable(cfg: BiTConfig, allow_numerics_change: bool = False) -> None:
-    features, numerics = _common_features(cfg), []
-    if (cfg.ws_eps, cfg.gn_eps) != (TIMM_WS_EPS, GN_EPS):
-        numerics.append(f"ws_eps={cfg.ws_eps:g} gn_eps={cfg.gn_eps:g} (timm's resnetv2_*_bit: 1e-8 and 1e-5)")
-    refuse("timm", features, numerics, allow_numerics_change)
 
 
 def timm_model_args(cfg: BiTConfig) -> dict[str, Any]:
@@ -164,9 +150,16 @@ def _named(cfg: BiTConfig) -> BiTConfig:
 
 
 def _common_features(cfg: BiTConfig) -> list[str]:
-    features = []
-    if cfg.stem != "bit":
-        features.append(f"stem={cfg.stem!r} (BiT's root is the 7x7/2 convolution and max-pool)")
-    if cfg.gn_groups != 32:
-        features.append(f"gn_groups={cfg.gn_groups} (BiT's GroupNorm has 32 groups)")
-    return features
+    return failing((cfg.stem != "bit", f"stem={cfg.stem!r} (BiT's root is the 7x7/2 convolution and max-pool)"),
+                   (cfg.gn_groups != 32, f"gn_groups={cfg.gn_groups} (BiT's GroupNorm has 32 groups)"))
+
+
+# What each format's BiT writer targets: its name, its weight-standardisation eps, the words.
+WRITERS = {"npz": ("the official BiT .npz format", OFFICIAL_WS_EPS, "official: 1e-10 and 1e-5"),
+           "timm": ("timm", TIMM_WS_EPS, "timm's resnetv2_*_bit: 1e-8 and 1e-5")}
+
+
+def check_writable(cfg: BiTConfig, fmt: str, allow_numerics_change: bool = False) -> None:
+    target, ws_eps, words = WRITERS[fmt]
+    refuse(target, _common_features(cfg), failing(((cfg.ws_eps, cfg.gn_eps) != (ws_eps, GN_EPS),
+                                                   f"ws_eps={cfg.ws_eps:g} gn_eps={cfg.gn_eps:g} ({words})")), allow_numerics_change)

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from vitlab.checkpoints.io import CheckpointError, Imported, guessed_preprocessing, head_names
 from vitlab.checkpoints.peers import HF_PREPROCESSING
-from vitlab.checkpoints.tables import Rule, check_carried, copy, expected_shapes, export_state, fused, import_state, read_tensors, refuse
+from vitlab.checkpoints.tables import Rule, check_carried, copy, expected_shapes, export_state, failing, fused, import_state, read_tensors, refuse
 from vitlab.config import ViTConfig
 from vitlab.config.model import as_pair
 from vitlab.files import replace_folder
@@ -266,16 +266,13 @@ def read(path: str | os.PathLike) -> Imported:
 
 # Writing --------------------------------------------------------------------------------
 def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
-    features: list[str] = []
-    if cfg.classifier != "token":
-        features.append("classifier='gap' (HF's ViT reads the class token)")
-    if cfg.pos_embed != "learned":
-        features.append(f"pos_embed={cfg.pos_embed!r} (HF's ViT has a learned 1D table)")
-    if cfg.resnet is not None:
-        features.append("a ResNet hybrid stem (vitlab writes plain ViTs for HF)")
-    if cfg.representation_size and cfg.num_classes:
-        features.append(f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification has no pre-logits)")
-    refuse("Hugging Face transformers", features, [], allow_numerics_change)
+    refuse("Hugging Face transformers", failing(
+        (cfg.classifier != "token", "classifier='gap' (HF's ViT reads the class token)"),
+        (cfg.pos_embed != "learned", f"pos_embed={cfg.pos_embed!r} (HF's ViT has a learned 1D table)"),
+        (cfg.resnet is not None, "a ResNet hybrid stem (vitlab writes plain ViTs for HF)"),
+        (cfg.representation_size and cfg.num_classes,
+         f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification has no pre-logits)"),
+    ), [], allow_numerics_change)
 
 
 def hf_config(model) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from vitlab.checkpoints.tables import (
     count_indexed,
     expected_shapes,
     export_state,
+    failing,
     fused,
     import_state,
     permuted,
@@ -333,28 +334,19 @@ def _names_comment(model) -> bytes:
 # Writing --------------------------------------------------------------------------------
 def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[str]:
     """Refuse what the official format cannot represent; returns the allowed numerics changes."""
-    features, numerics = [], []
-    if cfg.pos_embed != "learned":
-        features.append(f"pos_embed={cfg.pos_embed!r} (the official models have learned 1D position embeddings)")
-    if cfg.pos_embed_at != "stem":
-        features.append(f"pos_embed_at={cfg.pos_embed_at!r} (the official models add it once, after the stem)")
-    gh, gw = cfg.grid_size
-    if gh != gw:
-        features.append(f"a {gh}x{gw} token grid (readers assume a square grid)")
-    if not cfg.qkv_bias:
-        features.append("qkv_bias=False (the official attention always has biases)")
-    if cfg.resnet is not None and cfg.resnet.gn_groups != 32:
-        features.append(f"resnet.gn_groups={cfg.resnet.gn_groups} (the official ResNet uses 32)")
-    if cfg.gelu != "tanh":
-        numerics.append(f"gelu={cfg.gelu!r} (official: tanh approximation)")
-    if cfg.layer_norm_eps != 1e-6:
-        numerics.append(f"layer_norm_eps={cfg.layer_norm_eps:g} (official: 1e-6)")
-    r = cfg.resnet
-    if r is not None and (r.ws_mode, r.ws_eps, r.gn_eps) != ("std", 1e-5, 1e-6):
-        numerics.append(f"ResNet ws_mode={r.ws_mode!r} ws_eps={r.ws_eps:g} gn_eps={r.gn_eps:g} "
-                        "(official: (w-mean)/(std+1e-5), GroupNorm eps 1e-6)")
-    refuse("the official .npz format", features, numerics, allow_numerics_change)
-    return numerics
+    (gh, gw), r = cfg.grid_size, cfg.resnet
+    return refuse("the official .npz format", failing(
+        (cfg.pos_embed != "learned", f"pos_embed={cfg.pos_embed!r} (the official models have learned 1D position embeddings)"),
+        (cfg.pos_embed_at != "stem", f"pos_embed_at={cfg.pos_embed_at!r} (the official models add it once, after the stem)"),
+        (gh != gw, f"a {gh}x{gw} token grid (readers assume a square grid)"),
+        (not cfg.qkv_bias, "qkv_bias=False (the official attention always has biases)"),
+        (r and r.gn_groups != 32, r and f"resnet.gn_groups={r.gn_groups} (the official ResNet uses 32)"),
+    ), failing(
+        (cfg.gelu != "tanh", f"gelu={cfg.gelu!r} (official: tanh approximation)"),
+        (cfg.layer_norm_eps != 1e-6, f"layer_norm_eps={cfg.layer_norm_eps:g} (official: 1e-6)"),
+        (r and (r.ws_mode, r.ws_eps, r.gn_eps) != ("std", 1e-5, 1e-6),
+         r and f"ResNet ws_mode={r.ws_mode!r} ws_eps={r.ws_eps:g} gn_eps={r.gn_eps:g} (official: (w-mean)/(std+1e-5), GroupNorm eps 1e-6)"),
+    ), allow_numerics_change)
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
@@ -366,7 +358,7 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
 
     cfg = model.config
     if isinstance(cfg, BiTConfig):
-        bit.check_npz_writable(cfg, allow_numerics_change)
+        bit.check_writable(cfg, "npz", allow_numerics_change)
         table = bit.npz_rules(cfg)
     else:
         numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Collection, Optional, Sequence
+from typing import Any, Callable, Collection, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -326,13 +326,21 @@ def writer_metadata(model, fmt: str) -> dict[str, str]:
             "vitlab.class_names": json.dumps(head_names(model.config, model.class_names))}
 
 
-def refuse(target: str, features: list[str], numerics: list[str], allow_numerics_change: bool) -> None:
-    """Stop before writing anything the target cannot hold exactly (see docs/converting.md)."""
+def failing(*checks: tuple[object, Any]) -> list[str]:
+    """The words of each (wrong, words) check that is wrong: a format's refusals as a table.
+    Words that need a part a config may lack are written `part and f"..."`."""
+    return [str(words) for wrong, words in checks if wrong]
+
+
+def refuse(target: str, features: list[str], numerics: list[str], allow_numerics_change: bool) -> list[str]:
+    """Stop before writing anything the target cannot hold exactly (see docs/converting.md);
+    returns the numerics changes that were allowed."""
     if features:
         raise CheckpointError(f"{target} cannot represent {'; '.join(features)}: not written")
     if numerics and not allow_numerics_change:
         raise CheckpointError(f"{target} computes differently: {'; '.join(numerics)}. Not written; pass "
                               "allow_numerics_change=True (CLI: --allow-numerics-change) to write the weights anyway")
+    return numerics
 
 
 # What a written file carries back ---------------------------------------------------------
