@@ -265,11 +265,11 @@ def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
     ), [], allow_numerics_change)
 
 
-def hf_config(model) -> dict[str, Any]:
-    cfg = model.config
+def hf_config(cfg: ViTConfig, class_names: Optional[list[str]] = None) -> dict[str, Any]:
+    """config.json of the transformers ViT that computes what `VisionTransformer(cfg)` does."""
     act = "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh"
     h, w = cfg.image_size
-    names = head_names(cfg, model.class_names) or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    names = head_names(cfg, class_names) or [f"LABEL_{i}" for i in range(cfg.num_classes)]
     return {"architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"], "model_type": "vit",
             "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
             "intermediate_size": cfg.mlp_dim, "hidden_act": act, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
@@ -290,14 +290,14 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     check_writable(cfg, allow_numerics_change)
     prefix = "vit." if cfg.num_classes else ""
     theirs = export_state(rules(cfg, prefix), model.state_dict(), f"{path} (hf)")
-    back = apply_preprocessing(preprocessor_config(cfg), infer_config(hf_config(model), theirs, str(path))[0], str(path))
+    back = apply_preprocessing(preprocessor_config(cfg), infer_config(hf_config(cfg, model.class_names), theirs, str(path))[0], str(path))
     check_carried(f"{path} (Hugging Face)", cfg, back, allow_numerics_change)
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target}: exists and is a file; a Hugging Face checkpoint is a folder")
 
     def fill(folder: Path) -> None:
-        (folder / "config.json").write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n")
+        (folder / "config.json").write_text(json.dumps(hf_config(cfg, model.class_names), indent=2, sort_keys=True) + "\n")
         (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(cfg), indent=2) + "\n")
         save_file({k: v.contiguous() for k, v in theirs.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
