@@ -65,8 +65,7 @@ def config_from_npz(a: dict, source: str) -> BiTConfig:
     if not layers:
         raise CheckpointError(f"{source}: a BiT root block but no resnet/block1/unit01/... arrays")
     head = a.get("resnet/head/conv2d/kernel")
-    return _named(_config(source, kh, cin, width, layers, head.shape[-1] if head is not None else 0,
-                          ws_eps=OFFICIAL_WS_EPS))
+    return _config(source, kh, cin, width, layers, head.shape[-1] if head is not None else 0, ws_eps=OFFICIAL_WS_EPS)
 
 
 # timm resnetv2_*_bit -------------------------------------------------------------------------
@@ -105,7 +104,7 @@ def config_from_timm(state: dict, source: str) -> BiTConfig:
     if kh != 7:
         raise CheckpointError(f"{source}: stem.conv is {kh}x{kh}; timm's BiT ResNets have the 7x7 root")
     head = state.get("head.fc.weight")
-    return _named(_config(source, kh, cin, width, layers, head.shape[0] if head is not None else 0, ws_eps=TIMM_WS_EPS))
+    return _config(source, kh, cin, width, layers, head.shape[0] if head is not None else 0, ws_eps=TIMM_WS_EPS)
 
 
 def timm_model_args(cfg: BiTConfig) -> dict[str, Any]:
@@ -138,14 +137,11 @@ def _config(source: str, kernel: int, cin: int, width: int, layers: Sequence[int
     stem = "bit" if kernel == 7 else "cifar"
     base, factor = (64, width // 64) if width % 64 == 0 else (width, 1)
     try:
-        return BiTConfig(name="bit", image_size=as_pair(224 if stem == "bit" else 32), in_channels=cin, layers=tuple(layers),
-                         width_factor=factor, base_width=base, stem=stem, num_classes=classes, ws_eps=ws_eps, gn_eps=GN_EPS,
-                         mean=(0.5,) * cin, std=(0.5,) * cin)
+        cfg = BiTConfig(name="bit", image_size=as_pair(224 if stem == "bit" else 32), in_channels=cin, layers=tuple(layers),
+                        width_factor=factor, base_width=base, stem=stem, num_classes=classes, ws_eps=ws_eps, gn_eps=GN_EPS,
+                        mean=(0.5,) * cin, std=(0.5,) * cin)
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
-
-
-def _named(cfg: BiTConfig) -> BiTConfig:
     return cfg.replace(name=describe(cfg))
 
 

@@ -20,9 +20,9 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from vitlab.checkpoints.io import CheckpointError, Imported, guessed_preprocessing, head_names
+from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, guessed_preprocessing, head_names
 from vitlab.checkpoints.peers import HF_PREPROCESSING
-from vitlab.checkpoints.tables import Rule, check_carried, copy, expected_shapes, export_state, failing, fused, import_state, read_tensors, refuse
+from vitlab.checkpoints.tables import Rule, check_carried, config_json, copy, export_state, failing, fused, import_state, read_tensors, refuse
 from vitlab.config import ViTConfig
 from vitlab.config.model import as_pair
 from vitlab.files import replace_folder
@@ -67,18 +67,8 @@ def rules(cfg: ViTConfig, prefix: str = "vit.") -> list[Rule]:
 
 
 # Reading --------------------------------------------------------------------------------
-def _config_json(path: Path) -> Optional[dict[str, Any]]:
-    f = path / "config.json"
-    if not f.is_file():  # also refuses a FIFO, which would block the read
-        return None
-    try:
-        return read_json(f, dict, "Hugging Face config")
-    except (OSError, ValueError):  # not JSON, not UTF-8, not an object: not this format
-        return None
-
-
 def detect(path: Path) -> bool:
-    return path.is_dir() and (_config_json(path) or {}).get("model_type") == "vit"
+    return path.is_dir() and (config_json(path, "Hugging Face config") or {}).get("model_type") == "vit"
 
 
 def read_json_object(path: Path, where: str) -> dict[str, Any]:
@@ -248,7 +238,7 @@ def apply_preprocessing(p: Any, cfg: ViTConfig, f: str) -> ViTConfig:
 
 def read(path: str | os.PathLike) -> Imported:
     folder = Path(path)
-    c = _config_json(folder)
+    c = config_json(folder, "Hugging Face config")
     if c is None or c.get("model_type") != "vit":
         raise CheckpointError(f"{folder}: not a Hugging Face ViT folder (config.json with model_type 'vit')")
     state = {_classic_name(k): v for k, v in _weights(folder).items()}

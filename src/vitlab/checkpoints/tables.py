@@ -35,6 +35,7 @@ from vitlab.checkpoints.io import (
 from vitlab.checkpoints.labels import is_imagenet
 from vitlab.config import ModelConfig, ViTConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write, atomic_write_bytes
+from vitlab.files.documents import read_json
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
 ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
@@ -214,6 +215,15 @@ def read_tensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, 
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
         raise CheckpointError(f"{path}: expected a state dict of tensors, found {type(obj).__name__}")
     return dict(obj), {}
+
+
+def config_json(folder: Path, what: str) -> Optional[dict[str, Any]]:
+    """A folder's config.json as a mapping, or None: absent, unreadable (a FIFO is refused before
+    it is opened), not UTF-8, not JSON, not an object: not the folder of that format."""
+    try:
+        return read_json(folder / "config.json", dict, what)
+    except (OSError, ValueError):
+        return None
 
 
 def peek_keys(path: Path) -> Optional[set[str]]:

@@ -36,6 +36,7 @@ from vitlab.checkpoints.peers import timm_numerics, timm_preprocessing
 from vitlab.checkpoints.tables import (
     Rule,
     check_carried,
+    config_json,
     copy,
     count_indexed,
     export_state,
@@ -52,7 +53,6 @@ from vitlab.checkpoints.tables import (
 )
 from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.extras import require
-from vitlab.files.documents import read_json
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "timm"
@@ -105,11 +105,8 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 def folder_config(folder: Path) -> Optional[dict[str, Any]]:
     """A timm config.json (an "architecture" and its pretrained_cfg), or None."""
-    try:
-        c = read_json(folder / "config.json", dict, "timm config")
-    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not a timm folder
-        return None
-    return c if "architecture" in c else None
+    c = config_json(folder, "timm config")
+    return c if c is not None and "architecture" in c else None
 
 
 def _folder_weights(folder: Path) -> Optional[Path]:
