@@ -173,13 +173,8 @@ def open_shard(shard: Any) -> Any:
     else:
         raw = io.BufferedReader(_raw(shard) if shard.is_pipe else _Response(_raw(shard), shard), buffer_size=1 << 20)
     magic = raw.peek(6)[:6]
-    if magic[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if magic[:3] == b"BZh":
-        return bz2.BZ2File(raw, "rb")
-    if magic == b"\xfd7zXZ\x00":
-        return lzma.LZMAFile(raw, "rb")
-    return raw
+    openers: tuple[tuple[bytes, Any], ...] = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
+    return next((opener(raw, "rb") for start, opener in openers if magic.startswith(start)), raw)
 
 
 class _Response(RawReader):
