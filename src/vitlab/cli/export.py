@@ -67,15 +67,15 @@ def run(args) -> int:
     import time
 
     from vitlab.cli import UsageError
-    from vitlab.cli.common import progress
     from vitlab.config import pick_device
     from vitlab.deploy import export
+    from vitlab.progress import Progress
 
     out = _check_out(args)
     model = _load(args).eval().to(pick_device(args.device))
     cfg = model.config
     t0 = time.perf_counter()
-    with progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage") as bar:
+    with Progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage") as bar:
         try:
             if args.format == "onnx":
                 export.export_onnx(model, out, opset=args.opset)

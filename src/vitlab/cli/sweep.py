@@ -57,6 +57,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run a grid of up to N cells (default 10000: a bigger grid is refused as a likely mistake)")
 
 
+def _check(args: argparse.Namespace) -> int:
+    """The flags' own checks; returns --max-cells (its default where not given)."""
+    from vitlab.cli import UsageError
+    from vitlab.sweep.cells import MAX_CELLS
+
+    if args.redo_after and (args.report or args.dry_run):
+        raise UsageError(f"--redo-after {args.redo_after} runs a step; --report and --dry-run run nothing: give one")
+    return MAX_CELLS if args.max_cells is None else args.max_cells
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -64,12 +74,9 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.cli.common import launcher_params
     from vitlab.config.sweep import load_sweep
     from vitlab.sweep import dry_run, run_sweep
-    from vitlab.sweep.cells import MAX_CELLS
     from vitlab.sweep.runner import check_launcher
 
-    max_cells = args.max_cells or MAX_CELLS  # (COUNT: at least 1 where given)
-    if args.redo_after and (args.report or args.dry_run):
-        raise UsageError(f"--redo-after {args.redo_after} runs a step; --report and --dry-run run nothing: give one")
+    max_cells = _check(args)
     if isinstance(args.report, str):  # --report DIR: the folder says what it is
         if args.out and Path(args.out) != Path(args.report):
             raise UsageError(f"--report {args.report} and --out {args.out} name two folders; give one")

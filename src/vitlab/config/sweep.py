@@ -117,6 +117,13 @@ def check_value(value: Any, where: str) -> None:
         raise ConfigError(f"{where}: {value!r} ({type(value).__name__}) is not a value a setting takes")
 
 
+def first_wrong(*checks: tuple[object, str]) -> None:
+    """Refuse with the first (wrong, message) check that is wrong: a spec's rules as a table."""
+    for wrong, message in checks:
+        if wrong:
+            raise ConfigError(message)
+
+
 def _mapping(d: dict, key: str, what: str) -> dict:
     value = d.get(key) or {}
     if not isinstance(value, dict):
@@ -284,23 +291,20 @@ class CompareSpec:
     primary: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_fields(self, f"report.compare[{self.claim or self.axis}]")
-        check_primary(self.primary, f"report.compare[{self.claim or self.axis}]", self.claim)
-        if bool(self.best) != bool(self.by) or (self.by and not self.axis):
-            raise ConfigError(f"report.compare[{self.claim or self.axis}]: `best` (a grid axis, e.g. lr) and `by` "
-                              "(the dev column that picks its value, e.g. dev.top1) go together, with an axis")
-        if self.by and any(w.startswith("test") for w in self.by.replace(" - ", " ").split()):
-            raise ConfigError(f"report.compare[{self.claim or self.axis}].by: {self.by} is a test score; select on a "
-                              "dev split (e.g. dev.top1), never on test")
-        if self.a is None or self.b is None or str(self.a) == str(self.b):
-            what = f"values a and b of {self.axis}" if self.axis else "results columns a and b (or an axis and two of its values)"
-            raise ConfigError(f"report.compare[{self.claim or self.axis}]: give two different {what}")
-        if not self.axis and (self.at or self.metrics or self.where):
-            raise ConfigError(f"report.compare[{self.claim or self.a}]: a and b are results columns here (no `axis`); "
-                              "`at`, `metrics` and `where` need an axis")
-        if bool(self.at) != bool(self.along):
-            raise ConfigError(f"report.compare[{self.claim or self.axis}]: `at` (a results column, e.g. "
-                              "compute.train_flops) and `along` (the grid axis that moves it, e.g. steps) go together")
+        where = f"report.compare[{self.claim or self.axis}]"
+        check_fields(self, where)
+        check_primary(self.primary, where, self.claim)
+        what = f"values a and b of {self.axis}" if self.axis else "results columns a and b (or an axis and two of its values)"
+        first_wrong(
+            (bool(self.best) != bool(self.by) or (self.by and not self.axis), f"{where}: `best` (a grid axis, e.g. lr) and `by` "
+             "(the dev column that picks its value, e.g. dev.top1) go together, with an axis"),
+            (self.by and any(w.startswith("test") for w in self.by.replace(" - ", " ").split()),
+             f"{where}.by: {self.by} is a test score; select on a dev split (e.g. dev.top1), never on test"),
+            (self.a is None or self.b is None or str(self.a) == str(self.b), f"{where}: give two different {what}"),
+            (not self.axis and (self.at or self.metrics or self.where), f"report.compare[{self.claim or self.a}]: a and b are "
+             "results columns here (no `axis`); `at`, `metrics` and `where` need an axis"),
+            (bool(self.at) != bool(self.along), f"{where}: `at` (a results column, e.g. compute.train_flops) and `along` "
+             "(the grid axis that moves it, e.g. steps) go together"))
 
 
 @dataclass(frozen=True)
@@ -395,12 +399,8 @@ class SweepSpec:
                 if labels and str(side) not in labels:
                     raise ConfigError(f"report.compare[{c.claim or c.axis}]: {side!r} is not a value of grid.{c.axis} "
                                       f"({', '.join(labels)})")
-            if c.best and c.best not in self.grid:
-                raise ConfigError(f"report.compare[{c.claim or c.axis}].best: {c.best} is not a grid axis "
-                                  f"(the axes: {', '.join(self.grid)})")
-            if c.along and c.along not in self.grid:
-                raise ConfigError(f"report.compare[{c.claim or c.axis}].along: {c.along} is not a grid axis "
-                                  f"(the axes: {', '.join(self.grid)})")
+            first_wrong(*((getattr(c, k) not in ("", *self.grid), f"report.compare[{c.claim or c.axis}].{k}: {getattr(c, k)} is "
+                           f"not a grid axis (the axes: {', '.join(self.grid)})") for k in ("best", "along")))
         specs: tuple[CompareSpec | SlopeSpec, ...] = (*self.report.compare, *self.report.slopes)
         texts = [c.claim for c in specs if c.primary]
         if len(set(texts)) != len(texts):
@@ -417,10 +417,9 @@ class SweepSpec:
         after = _mapping(d, "after", "a mapping of each step's name to {command: ..., result: ...}")
         steps = tuple(AfterStep(name=k, **check_keys(AfterStep, v or {}, f"after.{k}")) for k, v in after.items())
         figures, scale = d.get("figures") or (), d.get("scale") or ()
-        if not isinstance(figures, (list, tuple)):
-            raise ConfigError("figures: give a list of figures, each {file: ..., kind: ..., x: ..., y: ...}")
-        if not isinstance(scale, (list, tuple)) or not all(isinstance(k, str) for k in scale):
-            raise ConfigError("scale: give a list of the keys --scale multiplies, e.g. [epochs]")
+        first_wrong((not isinstance(figures, (list, tuple)), "figures: give a list of figures, each {file: ..., kind: ..., x: ..., y: ...}"),
+                    (not isinstance(scale, (list, tuple)) or not all(isinstance(k, str) for k in scale),
+                     "scale: give a list of the keys --scale multiplies, e.g. [epochs]"))
         check_value(figures, "figures")
         return cls(name=d.get("name") or name, train=_mapping(d, "train", "a mapping of `vitlab train` settings (key: value)"),
                    grid=_mapping(d, "grid", "a mapping of each axis to its list of values (grid: {seed: [0, 1]})"), after=steps, scale=tuple(scale),

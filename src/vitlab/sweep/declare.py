@@ -167,16 +167,12 @@ def plan_text(p: Optional[dict[str, Any]]) -> str:
     return f"{p['seeds']}; {p['power']:.0%} at alpha 0.05/{round(stats.ALPHA / p['alpha'])}"
 
 
-def seeds(spec: SweepSpec, claim: dict[str, Any]) -> int:
-    values = spec.grid.get(spec.report.pair_by)
-    return len(values) if isinstance(values, (list, dict)) else 1
-
-
 def plan(spec: SweepSpec, claim: dict[str, Any]) -> dict[str, Any]:
     """A declared claim's power analysis: {confirmatory, seeds, alpha, power, mde, needs, why}.
     A claim is confirmatory when it is not marked exploratory and states its analysis (sd,
     sd_from, family and effect, or margin for "equal"); `why` says what it lacks."""
-    n, equal = seeds(spec, claim), claim["expect"] in stats.MARGINED
+    values = spec.grid.get(spec.report.pair_by)  # the seeds
+    n, equal = len(values) if isinstance(values, (list, dict)) else 1, claim["expect"] in stats.MARGINED
     effect = claim["margin"] if equal else claim.get("effect")
     out: dict[str, Any] = {"confirmatory": False, "seeds": n, "alpha": None, "power": None, "mde": None,
                            "needs": None, "why": ""}

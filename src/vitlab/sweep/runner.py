@@ -33,10 +33,15 @@ Say = Callable[[str], None]
 def prepare(cell: Cell, spec: SweepSpec, out: Path) -> Path:
     """The cell's folder with its cell.json, made now (what `run_cell` does as the cell starts)."""
     cell_dir = check_record(cell, out)
-    if not (cell_dir / "cell.json").exists():
-        cell_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cell_dir / "cell.json", json.dumps(identity(cell), indent=2))
+    _record(cell_dir, identity(cell))
     return cell_dir
+
+
+def _record(cell_dir: Path, record: dict[str, Any], again: bool = False) -> None:
+    """The cell's cell.json (its folder made), unless it has one already (`again`: rewritten)."""
+    if again or not (cell_dir / "cell.json").exists():
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cell_dir / "cell.json", json.dumps(record, indent=2))
 
 
 def redo_step(cells: list[Cell], spec: SweepSpec, out: Path, name: str) -> int:
@@ -69,7 +74,7 @@ def redo_step(cells: list[Cell], spec: SweepSpec, out: Path, name: str) -> int:
         if result:
             top = cell_dir / PurePosixPath(result).parts[0]
             shutil.rmtree(top) if top.is_dir() and not top.is_symlink() else top.unlink(missing_ok=True)
-        atomic_write_text(cell_dir / "cell.json", json.dumps(new, indent=2))
+        _record(cell_dir, new, again=True)
     return len(todo)
 
 
@@ -97,9 +102,8 @@ def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optiona
     is what a diverging loss does in its steps (vitlab.train.report.DIVERGENCE_ENV): "error"
     stops the step, unless the spec allows it (`allow_divergence: true`, "warn")."""
     folder = Path(cell_dir)
-    if record is not None and not (folder / "cell.json").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(folder / "cell.json", json.dumps(record, indent=2))
+    if record is not None:
+        _record(folder, record)
     env = {**os.environ, DIVERGENCE_ENV: divergence}
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))

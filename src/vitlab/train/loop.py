@@ -159,7 +159,9 @@ class Trainer:
             if resume_from is not None and resume_from > run.plan.total:
                 raise ConfigError(f"{self.out} has already trained {resume_from} steps; to extend it, ask for more "
                                   f"than that (--steps), not {run.plan.total}")
-            if self._complete(resume_from, run.plan.total):
+            # finished: all its steps, or stopped early at its newest checkpoint, with a summary
+            if resume_from is not None and self.folder.summary.exists() and (resume_from == run.plan.total or (
+                    self.folder.read_summary().get("stopped_early", {}).get("step") == resume_from)):
                 if ctx.is_main:  # printed with --quiet too: it is this command's summary
                     LOG.info(f"{self.out}: this run is already complete ({run.plan.total} steps); its results are in {self.folder.summary}")
                 return self.folder.read_summary()
@@ -179,12 +181,6 @@ class Trainer:
         """End the run at this step (a callback's call): checkpoint, final evaluation, summary."""
         assert self.run_state is not None, "request_stop is called by a callback, during a run"
         self.run_state.stop = reason
-
-    def _complete(self, resume_from: Optional[int], total: int) -> bool:
-        """Finished: all its steps, or stopped early at its newest checkpoint, with a summary."""
-        if resume_from is None or not self.folder.summary.exists():
-            return False
-        return resume_from == total or self.folder.read_summary().get("stopped_early", {}).get("step") == resume_from
 
     def _say(self, text: str) -> None:
         if self.ctx.is_main and not self.quiet:
