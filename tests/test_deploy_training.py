@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import vitlab
 from conftest import tiny_model
 from test_train_loop import assert_identical, tiny
 from vitlab.config import OptimConfig
@@ -171,10 +172,20 @@ def test_the_compiled_gelu_is_the_tanh_gelu_the_same_bits_every_call(monkeypatch
     assert torch.equal(h, again) and torch.equal(grad, again_grad)
     torch.testing.assert_close(h, plain)
     torch.testing.assert_close(grad, plain_grad, rtol=1e-5, atol=1e-5)
-    assert training.gelu_for_run(None, True) and not training.gelu_for_run(None, False)  # (a GPU or compiled run)
-    assert not training.gelu_for_run({}, True) and training.gelu_for_run({"compiled_gelu": True}, True)  # resumed as it ran
+    big = training.GELU_MIN_ELEMENTS
+    assert training.gelu_for_run(None, True, big) and not training.gelu_for_run(None, False, big)  # (a GPU or compiled run)
+    assert not training.gelu_for_run(None, True, big - 1)  # a small model: no mode on every operator
+    assert not training.gelu_for_run({}, True, big) and training.gelu_for_run({"compiled_gelu": True}, True, 0)  # resumed as it ran
     monkeypatch.setenv("VITLAB_COMPILED_GELU", "0")
-    assert not training.gelu_for_run(None, True)
+    assert not training.gelu_for_run(None, True, big)
+
+
+def test_the_compiled_gelu_is_sized_by_the_models_largest_tanh_activation():
+    tanh = vitlab.create_model("ViT-S/16", num_classes=10)
+    assert training.gelu_elements(tanh, 32) == 32 * 197 * 1536
+    assert training.gelu_elements(vitlab.create_model("ViT-S/16", num_classes=10, gelu="exact"), 32) == 0
+    tiny = vitlab.create_model("ViT-Ti/4", hidden_size=64, depth=4, num_heads=4, mlp_dim=128, image_size=16, num_classes=10)
+    assert training.gelu_elements(tiny, 128) == 128 * 17 * 128 < training.GELU_MIN_ELEMENTS  # the README's model runs eager
 
 
 def test_a_run_with_the_compiled_gelu_resumes_bit_identically_and_an_old_one_stays_eager(tmp_path, monkeypatch):

@@ -135,7 +135,8 @@ def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor, device
     kind = torch.device(device or x.device).type
     plain_fp32 = system.precision == "fp32" and kind == "cpu" and not (system.compiled or system.checkpointing)
     shapes = training.chosen_shapes(model) if ours and plain_fp32 else []
-    gelu = ours and training.gelu_for_run(None, kind == "cpu" and not (system.compiled or system.checkpointing))
+    gelu = ours and training.gelu_for_run(None, kind == "cpu" and not (system.compiled or system.checkpointing),
+                                           training.gelu_elements(model, len(x)))
     autocast = _autocast(system.precision, kind)
     scaler = torch.amp.GradScaler(kind, enabled=system.precision == "fp16-autocast")
 

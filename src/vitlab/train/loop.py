@@ -265,8 +265,8 @@ class Trainer:
         eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing or ctx.parallel == "fsdp")
         # rank 0's choice on every process: what its checkpoints record is what each one ran
         run.dense_shapes = distributed.broadcast_object(training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32), ctx)
-        run.compiled_gelu = distributed.broadcast_object(
-            training.gelu_for_run(saved.meta if saved else None, ctx.device.type == "cpu" and not t.compile), ctx)
+        run.compiled_gelu = distributed.broadcast_object(training.gelu_for_run(
+            saved.meta if saved else None, ctx.device.type == "cpu" and not t.compile, training.gelu_elements(run.model, run.plan.micro)), ctx)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
