@@ -257,9 +257,11 @@ def provenance_table(root: Path) -> str:
         kinds = sorted({str(e.get("machine")) for e in entries})
         torches = sorted({str(e["torch"]) for e in entries if e.get("torch")})
         flags = sorted({" ".join(e["cpu_flags"]) for e in entries if e.get("cpu_flags")})
+        unrecorded = sum(not e.get("torch") for e in entries)
+        partly = f" ({unrecorded} of {len(entries)} steps not recorded)" if torches and unrecorded else ""
         lines.append(f"| {folder.name} | {len(entries)} | {'; '.join(kinds) or '-'} | "
                      f"{', '.join(sorted({str(e.get('threads')) for e in entries})) or '-'} | "
-                     f"{', '.join(torches) or 'not recorded'} | {'; '.join(flags) or 'not recorded'} |")
+                     f"{', '.join(torches) or 'not recorded'}{partly} | {'; '.join(flags) or 'not recorded'}{partly} |")
     return "\n".join(lines)
 
 
@@ -276,8 +278,9 @@ def stability_text(root: Path) -> str:
             "differ (AVX2 against AVX-512 or AMX kernels) and can grow: on an AVX2-only Zen 3 EPYC four committed "
             "cells rerun otherwise (a BiT cell's early stopping picked step 64 instead of 72; random-init controls "
             "moved 2.3-3.4 points). A result from another CPU kind is the same experiment with other noise, within "
-            "the intervals above, not the same digits. `paper/cls-gap` ran on an Intel Xeon with AMX, the rest "
-            "on the AMD EPYC with AVX-512; each step now records the torch version and the CPU's capabilities "
+            "the intervals above, not the same digits. `paper/cls-gap` ran on an Intel Xeon with AMX (its K-draw "
+            "random-init control recomputed on the AMD EPYC on 7 December 2026, draw 0 of each seed-0 cell "
+            "matching the Xeon's single draw exactly), the rest on the AMD EPYC with AVX-512; each step now records the torch version and the CPU's capabilities "
             "beside its time (`timing.json`):\n\n" + provenance_table(root))
 
 

@@ -100,6 +100,7 @@ def main() -> None:
     p.add_argument("--no-old", action="store_true", help="leave out the plain step (before issue 51)")
     p.add_argument("--no-profile", action="store_true", help="timings only (a busy machine's short session)")
     p.add_argument("--top", type=int, default=12, help="operators listed per profile")
+    p.add_argument("--warmup", type=int, default=2, help="steps of each system before its timed rounds (a busy machine: 1)")
     args = p.parse_args()
     cfg = get_config(args.model)
     if args.image_size:
@@ -107,7 +108,7 @@ def main() -> None:
     systems = [System(impl, precision, wrapper=wrapper) for precision in args.precision
                for impl, wrapper in [("vitlab", False)] * (not args.no_old) + [("vitlab", True)]
                + [("timm", True)] * (not args.no_timm)]
-    bench = runner.BenchConfig(rounds=args.rounds, min_time=0.0, min_calls=1, clock="cpu")
+    bench = runner.BenchConfig(rounds=args.rounds, min_time=0.0, min_calls=1, clock="cpu", warmup=args.warmup)
     rows = runner.run([(Setting(cfg, args.batch_size, "train"), systems)], bench, log=print)
     torch.set_num_threads(1)  # (runner.run gives the threads back)
     info = machine.machine_info()

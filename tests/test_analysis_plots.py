@@ -49,10 +49,3 @@ def test_rollout_can_be_a_heat_map(drawn):
     assert heat.axes[1].images[1].get_cmap().name == overlay.colormap().name
     assert weighted.axes[1].get_title() == "image x rollout" and len(weighted.axes[1].images) == 1
     assert heat.axes[0].get_title() == "cat\npredicted: dog"
-
-
-def test_overlay_names_the_prediction_and_has_a_colour_bar(drawn):
-    plots.plot_overlay(np.zeros((8, 8, 1)), np.ones((8, 8)), "o.png", title="x.png", prediction="cat (61.8%)")
-    fig = drawn[0]
-    assert fig._suptitle.get_text() == "predicted: cat (61.8%)"
-    assert len(fig.axes) == 4  # image, heat map, weighted image, and the heat map's colour bar

@@ -2,7 +2,9 @@
 model's function and its gradients (float rounding apart), the same bits on every call; autocast
 and unchosen shapes keep the model's own ops; the fused optimiser is used where torch has it and
 an old checkpoint resumes on the update it was trained with; a run on the oneDNN path resumes
-bit-identically."""
+bit-identically. The compiled tanh GELU computes F.gelu's function and gradient (rounding apart),
+the same bits every call; a run with it resumes bit-identically and an older checkpoint resumes on
+the eager GELU. kept_heap reuses freed memory and changes no number."""
 
 from __future__ import annotations
 
@@ -96,3 +98,116 @@ def test_a_run_on_the_onednn_path_resumes_bit_identically(tmp_path, monkeypatch)
     Trainer(tiny(), tmp_path / "stopped", Inputs(), quiet=True).run()
     assert_identical(tmp_path / "stopped" / "checkpoints" / "last.safetensors",
                      tmp_path / "straight" / "checkpoints" / "last.safetensors")
+
+
+def _page_faults(fn) -> int:
+    import resource
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(training._glibc() is None, reason="glibc's mallopt only")
+def test_kept_heap_reuses_a_freed_large_tensor():
+    def twice():  # 64 MiB: over glibc's mmap threshold, so outside kept_heap each one faults in 16,384 fresh pages
+        for _ in range(2):
+            torch.ones(16 << 20)
+    with training.kept_heap():
+        twice()  # the heap grows
+        inside = [_page_faults(twice) for _ in range(3)]
+    assert min(inside) < 1_000, inside  # reused
+
+
+def test_kept_heap_puts_glibc_s_settings_back_and_gives_the_memory_back_when_asked(monkeypatch):
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+
+        def malloc_trim(self, pad):
+            calls.append(("trim", pad))
+
+    monkeypatch.setattr(training, "_glibc", Libc)
+    with training.kept_heap():
+        assert calls == [(-4, 0), (-1, 2**31 - 1)]  # no mmap, no trim
+    assert calls[2:] == [*training._GLIBC_AFTER, ("trim", 0)]
+    calls.clear()
+    with training.kept_heap(release=False):
+        pass
+    assert calls[2:] == list(training._GLIBC_AFTER)
+    calls.clear()
+    with training.kept_heap(enabled=False):
+        pass
+    assert not calls
+
+
+def test_kept_heap_leaves_the_step_s_numbers_alone():
+    model = tiny_model().train()
+    cfg = model.config
+    x, y = torch.randn(4, cfg.in_channels, *cfg.image_size), torch.tensor([0, 1, 2, 0])
+    plain_loss, plain = step(model, [], x, y)
+    with training.kept_heap():
+        loss, grads = step(model, [], x, y)
+    assert torch.equal(loss, plain_loss) and all(torch.equal(grads[k], plain[k]) for k in plain)
+
+
+def _gelu_and_grad(y, g, **kwargs):
+    y = y.clone().requires_grad_()
+    h = F.gelu(y, **kwargs)
+    h.backward(g)
+    return h.detach(), y.grad, h.grad_fn
+
+
+def test_the_compiled_gelu_is_the_tanh_gelu_the_same_bits_every_call(monkeypatch):
+    monkeypatch.setattr(training, "GELU_MIN_ELEMENTS", 1)
+    y, g = torch.randn(4, 17, 64) * 3, torch.randn(4, 17, 64)
+    plain, plain_grad, _ = _gelu_and_grad(y, g, approximate="tanh")
+    with training.fast_gelu():
+        h, grad, fn = _gelu_and_grad(y, g, approximate="tanh")
+        again, again_grad, _ = _gelu_and_grad(y, g, approximate="tanh")
+        _, _, exact_fn = _gelu_and_grad(y, g)  # the exact (erf) GELU keeps its own kernel
+    assert not training._EAGER_GELU and "GeluTanh" in type(fn).__name__ and "GeluTanh" not in type(exact_fn).__name__
+    assert torch.equal(h, again) and torch.equal(grad, again_grad)
+    torch.testing.assert_close(h, plain)
+    torch.testing.assert_close(grad, plain_grad, rtol=1e-5, atol=1e-5)
+    assert training.gelu_for_run(None, True) and not training.gelu_for_run(None, False)  # (a GPU or compiled run)
+    assert not training.gelu_for_run({}, True) and training.gelu_for_run({"compiled_gelu": True}, True)  # resumed as it ran
+    monkeypatch.setenv("VITLAB_COMPILED_GELU", "0")
+    assert not training.gelu_for_run(None, True)
+
+
+def test_a_run_with_the_compiled_gelu_resumes_bit_identically_and_an_old_one_stays_eager(tmp_path, monkeypatch):
+    monkeypatch.setattr(training, "GELU_MIN_ELEMENTS", 1)
+    calls = []
+    real = training._GeluTanh.apply
+    monkeypatch.setattr(training._GeluTanh, "apply", lambda *a: calls.append(1) or real(*a))
+    Trainer(tiny(), tmp_path / "straight", Inputs(), quiet=True).run()
+    assert calls and not training._EAGER_GELU
+    real_log = Trainer._log_step
+
+    def dies_at_step_7(self, run, step, *a):
+        if step == 7:
+            raise KeyboardInterrupt  # killed after the checkpoint of step 5
+        return real_log(self, run, step, *a)
+
+    monkeypatch.setattr(Trainer, "_log_step", dies_at_step_7)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny(), tmp_path / "stopped", Inputs(), quiet=True).run()
+    monkeypatch.setattr(Trainer, "_log_step", real_log)
+    Trainer(tiny(), tmp_path / "stopped", Inputs(), quiet=True).run()
+    assert_identical(tmp_path / "stopped" / "checkpoints" / "last.safetensors",
+                     tmp_path / "straight" / "checkpoints" / "last.safetensors")
+    # a run on the eager GELU (as one from before the compiled GELU, whose checkpoints say nothing)
+    monkeypatch.setenv("VITLAB_COMPILED_GELU", "0")
+    Trainer(tiny(), tmp_path / "eager", Inputs(), quiet=True).run()
+    monkeypatch.setattr(Trainer, "_log_step", dies_at_step_7)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny(), tmp_path / "eager-stopped", Inputs(), quiet=True).run()
+    monkeypatch.setattr(Trainer, "_log_step", real_log)
+    monkeypatch.delenv("VITLAB_COMPILED_GELU")
+    calls.clear()
+    Trainer(tiny(), tmp_path / "eager-stopped", Inputs(), quiet=True).run()  # resumed where the compiled GELU is on
+    assert not calls
+    assert_identical(tmp_path / "eager-stopped" / "checkpoints" / "last.safetensors",
+                     tmp_path / "eager" / "checkpoints" / "last.safetensors")

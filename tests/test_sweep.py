@@ -274,3 +274,127 @@ def test_shipped_confirmatory_claims_are_powered():
                 planned += 1
                 assert p["power"] >= stats.POWER and p["seeds"] >= p["needs"]
     assert planned >= 2  # paper/local-heads and paper/table8
+
+
+# Random-init controls: K draws, and a step recomputed on finished cells -----------------------
+def _control(command: str, **step) -> dict:
+    return {**TINY, "after": {"init": {"command": command, "result": "init.json", **step}}}
+
+
+@pytest.mark.parametrize("value, ok", [("{seed}", False), ("7", False), ("{seed}00-{seed}04", True), ("0-19", True),
+                                       ("{seed}-{seed}", False)])
+def test_a_random_init_control_of_one_draw_is_refused_unless_it_says_why(tmp_path, capsys, value, ok):
+    from vitlab.config.sweep import check_controls
+
+    command = f"fewshot {{checkpoint}} --random-init {value} --data digits --out {{cell}}/init.json"
+    spec = SweepSpec.from_dict(_control(command), "t")  # a spec's own checks pass: a run refuses it
+    if ok:
+        check_controls(spec)
+        with pytest.raises(ConfigError, match="init.single_draw: this step draws [0-9]+; remove single_draw"):
+            check_controls(SweepSpec.from_dict(_control(command, single_draw="because"), "t"))
+        return
+    with pytest.raises(ConfigError, match=r"after.init: a random-init control of one draw .* average K draws"):
+        check_controls(spec)
+    check_controls(SweepSpec.from_dict(_control(command, single_draw="a whole fine-tune a draw"), "t"))
+    check_controls(SweepSpec.from_dict(_control(command.replace(f"--random-init {value}", f"--random-init={value}"),
+                                                single_draw="why"), "t"))
+    # vitlab sweep refuses it in one line, before any cell is made
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec_file(tmp_path, _control(command))), "--out", str(out)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "a random-init control of one draw" in err and len(err.splitlines()) == 1
+    assert not any(out.glob("seed-*"))
+
+
+def test_shipped_controls_draw_k_times_or_say_why():
+    from vitlab.config.sweep import check_controls
+
+    for name in shipped_sweeps():
+        check_controls(load_sweep(name)[0])
+    cls_gap = {s.name: s for s in load_sweep("paper/cls-gap")[0].after}
+    assert "--random-init {seed}00-{seed}04" in cls_gap["init"].command and not cls_gap["init"].single_draw
+
+
+def _finished(spec: SweepSpec, out: Path) -> list[Cell]:
+    """Cells made finished by hand (no training): cell.json, the train summary, a few-shot
+    result, the old control's result, and a checkpoint of the recipe's shape."""
+    import shape_checkpoints  # benchmarks/ (on sys.path by conftest)
+    from vitlab.run_layout import RunLayout
+    from vitlab.sweep.runner import prepare
+
+    cells = expand(spec, out)
+    for cell in cells:
+        d = prepare(cell, spec, out)
+        (d / "train").mkdir()
+        (d / "train" / "summary.json").write_text(json.dumps({"steps": 4, "splits": {"test": {"top1": 0.5}}}))
+        (d / "fewshot.json").write_text(json.dumps({"shots": {"2": {"mean": 0.5}}}))
+        (d / "init.json").write_text(json.dumps({"shots": {"2": {"mean": 0.1}}, "random_init": 9}))
+        shape_checkpoints.stand_in(Path("digits"), RunLayout(d / "train").last)
+    return cells
+
+
+REDO = {**TINY, "grid": {"arm": {"x": {"tag.k": 1}, "y": {"tag.k": 2}}, "seed": [0]}, "figures": [],
+        "after": {"fewshot": {"command": "fewshot {checkpoint} --data digits --out {cell}/fewshot.json", "result": "fewshot.json"},
+                  "init": {"command": "fewshot {checkpoint} --random-init {seed} --data digits --shots 2 --seeds 1 --pool 4 "
+                                      "--test-limit 60 --no-cache --out {cell}/init.json",
+                           "result": "init.json", "single_draw": "the old design"}},
+        "report": {"metrics": ["init.shots.2.mean"], "compare": [
+            {"claim": "x above y net", "axis": "arm", "a": "x", "b": "y", "expect": "higher",
+             "primary": {"metric": "fewshot.shots.2.mean - init.shots.2.mean", "selection": "none"}}]}}
+
+
+@pytest.mark.slow
+def test_redo_after_recomputes_one_step_of_finished_cells_and_makes_its_claims_post_hoc(tmp_path, capsys):
+    from vitlab.sweep import claims_declared, declare
+
+    out = tmp_path / "out"
+    old = SweepSpec.from_dict(REDO, "redo")
+    cells = _finished(old, out)
+    new_init = {**REDO["after"]["init"], "command": REDO["after"]["init"]["command"].replace("{seed}", "{seed}00-{seed}01")}
+    new_init.pop("single_draw")
+    spec = SweepSpec.from_dict({**REDO, "after": {**REDO["after"], "init": new_init}}, "redo")
+    with pytest.raises(ConfigError, match="other after"):  # without --redo-after the changed step is refused
+        run_sweep(spec, out, say=lambda s: None)
+    with pytest.raises(ConfigError, match="no after-step 'nope'"):
+        run_sweep(spec, out, redo="nope", say=lambda s: None)
+    kept = {c.key: (out / c.key / "fewshot.json").read_text() for c in cells}
+
+    said: list[str] = []
+    summary = run_sweep(spec, out, redo="init", threads=1, say=said.append)
+    assert not summary["failed"] and "0 finished, 2 to run" in said[0]
+    for cell in cells:
+        d = out / cell.key
+        result = json.loads((d / "init.json").read_text())
+        assert result["random_init"] == [0, 1] and len(result["shots"]["2"]["accuracy"]) == 2  # K = 2 draws
+        assert (d / "fewshot.json").read_text() == kept[cell.key]  # the other steps are not run again
+        assert json.loads((d / "cell.json").read_text())["after"][1][1] == new_init["command"]
+        assert [e["step"] for e in json.loads((d / "timing.json").read_text())["steps"]] == ["init"]
+    claims = json.loads((out / "sweep.json").read_text())["claims"]
+    assert claims["declared"].startswith("after its results (post hoc): after-step init")
+    assert [r["step"] for r in claims["redone"]] == ["init"] and "{seed}00-{seed}01" in claims["redone"][0]["command"]
+    declared = claims_declared(spec, out, cells)
+    assert declared["status"] == declare.AFTER
+    assert declare.when_text(declared) == f"after the run (post hoc; init recomputed {claims['redone'][0]['at'][:10]})"
+    report = json.loads((out / "report.json").read_text())
+    assert report["claims"][0]["family"] == "exploratory claims"
+
+    # Again: every cell records the new command, so nothing runs and nothing is recorded.
+    said.clear()
+    run_sweep(spec, out, redo="init", threads=1, say=said.append)
+    assert "2 finished, 0 to run" in said[0]
+    assert len(json.loads((out / "sweep.json").read_text())["claims"]["redone"]) == 1
+
+
+def test_redo_after_refuses_unfinished_cells_and_other_changes(tmp_path):
+    out = tmp_path / "out"
+    old = SweepSpec.from_dict(REDO, "redo")
+    cells = _finished(old, out)
+    changed = SweepSpec.from_dict({**REDO, "train": {**REDO["train"], "model.depth": 2}}, "redo")
+    with pytest.raises(ConfigError, match="other settings"):
+        run_sweep(changed, out, redo="init", say=lambda s: None)
+    (out / cells[0].key / "train" / "summary.json").unlink()
+    with pytest.raises(ConfigError, match=r"--redo-after init: cell arm=x, k=1, seed=0 is not finished \(train\)"):
+        run_sweep(old, out, redo="init", say=lambda s: None)
+    assert json.loads((out / cells[1].key / "init.json").read_text())["random_init"] == 9  # nothing changed
+    assert main(["sweep", "--report", str(out), "--redo-after", "init"]) != 0  # --report runs nothing
+    assert json.loads((out / cells[1].key / "init.json").read_text())["random_init"] == 9

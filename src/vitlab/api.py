@@ -25,12 +25,8 @@ from vitlab.models.variants import MODELS
 def _check_type(function: str, argument: str, value: Any, types: Any, what: str) -> None:
     """A TypeError from vitlab, naming the argument and what to pass, before anything deeper
     meets a value of the wrong type (`create_model(None)`)."""
-    if not isinstance(value, types) or (bool not in _tuple(types) and isinstance(value, bool)):
+    if not isinstance(value, types) or (bool not in (types if isinstance(types, tuple) else (types,)) and isinstance(value, bool)):
         raise TypeError(f"vitlab.{function}: {argument} must be {what}, not {type(value).__name__} {value!r:.60}")
-
-
-def _tuple(types: Any) -> tuple:
-    return types if isinstance(types, tuple) else (types,)
 
 
 def list_models(pattern: Optional[str] = None, pretrained: bool = False) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from types import ModuleType
 from typing import Iterable, Optional
 
@@ -48,10 +49,11 @@ def missing(group: str) -> list[str]:
     return [m for m in EXTRAS[group] if not _present(m)]
 
 
-def require(group: str, what: Optional[str] = None, modules: Optional[Iterable[str]] = None) -> dict[str, ModuleType]:
+def require(group: str, what: Optional[str] = None, modules: Optional[Iterable[str]] = None,
+            error: type[Exception] = MissingExtraError) -> dict[str, ModuleType]:
     """Import the group's `modules` (default: all of them) after checking that every module of
     the group is there; `what` names what needs it ("vitlab serve", "--log wandb").
-    Returns the imported modules by name, or raises MissingExtraError."""
+    Returns the imported modules by name, or raises `error` (a layer's own: DataError, ...)."""
     absent = missing(group)
     imported: dict[str, ModuleType] = {}
     for name in () if absent else (EXTRAS[group] if modules is None else modules):
@@ -62,7 +64,7 @@ def require(group: str, what: Optional[str] = None, modules: Optional[Iterable[s
             break
     if absent:
         verb = "is" if len(absent) == 1 else "are"
-        raise MissingExtraError(f"{what or 'this'} needs the {group} extra, and {', '.join(absent)} {verb} not installed: "
+        raise error(f"{what or 'this'} needs the {group} extra, and {', '.join(absent)} {verb} not installed: "
                                 f'pip install "vitlab[{group}]"')
     return imported
 
@@ -83,6 +85,16 @@ def hub_client_errors() -> tuple[type[BaseException], ...]:
     for module in modules:
         found |= {c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Exception)}
     return tuple(sorted(found, key=lambda c: f"{c.__module__}.{c.__qualname__}"))
+
+
+def hf_cache(variable: str, sub: str) -> Optional[str]:
+    """A Hugging Face library's cache folder: $VARIABLE, else $HF_HOME/SUB, read now (the
+    libraries read them at import); None when neither is set."""
+    if os.environ.get(variable):
+        return os.path.expanduser(os.environ[variable])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), sub)
+    return None
 
 
 def error_line(e: BaseException) -> str:

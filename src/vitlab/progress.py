@@ -141,11 +141,6 @@ class Progress:
             if self.bar is not None:
                 self.bar.set_description(desc)
 
-    @property
-    def disable(self) -> bool:
-        """True where no bar is drawn (a log, or quiet)."""
-        return self.quiet or not self.tty
-
     def write(self, text: str, file: Optional[TextIO] = None) -> None:
         """A line of its own: above the bar on a terminal, a plain line in a log. `file` sends
         it elsewhere (a result on stdout), still without breaking the bar; quiet or not."""

@@ -101,17 +101,16 @@ class AttentionDistance:
         self.count += attentions[0].shape[0]
 
     def result(self) -> np.ndarray:
-        if not self.count:
-            raise ValueError("no images were added")
-        assert self.total is not None  # (update set it)
-        return (self.total / self.count).numpy()
+        return self._per_image(self.total)
 
     def prefix_fraction(self) -> np.ndarray:
         """(L, H) mean attention mass patch queries give the class token."""
-        if not self.count:
+        return self._per_image(self.prefix_mass)
+
+    def _per_image(self, total: Tensor | None) -> np.ndarray:
+        if not self.count or total is None:  # (update sets both)
             raise ValueError("no images were added")
-        assert self.prefix_mass is not None  # (update set it)
-        return (self.prefix_mass / self.count).numpy()
+        return (total / self.count).numpy()
 
 
 def mean_attention_distance(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from vitlab.analysis.figure import Figure
-from vitlab.files import OutputFolder
+from vitlab.files import OutputFolder, atomic_write_text
 
 # Every file `vitlab inspect` may write into its --out folder, which may hold the user's own
 # files: those of these names are replaced only when inspect wrote them (files.OutputFolder).
@@ -65,9 +65,5 @@ p {{ font-size: 0.9em; }}
 {sections}
 </body></html>
 """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    atomic_write_text(path, page)
+    return Path(path)

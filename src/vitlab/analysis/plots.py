@@ -217,27 +217,6 @@ def _draw_map(ax, image: np.ndarray, amap: np.ndarray, heatmap: bool, smooth: st
     return ax.imshow(np.clip(image * amap[..., None], 0, 1), interpolation=smooth)
 
 
-def plot_overlay(image: np.ndarray, amap: np.ndarray, path, title: str = "", prediction: str = "") -> Path:
-    """One image, its rollout as a heat map over it (with a colour bar), and the image
-    weighted by the map; the predicted class (with its probability) heads the figure."""
-    image = _rgb(image)
-    fig = new_figure(6.4, 2.5)
-    axes = fig.subplots(1, 3)
-    for ax in axes:
-        ax.set_xticks([])
-        ax.set_yticks([])
-    axes[0].imshow(image)
-    axes[0].set_title(title, fontsize=8)
-    heat = _draw_map(axes[1], image, amap, heatmap=True)
-    axes[1].set_title("rollout heat map", fontsize=8)
-    fig.colorbar(heat, ax=axes[1], fraction=0.046, pad=0.04).ax.tick_params(labelsize=8)
-    _draw_map(axes[2], image, amap, heatmap=False)
-    axes[2].set_title("image x rollout", fontsize=8)
-    if prediction:
-        fig.suptitle(f"predicted: {prediction}", fontsize=9)
-    return save_figure(fig, path)
-
-
 def plot_learning_curve(series: dict[str, dict[str, list]], path, title: str = "",
                         accuracy_label: str = "top-1 accuracy") -> Path:
     """Loss and accuracy against step: the training windows as lines, every evaluation as

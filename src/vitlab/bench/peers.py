@@ -13,6 +13,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
+from vitlab.checkpoints.hf import hf_config
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.checkpoints.torchvision import create_torchvision_model
 from vitlab.config import BiTConfig, ModelConfig, ViTConfig
@@ -58,20 +59,8 @@ def hf_vit(cfg: ViTConfig) -> nn.Module:
     _check_plain(cfg)
     if cfg.classifier != "token" or cfg.image_size[0] != cfg.image_size[1]:
         raise ValueError(f"{cfg.name}: Hugging Face's ViT needs a class token and square images")
-    hf_cfg = HFConfig(  # type: ignore[call-arg]  # num_labels, attn_implementation: PretrainedConfig's, unannotated here
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.depth,
-        num_attention_heads=cfg.num_heads,
-        intermediate_size=cfg.mlp_dim,
-        hidden_act="gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
-        layer_norm_eps=cfg.layer_norm_eps,
-        image_size=cfg.image_size[0],
-        patch_size=cfg.patch_size,
-        num_channels=cfg.in_channels,
-        qkv_bias=cfg.qkv_bias,
-        num_labels=cfg.num_classes,
-        attn_implementation="sdpa",
-    )
+    # The converter's config.json: the transformers ViT that computes what vitlab's does.
+    hf_cfg = HFConfig(**hf_config(cfg), attn_implementation="sdpa")  # type: ignore[call-arg]  # PretrainedConfig's, unannotated here
     return _Logits(ViTForImageClassification(hf_cfg)).eval()
 
 

@@ -106,6 +106,7 @@ class BenchConfig:
     # then never dropped (others' CPU use is still recorded).
     clock: str = "wall"
     device: str = "cpu"  # "cuda" times on the GPU (wall clock, synchronised after each sample)
+    warmup: int = 2  # calls of each system before its memory is measured and its samples taken
 
     def waiter(self) -> Waiter:
         return Waiter(self.contended_cores, self.max_wait, self.wait_budget)
@@ -137,7 +138,7 @@ def prepare_all(setting: Setting, systems: Sequence[System], bench: BenchConfig,
     for system in systems:
         row = rows[system] = Row(setting, system)
         try:
-            p = prepared[system] = prepare(setting, system, device=bench.device)
+            p = prepared[system] = prepare(setting, system, warmup=bench.warmup, device=bench.device)
             row.compile_s, row.work_mib = p.compile_s, p.work_mib
         except Exception as e:  # a peer lacking a feature (a GAP head, ...) is one skipped row
             row.error = f"{type(e).__name__}: {e}".splitlines()[0][:200]

@@ -119,7 +119,8 @@ def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor, device
                   wrapper: bool = True) -> Callable[[], Tensor]:
     """One AdamW step on cross-entropy, in fp32 or under bf16 (fp16, with loss scaling) autocast,
     on `device` (default: x's device). vitlab's step runs as `vitlab train` runs it (`wrapper`):
-    torch's fused AdamW, and in fp32 the Dense kernels chosen on this machine
+    torch's fused AdamW, freed tensors reused (`training.kept_heap`, here per step), the tanh GELU
+    compiled (`training.fast_gelu`) and in fp32 the Dense kernels chosen on this machine
     (`vitlab.deploy.training`); a peer's, and vitlab's with `wrapper=False` (the step before
     issue 51), torch's default AdamW (on the CPU its per-parameter loop) and the model's own ops."""
     if system.precision not in TRAIN_PRECISIONS:
@@ -134,17 +135,19 @@ def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor, device
     kind = torch.device(device or x.device).type
     plain_fp32 = system.precision == "fp32" and kind == "cpu" and not (system.compiled or system.checkpointing)
     shapes = training.chosen_shapes(model) if ours and plain_fp32 else []
+    gelu = ours and training.gelu_for_run(None, kind == "cpu" and not (system.compiled or system.checkpointing))
     autocast = _autocast(system.precision, kind)
     scaler = torch.amp.GradScaler(kind, enabled=system.precision == "fp16-autocast")
 
     def step() -> Tensor:
-        with autocast, training.dense_kernels(shapes):
-            loss = F.cross_entropy(step_model(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
+        with training.kept_heap(ours and kind == "cpu", release=False):  # (glibc's own trimming between steps)
+            with autocast, training.dense_kernels(shapes), training.fast_gelu(gelu):
+                loss = F.cross_entropy(step_model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            return loss
 
     return step
 
@@ -179,6 +182,7 @@ def warm_up(fn: Callable[[], object], warmup: int, compiled: bool, device: str =
     first = time.perf_counter() - t0
     for _ in range(max(warmup - 1, 0)):
         fn()
+    training.release_heap()  # every system's measured call starts from a heap given back (kept_heap)
     mark = reset_peak_memory(device)
     t0 = time.perf_counter()
     fn()

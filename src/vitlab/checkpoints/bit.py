@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from vitlab.checkpoints.io import CheckpointError
-from vitlab.checkpoints.tables import Rule, copy, permuted, refuse, resnet_layers
+from vitlab.checkpoints.tables import Rule, copy, failing, permuted, refuse, resnet_layers
 from vitlab.config import BiTConfig
 from vitlab.config.model import as_pair
 from vitlab.extras import require
@@ -65,15 +65,7 @@ def config_from_npz(a: dict, source: str) -> BiTConfig:
     if not layers:
         raise CheckpointError(f"{source}: a BiT root block but no resnet/block1/unit01/... arrays")
     head = a.get("resnet/head/conv2d/kernel")
-    return _named(_config(source, kh, cin, width, layers, head.shape[-1] if head is not None else 0,
-                          ws_eps=OFFICIAL_WS_EPS))
-
-
-def check_npz_writable(cfg: BiTConfig, allow_numerics_change: bool = False) -> None:
-    features, numerics = _common_features(cfg), []
-    if (cfg.ws_eps, cfg.gn_eps) != (OFFICIAL_WS_EPS, GN_EPS):
-        numerics.append(f"ws_eps={cfg.ws_eps:g} gn_eps={cfg.gn_eps:g} (official: 1e-10 and 1e-5)")
-    refuse("the official BiT .npz format", features, numerics, allow_numerics_change)
+    return _config(source, kh, cin, width, layers, head.shape[-1] if head is not None else 0, ws_eps=OFFICIAL_WS_EPS)
 
 
 # timm resnetv2_*_bit -------------------------------------------------------------------------
@@ -112,14 +104,7 @@ def config_from_timm(state: dict, source: str) -> BiTConfig:
     if kh != 7:
         raise CheckpointError(f"{source}: stem.conv is {kh}x{kh}; timm's BiT ResNets have the 7x7 root")
     head = state.get("head.fc.weight")
-    return _named(_config(source, kh, cin, width, layers, head.shape[0] if head is not None else 0, ws_eps=TIMM_WS_EPS))
-
-
-def check_timm_writable(cfg: BiTConfig, allow_numerics_change: bool = False) -> None:
-    features, numerics = _common_features(cfg), []
-    if (cfg.ws_eps, cfg.gn_eps) != (TIMM_WS_EPS, GN_EPS):
-        numerics.append(f"ws_eps={cfg.ws_eps:g} gn_eps={cfg.gn_eps:g} (timm's resnetv2_*_bit: 1e-8 and 1e-5)")
-    refuse("timm", features, numerics, allow_numerics_change)
+    return _config(source, kh, cin, width, layers, head.shape[0] if head is not None else 0, ws_eps=TIMM_WS_EPS)
 
 
 def timm_model_args(cfg: BiTConfig) -> dict[str, Any]:
@@ -152,21 +137,25 @@ def _config(source: str, kernel: int, cin: int, width: int, layers: Sequence[int
     stem = "bit" if kernel == 7 else "cifar"
     base, factor = (64, width // 64) if width % 64 == 0 else (width, 1)
     try:
-        return BiTConfig(name="bit", image_size=as_pair(224 if stem == "bit" else 32), in_channels=cin, layers=tuple(layers),
-                         width_factor=factor, base_width=base, stem=stem, num_classes=classes, ws_eps=ws_eps, gn_eps=GN_EPS,
-                         mean=(0.5,) * cin, std=(0.5,) * cin)
+        cfg = BiTConfig(name="bit", image_size=as_pair(224 if stem == "bit" else 32), in_channels=cin, layers=tuple(layers),
+                        width_factor=factor, base_width=base, stem=stem, num_classes=classes, ws_eps=ws_eps, gn_eps=GN_EPS,
+                        mean=(0.5,) * cin, std=(0.5,) * cin)
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
-
-
-def _named(cfg: BiTConfig) -> BiTConfig:
     return cfg.replace(name=describe(cfg))
 
 
 def _common_features(cfg: BiTConfig) -> list[str]:
-    features = []
-    if cfg.stem != "bit":
-        features.append(f"stem={cfg.stem!r} (BiT's root is the 7x7/2 convolution and max-pool)")
-    if cfg.gn_groups != 32:
-        features.append(f"gn_groups={cfg.gn_groups} (BiT's GroupNorm has 32 groups)")
-    return features
+    return failing((cfg.stem != "bit", f"stem={cfg.stem!r} (BiT's root is the 7x7/2 convolution and max-pool)"),
+                   (cfg.gn_groups != 32, f"gn_groups={cfg.gn_groups} (BiT's GroupNorm has 32 groups)"))
+
+
+# What each format's BiT writer targets: its name, its weight-standardisation eps, the words.
+WRITERS = {"npz": ("the official BiT .npz format", OFFICIAL_WS_EPS, "official: 1e-10 and 1e-5"),
+           "timm": ("timm", TIMM_WS_EPS, "timm's resnetv2_*_bit: 1e-8 and 1e-5")}
+
+
+def check_writable(cfg: BiTConfig, fmt: str, allow_numerics_change: bool = False) -> None:
+    target, ws_eps, words = WRITERS[fmt]
+    refuse(target, _common_features(cfg), failing(((cfg.ws_eps, cfg.gn_eps) != (ws_eps, GN_EPS),
+                                                   f"ws_eps={cfg.ws_eps:g} gn_eps={cfg.gn_eps:g} ({words})")), allow_numerics_change)

@@ -20,9 +20,9 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from vitlab.checkpoints.io import CheckpointError, Imported, guessed_preprocessing, head_names
+from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, guessed_preprocessing, head_names
 from vitlab.checkpoints.peers import HF_PREPROCESSING
-from vitlab.checkpoints.tables import Rule, check_carried, copy, expected_shapes, export_state, fused, import_state, read_tensors, refuse
+from vitlab.checkpoints.tables import Rule, check_carried, config_json, copy, export_state, failing, fused, import_state, read_tensors, refuse
 from vitlab.config import ViTConfig
 from vitlab.config.model import as_pair
 from vitlab.files import replace_folder
@@ -67,18 +67,8 @@ def rules(cfg: ViTConfig, prefix: str = "vit.") -> list[Rule]:
 
 
 # Reading --------------------------------------------------------------------------------
-def _config_json(path: Path) -> Optional[dict[str, Any]]:
-    f = path / "config.json"
-    if not f.is_file():  # also refuses a FIFO, which would block the read
-        return None
-    try:
-        return read_json(f, dict, "Hugging Face config")
-    except (OSError, ValueError):  # not JSON, not UTF-8, not an object: not this format
-        return None
-
-
 def detect(path: Path) -> bool:
-    return path.is_dir() and (_config_json(path) or {}).get("model_type") == "vit"
+    return path.is_dir() and (config_json(path, "Hugging Face config") or {}).get("model_type") == "vit"
 
 
 def read_json_object(path: Path, where: str) -> dict[str, Any]:
@@ -248,7 +238,7 @@ def apply_preprocessing(p: Any, cfg: ViTConfig, f: str) -> ViTConfig:
 
 def read(path: str | os.PathLike) -> Imported:
     folder = Path(path)
-    c = _config_json(folder)
+    c = config_json(folder, "Hugging Face config")
     if c is None or c.get("model_type") != "vit":
         raise CheckpointError(f"{folder}: not a Hugging Face ViT folder (config.json with model_type 'vit')")
     state = {_classic_name(k): v for k, v in _weights(folder).items()}
@@ -266,23 +256,20 @@ def read(path: str | os.PathLike) -> Imported:
 
 # Writing --------------------------------------------------------------------------------
 def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> None:
-    features: list[str] = []
-    if cfg.classifier != "token":
-        features.append("classifier='gap' (HF's ViT reads the class token)")
-    if cfg.pos_embed != "learned":
-        features.append(f"pos_embed={cfg.pos_embed!r} (HF's ViT has a learned 1D table)")
-    if cfg.resnet is not None:
-        features.append("a ResNet hybrid stem (vitlab writes plain ViTs for HF)")
-    if cfg.representation_size and cfg.num_classes:
-        features.append(f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification has no pre-logits)")
-    refuse("Hugging Face transformers", features, [], allow_numerics_change)
+    refuse("Hugging Face transformers", failing(
+        (cfg.classifier != "token", "classifier='gap' (HF's ViT reads the class token)"),
+        (cfg.pos_embed != "learned", f"pos_embed={cfg.pos_embed!r} (HF's ViT has a learned 1D table)"),
+        (cfg.resnet is not None, "a ResNet hybrid stem (vitlab writes plain ViTs for HF)"),
+        (cfg.representation_size and cfg.num_classes,
+         f"representation_size={cfg.representation_size} with a classifier (ViTForImageClassification has no pre-logits)"),
+    ), [], allow_numerics_change)
 
 
-def hf_config(model) -> dict[str, Any]:
-    cfg = model.config
+def hf_config(cfg: ViTConfig, class_names: Optional[list[str]] = None) -> dict[str, Any]:
+    """config.json of the transformers ViT that computes what `VisionTransformer(cfg)` does."""
     act = "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh"
     h, w = cfg.image_size
-    names = head_names(cfg, model.class_names) or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    names = head_names(cfg, class_names) or [f"LABEL_{i}" for i in range(cfg.num_classes)]
     return {"architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"], "model_type": "vit",
             "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
             "intermediate_size": cfg.mlp_dim, "hidden_act": act, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
@@ -303,14 +290,14 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     check_writable(cfg, allow_numerics_change)
     prefix = "vit." if cfg.num_classes else ""
     theirs = export_state(rules(cfg, prefix), model.state_dict(), f"{path} (hf)")
-    back = apply_preprocessing(preprocessor_config(cfg), infer_config(hf_config(model), theirs, str(path))[0], str(path))
+    back = apply_preprocessing(preprocessor_config(cfg), infer_config(hf_config(cfg, model.class_names), theirs, str(path))[0], str(path))
     check_carried(f"{path} (Hugging Face)", cfg, back, allow_numerics_change)
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target}: exists and is a file; a Hugging Face checkpoint is a folder")
 
     def fill(folder: Path) -> None:
-        (folder / "config.json").write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n")
+        (folder / "config.json").write_text(json.dumps(hf_config(cfg, model.class_names), indent=2, sort_keys=True) + "\n")
         (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(cfg), indent=2) + "\n")
         save_file({k: v.contiguous() for k, v in theirs.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
 

@@ -42,7 +42,7 @@ from vitlab.checkpoints.hf import read_json_object, shard_names
 from vitlab.checkpoints.io import CheckpointError
 from vitlab.checkpoints.peers import read_peer_name
 from vitlab.config.fields import env_switch
-from vitlab.extras import MissingExtraError, hub_client_errors, require
+from vitlab.extras import hf_cache, hub_client_errors, require
 from vitlab.files.documents import on_disk
 
 HF_PREFIX, TIMM_PREFIX = "hf-hub:", "timm:"
@@ -154,11 +154,7 @@ def hub_cache() -> str:
     """The Hub cache folder: $HF_HUB_CACHE, else $HF_HOME/hub, else huggingface_hub's default."""
     from huggingface_hub import constants
 
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
-    return constants.HF_HUB_CACHE
+    return hf_cache("HF_HUB_CACHE", "hub") or constants.HF_HUB_CACHE
 
 
 def hub_endpoint() -> Optional[str]:
@@ -185,10 +181,7 @@ def reachable(endpoint: Optional[str]) -> bool:
 
 
 def _require_hub():
-    try:
-        return require("hub", "a Hub name")["huggingface_hub"]  # the Hub client is optional: vitlab[hub]
-    except MissingExtraError as e:
-        raise CheckpointError(str(e)) from None
+    return require("hub", "a Hub name", error=CheckpointError)["huggingface_hub"]  # the Hub client is optional: vitlab[hub]
 
 
 def fetch_file(repo: HubRepo, filename: str, hint: str = "", required: bool = True) -> Optional[Path]:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from vitlab.config import BiTConfig, ConfigError, ModelConfig, ViTConfig, config_from_dict, config_kind
+from vitlab.config.fields import Reasoned
 from vitlab.files import NotRegularFileError, atomic_write, require_regular_file
 from vitlab.models import Model, build
 from vitlab.models.pos_embed import resize_position_state
@@ -31,12 +32,8 @@ FORMAT_VERSION = "1"
 SERVING_KEY = "serving"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(Reasoned, ValueError):
     """A file that cannot be read as the checkpoint it claims to be; names file, keys, shapes."""
-
-    def __init__(self, message: str, *, reason: str = ""):
-        super().__init__(message)
-        self.reason = reason  # why, as a short code that callers and tests branch on; the message is for people
 
 
 @dataclass

@@ -22,7 +22,7 @@ import os
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -37,6 +37,7 @@ from vitlab.checkpoints.tables import (
     count_indexed,
     expected_shapes,
     export_state,
+    failing,
     fused,
     import_state,
     permuted,
@@ -76,7 +77,9 @@ def rules(cfg: ViTConfig, spelling: str = "original") -> list[Rule]:
     # q/k/v kernels are (D, heads, head_dim); heads are the major axis of the output index.
     qkv_kernel = Rule("", ("",), lambda t: t.reshape(d, h * dh).t(), lambda t: (t.t().reshape(d, h, dh),))
     qkv_bias = Rule("", ("",), lambda t: t.reshape(h * dh), lambda t: (t.reshape(h, dh),))
-    out_kernel = Rule("", ("",), lambda t: t.reshape(h * dh, d).t(), lambda t: (t.t().reshape(h, dh, d),))
+
+    def out_kernel(ours: str, theirs: str) -> Rule:  # (heads, head_dim, D)
+        return Rule(ours, (theirs,), lambda t: t.reshape(h * dh, d).t(), lambda t: (t.t().reshape(h, dh, d),))
 
     table = [permuted("patch_embed.proj.weight", "embedding/kernel", HWIO_TO_OIHW), copy("patch_embed.proj.bias", "embedding/bias")]
     if cfg.pos_embed == "learned":
@@ -86,29 +89,29 @@ def rules(cfg: ViTConfig, spelling: str = "original") -> list[Rule]:
     for i in range(cfg.depth):
         b, o = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
         a = f"{b}{mha}/"
-        table += [
-            copy(o + "norm1.weight", f"{b}{ln1}/scale"),
-            copy(o + "norm1.bias", f"{b}{ln1}/bias"),
-            fused(o + "attn.qkv.weight", [f"{a}{n}/kernel" for n in ("query", "key", "value")], qkv_kernel),
-            Rule(o + "attn.proj.weight", (f"{a}out/kernel",), out_kernel.to_ours, out_kernel.to_theirs),
-            copy(o + "attn.proj.bias", f"{a}out/bias"),
-            copy(o + "norm2.weight", f"{b}{ln2}/scale"),
-            copy(o + "norm2.bias", f"{b}{ln2}/bias"),
-            transposed(o + "mlp.fc1.weight", f"{b}{mlp}/Dense_0/kernel"),
-            copy(o + "mlp.fc1.bias", f"{b}{mlp}/Dense_0/bias"),
-            transposed(o + "mlp.fc2.weight", f"{b}{mlp}/Dense_1/kernel"),
-            copy(o + "mlp.fc2.bias", f"{b}{mlp}/Dense_1/bias"),
-        ]
+        table += [*_norm(o + "norm1", b + ln1), fused(o + "attn.qkv.weight", [f"{a}{n}/kernel" for n in ("query", "key", "value")], qkv_kernel),
+                  *_dense(o + "attn.proj", a + "out", out_kernel), *_norm(o + "norm2", b + ln2),
+                  *_dense(o + "mlp.fc1", f"{b}{mlp}/Dense_0"), *_dense(o + "mlp.fc2", f"{b}{mlp}/Dense_1")]
         if cfg.qkv_bias:
             table.append(fused(o + "attn.qkv.bias", [f"{a}{n}/bias" for n in ("query", "key", "value")], qkv_bias))
-    table += [copy("norm.weight", "Transformer/encoder_norm/scale"), copy("norm.bias", "Transformer/encoder_norm/bias")]
+    table += _norm("norm", "Transformer/encoder_norm")
     if cfg.representation_size:
-        table += [transposed("pre_logits.weight", "pre_logits/kernel"), copy("pre_logits.bias", "pre_logits/bias")]
+        table += _dense("pre_logits", "pre_logits")
     if cfg.num_classes:
-        table += [transposed("head.weight", "head/kernel"), copy("head.bias", "head/bias")]
+        table += _dense("head", "head")
     if cfg.resnet is not None:
         table += resnet_rules(cfg.resnet.layers, _resnet_name, _kernel, ("scale", "bias"))
     return table
+
+
+def _norm(ours: str, theirs: str) -> list[Rule]:
+    """A LayerNorm: Flax's scale and bias."""
+    return [copy(ours + ".weight", theirs + "/scale"), copy(ours + ".bias", theirs + "/bias")]
+
+
+def _dense(ours: str, theirs: str, kernel: Callable[[str, str], Rule] = transposed) -> list[Rule]:
+    """A Dense layer: its kernel (stored (in, out): transposed, unless `kernel` says) and bias."""
+    return [kernel(ours + ".weight", theirs + "/kernel"), copy(ours + ".bias", theirs + "/bias")]
 
 
 def _resnet_name(part: str, s: int = 0, u: int = 0, n: int = 0) -> str:
@@ -333,28 +336,19 @@ def _names_comment(model) -> bytes:
 # Writing --------------------------------------------------------------------------------
 def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[str]:
     """Refuse what the official format cannot represent; returns the allowed numerics changes."""
-    features, numerics = [], []
-    if cfg.pos_embed != "learned":
-        features.append(f"pos_embed={cfg.pos_embed!r} (the official models have learned 1D position embeddings)")
-    if cfg.pos_embed_at != "stem":
-        features.append(f"pos_embed_at={cfg.pos_embed_at!r} (the official models add it once, after the stem)")
-    gh, gw = cfg.grid_size
-    if gh != gw:
-        features.append(f"a {gh}x{gw} token grid (readers assume a square grid)")
-    if not cfg.qkv_bias:
-        features.append("qkv_bias=False (the official attention always has biases)")
-    if cfg.resnet is not None and cfg.resnet.gn_groups != 32:
-        features.append(f"resnet.gn_groups={cfg.resnet.gn_groups} (the official ResNet uses 32)")
-    if cfg.gelu != "tanh":
-        numerics.append(f"gelu={cfg.gelu!r} (official: tanh approximation)")
-    if cfg.layer_norm_eps != 1e-6:
-        numerics.append(f"layer_norm_eps={cfg.layer_norm_eps:g} (official: 1e-6)")
-    r = cfg.resnet
-    if r is not None and (r.ws_mode, r.ws_eps, r.gn_eps) != ("std", 1e-5, 1e-6):
-        numerics.append(f"ResNet ws_mode={r.ws_mode!r} ws_eps={r.ws_eps:g} gn_eps={r.gn_eps:g} "
-                        "(official: (w-mean)/(std+1e-5), GroupNorm eps 1e-6)")
-    refuse("the official .npz format", features, numerics, allow_numerics_change)
-    return numerics
+    (gh, gw), r = cfg.grid_size, cfg.resnet
+    return refuse("the official .npz format", failing(
+        (cfg.pos_embed != "learned", f"pos_embed={cfg.pos_embed!r} (the official models have learned 1D position embeddings)"),
+        (cfg.pos_embed_at != "stem", f"pos_embed_at={cfg.pos_embed_at!r} (the official models add it once, after the stem)"),
+        (gh != gw, f"a {gh}x{gw} token grid (readers assume a square grid)"),
+        (not cfg.qkv_bias, "qkv_bias=False (the official attention always has biases)"),
+        (r and r.gn_groups != 32, r and f"resnet.gn_groups={r.gn_groups} (the official ResNet uses 32)"),
+    ), failing(
+        (cfg.gelu != "tanh", f"gelu={cfg.gelu!r} (official: tanh approximation)"),
+        (cfg.layer_norm_eps != 1e-6, f"layer_norm_eps={cfg.layer_norm_eps:g} (official: 1e-6)"),
+        (r and (r.ws_mode, r.ws_eps, r.gn_eps) != ("std", 1e-5, 1e-6),
+         r and f"ResNet ws_mode={r.ws_mode!r} ws_eps={r.ws_eps:g} gn_eps={r.gn_eps:g} (official: (w-mean)/(std+1e-5), GroupNorm eps 1e-6)"),
+    ), allow_numerics_change)
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
@@ -366,7 +360,7 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
 
     cfg = model.config
     if isinstance(cfg, BiTConfig):
-        bit.check_npz_writable(cfg, allow_numerics_change)
+        bit.check_writable(cfg, "npz", allow_numerics_change)
         table = bit.npz_rules(cfg)
     else:
         numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses

@@ -26,11 +26,11 @@ import yaml
 
 from vitlab.checkpoints import hf, hub, timm
 from vitlab.checkpoints.io import CheckpointError
-from vitlab.checkpoints.tables import export_state
+from vitlab.checkpoints.tables import export_state, write_tensors
 from vitlab.config import model_flops
 from vitlab.config.run import AUGMENTATIONS
 from vitlab.extras import error_line, hub_client_errors
-from vitlab.files import OutputFolder, atomic_write, atomic_write_text
+from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.files.documents import read_json, read_yaml
 from vitlab.run_layout import CHECKPOINTS, LAST, SUMMARY_SHAPE, RunLayout, run_of
 from vitlab.tables import markdown_table
@@ -121,11 +121,8 @@ def _write_folder(model, folder: Path, repo_id: str, run: Optional[Path], with_t
     files = ["config.json", "model.safetensors", "preprocessor_config.json"]
     why_not = timm_readable(model) if with_timm else "not requested"
     if why_not is None:
-        from safetensors.torch import save_file
-
-        state = export_state(timm.rules(model.config), model.state_dict(), f"{folder} (timm)")
-        state = {k: v.contiguous() for k, v in state.items()}
-        atomic_write(folder / TIMM_WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+        write_tensors(folder / TIMM_WEIGHTS, export_state(timm.rules(model.config), model.state_dict(), f"{folder} (timm)"),
+                      {"format": "pt"})
         config = read_json(folder / "config.json", dict, "Hugging Face config", "write the folder again", CheckpointError)
         config.update(timm.hub_config(model, TIMM_WEIGHTS))
         atomic_write_text(folder / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Collection, Optional, Sequence
+from typing import Any, Callable, Collection, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -35,6 +35,7 @@ from vitlab.checkpoints.io import (
 from vitlab.checkpoints.labels import is_imagenet
 from vitlab.config import ModelConfig, ViTConfig, config_from_dict, config_kind
 from vitlab.files import atomic_write, atomic_write_bytes
+from vitlab.files.documents import read_json
 
 ToOurs = Callable[..., Tensor]  # their tensors, in rule order -> our tensor
 ToTheirs = Callable[[Tensor], tuple[Tensor, ...]]  # our tensor -> their tensors
@@ -216,6 +217,15 @@ def read_tensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, 
     return dict(obj), {}
 
 
+def config_json(folder: Path, what: str) -> Optional[dict[str, Any]]:
+    """A folder's config.json as a mapping, or None: absent, unreadable (a FIFO is refused before
+    it is opened), not UTF-8, not JSON, not an object: not the folder of that format."""
+    try:
+        return read_json(folder / "config.json", dict, what)
+    except (OSError, ValueError):
+        return None
+
+
 def peek_keys(path: Path) -> Optional[set[str]]:
     """The tensor names of a state-dict file, or None when it is not one (for detection)."""
     if not path.is_file():
@@ -326,13 +336,21 @@ def writer_metadata(model, fmt: str) -> dict[str, str]:
             "vitlab.class_names": json.dumps(head_names(model.config, model.class_names))}
 
 
-def refuse(target: str, features: list[str], numerics: list[str], allow_numerics_change: bool) -> None:
-    """Stop before writing anything the target cannot hold exactly (see docs/converting.md)."""
+def failing(*checks: tuple[object, Any]) -> list[str]:
+    """The words of each (wrong, words) check that is wrong: a format's refusals as a table.
+    Words that need a part a config may lack are written `part and f"..."`."""
+    return [str(words) for wrong, words in checks if wrong]
+
+
+def refuse(target: str, features: list[str], numerics: list[str], allow_numerics_change: bool) -> list[str]:
+    """Stop before writing anything the target cannot hold exactly (see docs/converting.md);
+    returns the numerics changes that were allowed."""
     if features:
         raise CheckpointError(f"{target} cannot represent {'; '.join(features)}: not written")
     if numerics and not allow_numerics_change:
         raise CheckpointError(f"{target} computes differently: {'; '.join(numerics)}. Not written; pass "
                               "allow_numerics_change=True (CLI: --allow-numerics-change) to write the weights anyway")
+    return numerics
 
 
 # What a written file carries back ---------------------------------------------------------

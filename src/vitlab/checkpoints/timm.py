@@ -36,9 +36,11 @@ from vitlab.checkpoints.peers import timm_numerics, timm_preprocessing
 from vitlab.checkpoints.tables import (
     Rule,
     check_carried,
+    config_json,
     copy,
     count_indexed,
     export_state,
+    failing,
     guess_num_heads,
     peek_keys,
     read_state_dict_file,
@@ -51,7 +53,6 @@ from vitlab.checkpoints.tables import (
 )
 from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.extras import require
-from vitlab.files.documents import read_json
 from vitlab.models.variants import describe
 
 FORMAT_NAME = "timm"
@@ -104,11 +105,8 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 def folder_config(folder: Path) -> Optional[dict[str, Any]]:
     """A timm config.json (an "architecture" and its pretrained_cfg), or None."""
-    try:
-        c = read_json(folder / "config.json", dict, "timm config")
-    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not a timm folder
-        return None
-    return c if "architecture" in c else None
+    c = config_json(folder, "timm config")
+    return c if c is not None and "architecture" in c else None
 
 
 def _folder_weights(folder: Path) -> Optional[Path]:
@@ -213,15 +211,12 @@ def _infer(state: dict, source: str) -> ModelConfig:
 # Writing --------------------------------------------------------------------------------
 def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[str]:
     """Refuse what timm cannot represent; returns the numerics changes that were allowed."""
-    features, numerics = [], []
-    if cfg.pos_embed != "learned":
-        features.append(f"pos_embed={cfg.pos_embed!r} (timm's VisionTransformer has a learned 1D table)")
-    if cfg.representation_size:
-        features.append(f"representation_size={cfg.representation_size} (timm's VisionTransformer has no pre-logits layer)")
-    if cfg.resnet is not None and cfg.resnet.ws_mode != "var":
-        numerics.append(f"ResNet ws_mode={cfg.resnet.ws_mode!r}: (w-mean)/(std+eps) (timm's StdConv2dSame computes (w-mean)/sqrt(var+eps))")
-    refuse("timm", features, numerics, allow_numerics_change)
-    return numerics
+    r = cfg.resnet
+    return refuse("timm", failing(
+        (cfg.pos_embed != "learned", f"pos_embed={cfg.pos_embed!r} (timm's VisionTransformer has a learned 1D table)"),
+        (cfg.representation_size, f"representation_size={cfg.representation_size} (timm's VisionTransformer has no pre-logits layer)"),
+    ), failing((r and r.ws_mode != "var", r and f"ResNet ws_mode={r.ws_mode!r}: (w-mean)/(std+eps) (timm's StdConv2dSame computes "
+                "(w-mean)/sqrt(var+eps))")), allow_numerics_change)
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:
@@ -230,7 +225,7 @@ def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -
     state dict (which has no place for class names or preprocessing)."""
     cfg = model.config
     if isinstance(cfg, BiTConfig):
-        bit.check_timm_writable(cfg, allow_numerics_change)
+        bit.check_writable(cfg, "timm", allow_numerics_change)
     else:
         numerics = check_writable(cfg, allow_numerics_change=True)  # refused below, with what the file loses
     theirs = export_state(_table(cfg), model.state_dict(), f"{path} (timm)")

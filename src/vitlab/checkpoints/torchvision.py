@@ -21,6 +21,7 @@ from vitlab.checkpoints.tables import (
     copy,
     count_indexed,
     export_state,
+    failing,
     guess_num_heads,
     peek_keys,
     read_state_dict_file,
@@ -111,25 +112,15 @@ def read(path: str | os.PathLike) -> Imported:
 
 def check_writable(cfg: ViTConfig, allow_numerics_change: bool = False) -> list[str]:
     """Refuse what torchvision cannot represent; returns the numerics changes that were allowed."""
-    features, numerics = [], []
-    if cfg.classifier != "token":
-        features.append("classifier='gap' (torchvision's ViT always reads a class token)")
-    if cfg.pos_embed != "learned":
-        features.append(f"pos_embed={cfg.pos_embed!r} (torchvision has a learned 1D table)")
-    if cfg.resnet is not None:
-        features.append("a ResNet hybrid stem (torchvision has plain ViTs only)")
-    if not cfg.qkv_bias:
-        features.append("qkv_bias=False (nn.MultiheadAttention always has biases)")
-    if cfg.num_classes == 0:
-        features.append("num_classes=0 (torchvision's ViT always has a head)")
-    if cfg.in_channels != 3:
-        features.append(f"in_channels={cfg.in_channels} (torchvision's ViT takes RGB)")
-    if cfg.image_size[0] != cfg.image_size[1]:
-        features.append(f"image_size={cfg.image_size} (torchvision's ViT takes square images)")
-    if cfg.gelu != "exact":
-        numerics.append("gelu='tanh' (torchvision's MLP uses exact GELU)")
-    refuse("torchvision", features, numerics, allow_numerics_change)
-    return numerics
+    return refuse("torchvision", failing(
+        (cfg.classifier != "token", "classifier='gap' (torchvision's ViT always reads a class token)"),
+        (cfg.pos_embed != "learned", f"pos_embed={cfg.pos_embed!r} (torchvision has a learned 1D table)"),
+        (cfg.resnet is not None, "a ResNet hybrid stem (torchvision has plain ViTs only)"),
+        (not cfg.qkv_bias, "qkv_bias=False (nn.MultiheadAttention always has biases)"),
+        (cfg.num_classes == 0, "num_classes=0 (torchvision's ViT always has a head)"),
+        (cfg.in_channels != 3, f"in_channels={cfg.in_channels} (torchvision's ViT takes RGB)"),
+        (cfg.image_size[0] != cfg.image_size[1], f"image_size={cfg.image_size} (torchvision's ViT takes square images)"),
+    ), failing((cfg.gelu != "exact", "gelu='tanh' (torchvision's MLP uses exact GELU)")), allow_numerics_change)
 
 
 def write(model, path: str | os.PathLike, allow_numerics_change: bool = False) -> None:

@@ -32,7 +32,7 @@ examples:
 
 from __future__ import annotations
 
-from vitlab.cli.common import COUNT, FOLDER
+from vitlab.cli.common import COUNT, FOLDER, flag_number
 
 WRITES = {"out": FOLDER}  # checked writable before any work (vitlab.cli.check_arguments)
 HELP = "measure inference and training throughput against timm, Hugging Face and torchvision"
@@ -57,7 +57,7 @@ def add_arguments(p) -> None:
     p.add_argument("--gelu", choices=("tanh", "exact"),
                    help="override the variant's GELU for every library (torchvision's is always exact)")
     p.add_argument("--rounds", type=COUNT, default=3, help="interleaved rounds (default 3)")
-    p.add_argument("--min-time", type=float, default=1.0, help="seconds per sample (default 1)")
+    p.add_argument("--min-time", type=flag_number(at_least=0), default=1.0, help="seconds per sample (default 1)")
     p.add_argument("--max-wait", type=float, default=3.0, help="seconds to wait for a quiet machine per sample")
     p.add_argument("--wait-budget", type=float, default=120.0,
                    help="total seconds to spend waiting for quiet in the run (default 120)")
@@ -99,8 +99,6 @@ def run(args) -> int:
     unknown = sorted(set(args.peers) - set(PEERS))
     if unknown:
         raise UsageError(f"unknown peer(s) {unknown}; choose from {', '.join(PEERS)}")
-    if not args.min_time >= 0:  # (--rounds and --batch-size are counts: their type bounds them)
-        raise UsageError(f"--min-time must be at least 0, got {args.min_time}")
     try:
         device = machine.check_device(args.device)
     except ValueError as e:

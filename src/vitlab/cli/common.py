@@ -93,13 +93,6 @@ def bad_image_message(e: Exception) -> str:
     return re.sub(r"^(\w+\.)*BadImageError: ", "", line)
 
 
-def progress(total=None, desc: str = "", unit: str = "img"):
-    """vitlab.progress's one behaviour, on stderr: a bar on a terminal; the heartbeat in a log."""
-    from vitlab.progress import Progress
-
-    return Progress(total, desc, unit)
-
-
 def add_training_arguments(p, default_recipe: str) -> None:
     """The flags `train` and `finetune` share: the recipe, the data, the run's length and its settings."""
     p.add_argument("--config", default=default_recipe, metavar="RECIPE",
@@ -279,11 +272,12 @@ def frozen_features(args, model, split: str, max_per_class, limit, model_hash: s
     library's dataset_features, for fewshot and linear-probe (with --preprocess: fewshot's)."""
     from vitlab.eval.features import dataset_features
     from vitlab.eval.fewshot import fewshot_config
+    from vitlab.progress import Progress
 
     features, labels, names = dataset_features(
         model, args.data, split, max_per_class=max_per_class or None, limit=limit or None, batch_size=args.batch_size,
         use_cache=not args.no_cache, model_hash=model_hash, log=lambda m: print(f"  {split}: {m}", file=sys.stderr),
-        progress=lambda total, desc: progress(total=total, desc=desc), workers=args.workers,
+        progress=Progress, workers=args.workers,
         preprocessing=fewshot_config(model.config, getattr(args, "preprocess", "model")))
     return (features, labels), names
 

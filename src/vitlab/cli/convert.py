@@ -82,9 +82,9 @@ def run(args) -> int:
         raise UsageError(f"{dst} exists; pass --force to replace it, or pick another path")
     if dst.is_dir() and target != "hf":
         raise UsageError(f"{dst} is a folder; a {target} checkpoint is one file: give a file name")
-    from vitlab.cli.common import progress
+    from vitlab.progress import Progress
 
-    with progress(total=2, desc="read", unit="stage") as bar:
+    with Progress(total=2, desc="read", unit="stage") as bar:
         imported = checkpoints.read_checkpoint(src, args.source_format)
         model = checkpoints.build_model(imported, src)
         bar.update()

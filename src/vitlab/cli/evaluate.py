@@ -64,26 +64,25 @@ def run(args: argparse.Namespace) -> int:
 
     from vitlab.checkpoints import open_checkpoint
     from vitlab.cli import UsageError
-    from vitlab.cli.common import bad_image_message, progress
+    from vitlab.cli.common import bad_image_message
     from vitlab.config import pick_device
     from vitlab.config.model import grid_note, grid_record
     from vitlab.data import BadImageError
     from vitlab.deploy import inference_copy
     from vitlab.eval.accuracy import evaluate_dataset, report, to_json, write_predictions
     from vitlab.eval.real import real_line
-    from vitlab.run_layout import results_folder
+    from vitlab.progress import Progress
 
     device = pick_device(args.device)
     checkpoint, _ = open_checkpoint(args.checkpoint, args.format, args.random_init, device,
                                     **({"image_size": args.image_size} if args.image_size else {}))
     model = inference_copy(checkpoint, plain=args.plain or bool(args.bf16))  # bf16 autocast runs the plain model
-    out = Path(args.out) if args.out else results_folder(args.checkpoint)
-    owner = _owner(out, args.split, args.force)  # a user's eval-SPLIT.json there: refused now, not replaced
+    owner = _owner(args)  # a user's eval-SPLIT.json there: refused now, not replaced
     try:
         metrics, names = evaluate_dataset(
             model, args.data, args.split, batch_size=args.batch_size, workers=args.workers,
             skip_bad_images=args.skip_bad_images, device=device, autocast_dtype=torch.bfloat16 if args.bf16 else None,
-            progress=lambda total, desc: progress(total=total, desc=desc), real=args.real, probabilities=bool(args.predictions))
+            progress=Progress, real=args.real, probabilities=bool(args.predictions))
     except BadImageError as e:
         raise UsageError(bad_image_message(e)) from None
     if args.predictions:
@@ -101,15 +100,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _owner(out: Path | None, split: str, force: bool):
-    """The results folder, its two files claimed (files.OutputFolder: a user's eval-SPLIT.json
-    there is refused unless --force); None when nothing is to be written."""
+def _owner(args: argparse.Namespace):
+    """The results folder (--out, else RUN/eval for a checkpoint in a run folder), its files
+    claimed (files.OutputFolder: a user's eval-SPLIT.json there is refused unless --force);
+    None when nothing is to be written."""
     from vitlab.files import OutputFolder
+    from vitlab.run_layout import results_folder
 
+    out = Path(args.out) if args.out else results_folder(args.checkpoint)
     if out is None:
         return None
-    owner = OutputFolder(out, "eval", force)
-    owner.claim([f"eval-{split}.json", f"confusion-{split}.png", f"reliability-{split}.png"])
+    owner = OutputFolder(out, "eval", args.force)
+    owner.claim([f"eval-{args.split}.json", f"confusion-{args.split}.png", f"reliability-{args.split}.png"])
     return owner
 
 

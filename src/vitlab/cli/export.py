@@ -49,9 +49,7 @@ def _check_out(args) -> Path:
 
     from vitlab.cli import UsageError
 
-    out = Path(args.out)
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; give a file name such as {out / 'model.onnx'}")
+    out = Path(args.out)  # (not a folder: the dispatcher's check of WRITES)
     if out.exists() and not args.force:
         raise UsageError(f"--out {out} exists; pass --force to replace it, or pick another path")
     suffix = ".onnx" if args.format == "onnx" else ".pt2"
@@ -69,15 +67,15 @@ def run(args) -> int:
     import time
 
     from vitlab.cli import UsageError
-    from vitlab.cli.common import progress
     from vitlab.config import pick_device
     from vitlab.deploy import export
+    from vitlab.progress import Progress
 
     out = _check_out(args)
     model = _load(args).eval().to(pick_device(args.device))
     cfg = model.config
     t0 = time.perf_counter()
-    with progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage") as bar:
+    with Progress(total=1 if args.no_check else 2, desc=f"export {args.format}", unit="stage") as bar:
         try:
             if args.format == "onnx":
                 export.export_onnx(model, out, opset=args.opset)

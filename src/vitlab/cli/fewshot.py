@@ -47,7 +47,7 @@ def add_arguments(p) -> None:
     from vitlab.cli.common import add_feature_arguments
 
     add_feature_arguments(p, "where the few-shot examples come from", "what accuracy is measured on", draws=True)
-    p.add_argument("--shots", default="1,5,10,25", help="comma-separated shots per class (default 1,5,10,25)")
+    p.add_argument("--shots", type=shot_counts, default="1,5,10,25", help="comma-separated shots per class (default 1,5,10,25)")
     p.add_argument("--seeds", type=COUNT, default=3, help="draws per shot count (default 3)")
     p.add_argument("--l2", default="1024", help="L2 strength (default 1024, big_vision's), or loo: leave-one-out")
     p.add_argument("--pool", type=COUNT_OR_ZERO, default=0, help="draw from the first N images per class (default 0: all)")
@@ -56,15 +56,11 @@ def add_arguments(p) -> None:
                    "from train[:65000], tested on val)")
 
 
-def parse_shots(text: str) -> list[int]:
-    from vitlab.cli import UsageError
-
-    try:
-        shots = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise UsageError(f"--shots must be comma-separated integers such as 1,5,10,25, got {text!r}") from None
-    if not shots or any(s < 1 for s in shots):
-        raise UsageError(f"--shots must be positive integers such as 1,5,10,25, got {text!r}")
+def shot_counts(text: str) -> list[int]:
+    """--shots: comma-separated counts, each at least 1 (COUNT)."""
+    shots = [COUNT(s) for s in text.split(",") if s.strip()]
+    if not shots:
+        raise argparse.ArgumentTypeError("give shots per class separated by commas, such as 1,5,10,25")
     return shots
 
 
@@ -131,7 +127,7 @@ def _check(args) -> list[int]:
             raise UsageError(f"--preset {args.preset} sets the splits ({', '.join(PRESETS[args.preset])}) and "
                              "--train-split/--test-split set them too: give one")
         args.train_split, args.test_split = PRESETS[args.preset]
-    shots = parse_shots(args.shots)
+    shots = args.shots
     if args.pool and args.pool < max(shots):
         raise UsageError(f"--pool {args.pool} is smaller than the largest shot count {max(shots)}; raise --pool")
     return shots

@@ -96,14 +96,14 @@ def _counted(batches, bar):
 def run(args) -> int:
     from vitlab.analysis.inspection import inspect_model, random_draws, summary
     from vitlab.checkpoints import open_checkpoint
-    from vitlab.cli.common import progress
     from vitlab.config import pick_device
+    from vitlab.progress import Progress
 
     seeds = random_draws(args.random_init)
     model, imported = open_checkpoint(args.checkpoint, args.format, seeds[0] if seeds else None, pick_device(args.device))
     out = Path(args.out)
     batches, labels, source, count = _batches(args, model)  # count: the images there are, up to --num-images
-    with progress(total=count, desc="inspect") as bar:
+    with Progress(total=count, desc="inspect") as bar:
         report = inspect_model(model, imported, _counted(batches, bar), out, labels=labels, source=source,
                                checkpoint=args.checkpoint, random_init=seeds, max_images=args.num_images,
                                rollout_images=args.rollout_images, components=args.components, heatmap=args.heatmap,

@@ -10,7 +10,7 @@ examples:
 
 from __future__ import annotations
 
-from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE
+from vitlab.cli.common import COUNT, COUNT_OR_ZERO, NEW_FILE, flag_number
 
 WRITES = {"out": NEW_FILE}  # checked writable before any work (vitlab.cli.check_arguments)
 READS_DATA = True  # data specs from files may name a pipe: command (--allow-pipe)
@@ -21,19 +21,16 @@ def add_arguments(p) -> None:
     from vitlab.cli.common import add_feature_arguments
 
     add_feature_arguments(p, "the images the probes are fitted on", "what accuracy is measured on")
-    p.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the logistic regression (default 1.0)")
+    p.add_argument("--C", type=flag_number(above=0), default=1.0, help="inverse L2 strength of the logistic regression (default 1.0)")
     p.add_argument("--k", type=COUNT, default=20, help="neighbours of the k-NN vote (default 20)")
     p.add_argument("--max-per-class", type=COUNT_OR_ZERO, default=0, help="training images per class (default 0: all)")
     p.add_argument("--max-iter", type=COUNT, default=500, help="L-BFGS iterations (default 500)")
 
 
 def run(args) -> int:
-    from vitlab.cli import UsageError
     from vitlab.cli.common import feature_model, frozen_features, print_result
     from vitlab.eval.linear_probe import knn_accuracy, logistic_probe
 
-    if args.C <= 0:
-        raise UsageError(f"--C must be positive, got {args.C}")
     model, fp = feature_model(args)
     (tr_x, tr_y), _ = frozen_features(args, model, args.train_split, args.max_per_class, 0, fp)
     (te_x, te_y), _ = frozen_features(args, model, args.test_split, 0, args.test_limit, fp)

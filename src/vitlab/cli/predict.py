@@ -57,9 +57,9 @@ check = precision_check  # the dispatcher's check before any work
 def run(args) -> int:
     from vitlab.checkpoints import open_checkpoint
     from vitlab.cli import UsageError
-    from vitlab.cli.common import progress
     from vitlab.data.image_files import find_images, unreadable
     from vitlab.predictor import Predictor, overlay_name
+    from vitlab.progress import Progress
 
     model, _ = open_checkpoint(args.checkpoint, args.format)
     predictor = Predictor(model, args.precision, pick_device(args.device), checkpoint=args.checkpoint, plain=args.plain)
@@ -71,7 +71,7 @@ def run(args) -> int:
     if overlays is not None:  # the user may keep files there: only new ones, or predict's own, are written
         overlays.claim(overlay_name(i, Path(p).stem) for i, p in enumerate(paths))  # and each again as it is written
     results, failed = [], []
-    with progress(total=len(paths), desc="predict") as bar:
+    with Progress(total=len(paths), desc="predict") as bar:
         def skipped(path, error) -> None:
             failed.append((path, unreadable(error, path)))
             bar.write(f"vitlab predict: {path}: {failed[-1][1]}; skipped", file=sys.stderr)

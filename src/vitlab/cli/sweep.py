@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", nargs="?", const=True, metavar="DIR",
                    help="run nothing: write results.csv, report.md/.json (the statistics) and the figures so far; "
                         "`--report DIR` alone rebuilds them from a sweep folder's cells and its sweep.json")
+    p.add_argument("--redo-after", metavar="STEP", default="",
+                   help="run the after-step STEP again in every finished cell, with the spec's command now (e.g. a "
+                        "control drawn K times); the cells may differ from the spec in that step only, and the claims "
+                        "that read it are recorded as post hoc in sweep.json")
     p.add_argument("--dry-run", action="store_true", help="print the number of cells and each cell's commands; run nothing")
     p.add_argument("--max-cells", type=COUNT, default=None, metavar="N",
                    help="run a grid of up to N cells (default 10000: a bigger grid is refused as a likely mistake)")
@@ -55,8 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     """The flags' own checks; returns --max-cells (its default where not given)."""
+    from vitlab.cli import UsageError
     from vitlab.sweep.cells import MAX_CELLS
 
+    if args.redo_after and (args.report or args.dry_run):
+        raise UsageError(f"--redo-after {args.redo_after} runs a step; --report and --dry-run run nothing: give one")
     return MAX_CELLS if args.max_cells is None else args.max_cells
 
 
@@ -94,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if local else 0)
     summary = run_sweep(spec, out, scale=args.scale, jobs=args.jobs, threads=threads, launcher=args.launcher,
                         params=launcher_params(args.slurm), wait=not args.no_wait, report_only=bool(args.report),
-                        max_cells=max_cells, source=source)
+                        max_cells=max_cells, source=source, redo=args.redo_after)
     if summary.get("submitted"):
         print(f"then: vitlab sweep {args.spec} --out {out} --report")
         return 0

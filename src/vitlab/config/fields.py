@@ -26,12 +26,17 @@ from typing import Any, Callable, Optional, Union
 from vitlab import suggest
 
 
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message names the field and the fix."""
+class Reasoned(Exception):
+    """An error with a `reason`: why, as a short code that callers and tests branch on; the
+    message is for people. ConfigError, DataError and CheckpointError are ones."""
 
     def __init__(self, message: str, *, reason: str = ""):
         super().__init__(message)
-        self.reason = reason  # why, as a short code that callers and tests branch on; the message is for people
+        self.reason = reason
+
+
+class ConfigError(Reasoned, ValueError):
+    """A configuration value that cannot work; the message names the field and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)

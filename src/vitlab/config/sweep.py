@@ -37,6 +37,13 @@
                                   # difference, a pilot's), sd_from and family (Holm's m), and is
                                   # refused under 80% power unless exploratory: true
 
+A random-init control (an after-step with `--random-init`) averages K >= 2 draws,
+`--random-init {seed}00-{seed}04` (K = 5, each cell its own draws), so that its noise enters
+each seed's difference and the interval; `vitlab sweep` refuses one draw unless the step says
+why in `single_draw: "..."` (a fine-tune per draw, say). `vitlab sweep SPEC --redo-after STEP`
+runs one after-step again on finished cells with the spec's command now (a control given more
+draws), and records in sweep.json that the claims reading it are post hoc.
+
 A command may use {checkpoint} (the cell's final weights), {best} (its best.safetensors, with
 train.keep_best), {run} (its run folder), {cell} (its folder), {seed} (its training seed:
 `inspect --random-init {seed}` draws a random-init baseline per seed) and {scaled:N}
@@ -110,6 +117,13 @@ def check_value(value: Any, where: str) -> None:
         raise ConfigError(f"{where}: {value!r} ({type(value).__name__}) is not a value a setting takes")
 
 
+def first_wrong(*checks: tuple[object, str]) -> None:
+    """Refuse with the first (wrong, message) check that is wrong: a spec's rules as a table."""
+    for wrong, message in checks:
+        if wrong:
+            raise ConfigError(message)
+
+
 def _mapping(d: dict, key: str, what: str) -> dict:
     value = d.get(key) or {}
     if not isinstance(value, dict):
@@ -120,11 +134,15 @@ def _mapping(d: dict, key: str, what: str) -> dict:
 
 @dataclass(frozen=True)
 class AfterStep:
-    """A vitlab command run in a cell after training; done once `result` (in the cell) exists."""
+    """A vitlab command run in a cell after training; done once `result` (in the cell) exists.
+    A random-init control (`--random-init`) averages K >= 2 draws (`{seed}00-{seed}04`), so
+    that its noise enters each seed's difference and the interval over seeds; a single draw
+    is refused by a run unless `single_draw` says why one is enough (check_controls)."""
 
     name: str = setting("", check=_name)
     command: str = setting("", check=_nonempty)
     result: str = setting("", check=_relative)
+    single_draw: str = ""  # why this step's random-init control may be one draw
 
     def __post_init__(self) -> None:
         check_fields(self, f"after.{self.name}")
@@ -137,6 +155,41 @@ class AfterStep:
         if not words or words[0] in NOT_AFTER:
             raise ConfigError(f"after.{self.name}.command: a step runs a vitlab command other than "
                               f"{', '.join(NOT_AFTER)} (e.g. fewshot {{checkpoint}} ...)")
+
+
+def random_init_text(command: str) -> Optional[str]:
+    """The value a command gives --random-init (`--random-init X` or `--random-init=X`), or None."""
+    words = shlex.split(command)
+    for i, w in enumerate(words):
+        if w == "--random-init" and i + 1 < len(words):
+            return words[i + 1]
+        if w.startswith("--random-init="):
+            return w.split("=", 1)[1]
+    return None
+
+
+def draw_count(text: str, seed: Any) -> Optional[int]:
+    """How many random-init draws `text` (SEED or FIRST-LAST, {seed} standing for `seed`) makes;
+    None when it is no number (the command itself refuses it when it runs)."""
+    first, dash, last = text.replace("{seed}", str(seed)).partition("-")
+    if not (first.isdigit() and (not dash or last.isdigit())):
+        return None
+    return int(last) - int(first) + 1 if dash else 1
+
+
+def check_draws(step: "AfterStep", seeds: list[Any]) -> None:
+    """A random-init control of one draw is refused unless the step says why (`single_draw`):
+    its noise would be in no interval (one value stands for the control of every seed)."""
+    text = random_init_text(step.command)
+    counts = [n for n in (draw_count(text, s) for s in seeds) if n is not None] if text else []
+    fewest = min(counts) if counts else None
+    if fewest is not None and fewest < 2 and not step.single_draw.strip():
+        raise ConfigError(f"after.{step.name}: a random-init control of one draw (--random-init {text}), whose noise "
+                          "enters no interval; average K draws (--random-init {seed}00-{seed}04 for K = 5), or say why "
+                          f"one is enough in after.{step.name}.single_draw")
+    if step.single_draw and (fewest is None or fewest >= 2):
+        what = f"draws {fewest}" if fewest else "draws no random init"
+        raise ConfigError(f"after.{step.name}.single_draw: this step {what}; remove single_draw")
 
 
 # A declared claim's keys: the one metric it is judged on (a results column or `A - B`); the one
@@ -238,23 +291,20 @@ class CompareSpec:
     primary: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_fields(self, f"report.compare[{self.claim or self.axis}]")
-        check_primary(self.primary, f"report.compare[{self.claim or self.axis}]", self.claim)
-        if bool(self.best) != bool(self.by) or (self.by and not self.axis):
-            raise ConfigError(f"report.compare[{self.claim or self.axis}]: `best` (a grid axis, e.g. lr) and `by` "
-                              "(the dev column that picks its value, e.g. dev.top1) go together, with an axis")
-        if self.by and any(w.startswith("test") for w in self.by.replace(" - ", " ").split()):
-            raise ConfigError(f"report.compare[{self.claim or self.axis}].by: {self.by} is a test score; select on a "
-                              "dev split (e.g. dev.top1), never on test")
-        if self.a is None or self.b is None or str(self.a) == str(self.b):
-            what = f"values a and b of {self.axis}" if self.axis else "results columns a and b (or an axis and two of its values)"
-            raise ConfigError(f"report.compare[{self.claim or self.axis}]: give two different {what}")
-        if not self.axis and (self.at or self.metrics or self.where):
-            raise ConfigError(f"report.compare[{self.claim or self.a}]: a and b are results columns here (no `axis`); "
-                              "`at`, `metrics` and `where` need an axis")
-        if bool(self.at) != bool(self.along):
-            raise ConfigError(f"report.compare[{self.claim or self.axis}]: `at` (a results column, e.g. "
-                              "compute.train_flops) and `along` (the grid axis that moves it, e.g. steps) go together")
+        where = f"report.compare[{self.claim or self.axis}]"
+        check_fields(self, where)
+        check_primary(self.primary, where, self.claim)
+        what = f"values a and b of {self.axis}" if self.axis else "results columns a and b (or an axis and two of its values)"
+        first_wrong(
+            (bool(self.best) != bool(self.by) or (self.by and not self.axis), f"{where}: `best` (a grid axis, e.g. lr) and `by` "
+             "(the dev column that picks its value, e.g. dev.top1) go together, with an axis"),
+            (self.by and any(w.startswith("test") for w in self.by.replace(" - ", " ").split()),
+             f"{where}.by: {self.by} is a test score; select on a dev split (e.g. dev.top1), never on test"),
+            (self.a is None or self.b is None or str(self.a) == str(self.b), f"{where}: give two different {what}"),
+            (not self.axis and (self.at or self.metrics or self.where), f"report.compare[{self.claim or self.a}]: a and b are "
+             "results columns here (no `axis`); `at`, `metrics` and `where` need an axis"),
+            (bool(self.at) != bool(self.along), f"{where}: `at` (a results column, e.g. compute.train_flops) and `along` "
+             "(the grid axis that moves it, e.g. steps) go together"))
 
 
 @dataclass(frozen=True)
@@ -349,12 +399,8 @@ class SweepSpec:
                 if labels and str(side) not in labels:
                     raise ConfigError(f"report.compare[{c.claim or c.axis}]: {side!r} is not a value of grid.{c.axis} "
                                       f"({', '.join(labels)})")
-            if c.best and c.best not in self.grid:
-                raise ConfigError(f"report.compare[{c.claim or c.axis}].best: {c.best} is not a grid axis "
-                                  f"(the axes: {', '.join(self.grid)})")
-            if c.along and c.along not in self.grid:
-                raise ConfigError(f"report.compare[{c.claim or c.axis}].along: {c.along} is not a grid axis "
-                                  f"(the axes: {', '.join(self.grid)})")
+            first_wrong(*((getattr(c, k) not in ("", *self.grid), f"report.compare[{c.claim or c.axis}].{k}: {getattr(c, k)} is "
+                           f"not a grid axis (the axes: {', '.join(self.grid)})") for k in ("best", "along")))
         specs: tuple[CompareSpec | SlopeSpec, ...] = (*self.report.compare, *self.report.slopes)
         texts = [c.claim for c in specs if c.primary]
         if len(set(texts)) != len(texts):
@@ -371,10 +417,9 @@ class SweepSpec:
         after = _mapping(d, "after", "a mapping of each step's name to {command: ..., result: ...}")
         steps = tuple(AfterStep(name=k, **check_keys(AfterStep, v or {}, f"after.{k}")) for k, v in after.items())
         figures, scale = d.get("figures") or (), d.get("scale") or ()
-        if not isinstance(figures, (list, tuple)):
-            raise ConfigError("figures: give a list of figures, each {file: ..., kind: ..., x: ..., y: ...}")
-        if not isinstance(scale, (list, tuple)) or not all(isinstance(k, str) for k in scale):
-            raise ConfigError("scale: give a list of the keys --scale multiplies, e.g. [epochs]")
+        first_wrong((not isinstance(figures, (list, tuple)), "figures: give a list of figures, each {file: ..., kind: ..., x: ..., y: ...}"),
+                    (not isinstance(scale, (list, tuple)) or not all(isinstance(k, str) for k in scale),
+                     "scale: give a list of the keys --scale multiplies, e.g. [epochs]"))
         check_value(figures, "figures")
         return cls(name=d.get("name") or name, train=_mapping(d, "train", "a mapping of `vitlab train` settings (key: value)"),
                    grid=_mapping(d, "grid", "a mapping of each axis to its list of values (grid: {seed: [0, 1]})"), after=steps, scale=tuple(scale),
@@ -409,6 +454,15 @@ def declared_claims(spec: SweepSpec) -> list[dict[str, Any]]:
                         **{k: c.primary.get(k, {} if k == "where" else None) for k in PRIMARY
                            if k in c.primary or k in ("metric", "where", "selection", "effect")}})
     return out
+
+
+def check_controls(spec: SweepSpec) -> None:
+    """Refuse, before a run, an after-step whose random-init control is one draw for some seed
+    of the grid and does not say why (check_draws). A run's check, not the spec's: the folders
+    run before it keep specs without `single_draw`, and their reports still rebuild."""
+    seeds = spec.grid.get("seed", [spec.train.get("seed", 0)])
+    for step in spec.after:
+        check_draws(step, list(seeds) if isinstance(seeds, (list, dict)) else [seeds])
 
 
 def claims_digest(spec: SweepSpec) -> str:

@@ -70,11 +70,11 @@ from __future__ import annotations
 
 from vitlab.data.datasets import BadImageError, DataError, read_image
 from vitlab.data.identity import DEV_FRACTIONS
-from vitlab.data.loader import batches_per_epoch, collate, make_loader
+from vitlab.data.loader import batches_per_epoch, collate, known_length, make_loader
 from vitlab.data.open import DataOptions, open_dataset, paper_dataset
 from vitlab.data.subset import training_subset
 
 __all__ = [
     "training_subset", "DataOptions",
-    "DEV_FRACTIONS", "BadImageError", "DataError", "open_dataset", "paper_dataset", "read_image", "make_loader", "collate", "batches_per_epoch",
+    "DEV_FRACTIONS", "BadImageError", "DataError", "open_dataset", "paper_dataset", "read_image", "make_loader", "collate", "batches_per_epoch", "known_length",
 ]

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vitlab.config.fields import Reasoned
 from vitlab.data import cifar
 from vitlab.data.images import BadImageError, bad_image, decoded, read_image  # noqa: F401  (the one opener)
 from vitlab.files import atomic_write_bytes, cache_dir, net
@@ -38,12 +39,8 @@ FASHION_MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-u
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
-class DataError(FileNotFoundError):
+class DataError(Reasoned, FileNotFoundError):
     """A dataset that cannot be found or read; the message says where it looked and the fix."""
-
-    def __init__(self, message: str, *, reason: str = ""):
-        super().__init__(message)
-        self.reason = reason  # why, as a short code that callers and tests branch on; the message is for people
 
 
 class Encoded(NamedTuple):

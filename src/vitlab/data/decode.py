@@ -113,9 +113,7 @@ def decode_at(im: Image.Image, scale: int, name: str) -> Image.Image:
             im.draft(None, (im.width // scale, im.height // scale))
         if orientation(im) != 1 or im.mode == "P":
             return decoded(im)
-        im.load()  # PIL closes a file it opened itself once the pixels are read
-        if im.width < 1 or im.height < 1:
-            raise ValueError(f"the image is {im.width}x{im.height} pixels")
+        im.load()  # PIL closes a file it opened itself once the pixels are read (open_image refused 0x0)
         return im
     except Exception as e:
         raise bad_image(name, e) from None

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from vitlab.data.datasets import DataError, ImageDataset, apply_seeded, item_seed
 from vitlab.data.loader import collate
-from vitlab.extras import MissingExtraError, error_line, hub_client_errors, require
+from vitlab.extras import error_line, hf_cache, hub_client_errors, require
 from vitlab.files import UnsafeNameError, child
 from vitlab.files.documents import read_json
 
@@ -192,17 +192,6 @@ def wrap(source: Any, transform: Callable, class_names: Optional[list[str]] = No
 HF_SPLITS = {"train": ("train",), "test": ("test", "validation", "valid", "val")}
 
 
-def _datasets_cache() -> Optional[str]:
-    """$HF_DATASETS_CACHE, else $HF_HOME/datasets, read now (`datasets` reads them at import)."""
-    import os
-
-    if os.environ.get("HF_DATASETS_CACHE"):
-        return os.path.expanduser(os.environ["HF_DATASETS_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "datasets")
-    return None
-
-
 # A folder written by save_to_disk: a DatasetDict's dataset_dict.json names its splits, each a
 # folder whose state.json names its Arrow files and whose dataset_info.json holds the features.
 SAVED = {"dataset_dict.json": {"splits": [str]}, "state.json": {"_data_files": [{"filename": str}]},
@@ -213,10 +202,7 @@ def load_saved(folder: Path, where: str) -> Any:
     """`datasets.load_from_disk(folder)`, its JSON files checked first (files.documents: a file
     that is not JSON, nested without end or of another shape is one DataError naming it), and
     any error of the library's own reading (a missing or damaged Arrow file) one line too."""
-    try:
-        datasets = require("datasets", "a save_to_disk folder")["datasets"]  # optional: pip install "vitlab[datasets]"
-    except MissingExtraError as e:
-        raise DataError(str(e)) from None
+    datasets = require("datasets", "a save_to_disk folder", error=DataError)["datasets"]  # optional: pip install "vitlab[datasets]"
     again = f"{where} is a damaged save_to_disk folder: write it again with save_to_disk"
     splits = [folder]
     if (folder / "dataset_dict.json").exists():
@@ -242,10 +228,7 @@ def hf_split(arg: str, split: str):
     """One split ("train" or "test") of a Hugging Face dataset: `arg` is a folder written by
     `save_to_disk` or a local dataset folder, else NAME[:CONFIG] read with `load_dataset`,
     which reads its own cache ($HF_DATASETS_CACHE) and, with $HF_HUB_OFFLINE=1, only that."""
-    try:
-        datasets = require("datasets", "hf: data")["datasets"]  # optional: pip install "vitlab[datasets]"
-    except MissingExtraError as e:
-        raise DataError(str(e)) from None
+    datasets = require("datasets", "hf: data", error=DataError)["datasets"]  # optional: pip install "vitlab[datasets]"
     folder, data = Path(arg).expanduser(), None
     if folder.is_dir() and any((folder / f).is_file() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):
         data = load_saved(folder, f"hf:{arg}")
@@ -253,7 +236,7 @@ def hf_split(arg: str, split: str):
     try:
         if data is None:
             name, _, config = arg.partition(":")
-            data = datasets.load_dataset(str(folder) if folder.is_dir() else name, config or None, cache_dir=_datasets_cache())
+            data = datasets.load_dataset(str(folder) if folder.is_dir() else name, config or None, cache_dir=hf_cache("HF_DATASETS_CACHE", "datasets"))
     except errors as e:
         raise DataError(f"hf:{arg}: cannot read it ({error_line(e)}); offline, it must be in the datasets cache (load it once "
                         "online), or give a folder written by dataset.save_to_disk(DIR) as hf:DIR") from None

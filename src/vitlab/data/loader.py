@@ -195,6 +195,14 @@ def make_loader(dataset: Any, batch_size: int, *, seed: int = 0, rank: int = 0, 
     return Loader(dataset, batch_sampler=sampler, collate_fn=collate, **common)
 
 
+def known_length(dataset: Any) -> Optional[int]:
+    """The number of items of a dataset, when it knows it (a stream may not)."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
 def batches_per_epoch(dataset: Any, global_batch: int) -> int:
     """Full global batches in one epoch (training drops the incomplete last one)."""
     return len(dataset) // global_batch

@@ -187,15 +187,10 @@ def _arrays(spec: str, name: str, arg: str, base: str, transform: Callable, o: D
     """The sets held in memory as arrays: digits, synthetic, Fashion-MNIST, CIFAR; read once
     into `held` for every split of the source."""
     key = (name, arg, o.download, o.mirror)
-    if key not in held:
-        if name == "digits":
-            held[key] = ds.digits_arrays(), [str(i) for i in range(10)]
-        elif name == "synthetic":
-            held[key] = synthetic.named(arg)
-        elif name == "fashion-mnist":
-            held[key] = ds.fashion_mnist_arrays(arg or None, o.download, o.mirror), ds.FASHION_MNIST_CLASSES
-        else:
-            held[key] = ds.cifar_arrays(name, arg or None, o.download)
+    if key not in held:  # (arrays by split, class names) of each source; CIFAR's by default
+        read = {"digits": lambda: (ds.digits_arrays(), [str(i) for i in range(10)]), "synthetic": lambda: synthetic.named(arg),
+                "fashion-mnist": lambda: (ds.fashion_mnist_arrays(arg or None, o.download, o.mirror), ds.FASHION_MNIST_CLASSES)}
+        held[key] = read.get(name, lambda: ds.cifar_arrays(name, arg or None, o.download))()
     arrays, classes = held[key]
     images, labels = arrays[base]
     if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 from vitlab.config.fields import ConfigError, env_switch, number
 from vitlab.data.datasets import DataError
 from vitlab.files import net
-from vitlab.files.net import DeadlinePassed, open_url
+from vitlab.files.net import DeadlinePassed, RawReader, open_url
 
 SCHEMES = ("http://", "https://", "pipe:")
 TIMEOUT_S = 30.0  # for the first byte of a response and each read; a stalled server is named, not waited on forever
@@ -100,7 +100,7 @@ class RemoteShard(str):
 Shard = Union[Path, RemoteShard]  # a shard file, or a URL or pipe: command (open_shard reads both)
 
 
-class _Pipe(io.RawIOBase):
+class _Pipe(RawReader):
     """A command's standard output as a stream; closing it waits for the command, and a
     command that failed is an error naming it (a truncated stream is not a short shard)."""
 
@@ -110,9 +110,6 @@ class _Pipe(io.RawIOBase):
         self.proc = subprocess.Popen(GUARDED.format(command=command), shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, preexec_fn=_dies_with(os.getpid(), ctypes.CDLL(None))
                                      if sys.platform == "linux" else None)
-
-    def readable(self) -> bool:
-        return True
 
     def readinto(self, b: Any) -> int:
         assert self.proc.stdout is not None  # (stdout=PIPE)
@@ -176,25 +173,17 @@ def open_shard(shard: Any) -> Any:
     else:
         raw = io.BufferedReader(_raw(shard) if shard.is_pipe else _Response(_raw(shard), shard), buffer_size=1 << 20)
     magic = raw.peek(6)[:6]
-    if magic[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if magic[:3] == b"BZh":
-        return bz2.BZ2File(raw, "rb")
-    if magic == b"\xfd7zXZ\x00":
-        return lzma.LZMAFile(raw, "rb")
-    return raw
+    openers: tuple[tuple[bytes, Any], ...] = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
+    return next((opener(raw, "rb") for start, opener in openers if magic.startswith(start)), raw)
 
 
-class _Response(io.RawIOBase):
+class _Response(RawReader):
     """An HTTP response as a raw stream (BufferedReader wants readinto); its reads are under the
     request's whole deadline (vitlab.files.net, `limits`), and passing it is a DataError naming the
     shard. Each read takes what has arrived (read1)."""
 
     def __init__(self, response: Any, url: str):
         self.response, self.url = response, url
-
-    def readable(self) -> bool:
-        return True
 
     def readinto(self, b: Any) -> int:
         try:

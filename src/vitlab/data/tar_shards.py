@@ -9,7 +9,6 @@ dataset) is vitlab.data.wds's.
 from __future__ import annotations
 
 import glob
-import io
 import lzma
 import os
 import re
@@ -22,6 +21,7 @@ from vitlab.config.fields import bounded
 from vitlab.data import remote
 from vitlab.data.datasets import DataError
 from vitlab.files import NotRegularFileError, require_regular_file
+from vitlab.files.net import RawReader
 
 # A member larger than this is refused before it is read: no image or label is near it, and
 # a tar (or a gzip bomb) can claim any size in its header.
@@ -109,7 +109,7 @@ def split_key(name: str) -> tuple[str, str]:
     return (folder + "/" + stem if folder else stem), ext.lower()
 
 
-class _Tail(io.RawIOBase):
+class _Tail(RawReader):
     """A reader that counts the bytes it hands out and keeps the last KEEP of them: enough
     to look at the block where tarfile stopped (see `iter_shard`)."""
 
@@ -117,9 +117,6 @@ class _Tail(io.RawIOBase):
 
     def __init__(self, f: Any):
         self.f, self.total, self.tail = f, 0, b""
-
-    def readable(self) -> bool:
-        return True
 
     def readinto(self, b: Any) -> int:
         data = self.f.read(len(b))

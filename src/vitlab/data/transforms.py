@@ -135,7 +135,19 @@ class EvalTransform:
     except `_Input` (PIL modes, and the backend) and `_ResizeKeepRatio` (timm's own resize for
     a non-square box), which torchvision does not have. `resize_size` is the box the resize
     aims for (h, w) before the crop to `size`. antialias=False resizes a uint8 tensor (PIL
-    always filters) with no filter, as TF's tf.image.resize does by default.
+    always filters) with no filter, as TF's tf.image.resize does by default. `eval_transform` is
+    this class by the name the commands call it.
+
+    Resizes to image_size / crop_fraction and centre-crops image_size: crop_fraction 1.0 with "squash" is the paper's evaluation: the whole image resized to
+    the model's resolution. "center" resizes the shorter side instead and crops the rest
+    (timm's default for ImageNet checkpoints, with a fraction of 0.875 or 0.9). The sizes are
+    floor(side / crop_fraction), as timm computes them. `backend` says who resizes: "pil"
+    (PIL's filters, as timm does; a uint8 tensor is made a PIL image first) or "tensor"
+    (torchvision's antialiased kernels on a uint8 tensor, as transformers 5.x's
+    ViTImageProcessor does; a PIL image is made a tensor first). Either way the input may be
+    a PIL image of any mode or a uint8 (C, H, W) tensor, and the pixels depend on the
+    backend only. antialias=False (data.antialias): the "tensor" backend's kernels without
+    their filter, TF's tf.image.resize default.
     """
 
     def __init__(self, image_size: int | Sequence[int], mean: Sequence[float] = (0.5, 0.5, 0.5),
@@ -186,23 +198,7 @@ class EvalTransform:
                 f"std {numbers(self.std)}\n)")
 
 
-def eval_transform(image_size: int | Sequence[int], mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
-                   in_channels: int = 3, crop_fraction: float = 1.0, crop_mode: str = "squash", interpolation: str = "bilinear",
-                   backend: str = "pil", antialias: bool = True) -> EvalTransform:
-    """Resize to image_size / crop_fraction, centre-crop image_size, normalise.
-
-    crop_fraction 1.0 with "squash" is the paper's evaluation: the whole image resized to
-    the model's resolution. "center" resizes the shorter side instead and crops the rest
-    (timm's default for ImageNet checkpoints, with a fraction of 0.875 or 0.9). The sizes are
-    floor(side / crop_fraction), as timm computes them. `backend` says who resizes: "pil"
-    (PIL's filters, as timm does; a uint8 tensor is made a PIL image first) or "tensor"
-    (torchvision's antialiased kernels on a uint8 tensor, as transformers 5.x's
-    ViTImageProcessor does; a PIL image is made a tensor first). Either way the input may be
-    a PIL image of any mode or a uint8 (C, H, W) tensor, and the pixels depend on the
-    backend only. antialias=False (data.antialias): the "tensor" backend's kernels without
-    their filter, TF's tf.image.resize default.
-    """
-    return EvalTransform(image_size, mean, std, in_channels, crop_fraction, crop_mode, interpolation, backend, antialias)
+eval_transform = EvalTransform  # (the name every caller uses)
 
 
 def model_transform(config, train: bool = False, antialias: bool = True, **augment) -> Callable[[Image.Image], Tensor]:

@@ -358,7 +358,7 @@ class WebDatasetBatches(BatchLayout, torch.utils.data.IterableDataset):
             if j >= last:
                 break
             if current is not None and j != current:
-                yield _collate(items, bad)
+                yield stack_images(items, tuple(bad))
                 items, bad = [], []
             current = j
             item = self.data.decode(shard, key, parts, epoch)
@@ -367,8 +367,4 @@ class WebDatasetBatches(BatchLayout, torch.utils.data.IterableDataset):
             else:
                 items.append(item)
         if current is not None:
-            yield _collate(items, bad)
-
-
-def _collate(items: list, bad: list[str]) -> tuple[Any, torch.Tensor, tuple[str, ...]]:
-    return stack_images(items, tuple(bad))
+            yield stack_images(items, tuple(bad))

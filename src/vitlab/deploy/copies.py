@@ -22,7 +22,7 @@ fraction of images whose top-1 class is unchanged, and the largest logit differe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -334,17 +334,13 @@ def for_precision(model: Model, precision: str, calibration: Optional[Tensor] = 
     if not isinstance(model, VisionTransformer):
         raise ConfigError(f"{precision} serving copies pack a ViT's encoder blocks; {model.config.name} has none: "
                           "run it in fp32 (vitlab bench also times it under bf16 autocast)")
-    if precision == "fp32-packed":
-        return to_packed_fp32(model)
-    if precision == "fp32-auto":  # what inference_copy(model) gives on a CPU (vitlab bench's row of it)
-        return to_measured_fp32(model)
-    if precision == "bf16":
-        return to_bfloat16(model)
-    if precision == "fp16":
-        return to_reduced(model, torch.float16)
-    if precision == "int8":
-        return quantize_int8(model, calibration)
-    raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    # fp32-auto: what inference_copy(model) gives on a CPU (vitlab bench's row of it)
+    copies: dict[str, Callable[[VisionTransformer], nn.Module]] = {
+        "fp32-packed": to_packed_fp32, "fp32-auto": to_measured_fp32, "bf16": to_bfloat16,
+        "fp16": lambda m: to_reduced(m, torch.float16), "int8": lambda m: quantize_int8(m, calibration)}
+    if precision not in copies:
+        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return copies[precision](model)
 
 
 def inference_copy(model: Model, precision: str = "fp32", *, plain: bool = False,

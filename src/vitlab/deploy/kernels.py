@@ -278,15 +278,12 @@ def choose_dense(k: int, n: int, tokens: int, activation: Optional[str], dtype: 
     return choose_kernel("dense", what, "F.linear", lambda: time_dense(k, n, tokens, activation, dtype))
 
 
-def model_default_attention(dtype: torch.dtype) -> str:
-    """The model's own attention kernel on the CPU (`vitlab.models.layers.Attention`)."""
-    return "explicit" if dtype == torch.bfloat16 else "fused"
-
-
 def choose_attention(heads: int, tokens: int, head_dim: int, dtype: torch.dtype) -> Choice:
+    """The kernel for attention at these shapes; the baseline is the model's own on the CPU
+    (`vitlab.models.layers.Attention`: explicit in bf16, else fused)."""
     what = f"attention {str(dtype).removeprefix('torch.')} {heads} heads x {head_dim}, {tokens} tokens"
-    return choose_kernel("attention", what, model_default_attention(dtype),
-                   lambda: time_attention(heads, tokens, head_dim, dtype))
+    return choose_kernel("attention", what, "explicit" if dtype == torch.bfloat16 else "fused",
+                         lambda: time_attention(heads, tokens, head_dim, dtype))
 
 
 def dense_shapes(cfg) -> list[tuple[str, int, int, Optional[str]]]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitlab.data import DataError, DataOptions, foreign, make_loader, open_dataset
+from vitlab.data import DataError, DataOptions, foreign, known_length, make_loader, open_dataset
 from vitlab.data.transforms import model_transform
 from vitlab.eval.calibration import calibration_counts, calibration_metrics, class_metrics
 from vitlab.eval.classes import class_names_for, only_numbers
@@ -147,7 +147,7 @@ def evaluate_dataset(model: torch.nn.Module, spec: str, split: str = "test", *, 
             if labels.numel():
                 yield images, labels
 
-    with (progress(_length(dataset), f"eval {split}") if progress else contextlib.nullcontext()) as bar:
+    with (progress(known_length(dataset), f"eval {split}") if progress else contextlib.nullcontext()) as bar:
         metrics = evaluate(model, batches(bar), cfg.num_classes, device, autocast_dtype, keep_predictions=bool(real),
                            keep_probabilities=probabilities)
     if real:
@@ -164,13 +164,6 @@ def item_names(dataset, count: int) -> list[Any]:
     if files is not None and indices is not None and len(indices) == count:
         return [str(files[j]) for j in indices]
     return list(range(count))
-
-
-def _length(dataset) -> Optional[int]:
-    try:
-        return len(dataset)
-    except TypeError:  # a stream of unknown length
-        return None
 
 
 def preprocessing(model: torch.nn.Module):

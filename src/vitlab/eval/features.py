@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import torch
 
-from vitlab.data import DataOptions, foreign, open_dataset
+from vitlab.data import DataOptions, foreign, known_length, open_dataset
 from vitlab.data.loader import Loader
 from vitlab.data.transforms import model_transform
 from vitlab.eval.accuracy import preprocessing
@@ -249,9 +249,5 @@ def dataset_features(model: torch.nn.Module, spec: str, split: str, *, max_per_c
 
 def expected_count(dataset, max_per_class: Optional[int], num_classes: Optional[int], limit: Optional[int]) -> Optional[int]:
     """How many images an extraction will read, where that is known beforehand."""
-    try:
-        n = len(dataset)
-    except TypeError:
-        n = None
-    caps = [c for c in (n, limit or None, max_per_class * num_classes if max_per_class and num_classes else None) if c]
+    caps = [c for c in (known_length(dataset), limit or None, max_per_class * num_classes if max_per_class and num_classes else None) if c]
     return min(caps) if caps else None

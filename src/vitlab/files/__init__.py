@@ -64,7 +64,7 @@ def _as_os_error(e: Exception, path: Path) -> Exception:
 
 
 def atomic_write_text(path: PathLike, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))  # as files.documents reads it back
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:

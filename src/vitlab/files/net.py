@@ -63,14 +63,19 @@ class Deadline:
                               "(a slow link: set VITLAB_HTTP_TIMEOUT higher)")
 
 
-class _Reads(io.RawIOBase):
+class RawReader(io.RawIOBase):
+    """A raw stream of bytes that can be read (what io.BufferedReader wants of it): vitlab's
+    streams of a response, a pipe and a shard subclass it."""
+
+    def readable(self) -> bool:
+        return True
+
+
+class _Reads(RawReader):
     """A response's socket stream with the deadline checked before each read."""
 
     def __init__(self, raw: Any, sock: socket.socket, deadline: Deadline):
         self.raw, self.sock, self.deadline = raw, sock, deadline
-
-    def readable(self) -> bool:
-        return True
 
     def readinto(self, b: Any) -> int:
         wait = self.deadline.left()

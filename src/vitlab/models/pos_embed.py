@@ -34,14 +34,10 @@ def resize_grid(grid: Tensor, new_size: tuple[int, int], mode: str) -> Tensor:
     x = grid.permute(2, 0, 1).unsqueeze(0)  # (1, C, gh, gw)
     if x.dtype not in (torch.float32, torch.float64):  # half types: resample in float32
         x = x.float()
-    if mode == "bilinear_aligned":
-        x = F.interpolate(x, size=new_size, mode="bilinear", align_corners=True)
-    elif mode == "bilinear":
-        x = F.interpolate(x, size=new_size, mode="bilinear", align_corners=False)
-    elif mode == "bicubic":
-        x = F.interpolate(x, size=new_size, mode="bicubic", align_corners=False)
-    else:
-        x = F.interpolate(x, size=new_size, mode="bicubic", align_corners=False, antialias=True)
+    # RESIZE_MODES as F.interpolate's (mode, align_corners, antialias)
+    kind, aligned, antialias = {"bilinear_aligned": ("bilinear", True, False), "bilinear": ("bilinear", False, False),
+                                "bicubic": ("bicubic", False, False), "bicubic_antialias": ("bicubic", False, True)}[mode]
+    x = F.interpolate(x, size=new_size, mode=kind, align_corners=aligned, antialias=antialias)
     return x[0].permute(1, 2, 0).to(grid.dtype)
 
 

@@ -18,13 +18,13 @@ from typing import Any, Optional
 
 from vitlab.analysis import sweep_plots
 from vitlab.config import ConfigError
-from vitlab.config.sweep import FigureSpec, SweepSpec, claims_digest
+from vitlab.config.sweep import FigureSpec, SweepSpec, check_controls, claims_digest
 from vitlab.data import remote
 from vitlab.files import OutputFolder, atomic_write_text
 from vitlab.files.documents import Number, read_json
 from vitlab.sweep import declare, findings, results as res
 from vitlab.sweep.cells import MAX_CELLS, Cell, check_record, count, expand, too_many
-from vitlab.sweep.runner import LAUNCHERS, Say, check_launcher, run
+from vitlab.sweep.runner import LAUNCHERS, Say, check_launcher, redo_step, run
 
 __all__ = ["LAUNCHERS", "Cell", "claims_declared", "draw", "dry_run", "expand", "load_folder", "run_sweep"]
 
@@ -55,12 +55,16 @@ def draw(fig: FigureSpec, rows: list[dict[str, Any]], out: Path) -> Optional[Pat
     return sweep_plots.plot_pareto(groups, fronts, path, logx=fig.logx, **labels)
 
 
-def save_spec(spec: SweepSpec, out: Path, scale: float, source: Optional[Path] = None, stamp: bool = False) -> Path:
+def save_spec(spec: SweepSpec, out: Path, scale: float, source: Optional[Path] = None, stamp: bool = False,
+              redo: str = "") -> Path:
     """The spec and scale of a sweep, kept in its folder so `vitlab sweep --report DIR` can
     rebuild the report from the cells alone, with its declared claims' record (declare.record:
-    digest and text; with `stamp`, before the first cell runs, the time and the spec's commit)."""
+    digest and text; with `stamp`, before the first cell runs, the time and the spec's commit;
+    with `redo`, the after-step recomputed on finished cells: declare.redone)."""
     out.mkdir(parents=True, exist_ok=True)
     claims = declare.record(spec, recorded_claims(out), stamp, source)
+    if redo:
+        claims = declare.redone(spec, claims, redo)
     atomic_write_text(out / SPEC_FILE, json.dumps({"spec": spec.to_dict(), "scale": scale, "claims": claims}, indent=2))
     return out / SPEC_FILE
 
@@ -143,10 +147,16 @@ def dry_run(spec: SweepSpec, out: Path, scale: float = 1.0, max_cells: int = MAX
 def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, threads: int = 0,
               launcher: str = "local", params: Optional[dict[str, Any]] = None, wait: bool = True,
               report_only: bool = False, max_cells: int = MAX_CELLS, say: Say = print,
-              source: Optional[Path] = None) -> dict[str, Any]:
+              source: Optional[Path] = None, redo: str = "") -> dict[str, Any]:
     """Run (or with report_only, only report) a sweep; `source` is the spec's file, whose git
-    commit the declaration records (declare.committed)."""
+    commit the declaration records (declare.committed). `redo`: the after-step of that name is
+    run again in every finished cell, with the spec's command now (runner.redo_step), and the
+    claims that read it are recorded as post hoc (declare.redone)."""
     cells = expand(spec, out, scale, max_cells)
+    if redo and report_only:
+        raise ConfigError(f"--redo-after {redo} runs a step; --report runs nothing: give one")
+    if redo and not redo_step(cells, spec, out, redo):
+        redo = ""  # every cell already records the step's command: nothing is recomputed
     # The sweep folder may be one the user keeps files in: its own tables and figures only. A
     # folder that holds this sweep's cells (their cell.json) or its sweep.json is the sweep's.
     mine = (out / SPEC_FILE).is_file() or any((out / c.key / "cell.json").is_file() for c in cells)
@@ -158,9 +168,10 @@ def run_sweep(spec: SweepSpec, out: Path, *, scale: float = 1.0, jobs: int = 1, 
             check_record(cell, out)
             check_commands(cell, spec)
         declare.check_power(spec)
+        check_controls(spec)
     check_claims(spec, out, cells)
     started = any((out / c.key / "cell.json").is_file() for c in cells)
-    save_spec(spec, out, scale, source, stamp=not report_only and not started)
+    save_spec(spec, out, scale, source, stamp=not report_only and not started, redo=redo)
     ran = None
     if not report_only:
         ran = run(cells, spec, out, jobs=jobs, threads=threads, launcher=launcher, params=params, wait=wait, say=say)

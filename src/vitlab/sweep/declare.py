@@ -92,6 +92,27 @@ def record(spec: SweepSpec, old: Optional[dict[str, Any]], stamp: bool,
     return new
 
 
+def reads(claim: dict[str, Any], step: str) -> bool:
+    """Whether a declared claim's metric reads a column of the after-step `step` (`init.shots.5.mean`)."""
+    return any(w.startswith(f"{step}.") for w in str(claim.get("metric") or "").replace(" - ", " ").split())
+
+
+def redone(spec: SweepSpec, claims: dict[str, Any], step: str) -> dict[str, Any]:
+    """The record after the after-step `step` is recomputed on finished cells (`vitlab sweep
+    --redo-after`): the step, its command now and the time, under `redone`; when a declared
+    claim reads that step, the claims are post hoc from then on (their cells' results existed,
+    and may have been read, before the step changed), the earlier declaration kept beside it."""
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    command = next(a.command for a in spec.after if a.name == step)
+    entry: dict[str, Any] = {"step": step, "at": at, "command": command}
+    new = {**claims, "redone": [*claims.get("redone", []), entry]}
+    if any(reads(c, step) for c in declared_claims(spec)):
+        entry["declared_before"] = claims.get("declared")
+        new["declared"] = (f"after its results (post hoc): after-step {step}, which a claim reads, recomputed at {at} "
+                           "with another command, on cells whose results existed")
+    return new
+
+
 def verify(spec: SweepSpec, claims: Optional[dict[str, Any]], folder: Path,
            cell_dirs: Iterable[Path]) -> dict[str, Any]:
     """When the claims were declared, as the evidence proves it: {status, at, commit, why}.
@@ -100,6 +121,9 @@ def verify(spec: SweepSpec, claims: Optional[dict[str, Any]], folder: Path,
     declares the same claims; AFTER when the record says post hoc; else UNKNOWN, with why."""
     c = claims or {}
     out = {"status": UNKNOWN, "at": c.get("declared_at"), "commit": c.get("commit"), "why": ""}
+    redone = [{"step": r.get("step"), "at": r.get("at")} for r in c.get("redone", []) if isinstance(r, dict)]
+    if redone:  # after-steps recomputed on finished cells (redone)
+        out["redone"] = redone
     said = str(c.get("declared") or "")
     if not c:
         return {**out, "why": "no declaration recorded (no sweep.json, or none in it)"}
@@ -129,7 +153,10 @@ def when_text(declared: Optional[dict[str, Any]]) -> str:
     status = d.get("status") or UNKNOWN
     if status.startswith("before"):
         return f"before the run ({d.get('at')}, {str(d.get('commit'))[:10]})"
-    return status if status.startswith("after") else f"unknown ({d.get('why') or 'no record'})"
+    if status.startswith("after"):
+        redo = "; ".join(f"{r['step']} recomputed {str(r['at'])[:10]}" for r in d.get("redone") or [])
+        return f"{status[:-1]}; {redo})" if redo and status.endswith(")") else status
+    return f"unknown ({d.get('why') or 'no record'})"
 
 
 def plan_text(p: Optional[dict[str, Any]]) -> str:
@@ -140,16 +167,12 @@ def plan_text(p: Optional[dict[str, Any]]) -> str:
     return f"{p['seeds']}; {p['power']:.0%} at alpha 0.05/{round(stats.ALPHA / p['alpha'])}"
 
 
-def seeds(spec: SweepSpec, claim: dict[str, Any]) -> int:
-    values = spec.grid.get(spec.report.pair_by)
-    return len(values) if isinstance(values, (list, dict)) else 1
-
-
 def plan(spec: SweepSpec, claim: dict[str, Any]) -> dict[str, Any]:
     """A declared claim's power analysis: {confirmatory, seeds, alpha, power, mde, needs, why}.
     A claim is confirmatory when it is not marked exploratory and states its analysis (sd,
     sd_from, family and effect, or margin for "equal"); `why` says what it lacks."""
-    n, equal = seeds(spec, claim), claim["expect"] in stats.MARGINED
+    values = spec.grid.get(spec.report.pair_by)  # the seeds
+    n, equal = len(values) if isinstance(values, (list, dict)) else 1, claim["expect"] in stats.MARGINED
     effect = claim["margin"] if equal else claim.get("effect")
     out: dict[str, Any] = {"confirmatory": False, "seeds": n, "alpha": None, "power": None, "mde": None,
                            "needs": None, "why": ""}

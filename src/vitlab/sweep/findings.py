@@ -155,18 +155,23 @@ def _best(rows: list[dict[str, Any]], axis: str, by: str) -> Optional[str]:
 def compare_best(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Best against best (CompareSpec.best): per side the value of `c.best` picked by the mean
     of the dev column `c.by`, then that side's cells paired by seed with the other's."""
-    pair_by, keep = spec.report.pair_by, [r for r in _done(rows) if _side(r, c)]
+    keep = [r for r in _done(rows) if _side(r, c)]
     chosen = {side: _best([r for r in keep if _side(r, c) == side], c.best, c.by) for side in ("a", "b")}
     if None in chosen.values():
         return []
+    label = ((f"{c.best} of {c.a} (best by {c.by})", chosen["a"]), (f"{c.best} of {c.b}", chosen["b"]))
+    return _paired(spec, c, {label: {s: [r for r in keep if _side(r, c) == s and str(r.get(c.best)) == chosen[s]] for s in "ab"}})
+
+
+def _paired(spec: SweepSpec, c: Any, groups: dict[tuple, dict[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Per context (its rows of side a and of side b) and metric, the paired-by-seed difference
+    a - b of the seeds both sides have the metric for (a later row of a seed over an earlier)."""
     out = []
-    for metric in c.metrics or spec.report.metrics:
-        per = {side: {str(r.get(pair_by)): y for r in keep
-                      if _side(r, c) == side and str(r.get(c.best)) == chosen[side] and (y := value(r, metric)) is not None}
-               for side in ("a", "b")}
-        if per["a"] and per["b"]:
-            context = {f"{c.best} of {c.a} (best by {c.by})": chosen["a"], f"{c.best} of {c.b}": chosen["b"]}
-            out.append(_entry(c, context, metric, stats.paired(per["a"], per["b"])))
+    for context, both in groups.items():
+        for metric in c.metrics or spec.report.metrics:
+            a, b = ({str(r.get(spec.report.pair_by)): y for r in both[s] if (y := value(r, metric)) is not None} for s in "ab")
+            if a and b:
+                out.append(_entry(c, dict(context), metric, stats.paired(a, b)))
     return out
 
 
@@ -184,17 +189,9 @@ def compare(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> list
     sides: dict[tuple, dict[str, dict[Any, dict]]] = {}
     for row in keep:
         side = _side(row, c)
-        if side:
+        if side:  # one row per seed and side: the last
             sides.setdefault(_context(row, others), {"a": {}, "b": {}})[side][str(row.get(pair_by))] = row
-    out = []
-    for context, both in sides.items():
-        for metric in c.metrics or spec.report.metrics:
-            a = {k: y for k, r in both["a"].items() if (y := value(r, metric)) is not None}
-            b = {k: y for k, r in both["b"].items() if (y := value(r, metric)) is not None}
-            if not a or not b:
-                continue
-            out.append(_entry(c, dict(context), metric, stats.paired(a, b)))
-    return out
+    return _paired(spec, c, {context: {s: list(both[s].values()) for s in "ab"} for context, both in sides.items()})
 
 
 def slopes(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -204,17 +201,25 @@ def slopes(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if (f.x, f.y, f.by, f.logx) in seen:  # two compared pairs of one fit (a slope per model size)
             continue
         seen.add((f.x, f.y, f.by, f.logx))
-        groups: dict[str, tuple[list[float], list[float]]] = {}
-        for row in _done(rows):
-            x, y = value(row, f.x), value(row, f.y)
-            if x is None or y is None or (f.logx and x <= 0):
-                continue
-            xs, ys = groups.setdefault(str(row.get(f.by, "")) if f.by else "all", ([], []))
-            xs.append(math.log10(x) if f.logx else x)
-            ys.append(y)
-        for label, (xs, ys) in groups.items():
+        for label, (xs, ys) in _points(f, rows, f.by).items():
             out.append({"x": f.x, "y": f.y, "by": f.by, "group": label, "logx": f.logx, **stats.slope(xs, ys)})
     return out
+
+
+def _points(f: Any, rows: list[dict[str, Any]], key: str, only: Optional[str] = None, missing: Any = ""
+            ) -> dict[str, tuple[list[float], list[float]]]:
+    """The (x, y) points of slope line `f` (x as log10 x with logx), every finished cell with
+    both numbers one, grouped by its value of column `key` (`missing` where it has none; no
+    key: "all"); with `only`, of the cells whose `f.by` is that group alone."""
+    groups: dict[str, tuple[list[float], list[float]]] = {}
+    for row in _done(rows):
+        x, y = value(row, f.x), value(row, f.y)
+        if (only is not None and str(row.get(f.by)) != only) or x is None or y is None or (f.logx and x <= 0):
+            continue
+        xs, ys = groups.setdefault(str(row.get(key, missing)) if key else "all", ([], []))
+        xs.append(math.log10(x) if f.logx else x)
+        ys.append(y)
+    return groups
 
 
 def slope_comparisons(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -225,16 +230,7 @@ def slope_comparisons(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[dict[
     for f in spec.report.slopes:
         if f.a is None:
             continue
-        per: dict[str, dict[str, tuple[list[float], list[float]]]] = {"a": {}, "b": {}}
-        for row in _done(rows):
-            x, y = value(row, f.x), value(row, f.y)
-            group = str(row.get(f.by))
-            side = "a" if group == str(f.a) else "b" if group == str(f.b) else None
-            if side is None or x is None or y is None or (f.logx and x <= 0):
-                continue
-            xs, ys = per[side].setdefault(str(row.get(pair_by)), ([], []))
-            xs.append(math.log10(x) if f.logx else x)
-            ys.append(y)
+        per = {side: _points(f, rows, pair_by, str(group), None) for side, group in (("a", f.a), ("b", f.b))}  # per seed
         fits = {side: {seed: stats.slope(*pts)["slope"] for seed, pts in d.items()} for side, d in per.items()}
         a = {k: v for k, v in fits["a"].items() if v is not None}
         b = {k: v for k, v in fits["b"].items() if v is not None}

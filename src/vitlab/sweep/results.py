@@ -8,8 +8,6 @@ numbers stay lists (a value per layer, per seed); results.csv writes them as JSO
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import re
@@ -22,6 +20,7 @@ from vitlab.config.sweep import FigureSpec
 from vitlab.files import atomic_write_text, documents
 from vitlab.run_layout import SUMMARY_SHAPE
 from vitlab.sweep.cells import Cell, check_record
+from vitlab.tables import csv_table
 
 SKIP = ("per_class", "confusion")  # per-class tables: too wide for a results row
 
@@ -129,12 +128,8 @@ def write_csv(rows: list[dict[str, Any]], axes: list[str], path: Path) -> Path:
     columns = [*axes, "cell", "status"]
     for row in rows:
         columns += [k for k in row if k not in columns]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()})
-    atomic_write_text(path, buf.getvalue())
+    cells = [[json.dumps(v) if isinstance(v, list) else v for v in (row.get(k) for k in columns)] for row in rows]
+    atomic_write_text(path, csv_table(columns, cells))  # the one table writer (vitlab.tables)
     return path
 
 

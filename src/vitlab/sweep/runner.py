@@ -13,13 +13,14 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Optional, Sequence
 
 from vitlab.config import ConfigError
 from vitlab.config.sweep import SweepSpec
 from vitlab.extras import require
 from vitlab.files import atomic_write_text
+from vitlab.files.documents import read_json
 from vitlab.sweep import slurm, timing
 from vitlab.sweep.cells import Cell, Step, check_record, identity
 from vitlab.train.report import DIVERGENCE_ENV
@@ -32,10 +33,53 @@ Say = Callable[[str], None]
 def prepare(cell: Cell, spec: SweepSpec, out: Path) -> Path:
     """The cell's folder with its cell.json, made now (what `run_cell` does as the cell starts)."""
     cell_dir = check_record(cell, out)
-    if not (cell_dir / "cell.json").exists():
-        cell_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cell_dir / "cell.json", json.dumps(identity(cell), indent=2))
+    _record(cell_dir, identity(cell))
     return cell_dir
+
+
+def _record(cell_dir: Path, record: dict[str, Any], again: bool = False) -> None:
+    """The cell's cell.json (its folder made), unless it has one already (`again`: rewritten)."""
+    if again or not (cell_dir / "cell.json").exists():
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cell_dir / "cell.json", json.dumps(record, indent=2))
+
+
+def redo_step(cells: list[Cell], spec: SweepSpec, out: Path, name: str) -> int:
+    """Prepare every cell to run its after-step `name` again with the spec's command now (a
+    control drawn K times instead of once): each cell must be finished, and its cell.json may
+    differ from the spec's cell only in that step. The step's result (its top file or folder
+    in the cell) is deleted, then cell.json records the new command, so the sweep's own run
+    makes the missing result; a cell that already records the new command is left as it is (a
+    stopped redo continues). Returns how many cells were prepared. Refuses before changing any."""
+    steps = [s.name for s in spec.after]
+    if name not in steps:
+        raise ConfigError(f"--redo-after {name}: the spec has no after-step {name!r} (its steps: {', '.join(steps) or 'none'})")
+    todo = []
+    for cell in cells:
+        cell_dir, new = out / cell.key, identity(cell)
+        path = cell_dir / "cell.json"
+        unfinished = [s.name for s in cell.steps if s.name != name and not (cell_dir / s.result).exists()]
+        if not path.is_file() or unfinished:
+            raise ConfigError(f"--redo-after {name}: cell {cell.describe()} is not finished ({', '.join(unfinished) or 'not started'}); "
+                              "run the sweep without --redo-after first")
+        old = read_json(path, dict, "cell record")
+        if old == new:
+            continue
+        if _without(old, name) != _without(new, name):
+            check_record(cell, out)  # raises: the cell differs in more than that step
+            raise ConfigError(f"--redo-after {name}: {path} records other after-steps than the spec; only {name} may differ")
+        before = [a for a in old.get("after", []) if a[0] == name]
+        todo.append((cell_dir, new, before[0][2] if before else None))
+    for cell_dir, new, result in todo:
+        if result:
+            top = cell_dir / PurePosixPath(result).parts[0]
+            shutil.rmtree(top) if top.is_dir() and not top.is_symlink() else top.unlink(missing_ok=True)
+        _record(cell_dir, new, again=True)
+    return len(todo)
+
+
+def _without(record: dict[str, Any], name: str) -> dict[str, Any]:
+    return {**record, "after": [a for a in record.get("after", []) if a[0] != name]}
 
 
 def missing(cell: Cell, cell_dir: Path) -> list[Step]:
@@ -58,9 +102,8 @@ def run_cell(cell_dir: str, steps: list[Step], threads: int = 0, record: Optiona
     is what a diverging loss does in its steps (vitlab.train.report.DIVERGENCE_ENV): "error"
     stops the step, unless the spec allows it (`allow_divergence: true`, "warn")."""
     folder = Path(cell_dir)
-    if record is not None and not (folder / "cell.json").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(folder / "cell.json", json.dumps(record, indent=2))
+    if record is not None:
+        _record(folder, record)
     env = {**os.environ, DIVERGENCE_ENV: divergence}
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))

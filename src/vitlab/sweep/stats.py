@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from vitlab.config.sweep import EXPECT  # what a claim may expect: the spec's choices
 from vitlab.spread import mean_std
@@ -109,18 +109,20 @@ def t_ppf(p: float, df: float) -> float:
         raise ValueError(f"t_ppf needs 0 < p < 1, got {p}")
     if p < 0.5:
         return -t_ppf(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        lo, hi = hi, hi * 2.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-13 * max(1.0, hi):
-            break
+    lo, hi = _bracket(lambda t: t_cdf(t, df) < p, 1.0, lambda hi: 1e-13 * max(1.0, hi))
     return (lo + hi) / 2.0
+
+
+def _bracket(below: Callable[[float], bool], hi: float, tol: Callable[[float], float]) -> tuple[float, float]:
+    """(lo, hi) around the x >= 0 where `below(x)` turns false: `hi` doubled until below(hi) is
+    false, then the interval halved until it is narrower than tol(hi) (t_ppf's and mde's search)."""
+    lo = 0.0
+    while below(hi):
+        lo, hi = hi, hi * 2.0
+    while hi - lo >= tol(hi):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if below(mid) else (lo, mid)
+    return lo, hi
 
 
 def describe(values: Sequence[float], level: float = LEVEL,
@@ -292,16 +294,7 @@ def mde(std: Optional[float], n: int, alpha: float = ALPHA, goal: float = POWER,
     bar of the claim's verdict), given the s.d. of the per-seed differences."""
     if std is None or not std > 0 or n < 2:
         return None
-    lo, hi = 0.0, std
-    while power(n, std, 0.0 if expect in MARGINED else hi, expect, hi, alpha) < goal:
-        lo, hi = hi, hi * 2.0
-    while hi - lo > 1e-7 * hi:
-        mid = (lo + hi) / 2.0
-        if power(n, std, 0.0 if expect in MARGINED else mid, expect, mid, alpha) < goal:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    return _bracket(lambda m: power(n, std, 0.0 if expect in MARGINED else m, expect, m, alpha) < goal, std, lambda hi: 1e-7 * hi)[1]
 
 
 def seeds_for(sd: float, effect: float, expect: str, margin: float = 0.0, alpha: float = ALPHA,

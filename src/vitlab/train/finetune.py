@@ -43,6 +43,7 @@ from vitlab.log import get_logger
 from vitlab.train import build, finetune_choice as choice, recipe as recipes
 from vitlab.train.build import architecture
 from vitlab.train.compute import format_compute
+from vitlab.train.finetune_choice import Plan
 from vitlab.train.inputs import Inputs
 from vitlab.train.recipe import Given
 
@@ -172,22 +173,6 @@ class Settings:
         return set(self.given.values) | ({"model.image_size"} if self.paper_resolution else set())
 
 
-@dataclass
-class Plan:
-    """A fine-tuning run decided: its config, folder and plan lines, what its runs read, read
-    once (`inputs`: the recipe, the checkpoint, the data splits, the probe heads), the sweep
-    before it (`arms`: none, the config runs as it is; `sweep_steps` each arm's length, None
-    for the whole run) and the keys the user set (`explicit`)."""
-
-    config: RunConfig
-    out: Path
-    notes: list[str]
-    inputs: Inputs
-    arms: list[choice.Arm] = field(default_factory=list)
-    sweep_steps: Optional[int] = None
-    explicit: set[str] = field(default_factory=set)
-
-
 def lr_grid(row: Optional[str], rates: Optional[Sequence[float]] = None) -> tuple[float, ...]:
     """The rates a sweep tries: `rates` when given, else Table 4's for the dataset."""
     if rates is None:
@@ -290,9 +275,11 @@ def plan(s: Settings, inputs: Inputs) -> Plan:
                     fitted.quick_sweep_steps, explicit)
     fitted = fit_defaults(cfg, len(train_set), explicit, lr_sweep_asked=True)  # batch and length; warm-up per recipe
     dev = identity.describe(getattr(train_set, "identity", None), cfg.data.dev_fraction)
-    c = choice.decide(in_steps(fitted.config, len(train_set)), chosen, explicit, grid, s.rates, s.lr_sweep, dev)
     kept = [n for n in fitted.notes if not n.startswith("warm-up")]
-    return Plan(c.config, out, [*notes, *kept, *c.notes, *length], inputs, c.arms, c.steps, explicit)
+    base = Plan(in_steps(fitted.config, len(train_set)), out, [*notes, *kept], inputs, explicit=explicit)
+    p = choice.decide(base, chosen, grid, s.rates, s.lr_sweep, dev)
+    p.notes += length
+    return p
 
 
 def run(p: Plan, *, command: str = "", quiet: bool = False, trackers: Sequence[str] = (),

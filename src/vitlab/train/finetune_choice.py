@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -186,27 +186,33 @@ def resolved(choose: str, explicit: set[str], cfg: RunConfig) -> tuple[str, list
 
 
 @dataclass
-class Decided:
-    """A plan's recipe part: the config (of the run, or the arms' base), the arms to sweep
-    (none: the config runs as it is), their length (None: full-length runs) and plan lines."""
+class Plan:
+    """A fine-tuning run decided (finetune.plan): its config, folder and plan lines, what its
+    runs read, read once (`inputs`: the recipe, the checkpoint, the data splits, the probe
+    heads), the sweep before it (`arms`: none, the config runs as it is; `sweep_steps` each
+    arm's length, None for the whole run) and the keys the user set (`explicit`)."""
 
     config: RunConfig
-    arms: list[Arm]
-    steps: Optional[int]
+    out: Path
     notes: list[str]
+    inputs: Inputs
+    arms: list[Arm] = field(default_factory=list)
+    sweep_steps: Optional[int] = None
+    explicit: set[str] = field(default_factory=set)
 
 
-def decide(cfg: RunConfig, chosen: tuple[str, list[str]], explicit: set[str], table4_grid: Sequence[float],
-           rates: Optional[Sequence[float]], full_sweep: bool, dev_note: str) -> Decided:
-    """The AdamW recipe, or the choice between both (the paper's alone is finetune.fit_defaults');
-    `chosen` is `resolved`'s."""
+def decide(base: Plan, chosen: tuple[str, list[str]], table4_grid: Sequence[float], rates: Optional[Sequence[float]],
+           full_sweep: bool, dev_note: str) -> Plan:
+    """`base` (its config in steps, without arms) with the AdamW recipe, or the choice between
+    both (the paper's alone is finetune.fit_defaults'); `chosen` is `resolved`'s."""
     name, said = chosen
+    cfg, explicit = base.config, base.explicit
     total = cfg.train.steps
     warm = f"warm-up {PAPER.warmup_share:.0%} of each run with the paper's recipe, {ADAMW.warmup_share:.0%} with " \
         "AdamW (the CPU recipes' 100 of 390 steps)"
     if name == "adamw" and "optim.lr" in explicit:
-        return Decided(apply(cfg, ADAMW, explicit, origin=PLAN), [], None, [*said, f"recipe: {ADAMW.words}",
-                                                                            f"warm-up {ADAMW.warmup_share:.0%} of the run"])
+        return replace(base, config=apply(cfg, ADAMW, explicit, origin=PLAN),
+                       notes=[*base.notes, *said, f"recipe: {ADAMW.words}", f"warm-up {ADAMW.warmup_share:.0%} of the run"])
     candidates = arms(name, table4_grid, rates)
     steps = None if full_sweep else arm_steps(total)
     length = "the whole run" if steps is None else f"{steps} steps"
@@ -216,7 +222,7 @@ def decide(cfg: RunConfig, chosen: tuple[str, list[str]], explicit: set[str], ta
              "scored on the dev split; the best trains on the whole training set, and the sweep's "
              f"{len(candidates)} x {steps or total} steps count as compute (--recipe paper for the paper's protocol; "
              "--lr to skip the sweep)")
-    return Decided(cfg, candidates, steps, [*said, sweep, dev_note, warm])
+    return replace(base, arms=candidates, sweep_steps=steps, notes=[*base.notes, *said, sweep, dev_note, warm])
 
 
 def two_standard_errors(p1: float, p2: float, n: int) -> float:

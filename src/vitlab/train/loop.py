@@ -33,7 +33,7 @@ from vitlab import run_layout
 from vitlab.config import ConfigError, RunConfig
 from vitlab.config.model import grid_record
 from vitlab.config.provenance import DATA_OBJECTS, SWEEP
-from vitlab.data import make_loader
+from vitlab.data import known_length, make_loader
 from vitlab.data.decode import model_input
 from vitlab.data.loader import batches_per_epoch, close
 from vitlab.deploy import training
@@ -47,7 +47,7 @@ from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective, evaluation_target
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, TrainingDiverged, dataset_size, eval_batches
+from vitlab.train.report import MetricsLog, Progress, TrainingDiverged, eval_batches
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 
@@ -101,6 +101,7 @@ class Run:
     head_probe: Optional[dict[str, Any]] = None  # model.head_start=probe: how the head was fitted
     start_scores: dict[str, dict[str, Any]] = field(default_factory=dict)  # the probe head's, before step 1
     dense_shapes: list[list[int]] = field(default_factory=list)  # fp32 Dense shapes on oneDNN (deploy.training)
+    compiled_gelu: bool = False  # the tanh GELU in one compiled pass (deploy.training.fast_gelu)
 
 
 def new_window() -> dict[str, float]:
@@ -158,7 +159,9 @@ class Trainer:
             if resume_from is not None and resume_from > run.plan.total:
                 raise ConfigError(f"{self.out} has already trained {resume_from} steps; to extend it, ask for more "
                                   f"than that (--steps), not {run.plan.total}")
-            if self._complete(resume_from, run.plan.total):
+            # finished: all its steps, or stopped early at its newest checkpoint, with a summary
+            if resume_from is not None and self.folder.summary.exists() and (resume_from == run.plan.total or (
+                    self.folder.read_summary().get("stopped_early", {}).get("step") == resume_from)):
                 if ctx.is_main:  # printed with --quiet too: it is this command's summary
                     LOG.info(f"{self.out}: this run is already complete ({run.plan.total} steps); its results are in {self.folder.summary}")
                 return self.folder.read_summary()
@@ -178,12 +181,6 @@ class Trainer:
         """End the run at this step (a callback's call): checkpoint, final evaluation, summary."""
         assert self.run_state is not None, "request_stop is called by a callback, during a run"
         self.run_state.stop = reason
-
-    def _complete(self, resume_from: Optional[int], total: int) -> bool:
-        """Finished: all its steps, or stopped early at its newest checkpoint, with a summary."""
-        if resume_from is None or not self.folder.summary.exists():
-            return False
-        return resume_from == total or self.folder.read_summary().get("stopped_early", {}).get("step") == resume_from
 
     def _say(self, text: str) -> None:
         if self.ctx.is_main and not self.quiet:
@@ -268,6 +265,8 @@ class Trainer:
         eager_fp32 = ctx.device.type == "cpu" and t.precision == "fp32" and not (t.compile or t.grad_checkpointing or ctx.parallel == "fsdp")
         # rank 0's choice on every process: what its checkpoints record is what each one ran
         run.dense_shapes = distributed.broadcast_object(training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32), ctx)
+        run.compiled_gelu = distributed.broadcast_object(
+            training.gelu_for_run(saved.meta if saved else None, ctx.device.type == "cpu" and not t.compile), ctx)
         if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
             done = dict(saved.meta.get("compute", {}))
             run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
@@ -309,31 +308,33 @@ class Trainer:
         t_start = time.perf_counter()
         step = run.start
         run.compute.start()
-        try:
-            while step < run.plan.total:
-                images, labels, bad = next(loader)
-                run.bad_images.update(bad)
-                images = model_input(images, ctx.device, run.model.config)  # uint8 normalised here
-                lr = lr_at(step, run.plan.total, cfg.optim)
-                loss, acc = self._step(run, step, images, labels, lr)
-                step += 1
-                self._log_step(run, step, loss, acc, lr, labels.shape[0])
-                if t.eval_every and step % t.eval_every == 0 and step < run.plan.total:
-                    self._evaluate(run, step)
-                stop_signal = self.watch.stop_now()  # the same on every process
-                if step % t.ckpt_every == 0 or step == run.plan.total or run.stop or stop_signal:
-                    self._save(run, step, run.prior_seconds + time.perf_counter() - t_start)
-                if stop_signal:
-                    raise preemption.Preempted(stop_signal, step, run.plan.total, run.last_good, ctx.is_main)
-                if run.stop:
-                    self._say(f"{run.stop}; stopping at step {step} of {run.plan.total}")
-                    break
-        finally:
-            run.start = step  # where training ended: the final evaluation's step
-            close(loader)  # its workers end here, on every way out (an error, a signal, the end)
-            run.compute.pause()
-            if run.progress:
-                run.progress.close()
+        # freed activations reused across steps on the CPU (deploy/training.kept_heap)
+        with training.kept_heap(ctx.device.type == "cpu"):
+            try:
+                while step < run.plan.total:
+                    images, labels, bad = next(loader)
+                    run.bad_images.update(bad)
+                    images = model_input(images, ctx.device, run.model.config)  # uint8 normalised here
+                    lr = lr_at(step, run.plan.total, cfg.optim)
+                    loss, acc = self._step(run, step, images, labels, lr)
+                    step += 1
+                    self._log_step(run, step, loss, acc, lr, labels.shape[0])
+                    if t.eval_every and step % t.eval_every == 0 and step < run.plan.total:
+                        self._evaluate(run, step)
+                    stop_signal = self.watch.stop_now()  # the same on every process
+                    if step % t.ckpt_every == 0 or step == run.plan.total or run.stop or stop_signal:
+                        self._save(run, step, run.prior_seconds + time.perf_counter() - t_start)
+                    if stop_signal:
+                        raise preemption.Preempted(stop_signal, step, run.plan.total, run.last_good, ctx.is_main)
+                    if run.stop:
+                        self._say(f"{run.stop}; stopping at step {step} of {run.plan.total}")
+                        break
+            finally:
+                run.start = step  # where training ended: the final evaluation's step
+                close(loader)  # its workers end here, on every way out (an error, a signal, the end)
+                run.compute.pause()
+                if run.progress:
+                    run.progress.close()
         return run.prior_seconds + time.perf_counter() - t_start
 
     def _step(self, run: Run, step: int, images: torch.Tensor, labels: torch.Tensor, lr: float) -> tuple[float, float]:
@@ -348,7 +349,7 @@ class Trainer:
         for i, (x, y) in enumerate(chunks):
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
             with (distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)),
-                  training.dense_kernels(run.dense_shapes)):
+                  training.dense_kernels(run.dense_shapes), training.fast_gelu(run.compiled_gelu)):
                 loss, metrics = run.step_fn(x, y)
                 share = loss * (y.shape[0] / n)  # the mean over this process's batch, however split
                 (run.scaler.scale(share) if run.scaler else share).backward()
@@ -419,7 +420,7 @@ class Trainer:
             loader = make_loader(dataset, t.eval_batch_size or max(t.batch_size // ctx.world, 1), rank=ctx.rank,
                                  world=ctx.world, train=False, num_workers=self.cfg.data.num_workers)
             sums = None
-            shown = eval_batches(loader, split, dataset_size(dataset), quiet=self.quiet or not ctx.is_main)
+            shown = eval_batches(loader, split, known_length(dataset), quiet=self.quiet or not ctx.is_main)
             with torch.no_grad(), torch.autocast(**self._autocast(ctx)):
                 for images, labels, _ in shown:
                     if labels.numel():
@@ -456,7 +457,8 @@ class Trainer:
         done = self._compute(run)
         compute = {**run.compute.state_dict(), "cpu_s": done["cpu_s"]}  # CPU-seconds of every process
         extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute,
-                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe, "dense_kernels": run.dense_shapes}
+                 "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe, "dense_kernels": run.dense_shapes,
+                 "compiled_gelu": run.compiled_gelu}
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)

@@ -50,14 +50,6 @@ def head_from_probe(feats: np.ndarray, labels: np.ndarray, num_classes: int, c: 
     return (w / std[:, None]).T.contiguous(), b - (mean / std) @ w
 
 
-def fit(model: torch.nn.Module, images: Any, *, max_per_class: int = MAX_PER_CLASS) -> dict[str, Any]:
-    """Set `model.head` to the probe of its frozen features on `images` (a dataset of the run's
-    training images at the evaluation transform); what it cost and how well it fits."""
-    weight, bias, result = fitted(model, images, max_per_class)
-    set_head(model, weight, bias)
-    return result
-
-
 def fitted(model: torch.nn.Module, images: Any, max_per_class: int = MAX_PER_CLASS
            ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """(weight, bias, what it cost and how well it fits) of the probe of the model's frozen

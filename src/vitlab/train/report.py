@@ -187,14 +187,6 @@ class Divergence:
                 f"(e.g. --lr {self.peak_lr / 10:g}) or warm up longer (--warmup-steps)")
 
 
-def dataset_size(dataset: Any) -> Optional[int]:
-    """The number of images of an evaluation set, when it knows it (a stream may not)."""
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
-
-
 def eval_batches(batches: Iterable, split: str, count: Optional[int], stream: Optional[TextIO] = None,
                  quiet: bool = False) -> Iterable:
     """Evaluation batches with vitlab.progress's progress: a bar over the images on a terminal;

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.config import ConfigError
-from vitlab.extras import MissingExtraError, require
+from vitlab.extras import require
 from vitlab.files import atomic_write_text
 from vitlab.files.documents import read_json
 
@@ -37,10 +37,7 @@ def check(names: list[str]) -> None:
     for name in names:
         if name not in PACKAGES:
             raise ConfigError(f"--log {name}: not a tracker; choose from {', '.join(TRACKERS)}")
-        try:
-            require(PACKAGES[name][1], f"--log {name}", modules=())
-        except MissingExtraError as e:
-            raise ConfigError(str(e)) from None
+        require(PACKAGES[name][1], f"--log {name}", modules=(), error=ConfigError)
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
