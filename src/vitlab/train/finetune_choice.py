@@ -98,10 +98,10 @@ ADAMW = Recipe(
 # seeds 12-16 with 0.1, BiT-14w8 gained 0.4 points over its probe start on average, and seed 16
 # ended 0.7 below it on the test set. On the dev split (100 steps on train-minus-dev, the two
 # BiT checkpoints of seeds 16 and 15 retrained bit for bit), the gain over the dev start with
-# smoothing 0.1 was +1.2 and -0.1 points at 0.0003, -1.5 and +1.4 at 0.0001 (a lower rate does
-# not help), +4.1 (seed 16) at 0.001; without it +3.7 and +3.5 at 0.0003, +2.3 (seed 16) at
-# 0.0001 and +5.7 at 0.001. A fine-tune whose head did not start from a probe may set
-# train.label_smoothing again.
+# smoothing 0.1 was +1.2 and -0.1 points at 0.0003, -1.5 (seed 16) at 0.0001 (a lower rate does
+# not help) and +4.1 (seed 16) at 0.001; without it +3.7 and +3.5 at 0.0003, +2.3 and +1.4 at
+# 0.0001, and +5.7 (seed 16) at 0.001. A fine-tune whose head did not start from a probe may
+# set train.label_smoothing again.
 RECIPES = {r.name: r for r in (PLANNED, PAPER, ADAMW)}
 
 
