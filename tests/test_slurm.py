@@ -267,3 +267,21 @@ def test_vtab_on_slurm_runs_a_task_as_a_job_that_is_preempted_and_requeued(clust
     assert result["test_images"] == 200 and result["steps"] == 300
     assert json.loads((out / "vtab.json").read_text())["tasks"]["dtd"] == result["top1"]
     assert (out / "submitit" / f"{job}_0_log.out").is_file()  # the job's own log, where submitit keeps it
+
+
+def test_the_requeue_that_a_checkpoint_asks_for_outlives_the_sigterm_it_brings(tmp_path):
+    # After Stoppable.checkpoint, submitit runs `scontrol requeue` as this process's child and
+    # Slurm answers with SIGTERM to the whole job; the child must finish (no cluster needed: a
+    # shell stands in for scontrol and sends itself the signal), in a fresh process, whose
+    # signal dispositions this changes.
+    code = (
+        "import subprocess, sys\n"
+        "from vitlab.sweep.slurm import Stoppable\n"
+        "job = Stoppable(lambda *a, job=None: None)\n"
+        "job.checkpoint()\n"
+        "done = subprocess.run(['sh', '-c', 'kill -TERM $$; echo requeued'], capture_output=True, text=True)\n"
+        "print(done.returncode, done.stdout.strip())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "requeued"]

@@ -159,6 +159,12 @@ class Stoppable:
             if not _ended(child.pid, STOP_WAIT):  # it resumes from its last periodic checkpoint instead
                 os.kill(child.pid, signal.SIGKILL)
                 _ended(child.pid, STOP_WAIT)
+        # submitit now runs `scontrol requeue` as a child of this process, and the requeue makes
+        # Slurm send SIGTERM to every process of the job: a scontrol that had not exited yet died
+        # of it, submitit recorded the job as failed, and the launcher read that result although
+        # the requeued job then finished. An ignored signal stays ignored across exec, so the
+        # scontrol child outlives it; this process ignores it too (submitit only logs it anyway).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return DelayedSubmission(self, *args)
 
     def __getstate__(self) -> dict[str, Any]:
