@@ -37,6 +37,21 @@ def step(model, shapes, x, y):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+
+def killed_at_step_7(monkeypatch, out):
+    """A tiny run into `out`, killed at step 7 (after the checkpoint of step 5)."""
+    real_log = Trainer._log_step
+
+    def dies_at_step_7(self, run, step, *a):
+        if step == 7:
+            raise KeyboardInterrupt
+        return real_log(self, run, step, *a)
+
+    monkeypatch.setattr(Trainer, "_log_step", dies_at_step_7)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny(), out, Inputs(), quiet=True).run()
+    monkeypatch.setattr(Trainer, "_log_step", real_log)
+
 def test_the_onednn_path_computes_the_same_gradients_every_time(monkeypatch):
     monkeypatch.setenv("VITLAB_DENSE_KERNEL", "oneDNN")
     model = tiny_model().train()
@@ -84,17 +99,7 @@ def test_adamw_is_fused_and_an_old_checkpoint_keeps_its_update():
 def test_a_run_on_the_onednn_path_resumes_bit_identically(tmp_path, monkeypatch):
     monkeypatch.setenv("VITLAB_DENSE_KERNEL", "oneDNN")
     Trainer(tiny(), tmp_path / "straight", Inputs(), quiet=True).run()
-    real_log = Trainer._log_step
-
-    def dies_at_step_7(self, run, step, *a):
-        if step == 7:
-            raise KeyboardInterrupt  # killed after the checkpoint of step 5
-        return real_log(self, run, step, *a)
-
-    monkeypatch.setattr(Trainer, "_log_step", dies_at_step_7)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(tiny(), tmp_path / "stopped", Inputs(), quiet=True).run()
-    monkeypatch.setattr(Trainer, "_log_step", real_log)
+    killed_at_step_7(monkeypatch, tmp_path / "stopped")
     monkeypatch.setenv("VITLAB_DENSE_KERNEL", "F.linear")  # the resumed run keeps its checkpoint's kernels
     Trainer(tiny(), tmp_path / "stopped", Inputs(), quiet=True).run()
     assert_identical(tmp_path / "stopped" / "checkpoints" / "last.safetensors",
@@ -195,27 +200,14 @@ def test_a_run_with_the_compiled_gelu_resumes_bit_identically_and_an_old_one_sta
     monkeypatch.setattr(training._GeluTanh, "apply", lambda *a: calls.append(1) or real(*a))
     Trainer(tiny(), tmp_path / "straight", Inputs(), quiet=True).run()
     assert calls and not training._EAGER_GELU
-    real_log = Trainer._log_step
-
-    def dies_at_step_7(self, run, step, *a):
-        if step == 7:
-            raise KeyboardInterrupt  # killed after the checkpoint of step 5
-        return real_log(self, run, step, *a)
-
-    monkeypatch.setattr(Trainer, "_log_step", dies_at_step_7)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(tiny(), tmp_path / "stopped", Inputs(), quiet=True).run()
-    monkeypatch.setattr(Trainer, "_log_step", real_log)
+    killed_at_step_7(monkeypatch, tmp_path / "stopped")
     Trainer(tiny(), tmp_path / "stopped", Inputs(), quiet=True).run()
     assert_identical(tmp_path / "stopped" / "checkpoints" / "last.safetensors",
                      tmp_path / "straight" / "checkpoints" / "last.safetensors")
     # a run on the eager GELU (as one from before the compiled GELU, whose checkpoints say nothing)
     monkeypatch.setenv("VITLAB_COMPILED_GELU", "0")
     Trainer(tiny(), tmp_path / "eager", Inputs(), quiet=True).run()
-    monkeypatch.setattr(Trainer, "_log_step", dies_at_step_7)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(tiny(), tmp_path / "eager-stopped", Inputs(), quiet=True).run()
-    monkeypatch.setattr(Trainer, "_log_step", real_log)
+    killed_at_step_7(monkeypatch, tmp_path / "eager-stopped")
     monkeypatch.delenv("VITLAB_COMPILED_GELU")
     calls.clear()
     Trainer(tiny(), tmp_path / "eager-stopped", Inputs(), quiet=True).run()  # resumed where the compiled GELU is on
