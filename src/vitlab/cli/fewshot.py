@@ -97,7 +97,7 @@ def run(args) -> int:
                   train_split=args.train_split, test_split=args.test_split, pool_per_class=args.pool or "all",
                   num_train_pool=int(len(tr_y)), weights_sha256=fp,
                   protocol=protocol(args.pool, l2, model.config, args.preprocess))
-    print_result(args, result, _print_table)
+    print_result(args, result, "few-shot linear accuracy", _print_table)
     return 0
 
 
@@ -133,8 +133,6 @@ def _check(args) -> list[int]:
 
 
 def _print_table(args, result: dict) -> None:
-    what = "random init" if args.random_init is not None else args.checkpoint
-    print(f"few-shot linear accuracy  {result['model']} ({what})  on {args.data}")
     print(f"{result['num_classes']} classes, {result['feature_dim']}-d features, "
           f"test {result['num_test']:,} images, {args.seeds} seed(s), L2: {result['l2']}")
     print(result["protocol"]["summary"])
