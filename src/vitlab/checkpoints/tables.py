@@ -360,7 +360,6 @@ COMPUTE_FIELDS = ("image_size", "patch_size", "in_channels", "hidden_size", "dep
                   "num_classes", "classifier", "pos_embed", "representation_size", "gelu", "layer_norm_eps",
                   "qkv_bias", "resnet")
 # Settings around the network: how images are prepared, how position embeddings follow a new size.
-PREPARE_FIELDS = ("mean", "std", "crop_fraction", "resize_mode", "dynamic_image_size")
 IMAGE_FIELDS = ("mean", "std", "crop_fraction")  # image preprocessing
 RESAMPLE_FIELDS = ("resize_mode", "dynamic_image_size")  # position-embedding resampling (§3.2)
 
@@ -371,15 +370,12 @@ def _short(v: object) -> str:
     return repr(v)
 
 
-def lost_settings(ours: ViTConfig, back: ViTConfig, named: Sequence[str] = ()) -> tuple[list[str], list[str]]:
-    """(settings of the network, settings around it) that a reader of the written file gets
-    wrong: "num_heads=2 reads back as 1". Fields already named in `named` (a format's own
-    refusals) are not repeated."""
-    def differ(fields: Sequence[str]) -> list[str]:
-        return [f"{f}={_short(getattr(ours, f))} reads back as {_short(getattr(back, f))}"
-                for f in fields if getattr(ours, f) != getattr(back, f) and not any(re.search(rf"\b{f}\b", n, re.I) for n in named)]
-
-    return differ(COMPUTE_FIELDS), differ(PREPARE_FIELDS)
+def lost_settings(ours: ViTConfig, back: ViTConfig, named: Sequence[str] = ()) -> list[str]:
+    """The settings of the network that a reader of the written file gets wrong: "num_heads=2
+    reads back as 1". Fields already named in `named` (a format's own refusals) are not
+    repeated; the settings around the network are around_the_network's."""
+    return [f"{f}={_short(getattr(ours, f))} reads back as {_short(getattr(back, f))}"
+            for f in COMPUTE_FIELDS if getattr(ours, f) != getattr(back, f) and not any(re.search(rf"\b{f}\b", n, re.I) for n in named)]
 
 
 def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_change: bool,
@@ -388,7 +384,7 @@ def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_
     own numerics changes (`numerics`, from its check_writable) and the settings the file
     cannot carry (`back` is the config a reader infers from what is written). Allowed, each
     is said in a warning; settings around the network are said where they change results."""
-    compute, _ = lost_settings(ours, back, numerics)
+    compute = lost_settings(ours, back, numerics)
     if (numerics or compute) and not allow_numerics_change:
         parts = ([f"computes differently: {'; '.join(numerics)}"] if numerics else []) + \
             ([f"cannot carry {'; '.join(compute)} (a reader would build another model)"] if compute else [])
@@ -407,7 +403,7 @@ def around_the_network(target: str, ours: ViTConfig, back: ViTConfig) -> list[st
     position-embedding resampling, which matters only for a model that resamples on every
     forward (dynamic_image_size=True); at the trained size no resampling happens, and a
     reader fine-tuning at another size picks its own interpolation anyway."""
-    lost = {f for f in PREPARE_FIELDS if getattr(ours, f) != getattr(back, f)}
+    lost = {f for f in IMAGE_FIELDS + RESAMPLE_FIELDS if getattr(ours, f) != getattr(back, f)}
     lines = []
     image = [f"{f}={_short(getattr(ours, f))}" for f in IMAGE_FIELDS if f in lost]
     if image:
