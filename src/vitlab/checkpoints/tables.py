@@ -230,7 +230,8 @@ def peek_keys(path: Path) -> Optional[set[str]]:
     """The tensor names of a state-dict file, or None when it is not one (for detection)."""
     if not path.is_file():
         return None
-    if path.suffix not in STATE_SUFFIXES and not _is_torch_zip(path):
+    # torch.save's zip layout (a `data.pkl` member) for a file without a telling suffix
+    if path.suffix not in STATE_SUFFIXES and not any(n.endswith("/data.pkl") or n == "data.pkl" for n in zip_names(path)):
         return None
     if path.suffix == ".safetensors":
         from safetensors import safe_open
@@ -264,15 +265,16 @@ def what_it_is(keys: Optional[set[str]]) -> Optional[str]:
     return None
 
 
-def _is_torch_zip(path: Path) -> bool:
-    """torch.save's zip layout (a `data.pkl` member), for files without a telling suffix."""
+def zip_names(path: Path) -> list[str]:
+    """The member names of a zip archive (an .npz, torch.save's layout), or none for a file
+    that is not one."""
     import zipfile
 
     try:
         with zipfile.ZipFile(path) as z:
-            return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
+            return z.namelist()
     except (OSError, zipfile.BadZipFile):
-        return False
+        return []
 
 
 def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: dict[str, str]) -> None:
