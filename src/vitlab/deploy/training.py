@@ -13,7 +13,7 @@ keeps its public ops (`F.linear`) and the speed lives outside it.
   fastest with the weight reordered into its blocked layout (what the ceiling measures). Under
   bf16 autocast, F.linear runs addmm on the plain layout; reordering each bf16 weight once per
   forward call and multiplying with `_linear_pointwise` computed ViT-S/16 b32's forward products
-  5-20% faster on Zen 4 (the same bits there), the step 1.08x; the fp32 products on oneDNN
+  5-20% faster on Zen 4 (the same bits there), the step 1.005-1.015x; the fp32 products on oneDNN
   reorder theirs too (4-6%). The gradients stay as they were. Products of at least
   `PACKED_MIN_ROWS` rows, models past `PACKED_MIN_ELEMENTS`; $VITLAB_PACKED_DENSE=0 turns it off.
 - **The fused Adam/AdamW kernel** (`fused_optimizer`): one pass per tensor instead of PyTorch's
