@@ -267,9 +267,6 @@ class Trainer:
         run.dense_shapes = distributed.broadcast_object(training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32), ctx)
         run.compiled_gelu = distributed.broadcast_object(training.gelu_for_run(
             saved.meta if saved else None, ctx.device.type == "cpu" and not t.compile, training.gelu_elements(run.model, run.plan.micro)), ctx)
-        if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
-            done = dict(saved.meta.get("compute", {}))
-            run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
         if ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self.folder.write_config(self.cfg, self.command)
@@ -282,6 +279,8 @@ class Trainer:
             if note:
                 self._say(f"note: {note}")
             run.window.update(saved.meta.get("log_window", {}))
+            done = dict(saved.meta.get("compute", {}))  # the totals so far; rank 0 carries every process's CPU-seconds
+            run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
             run.bad_images.update(saved.meta.get("bad_images", []))
             run.hooks.load(saved.meta.get("callbacks", {}))
             if run.scaler is not None and "grad_scaler" in saved.meta:
@@ -403,7 +402,7 @@ class Trainer:
                           **{k: compute[k] for k in ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")}}
                 assert run.log is not None  # the main process's
                 run.log.write(record)
-                run.hooks.log(step, record)
+                run.hooks.call("log", step, record)
         if log_now:
             run.window = new_window()
 
@@ -433,7 +432,7 @@ class Trainer:
                 self._log_eval(run, step, split, results[split], final)
         run.objective.train()
         if not final and step:  # (step 0: the start's score, before any callback's first step)
-            run.hooks.eval(step, results)
+            run.hooks.call("eval", step, results)
         return results
 
     def _log_eval(self, run: Run, step: int, split: str, metrics: dict[str, Any], final: bool) -> None:
@@ -462,7 +461,7 @@ class Trainer:
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
-        run.hooks.checkpoint(step, run.last_good)
+        run.hooks.call("checkpoint", step, run.last_good)
 
     def _compute(self, run: Run) -> dict[str, Any]:
         """The run's compute so far (see train/compute.py); CPU-seconds summed over processes,
