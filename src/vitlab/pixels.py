@@ -27,6 +27,13 @@ def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
     return y.sub_(m).div_(s)
 
 
+def unnormalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """A model's (B, C, H, W) input back to pixels in [0, 1], in its dtype: undo (pixel - mean) / std."""
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    return (x * s + m).clamp(0.0, 1.0)
+
+
 class Normalise:
     """`normalise` with a model's mean and std, as a picklable callable (data-loader workers)."""
 

@@ -59,18 +59,15 @@ def embedding_filters(model, num_components: int = 28) -> FilterPCs:
     the ResNet's root convolution (7 x 7 x C over pixels, weight-standardised as the model
     uses it), the first filters that see pixels, and say so in `source`.
     """
-    if isinstance(model, BiTResNet):
-        weight = model.root.conv.standardized_weight()
-        k = weight.shape[-1]
-        source = f"BiT ResNet root convolution ({k}x{k}x{weight.shape[1]}, weight-standardised)"
-    elif model.backbone is not None:
-        conv = model.backbone.root_conv
-        weight = conv.standardized_weight() if hasattr(conv, "standardized_weight") else conv.weight
-        k = weight.shape[-1]
-        source = f"hybrid: ResNet root convolution ({k}x{k}x{weight.shape[1]}), not the 1x1 patch embedding"
+    bit = isinstance(model, BiTResNet)
+    hybrid = not bit and model.backbone is not None
+    if bit or hybrid:  # the root convolution, its kernel standardised as the model uses it
+        weight = (model.root.conv if bit else model.backbone.root_conv).standardized_weight()
     else:
         weight = model.patch_embed.proj.weight
-        p = weight.shape[-1]
-        source = f"patch embedding E ({p}x{p}x{weight.shape[1]})"
+    k, c = weight.shape[-1], weight.shape[1]
+    source = (f"BiT ResNet root convolution ({k}x{k}x{c}, weight-standardised)" if bit else
+              f"hybrid: ResNet root convolution ({k}x{k}x{c}), not the 1x1 patch embedding" if hybrid else
+              f"patch embedding E ({k}x{k}x{c})")
     comps, explained = filter_principal_components(weight, num_components)
     return FilterPCs(comps, explained, source)

@@ -31,6 +31,12 @@ def new_figure(width: float, height: float):
     return fig
 
 
+def new_axes(width: float, height: float):
+    """A figure of one plot: the figure and its axes."""
+    fig = new_figure(width, height)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
 MIN_FONT_PT = 8  # the smallest text a printed figure stays readable at
 ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s/:,()]+/)+([^\s/:,()]+)")
 
@@ -106,8 +112,7 @@ def plot_position_similarity(sim: np.ndarray, path, title: str = "Position embed
             y, x = i * (gh + pad), j * (gw + pad)
             big[y : y + gh, x : x + gw] = sim[i, j]
     size = min(7.0, 1.5 + 0.35 * max(gh, gw))
-    fig = new_figure(size + 1.0, size)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = new_axes(size + 1.0, size)
     im = ax.imshow(big, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
     ax.set_xticks([(j * (gw + pad)) + gw / 2 - 0.5 for j in range(gw)], [str(j + 1) for j in range(gw)], fontsize=8)
     ax.set_yticks([(i * (gh + pad)) + gh / 2 - 0.5 for i in range(gh)], [str(i + 1) for i in range(gh)], fontsize=8)
@@ -128,8 +133,7 @@ def plot_attention_distance(distances: np.ndarray, path, pixels: Optional[int] =
     reference every head is read against."""
     layers, heads = distances.shape
     legend = heads <= 16
-    fig = new_figure(5.8 if legend else 4.5, 3.6)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = new_axes(5.8 if legend else 4.5, 3.6)
     x = np.arange(1, layers + 1)
     colours = _colours(heads)
     for h in range(heads):

@@ -13,6 +13,7 @@ from vitlab.analysis.attention_distance import AttentionDistance, distance_depth
 from vitlab.analysis.filters import FilterPCs, embedding_filters
 from vitlab.analysis.pos_similarity import NoPositionTable, cosine_similarity_grid, position_table, similarity_vs_distance
 from vitlab.analysis.rollout import attention_rollout
+from vitlab.models.mpp import unnormalise  # vitlab.pixels's, the normaliser's inverse
 
 NO_ATTENTION = "a BiT ResNet has no attention: its receptive field grows with depth by construction"
 
@@ -188,6 +189,4 @@ def convolutional_analysis(filters: FilterPCs) -> Analysis:
 
 def display_images(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
     """Undo the model's normalisation: (B, C, H, W) -> (B, H, W, C) in [0, 1] for drawing."""
-    m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
-    return (x.detach().float().cpu() * s + m).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    return unnormalise(x.detach().float().cpu(), mean, std).permute(0, 2, 3, 1).numpy()

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from vitlab.analysis.plots import new_figure, save_figure
+from vitlab.analysis.plots import new_axes, save_figure
 from vitlab.spread import mean_std
 
 Points = list[tuple[Any, list[float]]]  # (x, the y of every cell at that x)
@@ -72,8 +72,7 @@ def _finish(ax, fig, path, title: str, xlabel: str, ylabel: str, logx: bool, log
 def plot_lines(groups: dict[str, Points], path, *, title="", xlabel="", ylabel="", logx=False, logy=False) -> Path:
     """Mean of y against x per series, with a band of +- one standard deviation over cells."""
     groups, ylabel = as_percent(groups, ylabel)
-    fig = new_figure(5.0, 3.6)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = new_axes(5.0, 3.6)
     categories: list[Any] = list(dict.fromkeys(x for pts in groups.values() for x, _ in pts))
     numeric = _numeric(categories)
     for label, pts in groups.items():
@@ -96,8 +95,7 @@ def plot_pareto(groups: dict[str, Points], fronts: dict[str, list[tuple[float, f
     groups, ylabel = as_percent(groups, ylabel)
     if ylabel.endswith("(%)"):
         fronts = {k: [(x, 100 * y) for x, y in f] for k, f in fronts.items()}
-    fig = new_figure(5.0, 3.6)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = new_axes(5.0, 3.6)
     for i, (label, pts) in enumerate(groups.items()):
         color = f"C{i}"
         xs = [float(x) for x, ys in pts for _ in ys]
@@ -119,8 +117,7 @@ def plot_bars(groups: dict[str, Points], path, *, title="", xlabel="", ylabel=""
     """Mean of y per category (side by side per series), the standard deviation as an error
     bar, and every cell as a dot."""
     groups, ylabel = as_percent(groups, ylabel)
-    fig = new_figure(5.4, 3.6)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = new_axes(5.4, 3.6)
     categories: list[Any] = list(dict.fromkeys(x for pts in groups.values() for x, _ in pts))
     width = 0.8 / max(len(groups), 1)
     for i, (label, pts) in enumerate(groups.items()):
@@ -143,8 +140,7 @@ def plot_curves(curves: dict[str, list[list[float]]], path, *, title="", xlabel=
     series' cells, with a band of +- one standard deviation (Fig. 7 right, per depth).
     `references` {label: a number or a list}: dashed grey lines to read them against
     (uniform attention, the random-init model)."""
-    fig = new_figure(5.0, 3.6)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = new_axes(5.0, 3.6)
     for k, (label, ref) in enumerate((references or {}).items()):
         style = dict(color="0.45" if k == 0 else "0.7", ls="--" if k == 0 else ":", lw=1.2, label=label)
         if isinstance(ref, (list, tuple)):

@@ -7,7 +7,6 @@ These machines are shared: another busy process on one of two cores halves the p
 
 from __future__ import annotations
 
-import ctypes
 import datetime as _dt
 import os
 import platform
@@ -18,6 +17,7 @@ import torch
 
 from vitlab.config import pick_device
 from vitlab.config.device import cpu_name_and_flags
+from vitlab.deploy.training import release_heap
 
 _HZ = os.sysconf("SC_CLK_TCK")
 
@@ -83,7 +83,6 @@ class Waiter:
 
 
 # Memory ----------------------------------------------------------------------------------
-_LIBC = None
 
 
 def status_bytes(key: str) -> int:
@@ -101,11 +100,8 @@ def status_bytes(key: str) -> int:
 def reset_peak_rss() -> int:
     """Return freed heap to the OS and reset the kernel's peak-RSS mark (VmHWM); returns the
     resident size in bytes, or -1 where the kernel does not allow the reset."""
-    global _LIBC
+    release_heap()  # glibc's malloc_trim, as the training step's kept heap gives memory back
     try:
-        if _LIBC is None:
-            _LIBC = ctypes.CDLL("libc.so.6")
-        _LIBC.malloc_trim(0)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:

@@ -16,15 +16,13 @@ from torch import Tensor, nn
 from vitlab.checkpoints.hf import hf_config
 from vitlab.checkpoints.timm import create_timm_model
 from vitlab.checkpoints.torchvision import create_torchvision_model
-from vitlab.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.config import ModelConfig, ViTConfig
 from vitlab.extras import require
 
 PEERS = ("timm", "hf", "torchvision")
 
 
 def _check_plain(cfg: ViTConfig) -> None:
-    if isinstance(cfg, BiTConfig):
-        raise ValueError(f"{cfg.name}: this peer builds ViTs only (timm builds the BiT ResNets)")
     if cfg.resnet is not None or cfg.pos_embed != "learned" or cfg.representation_size or not cfg.num_classes:
         raise ValueError(
             f"{cfg.name}: the peer models are built only for plain ViTs (learned 1D position "
@@ -35,8 +33,7 @@ def _check_plain(cfg: ViTConfig) -> None:
 def timm_vit(cfg: ViTConfig) -> nn.Module:
     # The converter's builder: the timm model that computes what vitlab's does (GELU form,
     # epsilon, GAP without timm's extra fc_norm), so the two are timed on the same function.
-    if not isinstance(cfg, BiTConfig):  # a BiT ResNet is timm's ResNetV2, built by the same converter
-        _check_plain(cfg)
+    _check_plain(cfg)
     return create_timm_model(cfg).eval()
 
 

@@ -23,7 +23,8 @@ from typing import Any, Optional
 from vitlab.checkpoints.io import CheckpointError, Imported, expected_shapes, guessed_preprocessing, head_names
 from vitlab.checkpoints.peers import HF_PREPROCESSING
 from vitlab.checkpoints.tables import Rule, check_carried, config_json, copy, export_state, failing, fused, import_state, read_tensors, refuse
-from vitlab.config import ViTConfig
+from vitlab.config import ConfigError, ViTConfig
+from vitlab.config.fields import check_type
 from vitlab.config.model import as_pair
 from vitlab.files import replace_folder
 from vitlab.files.documents import read_json
@@ -114,22 +115,19 @@ def _classic_name(k: str) -> str:
 
 
 _MISSING = object()
-_KINDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "an object"}
 
 
 def field(c: dict[str, Any], key: str, kind: type, source: str, default: Any = _MISSING) -> Any:
-    """config.json's `key`, which must be of `kind` (JSON's numbers: an int is also a float)."""
+    """config.json's `key`, which must be of `kind` (the one check of a typed setting,
+    config.fields.check_type: JSON's numbers as numbers, 2 as 2.0 for a float)."""
     if key not in c:
         if default is _MISSING:
             raise CheckpointError(f"{source}: config.json has no {key!r}; a ViT config needs it")
         return default
-    value = c[key]
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        ok, value = True, float(value)
-    if not ok:
-        raise CheckpointError(f"{source}: config.json has {key}={value!r}, which is not {_KINDS[kind]}")
-    return value
+    try:
+        return check_type(c[key], kind, key)
+    except ConfigError as e:
+        raise CheckpointError(f"{source}: in config.json, {e}") from None
 
 
 def infer_config(c: dict[str, Any], state: dict, source: str) -> tuple[ViTConfig, Optional[list[str]]]:

@@ -46,6 +46,7 @@ from vitlab.checkpoints.tables import (
     resnet_rules,
     square_grid,
     transposed,
+    zip_names,
 )
 from vitlab.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.files import atomic_write
@@ -129,13 +130,7 @@ def _kernel(ours: str, theirs: str) -> Rule:
 # Reading --------------------------------------------------------------------------------
 def detect(path: Path) -> bool:
     """A zip archive of .npy arrays (whatever the file is called)."""
-    if not path.is_file() or not zipfile.is_zipfile(path):
-        return False
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-    except (OSError, zipfile.BadZipFile):
-        return False
+    names = zip_names(path) if path.is_file() else []
     return bool(names) and all(n.endswith(".npy") for n in names)
 
 

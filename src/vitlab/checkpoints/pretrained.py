@@ -89,35 +89,28 @@ def _paper() -> list[Pretrained]:
     return out
 
 
-# AugReg files: model -> (timm model stem, {kind: file name}); file names as published.
+# AugReg files: model -> (timm model stem, the 21k run's file, the fine-tunes' learning rate,
+# the resolutions fine-tuned from that run); file names as published.
 _I21K = "i21k-300ep-lr_0.001-"
+_FT = "--imagenet2012-steps_20k-lr_{}-res_{}"  # a fine-tune's file: the 21k run's, then this
 _AUGREG = {
-    "ViT-Ti/16": ("vit_tiny_patch16", "Ti_16-" + _I21K + "aug_none-wd_0.03-do_0.0-sd_0.0", {
-        "ft224": "--imagenet2012-steps_20k-lr_0.03-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.03-res_384"}),
-    "ViT-S/16": ("vit_small_patch16", "S_16-" + _I21K + "aug_light1-wd_0.03-do_0.0-sd_0.0", {
-        "ft224": "--imagenet2012-steps_20k-lr_0.03-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.03-res_384"}),
-    "ViT-S/32": ("vit_small_patch32", "S_32-" + _I21K + "aug_light1-wd_0.03-do_0.0-sd_0.0", {
-        "ft224": "--imagenet2012-steps_20k-lr_0.03-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.03-res_384"}),
-    "ViT-B/8": ("vit_base_patch8", "B_8-" + _I21K + "aug_medium1-wd_0.1-do_0.0-sd_0.0", {
-        "ft224": "--imagenet2012-steps_20k-lr_0.01-res_224"}),
-    "ViT-B/16": ("vit_base_patch16", "B_16-" + _I21K + "aug_medium1-wd_0.1-do_0.0-sd_0.0", {
-        "ft224": "--imagenet2012-steps_20k-lr_0.01-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.01-res_384"}),
-    "ViT-B/32": ("vit_base_patch32", "B_32-" + _I21K + "aug_medium1-wd_0.03-do_0.0-sd_0.0", {
-        "ft224": "--imagenet2012-steps_20k-lr_0.03-res_224"}),
-    "ViT-L/16": ("vit_large_patch16", "L_16-" + _I21K + "aug_medium1-wd_0.1-do_0.1-sd_0.1", {
-        "ft224": "--imagenet2012-steps_20k-lr_0.01-res_224", "ft384": "--imagenet2012-steps_20k-lr_0.01-res_384"}),
-    "R26+ViT-S/32": ("vit_small_r26_s32", "R26_S_32-" + _I21K + "aug_medium2-wd_0.03-do_0.0-sd_0.0", {
-        "ft384": "--imagenet2012-steps_20k-lr_0.03-res_384"}),
-    "R50+ViT-L/32": ("vit_large_r50_s32", "R50_L_32-" + _I21K + "aug_medium2-wd_0.1-do_0.0-sd_0.0", {
-        "ft384": "--imagenet2012-steps_20k-lr_0.01-res_384"}),
+    "ViT-Ti/16": ("vit_tiny_patch16", "Ti_16-" + _I21K + "aug_none-wd_0.03-do_0.0-sd_0.0", "0.03", (224, 384)),
+    "ViT-S/16": ("vit_small_patch16", "S_16-" + _I21K + "aug_light1-wd_0.03-do_0.0-sd_0.0", "0.03", (224, 384)),
+    "ViT-S/32": ("vit_small_patch32", "S_32-" + _I21K + "aug_light1-wd_0.03-do_0.0-sd_0.0", "0.03", (224, 384)),
+    "ViT-B/8": ("vit_base_patch8", "B_8-" + _I21K + "aug_medium1-wd_0.1-do_0.0-sd_0.0", "0.01", (224,)),
+    "ViT-B/16": ("vit_base_patch16", "B_16-" + _I21K + "aug_medium1-wd_0.1-do_0.0-sd_0.0", "0.01", (224, 384)),
+    "ViT-B/32": ("vit_base_patch32", "B_32-" + _I21K + "aug_medium1-wd_0.03-do_0.0-sd_0.0", "0.03", (224,)),
+    "ViT-L/16": ("vit_large_patch16", "L_16-" + _I21K + "aug_medium1-wd_0.1-do_0.1-sd_0.1", "0.01", (224, 384)),
+    "R26+ViT-S/32": ("vit_small_r26_s32", "R26_S_32-" + _I21K + "aug_medium2-wd_0.03-do_0.0-sd_0.0", "0.03", (384,)),
+    "R50+ViT-L/32": ("vit_large_r50_s32", "R50_L_32-" + _I21K + "aug_medium2-wd_0.1-do_0.0-sd_0.0", "0.01", (384,)),
 }
 # Fine-tunes whose pre-training run differs from the 21k checkpoint published for the model.
-_AUGREG_OTHER = {("ViT-B/32", "ft384"): "B_32-" + _I21K + "aug_light1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384",
-                 ("R26+ViT-S/32", "ft224"): "R26_S_32-" + _I21K + "aug_light0-wd_0.03-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.03-res_224",
-                 ("R50+ViT-L/32", "ft224"): "R50_L_32-" + _I21K + "aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224"}
-_AUGREG_IN1K = {"ViT-S/16": "S_16-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224",
-                "ViT-B/16": "B_16-i1k-300ep-lr_0.001-aug_strong2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224",
-                "ViT-B/32": "B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224"}
+_AUGREG_OTHER = {("ViT-B/32", 384): "B_32-" + _I21K + "aug_light1-wd_0.1-do_0.0-sd_0.0" + _FT.format("0.03", 384),
+                 ("R26+ViT-S/32", 224): "R26_S_32-" + _I21K + "aug_light0-wd_0.03-do_0.1-sd_0.1" + _FT.format("0.03", 224),
+                 ("R50+ViT-L/32", 224): "R50_L_32-" + _I21K + "aug_medium1-wd_0.1-do_0.1-sd_0.1" + _FT.format("0.01", 224)}
+_AUGREG_IN1K = {"ViT-S/16": "S_16-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0" + _FT.format("0.01", 224),
+                "ViT-B/16": "B_16-i1k-300ep-lr_0.001-aug_strong2-wd_0.1-do_0.1-sd_0.1" + _FT.format("0.01", 224),
+                "ViT-B/32": "B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1" + _FT.format("0.01", 224)}
 
 
 _TIMM_AUGREG: dict[str, Any] = {"crop_mode": "center", "interpolation": "bicubic"}
@@ -125,11 +118,11 @@ _TIMM_AUGREG: dict[str, Any] = {"crop_mode": "center", "interpolation": "bicubic
 
 def _augreg() -> list[Pretrained]:
     out = []
-    for model, (timm_stem, stem, fts) in _AUGREG.items():
+    for model, (timm_stem, stem, lr, resolutions) in _AUGREG.items():
         out.append(Pretrained(f"{model}:augreg-in21k", model, f"augreg/{stem}.npz", 224, 21843, IN21K,
                               timm_name=f"{timm_stem}_224.augreg_in21k", crop_pct=0.9, **_TIMM_AUGREG))
-        for kind, res in (("ft224", 224), ("ft384", 384)):
-            file = (stem + fts[kind]) if kind in fts else _AUGREG_OTHER.get((model, kind))
+        for res in (224, 384):
+            file = stem + _FT.format(lr, res) if res in resolutions else _AUGREG_OTHER.get((model, res))
             if file is None:
                 continue
             suffix = "" if res == 224 else "-384"

@@ -265,14 +265,11 @@ OFF_WHEN_ZERO = ("steps", "epochs", "label_smoothing", "mixup", "cutmix", "ema",
 
 def _hyperparameters(facts: dict[str, Any]) -> list[str]:
     config = facts.get("config") or {}
+    other_optimiser = "betas" if (config.get("optim") or {}).get("name") == "sgd" else "momentum"  # SGD has momentum, AdamW betas
     rows = []
     for section, key, label in HYPERPARAMETERS:
         value = (config.get(section) or {}).get(key)
-        if value is None or value == "" or (key in OFF_WHEN_ZERO and not value):
-            continue
-        if section == "optim" and config.get("optim", {}).get("name") != "sgd" and key == "momentum":
-            continue  # AdamW has betas, not momentum
-        if section == "optim" and config.get("optim", {}).get("name") == "sgd" and key == "betas":
+        if value is None or value == "" or (key in OFF_WHEN_ZERO and not value) or (section, key) == ("optim", other_optimiser):
             continue
         rows.append([label, value])
     if not rows:

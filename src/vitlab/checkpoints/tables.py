@@ -230,7 +230,8 @@ def peek_keys(path: Path) -> Optional[set[str]]:
     """The tensor names of a state-dict file, or None when it is not one (for detection)."""
     if not path.is_file():
         return None
-    if path.suffix not in STATE_SUFFIXES and not _is_torch_zip(path):
+    # torch.save's zip layout (a `data.pkl` member) for a file without a telling suffix
+    if path.suffix not in STATE_SUFFIXES and not any(n.endswith("/data.pkl") or n == "data.pkl" for n in zip_names(path)):
         return None
     if path.suffix == ".safetensors":
         from safetensors import safe_open
@@ -264,15 +265,16 @@ def what_it_is(keys: Optional[set[str]]) -> Optional[str]:
     return None
 
 
-def _is_torch_zip(path: Path) -> bool:
-    """torch.save's zip layout (a `data.pkl` member), for files without a telling suffix."""
+def zip_names(path: Path) -> list[str]:
+    """The member names of a zip archive (an .npz, torch.save's layout), or none for a file
+    that is not one."""
     import zipfile
 
     try:
         with zipfile.ZipFile(path) as z:
-            return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
+            return z.namelist()
     except (OSError, zipfile.BadZipFile):
-        return False
+        return []
 
 
 def write_tensors(path: str | os.PathLike, state: dict[str, Tensor], metadata: dict[str, str]) -> None:
@@ -360,7 +362,6 @@ COMPUTE_FIELDS = ("image_size", "patch_size", "in_channels", "hidden_size", "dep
                   "num_classes", "classifier", "pos_embed", "representation_size", "gelu", "layer_norm_eps",
                   "qkv_bias", "resnet")
 # Settings around the network: how images are prepared, how position embeddings follow a new size.
-PREPARE_FIELDS = ("mean", "std", "crop_fraction", "resize_mode", "dynamic_image_size")
 IMAGE_FIELDS = ("mean", "std", "crop_fraction")  # image preprocessing
 RESAMPLE_FIELDS = ("resize_mode", "dynamic_image_size")  # position-embedding resampling (§3.2)
 
@@ -371,15 +372,12 @@ def _short(v: object) -> str:
     return repr(v)
 
 
-def lost_settings(ours: ViTConfig, back: ViTConfig, named: Sequence[str] = ()) -> tuple[list[str], list[str]]:
-    """(settings of the network, settings around it) that a reader of the written file gets
-    wrong: "num_heads=2 reads back as 1". Fields already named in `named` (a format's own
-    refusals) are not repeated."""
-    def differ(fields: Sequence[str]) -> list[str]:
-        return [f"{f}={_short(getattr(ours, f))} reads back as {_short(getattr(back, f))}"
-                for f in fields if getattr(ours, f) != getattr(back, f) and not any(re.search(rf"\b{f}\b", n, re.I) for n in named)]
-
-    return differ(COMPUTE_FIELDS), differ(PREPARE_FIELDS)
+def lost_settings(ours: ViTConfig, back: ViTConfig, named: Sequence[str] = ()) -> list[str]:
+    """The settings of the network that a reader of the written file gets wrong: "num_heads=2
+    reads back as 1". Fields already named in `named` (a format's own refusals) are not
+    repeated; the settings around the network are around_the_network's."""
+    return [f"{f}={_short(getattr(ours, f))} reads back as {_short(getattr(back, f))}"
+            for f in COMPUTE_FIELDS if getattr(ours, f) != getattr(back, f) and not any(re.search(rf"\b{f}\b", n, re.I) for n in named)]
 
 
 def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_change: bool,
@@ -388,7 +386,7 @@ def check_carried(target: str, ours: ViTConfig, back: ViTConfig, allow_numerics_
     own numerics changes (`numerics`, from its check_writable) and the settings the file
     cannot carry (`back` is the config a reader infers from what is written). Allowed, each
     is said in a warning; settings around the network are said where they change results."""
-    compute, _ = lost_settings(ours, back, numerics)
+    compute = lost_settings(ours, back, numerics)
     if (numerics or compute) and not allow_numerics_change:
         parts = ([f"computes differently: {'; '.join(numerics)}"] if numerics else []) + \
             ([f"cannot carry {'; '.join(compute)} (a reader would build another model)"] if compute else [])
@@ -407,7 +405,7 @@ def around_the_network(target: str, ours: ViTConfig, back: ViTConfig) -> list[st
     position-embedding resampling, which matters only for a model that resamples on every
     forward (dynamic_image_size=True); at the trained size no resampling happens, and a
     reader fine-tuning at another size picks its own interpolation anyway."""
-    lost = {f for f in PREPARE_FIELDS if getattr(ours, f) != getattr(back, f)}
+    lost = {f for f in IMAGE_FIELDS + RESAMPLE_FIELDS if getattr(ours, f) != getattr(back, f)}
     lines = []
     image = [f"{f}={_short(getattr(ours, f))}" for f in IMAGE_FIELDS if f in lost]
     if image:

@@ -244,15 +244,22 @@ def add_feature_arguments(p, train_help: str, test_help: str, draws: bool = Fals
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
-def print_result(args, result: dict) -> bool:
-    """Write the result to --out when asked; print it as JSON and return True with --json."""
+def print_result(args, result: dict, title: str, print_table: Callable[[Any, dict], None]) -> None:
+    """Write the result to --out when asked; print it as JSON with --json, else as the
+    command's table (`title`, the model and the data, then `print_table(args, result)`)
+    followed by where --out went."""
     if args.out:
         from vitlab.files import atomic_write_text  # an old file is replaced only by a complete new one
 
         atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result, indent=2))
-    return bool(args.json)
+        return
+    what = "random init" if args.random_init is not None else args.checkpoint
+    print(f"{title}  {result['model']} ({what})  on {args.data}")
+    print_table(args, result)
+    if args.out:
+        print(f"wrote {args.out}")
 
 
 def feature_model(args):

@@ -51,13 +51,9 @@ def _target(args) -> str:
 
     from vitlab.cli import UsageError
 
-    if args.to:
-        return args.to
-    suffix = Path(args.dst).suffix
-    if suffix == ".npz":
-        return "npz"
-    if suffix == ".safetensors":
-        return "vitlab"
+    target = args.to or {".npz": "npz", ".safetensors": "vitlab"}.get(Path(args.dst).suffix)
+    if target:
+        return target
     raise UsageError(f"cannot tell the format to write from {args.dst!r}; pass --to ({', '.join(TARGETS)})")
 
 

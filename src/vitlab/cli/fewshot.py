@@ -97,8 +97,7 @@ def run(args) -> int:
                   train_split=args.train_split, test_split=args.test_split, pool_per_class=args.pool or "all",
                   num_train_pool=int(len(tr_y)), weights_sha256=fp,
                   protocol=protocol(args.pool, l2, model.config, args.preprocess))
-    if not print_result(args, result):
-        _print_table(args, model.config.name, result)
+    print_result(args, result, "few-shot linear accuracy", _print_table)
     return 0
 
 
@@ -133,9 +132,7 @@ def _check(args) -> list[int]:
     return shots
 
 
-def _print_table(args, name: str, result: dict) -> None:
-    what = "random init" if args.random_init is not None else args.checkpoint
-    print(f"few-shot linear accuracy  {name} ({what})  on {args.data}")
+def _print_table(args, result: dict) -> None:
     print(f"{result['num_classes']} classes, {result['feature_dim']}-d features, "
           f"test {result['num_test']:,} images, {args.seeds} seed(s), L2: {result['l2']}")
     print(result["protocol"]["summary"])
@@ -145,8 +142,6 @@ def _print_table(args, name: str, result: dict) -> None:
         lam = " ".join(f"2^{_log2(v)}" for v in r["l2"])
         cell = f"{100 * r['mean']:>7.2f} ± {100 * r['std']:<5.2f}%" if len(r["accuracy"]) > 1 else f"{100 * r['mean']:.2f}%"
         print(f"{s:>5}  {cell:>16}  {per:<24}  {lam}")  # one seed: no spread, and the % beside its number
-    if args.out:
-        print(f"wrote {args.out}")
 
 
 def _log2(v: float) -> str:

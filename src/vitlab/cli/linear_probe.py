@@ -39,18 +39,13 @@ def run(args) -> int:
     result = {"checkpoint": args.checkpoint, "model": model.config.name, "random_init": args.random_init, "data": args.data,
               "num_train": int(len(tr_y)), "num_test": int(len(te_y)), "feature_dim": int(tr_x.shape[1]), "logistic": probe,
               "knn": {"k": args.k, "test_accuracy": knn}, "weights_sha256": fp}
-    if not print_result(args, result):
-        _print_table(args, model.config.name, result)
+    print_result(args, result, "linear probe", _print_table)
     return 0
 
 
-def _print_table(args, name: str, result: dict) -> None:
+def _print_table(args, result: dict) -> None:
     probe, knn = result["logistic"], result["knn"]["test_accuracy"]
-    what = "random init" if args.random_init is not None else args.checkpoint
-    print(f"linear probe  {name} ({what})  on {args.data}")
     print(f"train {result['num_train']:,} images, test {result['num_test']:,}, {result['feature_dim']}-d features")
     print(f"logistic regression (C={args.C})  test {100 * probe['test_accuracy']:.2f}%  "
           f"(train {100 * probe['train_accuracy']:.2f}%)")
     print(f"{args.k}-NN (cosine)                 test {100 * knn:.2f}%")
-    if args.out:
-        print(f"wrote {args.out}")

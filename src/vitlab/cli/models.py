@@ -37,38 +37,27 @@ def _cell(value) -> str:
 
 
 def run(args) -> int:
-    if args.pretrained:
-        return _pretrained(args)
-    from vitlab.api import model_table
-    from vitlab.cli import UsageError
-
-    table = model_table(args.image_size, args.num_classes, args.pattern)
-    if not table:
-        raise UsageError(f"no model variant matches {args.pattern!r}; `vitlab models` lists them all")
-    if args.json:
-        print(json.dumps(table, indent=2))
-        return 0
-    head = f"{'model':<14} {'image':>7} {'width':>5} {'depth':>5} {'heads':>5} {'mlp':>5} {'tokens':>6} {'classes':>7} {'params':>13} {'GFLOPs':>8}"
-    print(head)
-    print("-" * len(head))
-    for r in table:
-        print(f"{r['name']:<14} {r['image_size']:>7} {r['width']:>5} {r['depth']:>5} {_cell(r['heads']):>5} "
-              f"{_cell(r['mlp']):>5} {_cell(r['tokens']):>6} {r['classes']:>7} {r['params']:>13,} {r['gflops']:>8.2f}")
-    return 0
-
-
-def _pretrained(args) -> int:
-    from vitlab.api import list_models
+    from vitlab.api import list_models, model_table
     from vitlab.checkpoints.pretrained import pretrained_rows
     from vitlab.cli import UsageError
 
-    table = pretrained_rows(list_models(args.pattern, pretrained=True))
+    if args.pretrained:
+        table, noun, flag = pretrained_rows(list_models(args.pattern, pretrained=True)), "published checkpoint", " --pretrained"
+    else:
+        table, noun, flag = model_table(args.image_size, args.num_classes, args.pattern), "model variant", ""
     if not table:
-        raise UsageError(f"no published checkpoint matches {args.pattern!r}; `vitlab models --pretrained` lists them all")
+        raise UsageError(f"no {noun} matches {args.pattern!r}; `vitlab models{flag}` lists them all")
     if args.json:
         print(json.dumps(table, indent=2))
-        return 0
-    print(f"{'name':<38} {'image':>5} {'classes':>7}  trained on")
-    for r in table:
-        print(f"{r['name']:<38} {r['resolution']:>5} {r['classes']:>7}  {r['dataset']}")
+    elif args.pretrained:
+        print(f"{'name':<38} {'image':>5} {'classes':>7}  trained on")
+        for r in table:
+            print(f"{r['name']:<38} {r['resolution']:>5} {r['classes']:>7}  {r['dataset']}")
+    else:
+        head = f"{'model':<14} {'image':>7} {'width':>5} {'depth':>5} {'heads':>5} {'mlp':>5} {'tokens':>6} {'classes':>7} {'params':>13} {'GFLOPs':>8}"
+        print(head)
+        print("-" * len(head))
+        for r in table:
+            print(f"{r['name']:<14} {r['image_size']:>7} {r['width']:>5} {r['depth']:>5} {_cell(r['heads']):>5} "
+                  f"{_cell(r['mlp']):>5} {_cell(r['tokens']):>6} {r['classes']:>7} {r['params']:>13,} {r['gflops']:>8.2f}")
     return 0

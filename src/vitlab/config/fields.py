@@ -60,7 +60,8 @@ def setting(default: Any = MISSING, *, default_factory: Any = MISSING, **rule: A
 
 
 @lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, Any]:
+    """Each field's type, by name (read once per class)."""
     return typing.get_type_hints(cls)
 
 
@@ -200,10 +201,10 @@ def bounded(count: int, bound: int, label: str, what: str, fix: str) -> int:
 
 def check_fields(obj: Any, section: str = "") -> None:
     """Check (and normalise) every field of a frozen dataclass instance in place."""
-    hints = _hints(type(obj))  # type: ignore[arg-type]  # a class is hashable; mypy's lru_cache check misses it
+    types = hints(type(obj))  # type: ignore[arg-type]  # a class is hashable; mypy's lru_cache check misses it
     for f in fields(obj):
         label = f"{section}.{f.name}" if section else f.name
-        value = check_type(getattr(obj, f.name), hints[f.name], label)
+        value = check_type(getattr(obj, f.name), types[f.name], label)
         rule = f.metadata.get("rule")
         if rule is not None:
             _apply_rule(value, rule, label)
@@ -293,9 +294,17 @@ def from_text(value: Any, hint: Any) -> Any:
 def section_from_text(cls: type, d: Optional[dict[str, Any]], section: str) -> Any:
     """A config section read from text: keys checked, values converted, then built (and checked)."""
     d = check_keys(cls, d or {}, section)
-    hints = _hints(cls)
-    return cls(**{k: from_text(v, hints[k]) for k, v in d.items()})
+    types = hints(cls)
+    return cls(**{k: from_text(v, types[k]) for k, v in d.items()})
 
 
-def field_hint(cls: type, name: str) -> Any:
-    return _hints(cls)[name]
+def plain(value: Any) -> Any:
+    """`value` as YAML and JSON write it: a config dataclass as a dict of its fields, a
+    mapping as a dict, a tuple or list as a list, each inside converted too."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, collections.abc.Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value

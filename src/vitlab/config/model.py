@@ -8,13 +8,12 @@ checked where it is declared (see `fields.py`), whichever way the config is buil
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
-from vitlab.config.fields import ConfigError, check_fields, check_keys, setting
+from vitlab.config.fields import ConfigError, check_fields, check_keys, plain, setting
 
 CLASSIFIERS = ("token", "gap")
 POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "sincos_2d_big_vision", "relative", "none")
@@ -125,7 +124,7 @@ class _StoredConfig:
     """What the model configs share: JSON out, a checked dict in, a checked replace."""
 
     def to_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        return plain(self)  # every tuple a list, a hybrid's resnet a mapping
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -245,15 +244,6 @@ class ViTConfig(_StoredConfig):
         """Width of the representation the head sees (pre-logits if present)."""
         return self.representation_size or self.hidden_size
 
-    # Serialisation -----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["image_size"] = list(self.image_size)
-        d["mean"], d["std"] = list(self.mean), list(self.std)
-        if self.resnet is not None:
-            d["resnet"]["layers"] = list(self.resnet.layers)
-        return d
-
 
 def model_flops(cfg: "ModelConfig") -> float:
     """Multiply-accumulates x 2 of one forward pass of one image (matrix products and
@@ -278,19 +268,25 @@ def model_flops(cfg: "ModelConfig") -> float:
 
 def resnet_flops(r: ResNetConfig, image_size: tuple[int, int], in_channels: int) -> float:
     """Convolution FLOPs of a BiT ResNet (root and bottleneck stages) on one image."""
+    return float(_convolution_flops(image_size, in_channels, 64 * r.width_factor, r.layers))
+
+
+def _convolution_flops(image_size: tuple[int, int], in_channels: int, width: int, layers: tuple[int, ...],
+                       pooled_root: bool = True) -> int:
+    """The FLOPs of a BiT ResNet's root and bottleneck units on one image. The root is a 7x7/2
+    convolution and a 3x3/2 max-pool (`pooled_root`), else one 3x3/1 convolution, `width`
+    channels; stage s has units of middle width `width` x 2^s, and a unit's 3x3 carries its
+    stride (the first of every stage after the first), as in the official code."""
     h, w = image_size
-    h, w = math.ceil(h / 2), math.ceil(w / 2)
-    width = 64 * r.width_factor
-    flops = 2 * h * w * 7 * 7 * in_channels * width
-    h, w = math.ceil(h / 2), math.ceil(w / 2)
-    return float(flops + _units_flops(h, w, width, r.layers, [width * 2**s for s in range(len(r.layers))]))
-
-
-def _units_flops(h: int, w: int, cin: int, layers: tuple[int, ...], mids: Sequence[int]) -> int:
-    """The bottleneck units' FLOPs, on an (h, w) map of `cin` channels: a unit's 3x3 carries
-    its stride (the first of every stage after the first), as in the official code."""
-    flops = 0
-    for s, (units, mid) in enumerate(zip(layers, mids, strict=True)):
+    if pooled_root:
+        h, w = math.ceil(h / 2), math.ceil(w / 2)  # 7x7/2, padding 3
+        flops = 2 * h * w * 49 * in_channels * width
+        h, w = math.ceil(h / 2), math.ceil(w / 2)  # zero pad 1, 3x3/2 max-pool
+    else:
+        flops = 2 * h * w * 9 * in_channels * width
+    cin = width
+    for s, units in enumerate(layers):
+        mid = width * 2**s
         out = 4 * mid
         for u in range(units):
             stride = 2 if (s > 0 and u == 0) else 1
@@ -382,25 +378,11 @@ class BiTConfig(_StoredConfig):
     def stride(self) -> int:
         return (4 if self.stem == "bit" else 1) * 2 ** (len(self.layers) - 1)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k in ("image_size", "layers", "mean", "std"):
-            d[k] = list(d[k])
-        return d
-
 
 def bit_flops(cfg: BiTConfig) -> float:
     """Convolution and head FLOPs of a BiT ResNet on one image (the 3x3 of a unit carries its
     stride, as in the official code)."""
-    h, w = cfg.image_size
-    width = cfg.root_width
-    if cfg.stem == "bit":
-        h, w = math.ceil(h / 2), math.ceil(w / 2)  # 7x7/2, padding 3
-        flops = 2 * h * w * 49 * cfg.in_channels * width
-        h, w = math.ceil(h / 2), math.ceil(w / 2)  # zero pad 1, 3x3/2 max-pool
-    else:
-        flops = 2 * h * w * 9 * cfg.in_channels * width
-    flops += _units_flops(h, w, width, cfg.layers, cfg.stage_widths)
+    flops = _convolution_flops(cfg.image_size, cfg.in_channels, cfg.root_width, cfg.layers, cfg.stem == "bit")
     if cfg.num_classes:
         flops += 2 * cfg.feature_dim * cfg.num_classes
     return float(flops)

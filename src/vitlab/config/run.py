@@ -20,7 +20,7 @@ import yaml
 
 from vitlab import suggest
 from vitlab.config.device import form_problem
-from vitlab.config.fields import SEED_RANGE, ConfigError, check_fields, check_keys, check_type, field_hint, from_text, section_from_text, setting
+from vitlab.config.fields import SEED_RANGE, ConfigError, check_fields, check_keys, check_type, from_text, hints, plain, section_from_text, setting
 from vitlab.config.model import BiTConfig, ViTConfig, as_pair
 from vitlab.config.mpp import MPPConfig
 from vitlab.config.provenance import DEFAULT, LIBRARY, SECTION as PROVENANCE, Origin, config_file, recipe
@@ -66,7 +66,7 @@ _MODEL_EXTRA = ("name", "checkpoint", *(f.name for f in fields(BiTConfig) if f.n
 
 
 def _model_hint(key: str) -> Any:
-    return field_hint(ViTConfig if key in _VIT_FIELDS else BiTConfig, key)
+    return hints(ViTConfig if key in _VIT_FIELDS else BiTConfig)[key]
 
 
 @dataclass(frozen=True)
@@ -347,20 +347,9 @@ class RunConfig:
         return dataclasses.replace(self, origins={**self.origins, **origins})
 
     def to_dict(self) -> dict[str, Any]:
-        def plain(v: Any) -> Any:
-            if isinstance(v, tuple):
-                return [plain(x) for x in v]
-            if isinstance(v, dict):
-                return {k: plain(x) for k, x in v.items()}
-            if dataclasses.is_dataclass(v) and not isinstance(v, type):  # a hybrid's `model.resnet` change, checked into a ResNetConfig
-                return plain(dataclasses.asdict(v))
-            return v
-
-        out: dict[str, Any] = {"model": plain(self.model.to_dict())}
-        for name, cls in SECTIONS.items():
-            out[name] = {f.name: plain(getattr(getattr(self, name), f.name)) for f in fields(cls)}
-        out["objective"] = plain(self.objective.to_dict())
-        return out
+        # (a hybrid's `model.resnet` change is a ResNetConfig: plain writes it as a mapping)
+        return {"model": plain(self.model.to_dict()), **{name: plain(getattr(self, name)) for name in SECTIONS},
+                "objective": plain(self.objective.to_dict())}
 
     @classmethod
     def from_dict(cls, d: Any, origin: Optional[Origin] = None) -> "RunConfig":

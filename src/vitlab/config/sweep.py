@@ -56,7 +56,6 @@ the first layer; `[-1]`, the last).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -65,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Optional
 
-from vitlab.config.fields import ConfigError, check_fields, check_keys, number, setting
+from vitlab.config.fields import ConfigError, check_fields, check_keys, number, plain, setting
 from vitlab.config.run import RECIPES, read_yaml
 from vitlab.files import UnsafeNameError, check_name
 
@@ -349,15 +348,12 @@ class ReportSpec:
     @classmethod
     def from_dict(cls, d: Any) -> "ReportSpec":
         d = check_keys(cls, d or {}, "report")
-        compare = d.pop("compare", None) or ()
-        if not isinstance(compare, (list, tuple)):
-            raise ConfigError("report.compare: give a list of {axis, a, b, expect} mappings")
-        pairs = tuple(CompareSpec(**check_keys(CompareSpec, c or {}, "report.compare")) for c in compare)
-        slopes = d.pop("slopes", None) or ()
-        if not isinstance(slopes, (list, tuple)):
-            raise ConfigError("report.slopes: give a list of {x, y, by} mappings")
-        lines = tuple(SlopeSpec(**check_keys(SlopeSpec, f or {}, "report.slopes")) for f in slopes)
-        return cls(**d, compare=pairs, slopes=lines)
+        for key, spec, keys in (("compare", CompareSpec, "{axis, a, b, expect}"), ("slopes", SlopeSpec, "{x, y, by}")):
+            given = d.get(key) or ()
+            if not isinstance(given, (list, tuple)):
+                raise ConfigError(f"report.{key}: give a list of {keys} mappings")
+            d[key] = tuple(spec(**check_keys(spec, item or {}, f"report.{key}")) for item in given)
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -428,15 +424,6 @@ class SweepSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as from_dict reads it (a sweep folder keeps it in sweep.json)."""
-        def plain(obj: Any) -> Any:
-            if dataclasses.is_dataclass(obj):
-                return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-            if isinstance(obj, Mapping):
-                return {k: plain(v) for k, v in obj.items()}
-            if isinstance(obj, (list, tuple)):
-                return [plain(v) for v in obj]
-            return obj
-
         d = plain(self)
         d["after"] = {a.pop("name"): a for a in d["after"]}
         return d

@@ -12,6 +12,7 @@ to choose the learning rate (Appendix B.1.1): "dev" and "train-minus-dev".
 
 from __future__ import annotations
 
+import copy
 import gzip
 import os
 import struct
@@ -126,8 +127,6 @@ class ImageDataset(torch.utils.data.Dataset):
 
     def select(self: _D, indices: np.ndarray) -> _D:
         """A view on some of the items (positions in this dataset), sharing the storage."""
-        import copy
-
         view = copy.copy(self)
         view.indices = self.indices[np.asarray(indices)]
         return view
@@ -135,8 +134,6 @@ class ImageDataset(torch.utils.data.Dataset):
     def view(self, transform: Callable, *, seed: int = 0, train: bool = False) -> "ImageDataset":
         """The same items through another transform and augmentation seed, sharing the storage
         (nothing is read again); `train` is the loader's business for a map-style set."""
-        import copy
-
         out = copy.copy(self)
         out.transform, out.seed = transform, seed
         return out

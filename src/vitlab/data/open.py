@@ -179,7 +179,10 @@ def open_dataset(spec: str, split: str, transform: Callable, *, train: bool = Fa
     else:
         dataset = _arrays(spec, name, arg, base, transform, o, common, {} if held is None else held)
     check_classes(spec, dataset.class_names)
-    return _sliced(_dev_part(dataset, spec, split, base, o.dev_fraction), sliced, bounds)
+    # What the data is (`identity`): declared by the spec's name, else recognised from the
+    # training split's class counts, never from its path; the dev split's size follows from it.
+    dataset.identity = by_name(spec) or (recognise(np.bincount(dataset.labels)) if base == "train" else None)
+    return _sliced(dev_part(dataset, split, o.dev_fraction) if split in DEV_SPLITS else dataset, sliced, bounds)
 
 
 def _arrays(spec: str, name: str, arg: str, base: str, transform: Callable, o: DataOptions,
@@ -197,14 +200,6 @@ def _arrays(spec: str, name: str, arg: str, base: str, transform: Callable, o: D
         raise DataError(f"{spec}: {base} labels run from {labels.min()} to {labels.max()}, outside the "
                         f"{len(classes)} classes; the label file is damaged")
     return ds.ArrayDataset(images, labels, classes, transform, **common)
-
-
-def _dev_part(dataset: Any, spec: str, split: str, base: str, explicit: Optional[float]) -> Any:
-    """Say what the data is (`identity`: declared by the spec's name, else recognised from
-    the training split's class counts, never from its path) and carve the dev split, whose
-    size follows from it (identity.py)."""
-    dataset.identity = by_name(spec) or (recognise(np.bincount(dataset.labels)) if base == "train" else None)
-    return dev_part(dataset, split, explicit) if split in DEV_SPLITS else dataset
 
 
 def dev_part(train_set: Any, split: str, explicit: Optional[float]) -> Any:

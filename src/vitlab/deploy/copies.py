@@ -148,15 +148,18 @@ def built_copy(model: VisionTransformer, dtype: torch.dtype, attention: Optional
     return m.to(device, dtype).eval()
 
 
-def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, packed: bool = True) -> Serving:
-    """A copy of `model` in `dtype` (bf16, or fp16 for GPUs) for inference: takes fp32
+def to_reduced(model: VisionTransformer, dtype: torch.dtype = torch.bfloat16, packed: bool = True, measured: bool = True,
+               kind: str = "") -> Serving:
+    """A copy of `model` in `dtype` (bf16, fp32, or fp16 for GPUs) for inference: takes fp32
     images, returns fp32 logits. On the CPU, `packed` (the default) also packs the
-    encoder's Dense layers once and fuses the GELU (see `PackedLinear`)."""
-    m = built_copy(model, dtype, attention=dtype)
-    if packed and dtype == torch.bfloat16 and _packable(m, dtype):  # oneDNN's fp16 wants AVX512-FP16
+    encoder's Dense layers once and fuses the GELU (see `PackedLinear`); `measured`: only the
+    Dense shapes, and the attention kernel, that timed faster so on this machine
+    (`vitlab.deploy.kernels`), else every Dense layer and the fused attention."""
+    m = built_copy(model, dtype, attention=dtype if measured else None)
+    if packed and dtype != torch.float16 and _packable(m, dtype):  # oneDNN's fp16 wants AVX512-FP16
         with torch.no_grad():
-            pack_linears(m, measured=True)
-    return Serving(m, dtype)
+            pack_linears(m, measured=measured)
+    return Serving(m, dtype, kind)
 
 
 def to_bfloat16(model: VisionTransformer, packed: bool = True) -> Serving:
@@ -172,11 +175,7 @@ def to_packed_fp32(model: VisionTransformer) -> Serving:
     """An fp32 inference copy with every Dense layer packed for oneDNN and the GELU fused: the
     same numbers as `model` to float32 rounding, without autograd (on a GPU: a plain copy).
     Its packed layout is for this process: vitlab.save refuses it."""
-    m = built_copy(model, torch.float32)
-    if _packable(m, torch.float32):
-        with torch.no_grad():
-            pack_linears(m)
-    return Serving(m, torch.float32, "fp32-packed")
+    return to_reduced(model, torch.float32, measured=False, kind="fp32-packed")
 
 
 def to_measured_fp32(model: VisionTransformer) -> Serving:
@@ -185,11 +184,7 @@ def to_measured_fp32(model: VisionTransformer) -> Serving:
     kernel, whichever timed faster on this machine (`vitlab.deploy.kernels`: measured once,
     cached per machine). The same numbers as `model` to float32 rounding, without autograd; a
     copy for this process and machine, which vitlab.save refuses."""
-    m = built_copy(model, torch.float32, attention=torch.float32)
-    if _packable(m, torch.float32):
-        with torch.no_grad():
-            pack_linears(m, measured=True)
-    return Serving(m, torch.float32, "fp32-auto")
+    return to_reduced(model, torch.float32, kind="fp32-auto")
 
 
 class Int8Linear(nn.Module):

@@ -42,7 +42,7 @@ from torch import Tensor
 from vitlab.config import ConfigError, ViTConfig
 from vitlab.config.device import cpu_name_and_flags
 from vitlab.deploy import onednn
-from vitlab.files import atomic_write_text, cache_dir
+from vitlab.files import atomic_write_text, cache_dir, read_json
 
 DENSE = ("oneDNN", "F.linear")  # packed weights, bias and activation fused / the model's own F.linear
 ATTENTION = ("fused", "explicit")  # F.scaled_dot_product_attention / matmul, softmax, matmul
@@ -127,34 +127,30 @@ def cache_path() -> Path:
     return cache_dir() / "kernels.json"
 
 
+# The cache's shape (files.documents checks it): per machine key, what the key was made of and
+# the timings, ms per kernel, of each `what`.
+CACHE_SHAPE = {"version": int, "machines": {str: {"machine": dict, "timings": {str: {str: float}}}}}
+
+
 def read_cache(path) -> dict:
     """The cache file's contents, or an empty cache if it is missing, unreadable or not one."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {"version": CACHE_VERSION, "machines": {}}
-    machines = data.get("machines") if isinstance(data, dict) and data.get("version") == CACHE_VERSION else None
-    if not isinstance(machines, dict) or not all(isinstance(v, dict) for v in machines.values()):
-        return {"version": CACHE_VERSION, "machines": {}}
-    return data
+        data = read_json(path, CACHE_SHAPE, "kernel timing cache")
+    except (OSError, ValueError):
+        data = None
+    return data if data and data["version"] == CACHE_VERSION else {"version": CACHE_VERSION, "machines": {}}
 
 
 def cached(path, key: str, what: str) -> Optional[dict[str, float]]:
     """The timings stored for `what` on the machine `key`, or None."""
-    entry = read_cache(path)["machines"].get(key, {}).get("timings", {})
-    ms = entry.get(what) if isinstance(entry, dict) else None
-    if isinstance(ms, dict) and ms and all(isinstance(v, (int, float)) for v in ms.values()):
-        return {str(k): float(v) for k, v in ms.items()}
-    return None
+    ms = read_cache(path)["machines"].get(key, {}).get("timings", {}).get(what)
+    return {k: float(v) for k, v in ms.items()} if ms else None
 
 
 def store(path, key: str, info: Mapping[str, object], what: str, ms: Mapping[str, float]) -> None:
     """Add timings to the cache, atomically; a cache that cannot be written is left alone."""
     data = read_cache(path)
-    entry = data["machines"].get(key)
-    if not isinstance(entry, dict) or not isinstance(entry.get("timings"), dict):
-        entry = data["machines"][key] = {"machine": dict(info), "timings": {}}
-    entry["timings"][what] = dict(ms)
+    data["machines"].setdefault(key, {"machine": dict(info), "timings": {}})["timings"][what] = dict(ms)
     try:
         atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     except OSError:

@@ -146,19 +146,11 @@ def check_name(text: object, what: str = "name", max_bytes: int = MAX_NAME_BYTES
     (read as an option or a home folder) and more than `max_bytes` bytes of UTF-8."""
     if not isinstance(text, str):
         raise UnsafeNameError(f"{what} {text!r}: a name must be text, not {type(text).__name__}")
-    why = None
-    if not text.strip():
-        why = "it is empty"
-    elif text in (".", ".."):
-        why = "it names a folder itself or its parent"
-    elif "/" in text or "\\" in text:
-        why = "it holds a path separator"
-    elif _CONTROL.search(text):
-        why = "it holds a control character"
-    elif text[0] in "-~":
-        why = f"it starts with {text[0]!r}"
-    elif len(text.encode("utf-8", "surrogatepass")) > max_bytes:
-        why = f"it is longer than {max_bytes} bytes"
+    problems = ((not text.strip(), "it is empty"), (text in (".", ".."), "it names a folder itself or its parent"),
+                ("/" in text or "\\" in text, "it holds a path separator"), (_CONTROL.search(text), "it holds a control character"),
+                (text[:1] in ("-", "~"), f"it starts with {text[:1]!r}"),
+                (len(text.encode("utf-8", "surrogatepass")) > max_bytes, f"it is longer than {max_bytes} bytes"))
+    why = next((words for bad, words in problems if bad), None)  # the first that applies, in this order
     if why:
         raise UnsafeNameError(f"{what} {text[:60]!r}: not usable as a file or folder name ({why}); use a short plain name")
     return text

@@ -19,6 +19,7 @@ code and timm; the original ResNet put it on the first 1x1).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ from torch import Tensor, nn
 from vitlab.config import BiTConfig
 from vitlab.models.inputs import as_image_batch
 from vitlab.models.layers import Classifier
-from vitlab.models.resnet import StdConv2d
+from vitlab.models.resnet import StdConv2d, bottleneck_stages
 
 
 def _conv(cfg: BiTConfig, cin: int, cout: int, kernel: int, stride: int = 1) -> StdConv2d:
@@ -89,15 +90,8 @@ class BiTResNet(Classifier, nn.Module):
         self.class_names: Optional[list[str]] = None  # carried into checkpoints
         cfg = config
         self.root = Root(cfg)
-        stages, cin = [], cfg.root_width
-        for s, (units, mid) in enumerate(zip(cfg.layers, cfg.stage_widths, strict=True)):
-            first_stride = 1 if s == 0 else 2  # stage 1 keeps the root's /4
-            stage = []
-            for u in range(units):
-                stage.append(PreActBottleneck(cfg, cin, mid, first_stride if u == 0 else 1))
-                cin = 4 * mid
-            stages.append(nn.Sequential(*stage))
-        self.stages = nn.ModuleList(stages)
+        self.stages = nn.ModuleList(bottleneck_stages(cfg.root_width, cfg.layers, cfg.stage_widths,
+                                                      functools.partial(PreActBottleneck, cfg)))
         self.norm = nn.GroupNorm(cfg.gn_groups, cfg.feature_dim, eps=cfg.gn_eps)  # the pre-head GN
         for m in self.modules():
             if isinstance(m, StdConv2d):

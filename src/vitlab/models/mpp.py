@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from vitlab.config import ConfigError, MPPConfig
 from vitlab.models.vit import VisionTransformer
+from vitlab.pixels import unnormalise
 
 
 # Corruption ------------------------------------------------------------------------------
@@ -62,14 +63,6 @@ def apply_corruption(x: Tensor, sources: Tensor, mask_token: Tensor) -> Tensor:
 
 
 # Targets ---------------------------------------------------------------------------------
-def unnormalise(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
-    """Model input back to pixels in [0, 1]: undo (pixel - mean) / std."""
-    shape = (1, -1, 1, 1)
-    m = torch.tensor(mean, dtype=images.dtype, device=images.device).view(shape)
-    s = torch.tensor(std, dtype=images.dtype, device=images.device).view(shape)
-    return (images * s + m).clamp(0.0, 1.0)
-
-
 def quantise_colors(colors: Tensor, bits: int = 3) -> Tensor:
     """Colours (..., C) in [0, 1] to class indices: q_c = min(floor(c * 2^bits), 2^bits - 1),
     index = sum_c q_c * L^(C-1-c) with L = 2^bits (r*64 + g*8 + b for RGB at 3 bits)."""

@@ -5,6 +5,7 @@ TensorFlow "SAME" padding of the official code, which is asymmetric on strided l
 from __future__ import annotations
 
 import math
+from typing import Callable, Sequence
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -86,6 +87,18 @@ class Bottleneck(nn.Module):
         return F.relu(shortcut + y)
 
 
+def bottleneck_stages(cin: int, layers: Sequence[int], widths: Sequence[int],
+                      unit: Callable[[int, int, int], nn.Module]) -> list[nn.Sequential]:
+    """Stage s of `layers[s]` bottleneck units `unit(cin, mid, stride)` of middle width
+    `widths[s]` (4 x it out); the first unit of every stage after the first halves the map,
+    and stage 1 keeps the root's /4."""
+    stages = []
+    for s, (units, mid) in enumerate(zip(layers, widths, strict=True)):
+        stages.append(nn.Sequential(*(unit(cin if u == 0 else 4 * mid, mid, 2 if s > 0 and u == 0 else 1) for u in range(units))))
+        cin = 4 * mid
+    return stages
+
+
 class ResNetStem(nn.Module):
     """Root (7x7/2 conv, GN, ReLU, 3x3/2 max-pool) and the stages; returns the feature map."""
 
@@ -94,17 +107,10 @@ class ResNetStem(nn.Module):
         width = 64 * cfg.width_factor
         self.root_conv = StdConv2d(in_channels, width, 7, 2, cfg.ws_eps, cfg.ws_mode)
         self.root_gn = nn.GroupNorm(cfg.gn_groups, width, eps=cfg.gn_eps)
-        stages, cin = [], width
-        for s, units in enumerate(cfg.layers):
-            mid = width * 2**s
-            blocks = []
-            for u in range(units):
-                stride = 2 if (s > 0 and u == 0) else 1  # stage 1 keeps the root's /4
-                blocks.append(Bottleneck(cin, mid, stride, cfg))
-                cin = 4 * mid
-            stages.append(nn.Sequential(*blocks))
-        self.stages = nn.Sequential(*stages)
-        self.out_channels = cin
+        widths = [width * 2**s for s in range(len(cfg.layers))]
+        unit = lambda cin, mid, stride: Bottleneck(cin, mid, stride, cfg)  # noqa: E731
+        self.stages = nn.Sequential(*bottleneck_stages(width, cfg.layers, widths, unit))
+        self.out_channels = cfg.out_channels
         for m in self.modules():
             if isinstance(m, StdConv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
