@@ -3,8 +3,11 @@ thread, each step timed by its own CPU time, variants in shuffled rounds).
 
     python benchmarks/train_step_ablation.py gelu --model ViT-S/16 --batch-size 32 --precision bf16-autocast
     python benchmarks/train_step_ablation.py heap --model ViT-S/16 --batch-size 32 --precision fp32
+    python benchmarks/train_step_ablation.py packed --model ViT-S/16 --batch-size 32 --precision bf16-autocast
 
 gelu: the new step against the same step with PyTorch's GELU ($VITLAB_COMPILED_GELU=0 when built).
+packed: the new step against the same step without oneDNN's packed weights ($VITLAB_PACKED_DENSE=0;
+bf16: autocast's own products, fp32: oneDNN's on the plain layout).
 heap: `kept_heap` as `vitlab train` holds it: per round, each variant starts from a heap given
 back (`release_heap`) and runs two consecutive steps, the second timed, with and without it.
 Prints each variant's seconds and page faults per step and the per-round ratios.
@@ -36,24 +39,30 @@ def timed(fn) -> tuple[float, int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("change", choices=("gelu", "heap"))
+    p.add_argument("change", choices=("gelu", "heap", "packed"))
     p.add_argument("--model", default="ViT-S/16")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--precision", default="bf16-autocast", choices=("fp32", "bf16-autocast"))
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--image-size", type=int, help="square images of this size (fine-tuning at 384: 384)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    setting = Setting(get_config(args.model), args.batch_size, "train")
+    cfg = get_config(args.model)
+    if args.image_size:
+        cfg = cfg.replace(image_size=(args.image_size, args.image_size))
+    setting = Setting(cfg, args.batch_size, "train")
     kept_heap = training.kept_heap
     if args.change == "heap":  # the step's own one-step use off: held here across two steps
         training.kept_heap = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
     new = prepare(setting, System("vitlab", args.precision), warmup=1)
     calls = {}
-    if args.change == "gelu":
-        os.environ["VITLAB_COMPILED_GELU"] = "0"
-        eager = prepare(setting, System("vitlab", args.precision), warmup=1)
-        del os.environ["VITLAB_COMPILED_GELU"]
-        calls = {"new step": lambda: timed(new.fn), "PyTorch's GELU": lambda: timed(eager.fn)}
+    if args.change in ("gelu", "packed"):
+        off = {"gelu": ("VITLAB_COMPILED_GELU", "PyTorch's GELU"), "packed": ("VITLAB_PACKED_DENSE", "unpacked weights")}
+        var, name = off[args.change]
+        os.environ[var] = "0"
+        without = prepare(setting, System("vitlab", args.precision), warmup=1)
+        del os.environ[var]
+        calls = {"new step": lambda: timed(new.fn), name: lambda: timed(without.fn)}
     else:
         def steady(on: bool) -> tuple[float, int]:
             training.release_heap()

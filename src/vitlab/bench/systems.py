@@ -120,7 +120,8 @@ def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor, device
     """One AdamW step on cross-entropy, in fp32 or under bf16 (fp16, with loss scaling) autocast,
     on `device` (default: x's device). vitlab's step runs as `vitlab train` runs it (`wrapper`):
     torch's fused AdamW, freed tensors reused (`training.kept_heap`, here per step), the tanh GELU
-    compiled (`training.fast_gelu`) and in fp32 the Dense kernels chosen on this machine
+    compiled (`training.fast_gelu`), the forward products on oneDNN's packed weights (bf16's, and
+    fp32's where oneDNN was chosen) and in fp32 the Dense kernels chosen on this machine
     (`vitlab.deploy.training`); a peer's, and vitlab's with `wrapper=False` (the step before
     issue 51), torch's default AdamW (on the CPU its per-parameter loop) and the model's own ops."""
     if system.precision not in TRAIN_PRECISIONS:
@@ -137,12 +138,15 @@ def training_call(model: nn.Module, system: System, x: Tensor, y: Tensor, device
     shapes = training.chosen_shapes(model) if ours and plain_fp32 else []
     gelu = ours and training.gelu_for_run(None, kind == "cpu" and not (system.compiled or system.checkpointing),
                                            training.gelu_elements(model, len(x)))
+    bf16 = system.precision == "bf16-autocast"
+    packed = ours and training.packed_for_run(None, kind == "cpu" and not (system.compiled or system.checkpointing) and (
+        bf16 or bool(shapes)), training.dense_elements(model, len(x)), torch.bfloat16 if bf16 else torch.float32)
     autocast = _autocast(system.precision, kind)
     scaler = torch.amp.GradScaler(kind, enabled=system.precision == "fp16-autocast")
 
     def step() -> Tensor:
         with training.kept_heap(ours and kind == "cpu", release=False):  # (glibc's own trimming between steps)
-            with autocast, training.dense_kernels(shapes), training.fast_gelu(gelu):
+            with autocast, training.dense_kernels(shapes, packed), training.fast_gelu(gelu):
                 loss = F.cross_entropy(step_model(x), y)
             scaler.scale(loss).backward()
             scaler.step(optimizer)

@@ -102,6 +102,7 @@ class Run:
     start_scores: dict[str, dict[str, Any]] = field(default_factory=dict)  # the probe head's, before step 1
     dense_shapes: list[list[int]] = field(default_factory=list)  # fp32 Dense shapes on oneDNN (deploy.training)
     compiled_gelu: bool = False  # the tanh GELU in one compiled pass (deploy.training.fast_gelu)
+    packed_dense: bool = False  # the forward products on oneDNN's packed weights (deploy.training.dense_kernels)
 
 
 def new_window() -> dict[str, float]:
@@ -267,6 +268,11 @@ class Trainer:
         run.dense_shapes = distributed.broadcast_object(training.shapes_for_run(run.model, saved.meta if saved else None, eager_fp32), ctx)
         run.compiled_gelu = distributed.broadcast_object(training.gelu_for_run(
             saved.meta if saved else None, ctx.device.type == "cpu" and not t.compile, training.gelu_elements(run.model, run.plan.micro)), ctx)
+        eager_onednn = ctx.device.type == "cpu" and not (t.compile or t.grad_checkpointing or ctx.parallel == "fsdp") and (
+            t.precision == "bf16" or bool(run.dense_shapes))
+        run.packed_dense = distributed.broadcast_object(training.packed_for_run(
+            saved.meta if saved else None, eager_onednn, training.dense_elements(run.model, run.plan.micro),
+            torch.bfloat16 if t.precision == "bf16" else torch.float32), ctx)
         if ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self.folder.write_config(self.cfg, self.command)
@@ -348,7 +354,7 @@ class Trainer:
         for i, (x, y) in enumerate(chunks):
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
             with (distributed.no_sync(run.wrapped, skip=i < len(chunks) - 1), torch.autocast(**self._autocast(ctx)),
-                  training.dense_kernels(run.dense_shapes), training.fast_gelu(run.compiled_gelu)):
+                  training.dense_kernels(run.dense_shapes, run.packed_dense), training.fast_gelu(run.compiled_gelu)):
                 loss, metrics = run.step_fn(x, y)
                 share = loss * (y.shape[0] / n)  # the mean over this process's batch, however split
                 (run.scaler.scale(share) if run.scaler else share).backward()
@@ -457,7 +463,7 @@ class Trainer:
         compute = {**run.compute.state_dict(), "cpu_s": done["cpu_s"]}  # CPU-seconds of every process
         extra = {"total_steps": run.plan.total, "train_seconds": seconds, "log_window": partial, "compute": compute,
                  "bad_images": sorted(run.bad_images), "callbacks": run.hooks.state(), "head_probe": run.head_probe, "dense_kernels": run.dense_shapes,
-                 "compiled_gelu": run.compiled_gelu}
+                 "compiled_gelu": run.compiled_gelu, "packed_dense": run.packed_dense}
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
