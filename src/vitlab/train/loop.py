@@ -47,7 +47,7 @@ from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective, evaluation_target
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, TrainingDiverged, eval_batches
+from vitlab.train.report import MetricsLog, Progress, TrainingDiverged, eval_batches, new_window
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 
@@ -103,11 +103,6 @@ class Run:
     dense_shapes: list[list[int]] = field(default_factory=list)  # fp32 Dense shapes on oneDNN (deploy.training)
     compiled_gelu: bool = False  # the tanh GELU in one compiled pass (deploy.training.fast_gelu)
     packed_dense: bool = False  # the forward products on oneDNN's packed weights (deploy.training.dense_kernels)
-
-
-def new_window() -> dict[str, float]:
-    """The running sums of one log window: loss, accuracy and steps, images, start time."""
-    return {"loss": 0.0, "acc": 0.0, "n": 0, "images": 0, "t": time.perf_counter()}
 
 
 class Trainer:

@@ -59,6 +59,12 @@ class MetricsLog:
             tracker.close()
 
 
+def new_window() -> dict[str, float]:
+    """The running sums of one log window (the steps a train record of metrics.jsonl averages):
+    loss, accuracy and steps, images, start time."""
+    return {"loss": 0.0, "acc": 0.0, "n": 0, "images": 0, "t": time.perf_counter()}
+
+
 def summary_splits(results: dict[str, dict[str, Any]], names: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Each evaluated split's metrics as summary.json holds them: the confusion matrix left to
     its figure, the per-class accuracies by class name."""
