@@ -165,18 +165,21 @@ def _ahead(c: dict[str, Any]) -> str:
     return f"{side} ahead by {findings.fmt(abs(c['mean']), m)}{' points' if findings.percent(m) else ''}"
 
 
+def points_away(mean: float, expect: str, margin: float) -> bool:
+    """Whether a mean difference a - b lies on the side the claim denies: below 0 for "higher",
+    above for "lower", outside ±margin for "equal", past the one bound of "no higher" (+margin)
+    or "no lower" (-margin)."""
+    return {"higher": mean < 0, "lower": mean > 0, "equal": abs(mean) > margin,
+            "no higher": mean > margin, "no lower": mean < -margin}[expect]
+
+
 def against(reports: dict[str, dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """The declared claims whose mean points away from the paper (a direction of the other
-    sign, an equal claim's mean outside its margin): (claim, its row)."""
+    """The declared claims whose mean points away from the paper (`points_away`): (claim, its row)."""
     out = []
     for r in reports.values():
         for cl in r["claims"]:
             c = r["comparisons"][cl["row"]] if cl["row"] is not None else None
-            if c is None or c["mean"] is None:
-                continue
-            away = (abs(c["mean"]) > cl["margin"] if cl["expect"] == "equal" else
-                    (c["mean"] < 0) == (cl["expect"] == "higher") and c["mean"] != 0)
-            if away:
+            if c is not None and c["mean"] is not None and points_away(c["mean"], cl["expect"], cl["margin"]):
                 out.append((cl, c))
     return out
 
@@ -186,7 +189,7 @@ def against_text(reports: dict[str, dict[str, Any]]) -> str:
     if not rows:
         return "No declared claim points away from the paper here."
     lines = [f"{len(rows)} declared claim(s) do not reproduce at this scale: their mean difference points away "
-             "from the paper (the other sign, or outside the margin of an equal claim). Nothing here tests why: the "
+             "from the paper (the other sign, outside an equal claim's margin, or past a one-sided claim's). Nothing here tests why: the "
              "regime (hundreds of steps, at most a few epochs, 0.1-0.6 M parameters) is far from the paper's, and "
              "which part of it turns them is not measured."]
     for cl, c in rows:
@@ -286,8 +289,9 @@ def stability_text(root: Path) -> str:
 
 def block(args: str, root: Path, reports: Optional[dict[str, dict[str, Any]]] = None) -> str:
     words = args.split()
-    if words == ["rule"]:
-        return stats.RULE
+    if words == ["rule"]:  # the rule for every kind of claim the page holds
+        reports = page_reports(root) if reports is None else reports
+        return stats.rule([cl["expect"] for r in reports.values() for cl in r["claims"]])
     if words == ["suite", "time"]:
         return suite_table(root)
     if words == ["stability"]:

@@ -12,6 +12,7 @@ import pytest
 
 import paper_evidence as evidence  # noqa: E402  (benchmarks/paper_evidence.py: on sys.path by conftest)
 from vitlab.config import ConfigError
+from vitlab.config.sweep import EXPECT
 from vitlab.sweep import findings, stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ def test_every_committed_sweep_is_evidence_only():
         assert {p.suffix for p in files} <= {".json", ".csv", ".md", ".yaml"}, folder
         assert sum(p.stat().st_size for p in files) < 1_000_000
         report = json.loads((folder / "report.json").read_text())
-        assert report["rule"] == stats.RULE
+        assert report["rule"] == stats.rule([c["expect"] for c in report["comparisons"]])
         for c in report["comparisons"]:  # each verdict follows the rule from its interval and its p_holm
             assert "p_holm" in c and "p_bh" in c and c["family"].startswith(findings.FAMILIES)
             assert c["verdict"] == stats.verdict(c, c["expect"], c["margin"], c["p_holm"])
@@ -215,7 +216,7 @@ def test_a_nan_cell_fails_clearly(tmp_path, capsys):
     from vitlab.cli import main
 
     shutil.copytree(RESULTS / "pos-embed-at", tmp_path / "p")
-    fewshot = tmp_path / "p" / "pos-embed-at-stem_seed-1" / "fewshot.json"
+    fewshot = tmp_path / "p" / "pos-embed-at-stem_seed-25" / "fewshot.json"
     d = json.loads(fewshot.read_text())
     d["shots"]["5"]["mean"] = float("nan")
     fewshot.write_text(json.dumps(d))
@@ -235,6 +236,15 @@ def test_the_readme_findings_row_is_generated_from_the_evidence():
     row = next(line for line in readme.splitlines() if line.startswith(evidence.README_ROW))
     for cl, c in evidence.against(reports):  # a claim pointing away is named with the side ahead, never a signed gain
         assert cl["claim"] in row and evidence._ahead(c) in row
+
+
+@pytest.mark.parametrize("expect", EXPECT)
+def test_a_claim_points_away_only_past_what_it_allows(expect):
+    """Every kind of claim has its side: a one-sided margined claim ("no higher": a - b < +m)
+    is not against the paper at a mean inside its margin, only past it."""
+    inside, past = {"higher": (0.3, -0.3), "lower": (-0.3, 0.3), "equal": (0.5, -1.5),
+                    "no higher": (0.8, 1.2), "no lower": (-0.8, -1.2)}[expect]
+    assert not evidence.points_away(inside, expect, 1.0) and evidence.points_away(past, expect, 1.0)
 
 
 def test_no_hand_written_sentence_contradicts_the_evidence():

@@ -24,20 +24,16 @@ def class_metrics(confusion: list[list[int]] | Tensor) -> dict[str, Any]:
     predicted has precision 0 (nothing it predicted was right, because nothing was)."""
     c = torch.as_tensor(confusion, dtype=torch.float64)
     right, predicted, actual = c.diagonal(), c.sum(0), c.sum(1)
-    precision: list[Optional[float]] = []
-    recall: list[Optional[float]] = []
-    f1: list[Optional[float]] = []
-    for k in range(c.shape[0]):
+
+    def scores(k: int) -> tuple[Optional[float], Optional[float], Optional[float]]:  # class k's (precision, recall, F1)
         if actual[k] == 0:
-            precision.append(None if predicted[k] == 0 else 0.0)
-            recall.append(None)
-            f1.append(None)
-            continue
+            return None if predicted[k] == 0 else 0.0, None, None
         p = float(right[k] / predicted[k]) if predicted[k] > 0 else 0.0
         r = float(right[k] / actual[k])
-        precision.append(p)
-        recall.append(r)
-        f1.append(2 * p * r / (p + r) if p + r > 0 else 0.0)
+        return p, r, 2 * p * r / (p + r) if p + r > 0 else 0.0
+
+    per_class = [scores(k) for k in range(c.shape[0])]
+    precision, recall, f1 = ([s[i] for s in per_class] for i in range(3))
     present = [k for k in range(c.shape[0]) if actual[k] > 0]
 
     def macro(values: list[Optional[float]]) -> float:

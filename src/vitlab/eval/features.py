@@ -101,32 +101,23 @@ def extract_features(
     model.eval()
     device = next(model.parameters()).device
     dataset = foreign.wrap(dataset, transform or preprocessing(model))
-    labels_known = _dataset_labels(dataset)
-    items: Iterable
-    if labels_known is not None and (max_per_class or limit):
-        keep = chosen(labels_known, max_per_class, limit)  # from the labels first: skipped images are never decoded
-        items = (dataset[i] for i in keep)
-        if workers:
-            items = iter(Loader(torch.utils.data.Subset(dataset, keep), batch_size=None, num_workers=workers))
-    elif workers:
-        items = iter(Loader(dataset, batch_size=None, num_workers=workers))
-    else:
-        items = iterate(dataset)
+    labels_known, source = _dataset_labels(dataset), dataset
+    if labels_known is not None and (max_per_class or limit):  # from the labels first: skipped images are never decoded
+        source = torch.utils.data.Subset(dataset, chosen(labels_known, max_per_class, limit))
+    items = iter(Loader(source, batch_size=None, num_workers=workers)) if workers else iterate(source)
 
     feats: list[np.ndarray] = []
     labels: list[Any] = []
-    xs: list[torch.Tensor] = []
-    ys: list[Any] = []
+    batch: list[tuple[torch.Tensor, int]] = []
     counts: dict[int, int] = {}
 
     def flush() -> None:
-        x = torch.stack(xs).to(device)
+        x = torch.stack([x for x, _ in batch]).to(device)
         net: Any = model  # a vitlab model (forward_features, forward_head); eval knows no model class
         f = net.forward_head(net.forward_features(x), pre_logits=True)
         feats.append(f.float().cpu().numpy())
-        labels.extend(ys)
-        xs.clear()
-        ys.clear()
+        labels.extend(y for _, y in batch)
+        batch.clear()
         if progress:
             progress(len(labels))
 
@@ -138,15 +129,14 @@ def extract_features(
                 continue
             counts[y] = counts.get(y, 0) + 1
             full += counts[y] == max_per_class
-        xs.append(x)
-        ys.append(y)
-        if len(xs) == batch_size:
+        batch.append((x, y))
+        if len(batch) == batch_size:
             flush()
-        if limit and len(labels) + len(xs) >= limit:
+        if limit and len(labels) + len(batch) >= limit:
             break
         if num_classes and max_per_class and full >= num_classes:
             break  # a stream: every class is full, stop reading
-    if xs:
+    if batch:
         flush()
     if not labels:
         raise ValueError("the dataset yielded no images")

@@ -97,30 +97,25 @@ def compare_at(spec: SweepSpec, c: CompareSpec, rows: list[dict[str, Any]]) -> l
     interpolated in log10(at) along `c.along`; one comparison per value of along (a's)."""
     pair_by = spec.report.pair_by
     others = [a for a in spec.grid if a not in (pair_by, c.axis, c.along)]
-    b_rows: dict[tuple, list[dict[str, Any]]] = {}
-    a_rows: dict[tuple, dict[str, dict[str, Any]]] = {}
+    b_rows: dict[tuple, list[tuple[float, dict[str, Any]]]] = {}  # each row with its log10(at)
+    a_rows: dict[tuple, dict[str, tuple[float, dict[str, Any]]]] = {}
     for row in _done(rows):
         x = value(row, c.at)
         if x is None or x <= 0 or not all(str(row.get(k)) == str(v) for k, v in c.where.items()):
             continue
         side, context, seed = _side(row, c), _context(row, others), str(row.get(pair_by))
         if side == "b":
-            b_rows.setdefault((context, seed), []).append(row)
+            b_rows.setdefault((context, seed), []).append((math.log10(x), row))
         elif side == "a":
-            a_rows.setdefault((context, str(row.get(c.along))), {})[seed] = row
-    def log_at(row: dict[str, Any]) -> float:
-        x = value(row, c.at)
-        assert x is not None and x > 0  # the rows kept above
-        return math.log10(x)
-
+            a_rows.setdefault((context, str(row.get(c.along))), {})[seed] = (math.log10(x), row)
     out = []
     for (context, where), by_seed in a_rows.items():
         for metric in c.metrics or spec.report.metrics:
             a, b = {}, {}
-            for seed, row in by_seed.items():
-                curve = [(log_at(r), y) for r in b_rows.get((context, seed), []) if (y := value(r, metric)) is not None]
+            for seed, (log_at, row) in by_seed.items():
+                curve = [(log_x, y) for log_x, r in b_rows.get((context, seed), []) if (y := value(r, metric)) is not None]
                 ya = value(row, metric)
-                yb = stats.interpolate(curve, log_at(row))
+                yb = stats.interpolate(curve, log_at)
                 if ya is not None and yb is not None:
                     a[seed], b[seed] = ya, yb
             if a:

@@ -133,11 +133,9 @@ def describe(values: Sequence[float], level: float = LEVEL,
     mean of values inside one cannot leave it (three seeds at 99.9, 100, 93 otherwise read
     "[65, 121]%")."""
     n = len(values)
-    if n == 0:
-        return {"n": 0, "mean": None, "std": None, "lo": None, "hi": None}
-    mean, std = mean_std(values)
-    if std is None:
-        return {"n": 1, "mean": mean, "std": None, "lo": None, "hi": None}
+    mean, std = mean_std(values) if n else (None, None)
+    if mean is None or std is None:  # fewer than 2 values: no spread, no interval
+        return {"n": n, "mean": mean, "std": None, "lo": None, "hi": None}
     half = t_ppf(0.5 + level / 2.0, n - 1) * std / math.sqrt(n)
     lo, hi = mean - half, mean + half
     if bounds is not None:

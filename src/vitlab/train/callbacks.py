@@ -18,8 +18,9 @@ The events, in the order a run meets them:
 
 A callback stops the run with `trainer.request_stop(reason)`: the trainer writes a
 checkpoint at that step and evaluates as at the end. State a callback must keep across an
-interruption goes in `state_dict()` / `load_state_dict()`: it is saved in every checkpoint
-and restored on resume, so a resumed run decides exactly as an uninterrupted one.
+interruption goes in `state_dict()` / `load_state_dict()` (by default the attributes its
+`resume_state` names): it is saved in every checkpoint and restored on resume, so a resumed run
+decides exactly as an uninterrupted one.
 
 From the config: `train.early_stop.metric=dev.top1 train.early_stop.patience=5` (stop after
 5 evaluations without improvement) and `train.keep_best=dev.top1` (best.safetensors). A
@@ -42,9 +43,12 @@ BEST_FILE = "best.safetensors"
 
 
 class Callback:
-    """The interface; every method is optional. `name` keys the state saved in checkpoints."""
+    """The interface; every method is optional. `name` keys the state saved in checkpoints;
+    `resume_state` names the attributes that state is (saved and restored as they are: JSON
+    values)."""
 
     name = "callback"
+    resume_state: tuple[str, ...] = ()
 
     def on_log(self, trainer: Any, run: Any, step: int, record: dict[str, Any]) -> None:
         pass
@@ -59,10 +63,12 @@ class Callback:
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return {k: getattr(self, k) for k in self.resume_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        for k in self.resume_state:
+            if k in state:  # (a key missing from an older checkpoint keeps its start value)
+                setattr(self, k, state[k])
 
 
 def lookup(results: dict[str, dict[str, Any]], metric: str, who: str) -> float:
@@ -91,6 +97,7 @@ class EarlyStopping(Callback):
     `min_delta` in `metric` (evaluations every train.eval_every steps)."""
 
     name = "early_stop"
+    resume_state = ("best", "best_step", "bad", "stopped")
 
     def __init__(self, metric: str, patience: int, min_delta: float = 0.0, mode: str = "auto"):
         self.metric, self.patience, self.min_delta = metric, patience, min_delta
@@ -115,13 +122,6 @@ class EarlyStopping(Callback):
         return {"early_stop": {"metric": self.metric, "patience": self.patience, "best": self.best,
                                "best_step": self.best_step, "stopped_at": self.stopped}}
 
-    def state_dict(self):
-        return {"best": self.best, "best_step": self.best_step, "bad": self.bad, "stopped": self.stopped}
-
-    def load_state_dict(self, state):
-        self.best, self.best_step = state.get("best"), int(state.get("best_step", 0))
-        self.bad, self.stopped = int(state.get("bad", 0)), state.get("stopped")
-
 
 class KeepBest(Callback):
     """Write checkpoints/best.safetensors (vitlab's model format; the EMA weights when
@@ -129,6 +129,7 @@ class KeepBest(Callback):
     value and that evaluation's metrics of every split in summary.json under `best`."""
 
     name = "keep_best"
+    resume_state = ("best", "step", "splits")
 
     def __init__(self, metric: str, mode: str = "auto"):
         self.metric, self.mode = metric, resolve_mode(metric, mode)
@@ -160,12 +161,6 @@ class KeepBest(Callback):
         return {"best": {"metric": self.metric, "value": self.best, "step": self.step, "checkpoint": str(path),
                          **self.splits}}
 
-    def state_dict(self):
-        return {"best": self.best, "step": self.step, "splits": self.splits}
-
-    def load_state_dict(self, state):
-        self.best, self.step, self.splits = state.get("best"), int(state.get("step", 0)), state.get("splits", {})
-
 
 def from_config(cfg: RunConfig) -> list[Callback]:
     """The callbacks the config asks for (train.early_stop.*, train.keep_best)."""
@@ -191,22 +186,14 @@ class Hooks:
         if twice:
             raise ConfigError(f"two callbacks are named {', '.join(twice)}: give each its own `name`")
 
-    def log(self, step: int, record: dict[str, Any]) -> None:
-        for c in self.callbacks:
-            c.on_log(self.trainer, self.run, step, record)
-
-    def eval(self, step: int, results: dict[str, dict[str, Any]]) -> None:
-        for c in self.callbacks:
-            c.on_eval(self.trainer, self.run, step, results)
-
-    def checkpoint(self, step: int, path: Path) -> None:
-        for c in self.callbacks:
-            c.on_checkpoint(self.trainer, self.run, step, path)
+    def call(self, event: str, step: int, *args: Any) -> list[Any]:
+        """Each callback's `on_EVENT(trainer, run, step, *args)`, in order; what they return."""
+        return [getattr(c, f"on_{event}")(self.trainer, self.run, step, *args) for c in self.callbacks]
 
     def end(self, step: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for c in self.callbacks:
-            out.update(c.on_end(self.trainer, self.run, step) or {})
+        for returned in self.call("end", step):
+            out.update(returned or {})
         return out
 
     def state(self) -> dict[str, Any]:

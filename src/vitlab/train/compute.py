@@ -55,6 +55,8 @@ class ComputeMeter:
     """Running compute totals of one run. `step(images)` after each optimiser step (global
     images, all processes); `summary()` for metrics.jsonl, summary.json and the final print."""
 
+    STATE = ("images", "forward_images", "wall_s", "cpu_s")  # the totals a checkpoint keeps
+
     def __init__(self, config: ModelConfig, device: Any = "cpu", processes: int = 1):
         self.forward_flops = model_flops(config)
         self.processes = processes
@@ -106,14 +108,11 @@ class ComputeMeter:
 
     def state_dict(self) -> dict[str, float]:
         self._advance()
-        return {"images": self.images, "forward_images": self.forward_images, "wall_s": self.wall_s,
-                "cpu_s": self.cpu_s}
+        return {k: getattr(self, k) for k in self.STATE}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        self.images = int(state.get("images", 0))
-        self.forward_images = int(state.get("forward_images", 0))
-        self.wall_s = float(state.get("wall_s", 0.0))
-        self.cpu_s = float(state.get("cpu_s", 0.0))
+        for k in self.STATE:  # each as its own type (counts int, seconds float), 0 when absent
+            setattr(self, k, type(getattr(self, k))(state.get(k, 0)))
 
 
 def _flops_words(flops: float) -> str:

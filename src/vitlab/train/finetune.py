@@ -41,7 +41,6 @@ from vitlab.data import DEV_FRACTIONS, identity
 from vitlab.files import on_disk
 from vitlab.log import get_logger
 from vitlab.train import build, finetune_choice as choice, recipe as recipes
-from vitlab.train.build import architecture
 from vitlab.train.compute import format_compute
 from vitlab.train.finetune_choice import Plan
 from vitlab.train.inputs import Inputs
@@ -51,17 +50,9 @@ LOG = get_logger("train")
 
 # Table 4: fine-tuning steps and the learning-rate grid per dataset.
 TABLE4_STEPS = {"imagenet": 20_000, "cifar10": 10_000, "cifar100": 10_000, "pets": 500, "flowers": 500, "vtab": 2_500}
-TABLE4_LRS = {
-    "imagenet": (0.003, 0.01, 0.03, 0.06),
-    "cifar10": (0.001, 0.003, 0.01, 0.03),
-    "cifar100": (0.001, 0.003, 0.01, 0.03),
-    "pets": (0.001, 0.003, 0.01, 0.03),
-    "flowers": (0.001, 0.003, 0.01, 0.03),
-    "vtab": (0.01,),
-}
-
-
 DEFAULT_GRID = (0.001, 0.003, 0.01, 0.03)  # Table 4's grid for every dataset but ImageNet and VTAB
+TABLE4_LRS = {"imagenet": (0.003, 0.01, 0.03, 0.06), **dict.fromkeys(("cifar10", "cifar100", "pets", "flowers"), DEFAULT_GRID),
+              "vtab": (0.01,)}
 DEFAULT_STEPS = 500  # Table 4's count for its small datasets (Pets, Flowers), for data it does not list
 SMALL_DATA = 20_000  # training sets up to this size get the quick learning-rate sweep by default
 MIN_STEPS_PER_EPOCH = 4  # the batch leaves at least this many steps per epoch (Table 4's Flowers: 2,040 / 512)
@@ -193,13 +184,18 @@ def in_steps(cfg: RunConfig, n_train: int) -> RunConfig:
     return cfg.with_overrides({"train.steps": steps, "train.epochs": 0.0}, PLAN)
 
 
+def check_checkpoint(checkpoint: str) -> None:
+    """Refuse a checkpoint that is neither a file here nor a published name."""
+    if not on_disk(checkpoint) and not is_pretrained_name(checkpoint):
+        raise ConfigError(f"{checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
+
+
 def random_start(checkpoint: str, seed: int, out: Optional[Path | str]) -> str:
     """The control arm of a transfer score (`vitlab finetune CHECKPOINT --random-init SEED`):
     the checkpoint's network at random initialisation (the seed's draw, its weights unread),
     written beside the run folder, so that the same fine-tuning starts from untrained weights
     and a pretraining gain is measured net of what the architecture alone reaches."""
-    if not on_disk(checkpoint) and not is_pretrained_name(checkpoint):
-        raise ConfigError(f"{checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
+    check_checkpoint(checkpoint)
     model, _ = open_checkpoint(checkpoint, random_init=seed)
     run = Path(out) if out else Path("runs") / f"finetune-{Path(checkpoint).stem}-random-init-{seed}"
     path = run.parent / f"{run.name}.random-init-{seed}.safetensors"
@@ -212,8 +208,7 @@ def _check(s: Settings, choose: str) -> None:
     """Refuse, before anything is read, what cannot run or would drop a setting silently."""
     if choose not in choice.CHOICES:
         raise ConfigError(f"--recipe {choose!r}: use one of {', '.join(choice.CHOICES)}")
-    if not on_disk(s.checkpoint) and not is_pretrained_name(s.checkpoint):
-        raise ConfigError(f"{s.checkpoint}: no such checkpoint file (give a file vitlab.load reads, or a published name)")
+    check_checkpoint(s.checkpoint)
     if not s.data:
         raise ConfigError("--data is required: the dataset to fine-tune on (e.g. --data cifar10)")
     if s.table4 is not None and s.table4 not in TABLE4_STEPS:
@@ -254,11 +249,11 @@ def plan(s: Settings, inputs: Inputs) -> Plan:
     threads, threads_note = choice.thread_policy(cfg, s.checkpoint, explicit, inputs)
     if inputs.source_config(s.checkpoint):  # else the recipe's own, as they are
         cfg = cfg.with_overrides(threads, CHECKPOINT)
-    train_set = build.plain_training_set(cfg, architecture(cfg.model, inputs), None, inputs)  # its size and identity
+    train_set = build.plain_training_set(cfg, build.architecture(cfg.model, inputs), None, inputs)  # its size and identity
     row = s.table4 or getattr(train_set, "identity", None)
     if unset and row in TABLE4_STEPS:
         cfg = cfg.with_overrides({"train.steps": TABLE4_STEPS[row]}, PLAN)
-    arch = architecture(cfg.model, inputs)
+    arch = build.architecture(cfg.model, inputs)
     notes = [resolution_note(arch.image_size, "model.image_size" in explicit, own.image_size if own else None)
              + (f"; {grid_note(arch)}" if grid_note(arch) else ""), threads_note]
     out = Path(s.out) if s.out else Path("runs") / f"{Path(s.recipe).stem}-{Path(s.checkpoint).stem}"

@@ -47,7 +47,7 @@ from vitlab.train.compute import ComputeMeter
 from vitlab.train.inputs import Inputs
 from vitlab.train.objectives import Objective, build_objective, evaluation_target
 from vitlab.train.optim import EMA, build_optimizer, lr_at
-from vitlab.train.report import MetricsLog, Progress, TrainingDiverged, eval_batches
+from vitlab.train.report import MetricsLog, Progress, TrainingDiverged, eval_batches, new_window
 from vitlab.train.run_folder import RunFolder
 from vitlab.train.tracking import check as check_trackers, open_trackers
 
@@ -103,11 +103,6 @@ class Run:
     dense_shapes: list[list[int]] = field(default_factory=list)  # fp32 Dense shapes on oneDNN (deploy.training)
     compiled_gelu: bool = False  # the tanh GELU in one compiled pass (deploy.training.fast_gelu)
     packed_dense: bool = False  # the forward products on oneDNN's packed weights (deploy.training.dense_kernels)
-
-
-def new_window() -> dict[str, float]:
-    """The running sums of one log window: loss, accuracy and steps, images, start time."""
-    return {"loss": 0.0, "acc": 0.0, "n": 0, "images": 0, "t": time.perf_counter()}
 
 
 class Trainer:
@@ -273,9 +268,6 @@ class Trainer:
         run.packed_dense = distributed.broadcast_object(training.packed_for_run(
             saved.meta if saved else None, eager_onednn, training.dense_elements(run.model, run.plan.micro),
             torch.bfloat16 if t.precision == "bf16" else torch.float32), ctx)
-        if saved is not None:  # the totals so far; rank 0 carries every process's CPU-seconds
-            done = dict(saved.meta.get("compute", {}))
-            run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
         if ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self.folder.write_config(self.cfg, self.command)
@@ -288,6 +280,8 @@ class Trainer:
             if note:
                 self._say(f"note: {note}")
             run.window.update(saved.meta.get("log_window", {}))
+            done = dict(saved.meta.get("compute", {}))  # the totals so far; rank 0 carries every process's CPU-seconds
+            run.compute.load_state_dict({**done, "cpu_s": done.get("cpu_s", 0.0) if ctx.is_main else 0.0})
             run.bad_images.update(saved.meta.get("bad_images", []))
             run.hooks.load(saved.meta.get("callbacks", {}))
             if run.scaler is not None and "grad_scaler" in saved.meta:
@@ -409,7 +403,7 @@ class Trainer:
                           **{k: compute[k] for k in ("images_seen", "train_flops", "wall_s", "cpu_s", "gpu_s")}}
                 assert run.log is not None  # the main process's
                 run.log.write(record)
-                run.hooks.log(step, record)
+                run.hooks.call("log", step, record)
         if log_now:
             run.window = new_window()
 
@@ -439,7 +433,7 @@ class Trainer:
                 self._log_eval(run, step, split, results[split], final)
         run.objective.train()
         if not final and step:  # (step 0: the start's score, before any callback's first step)
-            run.hooks.eval(step, results)
+            run.hooks.call("eval", step, results)
         return results
 
     def _log_eval(self, run: Run, step: int, split: str, metrics: dict[str, Any], final: bool) -> None:
@@ -468,7 +462,7 @@ class Trainer:
         if run.scaler is not None:
             extra["grad_scaler"] = run.scaler.state_dict()
         run.last_good = state.save_checkpoint(self.folder.checkpoints, step, run, info, extra)
-        run.hooks.checkpoint(step, run.last_good)
+        run.hooks.call("checkpoint", step, run.last_good)
 
     def _compute(self, run: Run) -> dict[str, Any]:
         """The run's compute so far (see train/compute.py); CPU-seconds summed over processes,

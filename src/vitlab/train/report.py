@@ -24,7 +24,6 @@ from vitlab.config.model import grid_note
 from vitlab.files import atomic_write_text
 from vitlab.files.documents import read_json_lines
 from vitlab.log import get_logger
-from vitlab.progress import format_seconds
 from vitlab.run_layout import METRICS
 from vitlab.train.compute import format_compute
 from vitlab.train.tracking import Tracker
@@ -58,6 +57,12 @@ class MetricsLog:
         self.file.close()
         for tracker in self.trackers:
             tracker.close()
+
+
+def new_window() -> dict[str, float]:
+    """The running sums of one log window (the steps a train record of metrics.jsonl averages):
+    loss, accuracy and steps, images, start time."""
+    return {"loss": 0.0, "acc": 0.0, "n": 0, "images": 0, "t": time.perf_counter()}
 
 
 def summary_splits(results: dict[str, dict[str, Any]], names: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -116,7 +121,7 @@ class Progress:
         self.tty = self.shown.tty
 
     def _heartbeat(self, step: int, quiet_for: float) -> str:
-        return f"step {step + 1}/{self.total} running ({format_seconds(quiet_for)} since the last line)"
+        return f"step {step + 1}/{self.total} running ({progress.format_seconds(quiet_for)} since the last line)"
 
     def update(self, step: int, loss: float, lr: float, images_per_s: float, log_line: bool,
                last_loss: Optional[float] = None) -> None:
@@ -137,7 +142,7 @@ class Progress:
             self.shown.n, self.shown.moved = step, time.perf_counter()
             if log_line or self.first or self.shown.quiet_for() >= self.EVERY_S:
                 eta = (time.perf_counter() - self.t0) / max(step - self.start, 1) * (self.total - step)
-                self.shown.write(f"step {step}/{self.total}  {numbers}  ETA {format_seconds(eta)}")
+                self.shown.write(f"step {step}/{self.total}  {numbers}  ETA {progress.format_seconds(eta)}")
         self.first = False
 
     def message(self, text: str) -> None:

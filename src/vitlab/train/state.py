@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 
 from vitlab.checkpoints import io
-from vitlab.checkpoints.io import CheckpointError
 from vitlab.config.fields import is_digits
 from vitlab.files import atomic_write, require_regular_file
 from vitlab.run_layout import EMA, LAST
@@ -121,26 +120,25 @@ def read_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             if meta.get("format") != "vitlab-train-state":
-                raise CheckpointError(f"{path}: not a vitlab training-state file")
+                raise io.CheckpointError(f"{path}: not a vitlab training-state file")
             tensors = {k: f.get_tensor(k) for k in f.keys()}
         return tensors, json.loads(meta["state"])
-    except CheckpointError:
+    except io.CheckpointError:
         raise
     except Exception as e:
-        raise CheckpointError(f"{path}: unreadable training state ({type(e).__name__}: {e})") from None
+        raise io.CheckpointError(f"{path}: unreadable training state ({type(e).__name__}: {e})") from None
 
 
 def link_last(folder: Path, model_file: Path, name: str = LAST) -> None:
     """Point `name` at `model_file` atomically (hard link, or a copy where links fail)."""
-    target = folder / name
-    tmp = folder / f".{name}.{os.getpid()}.tmp"
-    if tmp.exists():
-        tmp.unlink()
-    try:
-        os.link(model_file, tmp)
-    except OSError:
-        shutil.copyfile(model_file, tmp)
-    os.replace(tmp, target)
+    def link(tmp: str) -> None:
+        os.unlink(tmp)  # (atomic_write's empty temporary: a link needs the name free)
+        try:
+            os.link(model_file, tmp)
+        except OSError:
+            shutil.copyfile(model_file, tmp)
+
+    atomic_write(folder / name, link)
 
 
 def complete_steps(folder: Path) -> list[int]:

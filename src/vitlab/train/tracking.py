@@ -27,17 +27,15 @@ from vitlab.extras import require
 from vitlab.files import atomic_write_text
 from vitlab.files.documents import read_json
 
-# name -> (module that must be importable, the pip extra that installs it)
-PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
-TRACKERS = tuple(PACKAGES)
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # each the name of the pip extra that installs it
 
 
 def check(names: list[str]) -> None:
     """Refuse, before anything runs, a tracker that is unknown or not installed."""
     for name in names:
-        if name not in PACKAGES:
+        if name not in TRACKERS:
             raise ConfigError(f"--log {name}: not a tracker; choose from {', '.join(TRACKERS)}")
-        require(PACKAGES[name][1], f"--log {name}", modules=(), error=ConfigError)
+        require(name, f"--log {name}", modules=(), error=ConfigError)
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:

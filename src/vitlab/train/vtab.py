@@ -200,11 +200,12 @@ def run_task(checkpoint: str, task: Task, root: Path, out: Path, s: Settings, tr
     return result
 
 
-def collect(checkpoint: str, root: Path, out: Path, s: Settings, inputs: Inputs) -> dict[str, dict[str, Any]]:
+def collect(checkpoint: str, root: Path, out: Path, s: Settings, inputs: Inputs,
+            tasks: Sequence[Task] = tuple(TASKS.values())) -> dict[str, dict[str, Any]]:
     """Every finished task's result under OUT (whichever job ran it), each checked to be this
-    checkpoint's with these settings (`finished`)."""
+    checkpoint's with these settings (`finished`: one of other work is refused by name)."""
     results: dict[str, dict[str, Any]] = {}
-    for task in TASKS.values():
+    for task in tasks:  # (the checkpoint is hashed only when a task has a result)
         if (out / task.name / "result.json").exists() and (result := finished(task, out, identity(checkpoint, task, root, s, inputs))):
             results[task.name] = result
     return results
@@ -214,14 +215,14 @@ def table_row(results: dict[str, dict[str, Any]], name: str, missing: dict[str, 
     """Table 9's row: per-task top-1, the mean of each group, and the mean over tasks, each
     saying over how many tasks it is taken (`complete` only with all of TASKS)."""
     tasks = {t: (results[t]["top1"] if t in results else None) for t in TASKS}
-    groups = {}
-    for g, n in group_sizes().items():
-        have = [v for t, v in tasks.items() if TASKS[t].group == g and v is not None]
-        groups[g] = {"mean": mean(have) if have else None, "tasks": len(have), "of": n}
-    have = [v for v in tasks.values() if v is not None]
-    return {"name": name, "tasks": tasks, "groups": groups,
-            "mean": {"mean": mean(have) if have else None, "tasks": len(have), "of": len(TASKS)},
-            "complete": len(have) == len(TASKS), "missing": missing,
+
+    def aggregate(group: Optional[str], of: int) -> dict[str, Any]:  # the mean of the group's tasks with a result
+        have = [v for t, v in tasks.items() if group in (None, TASKS[t].group) and v is not None]
+        return {"mean": mean(have) if have else None, "tasks": len(have), "of": of}
+
+    overall = aggregate(None, len(TASKS))
+    return {"name": name, "tasks": tasks, "groups": {g: aggregate(g, n) for g, n in group_sizes().items()},
+            "mean": overall, "complete": overall["tasks"] == len(TASKS), "missing": missing,
             "not_run": [t for t in TASKS if tasks[t] is None and t not in missing]}
 
 
@@ -282,9 +283,7 @@ def check_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s
     """What a run of the suite would refuse, refused before its first task: a user's tables in
     OUT, and a task's result of other work."""
     OutputFolder(out, "vtab", force=force).claim(TABLES)  # a user's (or an edited) vtab.md is refused unless `force`
-    for task in tasks:
-        if (out / task.name / "result.json").exists():  # (the checkpoint is hashed only when there is one)
-            finished(task, out, identity(checkpoint, task, root, s, inputs))
+    collect(checkpoint, root, out, s, inputs, tasks)
 
 
 def run_suite(checkpoint: str, root: Path, out: Path, tasks: Sequence[Task], s: Settings, train: TrainFn,
